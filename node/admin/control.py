@@ -1,0 +1,27 @@
+"""What the admin API may ask of a running node. Thread-safe: callable from gRPC pool threads.
+
+The runtime implements it by posting each call into the reactor thread through the bridge and
+waiting with a deadline; tests implement it over a plain `Broker`. Failures are `GrouperError`s.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from node.core.settings import QueueSettings
+
+
+class NodeControl(Protocol):
+    def list_queues(self) -> list[dict]: ...  # Queue.stats() rows, sorted by name
+
+    def add_queue(self, settings: QueueSettings) -> dict: ...  # stats of the new queue
+
+    def delete_queue(self, name: str) -> None: ...
+
+    def list_groups(self, queue: str) -> list[dict]: ...  # rows: group, messages, acquired, consumer
+
+    def reset_groups(self, queue: str, group: str | None) -> int: ...  # groups freed (None = all)
+
+    def purge_group(self, queue: str, group: str, count: int | None) -> int: ...  # messages purged
+
+    def move_group(self, queue: str, group: str, destination: str, count: int | None) -> int: ...

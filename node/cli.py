@@ -1,0 +1,125 @@
+"""The `grouper` command: `main(argv) -> int`, one sub-command per job.
+
+`grouper node` runs a broker node in the foreground. The management sub-commands (`queue`,
+`groups`, `group`) talk to a running node's admin API; they live in `node.admin.commands`.
+Exit status: 0 success, 1 a failure reported by the node, 2 bad usage or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from node.core.errors import InvalidConfig
+from node.core.settings import QueueSettings
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def add_queue_flags(parser: argparse.ArgumentParser) -> None:
+    """Per-queue group settings, spelled as qpid-config and Artemis spell them."""
+    add = parser.add_argument
+    add("--group-policy", choices=["exclusive", "shared", "none"],
+        help="exclusive: sticky owner (default); shared: owner only while it holds unsettled messages")
+    add("--shared-groups", action="store_true", help="alias of --group-policy shared (qpid-config)")
+    add("--group-header", metavar="KEY", help="application property holding the group id")
+    add("--default-group", metavar="NAME", help="group of messages that carry no group id")
+    add("--group-first-key", metavar="KEY", help="property set true on a new owner's first message")
+    add("--group-rebalance", action="store_true", default=None, help="reset group owners when a consumer attaches")
+    add("--group-rebalance-pause-dispatch", action="store_true", default=None,
+        help="hold reassigned groups until their in-flight messages are settled")
+    add("--group-buckets", type=int, metavar="N", help="-1 every group, 0 grouping off, N hash buckets")
+    add("--consumers-before-dispatch", type=int, metavar="N")
+    add("--time-before-dispatch-ms", type=int, metavar="MS")
+    add("--durable", dest="durable", action="store_true", default=None, help="journal messages (default)")
+    add("--no-durable", dest="durable", action="store_false")
+    add("--depth-max-messages", type=int, metavar="N", help="0 = unlimited")
+    add("--depth-max-bytes", type=int, metavar="BYTES", help="0 = unlimited")
+    add("--group-id-length-max-chars", type=int, metavar="CHARS")
+    add("--delivery-count-max", type=int, metavar="N", help="failed deliveries before dead-lettering")
+    add("--dead-letter-queue", metavar="QUEUE")
+
+
+_QUEUE_FLAG_KEYS = ("group_policy", "group_header", "default_group", "group_first_key", "group_rebalance",
+                    "group_rebalance_pause_dispatch", "group_buckets", "consumers_before_dispatch",
+                    "time_before_dispatch_ms", "durable", "depth_max_messages", "depth_max_bytes",
+                    "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue")
+
+
+def queue_settings_from_args(name: str, args: argparse.Namespace) -> QueueSettings:
+    values: dict = {"name": name}
+    for key in _QUEUE_FLAG_KEYS:
+        value = getattr(args, key, None)
+        if value is not None:
+            values[key] = value
+    if getattr(args, "shared_groups", False):
+        if values.get("group_policy", "shared") != "shared":
+            raise InvalidConfig("--shared-groups", "conflicts with --group-policy")
+        values["group_policy"] = "shared"
+    try:
+        return QueueSettings.from_dict(values, where="--")
+    except InvalidConfig as error:
+        raise InvalidConfig(error.key.replace("--.", "--").replace("_", "-"), str(error).split(": ", 1)[1]) from None
+
+
+def _add_node_command(subparsers) -> None:
+    parser = subparsers.add_parser("node", help="run one broker node in the foreground")
+    parser.add_argument("--config", metavar="FILE", help="TOML file with [node], [template] and [[queue]] tables")
+    parser.add_argument("--host")
+    parser.add_argument("--amqp-port", type=int)
+    parser.add_argument("--admin-port", type=int)
+    parser.add_argument("--data-dir")
+    parser.add_argument("--no-auto-create", dest="auto_create", action="store_false", default=None,
+                        help="refuse links to unknown queues with amqp:not-found")
+    parser.add_argument("--default-group", help="node-wide name of the default group of shared queues")
+    parser.add_argument("--no-fsync", dest="journal_fsync", action="store_false", default=None,
+                        help="skip fsync of journal batches (faster, loses recent messages on power loss)")
+    parser.set_defaults(run=_run_node)
+
+
+def _run_node(args) -> int:
+    from node import config as config_module
+    from node import runtime
+
+    overrides = {key: getattr(args, key) for key in
+                 ("host", "amqp_port", "admin_port", "data_dir", "auto_create", "default_group", "journal_fsync")}
+    try:
+        config = config_module.load(args.config, overrides=overrides)
+    except InvalidConfig as error:
+        print(f"grouper node: bad configuration: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    return runtime.run(config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="grouper", description="Grouper: a message-group broker")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_node_command(subparsers)
+    try:
+        from node.admin import commands
+    except ImportError:  # the admin package is optional while it is being built
+        commands = None
+    if commands is not None:
+        commands.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    try:
+        return args.run(args)
+    except InvalidConfig as error:
+        print(f"grouper: bad input: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

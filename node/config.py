@@ -1,0 +1,128 @@
+"""The node's one configuration object: built from defaults, a TOML file, environment, then flags.
+
+Later sources win. Every field has a default, a unit in its name where it has one, and a comment.
+Queue declarations live in the same TOML file as `[[queue]]` tables (see README). A bad key or value
+raises `InvalidConfig` naming it; `grouper node` turns that into a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+
+from node.core.errors import InvalidConfig
+from node.core.settings import QueueSettings
+
+ENV_PREFIX = "GROUPER_"
+CONNECTIONS_MAX_CEILING = 900  # the reactor multiplexes with select(): stay well under 1024 descriptors
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    host: str = "127.0.0.1"  # address the AMQP and admin listeners bind
+    amqp_port: int = 5672  # AMQP 1.0 listener; 0 picks a free port
+    admin_port: int = 5673  # gRPC admin listener; 0 picks a free port
+    data_dir: str = "./data"  # journal directory
+    auto_create: bool = True  # create a queue when a client attaches to an unknown address
+    default_group: str = ""  # node-wide name of the default group of shared queues ("" = qpid.no-group)
+    journal_fsync: bool = True  # fsync each journal batch before confirming producers
+    journal_compact_min_bytes: int = 64 << 20  # journal size below which compaction is never tried
+    connections_max: int = 512  # open AMQP connections; more are refused with a condition
+    link_unsettled_max: int = 1000  # unsettled deliveries per consumer link (caps granted credit)
+    producer_credit_window: int = 500  # credit granted to each producer link, topped up as it drains
+    admin_timeout_ms: int = 5000  # deadline of an admin call waiting for the reactor
+    queues: tuple = field(default_factory=tuple)  # QueueSettings declared at start
+    template: dict = field(default_factory=dict)  # settings applied to auto-created queues
+
+    def validate(self) -> "NodeConfig":
+        for key in ("amqp_port", "admin_port"):
+            if not 0 <= getattr(self, key) <= 65535:
+                raise InvalidConfig(key, "must be a TCP port number 0..65535")
+        if not 1 <= self.connections_max <= CONNECTIONS_MAX_CEILING:
+            raise InvalidConfig("connections_max", f"must be 1..{CONNECTIONS_MAX_CEILING}")
+        for key in ("link_unsettled_max", "producer_credit_window", "admin_timeout_ms"):
+            if getattr(self, key) < 1:
+                raise InvalidConfig(key, "must be >= 1")
+        if self.journal_compact_min_bytes < 0:
+            raise InvalidConfig("journal_compact_min_bytes", "must be >= 0")
+        if not self.data_dir:
+            raise InvalidConfig("data_dir", "must name a directory")
+        names = [q.name for q in self.queues]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise InvalidConfig("queue.name", f"declared more than once: {', '.join(duplicates)}")
+        self.template_settings()
+        return self
+
+    def template_settings(self) -> QueueSettings:
+        return QueueSettings.from_dict({"name": "template", **self.template}, where="template")
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
+
+
+def _coerce(key: str, value, source: str):
+    default = _FIELDS[key].default
+    if isinstance(default, bool):
+        if isinstance(value, str):
+            lowered = value.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+        if isinstance(value, bool):
+            return value
+        raise InvalidConfig(f"{source}{key}", f"expected true or false, got {value!r}")
+    if isinstance(default, int):
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        elif isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise InvalidConfig(f"{source}{key}", f"expected an integer, got {value!r}")
+    if not isinstance(value, str):
+        raise InvalidConfig(f"{source}{key}", f"expected a string, got {value!r}")
+    return value
+
+
+def load(config_file: str | None = None, environ: dict | None = None, overrides: dict | None = None) -> NodeConfig:
+    values: dict = {}
+    queues: list[QueueSettings] = []
+    if config_file:
+        try:
+            with open(config_file, "rb") as handle:
+                document = tomllib.load(handle)
+        except OSError as error:
+            raise InvalidConfig("config", f"cannot read {config_file}: {error.strerror}") from None
+        except tomllib.TOMLDecodeError as error:
+            raise InvalidConfig("config", f"{config_file} is not valid TOML: {error}") from None
+        for key, value in document.get("node", {}).items():
+            norm = key.replace("-", "_")
+            if norm not in _FIELDS or norm in ("queues", "template"):
+                raise InvalidConfig(f"node.{key}", "unknown setting")
+            values[norm] = _coerce(norm, value, "node.")
+        for index, table in enumerate(document.get("queue", [])):
+            if not isinstance(table, dict):
+                raise InvalidConfig(f"queue[{index}]", "must be a table")
+            queues.append(QueueSettings.from_dict(table, where=f"queue[{index}]"))
+        template = document.get("template", {})
+        if not isinstance(template, dict):
+            raise InvalidConfig("template", "must be a table")
+        values["template"] = template
+        unknown = set(document) - {"node", "queue", "template"}
+        if unknown:
+            raise InvalidConfig(sorted(unknown)[0], "unknown section")
+    environ = os.environ if environ is None else environ
+    for key in _FIELDS:
+        env_key = ENV_PREFIX + key.upper()
+        if key not in ("queues", "template") and env_key in environ:
+            values[key] = _coerce(key, environ[env_key], ENV_PREFIX)
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            values[key] = _coerce(key, value, "--") if key not in ("queues", "template") else value
+    values["queues"] = tuple(queues) + tuple(values.get("queues", ()))
+    return NodeConfig(**values).validate()

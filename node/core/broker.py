@@ -1,0 +1,184 @@
+"""The node core: every queue of one node, its consumers, and the moves between queues.
+
+Pure like the queues it owns: callers pass `now_ms` and carry out the returned effects in order.
+Rules:
+- `seq` is assigned here, node-wide and increasing, so queue order survives moves and recovery.
+- A message moving between queues (move, dead-letter) is `Stored` at its destination before it is
+  `Removed` from its source, so a torn journal tail can duplicate it but never lose it.
+- Consumer ids and delivery ids are opaque to the core; the adapter chooses consumer ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from node.core.effects import DetachConsumer, Removed, Stored
+from node.core.errors import AlreadyExists, NotFound
+from node.core.message import Message, Outcome
+from node.core.queue import Queue
+from node.core.settings import QueueSettings
+
+
+class Broker:
+    def __init__(self, *, auto_create: bool = True, template: QueueSettings | None = None,
+                 default_group: str = ""):
+        self.auto_create = auto_create
+        self.template = template or QueueSettings(name="template")  # settings of auto-created queues
+        self.default_group = default_group  # node-wide name of the default group of shared queues
+        self.queues: dict[str, Queue] = {}
+        self._consumer_queue: dict[object, Queue] = {}
+        self.next_seq = 1
+
+    # ---- queues ------------------------------------------------------------------------------
+
+    def declare_queue(self, settings: QueueSettings, *, exist_ok: bool = False) -> Queue:
+        settings.validate()
+        existing = self.queues.get(settings.name)
+        if existing is not None:
+            if existing.settings == settings or exist_ok:
+                return existing
+            raise AlreadyExists(f"queue {settings.name!r} exists with other settings; delete it first")
+        queue = Queue(settings, fallback_default_group=self.default_group)
+        self.queues[settings.name] = queue
+        return queue
+
+    def queue(self, name: str, *, create: bool = False) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            if not (create and self.auto_create):
+                raise NotFound(f"no queue {name!r} on this node (auto-create is "
+                               f"{'on' if self.auto_create else 'off'}); declare it with 'grouper queue add'")
+            queue = self.declare_queue(dataclasses.replace(self.template, name=name))
+        return queue
+
+    def delete_queue(self, name: str) -> list:
+        queue = self.queue(name)
+        effects: list = []
+        queue.close(effects)
+        for effect in effects:
+            if isinstance(effect, DetachConsumer):
+                self._consumer_queue.pop(effect.consumer_id, None)
+        del self.queues[name]
+        return effects
+
+    # ---- producers ---------------------------------------------------------------------------
+
+    def enqueue(self, queue_name: str, message: Message, now_ms: int) -> list:
+        queue = self.queue(queue_name, create=True)
+        message.seq = self.next_seq
+        message.enqueued_at_ms = message.enqueued_at_ms or now_ms
+        effects: list = []
+        queue.enqueue(message, now_ms, effects)  # raises before changing anything
+        self.next_seq += 1
+        return effects
+
+    def restore(self, queue_name: str, message: Message) -> None:
+        """Journal recovery: put back a message with the seq it was stored with."""
+        self.queues[queue_name].restore(message)
+        self.next_seq = max(self.next_seq, message.seq + 1)
+
+    # ---- consumers ---------------------------------------------------------------------------
+
+    def attach_consumer(self, queue_name: str, consumer_id, browse: bool, now_ms: int) -> list:
+        if consumer_id in self._consumer_queue:
+            raise AlreadyExists(f"consumer {consumer_id!r} is already attached")
+        queue = self.queue(queue_name, create=True)
+        effects: list = []
+        queue.attach(consumer_id, browse, now_ms, effects)
+        self._consumer_queue[consumer_id] = queue
+        return effects
+
+    def detach_consumer(self, consumer_id, now_ms: int) -> list:
+        queue = self._consumer_queue.pop(consumer_id, None)
+        effects: list = []
+        if queue is not None:
+            dead = queue.detach(consumer_id, now_ms, effects)
+            self._dead_letter(queue, dead, now_ms, effects)
+        return effects
+
+    def set_credit(self, consumer_id, credit: int, now_ms: int) -> list:
+        effects: list = []
+        queue = self._consumer_queue.get(consumer_id)
+        if queue is not None:
+            queue.set_credit(consumer_id, credit, now_ms, effects)
+        return effects
+
+    def settle(self, consumer_id, delivery_id: int, outcome: Outcome, now_ms: int,
+               delivery_failed: bool = False) -> list:
+        effects: list = []
+        queue = self._consumer_queue.get(consumer_id)
+        if queue is not None:
+            dead = queue.settle(consumer_id, delivery_id, outcome, delivery_failed, now_ms, effects)
+            self._dead_letter(queue, dead, now_ms, effects)
+        return effects
+
+    def _dead_letter(self, source: Queue, dead: list[Message], now_ms: int, effects: list) -> None:
+        target_name = source.settings.dead_letter_queue
+        if not dead or not target_name:
+            return
+        target = self.queue(target_name, create=True)
+        self._transfer(source, target, dead, now_ms, effects)
+
+    def _transfer(self, source: Queue, target: Queue, messages: list[Message], now_ms: int,
+                  effects: list) -> None:
+        """Copy already-removed messages into `target`, journalling them before their removal."""
+        stored: list = []
+        seqs = {m.seq for m in messages}
+        for old in messages:
+            message = Message(old.payload, old.group_id, expires_at_ms=old.expires_at_ms,
+                              closes_group=old.closes_group, delivery_count=old.delivery_count,
+                              enqueued_at_ms=old.enqueued_at_ms, seq=self.next_seq)
+            self.next_seq += 1
+            target.restore(message)
+            target.enqueued_total += 1
+            if target.settings.durable:
+                stored.append(Stored(target.settings.name, message))
+        first_removal = next((i for i, e in enumerate(effects)
+                              if isinstance(e, Removed) and e.queue == source.settings.name
+                              and e.seq in seqs), len(effects))
+        effects[first_removal:first_removal] = stored
+        target.tick(now_ms, effects)
+
+    # ---- time --------------------------------------------------------------------------------
+
+    def tick(self, now_ms: int) -> list:
+        effects: list = []
+        for queue in self.queues.values():
+            queue.tick(now_ms, effects)
+        return effects
+
+    def next_deadline_ms(self) -> int | None:
+        deadlines = [d for d in (q.next_deadline_ms() for q in self.queues.values()) if d is not None]
+        return min(deadlines) if deadlines else None
+
+    # ---- management --------------------------------------------------------------------------
+
+    def list_queues(self) -> list[dict]:
+        return [self.queues[name].stats() for name in sorted(self.queues)]
+
+    def list_groups(self, queue_name: str) -> list[dict]:
+        return self.queue(queue_name).group_rows()
+
+    def reset_groups(self, queue_name: str, group: str | None, now_ms: int) -> tuple[int, list]:
+        effects: list = []
+        count = self.queue(queue_name).reset_groups(group, now_ms, effects)
+        return count, effects
+
+    def purge_group(self, queue_name: str, group: str, count: int | None, now_ms: int) -> tuple[int, list]:
+        effects: list = []
+        queue = self.queue(queue_name)
+        taken = queue.take_group_messages(group, count, effects)
+        queue.tick(now_ms, effects)
+        return len(taken), effects
+
+    def move_group(self, queue_name: str, group: str, destination: str, count: int | None,
+                   now_ms: int) -> tuple[int, list]:
+        source = self.queue(queue_name)
+        target = self.queue(destination)
+        if target is source:
+            raise AlreadyExists(f"cannot move group {group!r} of {queue_name!r} onto itself")
+        effects: list = []
+        taken = source.take_group_messages(group, count, effects)
+        self._transfer(source, target, taken, now_ms, effects)
+        source.tick(now_ms, effects)
+        return len(taken), effects

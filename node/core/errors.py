@@ -1,0 +1,62 @@
+"""Domain errors of the node core.
+
+Each error says who is at fault (the client, the operator, or the node) and whether a retry can
+succeed. Adapters map them to their wire form in one table each (AMQP conditions in
+`node.amqp.conditions`, gRPC status codes in `node.admin.service`); the core never names a wire type.
+"""
+
+from __future__ import annotations
+
+
+class GrouperError(Exception):
+    """Base of every expected failure; anything else escaping the core is a bug."""
+
+    amqp_condition = "amqp:internal-error"
+    retriable = False
+    fault = "node"
+
+    def __init__(self, description: str):
+        super().__init__(description)
+        self.description = description
+
+
+class NotFound(GrouperError):
+    amqp_condition = "amqp:not-found"
+    fault = "client"
+
+
+class AlreadyExists(GrouperError):
+    amqp_condition = "amqp:precondition-failed"
+    fault = "client"
+
+
+class InvalidField(GrouperError):
+    amqp_condition = "amqp:invalid-field"
+    fault = "client"
+
+
+class ResourceLimitExceeded(GrouperError):
+    amqp_condition = "amqp:resource-limit-exceeded"
+    fault = "client"
+    retriable = True
+
+
+class ResourceDeleted(GrouperError):
+    amqp_condition = "amqp:resource-deleted"
+    fault = "operator"
+
+
+class NotAllowed(GrouperError):
+    amqp_condition = "amqp:not-allowed"
+    fault = "client"
+
+
+class InvalidConfig(GrouperError):
+    """A config file, flag or queue declaration that cannot be used; `key` names the culprit."""
+
+    amqp_condition = "amqp:invalid-field"
+    fault = "operator"
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"{key}: {problem}")
+        self.key = key

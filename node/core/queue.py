@@ -1,0 +1,582 @@
+"""One queue and its group-aware dispatch. Pure: no I/O, no clock, no threads; time is `now_ms`.
+
+Rules this module keeps:
+- Queue order is `seq` order. Within a group, messages are delivered in `seq` order; a message
+  returned by a release or a detach goes back to its original place in its group.
+- A group has at most one owner. `exclusive`: the owner keeps the group for its lifetime (or until
+  the group is closed or reset). `shared`: the owner keeps it only while it holds unsettled messages.
+- The next message to dispatch is found through heaps of *groups keyed by their head seq*: one heap
+  per consumer for the groups it owns and one for unowned groups. A group whose owner has no credit
+  waits in that owner's heap and is never scanned, so a blocked group costs nothing to skip.
+- Heap entries are validated lazily: a group records where it was last placed (`placed_in`,
+  `placed_seq`); any other entry for it is stale and dropped when met.
+- Nothing grows silently: depth in messages and bytes is bounded by the settings.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import zlib
+from bisect import bisect_right
+from collections import deque
+
+from node.core.effects import Deliver, DetachConsumer, Dropped, Removed, Stored
+from node.core.errors import GrouperError, InvalidField, NotFound, ResourceDeleted, ResourceLimitExceeded
+from node.core.message import ACQUIRED, AVAILABLE, REMOVED, Message, Outcome
+from node.core.settings import QueueSettings
+
+UNOWNED = "unowned"  # placement marker of the unowned-groups heap
+LOG_COMPACT_MIN = 1024  # tombstones tolerated in the browse log before compaction is considered
+
+
+class Group:
+    __slots__ = ("key", "available", "available_count", "acquired", "owner", "held",
+                 "placed_in", "placed_seq")
+
+    def __init__(self, key):
+        self.key = key
+        self.available: deque[Message] = deque()  # seq order; may hold REMOVED tombstones
+        self.available_count = 0
+        self.acquired = 0  # delivered and not yet settled, by any consumer
+        self.owner: Consumer | None = None
+        self.held = False  # closing, reset or rebalanced: no dispatch until `acquired` reaches 0
+        self.placed_in = None  # UNOWNED, a Consumer, or None when in no heap
+        self.placed_seq = -1
+
+    def head(self) -> Message | None:
+        available = self.available
+        while available and available[0].state != AVAILABLE:
+            available.popleft()
+        return available[0] if available else None
+
+    @property
+    def idle(self) -> bool:
+        return self.available_count == 0 and self.acquired == 0 and self.owner is None
+
+
+class Consumer:
+    __slots__ = ("id", "browse", "credit", "unsettled", "ready", "owned", "cursor_seq",
+                 "next_delivery_id", "last_used")
+
+    def __init__(self, consumer_id, browse: bool):
+        self.id = consumer_id
+        self.browse = browse
+        self.credit = 0
+        self.unsettled: dict[int, Message] = {}  # delivery id -> message, in delivery order
+        self.ready: list = []  # heap of (head seq, tiebreak, Group) for groups this consumer owns
+        self.owned: set[Group] = set()
+        self.cursor_seq = -1  # browsers: last seq shown
+        self.next_delivery_id = 0
+        self.last_used = 0  # spreads ties round-robin
+
+
+def _seq_of(message: Message) -> int:
+    return message.seq
+
+
+class Queue:
+    def __init__(self, settings: QueueSettings, *, fallback_default_group: str = ""):
+        self.settings = settings
+        default = settings.effective_default_group
+        if not settings.default_group and settings.group_policy == "shared" and fallback_default_group:
+            default = fallback_default_group
+        self.default_group = default
+        self._grouping = settings.grouping
+        self.groups: dict[object, Group] = {}
+        self.consumers: dict[object, Consumer] = {}
+        self._takers: list[Consumer] = []  # acquiring consumers with credit > 0
+        self._browsers: list[Consumer] = []
+        self._unowned: list = []  # heap of (head seq, tiebreak, Group)
+        self._ungrouped: deque[Message] = deque()  # seq order; may hold tombstones
+        self._log: list[Message] = []  # every live message in seq order, for browsing and listing
+        self._log_removed = 0
+        self._expiry: list = []  # heap of (expires_at_ms, seq, Message)
+        self._tiebreak = itertools.count()
+        self._use_counter = itertools.count(1)
+        self.depth_messages = 0
+        self.depth_bytes = 0
+        self.acquired_messages = 0
+        self.enqueued_total = 0
+        self.delivered_total = 0
+        self._first_attach_ms: int | None = None
+        self._dispatch_started = False
+
+    # ---- producers ---------------------------------------------------------------------------
+
+    def check_group_id(self, group_id) -> None:
+        if group_id is None:
+            return
+        if not isinstance(group_id, str):
+            raise InvalidField(f"group id must be a string, got {type(group_id).__name__}")
+        limit = self.settings.group_id_length_max_chars
+        if len(group_id) > limit:
+            raise InvalidField(f"group id is {len(group_id)} characters; queue {self.settings.name!r} "
+                               f"allows at most {limit}")
+
+    def check_capacity(self, size_bytes: int) -> None:
+        s = self.settings
+        if s.depth_max_messages and self.depth_messages >= s.depth_max_messages:
+            raise ResourceLimitExceeded(f"queue {s.name!r} is full: {self.depth_messages} messages "
+                                        f"(depth_max_messages={s.depth_max_messages}); retry later")
+        if s.depth_max_bytes and self.depth_bytes + size_bytes > s.depth_max_bytes:
+            raise ResourceLimitExceeded(f"queue {s.name!r} is full: {self.depth_bytes} + {size_bytes} "
+                                        f"bytes exceeds depth_max_bytes={s.depth_max_bytes}; retry later")
+
+    def enqueue(self, message: Message, now_ms: int, effects: list) -> None:
+        """Add a message whose `seq` the broker assigned; raises before changing anything."""
+        self.check_group_id(message.group_id)
+        self.check_capacity(message.size_bytes)
+        self.restore(message)
+        self.enqueued_total += 1
+        if self.settings.durable:
+            effects.append(Stored(self.settings.name, message))
+        self._dispatch(now_ms, effects)
+
+    def restore(self, message: Message) -> None:
+        """Add a message without limits or dispatch: journal recovery and internal moves."""
+        message.state = AVAILABLE
+        message.group_key = self._key_of(message.group_id)
+        self.depth_messages += 1
+        self.depth_bytes += message.size_bytes
+        self._log.append(message)
+        if message.expires_at_ms:
+            heapq.heappush(self._expiry, (message.expires_at_ms, message.seq, message))
+        self._make_available(message)
+
+    def _key_of(self, group_id):
+        if not self._grouping:
+            return None
+        if group_id is None:
+            group_id = self.default_group
+            if group_id is None:
+                return None
+        buckets = self.settings.group_buckets
+        if buckets > 0:
+            return zlib.crc32(group_id.encode("utf-8", "surrogatepass")) % buckets
+        return group_id
+
+    # ---- consumers ---------------------------------------------------------------------------
+
+    def attach(self, consumer_id, browse: bool, now_ms: int, effects: list) -> None:
+        consumer = Consumer(consumer_id, browse)
+        self.consumers[consumer_id] = consumer
+        if browse:
+            self._browsers.append(consumer)
+            return
+        if self._first_attach_ms is None:
+            self._first_attach_ms = now_ms
+        if self.settings.group_rebalance:
+            self._reset_groups(list(self.groups.values()), self.settings.group_rebalance_pause_dispatch)
+        self._dispatch(now_ms, effects)
+
+    def detach(self, consumer_id, now_ms: int, effects: list) -> list[Message]:
+        """Release the consumer's unsettled messages in order; returns messages to dead-letter."""
+        consumer = self.consumers.pop(consumer_id, None)
+        if consumer is None:
+            return []
+        if consumer.browse:
+            self._browsers.remove(consumer)
+            return []
+        if consumer in self._takers:
+            self._takers.remove(consumer)
+        dead: list[Message] = []
+        touched: set[Group] = set(consumer.owned)
+        for message in consumer.unsettled.values():
+            group = self._settle_one(message, Outcome.MODIFIED, True, effects, dead)
+            if group is not None:
+                touched.add(group)
+        consumer.unsettled.clear()
+        for group in consumer.owned:
+            group.owner = None
+        consumer.owned.clear()
+        for group in touched:
+            self._after_settle(group)
+        if not self.consumers or not any(not c.browse for c in self.consumers.values()):
+            self._first_attach_ms = None
+            self._dispatch_started = False
+        self._dispatch(now_ms, effects)
+        return dead
+
+    def set_credit(self, consumer_id, credit: int, now_ms: int, effects: list) -> None:
+        consumer = self._consumer(consumer_id)
+        consumer.credit = credit
+        if not consumer.browse:
+            if credit > 0 and consumer not in self._takers:
+                self._takers.append(consumer)
+            elif credit <= 0 and consumer in self._takers:
+                self._takers.remove(consumer)
+        self._dispatch(now_ms, effects)
+
+    def settle(self, consumer_id, delivery_id: int, outcome: Outcome, delivery_failed: bool,
+               now_ms: int, effects: list) -> list[Message]:
+        """Apply a consumer's disposition; returns messages to dead-letter."""
+        consumer = self._consumer(consumer_id)
+        message = consumer.unsettled.pop(delivery_id, None)
+        if message is None:
+            return []  # a duplicate or late disposition: already settled, nothing to do
+        dead: list[Message] = []
+        group = self._settle_one(message, outcome, delivery_failed, effects, dead)
+        if group is not None:
+            self._after_settle(group)
+        self._dispatch(now_ms, effects)
+        return dead
+
+    def _consumer(self, consumer_id) -> Consumer:
+        consumer = self.consumers.get(consumer_id)
+        if consumer is None:
+            raise NotFound(f"no consumer {consumer_id!r} on queue {self.settings.name!r}")
+        return consumer
+
+    def _settle_one(self, message: Message, outcome: Outcome, delivery_failed: bool,
+                    effects: list, dead: list) -> Group | None:
+        self.acquired_messages -= 1
+        group = self.groups.get(message.group_key) if message.group_key is not None else None
+        if group is not None:
+            group.acquired -= 1
+        if outcome is Outcome.ACCEPTED:
+            self._remove(message, effects)
+        elif outcome is Outcome.REJECTED:
+            self._remove(message, effects)
+            dead.append(message)
+        else:
+            if outcome is Outcome.MODIFIED and delivery_failed:
+                message.delivery_count += 1
+            limit = self.settings.delivery_count_max
+            if limit and message.delivery_count >= limit:
+                self._remove(message, effects)
+                effects.append(Dropped(self.settings.name, message.seq, "delivery_count_max reached"))
+                dead.append(message)
+            else:
+                message.state = AVAILABLE
+                self._make_available(message, returning=True)
+        return group
+
+    def _after_settle(self, group: Group) -> None:
+        if group.acquired == 0 and group.owner is not None and (
+                group.held or self.settings.group_policy == "shared"):
+            group.owner.owned.discard(group)
+            group.owner = None
+        if group.acquired == 0:
+            group.held = False
+        self._place_or_forget(group)
+
+    # ---- dispatch ----------------------------------------------------------------------------
+
+    def _dispatch_open(self, now_ms: int) -> bool:
+        if self._dispatch_started:
+            return True
+        s = self.settings
+        count_rule = s.consumers_before_dispatch > 0
+        time_rule = s.time_before_dispatch_ms > 0
+        acquiring = len(self.consumers) - len(self._browsers)
+        if not count_rule and not time_rule:
+            self._dispatch_started = True
+        elif count_rule and acquiring >= s.consumers_before_dispatch:
+            self._dispatch_started = True
+        elif time_rule and self._first_attach_ms is not None and \
+                now_ms >= self._first_attach_ms + s.time_before_dispatch_ms:
+            self._dispatch_started = True
+        return self._dispatch_started
+
+    def _dispatch(self, now_ms: int, effects: list) -> None:
+        if self._browsers:
+            self._dispatch_browsers(now_ms, effects)
+        takers = self._takers
+        if not takers or not self._dispatch_open(now_ms):
+            return
+        while takers:
+            best_seq = -1
+            best_group = None
+            best_consumer = None
+            for consumer in takers:
+                group = self._peek(consumer.ready, consumer, now_ms, effects)
+                if group is not None and (best_group is None or group.placed_seq < best_seq):
+                    best_seq, best_group, best_consumer = group.placed_seq, group, consumer
+            group = self._peek(self._unowned, UNOWNED, now_ms, effects)
+            if group is not None and (best_group is None or group.placed_seq < best_seq):
+                best_seq, best_group, best_consumer = group.placed_seq, group, None
+            loose = self._peek_ungrouped(now_ms, effects)
+            if loose is not None and (best_group is None or loose.seq < best_seq):
+                self._ungrouped.popleft()
+                consumer = min(takers, key=_least_recently_used)
+                self._deliver(loose, consumer, False, effects)
+                continue
+            if best_group is None:
+                return
+            if best_consumer is None:
+                heapq.heappop(self._unowned)
+                best_consumer = min(takers, key=_fewest_groups)
+                best_group.owner = best_consumer
+                best_consumer.owned.add(best_group)
+                first = True
+            else:
+                heapq.heappop(best_consumer.ready)
+                first = False
+            self._deliver_from_group(best_group, best_consumer, first, effects)
+
+    def _deliver_from_group(self, group: Group, consumer: Consumer, first: bool, effects: list) -> None:
+        message = group.available.popleft()
+        group.available_count -= 1
+        group.acquired += 1
+        group.placed_in = None
+        if message.closes_group:
+            group.held = True  # free the group once this and every earlier message is settled
+        self._deliver(message, consumer, first, effects)
+        self._place_or_forget(group)
+
+    def _deliver(self, message: Message, consumer: Consumer, first: bool, effects: list) -> None:
+        message.state = ACQUIRED
+        self.acquired_messages += 1
+        self.delivered_total += 1
+        delivery_id = consumer.next_delivery_id
+        consumer.next_delivery_id = delivery_id + 1
+        consumer.unsettled[delivery_id] = message
+        consumer.last_used = next(self._use_counter)
+        consumer.credit -= 1
+        if consumer.credit <= 0:
+            self._takers.remove(consumer)
+        effects.append(Deliver(consumer.id, delivery_id, message, first, False))
+
+    def _dispatch_browsers(self, now_ms: int, effects: list) -> None:
+        log = self._log
+        for browser in self._browsers:
+            if browser.credit <= 0:
+                continue
+            index = bisect_right(log, browser.cursor_seq, key=_seq_of)
+            while browser.credit > 0 and index < len(log):
+                message = log[index]
+                index += 1
+                if message.state != AVAILABLE or (message.expires_at_ms and message.expires_at_ms <= now_ms):
+                    continue
+                browser.cursor_seq = message.seq
+                browser.credit -= 1
+                delivery_id = browser.next_delivery_id
+                browser.next_delivery_id = delivery_id + 1
+                effects.append(Deliver(browser.id, delivery_id, message, False, True))
+
+    def _peek(self, heap: list, marker, now_ms: int, effects: list) -> Group | None:
+        while heap:
+            seq, _, group = heap[0]
+            if group.placed_in is not marker or group.placed_seq != seq:
+                heapq.heappop(heap)
+                continue
+            head = group.available[0]
+            if head.expires_at_ms and head.expires_at_ms <= now_ms:
+                heapq.heappop(heap)
+                self._expire(head, effects)
+                group.placed_in = None
+                self._place_or_forget(group)
+                continue
+            return group
+        return None
+
+    def _peek_ungrouped(self, now_ms: int, effects: list) -> Message | None:
+        lane = self._ungrouped
+        while lane:
+            head = lane[0]
+            if head.state != AVAILABLE:
+                lane.popleft()
+            elif head.expires_at_ms and head.expires_at_ms <= now_ms:
+                lane.popleft()
+                self._expire(head, effects)
+            else:
+                return head
+        return None
+
+    def _place_or_forget(self, group: Group) -> None:
+        head = group.head()
+        if head is None or group.held:
+            group.placed_in = None
+            if group.idle:
+                del self.groups[group.key]
+            return
+        target = group.owner if group.owner is not None else UNOWNED
+        if group.placed_in is target and group.placed_seq == head.seq:
+            return
+        group.placed_in = target
+        group.placed_seq = head.seq
+        heap = self._unowned if target is UNOWNED else target.ready
+        heapq.heappush(heap, (head.seq, next(self._tiebreak), group))
+
+    def _make_available(self, message: Message, returning: bool = False) -> None:
+        key = message.group_key
+        if key is None:
+            _insert_in_order(self._ungrouped, message, returning)
+            return
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = Group(key)
+        _insert_in_order(group.available, message, returning)
+        group.available_count += 1
+        if not returning:
+            self._place_or_forget(group)
+        # a returning message is placed by _after_settle once the group's counts are final
+
+    # ---- removal -----------------------------------------------------------------------------
+
+    def _remove(self, message: Message, effects: list) -> None:
+        """Forget a message that is available or acquired; the caller fixes group counters."""
+        message.state = REMOVED
+        self.depth_messages -= 1
+        self.depth_bytes -= message.size_bytes
+        self._log_removed += 1
+        if self.settings.durable:
+            effects.append(Removed(self.settings.name, message.seq))
+        if self._log_removed > LOG_COMPACT_MIN and self._log_removed * 2 > len(self._log):
+            self._log = [m for m in self._log if m.state != REMOVED]
+            self._log_removed = 0
+
+    def _take_available(self, message: Message, effects: list) -> None:
+        """Remove an available message from wherever it waits (lazily, via its state)."""
+        self._remove(message, effects)
+        if message.group_key is not None:
+            group = self.groups.get(message.group_key)
+            if group is not None:
+                group.available_count -= 1
+                self._place_or_forget(group)
+
+    def _expire(self, message: Message, effects: list) -> None:
+        self._take_available(message, effects)
+        effects.append(Dropped(self.settings.name, message.seq, "ttl expired"))
+
+    def tick(self, now_ms: int, effects: list) -> None:
+        expiry = self._expiry
+        while expiry and expiry[0][0] <= now_ms:
+            _, _, message = heapq.heappop(expiry)
+            if message.state == AVAILABLE:
+                self._expire(message, effects)
+            # an acquired message is checked again if it comes back to the head of its group
+        self._dispatch(now_ms, effects)
+
+    def next_deadline_ms(self) -> int | None:
+        deadlines = []
+        if self._expiry:
+            deadlines.append(self._expiry[0][0])
+        if not self._dispatch_started and self._first_attach_ms is not None and \
+                self.settings.time_before_dispatch_ms > 0:
+            deadlines.append(self._first_attach_ms + self.settings.time_before_dispatch_ms)
+        return min(deadlines) if deadlines else None
+
+    # ---- management --------------------------------------------------------------------------
+
+    def _group(self, group_key) -> Group:
+        key = self.group_key_from_text(group_key)
+        group = self.groups.get(key)
+        if group is None:
+            raise NotFound(f"queue {self.settings.name!r} has no group {group_key!r}")
+        return group
+
+    def group_key_from_text(self, text):
+        """Management names groups as text; bucket queues key them by bucket number."""
+        if self.settings.group_buckets > 0 and isinstance(text, str):
+            try:
+                return int(text)
+            except ValueError:
+                return self._key_of(text)
+        return text
+
+    def reset_groups(self, group_key, now_ms: int, effects: list) -> int:
+        """Free one group (or every group with None); in-flight groups are freed once settled."""
+        groups = [self._group(group_key)] if group_key is not None else list(self.groups.values())
+        count = self._reset_groups(groups, pause=True)
+        self._dispatch(now_ms, effects)
+        return count
+
+    def _reset_groups(self, groups: list[Group], pause: bool) -> int:
+        count = 0
+        for group in groups:
+            if group.owner is None:
+                continue
+            count += 1
+            if group.acquired and pause:
+                group.held = True
+                group.placed_in = None
+                continue
+            group.owner.owned.discard(group)
+            group.owner = None
+            group.held = False
+            self._place_or_forget(group)
+        return count
+
+    def take_group_messages(self, group_key, count: int | None, effects: list) -> list[Message]:
+        """Remove up to `count` available messages from a group's head (all with None).
+
+        Acquired messages are never taken: they belong to a consumer until settled."""
+        group = self._group(group_key)
+        taken: list[Message] = []
+        while group.available_count and (count is None or len(taken) < count):
+            message = group.head()
+            group.available.popleft()
+            self._remove(message, effects)
+            group.available_count -= 1
+            taken.append(message)
+        self._place_or_forget(group)
+        return taken
+
+    def group_rows(self) -> list[dict]:
+        rows = []
+        for key, group in self.groups.items():
+            rows.append({
+                "group": str(key),
+                "messages": group.available_count + group.acquired,
+                "acquired": group.acquired,
+                "consumer": group.owner.id if group.owner is not None else None,
+            })
+        rows.sort(key=lambda row: row["group"])
+        return rows
+
+    def browse_available(self) -> list[Message]:
+        return [m for m in self._log if m.state != REMOVED]
+
+    def close(self, effects: list) -> None:
+        """The queue is being deleted: detach every consumer with a condition, drop everything."""
+        error: GrouperError = ResourceDeleted(f"queue {self.settings.name!r} was deleted")
+        for consumer_id in list(self.consumers):
+            effects.append(DetachConsumer(consumer_id, error))
+        self.consumers.clear()
+        self._takers.clear()
+        self._browsers.clear()
+        for message in self._log:
+            message.state = REMOVED
+        self.groups.clear()
+        self._log.clear()
+        self._ungrouped.clear()
+        self._unowned.clear()
+        self._expiry.clear()
+        self.depth_messages = self.depth_bytes = self.acquired_messages = 0
+
+    def stats(self) -> dict:
+        return {
+            "name": self.settings.name,
+            "depth_messages": self.depth_messages,
+            "depth_bytes": self.depth_bytes,
+            "acquired_messages": self.acquired_messages,
+            "consumers": len(self.consumers) - len(self._browsers),
+            "browsers": len(self._browsers),
+            "groups": len(self.groups),
+            "owned_groups": sum(1 for g in self.groups.values() if g.owner is not None),
+            "enqueued_total": self.enqueued_total,
+            "delivered_total": self.delivered_total,
+        }
+
+
+def _least_recently_used(consumer: Consumer) -> int:
+    return consumer.last_used
+
+
+def _fewest_groups(consumer: Consumer) -> tuple[int, int]:
+    return (len(consumer.owned), consumer.last_used)
+
+
+def _insert_in_order(lane: deque, message: Message, returning: bool) -> None:
+    """Append new messages; put returning ones back at their seq position (near the head)."""
+    if not returning or not lane or lane[-1].seq < message.seq:
+        lane.append(message)
+        return
+    seq = message.seq
+    for index, other in enumerate(lane):
+        if other.seq > seq:
+            lane.insert(index, message)
+            return
+    lane.append(message)
