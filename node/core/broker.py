@@ -28,6 +28,7 @@ class Broker:
         self.queues: dict[str, Queue] = {}
         self._consumer_queue: dict[object, Queue] = {}
         self.next_seq = 1
+        self.declared: list[QueueSettings] = []  # declarations (auto-creates too) the adapter has not journalled yet
 
     # ---- queues ------------------------------------------------------------------------------
 
@@ -40,6 +41,7 @@ class Broker:
             raise AlreadyExists(f"queue {settings.name!r} exists with other settings; delete it first")
         queue = Queue(settings, fallback_default_group=self.default_group)
         self.queues[settings.name] = queue
+        self.declared.append(settings)
         return queue
 
     def queue(self, name: str, *, create: bool = False) -> Queue:

@@ -1,0 +1,81 @@
+"""The one door from other threads into the reactor thread.
+
+Rules: callers on any thread `post(fn)` a closure or `call(fn, timeout_ms)` and wait for its result;
+the closure runs on the reactor thread, which owns every proton object and the node core. One
+fixed event name is used (proton registers each new name for good), the payload travels in the
+queue below, and the pipe is written only when the reactor is not already due to drain it, so a
+burst of posts costs one wake-up.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+
+from proton.reactor import ApplicationEvent, EventInjector
+
+EVENT_NAME = "grouper_bridge"
+BACKLOG_MAX_CLOSURES = 100_000  # posts waiting for the reactor; beyond it callers get an error
+
+
+class BridgeFull(Exception):
+    pass
+
+
+class Bridge:
+    def __init__(self, container):
+        self._injector = EventInjector()
+        container.selectable(self._injector)
+        self._closures: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._signalled = False
+        self._backlog = 0
+        self.closed = False
+
+    def post(self, fn) -> None:
+        with self._lock:
+            if self._backlog >= BACKLOG_MAX_CLOSURES:
+                raise BridgeFull(f"reactor backlog is full ({BACKLOG_MAX_CLOSURES} closures)")
+            self._backlog += 1
+            self._closures.put(fn)
+            if self._signalled or self.closed:
+                return
+            self._signalled = True
+        self._injector.trigger(ApplicationEvent(EVENT_NAME))
+
+    def call(self, fn, timeout_ms: int):
+        """Run `fn()` on the reactor thread and return its result (or raise its exception)."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run():
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn())
+            except BaseException as error:  # handed to the waiting thread, which re-raises it
+                future.set_exception(error)
+
+        self.post(run)
+        try:
+            return future.result(timeout=timeout_ms / 1000)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"the node did not answer within {timeout_ms} ms; it may be overloaded") from None
+
+    def drain(self) -> None:
+        """Reactor thread only: run every closure posted so far."""
+        with self._lock:
+            self._signalled = False
+        while True:
+            try:
+                fn = self._closures.get_nowait()
+            except queue.Empty:
+                return
+            with self._lock:
+                self._backlog -= 1
+            fn()
+
+    def close(self) -> None:
+        self.closed = True
+        self._injector.close()
