@@ -97,12 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grouper", description="Grouper: a message-group broker")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_node_command(subparsers)
-    try:
-        from node.admin import commands
-    except ImportError:  # the admin package is optional while it is being built
-        commands = None
-    if commands is not None:
-        commands.register(subparsers)
+    from node.admin import commands  # here, not at the top: commands imports this module's queue flags
+    commands.register(subparsers)
     return parser
 
 

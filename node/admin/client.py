@@ -1,0 +1,122 @@
+"""A typed client of one node's admin API: the methods of `NodeControl`, over gRPC, with a deadline.
+
+Rules:
+- Returns plain data (dicts, ints) shaped like `NodeControl`'s results; nothing protobuf leaks out.
+- Every call carries the deadline given at construction; none waits for the node to come up.
+- A failed call raises one of the errors below, sorted in one table by who can fix it: the node's
+  message and gRPC status travel with the error, so callers never see a `grpc.RpcError`.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from node.core.settings import QueueSettings
+from proto import admin_pb2, admin_pb2_grpc
+
+DEFAULT_NODE_ADDRESS = "127.0.0.1:5673"
+TIMEOUT_MS_DEFAULT = 5000
+
+
+class AdminError(Exception):
+    """A call that failed; `status` is the gRPC status name and `message` the node's (or gRPC's) text."""
+
+    def __init__(self, address: str, status: str, message: str):
+        super().__init__(message)
+        self.address = address
+        self.status = status
+        self.message = message
+
+
+class NodeUnreachable(AdminError):
+    """No answer: the node is down, unreachable, or too slow. Retrying later may succeed."""
+
+
+class InvalidRequest(AdminError):
+    """The node refused the request's content; fix the request (the message names the field)."""
+
+
+class NodeFailure(AdminError):
+    """The node answered with a failure: not found, already exists, a limit, or a node bug."""
+
+
+# Status codes absent from this table are NodeFailure.
+ERROR_BY_STATUS: dict[grpc.StatusCode, type[AdminError]] = {
+    grpc.StatusCode.UNAVAILABLE: NodeUnreachable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: NodeUnreachable,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
+}
+
+
+def _settings_to_pb(settings: QueueSettings) -> admin_pb2.QueueSettings:
+    # every field is sent, so the queue gets exactly the settings the caller validated
+    return admin_pb2.QueueSettings(**settings.to_dict())
+
+
+def _stats_from_pb(stats: admin_pb2.QueueStats) -> dict:
+    return {field.name: getattr(stats, field.name) for field in stats.DESCRIPTOR.fields}
+
+
+def _group_from_pb(row: admin_pb2.GroupRow) -> dict:
+    return {"group": row.group, "messages": row.messages, "acquired": row.acquired,
+            "consumer": row.consumer if row.HasField("consumer") else None}
+
+
+def _count_request(count: int | None) -> dict:
+    return {} if count is None else {"messages_max": count}
+
+
+class AdminClient:
+    def __init__(self, address: str = DEFAULT_NODE_ADDRESS, timeout_ms: int = TIMEOUT_MS_DEFAULT):
+        if timeout_ms < 1:
+            raise ValueError(f"timeout_ms must be >= 1, got {timeout_ms}")
+        self.address = address
+        self.timeout_ms = timeout_ms
+        # the admin API is always dialled directly: an http_proxy meant for web traffic must not apply
+        self._channel = grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)])
+        self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "AdminClient":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _call(self, method, request):
+        try:
+            return method(request, timeout=self.timeout_ms / 1000)
+        except grpc.RpcError as error:
+            code = error.code()
+            error_type = ERROR_BY_STATUS.get(code, NodeFailure)
+            raise error_type(self.address, code.name, error.details() or code.name) from None
+
+    def list_queues(self) -> list[dict]:
+        response = self._call(self._stub.ListQueues, admin_pb2.ListQueuesRequest())
+        return [_stats_from_pb(stats) for stats in response.queues]
+
+    def add_queue(self, settings: QueueSettings) -> dict:
+        request = admin_pb2.AddQueueRequest(settings=_settings_to_pb(settings))
+        return _stats_from_pb(self._call(self._stub.AddQueue, request).queue)
+
+    def delete_queue(self, name: str) -> None:
+        self._call(self._stub.DeleteQueue, admin_pb2.DeleteQueueRequest(queue=name))
+
+    def list_groups(self, queue: str) -> list[dict]:
+        response = self._call(self._stub.ListGroups, admin_pb2.ListGroupsRequest(queue=queue))
+        return [_group_from_pb(row) for row in response.groups]
+
+    def reset_groups(self, queue: str, group: str | None) -> int:
+        request = admin_pb2.ResetGroupsRequest(queue=queue, group=group)
+        return self._call(self._stub.ResetGroups, request).groups_reset
+
+    def purge_group(self, queue: str, group: str, count: int | None) -> int:
+        request = admin_pb2.PurgeGroupRequest(queue=queue, group=group, **_count_request(count))
+        return self._call(self._stub.PurgeGroup, request).messages_purged
+
+    def move_group(self, queue: str, group: str, destination: str, count: int | None) -> int:
+        request = admin_pb2.MoveGroupRequest(queue=queue, group=group, destination_queue=destination,
+                                             **_count_request(count))
+        return self._call(self._stub.MoveGroup, request).messages_moved

@@ -1,0 +1,198 @@
+"""The management sub-commands of `grouper`: `queue`, `groups` and `group`, over the admin API.
+
+Rules:
+- Each command is one `AdminClient` call and a few printed lines; the node does the work and the
+  validation. Queue flags come from `node.cli` so `grouper node` config and `queue add` agree.
+- Results go to stdout (tables, or JSON with `--json`); failures go to stderr, and the exit status
+  says who can fix them, in one table: 1 the node refused (its message is quoted), 2 bad usage or
+  a value the node rejected, 3 the node could not be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from node.admin.client import (DEFAULT_NODE_ADDRESS, TIMEOUT_MS_DEFAULT, AdminClient, AdminError,
+                               InvalidRequest, NodeFailure, NodeUnreachable)
+from node.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_queue_flags, queue_settings_from_args
+from node.core.errors import InvalidConfig
+
+EXIT_UNREACHABLE = 3
+NODE_ENV = "GROUPER_NODE"
+
+# First match wins.
+EXIT_BY_ERROR: tuple[tuple[type[AdminError], int], ...] = (
+    (NodeUnreachable, EXIT_UNREACHABLE),
+    (InvalidRequest, EXIT_USAGE),
+    (NodeFailure, EXIT_FAILED),
+)
+
+
+# ---- argument types (argparse names the flag when one of these raises) -----------------------
+
+def node_address(text: str) -> str:
+    host, separator, port = text.rpartition(":")
+    if not separator or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port 1..65535, got {text!r}")
+    return text
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _resolve_node(args: argparse.Namespace) -> str:
+    if args.node:
+        return args.node
+    from_env = os.environ.get(NODE_ENV)
+    if not from_env:
+        return DEFAULT_NODE_ADDRESS
+    try:
+        return node_address(from_env)
+    except argparse.ArgumentTypeError as error:
+        raise InvalidConfig(NODE_ENV, str(error)) from None
+
+
+# ---- wiring ----------------------------------------------------------------------------------
+
+def register(subparsers) -> None:
+    connection = argparse.ArgumentParser(add_help=False)
+    connection.add_argument("--node", metavar="HOST:PORT", type=node_address,
+                            help=f"admin address of the node (default: ${NODE_ENV} or {DEFAULT_NODE_ADDRESS})")
+    connection.add_argument("--timeout-ms", metavar="MS", type=_positive_int, default=TIMEOUT_MS_DEFAULT,
+                            help=f"deadline of the call (default {TIMEOUT_MS_DEFAULT})")
+
+    def command(parent, name: str, action, help_text: str) -> argparse.ArgumentParser:
+        parser = parent.add_parser(name, parents=[connection], help=help_text, description=help_text)
+        parser.set_defaults(run=lambda args: _run(action, args))
+        return parser
+
+    queue = subparsers.add_parser("queue", help="add, delete or list the node's queues")
+    queue_commands = queue.add_subparsers(dest="queue_command", required=True, metavar="{add,delete,list}")
+    add = command(queue_commands, "add", _queue_add, "declare a queue")
+    add.add_argument("name", metavar="NAME")
+    add_queue_flags(add)
+    command(queue_commands, "delete", _queue_delete, "delete a queue and its messages"
+            ).add_argument("name", metavar="NAME")
+    command(queue_commands, "list", _queue_list, "list queues with depth, consumers and group counts"
+            ).add_argument("--json", action="store_true", help="print a JSON list")
+
+    groups = command(subparsers, "groups", _groups, "list a queue's message groups")
+    groups.add_argument("queue", metavar="QUEUE")
+    groups.add_argument("--json", action="store_true",
+                        help="print a JSON list of {group, messages, acquired, consumer}")
+
+    group = subparsers.add_parser("group", help="reset, purge or move a message group")
+    group_commands = group.add_subparsers(dest="group_command", required=True, metavar="{reset,purge,move}")
+    reset = command(group_commands, "reset", _group_reset,
+                    "free one group (or every group) of a queue from its owner")
+    reset.add_argument("queue", metavar="QUEUE")
+    reset.add_argument("group", metavar="GROUP", nargs="?", help="omit to reset every group")
+    purge = command(group_commands, "purge", _group_purge,
+                    "delete a group's available messages (acquired ones stay with their consumer)")
+    purge.add_argument("queue", metavar="QUEUE")
+    purge.add_argument("group", metavar="GROUP")
+    purge.add_argument("--count", type=_positive_int, metavar="N", help="at most N from the group's head")
+    move = command(group_commands, "move", _group_move,
+                   "move a group's available messages to another queue (acquired ones stay)")
+    move.add_argument("queue", metavar="QUEUE")
+    move.add_argument("group", metavar="GROUP")
+    move.add_argument("destination", metavar="DEST")
+    move.add_argument("--count", type=_positive_int, metavar="N", help="at most N from the group's head")
+
+
+def _run(action, args: argparse.Namespace) -> int:
+    address = _resolve_node(args)
+    try:
+        with AdminClient(address, args.timeout_ms) as client:
+            action(client, args)
+            return EXIT_OK
+    except AdminError as error:
+        exit_code = next(code for error_type, code in EXIT_BY_ERROR if isinstance(error, error_type))
+        print(_describe(error, args.timeout_ms), file=sys.stderr)
+        return exit_code
+
+
+def _describe(error: AdminError, timeout_ms: int) -> str:
+    if isinstance(error, NodeUnreachable):
+        what = (f"no answer from the node at {error.address} within {timeout_ms} ms"
+                if error.status == "DEADLINE_EXCEEDED" else f"cannot reach the node at {error.address}")
+        return (f"grouper: {what} ({error.status}: {error.message}); check that the node is running "
+                f"and that --node or ${NODE_ENV} gives its admin address")
+    return f"grouper: the node at {error.address} refused ({error.status}): {error.message}"
+
+
+# ---- commands --------------------------------------------------------------------------------
+
+def _queue_add(client: AdminClient, args) -> None:
+    settings = queue_settings_from_args(args.name, args)  # bad flags fail here, before any call
+    client.add_queue(settings)
+    print(f"added queue {settings.name} (group policy {settings.group_policy})")
+
+
+def _queue_delete(client: AdminClient, args) -> None:
+    client.delete_queue(args.name)
+    print(f"deleted queue {args.name}")
+
+
+def _queue_list(client: AdminClient, args) -> None:
+    queues = client.list_queues()
+    if args.json:
+        print(json.dumps(queues, indent=2))
+        return
+    print(_table(("QUEUE", "DEPTH", "ACQUIRED", "CONSUMERS", "GROUPS", "OWNED"),
+                 [(q["name"], q["depth_messages"], q["acquired_messages"], q["consumers"], q["groups"],
+                   q["owned_groups"]) for q in queues]))
+
+
+def _groups(client: AdminClient, args) -> None:
+    rows = client.list_groups(args.queue)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(_table(("GROUP", "MESSAGES", "ACQUIRED", "CONSUMER"),
+                 [(r["group"], r["messages"], r["acquired"], "-" if r["consumer"] is None else r["consumer"])
+                  for r in rows]))
+
+
+def _group_reset(client: AdminClient, args) -> None:
+    freed = client.reset_groups(args.queue, args.group)
+    if args.group is None:
+        print(f"reset {_count(freed, 'owned group')} of queue {args.queue}")
+    elif freed:
+        print(f"reset group {args.group} of queue {args.queue}: its owner is released")
+    else:
+        print(f"group {args.group} of queue {args.queue} had no owner; nothing to reset")
+
+
+def _group_purge(client: AdminClient, args) -> None:
+    purged = client.purge_group(args.queue, args.group, args.count)
+    print(f"purged {_count(purged, 'message')} from group {args.group} of queue {args.queue}")
+
+
+def _group_move(client: AdminClient, args) -> None:
+    moved = client.move_group(args.queue, args.group, args.destination, args.count)
+    print(f"moved {_count(moved, 'message')} from group {args.group} of queue {args.queue} "
+          f"to queue {args.destination}")
+
+
+# ---- formatting ------------------------------------------------------------------------------
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+def _table(headers: tuple, rows: list[tuple]) -> str:
+    cells = [tuple(str(value) for value in row) for row in (headers, *rows)]
+    widths = [max(len(row[column]) for row in cells) for column in range(len(headers))]
+    return "\n".join("  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip()
+                     for row in cells)

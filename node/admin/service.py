@@ -1,0 +1,155 @@
+"""The admin API's gRPC servicer: requests in, `NodeControl` calls, responses or status codes out.
+
+Rules:
+- Owns nothing. It runs on gRPC pool threads and reaches the node only through `NodeControl`,
+  which posts into the reactor thread and waits with a deadline.
+- Settings are validated by the node (`QueueSettings.from_dict`), so a bad value fails with
+  INVALID_ARGUMENT naming the field whatever client sent it.
+- Failures become status codes in one table, `STATUS_BY_ERROR`; an error it does not know is a bug,
+  logged here with its traceback and reported as INTERNAL.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent import futures
+
+import grpc
+
+from node.admin.control import NodeControl
+from node.core.errors import (AlreadyExists, InvalidConfig, InvalidField, NotAllowed, NotFound,
+                              ResourceDeleted, ResourceLimitExceeded)
+from node.core.settings import QueueSettings
+from proto import admin_pb2, admin_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+WORKERS_DEFAULT = 4  # gRPC pool threads; each admin call blocks one while the reactor answers
+CONCURRENT_RPCS_MAX_PER_WORKER = 16  # calls admitted per worker; beyond it RESOURCE_EXHAUSTED
+SETTINGS_FIELD_PATH = "settings"  # prefix of field names in settings errors: AddQueueRequest.settings
+
+# First match wins, so a subclass must come before its base.
+STATUS_BY_ERROR: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
+    (InvalidField, grpc.StatusCode.INVALID_ARGUMENT),
+    (InvalidConfig, grpc.StatusCode.INVALID_ARGUMENT),
+    (ResourceLimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (ResourceDeleted, grpc.StatusCode.NOT_FOUND),  # deleted while we looked: for the caller it is gone
+    (NotAllowed, grpc.StatusCode.FAILED_PRECONDITION),  # no authorization here: it is a state rule
+    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),  # the reactor did not answer within the bridge deadline
+)
+
+
+def status_for(error: BaseException) -> grpc.StatusCode:
+    for error_type, code in STATUS_BY_ERROR:
+        if isinstance(error, error_type):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def _message_for(error: BaseException, code: grpc.StatusCode) -> str:
+    if code is grpc.StatusCode.INTERNAL:
+        return f"internal error ({type(error).__name__}: {error}); the node's log has the details"
+    return getattr(error, "description", None) or str(error)
+
+
+def settings_from_pb(settings: admin_pb2.QueueSettings) -> QueueSettings:
+    """Only fields the caller set are passed on, so absent ones take the node's defaults."""
+    values: dict = {"name": settings.name}
+    for field in settings.DESCRIPTOR.fields:
+        if field.name != "name" and settings.HasField(field.name):
+            values[field.name] = getattr(settings, field.name)
+    return QueueSettings.from_dict(values, where=SETTINGS_FIELD_PATH)
+
+
+def queue_stats_to_pb(stats: dict) -> admin_pb2.QueueStats:
+    # a counter the proto does not carry yet is left out rather than failing the whole call
+    fields = admin_pb2.QueueStats.DESCRIPTOR.fields_by_name
+    return admin_pb2.QueueStats(**{key: value for key, value in stats.items() if key in fields})
+
+
+def group_row_to_pb(row: dict) -> admin_pb2.GroupRow:
+    owner = row["consumer"]
+    return admin_pb2.GroupRow(group=row["group"], messages=row["messages"], acquired=row["acquired"],
+                              consumer=None if owner is None else str(owner))
+
+
+def _messages_max(request) -> int | None:
+    if not request.HasField("messages_max"):
+        return None
+    if request.messages_max < 1:
+        raise InvalidField(f"messages_max: must be >= 1, got {request.messages_max} (leave it out for all)")
+    return request.messages_max
+
+
+class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+    def __init__(self, control: NodeControl):
+        self._control = control
+
+    def _answer(self, request, context: grpc.ServicerContext, work):
+        try:
+            return work()
+        except Exception as error:  # every failure leaves as a status code; see STATUS_BY_ERROR
+            code = status_for(error)
+            if code is grpc.StatusCode.INTERNAL:
+                log.exception("admin call %s failed: %s", type(request).__name__, request)
+            context.abort(code, _message_for(error, code))
+
+    def ListQueues(self, request, context):
+        return self._answer(request, context, lambda: admin_pb2.ListQueuesResponse(
+            queues=[queue_stats_to_pb(stats) for stats in self._control.list_queues()]))
+
+    def AddQueue(self, request, context):
+        def work():
+            stats = self._control.add_queue(settings_from_pb(request.settings))
+            return admin_pb2.AddQueueResponse(queue=queue_stats_to_pb(stats))
+        return self._answer(request, context, work)
+
+    def DeleteQueue(self, request, context):
+        def work():
+            self._control.delete_queue(request.queue)
+            return admin_pb2.DeleteQueueResponse()
+        return self._answer(request, context, work)
+
+    def ListGroups(self, request, context):
+        return self._answer(request, context, lambda: admin_pb2.ListGroupsResponse(
+            groups=[group_row_to_pb(row) for row in self._control.list_groups(request.queue)]))
+
+    def ResetGroups(self, request, context):
+        group = request.group if request.HasField("group") else None
+        return self._answer(request, context, lambda: admin_pb2.ResetGroupsResponse(
+            groups_reset=self._control.reset_groups(request.queue, group)))
+
+    def PurgeGroup(self, request, context):
+        return self._answer(request, context, lambda: admin_pb2.PurgeGroupResponse(
+            messages_purged=self._control.purge_group(request.queue, request.group, _messages_max(request))))
+
+    def MoveGroup(self, request, context):
+        return self._answer(request, context, lambda: admin_pb2.MoveGroupResponse(
+            messages_moved=self._control.move_group(request.queue, request.group, request.destination_queue,
+                                                    _messages_max(request))))
+
+
+def serve(control: NodeControl, host: str, port: int, *, workers: int = WORKERS_DEFAULT) -> tuple[grpc.Server, int]:
+    """Start the admin API on host:port (0 picks a free port); returns the server and its port.
+
+    Raises OSError naming host:port when it cannot listen there."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="admin-grpc"),
+        maximum_concurrent_rpcs=workers * CONCURRENT_RPCS_MAX_PER_WORKER,
+        # gRPC sets SO_REUSEPORT by default, which lets a second node share a port silently
+        options=[("grpc.so_reuseport", 0)],
+    )
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(control), server)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound_port = server.add_insecure_port(address)
+    except RuntimeError:  # newer grpcio raises instead of returning 0
+        bound_port = 0
+    if bound_port == 0:
+        server.stop(None)
+        raise OSError(f"the admin API cannot listen on {address}: the port is in use or the host is "
+                      f"not an address of this machine; stop the other process or choose another admin port")
+    server.start()
+    return server, bound_port

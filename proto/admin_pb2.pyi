@@ -1,0 +1,171 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class QueueSettings(_message.Message):
+    __slots__ = ("name", "group_policy", "group_header", "default_group", "group_first_key", "group_rebalance", "group_rebalance_pause_dispatch", "group_buckets", "consumers_before_dispatch", "time_before_dispatch_ms", "durable", "depth_max_messages", "depth_max_bytes", "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GROUP_POLICY_FIELD_NUMBER: _ClassVar[int]
+    GROUP_HEADER_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_GROUP_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIRST_KEY_FIELD_NUMBER: _ClassVar[int]
+    GROUP_REBALANCE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_REBALANCE_PAUSE_DISPATCH_FIELD_NUMBER: _ClassVar[int]
+    GROUP_BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_BEFORE_DISPATCH_FIELD_NUMBER: _ClassVar[int]
+    TIME_BEFORE_DISPATCH_MS_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_LENGTH_MAX_CHARS_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNT_MAX_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    group_policy: str
+    group_header: str
+    default_group: str
+    group_first_key: str
+    group_rebalance: bool
+    group_rebalance_pause_dispatch: bool
+    group_buckets: int
+    consumers_before_dispatch: int
+    time_before_dispatch_ms: int
+    durable: bool
+    depth_max_messages: int
+    depth_max_bytes: int
+    group_id_length_max_chars: int
+    delivery_count_max: int
+    dead_letter_queue: str
+    def __init__(self, name: _Optional[str] = ..., group_policy: _Optional[str] = ..., group_header: _Optional[str] = ..., default_group: _Optional[str] = ..., group_first_key: _Optional[str] = ..., group_rebalance: _Optional[bool] = ..., group_rebalance_pause_dispatch: _Optional[bool] = ..., group_buckets: _Optional[int] = ..., consumers_before_dispatch: _Optional[int] = ..., time_before_dispatch_ms: _Optional[int] = ..., durable: _Optional[bool] = ..., depth_max_messages: _Optional[int] = ..., depth_max_bytes: _Optional[int] = ..., group_id_length_max_chars: _Optional[int] = ..., delivery_count_max: _Optional[int] = ..., dead_letter_queue: _Optional[str] = ...) -> None: ...
+
+class QueueStats(_message.Message):
+    __slots__ = ("name", "depth_messages", "depth_bytes", "acquired_messages", "consumers", "browsers", "groups", "owned_groups", "enqueued_total", "delivered_total")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ACQUIRED_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    BROWSERS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    OWNED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    ENQUEUED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    depth_messages: int
+    depth_bytes: int
+    acquired_messages: int
+    consumers: int
+    browsers: int
+    groups: int
+    owned_groups: int
+    enqueued_total: int
+    delivered_total: int
+    def __init__(self, name: _Optional[str] = ..., depth_messages: _Optional[int] = ..., depth_bytes: _Optional[int] = ..., acquired_messages: _Optional[int] = ..., consumers: _Optional[int] = ..., browsers: _Optional[int] = ..., groups: _Optional[int] = ..., owned_groups: _Optional[int] = ..., enqueued_total: _Optional[int] = ..., delivered_total: _Optional[int] = ...) -> None: ...
+
+class GroupRow(_message.Message):
+    __slots__ = ("group", "messages", "acquired", "consumer")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    ACQUIRED_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    messages: int
+    acquired: int
+    consumer: str
+    def __init__(self, group: _Optional[str] = ..., messages: _Optional[int] = ..., acquired: _Optional[int] = ..., consumer: _Optional[str] = ...) -> None: ...
+
+class ListQueuesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListQueuesResponse(_message.Message):
+    __slots__ = ("queues",)
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueStats]
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ...) -> None: ...
+
+class AddQueueRequest(_message.Message):
+    __slots__ = ("settings",)
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    settings: QueueSettings
+    def __init__(self, settings: _Optional[_Union[QueueSettings, _Mapping]] = ...) -> None: ...
+
+class AddQueueResponse(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: QueueStats
+    def __init__(self, queue: _Optional[_Union[QueueStats, _Mapping]] = ...) -> None: ...
+
+class DeleteQueueRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class DeleteQueueResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListGroupsRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class ListGroupsResponse(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[GroupRow]
+    def __init__(self, groups: _Optional[_Iterable[_Union[GroupRow, _Mapping]]] = ...) -> None: ...
+
+class ResetGroupsRequest(_message.Message):
+    __slots__ = ("queue", "group")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
+
+class ResetGroupsResponse(_message.Message):
+    __slots__ = ("groups_reset",)
+    GROUPS_RESET_FIELD_NUMBER: _ClassVar[int]
+    groups_reset: int
+    def __init__(self, groups_reset: _Optional[int] = ...) -> None: ...
+
+class PurgeGroupRequest(_message.Message):
+    __slots__ = ("queue", "group", "messages_max")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_MAX_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    messages_max: int
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., messages_max: _Optional[int] = ...) -> None: ...
+
+class PurgeGroupResponse(_message.Message):
+    __slots__ = ("messages_purged",)
+    MESSAGES_PURGED_FIELD_NUMBER: _ClassVar[int]
+    messages_purged: int
+    def __init__(self, messages_purged: _Optional[int] = ...) -> None: ...
+
+class MoveGroupRequest(_message.Message):
+    __slots__ = ("queue", "group", "destination_queue", "messages_max")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_MAX_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    destination_queue: str
+    messages_max: int
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., destination_queue: _Optional[str] = ..., messages_max: _Optional[int] = ...) -> None: ...
+
+class MoveGroupResponse(_message.Message):
+    __slots__ = ("messages_moved",)
+    MESSAGES_MOVED_FIELD_NUMBER: _ClassVar[int]
+    messages_moved: int
+    def __init__(self, messages_moved: _Optional[int] = ...) -> None: ...

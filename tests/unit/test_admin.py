@@ -1,0 +1,374 @@
+"""The admin API end to end in one process: `grouper` CLI -> AdminClient -> gRPC on 127.0.0.1 ->
+AdminServicer -> a NodeControl over a real Broker. Messages and consumers are set up through the
+broker directly, so what the CLI reports can be checked against the core's own state."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import socket
+import threading
+
+import grpc
+import pytest
+
+from node import cli
+from node.admin.client import AdminClient, AdminError, InvalidRequest, NodeFailure
+from node.admin.service import STATUS_BY_ERROR, serve, settings_from_pb
+from node.core.broker import Broker
+from node.core.errors import (AlreadyExists, GrouperError, InvalidConfig, InvalidField, NotAllowed, NotFound,
+                              ResourceDeleted, ResourceLimitExceeded)
+from node.core.message import Message, Outcome
+from node.core.queue import Queue
+from node.core.settings import QueueSettings
+from proto import admin_pb2, admin_pb2_grpc
+
+
+class BrokerControl:
+    """NodeControl over a bare Broker for tests: it discards the effects, which a node must not."""
+
+    def __init__(self, broker: Broker, now_ms):
+        self.broker = broker
+        self.now_ms = now_ms
+        self.lock = threading.Lock()  # gRPC pool threads and the test thread share the broker
+
+    def list_queues(self) -> list[dict]:
+        with self.lock:
+            return self.broker.list_queues()
+
+    def add_queue(self, settings: QueueSettings) -> dict:
+        with self.lock:
+            return self.broker.declare_queue(settings).stats()
+
+    def delete_queue(self, name: str) -> None:
+        with self.lock:
+            self.broker.delete_queue(name)
+
+    def list_groups(self, queue: str) -> list[dict]:
+        with self.lock:
+            return self.broker.list_groups(queue)
+
+    def reset_groups(self, queue: str, group: str | None) -> int:
+        with self.lock:
+            return self.broker.reset_groups(queue, group, self.now_ms())[0]
+
+    def purge_group(self, queue: str, group: str, count: int | None) -> int:
+        with self.lock:
+            return self.broker.purge_group(queue, group, count, self.now_ms())[0]
+
+    def move_group(self, queue: str, group: str, destination: str, count: int | None) -> int:
+        with self.lock:
+            return self.broker.move_group(queue, group, destination, count, self.now_ms())[0]
+
+
+class Node:
+    def __init__(self, control):
+        self.control = control
+        self.server, port = serve(control, "127.0.0.1", 0)
+        self.address = f"127.0.0.1:{port}"
+
+    def grouper(self, capsys, *argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = cli.main([*argv, "--node", self.address])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+
+@pytest.fixture
+def broker():
+    return Broker()
+
+
+@pytest.fixture
+def node(broker):
+    started = Node(BrokerControl(broker, now_ms=lambda: 1_000))
+    yield started
+    started.server.stop(None)
+
+
+def enqueue(broker: Broker, queue: str, *group_ids: str | None) -> None:
+    for group_id in group_ids:
+        broker.enqueue(queue, Message(b"payload", group_id), now_ms=1_000)
+
+
+@pytest.fixture
+def busy_queue(node, broker):
+    """Queue q (shared groups): g1 has 3 messages, 2 acquired by consumer c1; g2 has 2; one has no group."""
+    broker.declare_queue(QueueSettings(name="q", group_policy="shared"))
+    enqueue(broker, "q", "g1", "g1", "g1", "g2", "g2", None)
+    broker.attach_consumer("q", "c1", False, now_ms=1_000)
+    broker.set_credit("c1", 2, now_ms=1_000)
+    return broker.queues["q"]
+
+
+def groups_json(node: Node, capsys, queue: str = "q") -> dict[str, dict]:
+    code, out, _ = node.grouper(capsys, "groups", queue, "--json")
+    assert code == 0
+    return {row["group"]: row for row in json.loads(out)}
+
+
+# ---- queues ----------------------------------------------------------------------------------
+
+def test_queue_added_with_flags_is_listed_with_its_counters(node, broker, capsys):
+    code, out, _ = node.grouper(capsys, "queue", "add", "orders", "--shared-groups", "--group-buckets", "8",
+                                "--depth-max-messages", "10", "--no-durable")
+    assert code == 0 and "added queue orders" in out
+    assert broker.queues["orders"].settings == QueueSettings(
+        name="orders", group_policy="shared", group_buckets=8, depth_max_messages=10, durable=False)
+
+    enqueue(broker, "orders", "a", "b")
+    code, out, _ = node.grouper(capsys, "queue", "list", "--json")
+    assert code == 0
+    [listed] = json.loads(out)
+    assert listed["name"] == "orders" and listed["depth_messages"] == 2 and listed["groups"] == 2
+
+    code, out, _ = node.grouper(capsys, "queue", "list")
+    header, row = out.splitlines()
+    assert header.split() == ["QUEUE", "DEPTH", "ACQUIRED", "CONSUMERS", "GROUPS", "OWNED"]
+    assert row.split() == ["orders", "2", "0", "0", "2", "0"]
+
+
+def test_bad_queue_flag_value_exits_2_naming_the_flag_and_creates_nothing(node, broker, capsys):
+    code, _, err = node.grouper(capsys, "queue", "add", "q", "--group-buckets", "-5")
+    assert code == 2 and "--group-buckets" in err
+    code, _, err = node.grouper(capsys, "queue", "add", "q", "--depth-max-messages", "many")
+    assert code == 2 and "--depth-max-messages" in err
+    assert broker.queues == {}
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["group", "purge", "q", "g", "--count", "0"], "--count"),
+    (["group", "move", "q", "g", "d", "--count", "x"], "--count"),
+    (["queue", "list", "--timeout-ms", "0"], "--timeout-ms"),
+    (["queue", "list", "--node", "no-port-here"], "--node"),
+])
+def test_bad_command_flag_exits_2_naming_the_flag(argv, flag, capsys):
+    assert cli.main(argv) == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_node_validates_settings_and_names_the_field(node, broker):
+    with grpc.insecure_channel(node.address) as channel, pytest.raises(grpc.RpcError) as raised:
+        admin_pb2_grpc.AdminServiceStub(channel).AddQueue(
+            admin_pb2.AddQueueRequest(settings=admin_pb2.QueueSettings(name="q", group_buckets=-7)), timeout=5)
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "settings.group_buckets" in raised.value.details()
+    with AdminClient(node.address) as client, pytest.raises(InvalidRequest, match="settings.group_rebalance"):
+        client.add_queue(QueueSettings(name="q", group_rebalance_pause_dispatch=True))
+    assert broker.queues == {}
+
+
+def test_absent_settings_take_the_defaults():
+    assert settings_from_pb(admin_pb2.QueueSettings(name="q")) == QueueSettings(name="q")
+    explicit = settings_from_pb(admin_pb2.QueueSettings(name="q", durable=False, group_buckets=0))
+    assert explicit == QueueSettings(name="q", durable=False, group_buckets=0)
+
+
+def test_proto_carries_every_queue_setting_and_counter():
+    assert set(admin_pb2.QueueSettings.DESCRIPTOR.fields_by_name) == \
+        {field.name for field in dataclasses.fields(QueueSettings)}
+    assert set(admin_pb2.QueueStats.DESCRIPTOR.fields_by_name) == set(Queue(QueueSettings(name="q")).stats())
+
+
+def test_adding_an_existing_queue_with_other_settings_is_refused(node, broker, capsys):
+    broker.declare_queue(QueueSettings(name="q"))
+    code, _, err = node.grouper(capsys, "queue", "add", "q", "--group-policy", "none")
+    assert code == 1 and "ALREADY_EXISTS" in err and "delete it first" in err
+
+
+def test_deleted_queue_is_gone(node, broker, capsys):
+    broker.declare_queue(QueueSettings(name="q"))
+    code, out, _ = node.grouper(capsys, "queue", "delete", "q")
+    assert code == 0 and "deleted queue q" in out
+    assert broker.queues == {}
+
+
+def test_unknown_queue_exits_1_with_the_nodes_not_found_message(node, capsys):
+    code, out, err = node.grouper(capsys, "groups", "nope")
+    assert code == 1 and out == ""
+    assert f"the node at {node.address} refused (NOT_FOUND)" in err and "no queue 'nope'" in err
+    code, _, err = node.grouper(capsys, "queue", "delete", "nope")
+    assert code == 1 and "no queue 'nope'" in err
+
+
+# ---- groups ----------------------------------------------------------------------------------
+
+def test_groups_json_has_exactly_the_documented_fields(node, busy_queue, capsys):
+    code, out, _ = node.grouper(capsys, "groups", "q", "--json")
+    assert code == 0
+    assert json.loads(out) == [
+        {"group": "g1", "messages": 3, "acquired": 2, "consumer": "c1"},
+        {"group": "g2", "messages": 2, "acquired": 0, "consumer": None},
+        {"group": "qpid.no-group", "messages": 1, "acquired": 0, "consumer": None},
+    ]
+
+
+def test_groups_table_shows_owner_or_dash(node, busy_queue, capsys):
+    code, out, _ = node.grouper(capsys, "groups", "q")
+    assert code == 0
+    assert [line.split() for line in out.splitlines()] == [
+        ["GROUP", "MESSAGES", "ACQUIRED", "CONSUMER"],
+        ["g1", "3", "2", "c1"],
+        ["g2", "2", "0", "-"],
+        ["qpid.no-group", "1", "0", "-"],
+    ]
+
+
+def test_purge_takes_only_available_messages(node, broker, busy_queue, capsys):
+    code, out, _ = node.grouper(capsys, "group", "purge", "q", "g1")
+    assert code == 0 and out.strip() == "purged 1 message from group g1 of queue q"
+    assert groups_json(node, capsys)["g1"] == {"group": "g1", "messages": 2, "acquired": 2, "consumer": "c1"}
+
+    code, out, _ = node.grouper(capsys, "group", "purge", "q", "g2", "--count", "1")
+    assert code == 0 and out.strip() == "purged 1 message from group g2 of queue q"
+    assert groups_json(node, capsys)["g2"]["messages"] == 1
+    assert busy_queue.depth_messages == 4
+
+
+def test_move_takes_only_available_messages_to_the_destination(node, broker, busy_queue, capsys):
+    broker.declare_queue(QueueSettings(name="parking", group_policy="shared"))
+    code, out, _ = node.grouper(capsys, "group", "move", "q", "g1", "parking")
+    assert code == 0 and out.strip() == "moved 1 message from group g1 of queue q to queue parking"
+    code, out, _ = node.grouper(capsys, "group", "move", "q", "g2", "parking", "--count", "5")
+    assert code == 0 and out.strip() == "moved 2 messages from group g2 of queue q to queue parking"
+
+    assert groups_json(node, capsys)["g1"] == {"group": "g1", "messages": 2, "acquired": 2, "consumer": "c1"}
+    assert "g2" not in groups_json(node, capsys)
+    assert groups_json(node, capsys, "parking") == {
+        "g1": {"group": "g1", "messages": 1, "acquired": 0, "consumer": None},
+        "g2": {"group": "g2", "messages": 2, "acquired": 0, "consumer": None},
+    }
+
+
+def test_move_to_an_unknown_queue_exits_1_and_moves_nothing(node, busy_queue, capsys):
+    code, _, err = node.grouper(capsys, "group", "move", "q", "g2", "nowhere")
+    assert code == 1 and "no queue 'nowhere'" in err
+    assert groups_json(node, capsys)["g2"]["messages"] == 2
+
+
+def test_reset_frees_one_group_or_all_owned_groups(node, broker, busy_queue, capsys):
+    code, out, _ = node.grouper(capsys, "group", "reset", "q", "g2")
+    assert code == 0 and out.strip() == "group g2 of queue q had no owner; nothing to reset"
+
+    code, out, _ = node.grouper(capsys, "group", "reset", "q", "g1")
+    assert code == 0 and out.strip() == "reset group g1 of queue q: its owner is released"
+
+    # g1 has messages in flight, so it stays with c1 until they settle; then anyone may take it
+    for delivery_id in (0, 1):
+        broker.settle("c1", delivery_id, outcome=Outcome.ACCEPTED, now_ms=1_000)
+    assert groups_json(node, capsys)["g1"]["consumer"] is None
+
+    broker.set_credit("c1", 3, now_ms=1_000)
+    code, out, _ = node.grouper(capsys, "group", "reset", "q")
+    assert code == 0 and out.strip() == "reset 2 owned groups of queue q"
+
+
+def test_reset_of_an_unknown_group_exits_1(node, busy_queue, capsys):
+    code, _, err = node.grouper(capsys, "group", "reset", "q", "nope")
+    assert code == 1 and "has no group 'nope'" in err
+
+
+# ---- reaching the node -----------------------------------------------------------------------
+
+def test_unreachable_node_exits_3_naming_the_address(capsys):
+    with socket.socket() as closed:  # bound but never listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+        code = cli.main(["queue", "list", "--node", address])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert f"cannot reach the node at {address}" in err and "check that the node is running" in err
+
+
+def test_node_address_comes_from_the_environment(node, capsys, monkeypatch):
+    monkeypatch.setenv("GROUPER_NODE", node.address)
+    assert cli.main(["queue", "list"]) == 0
+    monkeypatch.setenv("GROUPER_NODE", "nonsense")
+    assert cli.main(["queue", "list"]) == 2
+    assert "GROUPER_NODE" in capsys.readouterr().err
+
+
+def test_a_node_slower_than_the_deadline_exits_3(capsys):
+    release = threading.Event()
+
+    class StuckControl:
+        def list_queues(self):
+            release.wait(5)
+            return []
+
+    slow = Node(StuckControl())
+    try:
+        code = cli.main(["queue", "list", "--node", slow.address, "--timeout-ms", "100"])
+    finally:
+        release.set()
+        slow.server.stop(None)
+    assert code == 3
+    assert f"no answer from the node at {slow.address} within 100 ms" in capsys.readouterr().err
+
+
+def test_serving_on_a_port_in_use_names_the_address():
+    first = Node(BrokerControl(Broker(), now_ms=lambda: 0))
+    try:
+        port = int(first.address.rsplit(":", 1)[1])
+        with pytest.raises(OSError, match=f"127.0.0.1:{port}"):
+            serve(first.control, "127.0.0.1", port)
+    finally:
+        first.server.stop(None)
+
+
+# ---- the error table -------------------------------------------------------------------------
+
+class FailingControl:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def list_queues(self):
+        raise self.error
+
+
+@pytest.mark.parametrize("error, status", [
+    (NotFound("gone"), grpc.StatusCode.NOT_FOUND),
+    (AlreadyExists("twice"), grpc.StatusCode.ALREADY_EXISTS),
+    (InvalidField("bad field"), grpc.StatusCode.INVALID_ARGUMENT),
+    (InvalidConfig("some_key", "bad value"), grpc.StatusCode.INVALID_ARGUMENT),
+    (ResourceLimitExceeded("full"), grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (ResourceDeleted("deleted meanwhile"), grpc.StatusCode.NOT_FOUND),
+    (NotAllowed("not now"), grpc.StatusCode.FAILED_PRECONDITION),
+    (TimeoutError("the reactor is slow"), grpc.StatusCode.DEADLINE_EXCEEDED),
+    (GrouperError("unclassified"), grpc.StatusCode.INTERNAL),
+    (KeyError("bug"), grpc.StatusCode.INTERNAL),
+])
+def test_node_errors_become_status_codes_carrying_the_message(error, status):
+    failing = Node(FailingControl(error))
+    try:
+        with AdminClient(failing.address, timeout_ms=2000) as client, pytest.raises(AdminError) as raised:
+            client.list_queues()
+    finally:
+        failing.server.stop(None)
+    assert raised.value.status == status.name
+    assert str(error).strip("'") in raised.value.message
+
+
+def test_unexpected_errors_are_logged_and_reported_as_internal(caplog, capsys):
+    failing = Node(FailingControl(RuntimeError("broken invariant")))
+    try:
+        with caplog.at_level(logging.ERROR, logger="node.admin.service"):
+            code = cli.main(["queue", "list", "--node", failing.address])
+    finally:
+        failing.server.stop(None)
+    assert code == 1
+    assert "INTERNAL" in capsys.readouterr().err
+    assert any("ListQueuesRequest" in record.getMessage() and record.exc_info for record in caplog.records)
+
+
+def test_error_table_lists_subclasses_before_their_bases():
+    types = [error_type for error_type, _ in STATUS_BY_ERROR]
+    for index, error_type in enumerate(types):
+        assert not any(issubclass(error_type, earlier) for earlier in types[:index])
+
+
+def test_client_errors_of_a_refusal_are_node_failures(node):
+    with AdminClient(node.address) as client, pytest.raises(NodeFailure) as raised:
+        client.purge_group("nope", "g", None)
+    assert raised.value.status == "NOT_FOUND" and raised.value.address == node.address
