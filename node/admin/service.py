@@ -17,7 +17,7 @@ from concurrent import futures
 import grpc
 
 from node.admin.control import NodeControl
-from node.core.errors import (AlreadyExists, InvalidConfig, InvalidField, NotAllowed, NotFound,
+from node.core.errors import (AlreadyExists, GrouperError, InvalidConfig, InvalidField, NotAllowed, NotFound,
                               ResourceDeleted, ResourceLimitExceeded)
 from node.core.settings import QueueSettings
 from proto import admin_pb2, admin_pb2_grpc
@@ -134,7 +134,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 def serve(control: NodeControl, host: str, port: int, *, workers: int = WORKERS_DEFAULT) -> tuple[grpc.Server, int]:
     """Start the admin API on host:port (0 picks a free port); returns the server and its port.
 
-    Raises OSError naming host:port when it cannot listen there."""
+    Raises GrouperError naming host:port when it cannot listen there, as the AMQP listener does,
+    so `grouper node` reports it as a failed start rather than a traceback."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="admin-grpc"),
         maximum_concurrent_rpcs=workers * CONCURRENT_RPCS_MAX_PER_WORKER,
@@ -149,7 +150,7 @@ def serve(control: NodeControl, host: str, port: int, *, workers: int = WORKERS_
         bound_port = 0
     if bound_port == 0:
         server.stop(None)
-        raise OSError(f"the admin API cannot listen on {address}: the port is in use or the host is "
+        raise GrouperError(f"the admin API cannot listen on {address}: the port is in use or the host is "
                       f"not an address of this machine; stop the other process or choose another admin port")
     server.start()
     return server, bound_port

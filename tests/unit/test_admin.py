@@ -311,7 +311,7 @@ def test_serving_on_a_port_in_use_names_the_address():
     first = Node(BrokerControl(Broker(), now_ms=lambda: 0))
     try:
         port = int(first.address.rsplit(":", 1)[1])
-        with pytest.raises(OSError, match=f"127.0.0.1:{port}"):
+        with pytest.raises(GrouperError, match=f"127.0.0.1:{port}"):
             serve(first.control, "127.0.0.1", port)
     finally:
         first.server.stop(None)
