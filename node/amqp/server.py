@@ -63,6 +63,7 @@ class AmqpServer(Handler):
         self._awaiting_flush: list = []  # deliveries to settle once the next journal batch is durable
         self._pending: collections.deque = collections.deque()  # (ticket, delivery, is_producer)
         self._journal_failed: str | None = None
+        self._durable_ticket = 0
         self.stopping = False
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -81,16 +82,22 @@ class AmqpServer(Handler):
         self._bridge_drain()
 
     def on_reactor_quiesced(self, event):
-        if self.journal is None or not self._awaiting_flush and not self.journal.has_pending():
+        # the end of a reactor batch: hand everything journalled in it to the writer as one unit
+        if self.journal is None:
             return
         ticket = self.journal.flush()
+        if not self._awaiting_flush:
+            return
         for delivery, is_producer in self._awaiting_flush:
             self._pending.append((ticket, delivery, is_producer))
         self._awaiting_flush.clear()
+        if ticket <= self._durable_ticket:
+            self.journal_durable(self._durable_ticket)
 
     def journal_durable(self, ticket: int) -> None:
         """Bridge closure: every record up to `ticket` is on disk."""
         self._journal_failed = None
+        self._durable_ticket = max(self._durable_ticket, ticket)
         pending = self._pending
         while pending and pending[0][0] <= ticket:
             _, delivery, is_producer = pending.popleft()
@@ -318,7 +325,7 @@ class AmqpServer(Handler):
         window = self.config.producer_credit_window
         if receiver.credit * 2 >= window:
             return
-        if self.journal is not None and self.journal.backlog_bytes() > self.journal.pending_bytes_max:
+        if self.journal is not None and self.journal.backlog_full():
             return  # the disk is behind: withhold credit until journal_durable tops up again
         receiver.flow(window - receiver.credit)
 
