@@ -24,12 +24,13 @@ from proton import Handler
 from node.amqp import codec
 from node.amqp.conditions import RESOURCE_LIMIT, condition_for
 from node.core.effects import Deliver, DetachConsumer, Dropped, Removed, Stored
-from node.core.errors import GrouperError, NotFound
+from node.core.errors import GrouperError, NotFound, ResourceLimitExceeded
 from node.core.message import Message, Outcome
 
 log = logging.getLogger("grouper.amqp")
 
 TICK_INTERVAL_S = 0.1  # TTL expiry and delayed dispatch run at least this often
+JOURNAL_RETRY_INTERVAL_MS = 1000  # after a failed journal write, durable sends are refused this long
 MESSAGE_SIZE_MAX_BYTES = 16 << 20  # larger incoming messages are rejected with amqp:resource-limit-exceeded
 
 
@@ -64,6 +65,7 @@ class AmqpServer(Handler):
         self._pending: collections.deque = collections.deque()  # (ticket, delivery, is_producer)
         self._journal_failed: str | None = None
         self._durable_ticket = 0
+        self._journal_retry_at_ms = 0
         self.stopping = False
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -109,7 +111,9 @@ class AmqpServer(Handler):
     def journal_failed(self, ticket: int, reason: str) -> None:
         """Bridge closure: the batch ending at `ticket` could not be written."""
         self._journal_failed = reason
-        log.error("journal write failed: %s; producers of durable queues are refused until it recovers", reason)
+        self._journal_retry_at_ms = self.clock_ms() + JOURNAL_RETRY_INTERVAL_MS
+        log.error("journal write failed: %s; durable sends are refused for %d ms, then tried again", reason,
+                  JOURNAL_RETRY_INTERVAL_MS)
         pending = self._pending
         while pending and pending[0][0] <= ticket:
             _, delivery, is_producer = pending.popleft()
@@ -188,6 +192,7 @@ class AmqpServer(Handler):
         receiver.grouper_address = address or None
         self.producers[producer_id] = receiver
         self._connections[connection_key].add(producer_id)
+        receiver.max_message_size = MESSAGE_SIZE_MAX_BYTES
         receiver.open()
         receiver.flow(self.config.producer_credit_window)
 
@@ -275,9 +280,7 @@ class AmqpServer(Handler):
             delivery.settle()
             return
         if delivery.partial:
-            if delivery.pending > MESSAGE_SIZE_MAX_BYTES:
-                self._refuse(delivery, GrouperError("message too large"), RESOURCE_LIMIT)
-            return
+            return  # the link's max-message-size bounds what proton buffers meanwhile
         payload = receiver.recv(delivery.pending)
         receiver.advance()
         producer_settled = delivery.settled  # the producer sent it presettled
@@ -295,13 +298,13 @@ class AmqpServer(Handler):
                 if queue.settings.group_header:
                     arrival = codec.read_arrival(payload, queue.settings.group_header, now_ms)
             durable = queue.settings.durable and self.journal is not None
-            if durable and self._journal_failed:
+            if durable and self._journal_failed and now_ms < self._journal_retry_at_ms:
                 raise _journal_down(self._journal_failed)
             message = Message(payload, arrival.group_id, expires_at_ms=arrival.expires_at_ms,
                               closes_group=arrival.closes_group)
             effects = self.broker.enqueue(queue.settings.name, message, now_ms)
         except GrouperError as error:
-            self._refuse(delivery, error, None)
+            self._refuse(delivery, error)
         else:
             if producer_settled:
                 delivery.settle()
@@ -313,11 +316,8 @@ class AmqpServer(Handler):
             self.apply(effects)
         self._top_up(receiver)
 
-    def _refuse(self, delivery, error, condition_name):
-        condition = condition_for(error)
-        if condition_name:
-            condition = Condition(condition_name, condition.description)
-        delivery.local.condition = condition
+    def _refuse(self, delivery, error):
+        delivery.local.condition = condition_for(error)
         delivery.update(Delivery.REJECTED)
         delivery.settle()
 
@@ -429,11 +429,9 @@ class AmqpServer(Handler):
 
 
 def _too_large(size_bytes: int) -> GrouperError:
-    from node.core.errors import ResourceLimitExceeded
     return ResourceLimitExceeded(f"message is {size_bytes} bytes; this node accepts at most "
                                  f"{MESSAGE_SIZE_MAX_BYTES} bytes per message")
 
 
 def _journal_down(reason: str) -> GrouperError:
-    from node.core.errors import ResourceLimitExceeded
     return ResourceLimitExceeded(f"the node cannot store messages right now ({reason}); retry later")
