@@ -364,9 +364,8 @@ class Queue:
             head = group.available[0]
             if head.expires_at_ms and head.expires_at_ms <= now_ms:
                 heapq.heappop(heap)
+                group.placed_in = None  # _expire re-places the group, or forgets it once idle
                 self._expire(head, effects)
-                group.placed_in = None
-                self._place_or_forget(group)
                 continue
             return group
         return None
