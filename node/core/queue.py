@@ -269,10 +269,13 @@ class Queue:
         s = self.settings
         count_rule = s.consumers_before_dispatch > 0
         time_rule = s.time_before_dispatch_ms > 0
-        acquiring = len(self.consumers) - len(self._browsers)
+        # Count consumers that granted credit, not attached ones: a link attaches before it flows,
+        # and counting it at attach would open dispatch while only the others can take groups.
+        # Before dispatch starts no credit is spent, so the takers are exactly those consumers.
+        ready = len(self._takers)
         if not count_rule and not time_rule:
             self._dispatch_started = True
-        elif count_rule and acquiring >= s.consumers_before_dispatch:
+        elif count_rule and ready >= s.consumers_before_dispatch:
             self._dispatch_started = True
         elif time_rule and self._first_attach_ms is not None and \
                 now_ms >= self._first_attach_ms + s.time_before_dispatch_ms:
