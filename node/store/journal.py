@@ -1,0 +1,520 @@
+"""The durable journal: one append-only file of records, one writer thread, group commit.
+
+Owns `<directory>/journal.dat`, `<directory>/journal.lock` (held while open so two nodes never share
+a directory) and, during compaction, `<directory>/journal.dat.compact`.
+
+Threads:
+- The reactor thread calls declare/delete/store/remove/flush/backlog_bytes/stats. They encode into
+  memory and never wait for I/O; flush takes a lock held only to append to a list.
+- After start() the one writer thread owns the file descriptor and the index of live records. It
+  writes, fsyncs, compacts, and calls on_durable / on_failed (on its own thread: hand the result to
+  the reactor through the bridge, never touch reactor state from the callback).
+
+Rules:
+- A unit is everything between two flush() calls. The writer takes all units queued since its last
+  write as one batch: one write, one fsync, one on_durable(highest ticket).
+- on_durable(t) means every unit with a ticket <= t is on disk, except the units already reported to
+  on_failed. A failed batch is reported ticket by ticket before any later on_durable, its records are
+  dropped (not retried) and it is cut off the file so the next batch starts at a frame boundary.
+- Compaction writes only live records to a new file and fsyncs it before the rename, even with
+  fsync=False: renaming an unsynced file can lose everything on power loss, not just the last batch.
+- Recovery trusts nothing after the first bad frame: it cuts the file there with a warning and goes on.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from node.core.errors import GrouperError
+from node.core.message import Message
+from node.store import records
+from node.store.records import DECLARE, DELETE, REMOVE, STORE
+
+log = logging.getLogger(__name__)
+
+JOURNAL_FILE = "journal.dat"
+LOCK_FILE = "journal.lock"
+COMPACT_SUFFIX = ".compact"
+WRITE_CHUNK_BYTES = 4 << 20  # a batch is joined and written in pieces of about this size
+COPY_CHUNK_BYTES = 1 << 20  # compaction reads and writes the old file in pieces of about this size
+DISK_FULL = "disk full"  # first words of an on_failed error caused by ENOSPC or EDQUOT
+
+
+class JournalError(GrouperError):
+    """The journal cannot be used: a directory or file problem the operator has to fix."""
+
+    fault = "operator"
+
+
+def failure_condition(error: str) -> str:
+    """The AMQP condition for producers whose deliveries were in a batch reported to on_failed."""
+    return "amqp:resource-limit-exceeded" if error.startswith(DISK_FULL) else "amqp:internal-error"
+
+
+@dataclass
+class Recovery:
+    queues: list[dict] = field(default_factory=list)  # live settings dicts, in declaration order
+    messages: dict[str, list[Message]] = field(default_factory=dict)  # per queue, in seq order
+    cut_bytes: int = 0  # bytes of torn or corrupt tail removed from the file
+
+
+class _Unit:
+    __slots__ = ("ticket", "entries", "size_bytes")
+
+    def __init__(self, ticket: int, entries: list, size_bytes: int):
+        self.ticket = ticket
+        self.entries = entries  # (kind, key, frame): key is a queue name or (queue, seq)
+        self.size_bytes = size_bytes
+
+
+class Journal:
+    def __init__(self, directory, *, fsync: bool = True, compact_min_bytes: int = 64 << 20,
+                 pending_bytes_max: int = 64 << 20):
+        self.directory = os.fspath(directory)
+        self.path = os.path.join(self.directory, JOURNAL_FILE)
+        self.fsync = fsync  # False: written and handed to the OS, but a power loss can lose the tail
+        self.compact_min_bytes = compact_min_bytes  # file size below which compaction is never tried
+        self.pending_bytes_max = pending_bytes_max  # backlog above which the runtime withholds credit
+        # reactor-owned
+        self._pending: list = []
+        self._pending_bytes = 0
+        self._ticket = 0
+        self._closed = False
+        # shared, under _wake
+        self._wake = threading.Condition()
+        self._units: list[_Unit] = []
+        self._handed_over_bytes = 0
+        self._closing = False
+        self._fatal: str | None = None
+        self._stats = {"file_bytes": 0, "live_bytes": 0, "batches_written": 0, "records_written": 0,
+                       "bytes_written": 0, "fsyncs": 0, "last_fsync_latency_us": 0,
+                       "failed_batches": 0, "compactions": 0}
+        # owned by whoever runs the file: the caller until start(), then the writer thread
+        self._fd: int | None = None
+        self._lock_fd: int | None = None
+        self._end = 0  # offset just past the last good frame; every write starts here
+        self._tail_dirty = False  # a failed write may have left bytes after _end
+        self._declares: dict[str, tuple[int, int]] = {}  # queue -> (offset, length) of its live DECLARE
+        self._stores: dict[str, dict[int, tuple[int, int]]] = {}  # queue -> seq -> (offset, length)
+        self._live_bytes = 0
+        self._compact_retry_at_bytes = 0
+        self._thread: threading.Thread | None = None
+        self._on_durable = None
+        self._on_failed = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def recover(self) -> Recovery:
+        if self._fd is not None:
+            raise RuntimeError("Journal.recover() is called once, before start()")
+        self._open()
+        queues: dict[str, dict] = {}
+        messages: dict[str, dict[int, Message]] = {}
+        with open(self.path, "rb", buffering=COPY_CHUNK_BYTES) as file:
+            scan = records.scan(file)
+            for offset, kind, record in scan:
+                length = scan.end_offset - offset
+                if kind == STORE:
+                    messages.setdefault(record.queue, {})[record.message.seq] = record.message
+                    self._index_store(record.queue, record.message.seq, offset, length)
+                elif kind == REMOVE:
+                    messages.get(record.queue, {}).pop(record.seq, None)
+                    self._index_remove(record.queue, record.seq)
+                elif kind == DECLARE:
+                    queues[record["name"]] = record
+                    messages.setdefault(record["name"], {})
+                    self._index_declare(record["name"], offset, length)
+                else:
+                    queues.pop(record, None)
+                    messages.pop(record, None)
+                    self._index_delete(record)
+        size_bytes = os.fstat(self._fd).st_size
+        cut_bytes = size_bytes - scan.end_offset
+        if cut_bytes:
+            log.warning("journal %s: %s at offset %d; cutting %d bytes (file was %d bytes), "
+                        "records from there on are lost", self.path, scan.stop_reason,
+                        scan.end_offset, cut_bytes, size_bytes)
+            try:
+                os.ftruncate(self._fd, scan.end_offset)
+                os.fsync(self._fd)
+            except OSError as error:
+                raise JournalError(f"cannot cut the damaged tail of {self.path}: {error}; "
+                                   f"free space or fix permissions on {self.directory}") from error
+        self._end = scan.end_offset
+        self._publish_file_stats()
+        return Recovery(list(queues.values()),
+                        {queue: [by_seq[seq] for seq in sorted(by_seq)]
+                         for queue, by_seq in messages.items()}, cut_bytes)
+
+    def start(self, on_durable, on_failed) -> None:
+        """on_durable(ticket: int) and on_failed(ticket: int, error: str) run on the writer thread."""
+        if self._fd is None:
+            raise RuntimeError("call Journal.recover() before start()")
+        if self._thread is not None:
+            raise RuntimeError("Journal.start() was already called")
+        self._on_durable = on_durable
+        self._on_failed = on_failed
+        self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Write what is pending, stop the writer, release the directory. Idempotent."""
+        if self._closed:
+            return
+        if self._fd is not None and self._fatal is None:
+            self.flush()
+        self._closed = True
+        if self._thread is not None:
+            with self._wake:
+                self._closing = True
+                self._wake.notify()
+            self._thread.join()
+        elif self._units:  # never started: write synchronously, nobody to call back
+            self._on_durable = self._on_failed = lambda *args: None
+            self._write_batch(self._units)
+            self._units = []
+        for fd in (self._fd, self._lock_fd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._lock_fd = None
+
+    # ---- hot path (reactor thread) -----------------------------------------------------------
+
+    def declare(self, settings: dict) -> None:
+        self._append(DECLARE, settings["name"], records.encode_declare(settings))
+
+    def delete(self, queue: str) -> None:
+        self._append(DELETE, queue, records.encode_delete(queue))
+
+    def store(self, queue: str, message: Message) -> None:
+        self._append(STORE, (queue, message.seq), records.encode_store(queue, message))
+
+    def remove(self, queue: str, seq: int) -> None:
+        self._append(REMOVE, (queue, seq), records.encode_remove(queue, seq))
+
+    def _append(self, kind: int, key, frame: bytes) -> None:
+        if self._closed:
+            raise JournalError(f"journal {self.path} is closed; nothing more can be written to it")
+        self._pending.append((kind, key, frame))
+        self._pending_bytes += len(frame)
+
+    def flush(self) -> int:
+        """Hand the pending records to the writer as one unit; return its ticket (0: nothing ever)."""
+        if self._fatal is not None:
+            raise JournalError(f"journal writer of {self.path} stopped: {self._fatal}; restart the node")
+        if not self._pending:
+            return self._ticket
+        self._ticket += 1
+        unit = _Unit(self._ticket, self._pending, self._pending_bytes)
+        self._pending = []
+        self._pending_bytes = 0
+        with self._wake:
+            self._units.append(unit)
+            self._handed_over_bytes += unit.size_bytes
+            self._wake.notify()
+        return unit.ticket
+
+    def backlog_bytes(self) -> int:
+        """Encoded bytes accepted but not yet written (pending plus handed over)."""
+        return self._pending_bytes + self._handed_over_bytes
+
+    def backlog_full(self) -> bool:
+        """True while producers should get no more credit: nothing here refuses a record."""
+        return self.backlog_bytes() >= self.pending_bytes_max
+
+    def stats(self) -> dict:
+        with self._wake:
+            snapshot = dict(self._stats)
+        snapshot["backlog_bytes"] = self.backlog_bytes()
+        return snapshot
+
+    # ---- writer thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._maybe_compact()
+            while True:
+                with self._wake:
+                    while not self._units and not self._closing:
+                        self._wake.wait()
+                    units, self._units = self._units, []
+                if not units:
+                    return
+                self._write_batch(units)
+                self._maybe_compact()
+        except BaseException as error:  # a bug: say so loudly, make flush() fail from now on
+            log.exception("journal writer of %s stopped", self.path)
+            self._fatal = repr(error)
+            raise
+
+    def _write_batch(self, units: list[_Unit]) -> None:
+        start = self._end
+        size_bytes = sum(unit.size_bytes for unit in units)
+        fsync_ns = None
+        try:
+            if self._tail_dirty:
+                os.ftruncate(self._fd, start)
+                self._tail_dirty = False
+            self._write_frames(units, start)
+            if self.fsync:
+                began_ns = time.perf_counter_ns()
+                os.fsync(self._fd)
+                fsync_ns = time.perf_counter_ns() - began_ns
+        except OSError as error:
+            self._fail_batch(units, size_bytes, error)
+            return
+        offset = start
+        count = 0
+        for unit in units:
+            for kind, key, frame in unit.entries:
+                self._index(kind, key, offset, len(frame))
+                offset += len(frame)
+            count += len(unit.entries)
+        self._end = offset
+        with self._wake:
+            self._handed_over_bytes -= size_bytes
+            stats = self._stats
+            stats["batches_written"] += 1
+            stats["records_written"] += count
+            stats["bytes_written"] += size_bytes
+            if fsync_ns is not None:
+                stats["fsyncs"] += 1
+                stats["last_fsync_latency_us"] = fsync_ns // 1000
+            stats["file_bytes"] = self._end
+            stats["live_bytes"] = self._live_bytes
+        self._call(self._on_durable, units[-1].ticket)
+
+    def _write_frames(self, units: list[_Unit], offset: int) -> None:
+        chunk: list[bytes] = []
+        chunk_bytes = 0
+        for unit in units:
+            for entry in unit.entries:
+                chunk.append(entry[2])
+                chunk_bytes += len(entry[2])
+                if chunk_bytes >= WRITE_CHUNK_BYTES:
+                    offset = _write_all(self._fd, b"".join(chunk), offset)
+                    chunk, chunk_bytes = [], 0
+        if chunk:
+            _write_all(self._fd, b"".join(chunk), offset)
+
+    def _fail_batch(self, units: list[_Unit], size_bytes: int, error: OSError) -> None:
+        self._tail_dirty = True
+        try:
+            os.ftruncate(self._fd, self._end)  # cutting frees space, so this works even on a full disk
+            self._tail_dirty = False
+        except OSError:
+            pass  # tried again before the next batch, which fails too if it still cannot be done
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            reason = f"{DISK_FULL}: no space left for journal {self.path}; free space on its volume"
+        else:
+            reason = f"journal {self.path} write failed: {error}; check the disk and the node's log"
+        records_count = sum(len(unit.entries) for unit in units)
+        log.error("%s (%d records, %d bytes dropped, tickets %d..%d)", reason, records_count,
+                  size_bytes, units[0].ticket, units[-1].ticket)
+        with self._wake:
+            self._handed_over_bytes -= size_bytes
+            self._stats["failed_batches"] += 1
+        for unit in units:
+            self._call(self._on_failed, unit.ticket, reason)
+
+    def _call(self, callback, *args) -> None:
+        try:
+            callback(*args)
+        except Exception:  # the runtime's bug must not stop every later confirmation
+            log.exception("journal callback %r%r raised", callback, args)
+
+    # ---- index of live records (caller before start, writer after) ---------------------------
+
+    def _index(self, kind: int, key, offset: int, length: int) -> None:
+        if kind == STORE:
+            self._index_store(key[0], key[1], offset, length)
+        elif kind == REMOVE:
+            self._index_remove(key[0], key[1])
+        elif kind == DECLARE:
+            self._index_declare(key, offset, length)
+        else:
+            self._index_delete(key)
+
+    def _index_store(self, queue: str, seq: int, offset: int, length: int) -> None:
+        by_seq = self._stores.setdefault(queue, {})
+        old = by_seq.get(seq)
+        if old is not None:
+            self._live_bytes -= old[1]
+        by_seq[seq] = (offset, length)
+        self._live_bytes += length
+
+    def _index_remove(self, queue: str, seq: int) -> None:
+        old = self._stores.get(queue, {}).pop(seq, None)
+        if old is not None:
+            self._live_bytes -= old[1]
+
+    def _index_declare(self, queue: str, offset: int, length: int) -> None:
+        old = self._declares.get(queue)
+        if old is not None:
+            self._live_bytes -= old[1]
+        self._declares[queue] = (offset, length)
+        self._live_bytes += length
+
+    def _index_delete(self, queue: str) -> None:
+        old = self._declares.pop(queue, None)
+        if old is not None:
+            self._live_bytes -= old[1]
+        for _, length in self._stores.pop(queue, {}).values():
+            self._live_bytes -= length
+
+    # ---- compaction (writer thread) ----------------------------------------------------------
+
+    def _maybe_compact(self) -> None:
+        if self._end <= max(self.compact_min_bytes, 4 * self._live_bytes, self._compact_retry_at_bytes):
+            return
+        before_bytes = self._end
+        temporary = self.path + COMPACT_SUFFIX
+        began_ns = time.perf_counter_ns()
+        try:
+            fd, declares, stores, end = self._write_compacted(temporary)
+        except OSError as error:
+            # try again only once the file has grown by another compact_min_bytes (or doubled)
+            self._compact_retry_at_bytes = self._end + max(self.compact_min_bytes, self._end)
+            log.warning("journal %s: compaction failed (%s); still appending to the old file, next "
+                        "try above %d bytes", self.path, error, self._compact_retry_at_bytes)
+            _unlink_quietly(temporary)
+            return
+        os.close(self._fd)
+        self._fd = fd
+        self._declares, self._stores, self._end = declares, stores, end
+        self._tail_dirty = False
+        self._compact_retry_at_bytes = 0
+        with self._wake:
+            self._stats["compactions"] += 1
+        self._publish_file_stats()
+        log.info("journal %s compacted from %d to %d bytes in %d ms", self.path, before_bytes, end,
+                 (time.perf_counter_ns() - began_ns) // 1_000_000)
+
+    def _write_compacted(self, temporary: str):
+        """Copy live frames into `temporary`, fsync it and rename it over the journal."""
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            copier = _FrameCopier(self._fd, fd)
+            declares = {queue: copier.copy(offset, length)
+                        for queue, (offset, length) in self._declares.items()}
+            live = sorted((seq, queue, offset, length) for queue, by_seq in self._stores.items()
+                          for seq, (offset, length) in by_seq.items())
+            stores: dict[str, dict[int, tuple[int, int]]] = {}  # queues left empty are dropped here
+            for seq, queue, offset, length in live:
+                stores.setdefault(queue, {})[seq] = copier.copy(offset, length)
+            end = copier.finish()
+            os.fsync(fd)
+            os.replace(temporary, self.path)
+        except BaseException:
+            os.close(fd)
+            raise
+        try:  # the rename is done; from here the new file is the journal whatever happens
+            _fsync_directory(self.directory)
+        except OSError as error:
+            log.error("journal %s: fsync of directory %s after compaction failed (%s); a crash "
+                      "before the next successful sync may bring back the old file", self.path,
+                      self.directory, error)
+        return fd, declares, stores, end
+
+    # ---- files -------------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            self._lock_fd = os.open(os.path.join(self.directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise JournalError(f"journal directory {self.directory} is not usable ({error.strerror}); "
+                               f"point data_dir at a writable directory") from error
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise JournalError(f"journal directory {self.directory} is in use by another process; "
+                               f"stop it or give this node its own data_dir") from error
+        try:
+            _unlink_quietly(self.path + COMPACT_SUFFIX)  # a compaction cut short: the old file is whole
+            existed = os.path.exists(self.path)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if not existed:
+                try:
+                    _fsync_directory(self.directory)
+                except OSError:
+                    os.close(fd)
+                    raise
+            self._fd = fd
+        except OSError as error:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise JournalError(f"journal file {self.path} cannot be opened for writing "
+                               f"({error.strerror}); fix its permissions or point data_dir elsewhere") from error
+
+    def _publish_file_stats(self) -> None:
+        with self._wake:
+            self._stats["file_bytes"] = self._end
+            self._stats["live_bytes"] = self._live_bytes
+
+
+class _FrameCopier:
+    """Copies frames from one file to the end of another, merging runs that are adjacent."""
+
+    def __init__(self, source_fd: int, target_fd: int):
+        self._source = source_fd
+        self._target = target_fd
+        self._run_offset = 0
+        self._run_bytes = 0
+        self._written = 0  # bytes copied so far, which is the target offset of the next frame
+
+    def copy(self, offset: int, length: int) -> tuple[int, int]:
+        target_offset = self._written + self._run_bytes
+        if self._run_bytes and offset == self._run_offset + self._run_bytes \
+                and self._run_bytes < COPY_CHUNK_BYTES:
+            self._run_bytes += length
+        else:
+            self._copy_run()
+            self._run_offset, self._run_bytes = offset, length
+        return target_offset, length
+
+    def finish(self) -> int:
+        self._copy_run()
+        return self._written
+
+    def _copy_run(self) -> None:
+        if not self._run_bytes:
+            return
+        data = os.pread(self._source, self._run_bytes, self._run_offset)
+        if len(data) != self._run_bytes:
+            raise AssertionError(f"journal index points past the end of the file "
+                                 f"({self._run_offset}+{self._run_bytes})")
+        self._written = _write_all(self._target, data, self._written)
+        self._run_bytes = 0
+
+
+def _write_all(fd: int, data: bytes, offset: int) -> int:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+    return offset
+
+
+def _fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,206 @@
+"""Journal records: framing and codecs, bytes in and records out.
+
+Pure: no threads and no files of its own; `scan` reads whatever binary file object it is handed.
+Format (little-endian throughout; kinds are never renumbered, a changed layout gets a new kind):
+
+    frame  = u32 body_length | u32 crc32(body) | body            body_length >= 1
+    body   = u8 kind | fields
+    DECLARE  1: utf-8 JSON object of QueueSettings.to_dict() (has a "name" string)
+    DELETE   2: utf-8 queue name
+    STORE    3: u8 flags | u16 queue_length | u16 group_length | u64 seq | u64 expires_at_ms
+                | u32 delivery_count | u64 enqueued_at_ms | queue | group_id | payload (the rest)
+                flags: bit 0 group_id present (so "" and None differ), bit 1 closes_group
+    REMOVE   4: u16 queue_length | u64 seq | queue
+
+Rules:
+- A reader stops at the first frame that is short (a torn write) or fails its length, crc or decode
+  checks (corruption). Everything before it is good and nothing after it is trusted.
+- `encode_store` is on the hot path (one call per durable message): one pack, one crc over the
+  payload in place, one join; no intermediate copy of the payload.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import zlib
+from typing import NamedTuple
+
+from node.core.errors import ResourceLimitExceeded
+from node.core.message import Message
+
+DECLARE = 1
+DELETE = 2
+STORE = 3
+REMOVE = 4
+
+FRAME_HEADER_BYTES = 8
+RECORD_BODY_MAX_BYTES = 1 << 30  # larger claimed lengths are corruption; larger messages are refused
+SCAN_CHUNK_BYTES = 1 << 20  # scan reads its source in pieces of at least this size
+
+_FRAME = struct.Struct("<II")
+_STORE = struct.Struct("<BBHHQQIQ")  # kind, flags, queue_length, group_length, seq, expires, count, enqueued
+_REMOVE = struct.Struct("<BHQ")  # kind, queue_length, seq
+_GROUP_PRESENT = 1
+_CLOSES_GROUP = 2
+
+
+class StoreRecord(NamedTuple):
+    queue: str
+    message: Message
+
+
+class RemoveRecord(NamedTuple):
+    queue: str
+    seq: int
+
+
+# ---- encoding ---------------------------------------------------------------------------------
+
+def _frame(body: bytes) -> bytes:
+    return _FRAME.pack(len(body), zlib.crc32(body)) + body
+
+
+def encode_declare(settings: dict) -> bytes:
+    if not isinstance(settings.get("name"), str):
+        raise ValueError(f"queue settings to journal need a string 'name', got {settings!r}")
+    return _frame(bytes((DECLARE,)) + json.dumps(settings, separators=(",", ":")).encode())
+
+
+def encode_delete(queue: str) -> bytes:
+    return _frame(bytes((DELETE,)) + queue.encode())
+
+
+def encode_store(queue: str, message: Message) -> bytes:
+    queue_bytes = queue.encode()
+    group_id = message.group_id
+    if group_id is None:
+        group_bytes = b""
+        flags = 0
+    else:
+        group_bytes = group_id.encode()
+        flags = _GROUP_PRESENT
+    if message.closes_group:
+        flags |= _CLOSES_GROUP
+    head = _STORE.pack(STORE, flags, len(queue_bytes), len(group_bytes), message.seq,
+                       message.expires_at_ms, message.delivery_count, message.enqueued_at_ms)
+    head = head + queue_bytes + group_bytes
+    payload = message.payload
+    body_length = len(head) + len(payload)
+    if body_length > RECORD_BODY_MAX_BYTES:
+        raise ResourceLimitExceeded(f"message of {len(payload)} bytes is larger than the journal's "
+                                    f"record limit of {RECORD_BODY_MAX_BYTES} bytes; send smaller messages")
+    crc = zlib.crc32(payload, zlib.crc32(head))
+    return b"".join((_FRAME.pack(body_length, crc), head, payload))
+
+
+def encode_remove(queue: str, seq: int) -> bytes:
+    queue_bytes = queue.encode()
+    return _frame(_REMOVE.pack(REMOVE, len(queue_bytes), seq) + queue_bytes)
+
+
+# ---- decoding ---------------------------------------------------------------------------------
+
+def decode_body(body: bytes | memoryview) -> tuple[int, object]:
+    """Return (kind, record): DECLARE -> dict, DELETE -> str, STORE -> StoreRecord, REMOVE -> RemoveRecord.
+
+    Raises ValueError (or struct.error) for a body this version cannot read.
+    """
+    kind = body[0]
+    if kind == STORE:
+        _, flags, queue_length, group_length, seq, expires_at_ms, delivery_count, enqueued_at_ms = \
+            _STORE.unpack_from(body)
+        start = _STORE.size
+        group_start = start + queue_length
+        payload_start = group_start + group_length
+        if payload_start > len(body):
+            raise ValueError(f"STORE names {queue_length}+{group_length} bytes but the body has {len(body)}")
+        queue = str(body[start:group_start], "utf-8")
+        group_id = str(body[group_start:payload_start], "utf-8") if flags & _GROUP_PRESENT else None
+        message = Message(bytes(body[payload_start:]), group_id, expires_at_ms=expires_at_ms,
+                          closes_group=bool(flags & _CLOSES_GROUP), delivery_count=delivery_count,
+                          enqueued_at_ms=enqueued_at_ms, seq=seq)
+        return kind, StoreRecord(queue, message)
+    if kind == REMOVE:
+        _, queue_length, seq = _REMOVE.unpack_from(body)
+        if _REMOVE.size + queue_length != len(body):
+            raise ValueError(f"REMOVE names {queue_length} queue bytes but the body has {len(body)}")
+        return kind, RemoveRecord(str(body[_REMOVE.size:], "utf-8"), seq)
+    if kind == DECLARE:
+        settings = json.loads(bytes(body[1:]))
+        if not isinstance(settings, dict) or not isinstance(settings.get("name"), str):
+            raise ValueError("DECLARE is not a settings object with a string 'name'")
+        return kind, settings
+    if kind == DELETE:
+        return kind, str(body[1:], "utf-8")
+    raise ValueError(f"unknown record kind {kind}")
+
+
+class Scan:
+    """Iterate the good frames of a journal, then say where and why reading stopped.
+
+    Yields (offset, kind, record) with offsets relative to where the source was positioned. While
+    iterating, `end_offset` is just past the frame last yielded (so `end_offset - offset` is its
+    length); afterwards it is the length of the good prefix. `stop_reason` is None after a clean
+    end, else a sentence saying what was wrong with the frame at `end_offset`.
+    """
+
+    def __init__(self, source):
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            source = io.BytesIO(source)
+        self._file = source
+        start = source.tell()
+        self._size_bytes = source.seek(0, io.SEEK_END) - start
+        source.seek(start)
+        self.end_offset = 0
+        self.stop_reason: str | None = None
+
+    def __iter__(self):
+        read = self._file.read
+        unpack_header = _FRAME.unpack_from
+        crc32 = zlib.crc32
+        buffer = b""
+        position = 0  # of the next frame within `buffer`
+        offset = self.end_offset
+        while True:
+            if len(buffer) - position < FRAME_HEADER_BYTES:
+                buffer = buffer[position:] + read(SCAN_CHUNK_BYTES)
+                position = 0
+                if len(buffer) < FRAME_HEADER_BYTES:
+                    if buffer:
+                        self.stop_reason = f"torn frame header ({len(buffer)} of {FRAME_HEADER_BYTES} bytes)"
+                    return
+            body_length, crc = unpack_header(buffer, position)
+            if not 1 <= body_length <= RECORD_BODY_MAX_BYTES:
+                self.stop_reason = f"impossible body length {body_length}"
+                return
+            remaining = self._size_bytes - offset - FRAME_HEADER_BYTES
+            if body_length > remaining:
+                self.stop_reason = f"torn frame (body of {body_length} bytes, {remaining} present)"
+                return
+            body_start = position + FRAME_HEADER_BYTES
+            if len(buffer) < body_start + body_length:
+                buffer = buffer[position:] + read(max(SCAN_CHUNK_BYTES, body_length))
+                position, body_start = 0, FRAME_HEADER_BYTES
+                if len(buffer) < body_start + body_length:  # the file shrank under us
+                    self.stop_reason = f"torn frame (body of {body_length} bytes, {len(buffer) - body_start} read)"
+                    return
+            body = memoryview(buffer)[body_start:body_start + body_length]
+            if crc32(body) != crc:
+                self.stop_reason = f"crc mismatch in a frame of {body_length} body bytes"
+                return
+            try:
+                kind, record = decode_body(body)
+            except (ValueError, struct.error) as error:  # UnicodeDecodeError is a ValueError
+                self.stop_reason = f"undecodable record ({error})"
+                return
+            position = body_start + body_length
+            self.end_offset = offset + FRAME_HEADER_BYTES + body_length
+            yield offset, kind, record
+            offset = self.end_offset
+
+
+def scan(source) -> Scan:
+    """Frames of `source` (bytes-like, or a seekable binary file positioned at the first frame)."""
+    return Scan(source)

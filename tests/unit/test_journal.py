@@ -1,0 +1,571 @@
+"""The durable journal: record codecs, recovery, torn tails, group commit, compaction, full disks, kill -9."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings as hypothesis_settings, strategies as st
+
+from node.core.message import Message
+from node.core.settings import QueueSettings
+from node.store import records
+from node.store.journal import (COMPACT_SUFFIX, JOURNAL_FILE, Journal, JournalError,
+                                failure_condition)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+WAIT_S = 10
+
+
+def queue_settings(name: str, **changes) -> dict:
+    return QueueSettings(name=name, **changes).to_dict()
+
+
+def message(seq: int, payload: bytes | None = None, group_id: str | None = "g", **fields) -> Message:
+    return Message(payload if payload is not None else b"m%d" % seq, group_id, seq=seq, **fields)
+
+
+def fields_of(m: Message) -> tuple:
+    return (m.seq, m.group_id, m.payload, m.expires_at_ms, m.closes_group, m.delivery_count,
+            m.enqueued_at_ms)
+
+
+def state_of(recovery) -> tuple:
+    return ([q["name"] for q in recovery.queues], recovery.queues,
+            {queue: [fields_of(m) for m in ms] for queue, ms in recovery.messages.items()})
+
+
+class Callbacks:
+    """Collects the writer thread's reports; tests wait on them with a deadline, never a sleep."""
+
+    def __init__(self):
+        self.changed = threading.Condition()
+        self.durable: list[int] = []
+        self.failed: list[tuple[int, str]] = []
+
+    def on_durable(self, ticket: int) -> None:
+        with self.changed:
+            self.durable.append(ticket)
+            self.changed.notify_all()
+
+    def on_failed(self, ticket: int, error: str) -> None:
+        with self.changed:
+            self.failed.append((ticket, error))
+            self.changed.notify_all()
+
+    def wait_reported(self, ticket: int) -> None:
+        with self.changed:
+            reported = self.changed.wait_for(
+                lambda: (self.durable and self.durable[-1] >= ticket)
+                or any(t == ticket for t, _ in self.failed), timeout=WAIT_S)
+        assert reported, f"ticket {ticket} neither durable nor failed within {WAIT_S} s"
+
+
+def started(directory, **options) -> tuple[Journal, Callbacks]:
+    journal = Journal(directory, **options)
+    journal.recover()
+    callbacks = Callbacks()
+    journal.start(callbacks.on_durable, callbacks.on_failed)
+    return journal, callbacks
+
+
+def recovered(directory, **options):
+    journal = Journal(directory, **options)
+    try:
+        return journal.recover()
+    finally:
+        journal.close()
+
+
+def write_and_close(directory, actions, **options) -> None:
+    journal, callbacks = started(directory, **options)
+    for action in actions:
+        action(journal)
+    callbacks.wait_reported(journal.flush())
+    journal.close()
+
+
+# ---- records ----------------------------------------------------------------------------------
+
+def test_every_record_kind_round_trips_through_its_frame():
+    settings = queue_settings("orders", group_policy="shared", depth_max_messages=7)
+    stored = Message(b"\x00payload\xff", "g\u00e9", expires_at_ms=123, closes_group=True,
+                     delivery_count=4, enqueued_at_ms=99, seq=2**40)
+    frames = (records.encode_declare(settings) + records.encode_delete("orders")
+              + records.encode_store("orders", stored) + records.encode_remove("orders", 2**40))
+
+    decoded = list(records.scan(frames))
+
+    assert [kind for _, kind, _ in decoded] == [records.DECLARE, records.DELETE, records.STORE,
+                                                records.REMOVE]
+    assert decoded[0][2] == settings
+    assert decoded[1][2] == "orders"
+    assert decoded[2][2].queue == "orders"
+    assert fields_of(decoded[2][2].message) == fields_of(stored)
+    assert decoded[3][2] == records.RemoveRecord("orders", 2**40)
+    assert decoded[0][0] == 0 and decoded[1][0] == len(records.encode_declare(settings))
+
+
+def test_a_missing_group_id_and_an_empty_one_stay_different():
+    frames = records.encode_store("q", message(1, group_id=None)) + records.encode_store("q", message(2, group_id=""))
+    assert [r.message.group_id for _, _, r in records.scan(frames)] == [None, ""]
+
+
+@hypothesis_settings(max_examples=200, deadline=None)
+@given(queue=st.text(min_size=1, max_size=20), group_id=st.none() | st.text(max_size=30),
+       payload=st.binary(max_size=300), seq=st.integers(0, 2**64 - 1),
+       expires_at_ms=st.integers(0, 2**64 - 1), closes_group=st.booleans(),
+       delivery_count=st.integers(0, 2**32 - 1), enqueued_at_ms=st.integers(0, 2**64 - 1))
+def test_any_store_record_decodes_to_the_message_it_encoded(queue, group_id, payload, seq, expires_at_ms,
+                                                           closes_group, delivery_count, enqueued_at_ms):
+    original = Message(payload, group_id, expires_at_ms=expires_at_ms, closes_group=closes_group,
+                       delivery_count=delivery_count, enqueued_at_ms=enqueued_at_ms, seq=seq)
+    scan = records.scan(records.encode_store(queue, original))
+    [(_, _, record)] = list(scan)
+    assert record.queue == queue and fields_of(record.message) == fields_of(original)
+    assert scan.stop_reason is None
+
+
+def test_scan_stops_at_a_zero_filled_tail_and_reports_the_good_length():
+    good = records.encode_remove("q", 1)
+    scan = records.scan(good + bytes(64))
+    assert len(list(scan)) == 1
+    assert scan.end_offset == len(good)
+    assert "impossible body length 0" in scan.stop_reason
+
+
+# ---- recovery ---------------------------------------------------------------------------------
+
+def test_recovery_returns_live_messages_per_queue_in_seq_order_without_removed_ones(tmp_path):
+    def actions(journal):
+        journal.declare(queue_settings("a"))
+        journal.declare(queue_settings("b", durable=True, group_policy="none"))
+        for seq in range(1, 11):
+            journal.store("a" if seq % 2 else "b", message(seq, closes_group=seq == 9, enqueued_at_ms=seq))
+        journal.remove("a", 3)
+        journal.remove("b", 4)
+        journal.remove("a", 999)  # unknown seq: ignored
+
+    write_and_close(tmp_path, [actions])
+    recovery = recovered(tmp_path)
+
+    assert [q["name"] for q in recovery.queues] == ["a", "b"]
+    assert recovery.queues[1] == queue_settings("b", group_policy="none")
+    assert [m.seq for m in recovery.messages["a"]] == [1, 5, 7, 9]
+    assert [m.seq for m in recovery.messages["b"]] == [2, 6, 8, 10]
+    assert fields_of(recovery.messages["a"][3]) == fields_of(message(9, closes_group=True, enqueued_at_ms=9))
+    assert recovery.cut_bytes == 0
+
+
+def test_delete_drops_the_queue_and_a_redeclare_starts_it_empty_with_new_settings(tmp_path):
+    def actions(journal):
+        journal.declare(queue_settings("a"))
+        journal.declare(queue_settings("z"))
+        journal.store("a", message(1))
+        journal.delete("a")
+        journal.declare(queue_settings("a", group_policy="shared"))
+        journal.store("a", message(2))
+
+    write_and_close(tmp_path, [actions])
+    recovery = recovered(tmp_path)
+
+    assert [q["name"] for q in recovery.queues] == ["z", "a"]
+    assert recovery.queues[1]["group_policy"] == "shared"
+    assert [m.seq for m in recovery.messages["a"]] == [2]
+
+
+def test_a_redeclare_replaces_the_settings_and_keeps_the_messages(tmp_path):
+    def actions(journal):
+        journal.declare(queue_settings("a"))
+        journal.store("a", message(1))
+        journal.declare(queue_settings("a", depth_max_messages=5))
+
+    write_and_close(tmp_path, [actions])
+    recovery = recovered(tmp_path)
+
+    assert recovery.queues == [queue_settings("a", depth_max_messages=5)]
+    assert [m.seq for m in recovery.messages["a"]] == [1]
+
+
+def test_messages_of_a_queue_never_declared_are_still_recovered(tmp_path):
+    write_and_close(tmp_path, [lambda j: j.store("auto", message(1))])
+    recovery = recovered(tmp_path)
+    assert recovery.queues == []
+    assert [m.seq for m in recovery.messages["auto"]] == [1]
+
+
+def test_a_torn_last_frame_is_cut_at_every_byte_offset(tmp_path, caplog):
+    write_and_close(tmp_path / "whole", [lambda j: j.declare(queue_settings("q")),
+                                         lambda j: j.store("q", message(1)),
+                                         lambda j: j.store("q", message(2, payload=b"x" * 40))])
+    whole = (tmp_path / "whole" / JOURNAL_FILE).read_bytes()
+    last_frame_offset = len(whole) - len(records.encode_store("q", message(2, payload=b"x" * 40)))
+
+    for cut_at in range(last_frame_offset, len(whole)):
+        directory = tmp_path / f"cut{cut_at}"
+        directory.mkdir()
+        (directory / JOURNAL_FILE).write_bytes(whole[:cut_at])
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="node.store.journal"):
+            recovery = recovered(directory)
+
+        assert [m.seq for m in recovery.messages["q"]] == [1]
+        assert recovery.cut_bytes == cut_at - last_frame_offset
+        assert (directory / JOURNAL_FILE).stat().st_size == last_frame_offset
+        if cut_at > last_frame_offset:
+            [warning] = caplog.records
+            assert str(directory / JOURNAL_FILE) in warning.getMessage()
+            assert f"offset {last_frame_offset}" in warning.getMessage()
+            assert f"cutting {cut_at - last_frame_offset} bytes" in warning.getMessage()
+        else:
+            assert not caplog.records
+
+
+def test_a_corrupt_crc_in_the_middle_stops_recovery_at_that_frame_with_a_warning(tmp_path, caplog):
+    write_and_close(tmp_path, [lambda j, s=seq: j.store("q", message(s)) for seq in range(1, 6)])
+    path = tmp_path / JOURNAL_FILE
+    data = bytearray(path.read_bytes())
+    frame_bytes = len(records.encode_store("q", message(1)))
+    data[2 * frame_bytes + 20] ^= 0x01  # a bit flip inside the third frame's body
+    path.write_bytes(bytes(data))
+
+    with caplog.at_level(logging.WARNING, logger="node.store.journal"):
+        recovery = recovered(tmp_path)
+
+    assert [m.seq for m in recovery.messages["q"]] == [1, 2]
+    assert path.stat().st_size == 2 * frame_bytes
+    [warning] = caplog.records
+    assert "crc mismatch" in warning.getMessage()
+    assert f"offset {2 * frame_bytes}" in warning.getMessage()
+    assert f"cutting {3 * frame_bytes} bytes" in warning.getMessage()
+    assert [m.seq for m in recovered(tmp_path).messages["q"]] == [1, 2]  # once cut, stays quiet
+
+
+def test_a_leftover_compaction_file_is_discarded_and_the_journal_kept(tmp_path):
+    write_and_close(tmp_path, [lambda j: j.store("q", message(1))])
+    (tmp_path / (JOURNAL_FILE + COMPACT_SUFFIX)).write_bytes(b"half a compaction")
+    assert [m.seq for m in recovered(tmp_path).messages["q"]] == [1]
+    assert not (tmp_path / (JOURNAL_FILE + COMPACT_SUFFIX)).exists()
+
+
+# ---- directories ------------------------------------------------------------------------------
+
+def test_a_missing_directory_is_created(tmp_path):
+    assert recovered(tmp_path / "new" / "dir").messages == {}
+    assert (tmp_path / "new" / "dir" / JOURNAL_FILE).exists()
+
+
+def test_an_unusable_directory_is_refused_naming_the_path(tmp_path):
+    (tmp_path / "afile").write_text("not a directory")
+    directory = tmp_path / "afile" / "sub"
+    with pytest.raises(JournalError) as raised:
+        Journal(directory).recover()
+    assert str(directory) in str(raised.value)
+    assert "data_dir" in str(raised.value)
+
+
+def test_a_second_journal_on_the_same_directory_is_refused(tmp_path):
+    first = Journal(tmp_path)
+    first.recover()
+    with pytest.raises(JournalError, match="in use by another process"):
+        Journal(tmp_path).recover()
+    first.close()
+    recovered(tmp_path)  # released on close
+
+
+# ---- writer -----------------------------------------------------------------------------------
+
+def test_tickets_increase_per_flush_and_an_empty_flush_repeats_the_last(tmp_path):
+    journal, callbacks = started(tmp_path)
+    assert journal.flush() == 0
+    journal.store("q", message(1))
+    assert journal.flush() == 1
+    assert journal.flush() == 1
+    journal.remove("q", 1)
+    assert journal.flush() == 2
+    callbacks.wait_reported(2)
+    journal.close()
+    assert callbacks.failed == []
+
+
+def test_backlog_counts_bytes_until_they_are_written(tmp_path):
+    journal = Journal(tmp_path, pending_bytes_max=100)
+    journal.recover()
+    frame_bytes = len(records.encode_store("q", message(1, payload=b"x" * 100)))
+    journal.store("q", message(1, payload=b"x" * 100))
+    assert journal.backlog_bytes() == frame_bytes and journal.backlog_full()
+    journal.flush()  # handed over, but no writer started yet
+    assert journal.backlog_bytes() == frame_bytes
+    callbacks = Callbacks()
+    journal.start(callbacks.on_durable, callbacks.on_failed)
+    callbacks.wait_reported(1)
+    assert journal.backlog_bytes() == 0 and not journal.backlog_full()
+    journal.close()
+
+
+def test_many_flushes_while_the_writer_is_busy_share_one_write_and_fsync(tmp_path):
+    release = threading.Event()
+    journal = Journal(tmp_path, fsync=True)
+    journal.recover()
+    callbacks = Callbacks()
+
+    def on_durable(ticket):
+        release.wait(WAIT_S)  # holds the writer after its first batch, so the next 99 flushes queue up
+        callbacks.on_durable(ticket)
+
+    journal.start(on_durable, callbacks.on_failed)
+    for seq in range(1, 101):
+        journal.store("q", message(seq))
+        journal.flush()
+    release.set()
+    callbacks.wait_reported(100)
+    stats = journal.stats()
+    journal.close()
+
+    assert stats["records_written"] == 100
+    assert stats["batches_written"] == stats["fsyncs"] <= 2
+    assert callbacks.durable[-1] == 100 and len(callbacks.durable) <= 2
+    assert [m.seq for m in recovered(tmp_path).messages["q"]] == list(range(1, 101))
+
+
+def test_without_fsync_batches_are_written_but_never_synced(tmp_path):
+    journal, callbacks = started(tmp_path, fsync=False)
+    journal.store("q", message(1))
+    callbacks.wait_reported(journal.flush())
+    stats = journal.stats()
+    journal.close()
+    assert stats["fsyncs"] == 0 and stats["batches_written"] == 1
+    assert stats["file_bytes"] == (tmp_path / JOURNAL_FILE).stat().st_size
+    assert [m.seq for m in recovered(tmp_path).messages["q"]] == [1]
+
+
+def test_close_writes_pending_records_and_is_idempotent(tmp_path):
+    journal, _ = started(tmp_path)
+    journal.store("q", message(1))  # never flushed by the caller
+    journal.close()
+    journal.close()
+    with pytest.raises(JournalError, match="closed"):
+        journal.store("q", message(2))
+    unstarted = Journal(tmp_path / "unstarted")
+    unstarted.recover()
+    unstarted.store("q", message(3))
+    unstarted.close()
+    assert [m.seq for m in recovered(tmp_path).messages["q"]] == [1]
+    assert [m.seq for m in recovered(tmp_path / "unstarted").messages["q"]] == [3]
+
+
+def test_a_raising_callback_does_not_stop_later_confirmations(tmp_path, caplog):
+    journal = Journal(tmp_path)
+    journal.recover()
+    callbacks = Callbacks()
+
+    def on_durable(ticket):
+        callbacks.on_durable(ticket)
+        if ticket == 1:
+            raise RuntimeError("runtime bug")
+
+    journal.start(on_durable, callbacks.on_failed)
+    journal.store("q", message(1))
+    callbacks.wait_reported(journal.flush())
+    journal.store("q", message(2))
+    callbacks.wait_reported(journal.flush())
+    journal.close()
+    assert "runtime bug" in caplog.text
+
+
+# ---- compaction -------------------------------------------------------------------------------
+
+def test_compaction_shrinks_the_file_and_recovery_gives_the_same_state(tmp_path, caplog):
+    journal, callbacks = started(tmp_path, compact_min_bytes=0)
+    journal.declare(queue_settings("gone"))
+    journal.declare(queue_settings("a"))
+    journal.declare(queue_settings("b"))
+    for seq in range(1, 201):
+        journal.store(("a", "b", "gone")[seq % 3], message(seq, payload=b"p" * 50))
+    journal.delete("gone")
+    journal.declare(queue_settings("b", depth_max_messages=9))
+    before_bytes = journal.backlog_bytes()
+    for seq in range(1, 201):
+        if seq % 10:
+            journal.remove(("a", "b", "gone")[seq % 3], seq)
+    with caplog.at_level(logging.INFO, logger="node.store.journal"):
+        callbacks.wait_reported(journal.flush())
+        journal.store("a", message(500))  # appended to the compacted file
+        callbacks.wait_reported(journal.flush())
+        stats = journal.stats()
+        journal.close()
+
+    assert stats["compactions"] >= 1
+    assert stats["file_bytes"] < before_bytes / 4
+    assert stats["file_bytes"] == (tmp_path / JOURNAL_FILE).stat().st_size
+    assert "compacted from" in caplog.text
+    recovery = recovered(tmp_path)
+    assert [q["name"] for q in recovery.queues] == ["a", "b"]
+    assert recovery.queues[1]["depth_max_messages"] == 9
+    assert [m.seq for m in recovery.messages["a"]] == [30, 60, 90, 120, 150, 180, 500]
+    assert [m.seq for m in recovery.messages["b"]] == [10, 40, 70, 100, 130, 160, 190]
+    assert "gone" not in recovery.messages
+    assert fields_of(recovery.messages["b"][0]) == fields_of(message(10, payload=b"p" * 50))
+
+
+def test_recovery_after_compaction_equals_recovery_without_it(tmp_path):
+    def actions(journal):
+        journal.declare(queue_settings("a"))
+        journal.declare(queue_settings("b"))
+        for seq in range(1, 301):
+            journal.store("ab"[seq % 2], message(seq, group_id=f"g{seq % 7}", expires_at_ms=seq * 3))
+            if seq > 5 and seq % 4:
+                journal.remove("ab"[(seq - 5) % 2], seq - 5)
+
+    write_and_close(tmp_path / "plain", [actions])
+    write_and_close(tmp_path / "compacted", [actions], compact_min_bytes=0)
+
+    plain, compacted = recovered(tmp_path / "plain"), recovered(tmp_path / "compacted")
+    assert state_of(compacted) == state_of(plain)
+    assert (tmp_path / "compacted" / JOURNAL_FILE).stat().st_size \
+        < (tmp_path / "plain" / JOURNAL_FILE).stat().st_size / 2
+
+
+def test_compaction_waits_for_the_minimum_size(tmp_path):
+    def actions(journal):
+        for seq in range(1, 51):
+            journal.store("q", message(seq))
+            journal.remove("q", seq)
+
+    write_and_close(tmp_path, [actions], compact_min_bytes=1 << 20)
+    assert (tmp_path / JOURNAL_FILE).stat().st_size > 0  # all dead, but far below the minimum
+
+
+# ---- full disk --------------------------------------------------------------------------------
+
+def test_a_full_disk_fails_the_batch_and_later_batches_are_written(tmp_path, monkeypatch):
+    journal, callbacks = started(tmp_path)
+    journal.store("q", message(1))
+    callbacks.wait_reported(journal.flush())
+    size_before = (tmp_path / JOURNAL_FILE).stat().st_size
+    real_pwrite = os.pwrite
+
+    def pwrite_until_full(fd, data, offset):
+        real_pwrite(fd, bytes(data[: len(data) // 2]), offset)  # a partial write, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", pwrite_until_full)
+    journal.store("q", message(2))
+    journal.remove("q", 1)
+    failed_ticket = journal.flush()
+    callbacks.wait_reported(failed_ticket)
+    assert (tmp_path / JOURNAL_FILE).stat().st_size == size_before  # the partial batch was cut off
+    monkeypatch.undo()
+
+    journal.store("q", message(3))
+    later_ticket = journal.flush()
+    callbacks.wait_reported(later_ticket)
+    stats = journal.stats()
+    journal.close()
+
+    [(ticket, error)] = callbacks.failed
+    assert ticket == failed_ticket
+    assert str(tmp_path / JOURNAL_FILE) in error
+    assert failure_condition(error) == "amqp:resource-limit-exceeded"
+    assert callbacks.durable == [1, later_ticket]
+    assert stats["failed_batches"] == 1 and stats["backlog_bytes"] == 0
+    assert [m.seq for m in recovered(tmp_path).messages["q"]] == [1, 3]
+
+
+def test_a_failed_fsync_fails_every_ticket_of_its_batch(tmp_path, monkeypatch):
+    holding, release = threading.Event(), threading.Event()
+    journal = Journal(tmp_path)
+    journal.recover()
+    callbacks = Callbacks()
+
+    def on_durable(ticket):
+        holding.set()
+        release.wait(WAIT_S)
+        callbacks.on_durable(ticket)
+
+    journal.start(on_durable, callbacks.on_failed)
+    journal.store("q", message(1))
+    journal.flush()
+    assert holding.wait(WAIT_S)  # the writer holds in on_durable(1) while tickets 2 and 3 queue up
+
+    def fsync_fails(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    journal.store("q", message(2))
+    journal.flush()
+    journal.store("q", message(3))
+    journal.flush()
+    monkeypatch.setattr(os, "fsync", fsync_fails)
+    release.set()
+    callbacks.wait_reported(3)
+    monkeypatch.undo()
+    journal.store("q", message(4))
+    callbacks.wait_reported(journal.flush())
+    journal.close()
+
+    assert [t for t, _ in callbacks.failed] == [2, 3]
+    assert failure_condition(callbacks.failed[0][1]) == "amqp:internal-error"
+    assert [m.seq for m in recovered(tmp_path).messages["q"]] == [1, 4]
+
+
+# ---- kill -9 ----------------------------------------------------------------------------------
+
+PRODUCER = textwrap.dedent("""
+    import sys, time
+    from node.core.message import Message
+    from node.store.journal import Journal
+    journal = Journal(sys.argv[1])
+    journal.recover()
+    journal.start(lambda ticket: print(ticket, flush=True), lambda ticket, error: None)
+    journal.declare({"name": "q"})
+    ticket = 0
+    while True:
+        ticket += 1  # unit `ticket` stores seqs 50*(ticket-1)+1 .. 50*ticket
+        for seq in range(50 * (ticket - 1) + 1, 50 * ticket + 1):
+            journal.store("q", Message(b"m%d" % seq, "g", seq=seq))
+        for seq in range(50 * (ticket - 2) + 1, 50 * (ticket - 1) + 1):
+            if seq > 0 and seq % 5 == 0:
+                journal.remove("q", seq)  # removes seqs of the previous unit
+        assert journal.flush() == ticket
+        while journal.backlog_bytes() > 256 << 10:
+            time.sleep(0.001)
+""")
+
+
+def test_a_killed_process_keeps_every_confirmed_message_in_order_and_no_removed_one(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", PRODUCER, str(tmp_path)], cwd=REPO_ROOT,
+                             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    durable = 0
+    deadline = time.monotonic() + WAIT_S
+    try:
+        for line in child.stdout:
+            durable = max(durable, int(line))
+            if durable >= 40 or time.monotonic() > deadline:
+                break
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        rest, errors = child.communicate(timeout=WAIT_S)
+    durable = max([durable] + [int(line) for line in rest.split()])
+    assert durable >= 1, errors
+
+    seqs = [m.seq for m in recovered(tmp_path).messages["q"]]
+
+    assert seqs == sorted(seqs)
+    present = set(seqs)
+    for seq in range(1, 50 * durable + 1):
+        unit = (seq - 1) // 50 + 1
+        if seq % 5:
+            assert seq in present, f"confirmed seq {seq} (ticket {unit} <= durable {durable}) lost"
+        elif unit + 1 <= durable:
+            assert seq not in present, f"seq {seq} removed in durable ticket {unit + 1} came back"
+    assert [m.payload for m in recovered(tmp_path).messages["q"][:3]] == [b"m1", b"m2", b"m3"]
