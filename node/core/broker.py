@@ -50,7 +50,10 @@ class Broker:
             if not (create and self.auto_create):
                 raise NotFound(f"no queue {name!r} on this node (auto-create is "
                                f"{'on' if self.auto_create else 'off'}); declare it with 'grouper queue add'")
-            queue = self.declare_queue(dataclasses.replace(self.template, name=name))
+            settings = dataclasses.replace(self.template, name=name)
+            if settings.dead_letter_queue == name:  # the template's own dead-letter queue
+                settings = dataclasses.replace(settings, dead_letter_queue="")
+            queue = self.declare_queue(settings)
         return queue
 
     def delete_queue(self, name: str) -> list:
