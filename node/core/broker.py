@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from node.core.effects import DetachConsumer, Removed, Stored
-from node.core.errors import AlreadyExists, NotFound
+from node.core.effects import DetachConsumer, Dropped, Removed, Stored
+from node.core.errors import AlreadyExists, GrouperError, NotFound
 from node.core.message import Message, Outcome
 from node.core.queue import Queue
 from node.core.settings import QueueSettings
@@ -121,7 +121,15 @@ class Broker:
         target_name = source.settings.dead_letter_queue
         if not dead or not target_name:
             return
-        target = self.queue(target_name, create=True)
+        try:
+            target = self.queue(target_name, create=True)
+        except GrouperError as error:
+            # The source has already removed them and dispatched on; raising now would lose these
+            # effects. Discard them as if no dead-letter queue were set, and say why.
+            for message in dead:
+                effects.append(Dropped(source.settings.name, message.seq,
+                                       f"dead-letter queue {target_name!r} unavailable: {error.description}"))
+            return
         self._transfer(source, target, dead, now_ms, effects)
 
     def _transfer(self, source: Queue, target: Queue, messages: list[Message], now_ms: int,
