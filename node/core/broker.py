@@ -69,11 +69,17 @@ class Broker:
     # ---- producers ---------------------------------------------------------------------------
 
     def enqueue(self, queue_name: str, message: Message, now_ms: int) -> list:
+        created = queue_name not in self.queues
         queue = self.queue(queue_name, create=True)
         message.seq = self.next_seq
         message.enqueued_at_ms = message.enqueued_at_ms or now_ms
         effects: list = []
-        queue.enqueue(message, now_ms, effects)  # raises before changing anything
+        try:
+            queue.enqueue(message, now_ms, effects)  # raises before changing anything
+        except GrouperError:
+            if created:
+                del self.queues[queue_name]  # a refusal changes nothing, not even by auto-creating
+            raise
         self.next_seq += 1
         return effects
 
