@@ -1,0 +1,95 @@
+"""The arrival scanner reads what proton's full decoder reads, for any message proton can encode."""
+
+from hypothesis import given, settings, strategies as st
+from proton import Message
+
+from node.amqp import codec
+from node.core.errors import InvalidField
+
+texts = st.text(max_size=300)
+property_values = st.one_of(texts, st.integers(-2**31, 2**31 - 1), st.booleans(), st.floats(allow_nan=False))
+application_properties = st.dictionaries(
+    st.sampled_from(["JMSXGroupID", "JMSXGroupSeq", "other", "custom"]), property_values, max_size=4)
+
+
+def _outcome(read):
+    try:
+        arrival = read()
+    except InvalidField:
+        return "invalid-field"
+    return arrival.address, arrival.group_id, arrival.closes_group, arrival.expires_at_ms
+
+
+def _read_with_proton_only(payload, group_header, now_ms, monkeypatch):
+    with monkeypatch.context() as patch:
+        patch.setattr(codec, "_scan", lambda *_: (_ for _ in ()).throw(codec._Unreadable()))
+        return _outcome(lambda: codec.read_arrival(payload, group_header, now_ms))
+
+
+@settings(max_examples=400, deadline=None)
+@given(group_id=st.one_of(st.none(), texts), sequence=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
+       ttl_ms=st.one_of(st.none(), st.integers(1, 10**6)), address=st.one_of(st.none(), texts),
+       properties=application_properties, body=st.one_of(st.binary(max_size=400), texts),
+       message_id=st.one_of(st.none(), st.integers(0, 2**63), texts, st.uuids()),
+       group_header=st.sampled_from(["", "custom"]))
+def test_scanner_agrees_with_the_proton_decoder(group_id, sequence, ttl_ms, address, properties, body,
+                                                message_id, group_header):
+    import pytest
+    monkeypatch = pytest.MonkeyPatch()
+    message = Message(body=body, properties=properties or None)
+    if group_id is not None:
+        message.group_id = group_id
+    if sequence is not None:
+        message.group_sequence = sequence
+    if ttl_ms:
+        message.ttl = ttl_ms / 1000
+    if address is not None:
+        message.address = address
+    if message_id is not None:
+        message.id = message_id
+    payload = message.encode()
+    fast = _outcome(lambda: codec.read_arrival(payload, group_header, 1000))
+    assert fast == _read_with_proton_only(payload, group_header, 1000, monkeypatch)
+
+
+def test_group_id_comes_from_properties_then_jms_group_id():
+    assert codec.read_arrival(Message(group_id="a", properties={"JMSXGroupID": "b"}).encode(), "", 0).group_id == "a"
+    assert codec.read_arrival(Message(properties={"JMSXGroupID": "b"}).encode(), "", 0).group_id == "b"
+
+
+def test_a_custom_group_header_replaces_both_defaults():
+    payload = Message(group_id="a", properties={"JMSXGroupID": "b", "sym": "c"}).encode()
+    assert codec.read_arrival(payload, "sym", 0).group_id == "c"
+    assert codec.read_arrival(Message(group_id="a").encode(), "sym", 0).group_id is None
+
+
+def test_a_non_string_group_id_is_an_invalid_field():
+    import pytest
+    with pytest.raises(InvalidField, match="must be a string, got int"):
+        codec.read_arrival(Message(properties={"JMSXGroupID": 7}).encode(), "", 0)
+
+
+def test_group_sequence_max_and_jms_sequence_minus_one_close_the_group():
+    closing = Message(group_id="g")
+    closing.group_sequence = 0xFFFFFFFF
+    assert codec.read_arrival(closing.encode(), "", 0).closes_group
+    assert codec.read_arrival(Message(group_id="g", properties={"JMSXGroupSeq": -1}).encode(), "", 0).closes_group
+    assert not codec.read_arrival(Message(group_id="g", properties={"JMSXGroupSeq": 3}).encode(), "", 0).closes_group
+
+
+def test_ttl_becomes_an_absolute_expiry_in_milliseconds():
+    assert codec.read_arrival(Message(ttl=2.5).encode(), "", 1000).expires_at_ms == 3500
+    assert codec.read_arrival(Message().encode(), "", 1000).expires_at_ms == 0
+
+
+def test_garbage_is_an_invalid_field():
+    import pytest
+    for garbage in (b"", b"\x01\x02\x03", b"\x00\x53\x70\xff\xff", b"\x00\x53\x73\xc0\x05"):
+        with pytest.raises(InvalidField, match="not valid AMQP 1.0"):
+            codec.read_arrival(garbage, "", 0)
+
+
+def test_a_redelivery_carries_its_delivery_count_and_the_first_key():
+    rewritten = Message()
+    rewritten.decode(codec.rewrite_for_delivery(Message(body="x", group_id="g").encode(), 2, "First"))
+    assert (rewritten.delivery_count, rewritten.first_acquirer, rewritten.properties) == (2, False, {"First": True})
