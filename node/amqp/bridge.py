@@ -15,11 +15,13 @@ import threading
 
 from proton.reactor import ApplicationEvent, EventInjector
 
+from node.core.errors import ResourceLimitExceeded
+
 EVENT_NAME = "grouper_bridge"
 BACKLOG_MAX_CLOSURES = 100_000  # posts waiting for the reactor; beyond it callers get an error
 
 
-class BridgeFull(Exception):
+class BridgeFull(ResourceLimitExceeded):
     pass
 
 
@@ -36,7 +38,7 @@ class Bridge:
     def post(self, fn) -> None:
         with self._lock:
             if self._backlog >= BACKLOG_MAX_CLOSURES:
-                raise BridgeFull(f"reactor backlog is full ({BACKLOG_MAX_CLOSURES} closures)")
+                raise BridgeFull(f"the node is overloaded: {BACKLOG_MAX_CLOSURES} calls wait for its reactor; retry later")
             self._backlog += 1
             self._closures.put(fn)
             if self._signalled or self.closed:

@@ -26,6 +26,7 @@ from node.amqp.conditions import RESOURCE_LIMIT, condition_for
 from node.core.effects import Deliver, DetachConsumer, Dropped, Removed, Stored
 from node.core.errors import GrouperError, NotFound, ResourceLimitExceeded
 from node.core.message import Message, Outcome
+from node.store.journal import failure_condition
 
 log = logging.getLogger("grouper.amqp")
 
@@ -118,7 +119,8 @@ class AmqpServer(Handler):
         while pending and pending[0][0] <= ticket:
             _, delivery, is_producer = pending.popleft()
             if is_producer:
-                delivery.local.condition = Condition(RESOURCE_LIMIT, f"the node could not store the message: {reason}")
+                delivery.local.condition = Condition(failure_condition(reason),
+                                                     f"the node could not store the message: {reason}")
                 delivery.update(Delivery.REJECTED)
             delivery.settle()
 
