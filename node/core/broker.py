@@ -196,6 +196,8 @@ class Broker:
         target = self.queue(destination)
         if target is source:
             raise AlreadyExists(f"cannot move group {group!r} of {queue_name!r} onto itself")
+        moving = source.group_head_messages(group, count)
+        target.check_capacity(sum(m.size_bytes for m in moving), len(moving))  # refuse before touching anything
         effects: list = []
         taken = source.take_group_messages(group, count, effects)
         self._transfer(source, target, taken, now_ms, effects)

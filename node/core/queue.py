@@ -114,11 +114,11 @@ class Queue:
             raise InvalidField(f"group id is {len(group_id)} characters; queue {self.settings.name!r} "
                                f"allows at most {limit}")
 
-    def check_capacity(self, size_bytes: int) -> None:
+    def check_capacity(self, size_bytes: int, count: int = 1) -> None:
         s = self.settings
-        if s.depth_max_messages and self.depth_messages >= s.depth_max_messages:
-            raise ResourceLimitExceeded(f"queue {s.name!r} is full: {self.depth_messages} messages "
-                                        f"(depth_max_messages={s.depth_max_messages}); retry later")
+        if s.depth_max_messages and self.depth_messages + count > s.depth_max_messages:
+            raise ResourceLimitExceeded(f"queue {s.name!r} is full: {self.depth_messages} + {count} messages "
+                                        f"exceeds depth_max_messages={s.depth_max_messages}; retry later")
         if s.depth_max_bytes and self.depth_bytes + size_bytes > s.depth_max_bytes:
             raise ResourceLimitExceeded(f"queue {s.name!r} is full: {self.depth_bytes} + {size_bytes} "
                                         f"bytes exceeds depth_max_bytes={s.depth_max_bytes}; retry later")
@@ -506,15 +506,24 @@ class Queue:
 
         Acquired messages are never taken: they belong to a consumer until settled."""
         group = self._group(group_key)
-        taken: list[Message] = []
-        while group.available_count and (count is None or len(taken) < count):
-            message = group.head()
-            group.available.popleft()
+        taken = self.group_head_messages(group_key, count)
+        for message in taken:
             self._remove(message, effects)
-            group.available_count -= 1
-            taken.append(message)
+        group.available_count -= len(taken)
+        group.head()  # drops the tombstones just made at the head
         self._place_or_forget(group)
         return taken
+
+    def group_head_messages(self, group_key, count: int | None) -> list[Message]:
+        """The first `count` available messages of a group (all with None), left in place."""
+        group = self._group(group_key)
+        head: list[Message] = []
+        for message in group.available:
+            if count is not None and len(head) >= count:
+                break
+            if message.state == AVAILABLE:
+                head.append(message)
+        return head
 
     def group_rows(self) -> list[dict]:
         rows = []
