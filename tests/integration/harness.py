@@ -15,8 +15,10 @@ import threading
 import time
 from pathlib import Path
 
-from proton import Message
-from proton.utils import BlockingConnection
+from proton import Delivery, Endpoint, Message, Timeout
+from proton.handlers import MessagingHandler
+from proton.reactor import Copy
+from proton.utils import BlockingConnection, BlockingReceiver, LinkDetached
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
@@ -109,3 +111,206 @@ def grouped(body, group: str | None = None, **properties) -> Message:
     if group is not None:
         message.group_id = group
     return message
+
+
+# ---- consumers with exact credit, and outcomes with their conditions ---------------------------
+#
+# A `ManualReceiver` never grants credit on its own: `fetch()` grants one and waits for it to be
+# used, `poll()` grants one in drain mode so the node answers at once with a message or with the
+# credit handed back. So "nothing is available to this consumer now" is a round trip, not a sleep.
+# Outcomes (`Held.accept()` and friends) wait until the node has settled the delivery, so once they
+# return the node has applied them and the next step of a test sees their effect.
+
+WAIT_S = 10.0  # bound of every wait for a delivery, a settlement or a detach
+
+
+class Held:
+    """A delivery the test holds; settle it with one of the outcome methods."""
+
+    def __init__(self, receiver: "ManualReceiver", message: Message, delivery: Delivery):
+        self.receiver = receiver
+        self.message = message
+        self.delivery = delivery
+
+    @property
+    def body(self):
+        return self.message.body
+
+    @property
+    def delivery_count(self) -> int:
+        return self.message.delivery_count
+
+    @property
+    def redelivered(self) -> bool:
+        return self.message.delivery_count > 0
+
+    def accept(self) -> None:
+        self._settle(Delivery.ACCEPTED)
+
+    def reject(self) -> None:
+        self._settle(Delivery.REJECTED)
+
+    def release(self) -> None:
+        self._settle(Delivery.RELEASED)
+
+    def modify(self, failed: bool = True) -> None:
+        self.delivery.local.failed = failed
+        self._settle(Delivery.MODIFIED)
+
+    def _settle(self, state) -> None:
+        delivery = self.delivery
+        delivery.update(state)
+        self.receiver.connection.wait(lambda: delivery.settled, timeout=WAIT_S,
+                                      msg=f"the node settling {self.body!r} on {self.receiver.name}")
+        delivery.settle()
+
+    def __repr__(self) -> str:
+        return f"Held({self.body!r} on {self.receiver.name}, delivery_count={self.delivery_count})"
+
+
+class _Inbox(MessagingHandler):
+    def __init__(self):
+        super().__init__(prefetch=0, auto_accept=False)
+        self.arrived: list[tuple[Message, Delivery]] = []
+        self.detach_condition = None
+        self.detached = False
+
+    def on_message(self, event):
+        self.arrived.append((event.message, event.delivery))
+
+    def on_link_error(self, event):
+        self.detach_condition = event.link.remote_condition
+        self.detached = True
+
+    def on_link_closing(self, event):
+        self.detached = True
+
+    def on_link_closed(self, event):
+        self.detached = True
+
+
+class ManualReceiver:
+    """A consumer (or, with `browse=True`, a browser) whose credit the test grants explicitly."""
+
+    def __init__(self, connection: BlockingConnection, address: str, name: str, *, browse: bool = False,
+                 credit: int = 0):
+        self.connection = connection
+        self.name = name
+        self._inbox = _Inbox()
+        link = connection.container.create_receiver(connection.conn, address, name=name, handler=self._inbox,
+                                                    options=[Copy()] if browse else None)
+        self.blocking = BlockingReceiver(connection, link, None, credit=credit)
+        self.link = link
+
+    @property
+    def detached(self) -> bool:
+        return self._inbox.detached
+
+    @property
+    def detach_condition(self):
+        return self._inbox.detach_condition
+
+    @property
+    def arrived_count(self) -> int:
+        return len(self._inbox.arrived)
+
+    def _take(self) -> Held:
+        message, delivery = self._inbox.arrived.pop(0)
+        return Held(self, message, delivery)
+
+    def take_arrived(self) -> list[Held]:
+        """Every delivery that has arrived and not been taken yet, without waiting or granting credit."""
+        taken = [Held(self, message, delivery) for message, delivery in self._inbox.arrived]
+        self._inbox.arrived.clear()
+        return taken
+
+    def flow(self, credit: int) -> None:
+        self.link.drain_mode = False
+        self.link.flow(credit)
+
+    def fetch(self, timeout_s: float = WAIT_S) -> Held:
+        """The next delivery, granting one credit if none is outstanding; fails after `timeout_s`."""
+        inbox = self._inbox
+        if not inbox.arrived and self.link.credit == 0:
+            self.flow(1)
+        try:
+            self.connection.wait(lambda: inbox.arrived or inbox.detached, timeout=timeout_s,
+                                 msg=f"a delivery on {self.name}")
+        except Timeout:
+            self.reclaim_credit()
+            if inbox.arrived:
+                return self._take()
+            raise AssertionError(f"{self.name}: nothing was delivered within {timeout_s} s") from None
+        if not inbox.arrived:
+            raise AssertionError(f"{self.name} was detached: {inbox.detach_condition}")
+        return self._take()
+
+    def fetch_many(self, count: int, timeout_s: float = WAIT_S) -> list[Held]:
+        return [self.fetch(timeout_s) for _ in range(count)]
+
+    def poll(self) -> Held | None:
+        """What the node would deliver to this consumer right now, or None: one drain round trip."""
+        inbox = self._inbox
+        if not inbox.arrived:
+            if self.link.credit == 0:
+                self.link.drain(1)
+            else:
+                self.link.drain_mode = True
+                self.link.flow(0)
+            self.connection.wait(lambda: inbox.arrived or not self.link.draining() or inbox.detached,
+                                 timeout=WAIT_S, msg=f"draining {self.name}")
+            self.link.drain_mode = False
+        return self._take() if inbox.arrived else None
+
+    def poll_all(self) -> list[Held]:
+        """Everything this consumer can be given right now, one credit at a time."""
+        taken = []
+        while (held := self.poll()) is not None:
+            taken.append(held)
+        return taken
+
+    def reclaim_credit(self) -> None:
+        """Take back outstanding credit, so nothing more arrives behind the test's back."""
+        if self.link.credit > 0 and not self._inbox.detached:
+            self.link.drain_mode = True
+            self.link.flow(0)
+            self.connection.wait(lambda: not self.link.draining() or self._inbox.detached, timeout=WAIT_S,
+                                 msg=f"draining {self.name}")
+            self.link.drain_mode = False
+
+    def wait_detached(self, timeout_s: float = WAIT_S):
+        """Wait until the node detaches this link; returns its error condition (or None)."""
+        self.connection.wait(lambda: self._inbox.detached, timeout=timeout_s, msg=f"{self.name} detached")
+        return self._inbox.detach_condition
+
+    def close(self) -> None:
+        self.blocking.close()
+
+
+def send_outcome(sender, message: Message, timeout_s: float = WAIT_S) -> tuple:
+    """Send one message and return (remote state, condition name or None) once the node settles it.
+
+    `BlockingSender.send` raises SendException with the state only; the condition is what tells
+    a producer why a message was refused."""
+    delivery = sender.link.send(message)
+    sender.connection.wait(lambda: delivery.settled, timeout=timeout_s, msg=f"outcome on {sender.link.name}")
+    condition = delivery.remote.condition
+    state = delivery.remote_state
+    delivery.settle()
+    return state, condition.name if condition is not None else None
+
+
+def link_refusal(open_link) -> str | None:
+    """Open a link with `open_link()` and return the condition name the node detaches it with.
+
+    The node opens and at once closes a refused link; depending on how the frames are read the
+    blocking client raises while opening or only sees the detach a moment later."""
+    try:
+        link = open_link()
+        inner = getattr(link, "link", link)
+        link.connection.wait(lambda: inner.state & Endpoint.REMOTE_CLOSED, timeout=WAIT_S,
+                             msg="a refused link's detach")
+    except LinkDetached as error:
+        return error.condition
+    condition = inner.remote_condition
+    return condition.name if condition is not None else None
