@@ -365,6 +365,8 @@ class AmqpServer(Handler):
     # ---- effects -----------------------------------------------------------------------------
 
     def apply(self, effects: list) -> None:
+        if self.broker.declared:
+            self._journal_declarations()
         index = 0
         while index < len(effects):
             effect = effects[index]
@@ -384,6 +386,15 @@ class AmqpServer(Handler):
                 self._detach(effect)
             elif kind is Dropped:
                 log.info("queue %s dropped message %d: %s", effect.queue, effect.seq, effect.reason)
+
+    def _journal_declarations(self) -> None:
+        # queues declared since the last call, auto-created ones too: journalled before their messages
+        declared, self.broker.declared = self.broker.declared, []
+        if self.journal is None:
+            return
+        for settings in declared:
+            if settings.durable:
+                self.journal.declare(settings.to_dict())
 
     def _deliver(self, effect: Deliver):
         state = self.consumers.get(effect.consumer_id)

@@ -229,8 +229,9 @@ def test_a_durable_queue_from_config_keeps_its_messages_and_a_non_durable_one_do
 
 
 def test_a_durable_queue_keeps_its_settings_when_the_config_no_longer_declares_it(node_factory):
-    # zero buckets switch grouping off: the template's exclusive grouping would keep the group on one consumer
-    node = node_factory(queue_toml("keep", durable=True, group_buckets=0))
+    # zero buckets switch grouping off and dispatch waits for both consumers: with the template's
+    # settings instead, the first consumer would take the whole group before the second attached
+    node = node_factory(queue_toml("keep", durable=True, group_buckets=0, consumers_before_dispatch=2))
     _send(node, [group_message("g", seq) for seq in range(1, 11)], queue="keep")
     assert node.stop() == 0
     node.config_path.write_text("")
@@ -272,7 +273,7 @@ def test_kill_while_a_consumer_holds_unsettled_messages_gives_them_back_in_order
 def test_durable_queues_added_from_the_cli_survive_a_restart_with_their_settings(node_factory):
     node = node_factory("")
     for name in ("idle", "busy"):
-        added = node.cli("queue", "add", name, "--group-buckets", "0")
+        added = node.cli("queue", "add", name, "--group-buckets", "0", "--consumers-before-dispatch", "2")
         assert added.returncode == 0, added.stderr
     _send(node, [group_message("g", seq) for seq in range(1, 5)], queue="busy")
     assert node.stop() == 0
