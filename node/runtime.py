@@ -106,14 +106,14 @@ class Node:
         recovery = self.journal.recover()
         for settings in self.config.queues:
             self.broker.declare_queue(settings)
-        from_journal = set()
+        journalled = set()
         for values in recovery.queues:
             settings = QueueSettings.from_dict(values, where=f"journal queue {values.get('name')!r}")
+            journalled.add(settings)
             if settings.name not in self.broker.queues:
                 self.broker.declare_queue(settings)
-                from_journal.add(settings.name)
-        # the journal already holds these declarations; config-file queues are journalled again
-        self.broker.declared = [s for s in self.broker.declared if s.name not in from_journal]
+        # journal only what the journal does not hold yet: new or changed config-file queues
+        self.broker.declared = [s for s in self.broker.declared if s not in journalled]
         restored = 0
         for name, messages in recovery.messages.items():
             if name not in self.broker.queues:
