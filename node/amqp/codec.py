@@ -117,16 +117,9 @@ def _scan(buf: bytes, group_header: str) -> tuple:
 
 def _list_items(buf: bytes, position: int, count_needed: int) -> tuple[list, int]:
     """Read the first `count_needed` items of a list; returns them (None-padded) and the end."""
-    code = buf[position]
-    if code == 0x45:  # list0
+    if buf[position] == 0x45:  # list0
         return [None] * count_needed, position + 1
-    if code == 0xC0:
-        end, count, position = position + 2 + buf[position + 1], buf[position + 2], position + 3
-    elif code == 0xD0:
-        size = int.from_bytes(buf[position + 1:position + 5], "big")
-        end, count, position = position + 5 + size, int.from_bytes(buf[position + 5:position + 9], "big"), position + 9
-    else:
-        raise _Malformed("a header or properties section that is not a list")
+    end, count, position = _compound(buf, position, 0xC0, 0xD0, "a header or properties section that is not a list")
     items = []
     for _ in range(min(count, count_needed)):
         value, position = _read(buf, position)
@@ -136,14 +129,7 @@ def _list_items(buf: bytes, position: int, count_needed: int) -> tuple[list, int
 
 
 def _map_values(buf: bytes, position: int, wanted_keys: dict) -> tuple[list, int]:
-    code = buf[position]
-    if code == 0xC1:
-        end, count, position = position + 2 + buf[position + 1], buf[position + 2], position + 3
-    elif code == 0xD1:
-        size = int.from_bytes(buf[position + 1:position + 5], "big")
-        end, count, position = position + 5 + size, int.from_bytes(buf[position + 5:position + 9], "big"), position + 9
-    else:
-        raise _Malformed("an application-properties section that is not a map")
+    end, count, position = _compound(buf, position, 0xC1, 0xD1, "an application-properties section that is not a map")
     found = [None, None, None]
     for _ in range(count // 2):
         key, position = _read(buf, position)
@@ -155,6 +141,17 @@ def _map_values(buf: bytes, position: int, wanted_keys: dict) -> tuple[list, int
             if found[slot] is ...:
                 raise _Unreadable(f"application property {key!r} of a type the scanner does not read")
     return found, end
+
+
+def _compound(buf: bytes, position: int, code8: int, code32: int, problem: str) -> tuple[int, int, int]:
+    """A list or map header: returns (end of the value, item count, position of the first item)."""
+    code = buf[position]
+    if code == code8:
+        return position + 2 + buf[position + 1], buf[position + 2], position + 3
+    if code == code32:
+        size = int.from_bytes(buf[position + 1:position + 5], "big")
+        return position + 5 + size, int.from_bytes(buf[position + 5:position + 9], "big"), position + 9
+    raise _Malformed(problem)
 
 
 def _read(buf: bytes, position: int):
