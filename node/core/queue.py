@@ -183,7 +183,7 @@ class Queue:
         dead: list[Message] = []
         touched: set[Group] = set(consumer.owned)
         for message in consumer.unsettled.values():
-            group = self._settle_one(message, Outcome.MODIFIED, True, effects, dead)
+            group = self._settle_one(message, Outcome.MODIFIED, True, now_ms, effects, dead)
             if group is not None:
                 touched.add(group)
         consumer.unsettled.clear()
@@ -216,7 +216,7 @@ class Queue:
         if message is None:
             return []  # a duplicate or late disposition: already settled, nothing to do
         dead: list[Message] = []
-        group = self._settle_one(message, outcome, delivery_failed, effects, dead)
+        group = self._settle_one(message, outcome, delivery_failed, now_ms, effects, dead)
         if group is not None:
             self._after_settle(group)
         self._dispatch(now_ms, effects)
@@ -228,7 +228,7 @@ class Queue:
             raise NotFound(f"no consumer {consumer_id!r} on queue {self.settings.name!r}")
         return consumer
 
-    def _settle_one(self, message: Message, outcome: Outcome, delivery_failed: bool,
+    def _settle_one(self, message: Message, outcome: Outcome, delivery_failed: bool, now_ms: int,
                     effects: list, dead: list) -> Group | None:
         self.acquired_messages -= 1
         group = self.groups.get(message.group_key) if message.group_key is not None else None
@@ -247,6 +247,10 @@ class Queue:
                 self._remove(message, effects)
                 effects.append(Dropped(self.settings.name, message.seq, "delivery_count_max reached"))
                 dead.append(message)
+            elif message.expires_at_ms and message.expires_at_ms <= now_ms:
+                # tick() spent its expiry entry while it was acquired: drop it here, not in its group
+                self._remove(message, effects)
+                effects.append(Dropped(self.settings.name, message.seq, "ttl expired"))
             else:
                 message.state = AVAILABLE
                 self._make_available(message, returning=True)
@@ -448,7 +452,7 @@ class Queue:
             _, _, message = heapq.heappop(expiry)
             if message.state == AVAILABLE:
                 self._expire(message, effects)
-            # an acquired message is checked again if it comes back to the head of its group
+            # an acquired message that expired is dropped when it comes back (_settle_one)
         self._dispatch(now_ms, effects)
 
     def next_deadline_ms(self) -> int | None:
