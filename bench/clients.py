@@ -329,6 +329,7 @@ class RowOutcome:
     duplicates: int = 0
     lost: int = 0
     throughput_per_s: float = 0.0
+    producer_send_s: float = 0.0  # first to last send: how far the broker let the producer run ahead
     latency_p50_ms: float = 0.0
     latency_p99_ms: float = 0.0
     broker_cpu_us_per_msg: float = 0.0
@@ -456,6 +457,8 @@ def _summarize(outcome: RowOutcome, workload: Workload, broker_cpu_s: float, pro
     latencies.sort()
     outcome.latency_p50_ms = _percentile(latencies, 0.50) / 1e6
     outcome.latency_p99_ms = _percentile(latencies, 0.99) / 1e6
+    if producer.get("first_send_ns") and producer.get("last_send_ns"):
+        outcome.producer_send_s = (producer["last_send_ns"] - producer["first_send_ns"]) / 1e9
     elapsed_s = (last_accept_ns - producer.get("first_send_ns", 0)) / 1e9
     if outcome.unique and producer.get("first_send_ns") and elapsed_s > 0:
         outcome.throughput_per_s = outcome.unique / elapsed_s

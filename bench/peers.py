@@ -371,9 +371,9 @@ class Grouper(Peer):
         self.amqp_port = 0
 
     def versions(self) -> dict[str, str]:
-        commit = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
+        commit = subprocess.run(["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"],
                                 capture_output=True, text=True).stdout.strip()
-        return {"Grouper": f"git {commit or 'unknown'} (this repository)"}
+        return {"Grouper": f"git {commit or 'unknown'} (this repository's working tree)"}
 
     def command(self) -> list[str]:
         script = shutil.which("grouper")
