@@ -288,12 +288,10 @@ def test_rebalance_without_pause_dispatches_a_reassigned_group_at_once(make):
     # the documented risk of rebalancing without a pause: two consumers hold messages of one group
     h = make(group_policy="exclusive", group_rebalance=True)
     h.attach("c1", 10)
-    h.send("b", "b1")
     h.send("a", "a1")
     h.attach("c2", 10)
-    h.send("a", "a2")
-    assert ("c1", "a1") in h.log
-    assert h.log[-1][1] == "a2"
+    assert h.send("a", "a2") == [("c2", "a2")]
+    assert h.held_by("c1") == ["a1"]
 
 
 def test_reset_of_one_group_frees_only_that_group_once_it_settles(make):
@@ -646,16 +644,29 @@ def test_an_expired_message_without_group_is_dropped_at_dispatch(make):
     assert h.attach("c1", 1) == [("c1", "u2")]
 
 
-def test_a_message_that_expires_while_acquired_is_dropped_if_it_comes_back(make):
+def test_a_message_that_expired_while_acquired_is_dropped_as_soon_as_it_comes_back(make):
+    h = make(depth_max_messages=2)
+    h.attach("c1", 1)
+    h.send("a", "a1", ttl_ms=10)
+    h.send("a", "a2")
+    h.tick(20)  # a1 is acquired: an expiry never takes a message from its consumer
+    assert h.dropped() == []
+    assert h.release("a1") == []  # c1 has no credit: a1 must not wait in its group meanwhile
+    assert [reason for _, _, reason in h.dropped()] == ["ttl expired"]
+    assert h.stats()["depth_messages"] == 1
+    h.send("b", "b1")  # the room a1 took is free again
+    assert h.credit("c1", 1) == [("c1", "a2")]
+
+
+def test_a_message_that_expired_while_acquired_is_dropped_when_its_consumer_detaches(make):
     h = make()
     h.attach("c1", 1)
     h.send("a", "a1", ttl_ms=10)
-    h.tick(20)  # a1 is acquired: an expiry never takes a message from its consumer
-    assert h.dropped() == []
-    h.send("a", "a2")
-    assert h.release("a1") == []  # c1 has no credit left
-    assert h.credit("c1", 1) == [("c1", "a2")]
+    h.tick(20)
+    h.detach("c1")
     assert [reason for _, _, reason in h.dropped()] == ["ttl expired"]
+    assert h.stats()["depth_messages"] == 0
+    assert h.stats()["groups"] == 0
 
 
 def test_next_deadline_is_the_earliest_expiry(make):
