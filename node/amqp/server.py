@@ -18,6 +18,8 @@ from __future__ import annotations
 import collections
 import logging
 
+import cproton
+
 from proton import Condition, Delivery, Endpoint, Link, Terminus
 from proton import Handler
 
@@ -36,11 +38,12 @@ MESSAGE_SIZE_MAX_BYTES = 16 << 20  # larger incoming messages are rejected with 
 
 
 class ConsumerLink:
-    __slots__ = ("id", "sender", "queue", "browse", "presettled", "first_key", "connection_key")
+    __slots__ = ("id", "sender", "link_impl", "queue", "browse", "presettled", "first_key", "connection_key")
 
     def __init__(self, consumer_id, sender, queue, browse, presettled, first_key, connection_key):
         self.id = consumer_id
         self.sender = sender
+        self.link_impl = sender._impl
         self.queue = queue
         self.browse = browse
         self.presettled = presettled
@@ -405,14 +408,15 @@ class AmqpServer(Handler):
         first_key = state.first_key if effect.first_for_consumer else ""
         if message.delivery_count or first_key:
             payload = codec.rewrite_for_delivery(payload, message.delivery_count, first_key)
-        sender = state.sender
-        delivery = sender.delivery(str(effect.delivery_id))
-        sender.stream(payload)
-        sender.advance()
+        # straight to proton's C binding: a Delivery wrapper per message costs more than the send itself
+        link = state.link_impl
+        delivery = cproton.pn_delivery(link, str(effect.delivery_id))
+        cproton.pn_link_send(link, payload)
+        cproton.pn_link_advance(link)
         if effect.browse:
-            delivery.settle()
+            cproton.pn_delivery_settle(delivery)
         elif state.presettled:
-            delivery.settle()
+            cproton.pn_delivery_settle(delivery)
             return self.broker.settle(effect.consumer_id, effect.delivery_id, Outcome.ACCEPTED, self.clock_ms())
         return None
 
