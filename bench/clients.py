@@ -148,59 +148,71 @@ def amqp_producer(target, workload: Workload, go, result_path: str) -> None:
         "last_send_ns": producer.last_send_ns, "cpu_s": _cpu_s() - cpu_start, "error": producer.error})
 
 
-def amqp_consumer(target, index: int, workload: Workload, ready, stop, progress, result_path: str) -> None:
-    addresses = target.consumer_addresses[index]
-    record = _Record()
+def amqp_consumers(target, indexes: list, workload: Workload, readies, stop, progress, result_paths) -> None:
+    """Consumers `indexes` in one container, one connection each (links named per consumer)."""
+    records = {index: _Record() for index in indexes}
+    link_owner = {f"bench-c{index}-{number}": index
+                  for index in indexes for number in range(len(target.consumer_addresses[index]))}
+    process_cpu_start_s = [_cpu_s()]
 
-    class Consumer(MessagingHandler):
+    class Consumers(MessagingHandler):
         # Credit is managed here, not by proton's FlowController: a window of `prefetch` granted at
         # attach and topped up by one after each accept, so at most `prefetch` are ever unsettled.
         def __init__(self):
             super().__init__(prefetch=0, auto_accept=False)
-            self.opened = 0
+            self.unopened = {index: len(target.consumer_addresses[index]) for index in indexes}
+            self.connections = []
 
         def on_start(self, event):
-            self.connection = _amqp_connect(event.container, target)
-            for number, address in enumerate(addresses):
-                receiver = event.container.create_receiver(self.connection, address,
-                                                           name=f"bench-c{index}-{number}")
-                receiver.flow(workload.prefetch)
+            for index in indexes:
+                connection = _amqp_connect(event.container, target)
+                self.connections.append(connection)
+                for number, address in enumerate(target.consumer_addresses[index]):
+                    receiver = event.container.create_receiver(connection, address, name=f"bench-c{index}-{number}")
+                    receiver.flow(workload.prefetch)
             event.container.schedule(TIMER_INTERVAL_S, self)
 
         def on_link_opened(self, event):
             if event.receiver is not None:
-                self.opened += 1
-                if self.opened == len(addresses):
-                    record.cpu_start_s = _cpu_s()
-                    ready.set()
+                index = link_owner[event.receiver.name]
+                self.unopened[index] -= 1
+                if self.unopened[index] == 0:
+                    if not any(self.unopened.values()):
+                        process_cpu_start_s[0] = _cpu_s()
+                    readies[index].set()
 
         def on_message(self, event):
             received_ns = time.monotonic_ns()
             message = event.message
             properties = message.properties or {}
             self.accept(event.delivery)
-            event.receiver.flow(1)
+            receiver = event.receiver
+            receiver.flow(1)
+            index = link_owner[receiver.name]
+            record = records[index]
             record.add(message.group_id, properties.get(SEQ_KEY, -1), properties.get(SENT_KEY, 0), received_ns)
             progress[index] = record.count
 
         def on_timer_task(self, event):
             if stop.is_set():
-                self.connection.close()
+                for connection in self.connections:
+                    connection.close()
             else:
                 event.container.schedule(TIMER_INTERVAL_S, self)
 
         def on_transport_error(self, event):
-            record.error = str(event.transport.condition)
+            for record in records.values():
+                record.error = record.error or str(event.transport.condition)
 
         def on_link_error(self, event):
-            record.error = str(event.link.remote_condition)
+            records[link_owner[event.link.name]].error = str(event.link.remote_condition)
 
     try:
-        Container(Consumer()).run()
+        Container(Consumers()).run()
     except Exception as error:
-        record.error = f"{type(error).__name__}: {error}"
-    record.cpu_s = _cpu_s() - record.cpu_start_s
-    _dump(result_path, record.as_dict())
+        for record in records.values():
+            record.error = record.error or f"{type(error).__name__}: {error}"
+    _dump_records(records, result_paths, _cpu_s() - process_cpu_start_s[0])
 
 
 # --- STOMP (stomp.py, for ActiveMQ Classic) ----------------------------------------------------
@@ -241,42 +253,60 @@ def stomp_producer(target, workload: Workload, go, result_path: str) -> None:
     _dump(result_path, result)
 
 
-def stomp_consumer(target, index: int, workload: Workload, ready, stop, progress, result_path: str) -> None:
-    record = _Record()
-    connection = _stomp_connection(target)
-    subscribed = threading.Event()
+def stomp_consumers(target, indexes: list, workload: Workload, readies, stop, progress, result_paths) -> None:
+    """Consumers `indexes` in one process, one STOMP connection (and stomp.py reader thread) each."""
+    records = {index: _Record() for index in indexes}
+    connections = {}
+    subscribed = {index: threading.Event() for index in indexes}
 
     class Listener(stomp.ConnectionListener):
+        def __init__(self, index: int, connection):
+            self.index, self.connection, self.record = index, connection, records[index]
+
         def on_message(self, frame):
             received_ns = time.monotonic_ns()
             headers = frame.headers
-            connection.ack(headers["message-id"], headers["subscription"])
-            record.add(headers.get(GROUP_KEY), int(headers.get(SEQ_KEY, -1)), int(headers.get(SENT_KEY, 0)),
-                       received_ns)
-            progress[index] = record.count
+            self.connection.ack(headers["message-id"], headers["subscription"])
+            self.record.add(headers.get(GROUP_KEY), int(headers.get(SEQ_KEY, -1)), int(headers.get(SENT_KEY, 0)),
+                            received_ns)
+            progress[self.index] = self.record.count
 
         def on_receipt(self, frame):
-            subscribed.set()
+            subscribed[self.index].set()
 
         def on_error(self, frame):
-            record.error = frame.body.decode(errors="replace") if isinstance(frame.body, bytes) else str(frame.body)
+            body = frame.body.decode(errors="replace") if isinstance(frame.body, bytes) else str(frame.body)
+            self.record.error = body or str(frame.headers.get("message"))
 
+    cpu_start_s = _cpu_s()
     try:
-        connection.set_listener("bench", Listener())
-        connection.connect(wait=True)
-        for number, destination in enumerate(target.consumer_addresses[index]):
-            connection.subscribe(destination, id=f"c{index}-{number}", ack="client-individual",
-                                 headers={"activemq.prefetchSize": str(workload.prefetch),
-                                          "receipt": f"subscribed-{index}-{number}"})
-        if subscribed.wait(READY_TIMEOUT_S):
-            record.cpu_start_s = _cpu_s()
-            ready.set()
+        for index in indexes:
+            connection = connections[index] = _stomp_connection(target)
+            connection.set_listener("bench", Listener(index, connection))
+            connection.connect(wait=True)
+            for number, destination in enumerate(target.consumer_addresses[index]):
+                # One subscription per consumer here, so one receipt marks the consumer attached.
+                connection.subscribe(destination, id=f"c{index}-{number}", ack="client-individual",
+                                     headers={"activemq.prefetchSize": str(workload.prefetch),
+                                              "receipt": f"subscribed-{index}-{number}"})
+        for index in indexes:
+            if subscribed[index].wait(READY_TIMEOUT_S):
+                readies[index].set()
+        cpu_start_s = _cpu_s()
         stop.wait()
-        connection.disconnect()
+        for connection in connections.values():
+            connection.disconnect()
     except Exception as error:
-        record.error = f"{type(error).__name__}: {error}"
-    record.cpu_s = _cpu_s() - record.cpu_start_s
-    _dump(result_path, record.as_dict())
+        for record in records.values():
+            record.error = record.error or f"{type(error).__name__}: {error}"
+    _dump_records(records, result_paths, _cpu_s() - cpu_start_s)
+
+
+def _dump_records(records: dict, result_paths, process_cpu_s: float) -> None:
+    # The process's CPU is shared by its consumers; only the sum over all processes is reported.
+    for index, record in records.items():
+        record.cpu_s = process_cpu_s / len(records)
+        _dump(result_paths[index], record.as_dict())
 
 
 # --- what a consumer saw -----------------------------------------------------------------------
@@ -290,7 +320,6 @@ class _Record:
         self.latencies_ns = array("q")
         self.last_accept_ns = 0
         self.error = ""
-        self.cpu_start_s = _cpu_s()  # moved to the moment the consumer is attached
         self.cpu_s = 0.0
 
     def add(self, group, seq: int, sent_ns: int, received_ns: int) -> None:
@@ -341,24 +370,31 @@ class RowOutcome:
     errors: list = field(default_factory=list)
 
 
-def measure(target, workload: Workload, broker_cpu_s, scratch_dir: Path) -> RowOutcome:
-    """Run one row: attach consumers, then release the producer, wait for every message or a stall."""
+def measure(target, workload: Workload, broker_cpu_s, scratch_dir: Path, consumer_processes: int) -> RowOutcome:
+    """Run one row: attach consumers, then release the producer, wait for every message or a stall.
+
+    The consumers are spread round-robin over `consumer_processes` processes; the producer has its own.
+    """
     context = multiprocessing.get_context("fork")
     producer_main = amqp_producer if target.protocol == "amqp" else stomp_producer
-    consumer_main = amqp_consumer if target.protocol == "amqp" else stomp_consumer
+    consumers_main = amqp_consumers if target.protocol == "amqp" else stomp_consumers
     scratch_dir.mkdir(parents=True, exist_ok=True)
     go, stop = context.Event(), context.Event()
     progress = context.RawArray("q", workload.consumers)
     readies = [context.Event() for _ in range(workload.consumers)]
-    consumer_paths = [scratch_dir / f"consumer{index}.pickle" for index in range(workload.consumers)]
+    consumer_paths = [str(scratch_dir / f"consumer{index}.pickle") for index in range(workload.consumers)]
     producer_path = scratch_dir / "producer.pickle"
-    consumers = [context.Process(target=consumer_main, name=f"bench-consumer{index}",
-                                 args=(target, index, workload, readies[index], stop, progress, str(path)))
-                 for index, path in enumerate(consumer_paths)]
+    process_count = max(1, min(consumer_processes, workload.consumers))
+    consumers = [context.Process(target=consumers_main, name=f"bench-consumers{number}",
+                                 args=(target, list(range(number, workload.consumers, process_count)), workload,
+                                       readies, stop, progress, consumer_paths))
+                 for number in range(process_count)]
     producer = context.Process(target=producer_main, name="bench-producer",
                                args=(target, workload, go, str(producer_path)))
     outcome = RowOutcome()
     broker_cpu_used_s = 0.0
+    for path in [*consumer_paths, producer_path]:
+        Path(path).unlink(missing_ok=True)
     for process in consumers:
         process.start()
     producer.start()
@@ -366,8 +402,7 @@ def measure(target, workload: Workload, broker_cpu_s, scratch_dir: Path) -> RowO
         deadline = time.monotonic() + READY_TIMEOUT_S
         for ready in readies:
             if not ready.wait(max(0.0, deadline - time.monotonic())):
-                outcome.errors.append("consumers did not attach within "
-                                      f"{READY_TIMEOUT_S} s")
+                outcome.errors.append(f"consumers did not attach within {READY_TIMEOUT_S} s")
                 break
         if not outcome.errors:
             time.sleep(0.2)  # let the broker finish registering subscriptions before the first message
@@ -384,7 +419,8 @@ def measure(target, workload: Workload, broker_cpu_s, scratch_dir: Path) -> RowO
                 process.terminate()
                 process.join(5)
                 outcome.errors.append(f"{process.name} did not finish; terminated")
-    _summarize(outcome, workload, broker_cpu_used_s, _load(producer_path), [_load(path) for path in consumer_paths])
+    _summarize(outcome, workload, broker_cpu_used_s, _load(producer_path),
+               [_load(Path(path)) for path in consumer_paths])
     return outcome
 
 
