@@ -27,7 +27,7 @@ def add_queue_flags(parser: argparse.ArgumentParser) -> None:
     add("--group-header", metavar="KEY", help="application property holding the group id")
     add("--default-group", metavar="NAME", help="group of messages that carry no group id")
     add("--group-first-key", metavar="KEY", help="property set true on a new owner's first message")
-    add("--group-rebalance", action="store_true", default=None, help="reset group owners when a consumer attaches")
+    add("--group-rebalance", action="store_true", default=None, help="reset group owners when a new consumer first grants credit")
     add("--group-rebalance-pause-dispatch", action="store_true", default=None,
         help="hold reassigned groups until their in-flight messages are settled")
     add("--group-buckets", type=int, metavar="N", help="-1 every group, 0 grouping off, N hash buckets")

@@ -136,7 +136,16 @@ class Broker:
                 effects.append(Dropped(source.settings.name, message.seq,
                                        f"dead-letter queue {target_name!r} unavailable: {error.description}"))
             return
-        self._transfer(source, target, dead, now_ms, effects)
+        room: list[Message] = []
+        for message in dead:
+            try:
+                target.check_capacity(sum(m.size_bytes for m in room) + message.size_bytes, len(room) + 1)
+            except GrouperError as error:
+                effects.append(Dropped(source.settings.name, message.seq,
+                                       f"dead-letter queue {target_name!r} is full: {error.description}"))
+            else:
+                room.append(message)
+        self._transfer(source, target, room, now_ms, effects)
 
     def _transfer(self, source: Queue, target: Queue, messages: list[Message], now_ms: int,
                   effects: list) -> None:

@@ -57,7 +57,7 @@ class Group:
 
 class Consumer:
     __slots__ = ("id", "browse", "credit", "unsettled", "ready", "owned", "cursor_seq",
-                 "next_delivery_id", "last_used")
+                 "next_delivery_id", "last_used", "rebalance_due")
 
     def __init__(self, consumer_id, browse: bool):
         self.id = consumer_id
@@ -69,6 +69,7 @@ class Consumer:
         self.cursor_seq = -1  # browsers: last seq shown
         self.next_delivery_id = 0
         self.last_used = 0  # spreads ties round-robin
+        self.rebalance_due = False  # group_rebalance: reset owners when this consumer first has credit
 
 
 def _seq_of(message: Message) -> int:
@@ -166,8 +167,9 @@ class Queue:
             return
         if self._first_attach_ms is None:
             self._first_attach_ms = now_ms
-        if self.settings.group_rebalance:
-            self._reset_groups(list(self.groups.values()), self.settings.group_rebalance_pause_dispatch)
+        # An AMQP consumer attaches before it grants credit: resetting owners now would hand the
+        # freed groups straight back to the consumers that have credit. Reset at its first credit.
+        consumer.rebalance_due = self.settings.group_rebalance
         self._dispatch(now_ms, effects)
 
     def detach(self, consumer_id, now_ms: int, effects: list) -> list[Message]:
@@ -201,6 +203,9 @@ class Queue:
     def set_credit(self, consumer_id, credit: int, now_ms: int, effects: list) -> None:
         consumer = self._consumer(consumer_id)
         consumer.credit = credit
+        if consumer.rebalance_due and credit > 0:
+            consumer.rebalance_due = False
+            self._reset_groups(list(self.groups.values()), self.settings.group_rebalance_pause_dispatch)
         if not consumer.browse:
             if credit > 0 and consumer not in self._takers:
                 self._takers.append(consumer)

@@ -23,10 +23,10 @@ class QueueSettings:
     group_header: str = ""  # application property holding the group id; "" = properties.group-id or JMSXGroupID
     default_group: str = ""  # group of messages without a group id; "" = qpid.no-group in shared, ungrouped in exclusive
     group_first_key: str = ""  # application property set true on a new owner's first message; "" = off
-    group_rebalance: bool = False  # reset group owners whenever a consumer attaches
+    group_rebalance: bool = False  # reset group owners when a newly attached consumer first grants credit
     group_rebalance_pause_dispatch: bool = False  # hold reassigned groups until their in-flight messages settle
     group_buckets: int = -1  # -1 every group tracked, 0 grouping off, N>0 group ids hashed into N buckets
-    consumers_before_dispatch: int = 0  # hold dispatch until this many consumers are attached; 0 = off
+    consumers_before_dispatch: int = 0  # hold dispatch until this many consumers have granted credit; 0 = off
     time_before_dispatch_ms: int = 0  # or until this long after the first consumer attached; 0 = off
     durable: bool = True  # journal messages before confirming the producer
     depth_max_messages: int = 1_000_000  # queued + in-flight messages; 0 = unlimited

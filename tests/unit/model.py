@@ -67,6 +67,7 @@ class ModelConsumer:
         self.unsettled: dict[int, int] = {}  # delivery id -> seq, in delivery order
         self.next_delivery_id = 0
         self.cursor_seq = 0  # browsers: last seq seen
+        self.rebalance_due = False
 
 
 class Model:
@@ -217,11 +218,15 @@ class Model:
             return
         if self.first_attach_ms is None:
             self.first_attach_ms = self.now_ms
-        if self.settings.group_rebalance:
-            self._reset(list(self.owner), self.settings.group_rebalance_pause_dispatch)
+        # the rebalance a consumer brings happens when it first grants credit
+        self.consumers[consumer_id].rebalance_due = self.settings.group_rebalance
 
     def credited(self, consumer_id, credit: int) -> None:
-        self.consumers[consumer_id].credit = credit
+        consumer = self.consumers[consumer_id]
+        consumer.credit = credit
+        if consumer.rebalance_due and credit > 0:
+            consumer.rebalance_due = False
+            self._reset(list(self.owner), self.settings.group_rebalance_pause_dispatch)
 
     def reset(self, key=None) -> None:
         self._reset(list(self.owner) if key is None else [key], pause=True)

@@ -1,0 +1,32 @@
+from node.core.broker import Broker
+from node.core.settings import QueueSettings
+
+
+def test_a_rebalance_waits_for_the_new_consumers_first_credit(make):
+    h = make(group_rebalance=True, durable=False)
+    h.attach("c1", 10)
+    h.send("a", "a1")
+    h.accept("a1")
+    h.attach("c2")  # attached, no credit yet: c1 keeps group a meanwhile
+    assert h.owners() == {"a": "c1"}
+    h.send("a", "a2")
+    assert h.log[-1] == ("c1", "a2")
+    h.accept("a2")
+    h.credit("c2", 10)  # now the reset happens, and c2 (no groups) takes the next new group
+    assert h.owners() == {}
+    h.send("a", "a3")
+    assert h.log[-1] == ("c2", "a3")
+
+
+def test_dead_letters_beyond_the_dead_letter_queues_depth_are_dropped_with_a_reason(make):
+    broker = Broker()
+    broker.declare_queue(QueueSettings(name="dlq", durable=False, depth_max_messages=1))
+    h = make(broker=broker, dead_letter_queue="dlq", durable=False)
+    h.attach("c1", 10)
+    h.send("a", "a1")
+    h.send("a", "a2")
+    h.reject("a1")
+    assert h.dropped() == []
+    h.reject("a2")
+    assert [reason.split(":")[0] for _, _, reason in h.dropped()] == ["dead-letter queue 'dlq' is full"]
+    assert broker.queues["dlq"].depth_messages == 1
