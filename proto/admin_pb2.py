@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11proto/admin.proto\x12\x10grouper.admin.v1\"\xcd\x06\n\rQueueSettings\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x0cgroup_policy\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x19\n\x0cgroup_header\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x1a\n\rdefault_group\x18\x04 \x01(\tH\x02\x88\x01\x01\x12\x1c\n\x0fgroup_first_key\x18\x05 \x01(\tH\x03\x88\x01\x01\x12\x1c\n\x0fgroup_rebalance\x18\x06 \x01(\x08H\x04\x88\x01\x01\x12+\n\x1egroup_rebalance_pause_dispatch\x18\x07 \x01(\x08H\x05\x88\x01\x01\x12\x1a\n\rgroup_buckets\x18\x08 \x01(\x03H\x06\x88\x01\x01\x12&\n\x19\x63onsumers_before_dispatch\x18\t \x01(\x03H\x07\x88\x01\x01\x12$\n\x17time_before_dispatch_ms\x18\n \x01(\x03H\x08\x88\x01\x01\x12\x14\n\x07\x64urable\x18\x0b \x01(\x08H\t\x88\x01\x01\x12\x1f\n\x12\x64\x65pth_max_messages\x18\x0c \x01(\x03H\n\x88\x01\x01\x12\x1c\n\x0f\x64\x65pth_max_bytes\x18\r \x01(\x03H\x0b\x88\x01\x01\x12&\n\x19group_id_length_max_chars\x18\x0e \x01(\x03H\x0c\x88\x01\x01\x12\x1f\n\x12\x64\x65livery_count_max\x18\x0f \x01(\x03H\r\x88\x01\x01\x12\x1e\n\x11\x64\x65\x61\x64_letter_queue\x18\x10 \x01(\tH\x0e\x88\x01\x01\x42\x0f\n\r_group_policyB\x0f\n\r_group_headerB\x10\n\x0e_default_groupB\x12\n\x10_group_first_keyB\x12\n\x10_group_rebalanceB!\n\x1f_group_rebalance_pause_dispatchB\x10\n\x0e_group_bucketsB\x1c\n\x1a_consumers_before_dispatchB\x1a\n\x18_time_before_dispatch_msB\n\n\x08_durableB\x15\n\x13_depth_max_messagesB\x12\n\x10_depth_max_bytesB\x1c\n\x1a_group_id_length_max_charsB\x15\n\x13_delivery_count_maxB\x14\n\x12_dead_letter_queue\"\xde\x01\n\nQueueStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x64\x65pth_messages\x18\x02 \x01(\x03\x12\x13\n\x0b\x64\x65pth_bytes\x18\x03 \x01(\x03\x12\x19\n\x11\x61\x63quired_messages\x18\x04 \x01(\x03\x12\x11\n\tconsumers\x18\x05 \x01(\x03\x12\x10\n\x08\x62rowsers\x18\x06 \x01(\x03\x12\x0e\n\x06groups\x18\x07 \x01(\x03\x12\x14\n\x0cowned_groups\x18\x08 \x01(\x03\x12\x16\n\x0e\x65nqueued_total\x18\t \x01(\x03\x12\x17\n\x0f\x64\x65livered_total\x18\n \x01(\x03\"a\n\x08GroupRow\x12\r\n\x05group\x18\x01 \x01(\t\x12\x10\n\x08messages\x18\x02 \x01(\x03\x12\x10\n\x08\x61\x63quired\x18\x03 \x01(\x03\x12\x15\n\x08\x63onsumer\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\x0b\n\t_consumer\"\x13\n\x11ListQueuesRequest\"B\n\x12ListQueuesResponse\x12,\n\x06queues\x18\x01 \x03(\x0b\x32\x1c.grouper.admin.v1.QueueStats\"D\n\x0f\x41\x64\x64QueueRequest\x12\x31\n\x08settings\x18\x01 \x01(\x0b\x32\x1f.grouper.admin.v1.QueueSettings\"?\n\x10\x41\x64\x64QueueResponse\x12+\n\x05queue\x18\x01 \x01(\x0b\x32\x1c.grouper.admin.v1.QueueStats\"#\n\x12\x44\x65leteQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteQueueResponse\"\"\n\x11ListGroupsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"@\n\x12ListGroupsResponse\x12*\n\x06groups\x18\x01 \x03(\x0b\x32\x1a.grouper.admin.v1.GroupRow\"A\n\x12ResetGroupsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x12\n\x05group\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_group\"+\n\x13ResetGroupsResponse\x12\x14\n\x0cgroups_reset\x18\x01 \x01(\x03\"]\n\x11PurgeGroupRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x19\n\x0cmessages_max\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_messages_max\"-\n\x12PurgeGroupResponse\x12\x17\n\x0fmessages_purged\x18\x01 \x01(\x03\"w\n\x10MoveGroupRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x19\n\x11\x64\x65stination_queue\x18\x03 \x01(\t\x12\x19\n\x0cmessages_max\x18\x04 \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_messages_max\"+\n\x11MoveGroupResponse\x12\x16\n\x0emessages_moved\x18\x01 \x01(\x03\x32\xfa\x04\n\x0c\x41\x64minService\x12W\n\nListQueues\x12#.grouper.admin.v1.ListQueuesRequest\x1a$.grouper.admin.v1.ListQueuesResponse\x12Q\n\x08\x41\x64\x64Queue\x12!.grouper.admin.v1.AddQueueRequest\x1a\".grouper.admin.v1.AddQueueResponse\x12Z\n\x0b\x44\x65leteQueue\x12$.grouper.admin.v1.DeleteQueueRequest\x1a%.grouper.admin.v1.DeleteQueueResponse\x12W\n\nListGroups\x12#.grouper.admin.v1.ListGroupsRequest\x1a$.grouper.admin.v1.ListGroupsResponse\x12Z\n\x0bResetGroups\x12$.grouper.admin.v1.ResetGroupsRequest\x1a%.grouper.admin.v1.ResetGroupsResponse\x12W\n\nPurgeGroup\x12#.grouper.admin.v1.PurgeGroupRequest\x1a$.grouper.admin.v1.PurgeGroupResponse\x12T\n\tMoveGroup\x12\".grouper.admin.v1.MoveGroupRequest\x1a#.grouper.admin.v1.MoveGroupResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11proto/admin.proto\x12\x10grouper.admin.v1\"\xf5\x06\n\rQueueSettings\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x0cgroup_policy\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x19\n\x0cgroup_header\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x1a\n\rdefault_group\x18\x04 \x01(\tH\x02\x88\x01\x01\x12\x1c\n\x0fgroup_first_key\x18\x05 \x01(\tH\x03\x88\x01\x01\x12\x1c\n\x0fgroup_rebalance\x18\x06 \x01(\x08H\x04\x88\x01\x01\x12+\n\x1egroup_rebalance_pause_dispatch\x18\x07 \x01(\x08H\x05\x88\x01\x01\x12\x1a\n\rgroup_buckets\x18\x08 \x01(\x03H\x06\x88\x01\x01\x12&\n\x19\x63onsumers_before_dispatch\x18\t \x01(\x03H\x07\x88\x01\x01\x12$\n\x17time_before_dispatch_ms\x18\n \x01(\x03H\x08\x88\x01\x01\x12\x14\n\x07\x64urable\x18\x0b \x01(\x08H\t\x88\x01\x01\x12\x1f\n\x12\x64\x65pth_max_messages\x18\x0c \x01(\x03H\n\x88\x01\x01\x12\x1c\n\x0f\x64\x65pth_max_bytes\x18\r \x01(\x03H\x0b\x88\x01\x01\x12&\n\x19group_id_length_max_chars\x18\x0e \x01(\x03H\x0c\x88\x01\x01\x12\x1f\n\x12\x64\x65livery_count_max\x18\x0f \x01(\x03H\r\x88\x01\x01\x12\x1e\n\x11\x64\x65\x61\x64_letter_queue\x18\x10 \x01(\tH\x0e\x88\x01\x01\x12\x17\n\ngroups_max\x18\x11 \x01(\x03H\x0f\x88\x01\x01\x42\x0f\n\r_group_policyB\x0f\n\r_group_headerB\x10\n\x0e_default_groupB\x12\n\x10_group_first_keyB\x12\n\x10_group_rebalanceB!\n\x1f_group_rebalance_pause_dispatchB\x10\n\x0e_group_bucketsB\x1c\n\x1a_consumers_before_dispatchB\x1a\n\x18_time_before_dispatch_msB\n\n\x08_durableB\x15\n\x13_depth_max_messagesB\x12\n\x10_depth_max_bytesB\x1c\n\x1a_group_id_length_max_charsB\x15\n\x13_delivery_count_maxB\x14\n\x12_dead_letter_queueB\r\n\x0b_groups_max\"\xde\x01\n\nQueueStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x64\x65pth_messages\x18\x02 \x01(\x03\x12\x13\n\x0b\x64\x65pth_bytes\x18\x03 \x01(\x03\x12\x19\n\x11\x61\x63quired_messages\x18\x04 \x01(\x03\x12\x11\n\tconsumers\x18\x05 \x01(\x03\x12\x10\n\x08\x62rowsers\x18\x06 \x01(\x03\x12\x0e\n\x06groups\x18\x07 \x01(\x03\x12\x14\n\x0cowned_groups\x18\x08 \x01(\x03\x12\x16\n\x0e\x65nqueued_total\x18\t \x01(\x03\x12\x17\n\x0f\x64\x65livered_total\x18\n \x01(\x03\"a\n\x08GroupRow\x12\r\n\x05group\x18\x01 \x01(\t\x12\x10\n\x08messages\x18\x02 \x01(\x03\x12\x10\n\x08\x61\x63quired\x18\x03 \x01(\x03\x12\x15\n\x08\x63onsumer\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\x0b\n\t_consumer\"\x13\n\x11ListQueuesRequest\"B\n\x12ListQueuesResponse\x12,\n\x06queues\x18\x01 \x03(\x0b\x32\x1c.grouper.admin.v1.QueueStats\"D\n\x0f\x41\x64\x64QueueRequest\x12\x31\n\x08settings\x18\x01 \x01(\x0b\x32\x1f.grouper.admin.v1.QueueSettings\"?\n\x10\x41\x64\x64QueueResponse\x12+\n\x05queue\x18\x01 \x01(\x0b\x32\x1c.grouper.admin.v1.QueueStats\"#\n\x12\x44\x65leteQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteQueueResponse\"\"\n\x11ListGroupsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"@\n\x12ListGroupsResponse\x12*\n\x06groups\x18\x01 \x03(\x0b\x32\x1a.grouper.admin.v1.GroupRow\"A\n\x12ResetGroupsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x12\n\x05group\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_group\"+\n\x13ResetGroupsResponse\x12\x14\n\x0cgroups_reset\x18\x01 \x01(\x03\"]\n\x11PurgeGroupRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x19\n\x0cmessages_max\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_messages_max\"-\n\x12PurgeGroupResponse\x12\x17\n\x0fmessages_purged\x18\x01 \x01(\x03\"w\n\x10MoveGroupRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x19\n\x11\x64\x65stination_queue\x18\x03 \x01(\t\x12\x19\n\x0cmessages_max\x18\x04 \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_messages_max\"+\n\x11MoveGroupResponse\x12\x16\n\x0emessages_moved\x18\x01 \x01(\x03\x32\xfa\x04\n\x0c\x41\x64minService\x12W\n\nListQueues\x12#.grouper.admin.v1.ListQueuesRequest\x1a$.grouper.admin.v1.ListQueuesResponse\x12Q\n\x08\x41\x64\x64Queue\x12!.grouper.admin.v1.AddQueueRequest\x1a\".grouper.admin.v1.AddQueueResponse\x12Z\n\x0b\x44\x65leteQueue\x12$.grouper.admin.v1.DeleteQueueRequest\x1a%.grouper.admin.v1.DeleteQueueResponse\x12W\n\nListGroups\x12#.grouper.admin.v1.ListGroupsRequest\x1a$.grouper.admin.v1.ListGroupsResponse\x12Z\n\x0bResetGroups\x12$.grouper.admin.v1.ResetGroupsRequest\x1a%.grouper.admin.v1.ResetGroupsResponse\x12W\n\nPurgeGroup\x12#.grouper.admin.v1.PurgeGroupRequest\x1a$.grouper.admin.v1.PurgeGroupResponse\x12T\n\tMoveGroup\x12\".grouper.admin.v1.MoveGroupRequest\x1a#.grouper.admin.v1.MoveGroupResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,39 +32,39 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_QUEUESETTINGS']._serialized_start=40
-  _globals['_QUEUESETTINGS']._serialized_end=885
-  _globals['_QUEUESTATS']._serialized_start=888
-  _globals['_QUEUESTATS']._serialized_end=1110
-  _globals['_GROUPROW']._serialized_start=1112
-  _globals['_GROUPROW']._serialized_end=1209
-  _globals['_LISTQUEUESREQUEST']._serialized_start=1211
-  _globals['_LISTQUEUESREQUEST']._serialized_end=1230
-  _globals['_LISTQUEUESRESPONSE']._serialized_start=1232
-  _globals['_LISTQUEUESRESPONSE']._serialized_end=1298
-  _globals['_ADDQUEUEREQUEST']._serialized_start=1300
-  _globals['_ADDQUEUEREQUEST']._serialized_end=1368
-  _globals['_ADDQUEUERESPONSE']._serialized_start=1370
-  _globals['_ADDQUEUERESPONSE']._serialized_end=1433
-  _globals['_DELETEQUEUEREQUEST']._serialized_start=1435
-  _globals['_DELETEQUEUEREQUEST']._serialized_end=1470
-  _globals['_DELETEQUEUERESPONSE']._serialized_start=1472
-  _globals['_DELETEQUEUERESPONSE']._serialized_end=1493
-  _globals['_LISTGROUPSREQUEST']._serialized_start=1495
-  _globals['_LISTGROUPSREQUEST']._serialized_end=1529
-  _globals['_LISTGROUPSRESPONSE']._serialized_start=1531
-  _globals['_LISTGROUPSRESPONSE']._serialized_end=1595
-  _globals['_RESETGROUPSREQUEST']._serialized_start=1597
-  _globals['_RESETGROUPSREQUEST']._serialized_end=1662
-  _globals['_RESETGROUPSRESPONSE']._serialized_start=1664
-  _globals['_RESETGROUPSRESPONSE']._serialized_end=1707
-  _globals['_PURGEGROUPREQUEST']._serialized_start=1709
-  _globals['_PURGEGROUPREQUEST']._serialized_end=1802
-  _globals['_PURGEGROUPRESPONSE']._serialized_start=1804
-  _globals['_PURGEGROUPRESPONSE']._serialized_end=1849
-  _globals['_MOVEGROUPREQUEST']._serialized_start=1851
-  _globals['_MOVEGROUPREQUEST']._serialized_end=1970
-  _globals['_MOVEGROUPRESPONSE']._serialized_start=1972
-  _globals['_MOVEGROUPRESPONSE']._serialized_end=2015
-  _globals['_ADMINSERVICE']._serialized_start=2018
-  _globals['_ADMINSERVICE']._serialized_end=2652
+  _globals['_QUEUESETTINGS']._serialized_end=925
+  _globals['_QUEUESTATS']._serialized_start=928
+  _globals['_QUEUESTATS']._serialized_end=1150
+  _globals['_GROUPROW']._serialized_start=1152
+  _globals['_GROUPROW']._serialized_end=1249
+  _globals['_LISTQUEUESREQUEST']._serialized_start=1251
+  _globals['_LISTQUEUESREQUEST']._serialized_end=1270
+  _globals['_LISTQUEUESRESPONSE']._serialized_start=1272
+  _globals['_LISTQUEUESRESPONSE']._serialized_end=1338
+  _globals['_ADDQUEUEREQUEST']._serialized_start=1340
+  _globals['_ADDQUEUEREQUEST']._serialized_end=1408
+  _globals['_ADDQUEUERESPONSE']._serialized_start=1410
+  _globals['_ADDQUEUERESPONSE']._serialized_end=1473
+  _globals['_DELETEQUEUEREQUEST']._serialized_start=1475
+  _globals['_DELETEQUEUEREQUEST']._serialized_end=1510
+  _globals['_DELETEQUEUERESPONSE']._serialized_start=1512
+  _globals['_DELETEQUEUERESPONSE']._serialized_end=1533
+  _globals['_LISTGROUPSREQUEST']._serialized_start=1535
+  _globals['_LISTGROUPSREQUEST']._serialized_end=1569
+  _globals['_LISTGROUPSRESPONSE']._serialized_start=1571
+  _globals['_LISTGROUPSRESPONSE']._serialized_end=1635
+  _globals['_RESETGROUPSREQUEST']._serialized_start=1637
+  _globals['_RESETGROUPSREQUEST']._serialized_end=1702
+  _globals['_RESETGROUPSRESPONSE']._serialized_start=1704
+  _globals['_RESETGROUPSRESPONSE']._serialized_end=1747
+  _globals['_PURGEGROUPREQUEST']._serialized_start=1749
+  _globals['_PURGEGROUPREQUEST']._serialized_end=1842
+  _globals['_PURGEGROUPRESPONSE']._serialized_start=1844
+  _globals['_PURGEGROUPRESPONSE']._serialized_end=1889
+  _globals['_MOVEGROUPREQUEST']._serialized_start=1891
+  _globals['_MOVEGROUPREQUEST']._serialized_end=2010
+  _globals['_MOVEGROUPRESPONSE']._serialized_start=2012
+  _globals['_MOVEGROUPRESPONSE']._serialized_end=2055
+  _globals['_ADMINSERVICE']._serialized_start=2058
+  _globals['_ADMINSERVICE']._serialized_end=2692
 # @@protoc_insertion_point(module_scope)

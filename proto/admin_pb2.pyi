@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class QueueSettings(_message.Message):
-    __slots__ = ("name", "group_policy", "group_header", "default_group", "group_first_key", "group_rebalance", "group_rebalance_pause_dispatch", "group_buckets", "consumers_before_dispatch", "time_before_dispatch_ms", "durable", "depth_max_messages", "depth_max_bytes", "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue")
+    __slots__ = ("name", "group_policy", "group_header", "default_group", "group_first_key", "group_rebalance", "group_rebalance_pause_dispatch", "group_buckets", "consumers_before_dispatch", "time_before_dispatch_ms", "durable", "depth_max_messages", "depth_max_bytes", "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue", "groups_max")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GROUP_POLICY_FIELD_NUMBER: _ClassVar[int]
     GROUP_HEADER_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,7 @@ class QueueSettings(_message.Message):
     GROUP_ID_LENGTH_MAX_CHARS_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_COUNT_MAX_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_MAX_FIELD_NUMBER: _ClassVar[int]
     name: str
     group_policy: str
     group_header: str
@@ -40,7 +41,8 @@ class QueueSettings(_message.Message):
     group_id_length_max_chars: int
     delivery_count_max: int
     dead_letter_queue: str
-    def __init__(self, name: _Optional[str] = ..., group_policy: _Optional[str] = ..., group_header: _Optional[str] = ..., default_group: _Optional[str] = ..., group_first_key: _Optional[str] = ..., group_rebalance: _Optional[bool] = ..., group_rebalance_pause_dispatch: _Optional[bool] = ..., group_buckets: _Optional[int] = ..., consumers_before_dispatch: _Optional[int] = ..., time_before_dispatch_ms: _Optional[int] = ..., durable: _Optional[bool] = ..., depth_max_messages: _Optional[int] = ..., depth_max_bytes: _Optional[int] = ..., group_id_length_max_chars: _Optional[int] = ..., delivery_count_max: _Optional[int] = ..., dead_letter_queue: _Optional[str] = ...) -> None: ...
+    groups_max: int
+    def __init__(self, name: _Optional[str] = ..., group_policy: _Optional[str] = ..., group_header: _Optional[str] = ..., default_group: _Optional[str] = ..., group_first_key: _Optional[str] = ..., group_rebalance: _Optional[bool] = ..., group_rebalance_pause_dispatch: _Optional[bool] = ..., group_buckets: _Optional[int] = ..., consumers_before_dispatch: _Optional[int] = ..., time_before_dispatch_ms: _Optional[int] = ..., durable: _Optional[bool] = ..., depth_max_messages: _Optional[int] = ..., depth_max_bytes: _Optional[int] = ..., group_id_length_max_chars: _Optional[int] = ..., delivery_count_max: _Optional[int] = ..., dead_letter_queue: _Optional[str] = ..., groups_max: _Optional[int] = ...) -> None: ...
 
 class QueueStats(_message.Message):
     __slots__ = ("name", "depth_messages", "depth_bytes", "acquired_messages", "consumers", "browsers", "groups", "owned_groups", "enqueued_total", "delivered_total")

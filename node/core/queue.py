@@ -128,7 +128,13 @@ class Queue:
         """Add a message whose `seq` the broker assigned; raises before changing anything."""
         self.check_group_id(message.group_id)
         self.check_capacity(message.size_bytes)
-        self.restore(message)
+        key = self._key_of(message.group_id)
+        groups_max = self.settings.groups_max
+        if groups_max and key is not None and key not in self.groups and len(self.groups) >= groups_max:
+            raise ResourceLimitExceeded(
+                f"queue {self.settings.name!r} tracks {len(self.groups)} groups (groups_max={groups_max}); "
+                f"retry once groups drain, free idle ones with 'grouper group reset', or bound them with group_buckets")
+        self._admit(message, key)
         self.enqueued_total += 1
         if self.settings.durable:
             effects.append(Stored(self.settings.name, message))
@@ -136,8 +142,11 @@ class Queue:
 
     def restore(self, message: Message) -> None:
         """Add a message without limits or dispatch: journal recovery and internal moves."""
+        self._admit(message, self._key_of(message.group_id))
+
+    def _admit(self, message: Message, key) -> None:
         message.state = AVAILABLE
-        message.group_key = self._key_of(message.group_id)
+        message.group_key = key
         self.depth_messages += 1
         self.depth_bytes += message.size_bytes
         self._log.append(message)

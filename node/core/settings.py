@@ -31,6 +31,7 @@ class QueueSettings:
     durable: bool = True  # journal messages before confirming the producer
     depth_max_messages: int = 1_000_000  # queued + in-flight messages; 0 = unlimited
     depth_max_bytes: int = 1 << 30  # queued + in-flight encoded bytes; 0 = unlimited
+    groups_max: int = 1_000_000  # groups tracked at once (with messages or an owner); new ones beyond are refused; 0 = unlimited
     group_id_length_max_chars: int = 255  # longer group ids are rejected with amqp:invalid-field
     delivery_count_max: int = 0  # failed deliveries before dead-lettering; 0 = unlimited
     dead_letter_queue: str = ""  # where rejected and over-delivered messages go; "" = discard
@@ -43,7 +44,7 @@ class QueueSettings:
         if self.group_buckets < -1:
             raise InvalidConfig("group_buckets", "must be -1 (every group), 0 (off) or a positive bucket count")
         for key in ("consumers_before_dispatch", "time_before_dispatch_ms", "depth_max_messages",
-                    "depth_max_bytes", "delivery_count_max"):
+                    "depth_max_bytes", "delivery_count_max", "groups_max"):
             if getattr(self, key) < 0:
                 raise InvalidConfig(key, "must be >= 0")
         if not 1 <= self.group_id_length_max_chars <= GROUP_ID_LENGTH_MAX_CHARS:

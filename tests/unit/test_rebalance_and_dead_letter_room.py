@@ -30,3 +30,17 @@ def test_dead_letters_beyond_the_dead_letter_queues_depth_are_dropped_with_a_rea
     h.reject("a2")
     assert [reason.split(":")[0] for _, _, reason in h.dropped()] == ["dead-letter queue 'dlq' is full"]
     assert broker.queues["dlq"].depth_messages == 1
+
+
+def test_a_message_of_a_new_group_beyond_groups_max_is_refused_and_known_groups_still_flow(make):
+    import pytest
+    from node.core.errors import ResourceLimitExceeded
+
+    h = make(groups_max=2, durable=False)
+    h.send("a", "a1")
+    h.send("b", "b1")
+    with pytest.raises(ResourceLimitExceeded, match="groups_max=2"):
+        h.send("c", "c1")
+    h.send("a", "a2")
+    h.send(None, "loose")  # ungrouped messages track no group
+    assert h.stats()["groups"] == 2 and h.stats()["depth_messages"] == 4
