@@ -1,9 +1,9 @@
-"""The benchmark's clients and one row's measurement: 1 producer process, N consumer processes.
+"""The benchmark's clients and one row's measurement: a producer process and consumer process(es).
 
 A Python client is CPU-bound (a proton container tops out at 15-19k msgs/s on this machine), so the
-producer and every consumer run in their own process (multiprocessing, fork) and the OS spreads them
-over the cores next to the broker; each process reports its own CPU time, so the table can say how
-much of the machine the clients took. AMQP 1.0 clients use python-qpid-proton; STOMP clients (for
+producer runs in its own process and the consumers in one or more others (multiprocessing, fork;
+one connection per consumer); each process reports its own CPU time, so the table can say how much
+of the machine the clients took. AMQP 1.0 clients use python-qpid-proton; STOMP clients (for
 ActiveMQ) use stomp.py. Both carry the same payload: a 100-byte body, the group id, the message's
 sequence number within its group and the producer's send time (CLOCK_MONOTONIC, which is
 machine-wide on Linux, so consumers in other processes can subtract it).

@@ -364,8 +364,9 @@ METHOD = """
   or not), each system gets a non-durable row with 5,000 groups at the largest prefetch
   (`--probe-groups`): more groups than
   ActiveMQ's default group map keeps (1,024), where PLATFORM.md saw ActiveMQ reorder.
-- **Load** is the machine's 1-minute load average just before the row. The machine is shared with
-  other work; a row measured under a high load is slower than the system is.
+- **Load** is the machine's 1-minute load average just before the row: other work on the shared
+  machine plus the tail of this run's previous row (a busy row alone accounts for about 2). A row
+  measured under a high load is slower than the system is.
 - **Comparing across protocols.** ActiveMQ is driven over STOMP by stomp.py, whose client costs far
   less CPU per message than the proton client (see the client-cost lines under Observations). On 2
   shared cores that cheaper client frees CPU for the broker, so ActiveMQ's msgs/s and its ×Grouper
