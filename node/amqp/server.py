@@ -5,7 +5,8 @@ Reactor thread only. Rules:
   the delivery tags). Link state rides on the proton objects' attachment records, because proton
   hands out a new wrapper object for the same link on every event.
 - A producer's delivery is settled as accepted only after the message is in its queue and, for a
-  durable queue, its journal batch is on disk. Refusals are rejections with a condition.
+  durable queue, its journal batch is on disk; either way at the end of a reactor batch, so many
+  settlements share a frame. Refusals are rejections with a condition, at once.
 - A queue at its depth limit rejects with amqp:resource-limit-exceeded rather than withholding
   credit: a link may carry messages for several queues (anonymous relay), and a rejection tells
   the producer at once which message failed and why.
@@ -20,8 +21,7 @@ import logging
 
 import cproton
 
-from proton import Condition, Delivery, Endpoint, Link, Terminus
-from proton import Handler
+from proton import Condition, Delivery, Endpoint, Handler, Link, Terminus
 
 from node.amqp import codec
 from node.amqp.conditions import RESOURCE_LIMIT, condition_for
