@@ -185,7 +185,8 @@ class AmqpServer(Handler):
         self._next_link_id += 1
         browse = sender.remote_source.distribution_mode == Terminus.DIST_MODE_COPY
         presettled = sender.remote_snd_settle_mode == Link.SND_SETTLED
-        effects = self.broker.attach_consumer(address, consumer_id, browse, now_ms)
+        effects = self.broker.attach_consumer(address, consumer_id, browse, now_ms,
+                                              self.config.link_unsettled_max)
         sender.grouper_consumer = consumer_id
         self.consumers[consumer_id] = ConsumerLink(consumer_id, sender, address, browse, presettled,
                                                    queue.settings.group_first_key, connection_key)
@@ -274,8 +275,7 @@ class AmqpServer(Handler):
             self._credit(consumer_id, link)
 
     def _credit(self, consumer_id, sender):
-        credit = min(sender.credit, self.config.link_unsettled_max)
-        self.apply(self.broker.set_credit(consumer_id, credit, self.clock_ms()))
+        self.apply(self.broker.set_credit(consumer_id, sender.credit, self.clock_ms()))
         if sender.drain_mode and sender.credit > 0:
             sender.drained()
             self.apply(self.broker.set_credit(consumer_id, 0, self.clock_ms()))

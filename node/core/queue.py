@@ -57,11 +57,12 @@ class Group:
 
 class Consumer:
     __slots__ = ("id", "browse", "credit", "unsettled", "ready", "owned", "cursor_seq",
-                 "next_delivery_id", "last_used", "rebalance_due")
+                 "next_delivery_id", "last_used", "rebalance_due", "unsettled_max")
 
-    def __init__(self, consumer_id, browse: bool):
+    def __init__(self, consumer_id, browse: bool, unsettled_max: int = 0):
         self.id = consumer_id
         self.browse = browse
+        self.unsettled_max = unsettled_max  # deliveries held unsettled at once, whatever the credit; 0 = no cap
         self.credit = 0
         self.unsettled: dict[int, Message] = {}  # delivery id -> message, in delivery order
         self.ready: list = []  # heap of (head seq, tiebreak, Group) for groups this consumer owns
@@ -70,6 +71,10 @@ class Consumer:
         self.next_delivery_id = 0
         self.last_used = 0  # spreads ties round-robin
         self.rebalance_due = False  # group_rebalance: reset owners when this consumer first has credit
+
+    @property
+    def may_take(self) -> bool:
+        return self.credit > 0 and not (self.unsettled_max and len(self.unsettled) >= self.unsettled_max)
 
 
 def _seq_of(message: Message) -> int:
@@ -168,8 +173,8 @@ class Queue:
 
     # ---- consumers ---------------------------------------------------------------------------
 
-    def attach(self, consumer_id, browse: bool, now_ms: int, effects: list) -> None:
-        consumer = Consumer(consumer_id, browse)
+    def attach(self, consumer_id, browse: bool, now_ms: int, effects: list, unsettled_max: int = 0) -> None:
+        consumer = Consumer(consumer_id, browse, unsettled_max)
         self.consumers[consumer_id] = consumer
         if browse:
             self._browsers.append(consumer)
@@ -216,11 +221,16 @@ class Queue:
             consumer.rebalance_due = False
             self._reset_groups(list(self.groups.values()), self.settings.group_rebalance_pause_dispatch)
         if not consumer.browse:
-            if credit > 0 and consumer not in self._takers:
-                self._takers.append(consumer)
-            elif credit <= 0 and consumer in self._takers:
-                self._takers.remove(consumer)
+            self._sync_taker(consumer)
         self._dispatch(now_ms, effects)
+
+    def _sync_taker(self, consumer: Consumer) -> None:
+        """`_takers` holds exactly the acquiring consumers that may take a message now."""
+        listed = consumer in self._takers
+        if consumer.may_take and not listed:
+            self._takers.append(consumer)
+        elif listed and not consumer.may_take:
+            self._takers.remove(consumer)
 
     def settle(self, consumer_id, delivery_id: int, outcome: Outcome, delivery_failed: bool,
                now_ms: int, effects: list) -> list[Message]:
@@ -233,6 +243,8 @@ class Queue:
         group = self._settle_one(message, outcome, delivery_failed, now_ms, effects, dead)
         if group is not None:
             self._after_settle(group)
+        if consumer.unsettled_max:
+            self._sync_taker(consumer)  # a consumer at its unsettled cap may take again
         self._dispatch(now_ms, effects)
         return dead
 
@@ -355,7 +367,7 @@ class Queue:
         consumer.unsettled[delivery_id] = message
         consumer.last_used = next(self._use_counter)
         consumer.credit -= 1
-        if consumer.credit <= 0:
+        if not consumer.may_take:
             self._takers.remove(consumer)
         effects.append(Deliver(consumer.id, delivery_id, message, first, False))
 

@@ -44,3 +44,19 @@ def test_a_message_of_a_new_group_beyond_groups_max_is_refused_and_known_groups_
     h.send("a", "a2")
     h.send(None, "loose")  # ungrouped messages track no group
     assert h.stats()["groups"] == 2 and h.stats()["depth_messages"] == 4
+
+
+def test_a_consumer_at_its_unsettled_cap_gets_nothing_more_until_it_settles():
+    from node.core.effects import Deliver
+    from node.core.message import Message, Outcome
+
+    broker = Broker()
+    broker.declare_queue(QueueSettings(name="q", durable=False))
+    for index in range(5):
+        broker.enqueue("q", Message(b"m%d" % index, None), now_ms=0)
+    broker.attach_consumer("q", "c1", False, 0, unsettled_max=2)
+    delivered = [e for e in broker.set_credit("c1", 100, 0) if isinstance(e, Deliver)]
+    assert [e.message.payload for e in delivered] == [b"m0", b"m1"]
+    more = [e for e in broker.settle("c1", delivered[0].delivery_id, Outcome.ACCEPTED, 0) if isinstance(e, Deliver)]
+    assert [e.message.payload for e in more] == [b"m2"]
+    assert broker.queues["q"].consumers["c1"].credit == 97
