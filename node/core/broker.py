@@ -77,8 +77,9 @@ class Broker:
         try:
             queue.enqueue(message, now_ms, effects)  # raises before changing anything
         except GrouperError:
-            if created:
-                del self.queues[queue_name]  # a refusal changes nothing, not even by auto-creating
+            if created:  # a refusal changes nothing, not even by auto-creating (nor journalling it)
+                del self.queues[queue_name]
+                self.declared = [s for s in self.declared if s is not queue.settings]
             raise
         self.next_seq += 1
         return effects
@@ -138,14 +139,16 @@ class Broker:
                                        f"dead-letter queue {target_name!r} unavailable: {error.description}"))
             return
         room: list[Message] = []
+        room_bytes = 0
         for message in dead:
             try:
-                target.check_capacity(sum(m.size_bytes for m in room) + message.size_bytes, len(room) + 1)
+                target.check_capacity(room_bytes + message.size_bytes, len(room) + 1)
             except GrouperError as error:
                 effects.append(Dropped(source.settings.name, message.seq,
                                        f"dead-letter queue {target_name!r} is full: {error.description}"))
             else:
                 room.append(message)
+                room_bytes += message.size_bytes
         self._transfer(source, target, room, now_ms, effects)
 
     def _transfer(self, source: Queue, target: Queue, messages: list[Message], now_ms: int,

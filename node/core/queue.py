@@ -540,8 +540,7 @@ class Queue:
         for message in taken:
             self._remove(message, effects)
         group.available_count -= len(taken)
-        group.head()  # drops the tombstones just made at the head
-        self._place_or_forget(group)
+        self._place_or_forget(group)  # its head() drops the tombstones just made
         return taken
 
     def group_head_messages(self, group_key, count: int | None) -> list[Message]:

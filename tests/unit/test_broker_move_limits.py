@@ -30,3 +30,14 @@ def test_a_counted_move_that_fits_moves_the_group_head_in_order():
     bodies = [m.payload for m in broker.queues["target"].browse_available()]
     assert bodies == [b"m0", b"m1", b"m2"]
     assert [m.payload for m in broker.queues["source"].browse_available()] == [b"m3", b"m4"]
+
+
+
+def test_a_refused_send_to_an_unknown_queue_leaves_no_declaration_to_journal():
+    from node.core.errors import InvalidField
+
+    broker = Broker(template=QueueSettings(name="template", group_id_length_max_chars=1))
+    with pytest.raises(InvalidField):
+        broker.enqueue("fresh", Message(b"x", "too-long"), now_ms=0)
+    assert "fresh" not in broker.queues
+    assert broker.declared == []
