@@ -1,0 +1,174 @@
+"""The route table: which node serves each message group, as replicated by the raft cluster.
+
+Owns the routes (queue, group) -> node, the consumer counts each node reports, how to reach each
+member, and which members are down. pysyncobj applies every command on every replica in the same
+order, so the rules are:
+- Deterministic: no clock (the proposer passes `now_ms`), no randomness, nothing from the
+  environment; results and removals go in sorted order.
+- Idempotent, first proposal wins: a retried claim returns the route the first one made.
+- Plain data: the attributes hold only dict, list, tuple, str and int, because pysyncobj snapshots
+  the table by pickling them.
+- Never raises for input from the cluster: a malformed entry gets None or is ignored, because an
+  exception inside an applied command would kill the raft tick thread.
+Never imports pysyncobj, threading, time, random, socket, grpc or proton.
+"""
+
+from __future__ import annotations
+
+ROUTES_MAX_DEFAULT = 1_000_000  # routes (queue, group) held cluster-wide; more are refused
+
+
+def _is_str(value) -> bool:
+    return type(value) is str  # exactly str: a subclass would put a custom class into the state
+
+
+def _is_int(value) -> bool:
+    return type(value) is int  # bool is an int subclass, but no time or count
+
+
+def _is_key(key) -> bool:
+    return isinstance(key, (list, tuple)) and len(key) == 2 and _is_str(key[0]) and _is_str(key[1])
+
+
+class RouteTable:
+    def __init__(self, routes_max: int = ROUTES_MAX_DEFAULT):
+        if not _is_int(routes_max) or routes_max < 0:
+            raise ValueError(f"routes_max must be an int >= 0, got {routes_max!r}")
+        self.routes_max = routes_max
+        self.routes: dict[tuple[str, str], list] = {}  # (queue, group) -> [node, touched_ms]
+        self.route_counts: dict[tuple[str, str], int] = {}  # (node, queue) -> routes; no zero entries
+        self.consumers: dict[str, dict[str, int]] = {}  # node -> queue -> consumers; no zero entries
+        self.nodes: dict[str, dict] = {}  # node -> {"peer_address", "amqp_address", "admin_address"}
+        self.down: dict[str, int] = {}  # node -> now_ms when marked down; absent means up
+        self.revision = 0  # bumped once by every command that changed something
+
+    # ---- commands: replicated, so deterministic and never raising -----------------------------
+
+    def claim(self, keys: list, proposer: str, now_ms: int) -> list:
+        if not isinstance(keys, (list, tuple)):
+            return []
+        if not (_is_str(proposer) and _is_int(now_ms)):
+            return [None] * len(keys)
+        nodes = [self._claim_one(key[0], key[1], proposer, now_ms) if _is_key(key) else None
+                 for key in keys]
+        # A refresh counts as a change: touched_ms decides expiry, so the revision must move with it.
+        if any(node is not None for node in nodes):
+            self.revision += 1
+        return nodes
+
+    def _claim_one(self, queue: str, group: str, proposer: str, now_ms: int) -> str | None:
+        route = self.routes.get((queue, group))
+        if route is not None:
+            route[1] = max(route[1], now_ms)  # a late proposal never makes a route look older
+            return route[0]
+        if len(self.routes) >= self.routes_max:
+            return None
+        node = self.choose_node(queue, proposer)
+        self.routes[(queue, group)] = [node, now_ms]
+        self.route_counts[(node, queue)] = self.route_counts.get((node, queue), 0) + 1
+        return node
+
+    def report_consumers(self, node: str, counts: dict, now_ms: int) -> None:
+        if not _is_str(node) or not isinstance(counts, dict):
+            return
+        # Sorted so the stored order is canonical whatever order the reporter built its dict in.
+        queues = sorted(queue for queue in counts if _is_str(queue))
+        held = {queue: counts[queue] for queue in queues
+                if _is_int(counts[queue]) and counts[queue] > 0}
+        if held == self.consumers.get(node, {}):
+            return
+        if held:
+            self.consumers[node] = held
+        else:
+            del self.consumers[node]
+        self.revision += 1
+
+    def register_node(self, node: str, peer_address: str, amqp_address: str, admin_address: str,
+                      now_ms: int) -> None:
+        if not all(_is_str(value) for value in (node, peer_address, amqp_address, admin_address)):
+            return
+        member = {"peer_address": peer_address, "amqp_address": amqp_address,
+                  "admin_address": admin_address}
+        if self.nodes.get(node) == member and node not in self.down:
+            return
+        self.nodes[node] = member
+        self.down.pop(node, None)  # a member registers when it (re)starts, so it is up
+        self.revision += 1
+
+    def mark_down(self, node: str, now_ms: int) -> None:
+        if not (_is_str(node) and _is_int(now_ms)) or node in self.down:
+            return  # keep the first time: it says how long the node has been gone
+        self.down[node] = now_ms
+        self.revision += 1
+
+    def mark_up(self, node: str, now_ms: int) -> None:
+        if not _is_str(node) or node not in self.down:
+            return
+        del self.down[node]
+        self.revision += 1
+
+    def expire_idle(self, cutoff_ms: int) -> list:
+        if not _is_int(cutoff_ms):
+            return []
+        return self._remove(sorted(key for key, route in self.routes.items() if route[1] < cutoff_ms))
+
+    def unroute(self, keys: list) -> list:
+        if not isinstance(keys, (list, tuple)):
+            return []
+        wanted = sorted({(key[0], key[1]) for key in keys if _is_key(key)})
+        return self._remove([key for key in wanted if key in self.routes])
+
+    def drop_queue(self, queue: str) -> list:
+        if not _is_str(queue):
+            return []
+        return self._remove(sorted(key for key in self.routes if key[0] == queue))
+
+    def _remove(self, keys: list) -> list:
+        for key in keys:
+            node = self.routes.pop(key)[0]
+            count_key = (node, key[0])
+            if self.route_counts[count_key] == 1:
+                del self.route_counts[count_key]
+            else:
+                self.route_counts[count_key] -= 1
+        if keys:
+            self.revision += 1
+        return keys
+
+    # ---- policy and reads: pure, never change state ------------------------------------------
+
+    def choose_node(self, queue: str, proposer: str) -> str:
+        if self._serves(proposer, queue):
+            return proposer  # keeps the group on the node its producer is on: no forwarding hop
+        candidates = [node for node in self.consumers if self._serves(node, queue)]
+        if not candidates:
+            return proposer  # nobody consumes yet: messages wait where they were sent
+        return min(candidates, key=lambda node: (self.route_counts.get((node, queue), 0), node))
+
+    def _serves(self, node: str, queue: str) -> bool:
+        return node not in self.down and self.consumers.get(node, {}).get(queue, 0) > 0
+
+    def route(self, queue: str, group: str) -> str | None:
+        if not (_is_str(queue) and _is_str(group)):
+            return None
+        route = self.routes.get((queue, group))
+        return None if route is None else route[0]
+
+    def routes_of(self, queue: str) -> list:
+        return sorted((group, node, touched_ms)
+                      for (routed_queue, group), (node, touched_ms) in self.routes.items()
+                      if routed_queue == queue)
+
+    def snapshot(self) -> dict:
+        routes_by_node: dict[str, int] = {}
+        for (node, _queue), count in sorted(self.route_counts.items()):
+            routes_by_node[node] = routes_by_node.get(node, 0) + count
+        return {
+            "revision": self.revision,
+            "routes": len(self.routes),
+            "routes_max": self.routes_max,
+            "routes_by_node": routes_by_node,
+            "consumers": {node: dict(sorted(held.items())) for node, held in sorted(self.consumers.items())},
+            "nodes": {node: dict(member) for node, member in sorted(self.nodes.items())},
+            "down": dict(sorted(self.down.items())),
+        }

@@ -1,0 +1,404 @@
+"""The replicated route table: examples of each command, then hypothesis over random command logs.
+
+The hypothesis tests play raft: two replicas apply the same log (each gets its own unpickled copy of
+the arguments, as over the wire), one of them restored from a pickled snapshot part-way, and must
+answer and end alike. A stateful machine checks the invariants after every command.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from handler.route_table import ROUTES_MAX_DEFAULT, RouteTable
+
+
+def assert_consistent(table: RouteTable) -> None:
+    recount: dict = {}
+    for (queue, _group), (node, _touched_ms) in table.routes.items():
+        recount[(node, queue)] = recount.get((node, queue), 0) + 1
+    assert table.route_counts == recount
+    assert all(held for held in table.consumers.values())
+    assert all(count > 0 for held in table.consumers.values() for count in held.values())
+    assert len(table.routes) <= table.routes_max
+
+
+def assert_plain(value) -> None:
+    if isinstance(value, dict):
+        assert type(value) is dict
+        for key, item in value.items():
+            assert_plain(key)
+            assert_plain(item)
+    elif isinstance(value, (list, tuple)):
+        assert type(value) in (list, tuple)
+        for item in value:
+            assert_plain(item)
+    else:
+        assert value is None or type(value) in (str, int)
+
+
+def table_with_consumers(**held_by_node) -> RouteTable:
+    table = RouteTable()
+    for node, held in held_by_node.items():
+        table.report_consumers(node, held, 0)
+    return table
+
+
+# ---- claims and placement -------------------------------------------------------------------
+
+def test_first_proposal_wins():
+    table = RouteTable()
+    assert table.claim([["q", "g"]], "n1", 10) == ["n1"]
+    assert table.claim([["q", "g"]], "n2", 20) == ["n1"]
+    assert table.route("q", "g") == "n1"
+
+
+def test_a_retried_claim_returns_the_existing_route_and_refreshes_it():
+    table = RouteTable()
+    assert table.claim([("q", "g")], "n1", 10) == ["n1"]
+    assert table.claim([("q", "g")], "n1", 30) == ["n1"]
+    assert table.routes[("q", "g")] == ["n1", 30]
+    assert table.claim([("q", "g")], "n1", 20) == ["n1"]
+    assert table.routes[("q", "g")] == ["n1", 30]  # a late retry never makes the route look older
+    assert_consistent(table)
+
+
+def test_placement_prefers_the_proposer_when_it_has_consumers():
+    table = table_with_consumers(n1={"q": 1}, n2={"q": 5})
+    table.claim([("q", "a"), ("q", "b")], "n2", 0)
+    assert table.claim([("q", "c")], "n1", 0) == ["n1"]
+
+
+def test_else_the_node_with_consumers_and_the_fewest_routes_of_the_queue():
+    table = table_with_consumers(n1={"q": 1}, n2={"q": 1}, n3={"other": 1})
+    table.claim([("q", "a"), ("q", "b")], "n1", 0)
+    table.claim([("q", "c")], "n2", 0)
+    table.claim([("other", "x"), ("other", "y")], "n2", 0)  # another queue's routes do not count
+    assert table.claim([("q", "d")], "n3", 0) == ["n2"]
+    assert table.claim([("q", "e")], "n3", 0) == ["n1"]  # now 2 each: the tie goes to n1
+
+
+def test_ties_go_to_the_smallest_node_id():
+    table = table_with_consumers(n9={"q": 1}, n10={"q": 1}, n2={"q": 1})
+    assert table.choose_node("q", "proposer") == "n10"
+
+
+def test_down_nodes_are_not_chosen():
+    table = table_with_consumers(n1={"q": 1}, n2={"q": 1})
+    table.mark_down("n1", 5)
+    assert table.claim([("q", "a")], "n1", 10) == ["n2"]
+    table.mark_down("n2", 5)
+    assert table.choose_node("q", "n3") == "n3"
+
+
+def test_the_proposer_is_chosen_when_no_node_has_consumers_on_the_queue():
+    table = table_with_consumers(n1={"other": 3})
+    assert table.claim([("q", "a")], "n2", 0) == ["n2"]
+
+
+def test_routes_max_refuses_with_none_and_changes_nothing():
+    table = RouteTable(routes_max=2)
+    assert table.claim([("q", "a"), ("q", "b"), ("q", "c")], "n1", 0) == ["n1", "n1", None]
+    before = repr(vars(table))
+    assert table.claim([("q", "c")], "n1", 5) == [None]
+    assert repr(vars(table)) == before
+    assert table.claim([("q", "a"), ("q", "d")], "n1", 5) == ["n1", None]  # existing routes still answer
+    assert table.route("q", "d") is None
+    assert_consistent(table)
+
+
+def test_bad_keys_give_none_and_the_rest_are_claimed():
+    table = RouteTable()
+    keys = [("q", "a"), ("q", 1), "qa", ["q"], ("q", "b", "c"), None, [b"q", "c"], ["q", "b"]]
+    assert table.claim(keys, "n1", 0) == ["n1", None, None, None, None, None, None, "n1"]
+    assert sorted(table.routes) == [("q", "a"), ("q", "b")]
+
+
+def test_a_bad_proposer_or_time_gives_none_for_every_key_and_changes_nothing():
+    table = RouteTable()
+    assert table.claim([("q", "a")], None, 0) == [None]
+    assert table.claim([("q", "a")], "n1", "0") == [None]
+    assert table.claim([("q", "a")], "n1", True) == [None]
+    assert table.claim("not a list", "n1", 0) == []
+    assert table.routes == {} and table.revision == 0
+
+
+def test_a_claim_of_the_same_key_twice_in_one_command_makes_one_route():
+    table = RouteTable()
+    assert table.claim([("q", "a"), ["q", "a"]], "n1", 0) == ["n1", "n1"]
+    assert table.route_counts == {("n1", "q"): 1}
+
+
+# ---- removal ----------------------------------------------------------------------------------
+
+def test_expire_idle_removes_only_routes_older_than_the_cutoff():
+    table = RouteTable()
+    table.claim([("q", "old"), ("p", "old")], "n1", 10)
+    table.claim([("q", "edge")], "n1", 20)
+    table.claim([("q", "new")], "n1", 30)
+    assert table.expire_idle(20) == [("p", "old"), ("q", "old")]
+    assert [group for group, _node, _touched_ms in table.routes_of("q")] == ["edge", "new"]
+    assert_consistent(table)
+
+
+def test_refreshing_a_route_protects_it_from_expiry():
+    table = RouteTable()
+    table.claim([("q", "a"), ("q", "b")], "n1", 10)
+    table.claim([("q", "a")], "n2", 50)
+    assert table.expire_idle(40) == [("q", "b")]
+    assert table.route("q", "a") == "n1"
+
+
+def test_unroute_removes_the_given_routes_and_ignores_unknown_and_bad_keys():
+    table = RouteTable()
+    table.claim([("q", "a"), ("q", "b"), ("p", "a")], "n1", 0)
+    removed = table.unroute([["q", "b"], ("p", "a"), ("q", "zz"), ("q", 3), "junk", ("q", "b")])
+    assert removed == [("p", "a"), ("q", "b")]
+    assert sorted(table.routes) == [("q", "a")]
+    assert table.unroute("junk") == []
+    assert_consistent(table)
+
+
+def test_drop_queue_removes_every_route_of_the_queue_and_no_other():
+    table = RouteTable()
+    table.claim([("q", "b"), ("q", "a"), ("qq", "a")], "n1", 0)
+    assert table.drop_queue("q") == [("q", "a"), ("q", "b")]
+    assert sorted(table.routes) == [("qq", "a")]
+    assert table.drop_queue("q") == []
+    assert_consistent(table)
+
+
+def test_a_removed_key_can_be_claimed_again_by_anyone():
+    table = RouteTable()
+    table.claim([("q", "a")], "n1", 0)
+    table.unroute([("q", "a")])
+    assert table.claim([("q", "a")], "n2", 5) == ["n2"]
+
+
+# ---- members and consumers -------------------------------------------------------------------
+
+def test_report_consumers_replaces_and_drops_zero_negative_and_bad_entries():
+    table = RouteTable()
+    table.report_consumers("n1", {"a": 2, "b": 1}, 0)
+    table.report_consumers("n1", {"c": 0, "d": -1, "e": 3, 5: 1, "f": "1", "g": True, "h": 1.0}, 0)
+    assert table.consumers == {"n1": {"e": 3}}
+
+
+def test_a_node_reporting_no_consumers_has_no_entry():
+    table = RouteTable()
+    table.report_consumers("n1", {"a": 2}, 0)
+    table.report_consumers("n1", {"a": 0}, 0)
+    assert table.consumers == {}
+    table.report_consumers("n2", {}, 0)
+    assert table.consumers == {}
+
+
+def test_register_node_records_the_addresses_and_clears_down():
+    table = RouteTable()
+    table.register_node("n1", "h1:7000", "h1:5672", "h1:5673", 0)
+    table.mark_down("n1", 10)
+    assert table.down == {"n1": 10}
+    table.register_node("n1", "h1:7001", "h1:5672", "h1:5673", 20)
+    assert table.nodes == {"n1": {"peer_address": "h1:7001", "amqp_address": "h1:5672",
+                                  "admin_address": "h1:5673"}}
+    assert table.down == {}
+
+
+def test_mark_down_keeps_the_first_time_and_mark_up_clears_it():
+    table = RouteTable()
+    table.mark_down("n1", 10)
+    table.mark_down("n1", 20)
+    assert table.down == {"n1": 10}
+    table.mark_up("n1", 30)
+    assert table.down == {}
+
+
+def test_commands_ignore_bad_input_from_the_cluster():
+    table = RouteTable()
+    table.report_consumers(["n1"], {"q": 1}, 0)
+    table.report_consumers("n1", [("q", 1)], 0)
+    table.register_node("n1", None, "a", "b", 0)
+    table.mark_down({}, 0)
+    table.mark_down("n1", None)
+    table.mark_up([], 0)
+    assert table.expire_idle("10") == []
+    assert table.drop_queue(["q"]) == []
+    assert table.route("q", ["g"]) is None
+    assert repr(vars(table)) == repr(vars(RouteTable()))
+
+
+# ---- bookkeeping ------------------------------------------------------------------------------
+
+def test_route_counts_stay_consistent_through_creates_and_removals():
+    table = table_with_consumers(n1={"q": 1}, n2={"q": 1})
+    table.claim([("q", "a"), ("q", "b"), ("q", "c"), ("p", "a")], "n3", 0)
+    assert table.route_counts == {("n1", "q"): 2, ("n2", "q"): 1, ("n3", "p"): 1}
+    table.unroute([("q", "a"), ("q", "c")])
+    assert_consistent(table)
+    table.drop_queue("p")
+    table.expire_idle(1)
+    assert table.route_counts == {} and table.routes == {}
+
+
+def test_revision_bumps_once_per_command_that_changes_something():
+    table = RouteTable()
+    steps = [
+        (lambda: table.claim([("q", "a"), ("q", "b")], "n1", 0), 1),
+        (lambda: table.claim([("q", "a")], "n1", 0), 1),  # a refresh counts
+        (lambda: table.claim([], "n1", 0), 0),
+        (lambda: table.claim([("q", 1)], "n1", 0), 0),
+        (lambda: table.report_consumers("n1", {"q": 1}, 0), 1),
+        (lambda: table.report_consumers("n1", {"q": 1}, 0), 0),
+        (lambda: table.register_node("n1", "p", "a", "m", 0), 1),
+        (lambda: table.register_node("n1", "p", "a", "m", 0), 0),
+        (lambda: table.mark_down("n1", 0), 1),
+        (lambda: table.mark_down("n1", 5), 0),
+        (lambda: table.register_node("n1", "p", "a", "m", 0), 1),  # clears down
+        (lambda: table.mark_up("n1", 0), 0),
+        (lambda: table.expire_idle(0), 0),
+        (lambda: table.unroute([("q", "a"), ("q", "b")]), 1),
+        (lambda: table.unroute([("q", "a")]), 0),
+        (lambda: table.drop_queue("q"), 0),
+    ]
+    for index, (step, bump) in enumerate(steps):
+        before = table.revision
+        step()
+        assert table.revision == before + bump, f"step {index}"
+
+
+def test_snapshot_is_a_plain_summary():
+    table = table_with_consumers(n2={"q": 1})
+    table.register_node("n1", "p1", "a1", "m1", 0)
+    table.mark_down("n3", 7)
+    table.claim([("q", "a"), ("p", "a")], "n1", 0)
+    snapshot = table.snapshot()
+    assert snapshot == {
+        "revision": table.revision, "routes": 2, "routes_max": ROUTES_MAX_DEFAULT,
+        "routes_by_node": {"n1": 1, "n2": 1}, "consumers": {"n2": {"q": 1}},
+        "nodes": {"n1": {"peer_address": "p1", "amqp_address": "a1", "admin_address": "m1"}},
+        "down": {"n3": 7},
+    }
+    snapshot["nodes"]["n1"]["peer_address"] = "changed"
+    assert table.nodes["n1"]["peer_address"] == "p1"
+    assert_plain(snapshot)
+
+
+# ---- hypothesis: replicas agree, invariants hold -----------------------------------------------
+
+NODES = ["n1", "n2", "n3", "n10"]
+QUEUES = ["q", "p"]
+GROUPS = ["a", "b", "c", "d", "e"]
+TIMES_MS = st.integers(0, 100)  # not monotonic on purpose: proposals from different nodes interleave
+GOOD_KEYS = st.tuples(st.sampled_from(QUEUES), st.sampled_from(GROUPS)).map(list) | \
+    st.tuples(st.sampled_from(QUEUES), st.sampled_from(GROUPS))
+BAD_KEYS = st.sampled_from([("q", 1), "qa", ["q"], None, ("q", "a", "b")])
+KEYS = st.lists(GOOD_KEYS | BAD_KEYS, max_size=4)
+COUNTS = st.dictionaries(st.sampled_from(QUEUES + [7]), st.integers(-1, 3) | st.just("2"), max_size=3)
+ADDRESSES = st.sampled_from(["h1:1", "h2:2"])
+COMMANDS = st.one_of(
+    st.tuples(st.just("claim"), KEYS, st.sampled_from(NODES), TIMES_MS),
+    st.tuples(st.just("report_consumers"), st.sampled_from(NODES), COUNTS, TIMES_MS),
+    st.tuples(st.just("register_node"), st.sampled_from(NODES), ADDRESSES, ADDRESSES, ADDRESSES, TIMES_MS),
+    st.tuples(st.just("mark_down"), st.sampled_from(NODES), TIMES_MS),
+    st.tuples(st.just("mark_up"), st.sampled_from(NODES), TIMES_MS),
+    st.tuples(st.just("expire_idle"), TIMES_MS),
+    st.tuples(st.just("unroute"), KEYS),
+    st.tuples(st.just("drop_queue"), st.sampled_from(QUEUES)),
+)
+ROUTES_MAX = 6  # small, so refusals happen
+
+
+def restored(table: RouteTable) -> RouteTable:
+    """As pysyncobj loads a snapshot: a bare object whose attributes come from a pickle."""
+    copy = RouteTable.__new__(RouteTable)
+    copy.__dict__.update(pickle.loads(pickle.dumps(vars(table))))
+    return copy
+
+
+@settings(max_examples=100, deadline=None, database=None, derandomize=True)
+@given(commands=st.lists(COMMANDS, max_size=40), restore_at=st.integers(0, 40))
+def test_replicas_applying_the_same_log_answer_alike_and_end_in_the_same_state(commands, restore_at):
+    first, second = RouteTable(ROUTES_MAX), RouteTable(ROUTES_MAX)
+    for index, (name, *args) in enumerate(commands):
+        if index == restore_at:
+            second = restored(second)
+        first_result = getattr(first, name)(*pickle.loads(pickle.dumps(args)))
+        second_result = getattr(second, name)(*pickle.loads(pickle.dumps(args)))
+        assert first_result == second_result
+    # repr compares values and dict order too: the order decides how later iterations go.
+    assert repr(vars(first)) == repr(vars(second))
+    assert vars(first) == vars(second)
+    assert_plain(vars(first))
+
+
+class RouteTableMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.table = RouteTable(ROUTES_MAX)
+        self.owner: dict = {}  # (queue, group) -> node the first claim answered, until removed
+        self.revision = 0
+
+    def forget(self, removed: list) -> None:
+        assert removed == sorted(removed)
+        for key in removed:
+            assert key in self.owner
+            del self.owner[key]
+
+    @rule(keys=KEYS, proposer=st.sampled_from(NODES), now_ms=TIMES_MS)
+    def claim(self, keys, proposer, now_ms):
+        nodes = self.table.claim(keys, proposer, now_ms)
+        assert len(nodes) == len(keys)
+        for key, node in zip(keys, nodes):
+            if node is None:
+                continue
+            key = tuple(key)
+            assert self.owner.setdefault(key, node) == node, f"{key} moved"
+            assert self.table.routes[key][1] >= now_ms
+        state = repr({name: value for name, value in vars(self.table).items() if name != "revision"})
+        assert self.table.claim(keys, proposer, now_ms) == nodes  # a retry answers alike...
+        assert repr({name: value for name, value in vars(self.table).items()
+                     if name != "revision"}) == state  # ...and changes nothing but the revision
+
+    @rule(node=st.sampled_from(NODES), counts=COUNTS, now_ms=TIMES_MS)
+    def report_consumers(self, node, counts, now_ms):
+        self.table.report_consumers(node, counts, now_ms)
+
+    @rule(node=st.sampled_from(NODES), now_ms=TIMES_MS)
+    def mark_down(self, node, now_ms):
+        self.table.mark_down(node, now_ms)
+
+    @rule(node=st.sampled_from(NODES), now_ms=TIMES_MS)
+    def register_node(self, node, now_ms):
+        self.table.register_node(node, "p", "a", "m", now_ms)
+        assert node not in self.table.down
+
+    @rule(cutoff_ms=TIMES_MS)
+    def expire_idle(self, cutoff_ms):
+        removed = self.table.expire_idle(cutoff_ms)
+        self.forget(removed)
+        assert all(touched_ms >= cutoff_ms for _node, touched_ms in self.table.routes.values())
+
+    @rule(keys=KEYS)
+    def unroute(self, keys):
+        self.forget(self.table.unroute(keys))
+
+    @rule(queue=st.sampled_from(QUEUES))
+    def drop_queue(self, queue):
+        self.forget(self.table.drop_queue(queue))
+        assert self.table.routes_of(queue) == []
+
+    @invariant()
+    def routes_match_what_claims_answered(self):
+        assert {key: route[0] for key, route in self.table.routes.items()} == self.owner
+        assert_consistent(self.table)
+        assert self.table.revision >= self.revision
+        self.revision = self.table.revision
+
+
+RouteTableMachine.TestCase.settings = settings(
+    max_examples=50, stateful_step_count=30, deadline=None, database=None, derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow])
+TestRouteTableMachine = RouteTableMachine.TestCase
