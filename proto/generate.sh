@@ -4,4 +4,4 @@
 # Paths are relative to the repo root so the generated imports read `from proto import ...`.
 set -eu
 cd "$(dirname "$0")/.."
-python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. proto/admin.proto
+python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. proto/admin.proto proto/peer.proto

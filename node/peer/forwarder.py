@@ -1,0 +1,299 @@
+"""Forwarding to one owner node: entries of the outbound store go out in order, batched, until acked.
+
+Rules:
+- Owns the forwarder thread, the pending entries (submitted, not yet acked) and the gRPC channel to
+  the destination; nothing else. The outbound store stays the reactor's: the reactor `submit`s
+  entries and learns of acks through `on_acked`, which runs on the forwarder thread, so it must
+  only post to the reactor, never touch its state.
+- Exactly one Forward call is in flight. A batch is the oldest pending entries that fit the limits,
+  always at least one, in submit order; after an ack every entry up to the owner's high water is
+  dropped, and the rest (a partial ack leaves some) goes again, oldest first. The owner dedupes by
+  forward_seq, so resending after a lost ack is harmless.
+- Any failure (the owner's status, no connection, no address yet) backs off exponentially, then
+  retries from the oldest unacked entry. It is logged once when forwarding stops and once when it
+  resumes, never per attempt.
+- The thread waits on a condition when it has nothing to send and while backing off; it never spins.
+  `close` wakes it and closes the channel, which cancels the call in flight, so it returns promptly
+  even when the owner hangs.
+- Pending entries are bounded by the caller (it journals them and reads `pending_count`); `close`
+  drops them, and the caller resubmits its journalled entries after a restart.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from typing import Callable, NamedTuple
+
+import grpc
+
+from proto import peer_pb2, peer_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+MESSAGE_BYTES_MAX = 64 << 20  # gRPC frame limit for a batch, both ways; a batch is capped far below
+ENTRY_OVERHEAD_BYTES = 48  # protobuf framing and fixed fields of one Forwarded, counted against batch_bytes_max
+RECONNECT_BACKOFF_INITIAL_MS = 100  # gRPC's own reconnect backoff: notice a peer that comes back quickly
+RECONNECT_BACKOFF_MAX_MS = 1000
+CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
+    ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
+    ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_INITIAL_MS),
+    ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_INITIAL_MS),
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS),
+    ("grpc.enable_http_proxy", 0),  # peers are dialled directly: an http_proxy for web traffic must not apply
+)
+
+
+class Entry(NamedTuple):
+    forward_seq: int
+    queue: str
+    group_id: str | None  # None: ungrouped; "" is a group of its own
+    payload: bytes  # the encoded AMQP message as received
+    expires_at_ms: int  # 0: never
+    closes_group: bool
+    enqueued_at_ms: int
+
+
+def batch_to_pb(source_node: str, entries: list[Entry]) -> peer_pb2.ForwardBatch:
+    batch = peer_pb2.ForwardBatch(source_node=source_node)
+    add = batch.messages.add  # builds in place: half the cost of Forwarded(...) then a copy
+    for entry in entries:
+        add(forward_seq=entry.forward_seq, queue=entry.queue, has_group=entry.group_id is not None,
+            group_id=entry.group_id or "", payload=entry.payload, expires_at_ms=entry.expires_at_ms,
+            closes_group=entry.closes_group, enqueued_at_ms=entry.enqueued_at_ms)
+    return batch
+
+
+def entry_size_bytes(entry: Entry) -> int:
+    return len(entry.payload) + len(entry.queue) + len(entry.group_id or "") + ENTRY_OVERHEAD_BYTES
+
+
+class _AttemptFailed(Exception):
+    """One Forward attempt did not advance the owner's high water; `reason` is for the log."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Forwarder:
+    def __init__(self, source_node: str, destination_node: str,
+                 resolve_address: Callable[[], str | None],
+                 on_acked: Callable[[int], None],
+                 *, batch_messages_max: int = 500, batch_bytes_max: int = 4 << 20,
+                 call_timeout_ms: int = 5000, retry_min_ms: int = 100, retry_max_ms: int = 2000,
+                 on_state: Callable[[bool, str], None] | None = None):
+        if batch_messages_max < 1:
+            raise ValueError(f"batch_messages_max must be >= 1, got {batch_messages_max}")
+        if not 1 <= batch_bytes_max <= MESSAGE_BYTES_MAX // 2:
+            raise ValueError(f"batch_bytes_max must be 1..{MESSAGE_BYTES_MAX // 2}, got {batch_bytes_max}")
+        if call_timeout_ms < 1:
+            raise ValueError(f"call_timeout_ms must be >= 1, got {call_timeout_ms}")
+        if not 1 <= retry_min_ms <= retry_max_ms:
+            raise ValueError(f"need 1 <= retry_min_ms <= retry_max_ms, got {retry_min_ms} and {retry_max_ms}")
+        self.source_node = source_node
+        self.destination_node = destination_node
+        self._resolve_address = resolve_address
+        self._on_acked = on_acked
+        self._on_state = on_state
+        self._batch_messages_max = batch_messages_max
+        self._batch_bytes_max = batch_bytes_max
+        self._call_timeout_s = call_timeout_ms / 1000
+        self._retry_min_ms = retry_min_ms
+        self._retry_max_ms = retry_max_ms
+
+        # shared with submit/close, under _condition
+        self._condition = threading.Condition()
+        self._pending: deque[Entry] = deque()
+        self._last_submitted_seq = 0
+        self._closed = False
+        self._channel: grpc.Channel | None = None  # replaced by the forwarder thread, closed by either
+
+        # forwarder thread only
+        self._high_water = 0
+        self._retry_at = 0.0  # time.monotonic() before which no attempt is made
+        self._retry_delay_ms = 0  # 0 while forwarding works
+        self._connected: bool | None = None  # None until the first attempt ends
+        self._failed_attempts = 0
+        self._failing_since = 0.0
+        self._channel_address: str | None = None
+        self._stub: peer_pb2_grpc.PeerServiceStub | None = None
+
+        self._thread = threading.Thread(target=self._run, name=f"forward-{destination_node}", daemon=True)
+        self._thread.start()
+
+    # ---- any thread --------------------------------------------------------------------------
+
+    def submit(self, entries: list[Entry]) -> None:
+        if not entries:
+            return
+        with self._condition:
+            previous = self._last_submitted_seq
+            for entry in entries:
+                if entry.forward_seq <= previous:
+                    raise ValueError(f"forward_seq must increase: {entry.forward_seq} after {previous}")
+                previous = entry.forward_seq
+            self._last_submitted_seq = previous
+            self._pending.extend(entries)
+            self._condition.notify()
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        with self._condition:
+            self._closed = True
+            channel = self._channel
+            self._condition.notify_all()
+        if channel is not None:
+            channel.close()  # cancels the call in flight, if any
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("forwarder to %s did not stop within %.1f s", self.destination_node, timeout_s)
+
+    @property
+    def pending_count(self) -> int:
+        with self._condition:
+            return len(self._pending)
+
+    # ---- forwarder thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                try:
+                    high_water = self._attempt(batch)
+                except _AttemptFailed as failure:
+                    if self._is_closed():
+                        return
+                    self._failed(failure.reason)
+                else:
+                    self._acked(high_water)
+        except BaseException:
+            log.critical("the forwarder to %s stopped on a bug; nothing more is forwarded there",
+                         self.destination_node, exc_info=True)
+            raise
+        finally:
+            with self._condition:
+                channel = self._channel
+            if channel is not None:
+                channel.close()
+
+    def _is_closed(self) -> bool:
+        with self._condition:
+            return self._closed
+
+    def _next_batch(self) -> list[Entry] | None:
+        """Waits until there is something to send and no backoff to sit out; None once closed."""
+        with self._condition:
+            while not self._closed:
+                if self._pending:
+                    wait_s = self._retry_at - time.monotonic()
+                    if wait_s <= 0:
+                        return self._take_batch()
+                    self._condition.wait(wait_s)
+                else:
+                    self._condition.wait()
+            return None
+
+    def _take_batch(self) -> list[Entry]:
+        batch: list[Entry] = []
+        size_bytes = 0
+        for entry in itertools.islice(self._pending, self._batch_messages_max):
+            size_bytes += entry_size_bytes(entry)
+            if batch and size_bytes > self._batch_bytes_max:
+                break
+            batch.append(entry)
+        return batch
+
+    def _attempt(self, batch: list[Entry]) -> int:
+        stub = self._stub_for_current_address()
+        request = batch_to_pb(self.source_node, batch)
+        try:
+            # blocking, not .future(): a third cheaper per call, and close() cancels it by closing the channel
+            high_water = stub.Forward(request, timeout=self._call_timeout_s, wait_for_ready=False).high_water
+        except grpc.RpcError as error:
+            code = error.code()
+            raise _AttemptFailed(f"{code.name}: {error.details() or code.name}") from None
+        except ValueError as error:  # the channel was closed by close() before the call started
+            raise _AttemptFailed(f"channel closed: {error}") from None
+        if high_water < batch[0].forward_seq:
+            # a reply that takes nothing would otherwise be resent at once, forever
+            raise _AttemptFailed(f"the owner took none of the batch (high water {high_water}, "
+                                 f"batch starts at {batch[0].forward_seq})")
+        return high_water
+
+    def _stub_for_current_address(self) -> peer_pb2_grpc.PeerServiceStub:
+        try:
+            address = self._resolve_address()
+        except Exception as error:  # the caller's lookup failed: like "not known yet", with a traceback once
+            if self._connected is not False:
+                log.exception("resolving the address of %s failed", self.destination_node)
+            raise _AttemptFailed(f"address lookup failed: {error}") from None
+        if address is None:
+            raise _AttemptFailed("address unknown")
+        if address != self._channel_address:
+            channel = grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+            # the stub first: close() may close the channel once it is published, and grpcio crashes
+            # the process when a stub is made on a closed channel (a call on one only raises ValueError)
+            stub = peer_pb2_grpc.PeerServiceStub(channel)
+            with self._condition:
+                previous, self._channel = self._channel, channel
+                closed = self._closed
+            if previous is not None:
+                previous.close()
+                log.info("forwarding to %s now at %s (was %s)", self.destination_node, address,
+                         self._channel_address)
+            if closed:  # close() may have missed the new channel
+                channel.close()
+                raise _AttemptFailed("closed")
+            self._channel_address = address
+            self._stub = stub
+        return self._stub
+
+    def _acked(self, high_water: int) -> None:
+        with self._condition:
+            while self._pending and self._pending[0].forward_seq <= high_water:
+                self._pending.popleft()
+            pending_count = len(self._pending)
+        self._retry_delay_ms = 0
+        self._retry_at = 0.0
+        if self._connected is not True:
+            if self._connected is False:
+                log.info("forwarding from %s to %s at %s resumed after %d failed attempts over %.1f s; "
+                         "%d messages pending", self.source_node, self.destination_node, self._channel_address,
+                         self._failed_attempts, time.monotonic() - self._failing_since, pending_count)
+            self._set_state(True, f"forwarding to {self._channel_address}")
+        if high_water > self._high_water:
+            self._high_water = high_water
+            try:
+                self._on_acked(high_water)
+            except Exception:  # the caller's bug must not stop forwarding
+                log.exception("on_acked(%d) for %s failed", high_water, self.destination_node)
+
+    def _failed(self, reason: str) -> None:
+        self._retry_delay_ms = min(self._retry_max_ms, max(self._retry_min_ms, self._retry_delay_ms * 2))
+        self._retry_at = time.monotonic() + self._retry_delay_ms / 1000
+        if self._connected is False:
+            self._failed_attempts += 1
+            log.debug("forwarding to %s failed again: %s", self.destination_node, reason)
+            return
+        self._failed_attempts = 1
+        self._failing_since = time.monotonic()
+        log.warning("forwarding from %s to %s (%s) stopped: %s; retrying every %d..%d ms, %d messages pending",
+                    self.source_node, self.destination_node, self._channel_address or "address unknown", reason,
+                    self._retry_min_ms, self._retry_max_ms, self.pending_count)
+        self._set_state(False, reason)
+
+    def _set_state(self, connected: bool, reason: str) -> None:
+        self._connected = connected
+        if self._on_state is None:
+            return
+        try:
+            self._on_state(connected, reason)
+        except Exception:  # the caller's bug must not stop forwarding
+            log.exception("on_state(%s, %r) for %s failed", connected, reason, self.destination_node)

@@ -1,0 +1,41 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Forwarded(_message.Message):
+    __slots__ = ("forward_seq", "queue", "has_group", "group_id", "payload", "expires_at_ms", "closes_group", "enqueued_at_ms")
+    FORWARD_SEQ_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    HAS_GROUP_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    CLOSES_GROUP_FIELD_NUMBER: _ClassVar[int]
+    ENQUEUED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    forward_seq: int
+    queue: str
+    has_group: bool
+    group_id: str
+    payload: bytes
+    expires_at_ms: int
+    closes_group: bool
+    enqueued_at_ms: int
+    def __init__(self, forward_seq: _Optional[int] = ..., queue: _Optional[str] = ..., has_group: _Optional[bool] = ..., group_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., expires_at_ms: _Optional[int] = ..., closes_group: _Optional[bool] = ..., enqueued_at_ms: _Optional[int] = ...) -> None: ...
+
+class ForwardBatch(_message.Message):
+    __slots__ = ("source_node", "messages")
+    SOURCE_NODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    source_node: str
+    messages: _containers.RepeatedCompositeFieldContainer[Forwarded]
+    def __init__(self, source_node: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Forwarded, _Mapping]]] = ...) -> None: ...
+
+class ForwardAck(_message.Message):
+    __slots__ = ("high_water",)
+    HIGH_WATER_FIELD_NUMBER: _ClassVar[int]
+    high_water: int
+    def __init__(self, high_water: _Optional[int] = ...) -> None: ...
