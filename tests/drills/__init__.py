@@ -1,0 +1,1 @@
+"""Failover drills: a delivery log format, a checker of the logs, and a load driver that writes them."""
