@@ -77,15 +77,28 @@ def _add_node_command(subparsers) -> None:
     parser.add_argument("--default-group", help="node-wide name of the default group of shared queues")
     parser.add_argument("--no-fsync", dest="journal_fsync", action="store_false", default=None,
                         help="skip fsync of journal batches (faster, loses recent messages on power loss)")
+    cluster = parser.add_argument_group("cluster (leave --peers out for a single node)")
+    cluster.add_argument("--peers", metavar="HOST:PORT,...",
+                         help="raft addresses of the cluster's nodes; this node's own may be listed too")
+    cluster.add_argument("--raft-port", type=int, help="this node's raft listener (default 5674)")
+    cluster.add_argument("--advertise-host", metavar="HOST",
+                         help="host the other nodes reach this one by (default --host); a StatefulSet pod's DNS name")
+    cluster.add_argument("--handler-timeout-ms", type=int, metavar="MS",
+                         help="refuse a send whose group's route is not decided within this (default 5000)")
+    cluster.add_argument("--group-timeout-ms", type=int, metavar="MS",
+                         help="expire routes unused this long (default 0: never)")
     parser.set_defaults(run=_run_node)
+
+
+NODE_FLAG_KEYS = ("host", "amqp_port", "admin_port", "data_dir", "auto_create", "default_group", "journal_fsync",
+                  "peers", "raft_port", "advertise_host", "handler_timeout_ms", "group_timeout_ms")
 
 
 def _run_node(args) -> int:
     from node import config as config_module
     from node import runtime
 
-    overrides = {key: getattr(args, key) for key in
-                 ("host", "amqp_port", "admin_port", "data_dir", "auto_create", "default_group", "journal_fsync")}
+    overrides = {key: getattr(args, key) for key in NODE_FLAG_KEYS}
     try:
         config = config_module.load(args.config, overrides=overrides)
     except InvalidConfig as error:
@@ -98,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grouper", description="Grouper: a message-group broker")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_node_command(subparsers)
+    from node import up
+    up.add_command(subparsers)
     from node.admin import commands  # here, not at the top: commands imports this module's queue flags
     commands.register(subparsers)
     return parser

@@ -33,20 +33,41 @@ class NodeConfig:
     link_unsettled_max: int = 1000  # unsettled deliveries per consumer link (caps granted credit)
     producer_credit_window: int = 500  # credit granted to each producer link, topped up as it drains
     admin_timeout_ms: int = 5000  # deadline of an admin call waiting for the reactor
+    # ---- cluster (leave peers empty for a single node) ----
+    peers: str = ""  # comma-separated raft addresses HOST:PORT of the cluster's nodes (this one may be listed too)
+    raft_port: int = 5674  # raft (grouping handler) listener of this node
+    advertise_host: str = ""  # host other nodes reach this one by ("" = host); with raft_port, the node id
+    handler_timeout_ms: int = 5000  # a group's route not decided within this is a refused send
+    group_timeout_ms: int = 0  # routes unused this long are expired by the leader; 0 = never
+    forward_timeout_ms: int = 5000  # deadline of one forwarded batch to its owner node
+    election_timeout_min_ms: int = 200  # raft: a follower hearing no leader for this long (randomised
+    election_timeout_max_ms: int = 500  # up to the max) starts an election
+    routes_max: int = 1_000_000  # routes (queue, group) the cluster holds; more are refused
     queues: tuple = field(default_factory=tuple)  # QueueSettings declared at start
     template: dict = field(default_factory=dict)  # settings applied to auto-created queues
 
     def validate(self) -> "NodeConfig":
-        for key in ("amqp_port", "admin_port"):
+        for key in ("amqp_port", "admin_port", "raft_port"):
             if not 0 <= getattr(self, key) <= 65535:
                 raise InvalidConfig(key, "must be a TCP port number 0..65535")
         if not 1 <= self.connections_max <= CONNECTIONS_MAX_CEILING:
             raise InvalidConfig("connections_max", f"must be 1..{CONNECTIONS_MAX_CEILING}")
-        for key in ("link_unsettled_max", "producer_credit_window", "admin_timeout_ms"):
+        for key in ("link_unsettled_max", "producer_credit_window", "admin_timeout_ms", "handler_timeout_ms",
+                    "forward_timeout_ms", "election_timeout_min_ms", "routes_max"):
             if getattr(self, key) < 1:
                 raise InvalidConfig(key, "must be >= 1")
         if self.journal_compact_min_bytes < 0:
             raise InvalidConfig("journal_compact_min_bytes", "must be >= 0")
+        if self.group_timeout_ms < 0:
+            raise InvalidConfig("group_timeout_ms", "must be >= 0 (0 = routes never expire)")
+        if self.election_timeout_max_ms <= self.election_timeout_min_ms:
+            raise InvalidConfig("election_timeout_max_ms", "must be greater than election_timeout_min_ms")
+        for peer in self.peer_list():
+            host, _, port = peer.rpartition(":")
+            if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise InvalidConfig("peers", f"{peer!r} is not HOST:PORT (a raft address)")
+        if self.peer_list() and self.raft_port == 0:
+            raise InvalidConfig("raft_port", "a cluster node needs a fixed raft port (the others dial it)")
         if not self.data_dir:
             raise InvalidConfig("data_dir", "must name a directory")
         names = [q.name for q in self.queues]
@@ -55,6 +76,15 @@ class NodeConfig:
             raise InvalidConfig("queue.name", f"declared more than once: {', '.join(duplicates)}")
         self.template_settings()
         return self
+
+    @property
+    def node_id(self) -> str:
+        return f"{self.advertise_host or self.host}:{self.raft_port}"
+
+    def peer_list(self) -> list[str]:
+        """The other nodes' raft addresses; empty: a single node, no cluster."""
+        peers = [peer.strip() for peer in self.peers.split(",") if peer.strip()]
+        return sorted({peer for peer in peers if peer != self.node_id})
 
     def template_settings(self) -> QueueSettings:
         return QueueSettings.from_dict({"name": "template", **self.template}, where="template")

@@ -63,6 +63,8 @@ class ReactorControl:
             node.server.detach_producers_of(name)
             if durable and node.journal is not None:
                 node.journal.delete(name)
+            if node.handler is not None:  # its routes go too: a queue made again is routed afresh
+                node.handler.drop_queue(name)
         return self._call(delete)
 
     def list_groups(self, queue: str):
@@ -84,6 +86,44 @@ class ReactorControl:
     def move_group(self, queue, group, destination, count):
         return self._counted(lambda now_ms: self._node.broker.move_group(queue, group, destination, count, now_ms))
 
+    def node_id(self) -> str:
+        return self._node.cluster.node_id if self._node.cluster is not None else ""
+
+    def peers(self):
+        cluster = self._node.cluster
+        if cluster is None:
+            return []
+        nodes = self._call(lambda: cluster.members["nodes"])
+        return [(node, info.get("admin_address", "")) for node, info in sorted(nodes.items())
+                if node != cluster.node_id and info.get("admin_address")]
+
+    def cluster_status(self) -> dict:
+        node = self._node
+        if node.cluster is None:
+            return {"clustered": False, "members": [{"node": "", "connected": True}]}
+        raft = node.handler.status()
+        local = self._call(node.cluster.status)
+        members = local["members"]
+        routes_by_node = self._call(lambda: _routes_by_node(node.cluster.router.routes))
+        rows = []
+        for member in sorted(set(raft["members"]) | set(members["nodes"])):
+            info = members["nodes"].get(member, {})
+            rows.append({"node": member, "amqp_address": info.get("amqp_address", ""),
+                         "admin_address": info.get("admin_address", ""), "down": member in members["down"],
+                         "connected": member == raft["node"] or member in raft["connected"],
+                         "routes": routes_by_node.get(member, 0),
+                         "consumers": members["consumers"].get(member, {})})
+        return {"clustered": True, "node": raft["node"], "leader": raft["leader"], "term": raft["term"],
+                "has_quorum": raft["has_quorum"], "routes": local["routes"],
+                "waiting_for_route": local["waiting_for_route"], "outbound": local["outbound"], "members": rows}
+
+
+def _routes_by_node(routes: dict) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for owner in routes.values():
+        counts[owner] = counts.get(owner, 0) + 1
+    return counts
+
 
 class Node:
     def __init__(self, config: NodeConfig, clock_ms=wall_clock_ms):
@@ -101,6 +141,11 @@ class Node:
         self.admin_server = None
         self.admin_port = None
         self._reactor_thread = None
+        self.handler = None  # the grouping handler's raft member, in a cluster
+        self.cluster = None  # node.cluster.ClusterLink, in a cluster
+        if config.peer_list():
+            from node.cluster import ClusterLink
+            self.cluster = ClusterLink(config.node_id, config, self.broker, self.journal, clock_ms)
 
     def recover(self) -> None:
         recovery = self.journal.recover()
@@ -108,6 +153,10 @@ class Node:
             self.broker.declare_queue(settings)
         journalled = set()
         for values in recovery.queues:
+            if _reserved_name(values["name"]):
+                if self.cluster is None or not self.cluster.recover_declaration(values):
+                    log.warning("journal holds cluster record %r but this node runs alone; keeping it", values["name"])
+                continue
             settings = QueueSettings.from_dict(values, where=f"journal queue {values.get('name')!r}")
             journalled.add(settings)
             if settings.name not in self.broker.queues:
@@ -115,7 +164,16 @@ class Node:
         # journal only what the journal does not hold yet: new or changed config-file queues
         self.broker.declared = [s for s in self.broker.declared if s not in journalled]
         restored = 0
+        outbound = {name: messages for name, messages in recovery.messages.items() if _reserved_name(name)}
+        if outbound and self.cluster is not None:
+            log.info("recovered %d messages waiting to be forwarded", self.cluster.recover_outbound(outbound))
+        elif outbound:
+            log.warning("journal holds %d messages waiting for other nodes, but this node runs alone (no "
+                        "peers); they stay in the journal until it rejoins its cluster",
+                        sum(len(messages) for messages in outbound.values()))
         for name, messages in recovery.messages.items():
+            if _reserved_name(name):
+                continue
             if name not in self.broker.queues:
                 log.warning("journal holds %d messages of undeclared queue %r; declaring it from the template",
                             len(messages), name)
@@ -139,13 +197,44 @@ class Node:
             raise GrouperError(f"cannot listen for AMQP on {self.config.host}:{self.config.amqp_port}: {error}; "
                                f"is another process using the port?") from None
         self.amqp_port = self.acceptor._selectable._delegate.getsockname()[1]
-        self.admin_server, self.admin_port = serve(ReactorControl(self), self.config.host, self.config.admin_port)
+        self.admin_server, self.admin_port = serve(ReactorControl(self), self.config.host, self.config.admin_port,
+                                                   add_services=self._add_peer_service)
+        if self.cluster is not None:
+            self._start_cluster()
         self.journal.start(on_durable=lambda ticket: self.bridge.post(lambda: self.server.journal_durable(ticket)),
                            on_failed=lambda ticket, reason: self.bridge.post(
                                lambda: self.server.journal_failed(ticket, reason)))
         self.server.apply([])  # journals the declarations made during recovery
         self._reactor_thread = threading.Thread(target=self._run_reactor, name="reactor", daemon=True)
         self._reactor_thread.start()
+
+    def _add_peer_service(self, grpc_server) -> None:
+        if self.cluster is not None:
+            from node.peer.service import add_peer_service
+            add_peer_service(grpc_server, self.cluster.handle_forward, self.config.forward_timeout_ms)
+
+    def _start_cluster(self) -> None:
+        from handler.service import GroupingHandler
+
+        config = self.config
+        advertised = config.advertise_host or config.host
+        self.server.cluster = self.cluster
+        try:
+            self.handler = GroupingHandler(
+                config.node_id, config.peer_list(), os.path.join(config.data_dir, "raft"),
+                on_applied=lambda kind, payload: self.bridge.post(lambda: self.cluster.applied(kind, payload)),
+                on_ready=lambda: self.bridge.post(self.cluster.ready),
+                election_timeout_min_ms=config.election_timeout_min_ms,
+                election_timeout_max_ms=config.election_timeout_max_ms,
+                routes_max=config.routes_max, group_timeout_ms=config.group_timeout_ms,
+                bind_host=config.host)
+        except Exception as error:
+            raise GrouperError(f"cannot start the grouping handler on raft port {config.raft_port}: {error}; "
+                               f"is another process using the port?") from None
+        self.cluster.attach(self.server, self.handler, self.bridge, {
+            "peer_address": f"{advertised}:{self.admin_port}",
+            "amqp_address": f"{advertised}:{self.amqp_port}",
+            "admin_address": f"{advertised}:{self.admin_port}"})
 
     def _drain_bridge(self) -> None:
         self.bridge.drain()
@@ -166,6 +255,10 @@ class Node:
         if self._reactor_thread is not None and self._reactor_thread.is_alive():
             self.bridge.post(shutdown)
             self._reactor_thread.join(STOP_WAIT_S)
+        if self.cluster is not None:
+            self.cluster.close()
+        if self.handler is not None:
+            self.handler.stop()
         if self.admin_server is not None:
             self.admin_server.stop(grace=0.5)
         self.journal.close()
@@ -173,6 +266,10 @@ class Node:
     def wait_alive(self, stop_event: threading.Event) -> None:
         while not stop_event.is_set() and self._reactor_thread.is_alive():
             stop_event.wait(0.5)
+
+
+def _reserved_name(name: str) -> bool:
+    return name.startswith("\x00")  # the cluster's own journal records (queue names cannot hold NUL)
 
 
 class _Stopper:
@@ -201,6 +298,8 @@ def run(config: NodeConfig) -> int:
         signal.signal(signum, lambda *_: stop_event.set())
     print(f"amqp: {config.host}:{node.amqp_port}", flush=True)
     print(f"admin: {config.host}:{node.admin_port}", flush=True)
+    if node.cluster is not None:
+        print(f"node: {config.node_id}", flush=True)
     print("ready", flush=True)
     node.wait_alive(stop_event)
     log.info("stopping")

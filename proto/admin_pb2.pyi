@@ -69,16 +69,18 @@ class QueueStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., depth_messages: _Optional[int] = ..., depth_bytes: _Optional[int] = ..., acquired_messages: _Optional[int] = ..., consumers: _Optional[int] = ..., browsers: _Optional[int] = ..., groups: _Optional[int] = ..., owned_groups: _Optional[int] = ..., enqueued_total: _Optional[int] = ..., delivered_total: _Optional[int] = ...) -> None: ...
 
 class GroupRow(_message.Message):
-    __slots__ = ("group", "messages", "acquired", "consumer")
+    __slots__ = ("group", "messages", "acquired", "consumer", "node")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     ACQUIRED_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
     group: str
     messages: int
     acquired: int
     consumer: str
-    def __init__(self, group: _Optional[str] = ..., messages: _Optional[int] = ..., acquired: _Optional[int] = ..., consumer: _Optional[str] = ...) -> None: ...
+    node: str
+    def __init__(self, group: _Optional[str] = ..., messages: _Optional[int] = ..., acquired: _Optional[int] = ..., consumer: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
 
 class ListQueuesRequest(_message.Message):
     __slots__ = ()
@@ -113,10 +115,12 @@ class DeleteQueueResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ListGroupsRequest(_message.Message):
-    __slots__ = ("queue",)
+    __slots__ = ("queue", "local_only")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ONLY_FIELD_NUMBER: _ClassVar[int]
     queue: str
-    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+    local_only: bool
+    def __init__(self, queue: _Optional[str] = ..., local_only: _Optional[bool] = ...) -> None: ...
 
 class ListGroupsResponse(_message.Message):
     __slots__ = ("groups",)
@@ -125,12 +129,14 @@ class ListGroupsResponse(_message.Message):
     def __init__(self, groups: _Optional[_Iterable[_Union[GroupRow, _Mapping]]] = ...) -> None: ...
 
 class ResetGroupsRequest(_message.Message):
-    __slots__ = ("queue", "group")
+    __slots__ = ("queue", "group", "local_only")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ONLY_FIELD_NUMBER: _ClassVar[int]
     queue: str
     group: str
-    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
+    local_only: bool
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., local_only: _Optional[bool] = ...) -> None: ...
 
 class ResetGroupsResponse(_message.Message):
     __slots__ = ("groups_reset",)
@@ -139,14 +145,16 @@ class ResetGroupsResponse(_message.Message):
     def __init__(self, groups_reset: _Optional[int] = ...) -> None: ...
 
 class PurgeGroupRequest(_message.Message):
-    __slots__ = ("queue", "group", "messages_max")
+    __slots__ = ("queue", "group", "messages_max", "local_only")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_MAX_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ONLY_FIELD_NUMBER: _ClassVar[int]
     queue: str
     group: str
     messages_max: int
-    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., messages_max: _Optional[int] = ...) -> None: ...
+    local_only: bool
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., messages_max: _Optional[int] = ..., local_only: _Optional[bool] = ...) -> None: ...
 
 class PurgeGroupResponse(_message.Message):
     __slots__ = ("messages_purged",)
@@ -155,16 +163,80 @@ class PurgeGroupResponse(_message.Message):
     def __init__(self, messages_purged: _Optional[int] = ...) -> None: ...
 
 class MoveGroupRequest(_message.Message):
-    __slots__ = ("queue", "group", "destination_queue", "messages_max")
+    __slots__ = ("queue", "group", "destination_queue", "messages_max", "local_only")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_QUEUE_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_MAX_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ONLY_FIELD_NUMBER: _ClassVar[int]
     queue: str
     group: str
     destination_queue: str
     messages_max: int
-    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., destination_queue: _Optional[str] = ..., messages_max: _Optional[int] = ...) -> None: ...
+    local_only: bool
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., destination_queue: _Optional[str] = ..., messages_max: _Optional[int] = ..., local_only: _Optional[bool] = ...) -> None: ...
+
+class ClusterStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClusterMember(_message.Message):
+    __slots__ = ("node", "amqp_address", "admin_address", "down", "connected", "routes", "queues", "error", "consumers")
+    class ConsumersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    AMQP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DOWN_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    amqp_address: str
+    admin_address: str
+    down: bool
+    connected: bool
+    routes: int
+    queues: _containers.RepeatedCompositeFieldContainer[QueueStats]
+    error: str
+    consumers: _containers.ScalarMap[str, int]
+    def __init__(self, node: _Optional[str] = ..., amqp_address: _Optional[str] = ..., admin_address: _Optional[str] = ..., down: _Optional[bool] = ..., connected: _Optional[bool] = ..., routes: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., error: _Optional[str] = ..., consumers: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class ClusterStatusResponse(_message.Message):
+    __slots__ = ("node", "leader", "term", "has_quorum", "routes", "members", "waiting_for_route", "outbound", "clustered")
+    class OutboundEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    HAS_QUORUM_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_ROUTE_FIELD_NUMBER: _ClassVar[int]
+    OUTBOUND_FIELD_NUMBER: _ClassVar[int]
+    CLUSTERED_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    leader: str
+    term: int
+    has_quorum: bool
+    routes: int
+    members: _containers.RepeatedCompositeFieldContainer[ClusterMember]
+    waiting_for_route: int
+    outbound: _containers.ScalarMap[str, int]
+    clustered: bool
+    def __init__(self, node: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., has_quorum: _Optional[bool] = ..., routes: _Optional[int] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., waiting_for_route: _Optional[int] = ..., outbound: _Optional[_Mapping[str, int]] = ..., clustered: _Optional[bool] = ...) -> None: ...
 
 class MoveGroupResponse(_message.Message):
     __slots__ = ("messages_moved",)

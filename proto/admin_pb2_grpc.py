@@ -69,6 +69,11 @@ class AdminServiceStub:
                 request_serializer=proto_dot_admin__pb2.MoveGroupRequest.SerializeToString,
                 response_deserializer=proto_dot_admin__pb2.MoveGroupResponse.FromString,
                 _registered_method=True)
+        self.ClusterStatus = channel.unary_unary(
+                '/grouper.admin.v1.AdminService/ClusterStatus',
+                request_serializer=proto_dot_admin__pb2.ClusterStatusRequest.SerializeToString,
+                response_deserializer=proto_dot_admin__pb2.ClusterStatusResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -125,6 +130,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ClusterStatus(self, request, context):
+        """Members, leader, term, routes and every member's queue depths.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -162,6 +174,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.MoveGroup,
                     request_deserializer=proto_dot_admin__pb2.MoveGroupRequest.FromString,
                     response_serializer=proto_dot_admin__pb2.MoveGroupResponse.SerializeToString,
+            ),
+            'ClusterStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClusterStatus,
+                    request_deserializer=proto_dot_admin__pb2.ClusterStatusRequest.FromString,
+                    response_serializer=proto_dot_admin__pb2.ClusterStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -353,6 +370,33 @@ class AdminService:
             '/grouper.admin.v1.AdminService/MoveGroup',
             proto_dot_admin__pb2.MoveGroupRequest.SerializeToString,
             proto_dot_admin__pb2.MoveGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClusterStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grouper.admin.v1.AdminService/ClusterStatus',
+            proto_dot_admin__pb2.ClusterStatusRequest.SerializeToString,
+            proto_dot_admin__pb2.ClusterStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

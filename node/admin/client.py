@@ -59,7 +59,7 @@ def _stats_from_pb(stats: admin_pb2.QueueStats) -> dict:
 
 def _group_from_pb(row: admin_pb2.GroupRow) -> dict:
     return {"group": row.group, "messages": row.messages, "acquired": row.acquired,
-            "consumer": row.consumer if row.HasField("consumer") else None}
+            "consumer": row.consumer if row.HasField("consumer") else None, "node": row.node}
 
 
 def _count_request(count: int | None) -> dict:
@@ -104,19 +104,35 @@ class AdminClient:
     def delete_queue(self, name: str) -> None:
         self._call(self._stub.DeleteQueue, admin_pb2.DeleteQueueRequest(queue=name))
 
-    def list_groups(self, queue: str) -> list[dict]:
-        response = self._call(self._stub.ListGroups, admin_pb2.ListGroupsRequest(queue=queue))
-        return [_group_from_pb(row) for row in response.groups]
+    def list_groups(self, queue: str, local_only: bool = False) -> list[dict]:
+        request = admin_pb2.ListGroupsRequest(queue=queue, local_only=local_only)
+        return [_group_from_pb(row) for row in self._call(self._stub.ListGroups, request).groups]
 
-    def reset_groups(self, queue: str, group: str | None) -> int:
-        request = admin_pb2.ResetGroupsRequest(queue=queue, group=group)
+    def reset_groups(self, queue: str, group: str | None, local_only: bool = False) -> int:
+        request = admin_pb2.ResetGroupsRequest(queue=queue, group=group, local_only=local_only)
         return self._call(self._stub.ResetGroups, request).groups_reset
 
-    def purge_group(self, queue: str, group: str, count: int | None) -> int:
-        request = admin_pb2.PurgeGroupRequest(queue=queue, group=group, **_count_request(count))
+    def purge_group(self, queue: str, group: str, count: int | None, local_only: bool = False) -> int:
+        request = admin_pb2.PurgeGroupRequest(queue=queue, group=group, local_only=local_only,
+                                              **_count_request(count))
         return self._call(self._stub.PurgeGroup, request).messages_purged
 
-    def move_group(self, queue: str, group: str, destination: str, count: int | None) -> int:
+    def move_group(self, queue: str, group: str, destination: str, count: int | None,
+                   local_only: bool = False) -> int:
         request = admin_pb2.MoveGroupRequest(queue=queue, group=group, destination_queue=destination,
-                                             **_count_request(count))
+                                             local_only=local_only, **_count_request(count))
         return self._call(self._stub.MoveGroup, request).messages_moved
+
+    def cluster_status(self) -> dict:
+        response = self._call(self._stub.ClusterStatus, admin_pb2.ClusterStatusRequest())
+        return {
+            "clustered": response.clustered, "node": response.node, "leader": response.leader,
+            "term": response.term, "has_quorum": response.has_quorum, "routes": response.routes,
+            "waiting_for_route": response.waiting_for_route, "outbound": dict(response.outbound),
+            "members": [{"node": member.node, "amqp_address": member.amqp_address,
+                         "admin_address": member.admin_address, "down": member.down,
+                         "connected": member.connected, "routes": member.routes, "error": member.error,
+                         "consumers": dict(member.consumers),
+                         "queues": [_stats_from_pb(stats) for stats in member.queues]}
+                        for member in response.members],
+        }

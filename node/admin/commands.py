@@ -89,7 +89,13 @@ def register(subparsers) -> None:
     groups = command(subparsers, "groups", _groups, "list a queue's message groups")
     groups.add_argument("queue", metavar="QUEUE")
     groups.add_argument("--json", action="store_true",
-                        help="print a JSON list of {group, messages, acquired, consumer}")
+                        help="print a JSON list of {group, messages, acquired, consumer, node}")
+
+    cluster = subparsers.add_parser("cluster", help="the cluster's members, leader and routes")
+    cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True, metavar="{status}")
+    command(cluster_commands, "status", _cluster_status,
+            "members, raft leader and term, routes, and every member's queue depths"
+            ).add_argument("--json", action="store_true", help="print the status as JSON")
 
     group = subparsers.add_parser("group", help="reset, purge or move a message group")
     group_commands = group.add_subparsers(dest="group_command", required=True, metavar="{reset,purge,move}")
@@ -159,9 +165,32 @@ def _groups(client: AdminClient, args) -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(_table(("GROUP", "MESSAGES", "ACQUIRED", "CONSUMER"),
+    clustered = any(r["node"] for r in rows)
+    print(_table(("GROUP", "MESSAGES", "ACQUIRED", "CONSUMER") + (("NODE",) if clustered else ()),
                  [(r["group"], r["messages"], r["acquired"], "-" if r["consumer"] is None else r["consumer"])
-                  for r in rows]))
+                  + ((r["node"],) if clustered else ()) for r in rows]))
+
+
+def _cluster_status(client: AdminClient, args) -> None:
+    status = client.cluster_status()
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return
+    if not status["clustered"]:
+        print("a single node: no peers, no grouping handler (start nodes with --peers to form a cluster)")
+        return
+    print(f"leader: {status['leader'] or '(none: no quorum)'}  term: {status['term']}  "
+          f"routes: {status['routes']}  (answered by {status['node']})")
+    if status["waiting_for_route"] or status["outbound"]:
+        print(f"at {status['node']}: {status['waiting_for_route']} messages wait for a route; outbound "
+              + (", ".join(f"{owner}: {depth}" for owner, depth in status["outbound"].items()) or "empty"))
+    rows = []
+    for member in status["members"]:
+        state = "down" if member["down"] else ("up" if member["connected"] else "unreachable")
+        role = "leader" if member["node"] == status["leader"] else "member"
+        depths = member["error"] or ", ".join(f"{q['name']}={q['depth_messages']}" for q in member["queues"]) or "-"
+        rows.append((member["node"], role, state, member["amqp_address"] or "-", member["routes"], depths))
+    print(_table(("NODE", "ROLE", "RAFT", "AMQP", "ROUTES", "QUEUE DEPTHS"), rows))
 
 
 def _group_reset(client: AdminClient, args) -> None:

@@ -25,3 +25,8 @@ class NodeControl(Protocol):
     def purge_group(self, queue: str, group: str, count: int | None) -> int: ...  # messages purged
 
     def move_group(self, queue: str, group: str, destination: str, count: int | None) -> int: ...
+
+    # in a cluster (a single node answers {"clustered": False} and no peers)
+    def cluster_status(self) -> dict: ...  # handler status, routes, members (see ClusterStatusResponse)
+
+    def peers(self) -> list[tuple[str, str]]: ...  # (node id, admin address) of the other members

@@ -16,6 +16,7 @@ from concurrent import futures
 
 import grpc
 
+from node.admin.client import AdminClient, AdminError, NodeFailure
 from node.admin.control import NodeControl
 from node.core.errors import (AlreadyExists, GrouperError, InvalidConfig, InvalidField, NotAllowed, NotFound,
                               ResourceDeleted, ResourceLimitExceeded)
@@ -26,7 +27,13 @@ log = logging.getLogger(__name__)
 
 WORKERS_DEFAULT = 4  # gRPC pool threads; each admin call blocks one while the reactor answers
 CONCURRENT_RPCS_MAX_PER_WORKER = 16  # calls admitted per worker; beyond it RESOURCE_EXHAUSTED
+PEER_CALL_TIMEOUT_MS = 3000  # deadline of each call to another member when an answer spans the cluster
+MESSAGE_LENGTH_MAX_BYTES = 64 << 20  # gRPC messages this listener accepts: forwarded batches carry whole messages
 SETTINGS_FIELD_PATH = "settings"  # prefix of field names in settings errors: AddQueueRequest.settings
+
+class NodeUnavailable(GrouperError):
+    retriable = True
+
 
 # First match wins, so a subclass must come before its base.
 STATUS_BY_ERROR: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
@@ -38,6 +45,7 @@ STATUS_BY_ERROR: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (ResourceDeleted, grpc.StatusCode.NOT_FOUND),  # deleted while we looked: for the caller it is gone
     (NotAllowed, grpc.StatusCode.FAILED_PRECONDITION),  # no authorization here: it is a state rule
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),  # the reactor did not answer within the bridge deadline
+    (NodeUnavailable, grpc.StatusCode.UNAVAILABLE),  # another member needed for the answer is down
 )
 
 
@@ -69,10 +77,10 @@ def queue_stats_to_pb(stats: dict) -> admin_pb2.QueueStats:
     return admin_pb2.QueueStats(**{key: value for key, value in stats.items() if key in fields})
 
 
-def group_row_to_pb(row: dict) -> admin_pb2.GroupRow:
+def group_row_to_pb(row: dict, node: str = "") -> admin_pb2.GroupRow:
     owner = row["consumer"]
     return admin_pb2.GroupRow(group=row["group"], messages=row["messages"], acquired=row["acquired"],
-                              consumer=None if owner is None else str(owner))
+                              consumer=None if owner is None else str(owner), node=row.get("node") or node)
 
 
 def _messages_max(request) -> int | None:
@@ -112,26 +120,100 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             return admin_pb2.DeleteQueueResponse()
         return self._answer(request, context, work)
 
+    def _everywhere(self, request, local, remote):
+        """Run `local()` here and, in a cluster, `remote(client)` on every other member.
+
+        Returns (node, result) pairs; a queue unknown on some nodes is skipped there, and unknown
+        everywhere is NotFound. A member that cannot be reached fails the call, naming it."""
+        results = []
+        missing = None
+        try:
+            results.append((self._control.node_id(), local()))
+        except NotFound as error:
+            missing = error
+        if request.local_only:
+            if missing is not None:
+                raise missing
+            return results
+        for node, address in self._control.peers():
+            with AdminClient(address, timeout_ms=PEER_CALL_TIMEOUT_MS) as client:
+                try:
+                    results.append((node, remote(client)))
+                except NodeFailure as error:
+                    if error.status != "NOT_FOUND":
+                        raise NodeUnavailable(f"node {node} ({address}) failed: {error.message}") from None
+                except AdminError as error:
+                    raise NodeUnavailable(f"node {node} ({address}) did not answer: {error.message}; the "
+                                          f"result would be partial, retry once it is back") from None
+        if not results and missing is not None:
+            raise missing
+        return results
+
     def ListGroups(self, request, context):
-        return self._answer(request, context, lambda: admin_pb2.ListGroupsResponse(
-            groups=[group_row_to_pb(row) for row in self._control.list_groups(request.queue)]))
+        def work():
+            results = self._everywhere(request, lambda: self._control.list_groups(request.queue),
+                                       lambda client: client.list_groups(request.queue, local_only=True))
+            return admin_pb2.ListGroupsResponse(groups=[group_row_to_pb(row, node) for node, rows in results
+                                                        for row in rows])
+        return self._answer(request, context, work)
 
     def ResetGroups(self, request, context):
         group = request.group if request.HasField("group") else None
-        return self._answer(request, context, lambda: admin_pb2.ResetGroupsResponse(
-            groups_reset=self._control.reset_groups(request.queue, group)))
+        return self._answer(request, context, lambda: admin_pb2.ResetGroupsResponse(groups_reset=sum(
+            count for _, count in self._everywhere(
+                request, lambda: self._control.reset_groups(request.queue, group),
+                lambda client: client.reset_groups(request.queue, group, local_only=True)))))
 
     def PurgeGroup(self, request, context):
-        return self._answer(request, context, lambda: admin_pb2.PurgeGroupResponse(
-            messages_purged=self._control.purge_group(request.queue, request.group, _messages_max(request))))
+        def work():
+            count = _messages_max(request)
+            return admin_pb2.PurgeGroupResponse(messages_purged=sum(n for _, n in self._everywhere(
+                request, lambda: self._control.purge_group(request.queue, request.group, count),
+                lambda client: client.purge_group(request.queue, request.group, count, local_only=True))))
+        return self._answer(request, context, work)
 
     def MoveGroup(self, request, context):
-        return self._answer(request, context, lambda: admin_pb2.MoveGroupResponse(
-            messages_moved=self._control.move_group(request.queue, request.group, request.destination_queue,
-                                                    _messages_max(request))))
+        def work():
+            count = _messages_max(request)
+            return admin_pb2.MoveGroupResponse(messages_moved=sum(n for _, n in self._everywhere(
+                request, lambda: self._control.move_group(request.queue, request.group,
+                                                          request.destination_queue, count),
+                lambda client: client.move_group(request.queue, request.group, request.destination_queue,
+                                                 count, local_only=True))))
+        return self._answer(request, context, work)
+
+    def ClusterStatus(self, request, context):
+        def work():
+            status = self._control.cluster_status()
+            response = admin_pb2.ClusterStatusResponse(
+                clustered=status["clustered"], node=status.get("node", ""), leader=status.get("leader", ""),
+                term=status.get("term", 0), has_quorum=status.get("has_quorum", False),
+                routes=status.get("routes", 0), waiting_for_route=status.get("waiting_for_route", 0),
+                outbound=status.get("outbound", {}))
+            for member in status.get("members", []):
+                row = response.members.add(node=member["node"], amqp_address=member.get("amqp_address", ""),
+                                           admin_address=member.get("admin_address", ""),
+                                           down=member.get("down", False), connected=member.get("connected", False),
+                                           routes=member.get("routes", 0), consumers=member.get("consumers", {}))
+                if member["node"] == status.get("node") or not status["clustered"]:
+                    queues = self._control.list_queues()
+                elif not member.get("admin_address"):
+                    row.error = "not registered yet: its addresses are not in the route table"
+                    continue
+                else:
+                    try:
+                        with AdminClient(member["admin_address"], timeout_ms=PEER_CALL_TIMEOUT_MS) as client:
+                            queues = client.list_queues()
+                    except AdminError as error:
+                        row.error = f"unreachable: {error.message}"
+                        continue
+                row.queues.extend(queue_stats_to_pb(stats) for stats in queues)
+            return response
+        return self._answer(request, context, work)
 
 
-def serve(control: NodeControl, host: str, port: int, *, workers: int = WORKERS_DEFAULT) -> tuple[grpc.Server, int]:
+def serve(control: NodeControl, host: str, port: int, *, workers: int = WORKERS_DEFAULT,
+          add_services=None) -> tuple[grpc.Server, int]:
     """Start the admin API on host:port (0 picks a free port); returns the server and its port.
 
     Raises GrouperError naming host:port when it cannot listen there, as the AMQP listener does,
@@ -140,9 +222,12 @@ def serve(control: NodeControl, host: str, port: int, *, workers: int = WORKERS_
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="admin-grpc"),
         maximum_concurrent_rpcs=workers * CONCURRENT_RPCS_MAX_PER_WORKER,
         # gRPC sets SO_REUSEPORT by default, which lets a second node share a port silently
-        options=[("grpc.so_reuseport", 0)],
+        options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MESSAGE_LENGTH_MAX_BYTES),
+                 ("grpc.max_send_message_length", MESSAGE_LENGTH_MAX_BYTES)],
     )
     admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(control), server)
+    if add_services is not None:  # the node-to-node service shares the listener
+        add_services(server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound_port = server.add_insecure_port(address)

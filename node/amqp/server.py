@@ -37,6 +37,9 @@ JOURNAL_RETRY_INTERVAL_MS = 1000  # after a failed journal write, durable sends 
 MESSAGE_SIZE_MAX_BYTES = 16 << 20  # larger incoming messages are rejected with amqp:resource-limit-exceeded
 
 
+PRODUCER, CONSUMER, CALL = 0, 1, 2  # what waits for a journal batch: a send, a settlement, a callback
+
+
 class ConsumerLink:
     __slots__ = ("id", "sender", "link_impl", "queue", "browse", "presettled", "first_key", "connection_key")
 
@@ -69,11 +72,12 @@ class AmqpServer(Handler):
         # non-durable sends are accepted at the end of the reactor batch: settling them together lets
         # proton put many in one disposition frame, which costs less than the send it confirms
         self._accept_at_quiesce: list = []
-        self._pending: collections.deque = collections.deque()  # (ticket, delivery, is_producer)
+        self._pending: collections.deque = collections.deque()  # (ticket, delivery or callback, kind)
         self._journal_failed: str | None = None
         self._durable_ticket = 0
         self._journal_retry_at_ms = 0
         self.stopping = False
+        self.cluster = None  # node.cluster.ClusterLink when this node is one of several
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -84,7 +88,10 @@ class AmqpServer(Handler):
     def on_timer_task(self, event):
         if self.stopping:
             return
-        self.apply(self.broker.tick(self.clock_ms()))
+        now_ms = self.clock_ms()
+        self.apply(self.broker.tick(now_ms))
+        if self.cluster is not None:
+            self.cluster.tick(now_ms)
         self.container.schedule(TICK_INTERVAL_S, self)
 
     def on_grouper_bridge(self, event):
@@ -97,13 +104,18 @@ class AmqpServer(Handler):
                 delivery.settle()
             self._accept_at_quiesce.clear()
         # the end of a reactor batch: hand everything journalled in it to the writer as one unit
+        if self.cluster is not None:
+            self.cluster.quiesced()
         if self.journal is None:
+            for target, kind in self._awaiting_flush:
+                _confirm(target, kind)
+            self._awaiting_flush.clear()
             return
         ticket = self.journal.flush()
         if not self._awaiting_flush:
             return
-        for delivery, is_producer in self._awaiting_flush:
-            self._pending.append((ticket, delivery, is_producer))
+        for target, kind in self._awaiting_flush:
+            self._pending.append((ticket, target, kind))
         self._awaiting_flush.clear()
         if ticket <= self._durable_ticket:
             self.journal_durable(self._durable_ticket)
@@ -114,10 +126,8 @@ class AmqpServer(Handler):
         self._durable_ticket = max(self._durable_ticket, ticket)
         pending = self._pending
         while pending and pending[0][0] <= ticket:
-            _, delivery, is_producer = pending.popleft()
-            if is_producer:
-                delivery.update(Delivery.ACCEPTED)
-            delivery.settle()
+            _, target, kind = pending.popleft()
+            _confirm(target, kind)
         self._top_up_all()
 
     def journal_failed(self, ticket: int, reason: str) -> None:
@@ -128,12 +138,16 @@ class AmqpServer(Handler):
                   JOURNAL_RETRY_INTERVAL_MS)
         pending = self._pending
         while pending and pending[0][0] <= ticket:
-            _, delivery, is_producer = pending.popleft()
-            if is_producer:
-                delivery.local.condition = Condition(failure_condition(reason),
-                                                     f"the node could not store the message: {reason}")
-                delivery.update(Delivery.REJECTED)
-            delivery.settle()
+            _, target, kind = pending.popleft()
+            if kind == PRODUCER:
+                target.local.condition = Condition(failure_condition(reason),
+                                                   f"the node could not store the message: {reason}")
+                target.update(Delivery.REJECTED)
+                target.settle()
+            elif kind == CALL:
+                target(reason)
+            else:
+                target.settle()
 
     # ---- endpoints ---------------------------------------------------------------------------
 
@@ -315,20 +329,42 @@ class AmqpServer(Handler):
                 raise _journal_down(self._journal_failed)
             message = Message(payload, arrival.group_id, expires_at_ms=arrival.expires_at_ms,
                               closes_group=arrival.closes_group)
-            effects = self.broker.enqueue(queue.settings.name, message, now_ms)
+            if self.cluster is not None:
+                queue.check_group_id(message.group_id)  # refused here, before a route is proposed
+                route_key = queue.route_key(message.group_id)
+                if route_key is not None:
+                    self.cluster.arrive(delivery, queue.settings.name, route_key, message, durable,
+                                        producer_settled, now_ms)
+                    self._top_up(receiver)
+                    return
         except GrouperError as error:
-            self._refuse(delivery, error)
+            self.refuse(delivery, error)
         else:
-            if producer_settled:
-                delivery.settle()
-            elif durable:
-                self._awaiting_flush.append((delivery, True))
-            else:
-                self._accept_at_quiesce.append(delivery)
-            self.apply(effects)
+            self.enqueue_local(delivery, queue.settings.name, message, durable, producer_settled, now_ms)
         self._top_up(receiver)
 
-    def _refuse(self, delivery, error):
+    def enqueue_local(self, delivery, queue_name, message, durable, producer_settled, now_ms) -> None:
+        try:
+            effects = self.broker.enqueue(queue_name, message, now_ms)
+        except GrouperError as error:
+            self.refuse(delivery, error)
+        else:
+            self.accept_when_stored(delivery, durable, producer_settled)
+            self.apply(effects)
+
+    def accept_when_stored(self, delivery, durable, producer_settled) -> None:
+        if producer_settled:
+            delivery.settle()
+        elif durable:
+            self._awaiting_flush.append((delivery, PRODUCER))
+        else:
+            self._accept_at_quiesce.append(delivery)
+
+    def after_flush(self, fn) -> None:
+        """Call fn(None) once everything journalled so far is on disk, fn(reason) if it failed."""
+        self._awaiting_flush.append((fn, CALL))
+
+    def refuse(self, delivery, error):
         delivery.local.condition = condition_for(error)
         delivery.update(Delivery.REJECTED)
         delivery.settle()
@@ -367,7 +403,7 @@ class AmqpServer(Handler):
             return  # a non-terminal state (received): wait for the outcome
         effects = self.broker.settle(consumer_id, int(delivery.tag), outcome, self.clock_ms(), failed)
         if not delivery.settled and any(isinstance(e, Removed) for e in effects):
-            self._awaiting_flush.append((delivery, False))  # settle once the removal is on disk
+            self._awaiting_flush.append((delivery, CONSUMER))  # settle once the removal is on disk
         else:
             delivery.settle()
         self.apply(effects)
@@ -437,6 +473,14 @@ class AmqpServer(Handler):
             sender.condition = condition_for(effect.error)
             sender.close()
 
+    def consumer_counts(self) -> dict[str, int]:
+        """Consumers (browsers excluded) per queue: where the cluster should route new groups."""
+        counts: dict[str, int] = {}
+        for state in self.consumers.values():
+            if not state.browse:
+                counts[state.queue] = counts.get(state.queue, 0) + 1
+        return counts
+
     def close_connections(self) -> None:
         for connection in list(self._connection_objects.values()):
             if connection.state & Endpoint.LOCAL_ACTIVE:
@@ -450,6 +494,15 @@ class AmqpServer(Handler):
                 if receiver.state & Endpoint.LOCAL_ACTIVE:
                     receiver.condition = Condition("amqp:resource-deleted", f"queue {queue_name!r} was deleted")
                     receiver.close()
+
+
+def _confirm(target, kind) -> None:
+    if kind == CALL:
+        target(None)
+        return
+    if kind == PRODUCER:
+        target.update(Delivery.ACCEPTED)
+    target.settle()
 
 
 def _too_large(size_bytes: int) -> GrouperError:

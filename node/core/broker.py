@@ -84,6 +84,12 @@ class Broker:
         self.next_seq += 1
         return effects
 
+    def allocate_seq(self) -> int:
+        """A seq for a message that leaves this node (forwarded): it orders the outbound channel."""
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
     def restore(self, queue_name: str, message: Message) -> None:
         """Journal recovery: put back a message with the seq it was stored with."""
         self.queues[queue_name].restore(message)

@@ -60,3 +60,11 @@ class InvalidConfig(GrouperError):
     def __init__(self, key: str, problem: str):
         super().__init__(f"{key}: {problem}")
         self.key = key
+
+
+class HandlerUnavailable(GrouperError):
+    """No route could be decided in time: the grouping handler (the raft leader) is unreachable."""
+
+    amqp_condition = "grouper:grouping-handler-unavailable"
+    fault = "node"
+    retriable = True

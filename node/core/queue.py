@@ -159,6 +159,16 @@ class Queue:
             heapq.heappush(self._expiry, (message.expires_at_ms, message.seq, message))
         self._make_available(message)
 
+    def route_key(self, group_id) -> str | None:
+        """The name this message's group is routed by across a cluster; None: not grouped here."""
+        key = self._key_of(group_id)
+        return key if key is None or isinstance(key, str) else f"bucket-{key}"
+
+    def busy_route_keys(self) -> list[str]:
+        """Route keys of groups with messages here (queued or delivered and unsettled)."""
+        return [key if isinstance(key, str) else f"bucket-{key}" for key, group in self.groups.items()
+                if group.available_count or group.acquired]
+
     def _key_of(self, group_id):
         if not self._grouping:
             return None

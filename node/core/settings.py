@@ -39,6 +39,8 @@ class QueueSettings:
     def validate(self) -> "QueueSettings":
         if not self.name or len(self.name) > 255:
             raise InvalidConfig("name", "queue name must be 1..255 characters")
+        if any(ord(char) < 32 for char in self.name):  # control characters name the node's own records
+            raise InvalidConfig("name", "queue name must not contain control characters")
         if self.group_policy not in POLICIES:
             raise InvalidConfig("group_policy", f"{self.group_policy!r} is not one of {', '.join(POLICIES)}")
         if self.group_buckets < -1:

@@ -49,6 +49,15 @@ class BrokerControl:
         with self.lock:
             return self.broker.list_groups(queue)
 
+    def node_id(self) -> str:
+        return ""
+
+    def peers(self) -> list:
+        return []
+
+    def cluster_status(self) -> dict:
+        return {"clustered": False, "members": [{"node": "", "connected": True}]}
+
     def reset_groups(self, queue: str, group: str | None) -> int:
         with self.lock:
             return self.broker.reset_groups(queue, group, self.now_ms())[0]
@@ -198,9 +207,9 @@ def test_groups_json_has_exactly_the_documented_fields(node, busy_queue, capsys)
     code, out, _ = node.grouper(capsys, "groups", "q", "--json")
     assert code == 0
     assert json.loads(out) == [
-        {"group": "g1", "messages": 3, "acquired": 2, "consumer": "c1"},
-        {"group": "g2", "messages": 2, "acquired": 0, "consumer": None},
-        {"group": "qpid.no-group", "messages": 1, "acquired": 0, "consumer": None},
+        {"group": "g1", "messages": 3, "acquired": 2, "consumer": "c1", "node": ""},
+        {"group": "g2", "messages": 2, "acquired": 0, "consumer": None, "node": ""},
+        {"group": "qpid.no-group", "messages": 1, "acquired": 0, "consumer": None, "node": ""},
     ]
 
 
@@ -218,7 +227,7 @@ def test_groups_table_shows_owner_or_dash(node, busy_queue, capsys):
 def test_purge_takes_only_available_messages(node, broker, busy_queue, capsys):
     code, out, _ = node.grouper(capsys, "group", "purge", "q", "g1")
     assert code == 0 and out.strip() == "purged 1 message from group g1 of queue q"
-    assert groups_json(node, capsys)["g1"] == {"group": "g1", "messages": 2, "acquired": 2, "consumer": "c1"}
+    assert groups_json(node, capsys)["g1"] == {"group": "g1", "messages": 2, "acquired": 2, "consumer": "c1", "node": ""}
 
     code, out, _ = node.grouper(capsys, "group", "purge", "q", "g2", "--count", "1")
     assert code == 0 and out.strip() == "purged 1 message from group g2 of queue q"
@@ -233,11 +242,11 @@ def test_move_takes_only_available_messages_to_the_destination(node, broker, bus
     code, out, _ = node.grouper(capsys, "group", "move", "q", "g2", "parking", "--count", "5")
     assert code == 0 and out.strip() == "moved 2 messages from group g2 of queue q to queue parking"
 
-    assert groups_json(node, capsys)["g1"] == {"group": "g1", "messages": 2, "acquired": 2, "consumer": "c1"}
+    assert groups_json(node, capsys)["g1"] == {"group": "g1", "messages": 2, "acquired": 2, "consumer": "c1", "node": ""}
     assert "g2" not in groups_json(node, capsys)
     assert groups_json(node, capsys, "parking") == {
-        "g1": {"group": "g1", "messages": 1, "acquired": 0, "consumer": None},
-        "g2": {"group": "g2", "messages": 2, "acquired": 0, "consumer": None},
+        "g1": {"group": "g1", "messages": 1, "acquired": 0, "consumer": None, "node": ""},
+        "g2": {"group": "g2", "messages": 2, "acquired": 0, "consumer": None, "node": ""},
     }
 
 

@@ -1,0 +1,96 @@
+"""The route table as a pysyncobj consumer: one-line replicated delegates and an applied-command feed.
+
+Runs on pysyncobj's tick thread only. Every replicated method delegates to `RouteTable`, whose
+commands are deterministic and idempotent. After each applied command the replica reports what
+changed through `on_applied(kind, payload)`, still on the tick thread, in log order; the runtime
+forwards that to the reactor. Snapshots hold the table's attributes, which are plain data.
+"""
+
+from __future__ import annotations
+
+from pysyncobj import SyncObjConsumer, replicated
+
+from handler.route_table import RouteTable
+
+ROUTES = "routes"  # payload: [(queue, group, node or None)], None = route removed
+REFUSED = "refused"  # payload: [(queue, group)] refused by the table (routes_max reached)
+SNAPSHOT = "snapshot"  # payload: every route [(queue, group, node)], replacing all known before
+MEMBERS = "members"  # payload: {"nodes": ..., "consumers": ..., "down": ...}, copies
+
+
+class RouteTableReplica(SyncObjConsumer):
+    def __init__(self, on_applied, routes_max: int):
+        # set before SyncObjConsumer.__init__, so pysyncobj leaves them out of snapshots
+        self._on_applied = on_applied
+        self._routes_max = routes_max
+        super().__init__()
+        self.table = RouteTable(routes_max)
+
+    # ---- snapshots: the table's attributes, as plain data ------------------------------------
+
+    def _serialize(self):
+        return {"route_table": dict(vars(self.table))}
+
+    def _deserialize(self, data):
+        table = RouteTable(self._routes_max)
+        vars(table).update(data["route_table"])
+        self.table = table
+        self._on_applied(SNAPSHOT, [(queue, group, route[0]) for (queue, group), route in sorted(table.routes.items())])
+        self._publish_members()
+
+    # ---- replicated commands -----------------------------------------------------------------
+
+    @replicated
+    def claim(self, keys, proposer, now_ms):
+        nodes = self.table.claim(keys, proposer, now_ms)
+        decided = [(key[0], key[1], node) for key, node in zip(keys, nodes) if node is not None]
+        if decided:
+            self._on_applied(ROUTES, decided)
+        if len(decided) < len(keys):
+            self._on_applied(REFUSED, [tuple(key) for key, node in zip(keys, nodes) if node is None])
+        return len(decided)
+
+    @replicated
+    def expire_idle(self, cutoff_ms):
+        return self._removed(self.table.expire_idle(cutoff_ms))
+
+    @replicated
+    def unroute(self, keys):
+        return self._removed(self.table.unroute(keys))
+
+    @replicated
+    def drop_queue(self, queue):
+        return self._removed(self.table.drop_queue(queue))
+
+    @replicated
+    def report_consumers(self, node, counts, now_ms):
+        self.table.report_consumers(node, counts, now_ms)
+        self._publish_members()
+
+    @replicated
+    def register_node(self, node, peer_address, amqp_address, admin_address, now_ms):
+        self.table.register_node(node, peer_address, amqp_address, admin_address, now_ms)
+        self._publish_members()
+
+    @replicated
+    def mark_down(self, node, now_ms):
+        self.table.mark_down(node, now_ms)
+        self._publish_members()
+
+    @replicated
+    def mark_up(self, node, now_ms):
+        self.table.mark_up(node, now_ms)
+        self._publish_members()
+
+    # ---- feed --------------------------------------------------------------------------------
+
+    def _removed(self, keys):
+        if keys:
+            self._on_applied(ROUTES, [(queue, group, None) for queue, group in keys])
+        return len(keys)
+
+    def _publish_members(self):
+        table = self.table
+        self._on_applied(MEMBERS, {"nodes": {node: dict(info) for node, info in table.nodes.items()},
+                                   "consumers": {node: dict(counts) for node, counts in table.consumers.items()},
+                                   "down": dict(table.down)})

@@ -1,0 +1,155 @@
+"""The grouping handler of one node: its raft member, the calls the node makes, and the leader's duties.
+
+Threads: pysyncobj's tick thread owns the replica and runs every callback; callers on other threads
+(the reactor, the admin pool) only enqueue commands, which never blocks, and hear back through the
+callbacks they pass, on the tick thread. The raft leader is the LOCAL handler: every proposal is
+decided in log order there; the other members forward theirs to it (pysyncobj does). The leader
+also runs the reaper: routes idle for `group_timeout_ms` are expired by a command in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
+
+from handler.replicated import RouteTableReplica
+
+log = logging.getLogger("grouper.handler")
+
+REAPER_INTERVAL_MS = 1000  # how often the leader looks for idle routes (when a group timeout is set)
+DESTROY_WAIT_S = 2.0  # how long stop() waits for the tick thread
+
+
+class GroupingHandler:
+    def __init__(self, node_id: str, partners: list[str], raft_dir: str, *, on_applied, on_ready,
+                 election_timeout_min_ms: int, election_timeout_max_ms: int, routes_max: int,
+                 group_timeout_ms: int = 0, bind_host: str = ""):
+        os.makedirs(raft_dir, exist_ok=True)
+        self.node_id = node_id
+        self.group_timeout_ms = group_timeout_ms
+        self._on_ready = on_ready
+        self.replica = RouteTableReplica(on_applied, routes_max)
+        conf = SyncObjConf(
+            appendEntriesUseBatch=False,  # a follower's proposal waits ~200 ms for a batch otherwise
+            raftMinTimeout=election_timeout_min_ms / 1000,
+            raftMaxTimeout=election_timeout_max_ms / 1000,
+            appendEntriesPeriod=min(0.05, election_timeout_min_ms / 4000),
+            connectionRetryTime=0.2,  # reconnect to a restarted member fast
+            journalFile=os.path.join(raft_dir, "raft.journal"),
+            fullDumpFile=os.path.join(raft_dir, "raft.dump"),  # journal alone loses state after compaction
+            useFork=False,  # fork() beside gRPC and proton threads is unsafe
+            dynamicMembershipChange=True,
+            onReady=self._ready,
+            onStateChanged=self._state_changed,
+            bindAddress=f"{bind_host}:{node_id.rsplit(':', 1)[1]}" if bind_host else None,
+        )
+        self._syncobj = SyncObj(node_id, list(partners), conf=conf, consumers=[self.replica])
+        self._reaper_due_s = 0.0
+        self._stopped = threading.Event()
+        self._reaper = None
+        if group_timeout_ms:
+            self._reaper = threading.Thread(target=self._reap, name="route-reaper", daemon=True)
+            self._reaper.start()
+
+    # ---- calls from the node (any thread; none blocks) ---------------------------------------
+
+    def claim(self, keys: list, now_ms: int, on_failed) -> None:
+        """Propose routes for `keys`; decided ones arrive through on_applied; on_failed(keys, reason)."""
+        self.replica.claim([list(key) for key in keys], self.node_id, now_ms,
+                           callback=self._callback(lambda reason: on_failed(keys, reason)))
+
+    def report_consumers(self, counts: dict, now_ms: int) -> None:
+        self.replica.report_consumers(self.node_id, counts, now_ms, callback=self._logged("report_consumers"))
+
+    def register(self, peer_address: str, amqp_address: str, admin_address: str, now_ms: int, on_done) -> None:
+        self.replica.register_node(self.node_id, peer_address, amqp_address, admin_address, now_ms,
+                                   callback=self._callback(on_done, on_success=lambda: on_done(None)))
+
+    def unroute(self, keys: list) -> None:
+        self.replica.unroute([list(key) for key in keys], callback=self._logged("unroute"))
+
+    def drop_queue(self, queue: str) -> None:
+        self.replica.drop_queue(queue, callback=self._logged("drop_queue"))
+
+    def add_member(self, node: str, on_done) -> None:
+        self._syncobj.addNodeToCluster(node, callback=self._callback(on_done, on_success=lambda: on_done(None)))
+
+    def remove_member(self, node: str, on_done) -> None:
+        self._syncobj.removeNodeFromCluster(node, callback=self._callback(on_done, on_success=lambda: on_done(None)))
+
+    # ---- state -------------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        raw = self._syncobj.getStatus()
+        leader = raw.get("leader")
+        partners = sorted(key[len("partner_node_status_server_"):] for key in raw
+                          if key.startswith("partner_node_status_server_"))
+        return {
+            "node": self.node_id,
+            "state": ("follower", "candidate", "leader")[raw["state"]] if raw["state"] in (0, 1, 2) else str(raw["state"]),
+            "leader": str(leader.id) if leader is not None else "",
+            "term": int(raw["raft_term"]),
+            "has_quorum": bool(raw["has_quorum"]),
+            "members": sorted([self.node_id, *partners]),
+            "connected": sorted(p for p in partners if raw[f"partner_node_status_server_{p}"] == 2),
+            "commit_index": int(raw["commit_idx"]),
+            "last_applied": int(raw["last_applied"]),
+            "ready": self._syncobj.isReady(),
+        }
+
+    def leader(self) -> str:
+        leader = self._syncobj._getLeader()
+        return str(leader.id) if leader is not None else ""
+
+    def is_leader(self) -> bool:
+        return self._syncobj._isLeader()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._syncobj.destroy()
+        if self._reaper is not None:
+            self._reaper.join(DESTROY_WAIT_S)
+
+    # ---- internals (tick thread) -------------------------------------------------------------
+
+    def _ready(self):
+        log.info("grouping handler ready: replica caught up with the raft log")
+        self._on_ready()
+
+    def _state_changed(self, old_state, new_state):
+        if new_state == 2:
+            log.info("this node is now the raft leader: the LOCAL grouping handler")
+
+    def _callback(self, on_failed, on_success=None):
+        def done(result, error):
+            if error == FAIL_REASON.SUCCESS:
+                if on_success is not None:
+                    on_success()
+            else:
+                on_failed(_REASONS.get(error, f"raft error {error}"))
+        return done
+
+    def _logged(self, what):
+        return self._callback(lambda reason: log.warning("grouping handler: %s failed: %s", what, reason))
+
+    def _reap(self):
+        # the reaper's own thread only enqueues a command; the decision is in the log
+        while not self._stopped.wait(REAPER_INTERVAL_MS / 1000):
+            if self._syncobj._isLeader():
+                now_ms = int(time.time() * 1000)
+                self.replica.expire_idle(now_ms - self.group_timeout_ms, callback=self._logged("expire_idle"))
+
+
+_REASONS = {
+    FAIL_REASON.QUEUE_FULL: "the raft command queue is full",
+    FAIL_REASON.MISSING_LEADER: "the raft cluster has no leader (is a majority of nodes up?)",
+    FAIL_REASON.DISCARDED: "the proposal was discarded by a leader change",
+    FAIL_REASON.NOT_LEADER: "the proposal reached a node that is no longer the leader",
+    FAIL_REASON.LEADER_CHANGED: "the raft leader changed while the proposal was in flight",
+    FAIL_REASON.REQUEST_DENIED: "the raft cluster denied the request",
+    FAIL_REASON.UNKNOWN_OUTCOME: "the outcome of the proposal is unknown",
+}

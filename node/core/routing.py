@@ -1,0 +1,171 @@
+"""Where each message group of a cluster lives, as this node knows it, and the messages in transit.
+
+Pure, owned by the reactor thread. Three parts:
+- `Router`: the node's copy of the replicated routes (fed only by the handler's applied-command
+  stream, so it never runs ahead of the raft log) and the messages waiting for a route. A message
+  of a group that has messages waiting waits behind them even once a route is known, so a
+  producer's order within a group survives a route decision in flight. A wait longer than the
+  handler timeout ends the message's journey here: the adapter refuses it; nothing is ever
+  enqueued without a route.
+- `Outbound`: messages accepted here for groups owned elsewhere, one ordered channel per owner.
+  Each carries a forward seq (the node seq the message was given here); the owner acknowledges a
+  high-water mark and everything up to it leaves the channel.
+- `Inbound`: per source node, the highest forward seq already enqueued here, so a resent batch
+  (after a lost acknowledgement) is not enqueued twice.
+"""
+
+from __future__ import annotations
+
+import collections
+
+
+class Router:
+    def __init__(self, node_id: str, handler_timeout_ms: int, lease_ms: int = 0):
+        self.node_id = node_id
+        self.handler_timeout_ms = handler_timeout_ms
+        # with a group timeout, a route is trusted only this long after the log last refreshed it
+        # (the leader expires routes idle for twice as long); 0: routes never expire
+        self.lease_ms = lease_ms
+        self.routes: dict[tuple[str, str], str] = {}  # (queue, group) -> owning node
+        self.refreshed_ms: dict[tuple[str, str], int] = {}  # key -> when the log last refreshed it (lease only)
+        self.used: set[tuple[str, str]] = set()  # keys routed since the last refresh (lease only)
+        self.waiting: dict[tuple[str, str], list] = {}  # key -> items in arrival order
+        self._deadlines: collections.deque = collections.deque()  # (deadline_ms, key, claim_number)
+        self._claim_number: dict[tuple[str, str], int] = {}  # key -> number of its live claim
+        self._next_claim_number = 1
+        self.to_claim: list[tuple[str, str]] = []  # keys to propose at the end of this reactor batch
+        # False while the handler replays its log after a start: routes seen then may be superseded
+        # later in the log, so messages wait (their timeout running) until the replica is current
+        self.ready = False
+
+    def route(self, key: tuple[str, str], item, now_ms: int) -> str | None:
+        """The owner of `key`, or None when `item` now waits for a route (or behind others that do)."""
+        waiting = self.waiting.get(key)
+        if waiting is not None:
+            waiting.append(item)
+            return None
+        owner = self.routes.get(key) if self.ready else None
+        if owner is not None:
+            if not self.lease_ms:
+                return owner
+            if now_ms - self.refreshed_ms.get(key, 0) <= self.lease_ms:
+                self.used.add(key)
+                return owner
+        self.waiting[key] = [item]
+        number = self._next_claim_number
+        self._next_claim_number += 1
+        self._claim_number[key] = number
+        self._deadlines.append((now_ms + self.handler_timeout_ms, key, number))
+        if self.ready:
+            self.to_claim.append(key)
+        return None
+
+    def become_ready(self, now_ms: int) -> list:
+        """The replica has caught up: release what now has a route, propose the rest."""
+        self.ready = True
+        released = []
+        for key in list(self.waiting):
+            owner = self.routes.get(key)
+            if owner is None or (self.lease_ms and now_ms - self.refreshed_ms.get(key, 0) > self.lease_ms):
+                self.to_claim.append(key)
+            else:
+                self._claim_number.pop(key, None)
+                released.extend((owner, item) for item in self.waiting.pop(key))
+        return released
+
+    def take_claims(self) -> list[tuple[str, str]]:
+        claims, self.to_claim = list(dict.fromkeys(self.to_claim)), []
+        return claims
+
+    def learn(self, changes, now_ms: int) -> list:
+        """Apply routes the handler decided, in log order: (queue, group, node or None) triples.
+
+        Returns (owner, item) pairs released from waiting, in the order they arrived."""
+        released = []
+        for queue, group, owner in changes:
+            key = (queue, group)
+            if owner is None:
+                self.routes.pop(key, None)
+                self.refreshed_ms.pop(key, None)
+                continue
+            self.routes[key] = owner
+            if self.lease_ms:
+                self.refreshed_ms[key] = now_ms
+            items = self.waiting.pop(key, None) if self.ready else None
+            if items is not None:
+                self._claim_number.pop(key, None)
+                released.extend((owner, item) for item in items)
+        return released
+
+    def claim_failed(self, keys) -> None:
+        """The proposal did not go through (no leader yet, leader changed): propose again."""
+        if self.ready:
+            self.to_claim.extend(key for key in keys if key in self.waiting)
+
+    def expire(self, now_ms: int) -> list:
+        """Items whose route was not decided within the handler timeout, in arrival order."""
+        expired = []
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now_ms:
+            _, key, number = deadlines.popleft()
+            if self._claim_number.get(key) != number:
+                continue  # decided in time, or a later claim of the same key
+            del self._claim_number[key]
+            expired.extend(self.waiting.pop(key, ()))
+        return expired
+
+    def give_up(self, key) -> list:
+        """The handler refused to route `key`: its waiting items, in arrival order."""
+        self._claim_number.pop(key, None)
+        return self.waiting.pop(key, [])
+
+    def take_used(self) -> set:
+        used, self.used = self.used, set()
+        return used
+
+    def waiting_count(self) -> int:
+        return sum(len(items) for items in self.waiting.values())
+
+
+class Outbound:
+    def __init__(self):
+        # owner node -> forward seq -> (route key, journal name or None); dicts keep seq order
+        self.channels: dict[str, dict[int, tuple]] = {}
+
+    def add(self, owner: str, seq: int, key: tuple[str, str], journal_name: str | None) -> None:
+        self.channels.setdefault(owner, {})[seq] = (key, journal_name)
+
+    def acknowledge(self, owner: str, high_water: int) -> list[tuple[str, int]]:
+        """Drop what `owner` now holds; returns (journal name, seq) of the journalled ones."""
+        channel = self.channels.get(owner)
+        if not channel:
+            return []
+        done = []
+        for seq in channel:
+            if seq > high_water:
+                break
+            done.append(seq)
+        journalled = []
+        for seq in done:
+            journal_name = channel.pop(seq)[1]
+            if journal_name is not None:
+                journalled.append((journal_name, seq))
+        return journalled
+
+    def keys(self) -> set[tuple[str, str]]:
+        return {key for channel in self.channels.values() for key, _ in channel.values()}
+
+    def depths(self) -> dict[str, int]:
+        return {owner: len(channel) for owner, channel in sorted(self.channels.items()) if channel}
+
+
+class Inbound:
+    def __init__(self):
+        self.high_water: dict[str, int] = {}  # source node -> highest forward seq enqueued here
+
+    def fresh(self, source: str, forward_seq: int) -> bool:
+        return forward_seq > self.high_water.get(source, 0)
+
+    def advance(self, source: str, forward_seq: int) -> None:
+        if forward_seq > self.high_water.get(source, 0):
+            self.high_water[source] = forward_seq

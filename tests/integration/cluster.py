@@ -1,0 +1,94 @@
+"""A cluster of real `grouper node` processes on 127.0.0.1 for black-box tests and drills.
+
+Raft ports are chosen up front (the peer list names them); AMQP and admin ports are picked by the
+nodes and kept across restarts. Every wait is bounded and polls the admin API, never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+from tests.integration.harness import NodeProcess
+
+WAIT_S = 20.0  # bound of every wait for the cluster to reach a state
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+class Cluster:
+    def __init__(self, directory: Path, size: int = 3, config_text: str = "", args: tuple = ()):
+        self.raft_ports = free_ports(size)
+        self.node_ids = [f"127.0.0.1:{port}" for port in self.raft_ports]
+        peers = ",".join(self.node_ids)
+        self.nodes = [NodeProcess(Path(directory) / f"node{i}", config_text,
+                                  ("--raft-port", str(port), "--peers", peers, *args))
+                      for i, port in enumerate(self.raft_ports)]
+
+    def start(self) -> "Cluster":
+        for node in self.nodes:
+            node.start()
+        self.wait_leader()
+        return self
+
+    def kill_all(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+    def index_of(self, node_id: str) -> int:
+        return self.node_ids.index(node_id)
+
+    # ---- state through the admin API ---------------------------------------------------------
+
+    def status(self, via: int | None = None) -> dict | None:
+        """`grouper cluster status --json` from a live node (the first that answers), or None."""
+        candidates = [via] if via is not None else range(len(self.nodes))
+        for index in candidates:
+            node = self.nodes[index]
+            if node.process is None or node.process.poll() is not None:
+                continue
+            result = node.cli("cluster", "status", "--json", "--timeout-ms", "2000")
+            if result.returncode == 0:
+                return json.loads(result.stdout)
+        return None
+
+    def wait_for(self, predicate, what: str, timeout_s: float = WAIT_S, via: int | None = None) -> dict:
+        deadline = time.monotonic() + timeout_s
+        status = None
+        while time.monotonic() < deadline:
+            status = self.status(via)
+            if status is not None and predicate(status):
+                return status
+            time.sleep(0.1)
+        raise AssertionError(f"cluster did not reach: {what} within {timeout_s} s; last status: {status}")
+
+    def wait_leader(self, excluding: str = "", timeout_s: float = WAIT_S) -> int:
+        status = self.wait_for(lambda s: s["leader"] and s["leader"] != excluding
+                               and all(m["amqp_address"] for m in s["members"]),
+                               "a leader and every member registered", timeout_s)
+        return self.index_of(status["leader"])
+
+    def wait_consumers(self, queue: str, counts: dict[int, int], timeout_s: float = WAIT_S) -> None:
+        """Until the route table knows exactly these consumer counts on `queue` per node index."""
+        def known(status):
+            by_node = {m["node"]: m["consumers"].get(queue, 0) for m in status["members"]}
+            return all(by_node.get(self.node_ids[i], 0) == count for i, count in counts.items())
+        self.wait_for(known, f"consumers on {queue}: {counts}", timeout_s)
+
+    def groups(self, queue: str, via: int = 0) -> list[dict]:
+        result = self.nodes[via].cli("groups", queue, "--json")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)

@@ -1,0 +1,213 @@
+"""Artemis's clustered-grouping scenarios, in our words, against three real node processes.
+
+Each test starts a 3-node cluster on 127.0.0.1 (raft, gRPC peers, AMQP), attaches consumers on
+some nodes, waits until the route table knows them (so placement is deterministic), then sends
+through any node and checks where each group went, in what order, and that no group is split.
+"""
+
+from __future__ import annotations
+
+import pytest
+from proton import Delivery
+
+from tests.integration.cluster import Cluster
+from tests.integration.harness import ManualReceiver, connect, grouped, send_outcome
+
+QUEUE = "orders"
+
+
+@pytest.fixture
+def cluster_factory(tmp_path):
+    made: list[Cluster] = []
+
+    def make(config_text: str = "", *args: str) -> Cluster:
+        cluster = Cluster(tmp_path, 3, config_text, args)
+        made.append(cluster)
+        return cluster.start()
+
+    yield make
+    for cluster in made:
+        cluster.kill_all()
+
+
+@pytest.fixture
+def cluster(cluster_factory):
+    return cluster_factory()
+
+
+class Clients:
+    """Connections opened by a test, closed at its end."""
+
+    def __init__(self):
+        self.connections = []
+
+    def connection(self, node):
+        connection = connect(node)
+        self.connections.append(connection)
+        return connection
+
+    def consumer(self, node, queue: str, name: str, credit: int = 100) -> ManualReceiver:
+        return ManualReceiver(self.connection(node), queue, name, credit=credit)
+
+    def send(self, node, queue: str, messages, name: str = "producer") -> None:
+        sender = self.connection(node).create_sender(queue, name=name)
+        for message in messages:
+            state, condition = send_outcome(sender, message)
+            assert state == Delivery.ACCEPTED, (message.body, condition)
+
+    def close(self):
+        for connection in self.connections:
+            try:
+                connection.close()
+            except Exception:
+                pass
+
+
+@pytest.fixture
+def clients():
+    made = Clients()
+    yield made
+    made.close()
+
+
+def bodies(helds) -> list[str]:
+    for held in helds:
+        held.accept()
+    return [held.body for held in helds]
+
+
+def by_group(received: list[str]) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for body in received:
+        group, seq = body.rsplit(":", 1)
+        groups.setdefault(group, []).append(int(seq))
+    return groups
+
+
+def test_a_group_sent_via_any_node_reaches_the_same_consumer_in_order(cluster, clients):
+    consumers = [clients.consumer(node, QUEUE, f"c{i}") for i, node in enumerate(cluster.nodes)]
+    cluster.wait_consumers(QUEUE, {0: 1, 1: 1, 2: 1})
+    for i, node in enumerate(cluster.nodes):
+        clients.send(node, QUEUE, [grouped(f"g:{i * 10 + n}", "g") for n in range(5)], name=f"p{i}")
+    received = [bodies(consumer.fetch_many(15)) if i == 0 else [] for i, consumer in enumerate(consumers)]
+    # the first message came in at node 0, which has a consumer: the group lives there
+    assert by_group(received[0])["g"] == [*range(5), *range(10, 15), *range(20, 25)]
+    for consumer in consumers[1:]:
+        assert consumer.poll() is None
+
+
+def test_groups_spread_over_consumers_on_different_nodes(cluster, clients):
+    consumers = {i: clients.consumer(cluster.nodes[i], QUEUE, f"c{i}") for i in (1, 2)}
+    cluster.wait_consumers(QUEUE, {1: 1, 2: 1})
+    groups = [f"g{n}" for n in range(10)]
+    clients.send(cluster.nodes[0], QUEUE, [grouped(f"{g}:{seq}", g) for seq in range(3) for g in groups])
+    received = {i: [] for i in consumers}
+    while sum(len(r) for r in received.values()) < 30:
+        progressed = False
+        for i, consumer in consumers.items():
+            held = consumer.poll()
+            if held is not None:
+                received[i].append(held.body)
+                held.accept()
+                progressed = True
+        if not progressed:
+            for i, consumer in consumers.items():
+                received[i].extend(bodies(consumer.fetch_many(1)))
+    seen = {i: by_group(r) for i, r in received.items()}
+    assert len(seen[1]) == len(seen[2]) == 5  # fewest routes first: an even spread
+    assert not set(seen[1]) & set(seen[2])  # no group at both
+    for groups_of_node in seen.values():
+        assert all(seqs == [0, 1, 2] for seqs in groups_of_node.values())
+    rows = cluster.groups(QUEUE)
+    assert {row["node"] for row in rows} <= {cluster.node_ids[1], cluster.node_ids[2]}
+
+
+def test_a_node_without_consumers_is_not_chosen_while_another_has_one(cluster, clients):
+    consumer = clients.consumer(cluster.nodes[2], QUEUE, "c2")
+    idle = clients.consumer(cluster.nodes[1], "elsewhere", "c1")  # a consumer, but on another queue
+    cluster.wait_consumers(QUEUE, {0: 0, 1: 0, 2: 1})
+    clients.send(cluster.nodes[0], QUEUE, [grouped(f"g{n}:0", f"g{n}") for n in range(6)])
+    assert sorted(bodies(consumer.fetch_many(6))) == sorted(f"g{n}:0" for n in range(6))
+    assert idle.poll() is None
+    status = cluster.status()
+    assert {m["node"]: m["routes"] for m in status["members"]}[cluster.node_ids[2]] == 6
+
+
+def test_two_queues_are_grouped_independently(cluster, clients):
+    on_a = clients.consumer(cluster.nodes[1], "queue-a", "ca")
+    on_b = clients.consumer(cluster.nodes[2], "queue-b", "cb")
+    cluster.wait_consumers("queue-a", {1: 1})
+    cluster.wait_consumers("queue-b", {2: 1})
+    clients.send(cluster.nodes[0], "queue-a", [grouped(f"g:{n}", "g") for n in range(3)], name="pa")
+    clients.send(cluster.nodes[0], "queue-b", [grouped(f"g:{n}", "g") for n in range(3)], name="pb")
+    assert bodies(on_a.fetch_many(3)) == ["g:0", "g:1", "g:2"]
+    assert bodies(on_b.fetch_many(3)) == ["g:0", "g:1", "g:2"]
+    nodes = {(row["group"], row["node"]) for row in cluster.groups("queue-a")}
+    assert nodes <= {("g", cluster.node_ids[1])}
+
+
+def test_a_deleted_queues_stale_routes_are_proposed_again(cluster, clients):
+    first = clients.consumer(cluster.nodes[1], QUEUE, "first")
+    cluster.wait_consumers(QUEUE, {1: 1})
+    clients.send(cluster.nodes[0], QUEUE, [grouped("g:0", "g")], name="p1")
+    assert bodies(first.fetch_many(1)) == ["g:0"]
+    first.close()
+    for node in cluster.nodes[:2]:  # a queue is per node: delete it where it was made
+        result = node.cli("queue", "delete", QUEUE)
+        assert result.returncode == 0, result.stderr
+    cluster.wait_for(lambda s: s["routes"] == 0, "the deleted queue's routes dropped")
+    second = clients.consumer(cluster.nodes[2], QUEUE, "second")
+    cluster.wait_consumers(QUEUE, {1: 0, 2: 1})
+    clients.send(cluster.nodes[0], QUEUE, [grouped("g:1", "g")], name="p2")
+    assert bodies(second.fetch_many(1)) == ["g:1"]
+
+
+def test_group_timeout_expires_idle_routes(cluster_factory, clients):
+    cluster = cluster_factory("", "--group-timeout-ms", "1000")
+    consumer = clients.consumer(cluster.nodes[1], QUEUE, "c1")
+    cluster.wait_consumers(QUEUE, {1: 1})
+    clients.send(cluster.nodes[0], QUEUE, [grouped(f"g{n}:0", f"g{n}") for n in range(3)])
+    assert cluster.status()["routes"] == 3
+    held = consumer.fetch_many(3)
+    # while a message of each group is unsettled at its owner, the routes are kept
+    cluster.wait_for(lambda s: True, "one more status")
+    assert cluster.status()["routes"] == 3
+    bodies(held)
+    cluster.wait_for(lambda s: s["routes"] == 0, "idle routes expired", timeout_s=10)
+
+
+def test_a_pinned_nodes_restart_keeps_its_groups_and_queued_messages(cluster, clients):
+    owner = cluster.nodes[1]
+    consumer = clients.consumer(owner, QUEUE, "c1")
+    cluster.wait_consumers(QUEUE, {1: 1})
+    clients.send(cluster.nodes[0], QUEUE, [grouped("g:0", "g")], name="p1")
+    assert bodies(consumer.fetch_many(1)) == ["g:0"]
+    consumer.close()
+    clients.send(cluster.nodes[0], QUEUE, [grouped("g:1", "g")], name="p2")  # queued at its owner
+    owner.kill()
+    # accepted into node 0's outbound store while the owner is down
+    clients.send(cluster.nodes[0], QUEUE, [grouped(f"g:{n}", "g") for n in (2, 3)], name="p3")
+    owner.start()
+    consumer = clients.consumer(owner, QUEUE, "c1-again")
+    assert bodies(consumer.fetch_many(3)) == ["g:1", "g:2", "g:3"]
+    others = clients.consumer(cluster.nodes[2], QUEUE, "c2")
+    clients.send(cluster.nodes[2], QUEUE, [grouped("g:4", "g")], name="p4")
+    assert bodies(consumer.fetch_many(1)) == ["g:4"]  # the route still names node 1
+    assert others.poll() is None
+
+
+def test_without_a_majority_new_groups_are_refused_with_the_handler_condition(cluster_factory, clients):
+    cluster = cluster_factory("", "--handler-timeout-ms", "1500")
+    consumer = clients.consumer(cluster.nodes[0], QUEUE, "c0")
+    cluster.wait_consumers(QUEUE, {0: 1})
+    clients.send(cluster.nodes[0], QUEUE, [grouped("known:0", "known")], name="p1")
+    assert bodies(consumer.fetch_many(1)) == ["known:0"]
+    cluster.nodes[1].kill()
+    cluster.nodes[2].kill()
+    sender = clients.connection(cluster.nodes[0]).create_sender(QUEUE, name="p2")
+    state, condition = send_outcome(sender, grouped("new:0", "new"))
+    assert (state, condition) == (Delivery.REJECTED, "grouper:grouping-handler-unavailable")
+    # a group whose route is already known keeps flowing: its order cannot be broken by it
+    state, condition = send_outcome(sender, grouped("known:1", "known"))
+    assert state == Delivery.ACCEPTED
+    assert bodies(consumer.fetch_many(1)) == ["known:1"]
