@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -174,9 +175,11 @@ class Forwarder:
                 else:
                     self._acked(high_water)
         except BaseException:
-            log.critical("the forwarder to %s stopped on a bug; nothing more is forwarded there",
-                         self.destination_node, exc_info=True)
-            raise
+            # a bug: a node that silently stops forwarding would strand messages; stop the process
+            # and let its supervisor restart it (the outbound store is journalled)
+            log.critical("the forwarder to %s stopped on a bug; stopping the node", self.destination_node,
+                         exc_info=True)
+            os._exit(70)
         finally:
             with self._condition:
                 channel = self._channel
