@@ -22,7 +22,7 @@ from node.amqp.bridge import Bridge
 from node.amqp.server import AmqpServer
 from node.config import NodeConfig
 from node.core.broker import Broker
-from node.core.errors import GrouperError
+from node.core.errors import GrouperError, HandlerUnavailable, NotAllowed
 from node.core.settings import QueueSettings
 from node.store.journal import Journal
 
@@ -96,6 +96,37 @@ class ReactorControl:
         nodes = self._call(lambda: cluster.members["nodes"])
         return [(node, info.get("admin_address", "")) for node, info in sorted(nodes.items())
                 if node != cluster.node_id and info.get("admin_address")]
+
+    def _membership(self, change, node_id: str) -> None:
+        if self._node.handler is None:
+            raise NotAllowed("this node runs alone (no --peers): there is no raft cluster to change")
+        done = threading.Event()
+        failure: list = []
+
+        def finished(reason):
+            if reason is not None:
+                failure.append(reason)
+            done.set()
+
+        change(node_id, finished)
+        if not done.wait(self._node.config.admin_timeout_ms / 1000):
+            raise TimeoutError(f"the membership change of {node_id} was not committed within "
+                               f"{self._node.config.admin_timeout_ms} ms; check 'grouper cluster status'")
+        if failure:
+            raise HandlerUnavailable(f"the raft cluster did not change membership of {node_id}: {failure[0]}")
+
+    def add_member(self, node_id: str) -> None:
+        self._membership(self._node.handler.add_member, node_id)
+
+    def remove_member(self, node_id: str) -> int:
+        self._membership(self._node.handler.remove_member, node_id)
+        cluster = self._node.cluster
+        keys = self._call(lambda: sorted(key for key, owner in cluster.router.routes.items() if owner == node_id))
+        if keys:
+            log.warning("node %s left the cluster owning %d routes; dropping them so its groups are placed "
+                        "afresh", node_id, len(keys))
+            self._node.handler.unroute(keys)
+        return len(keys)
 
     def cluster_status(self) -> dict:
         node = self._node

@@ -243,3 +243,15 @@ class MoveGroupResponse(_message.Message):
     MESSAGES_MOVED_FIELD_NUMBER: _ClassVar[int]
     messages_moved: int
     def __init__(self, messages_moved: _Optional[int] = ...) -> None: ...
+
+class MemberRequest(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    def __init__(self, node: _Optional[str] = ...) -> None: ...
+
+class MemberResponse(_message.Message):
+    __slots__ = ("routes_dropped",)
+    ROUTES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    routes_dropped: int
+    def __init__(self, routes_dropped: _Optional[int] = ...) -> None: ...

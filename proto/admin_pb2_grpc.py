@@ -74,6 +74,16 @@ class AdminServiceStub:
                 request_serializer=proto_dot_admin__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=proto_dot_admin__pb2.ClusterStatusResponse.FromString,
                 _registered_method=True)
+        self.AddMember = channel.unary_unary(
+                '/grouper.admin.v1.AdminService/AddMember',
+                request_serializer=proto_dot_admin__pb2.MemberRequest.SerializeToString,
+                response_deserializer=proto_dot_admin__pb2.MemberResponse.FromString,
+                _registered_method=True)
+        self.RemoveMember = channel.unary_unary(
+                '/grouper.admin.v1.AdminService/RemoveMember',
+                request_serializer=proto_dot_admin__pb2.MemberRequest.SerializeToString,
+                response_deserializer=proto_dot_admin__pb2.MemberResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -137,6 +147,20 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddMember(self, request, context):
+        """Add a started node to the raft cluster (it was started with --peers naming every member and itself).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveMember(self, request, context):
+        """Remove a node from the raft cluster; routes to it are dropped, so its groups are placed afresh.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -179,6 +203,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ClusterStatus,
                     request_deserializer=proto_dot_admin__pb2.ClusterStatusRequest.FromString,
                     response_serializer=proto_dot_admin__pb2.ClusterStatusResponse.SerializeToString,
+            ),
+            'AddMember': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddMember,
+                    request_deserializer=proto_dot_admin__pb2.MemberRequest.FromString,
+                    response_serializer=proto_dot_admin__pb2.MemberResponse.SerializeToString,
+            ),
+            'RemoveMember': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveMember,
+                    request_deserializer=proto_dot_admin__pb2.MemberRequest.FromString,
+                    response_serializer=proto_dot_admin__pb2.MemberResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -397,6 +431,60 @@ class AdminService:
             '/grouper.admin.v1.AdminService/ClusterStatus',
             proto_dot_admin__pb2.ClusterStatusRequest.SerializeToString,
             proto_dot_admin__pb2.ClusterStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddMember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grouper.admin.v1.AdminService/AddMember',
+            proto_dot_admin__pb2.MemberRequest.SerializeToString,
+            proto_dot_admin__pb2.MemberResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveMember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grouper.admin.v1.AdminService/RemoveMember',
+            proto_dot_admin__pb2.MemberRequest.SerializeToString,
+            proto_dot_admin__pb2.MemberResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -123,6 +123,12 @@ class AdminClient:
                                              local_only=local_only, **_count_request(count))
         return self._call(self._stub.MoveGroup, request).messages_moved
 
+    def add_member(self, node: str) -> None:
+        self._call(self._stub.AddMember, admin_pb2.MemberRequest(node=node))
+
+    def remove_member(self, node: str) -> int:
+        return self._call(self._stub.RemoveMember, admin_pb2.MemberRequest(node=node)).routes_dropped
+
     def cluster_status(self) -> dict:
         response = self._call(self._stub.ClusterStatus, admin_pb2.ClusterStatusRequest())
         return {

@@ -92,7 +92,14 @@ def register(subparsers) -> None:
                         help="print a JSON list of {group, messages, acquired, consumer, node}")
 
     cluster = subparsers.add_parser("cluster", help="the cluster's members, leader and routes")
-    cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True, metavar="{status}")
+    cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True,
+                                              metavar="{status,add-node,remove-node}")
+    command(cluster_commands, "add-node", _cluster_add,
+            "add a started node (its --peers naming every member and itself) to the raft cluster"
+            ).add_argument("raft_address", metavar="HOST:RAFT_PORT", type=node_address)
+    command(cluster_commands, "remove-node", _cluster_remove,
+            "remove a node from the raft cluster; its routes are dropped so its groups are placed afresh"
+            ).add_argument("raft_address", metavar="HOST:RAFT_PORT", type=node_address)
     command(cluster_commands, "status", _cluster_status,
             "members, raft leader and term, routes, and every member's queue depths"
             ).add_argument("--json", action="store_true", help="print the status as JSON")
@@ -169,6 +176,16 @@ def _groups(client: AdminClient, args) -> None:
     print(_table(("GROUP", "MESSAGES", "ACQUIRED", "CONSUMER") + (("NODE",) if clustered else ()),
                  [(r["group"], r["messages"], r["acquired"], "-" if r["consumer"] is None else r["consumer"])
                   + ((r["node"],) if clustered else ()) for r in rows]))
+
+
+def _cluster_add(client: AdminClient, args) -> None:
+    client.add_member(args.raft_address)
+    print(f"added {args.raft_address} to the cluster")
+
+
+def _cluster_remove(client: AdminClient, args) -> None:
+    dropped = client.remove_member(args.raft_address)
+    print(f"removed {args.raft_address} from the cluster; dropped {_count(dropped, 'route')} that named it")
 
 
 def _cluster_status(client: AdminClient, args) -> None:

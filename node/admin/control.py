@@ -30,3 +30,7 @@ class NodeControl(Protocol):
     def cluster_status(self) -> dict: ...  # handler status, routes, members (see ClusterStatusResponse)
 
     def peers(self) -> list[tuple[str, str]]: ...  # (node id, admin address) of the other members
+
+    def add_member(self, node: str) -> None: ...  # raft membership change, waits for its commit
+
+    def remove_member(self, node: str) -> int: ...  # routes dropped with it

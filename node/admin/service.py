@@ -18,8 +18,8 @@ import grpc
 
 from node.admin.client import AdminClient, AdminError, NodeFailure
 from node.admin.control import NodeControl
-from node.core.errors import (AlreadyExists, GrouperError, InvalidConfig, InvalidField, NotAllowed, NotFound,
-                              ResourceDeleted, ResourceLimitExceeded)
+from node.core.errors import (AlreadyExists, GrouperError, HandlerUnavailable, InvalidConfig, InvalidField,
+                              NotAllowed, NotFound, ResourceDeleted, ResourceLimitExceeded)
 from node.core.settings import QueueSettings
 from proto import admin_pb2, admin_pb2_grpc
 
@@ -46,6 +46,7 @@ STATUS_BY_ERROR: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (NotAllowed, grpc.StatusCode.FAILED_PRECONDITION),  # no authorization here: it is a state rule
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),  # the reactor did not answer within the bridge deadline
     (NodeUnavailable, grpc.StatusCode.UNAVAILABLE),  # another member needed for the answer is down
+    (HandlerUnavailable, grpc.StatusCode.UNAVAILABLE),  # the raft cluster could not commit the change
 )
 
 
@@ -89,6 +90,13 @@ def _messages_max(request) -> int | None:
     if request.messages_max < 1:
         raise InvalidField(f"messages_max: must be >= 1, got {request.messages_max} (leave it out for all)")
     return request.messages_max
+
+
+def _raft_address(node: str) -> str:
+    host, _, port = node.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise InvalidField(f"node: expected a raft address HOST:PORT, got {node!r}")
+    return node
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
@@ -181,6 +189,16 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 lambda client: client.move_group(request.queue, request.group, request.destination_queue,
                                                  count, local_only=True))))
         return self._answer(request, context, work)
+
+    def AddMember(self, request, context):
+        def work():
+            self._control.add_member(_raft_address(request.node))
+            return admin_pb2.MemberResponse()
+        return self._answer(request, context, work)
+
+    def RemoveMember(self, request, context):
+        return self._answer(request, context, lambda: admin_pb2.MemberResponse(
+            routes_dropped=self._control.remove_member(_raft_address(request.node))))
 
     def ClusterStatus(self, request, context):
         def work():

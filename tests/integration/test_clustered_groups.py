@@ -211,3 +211,32 @@ def test_without_a_majority_new_groups_are_refused_with_the_handler_condition(cl
     state, condition = send_outcome(sender, grouped("known:1", "known"))
     assert state == Delivery.ACCEPTED
     assert bodies(consumer.fetch_many(1)) == ["known:1"]
+
+
+def test_a_node_joins_and_leaves_without_restarting_the_others(cluster, clients, tmp_path):
+    from tests.integration.cluster import free_ports
+    from tests.integration.harness import NodeProcess
+
+    [port] = free_ports(1)
+    joiner_id = f"127.0.0.1:{port}"
+    joiner = NodeProcess(tmp_path / "joiner", "", ("--raft-port", str(port),
+                                                  "--peers", ",".join([*cluster.node_ids, joiner_id])))
+    try:
+        joiner.start()
+        result = cluster.nodes[0].cli("cluster", "add-node", joiner_id)
+        assert result.returncode == 0, result.stderr
+        cluster.wait_for(lambda s: joiner_id in [m["node"] for m in s["members"] if m["amqp_address"]],
+                         "the new node registered")
+        consumer = clients.consumer(joiner, QUEUE, "cj")
+        cluster.wait_for(lambda s: {m["node"]: m["consumers"] for m in s["members"]}[joiner_id].get(QUEUE) == 1,
+                         "the new node's consumer known")
+        clients.send(joiner, QUEUE, [grouped(f"g:{n}", "g") for n in range(3)])
+        assert bodies(consumer.fetch_many(3)) == ["g:0", "g:1", "g:2"]
+        result = cluster.nodes[1].cli("cluster", "remove-node", joiner_id)
+        assert result.returncode == 0, result.stderr
+        assert "dropped 1 route" in result.stdout
+        status = cluster.wait_for(lambda s: joiner_id not in [m["node"] for m in s["members"] if m["connected"]]
+                                  and s["routes"] == 0, "the node removed and its route dropped")
+        assert status["leader"] in cluster.node_ids
+    finally:
+        joiner.kill()
