@@ -1,0 +1,104 @@
+"""Cluster settings of a node, and the replica's feed of applied commands (no raft running)."""
+
+from __future__ import annotations
+
+import pytest
+
+from handler import replicated
+from handler.replicated import RouteTableReplica
+from node.config import load
+from node.core.errors import InvalidConfig
+from node.core.settings import QueueSettings
+
+
+def test_without_peers_a_node_runs_alone():
+    assert load(environ={}).peer_list() == []
+
+
+def test_the_node_id_is_the_advertised_host_and_raft_port():
+    config = load(environ={}, overrides={"host": "0.0.0.0", "advertise_host": "grouper-1.grouper", "raft_port": 7000})
+    assert config.node_id == "grouper-1.grouper:7000"
+
+
+def test_a_node_finds_itself_in_the_peer_list_and_leaves_itself_out():
+    config = load(environ={"GROUPER_PEERS": "h1:7000, h2:7000,h3:7000,h2:7000"},
+                  overrides={"advertise_host": "h2", "raft_port": 7000})
+    assert config.peer_list() == ["h1:7000", "h3:7000"]
+
+
+@pytest.mark.parametrize("peers", ["h1", "h1:", ":7000", "h1:port", "h1:70000"])
+def test_a_peer_that_is_not_host_colon_port_is_named(peers):
+    with pytest.raises(InvalidConfig) as raised:
+        load(environ={}, overrides={"peers": peers})
+    assert raised.value.key == "peers" and repr(peers.split(",")[0]) in raised.value.description
+
+
+def test_a_cluster_node_needs_a_fixed_raft_port():
+    with pytest.raises(InvalidConfig) as raised:
+        load(environ={}, overrides={"peers": "h1:7000", "raft_port": 0})
+    assert raised.value.key == "raft_port"
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"handler_timeout_ms": 0}, "handler_timeout_ms"),
+    ({"group_timeout_ms": -1}, "group_timeout_ms"),
+    ({"election_timeout_min_ms": 500, "election_timeout_max_ms": 500}, "election_timeout_max_ms"),
+    ({"routes_max": 0}, "routes_max"),
+    ({"forward_timeout_ms": 0}, "forward_timeout_ms"),
+])
+def test_cluster_limits_and_timeouts_are_checked_by_name(overrides, key):
+    with pytest.raises(InvalidConfig) as raised:
+        load(environ={}, overrides=overrides)
+    assert raised.value.key == key
+
+
+def test_queue_names_cannot_hold_control_characters_which_name_the_clusters_own_records():
+    with pytest.raises(InvalidConfig) as raised:
+        QueueSettings(name="orders\x00out").validate()
+    assert raised.value.key == "name"
+
+
+# ---- the replica's feed: what a node hears after each applied command --------------------------
+
+def make_replica():
+    heard = []
+    replica = RouteTableReplica(lambda kind, payload: heard.append((kind, payload)), routes_max=2)
+    return replica, heard
+
+
+def test_an_applied_claim_reports_every_decided_route_and_the_refused_keys():
+    replica, heard = make_replica()
+    replica.claim([["q", "a"], ["q", "b"], ["q", "c"]], "n1", 10, _doApply=True)
+    assert heard == [(replicated.ROUTES, [("q", "a", "n1"), ("q", "b", "n1")]),
+                     (replicated.REFUSED, [("q", "c")])]
+
+
+def test_removals_are_reported_as_routes_to_none():
+    replica, heard = make_replica()
+    replica.claim([["q", "a"], ["r", "b"]], "n1", 10, _doApply=True)
+    heard.clear()
+    replica.drop_queue("q", _doApply=True)
+    assert heard == [(replicated.ROUTES, [("q", "a", None)])]
+
+
+def test_membership_commands_publish_copies_of_nodes_consumers_and_down_marks():
+    replica, heard = make_replica()
+    replica.register_node("n1", "h:1", "h:2", "h:3", 5, _doApply=True)
+    replica.report_consumers("n1", {"q": 2}, 6, _doApply=True)
+    kind, members = heard[-1]
+    assert kind == replicated.MEMBERS
+    assert members["nodes"]["n1"]["amqp_address"] == "h:2" and members["consumers"] == {"n1": {"q": 2}}
+    members["consumers"]["n1"]["q"] = 99  # a copy: the node cannot change the replica's state
+    assert replica.table.consumers == {"n1": {"q": 2}}
+
+
+def test_a_snapshot_round_trip_restores_the_table_and_replaces_every_route_the_node_knew():
+    replica, _ = make_replica()
+    replica.claim([["q", "a"]], "n1", 10, _doApply=True)
+    replica.register_node("n1", "h:1", "h:2", "h:3", 5, _doApply=True)
+    data = replica._serialize()
+    restored, heard = make_replica()
+    restored._deserialize(data)
+    assert vars(restored.table) == vars(replica.table)
+    assert heard[0] == (replicated.SNAPSHOT, [("q", "a", "n1")])
+    assert heard[1][0] == replicated.MEMBERS
