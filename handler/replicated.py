@@ -12,9 +12,9 @@ from pysyncobj import SyncObjConsumer, replicated
 
 from handler.route_table import RouteTable
 
-ROUTES = "routes"  # payload: [(queue, group, node or None)], None = route removed
+ROUTES = "routes"  # payload: [(queue, group, node or None)], None = route removed; at_ms: their refresh time
 REFUSED = "refused"  # payload: [(queue, group)] refused by the table (routes_max reached)
-SNAPSHOT = "snapshot"  # payload: every route [(queue, group, node)], replacing all known before
+SNAPSHOT = "snapshot"  # payload: every route [(queue, group, node, touched_ms)], replacing all known before
 MEMBERS = "members"  # payload: {"nodes": ..., "consumers": ..., "down": ...}, copies
 
 
@@ -35,7 +35,8 @@ class RouteTableReplica(SyncObjConsumer):
         table = RouteTable(self._routes_max)
         vars(table).update(data["route_table"])
         self.table = table
-        self._on_applied(SNAPSHOT, [(queue, group, route[0]) for (queue, group), route in sorted(table.routes.items())])
+        self._on_applied(SNAPSHOT, [(queue, group, route[0], route[1])
+                                    for (queue, group), route in sorted(table.routes.items())], None)
         self._publish_members()
 
     # ---- replicated commands -----------------------------------------------------------------
@@ -45,9 +46,9 @@ class RouteTableReplica(SyncObjConsumer):
         nodes = self.table.claim(keys, proposer, now_ms)
         decided = [(key[0], key[1], node) for key, node in zip(keys, nodes) if node is not None]
         if decided:
-            self._on_applied(ROUTES, decided)
+            self._on_applied(ROUTES, decided, now_ms)
         if len(decided) < len(keys):
-            self._on_applied(REFUSED, [tuple(key) for key, node in zip(keys, nodes) if node is None])
+            self._on_applied(REFUSED, [tuple(key) for key, node in zip(keys, nodes) if node is None], None)
         return len(decided)
 
     @replicated
@@ -86,11 +87,11 @@ class RouteTableReplica(SyncObjConsumer):
 
     def _removed(self, keys):
         if keys:
-            self._on_applied(ROUTES, [(queue, group, None) for queue, group in keys])
+            self._on_applied(ROUTES, [(queue, group, None) for queue, group in keys], None)
         return len(keys)
 
     def _publish_members(self):
         table = self.table
         self._on_applied(MEMBERS, {"nodes": {node: dict(info) for node, info in table.nodes.items()},
                                    "consumers": {node: dict(counts) for node, counts in table.consumers.items()},
-                                   "down": dict(table.down)})
+                                   "down": dict(table.down)}, None)

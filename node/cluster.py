@@ -182,14 +182,19 @@ class ClusterLink:
 
     # ---- the handler's applied commands (arrive through the bridge, in log order) ------------
 
-    def applied(self, kind: str, payload) -> None:
+    def applied(self, kind: str, payload, at_ms) -> None:
         now_ms = self.clock_ms()
         if kind == replicated.ROUTES:
-            self._release(self.router.learn(payload, now_ms), now_ms)
+            # a route's lease runs from the refresh time in the log, not from when this node heard
+            # of it: a node replaying an old log must not think old routes fresh
+            self._release(self.router.learn(payload, now_ms if at_ms is None else at_ms), now_ms)
         elif kind == replicated.SNAPSHOT:
-            fresh = {(queue, group) for queue, group, _ in payload}
+            fresh = {(queue, group) for queue, group, _, _ in payload}
             gone = [(queue, group, None) for queue, group in self.router.routes if (queue, group) not in fresh]
-            self._release(self.router.learn(gone + list(payload), now_ms), now_ms)
+            released = self.router.learn(gone, now_ms)
+            for queue, group, owner, touched_ms in payload:
+                released += self.router.learn([(queue, group, owner)], touched_ms)
+            self._release(released, now_ms)
         elif kind == replicated.REFUSED:
             for key in payload:
                 for item in self.router.give_up(tuple(key)):

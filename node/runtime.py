@@ -253,7 +253,8 @@ class Node:
         try:
             self.handler = GroupingHandler(
                 config.node_id, config.peer_list(), os.path.join(config.data_dir, "raft"),
-                on_applied=lambda kind, payload: self.bridge.post(lambda: self.cluster.applied(kind, payload)),
+                on_applied=lambda kind, payload, at_ms: self.bridge.post(
+                    lambda: self.cluster.applied(kind, payload, at_ms)),
                 on_ready=lambda: self.bridge.post(self.cluster.ready),
                 election_timeout_min_ms=config.election_timeout_min_ms,
                 election_timeout_max_ms=config.election_timeout_max_ms,

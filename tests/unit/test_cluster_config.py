@@ -62,7 +62,7 @@ def test_queue_names_cannot_hold_control_characters_which_name_the_clusters_own_
 
 def make_replica():
     heard = []
-    replica = RouteTableReplica(lambda kind, payload: heard.append((kind, payload)), routes_max=2)
+    replica = RouteTableReplica(lambda kind, payload, at_ms: heard.append((kind, payload)), routes_max=2)
     return replica, heard
 
 
@@ -100,5 +100,5 @@ def test_a_snapshot_round_trip_restores_the_table_and_replaces_every_route_the_n
     restored, heard = make_replica()
     restored._deserialize(data)
     assert vars(restored.table) == vars(replica.table)
-    assert heard[0] == (replicated.SNAPSHOT, [("q", "a", "n1")])
+    assert heard[0] == (replicated.SNAPSHOT, [("q", "a", "n1", 10)])
     assert heard[1][0] == replicated.MEMBERS
