@@ -79,6 +79,12 @@ class RouteTableReplica(SyncObjConsumer):
         self._publish_members()
 
     @replicated
+    def fail_over(self, node, now_ms):
+        dropped = self._removed(self.table.fail_over(node, now_ms))
+        self._publish_members()
+        return dropped
+
+    @replicated
     def mark_up(self, node, now_ms):
         self.table.mark_up(node, now_ms)
         self._publish_members()

@@ -107,6 +107,14 @@ class RouteTable:
         del self.down[node]
         self.revision += 1
 
+    def fail_over(self, node: str, now_ms: int) -> list:
+        """The owner-failover policy: mark `node` down and drop every route naming it, so its groups
+        are placed afresh on live nodes. Returns the dropped keys, sorted."""
+        if not (_is_str(node) and _is_int(now_ms)):
+            return []
+        self.mark_down(node, now_ms)
+        return self._remove(sorted(key for key, route in self.routes.items() if route[0] == node))
+
     def expire_idle(self, cutoff_ms: int) -> list:
         if not _is_int(cutoff_ms):
             return []

@@ -4,7 +4,10 @@ Threads: pysyncobj's tick thread owns the replica and runs every callback; calle
 (the reactor, the admin pool) only enqueue commands, which never blocks, and hear back through the
 callbacks they pass, on the tick thread. The raft leader is the LOCAL handler: every proposal is
 decided in log order there; the other members forward theirs to it (pysyncobj does). The leader
-also runs the reaper: routes idle for `group_timeout_ms` are expired by a command in the log.
+also has duties, run by a thread of this class that only enqueues commands: the reaper (routes
+idle for `group_timeout_ms` are expired) and, when `owner_failover_ms` is set, the owner-failover
+policy (a member unreachable that long is marked down and its routes dropped, so its groups are
+placed afresh: availability over order, said loudly in the log).
 """
 
 from __future__ import annotations
@@ -21,16 +24,19 @@ from handler.replicated import RouteTableReplica
 log = logging.getLogger("grouper.handler")
 
 REAPER_INTERVAL_MS = 1000  # how often the leader looks for idle routes (when a group timeout is set)
+DUTIES_INTERVAL_MS = 200  # how often the leader checks members' reachability (owner failover)
 DESTROY_WAIT_S = 2.0  # how long stop() waits for the tick thread
 
 
 class GroupingHandler:
     def __init__(self, node_id: str, partners: list[str], raft_dir: str, *, on_applied, on_ready,
                  election_timeout_min_ms: int, election_timeout_max_ms: int, routes_max: int,
-                 group_timeout_ms: int = 0, bind_host: str = ""):
+                 group_timeout_ms: int = 0, owner_failover_ms: int = 0, bind_host: str = ""):
         os.makedirs(raft_dir, exist_ok=True)
         self.node_id = node_id
         self.group_timeout_ms = group_timeout_ms
+        self.owner_failover_ms = owner_failover_ms
+        self._unreachable_since_s: dict[str, float] = {}  # member -> monotonic time it was first seen unreachable
         self._on_ready = on_ready
         self.replica = RouteTableReplica(on_applied, routes_max)
         conf = SyncObjConf(
@@ -48,12 +54,12 @@ class GroupingHandler:
             bindAddress=f"{bind_host}:{node_id.rsplit(':', 1)[1]}" if bind_host else None,
         )
         self._syncobj = SyncObj(node_id, list(partners), conf=conf, consumers=[self.replica])
-        self._reaper_due_s = 0.0
+        self._reap_due_s = 0.0
         self._stopped = threading.Event()
-        self._reaper = None
-        if group_timeout_ms:
-            self._reaper = threading.Thread(target=self._reap, name="route-reaper", daemon=True)
-            self._reaper.start()
+        self._duties = None
+        if group_timeout_ms or owner_failover_ms:
+            self._duties = threading.Thread(target=self._leader_duties, name="leader-duties", daemon=True)
+            self._duties.start()
 
     # ---- calls from the node (any thread; none blocks) ---------------------------------------
 
@@ -111,8 +117,8 @@ class GroupingHandler:
     def stop(self) -> None:
         self._stopped.set()
         self._syncobj.destroy()
-        if self._reaper is not None:
-            self._reaper.join(DESTROY_WAIT_S)
+        if self._duties is not None:
+            self._duties.join(DESTROY_WAIT_S)
 
     # ---- internals (tick thread) -------------------------------------------------------------
 
@@ -136,12 +142,39 @@ class GroupingHandler:
     def _logged(self, what):
         return self._callback(lambda reason: log.warning("grouping handler: %s failed: %s", what, reason))
 
-    def _reap(self):
-        # the reaper's own thread only enqueues a command; the decision is in the log
-        while not self._stopped.wait(REAPER_INTERVAL_MS / 1000):
-            if self._syncobj._isLeader():
-                now_ms = int(time.time() * 1000)
+    def _leader_duties(self):
+        # this thread only enqueues commands; every decision is in the log
+        while not self._stopped.wait(DUTIES_INTERVAL_MS / 1000):
+            if not self._syncobj._isLeader():
+                self._unreachable_since_s.clear()
+                continue
+            now_ms = int(time.time() * 1000)
+            if self.group_timeout_ms and time.monotonic() >= self._reap_due_s:
+                self._reap_due_s = time.monotonic() + REAPER_INTERVAL_MS / 1000
                 self.replica.expire_idle(now_ms - self.group_timeout_ms, callback=self._logged("expire_idle"))
+            if self.owner_failover_ms:
+                self._fail_over_unreachable(now_ms)
+
+    def _fail_over_unreachable(self, now_ms: int) -> None:
+        status = self.status()
+        down = self.replica.table.down  # read-only look; the decision itself goes through the log
+        for member in status["members"]:
+            if member == self.node_id:
+                continue
+            if member in status["connected"]:
+                self._unreachable_since_s.pop(member, None)
+                if member in down:
+                    log.warning("member %s is reachable again: marking it up; groups moved away while it was "
+                                "down stay where they are now", member)
+                    self.replica.mark_up(member, now_ms, callback=self._logged("mark_up"))
+                continue
+            since_s = self._unreachable_since_s.setdefault(member, time.monotonic())
+            if member not in down and (time.monotonic() - since_s) * 1000 >= self.owner_failover_ms:
+                log.warning("OWNER FAILOVER: member %s unreachable for %d ms (owner_failover_ms=%d): marking it "
+                            "down and moving its groups to live nodes; messages it still holds for them may be "
+                            "processed out of order if it returns", member,
+                            (time.monotonic() - since_s) * 1000, self.owner_failover_ms)
+                self.replica.fail_over(member, now_ms, callback=self._logged("fail_over"))
 
 
 _REASONS = {

@@ -87,11 +87,15 @@ def _add_node_command(subparsers) -> None:
                          help="refuse a send whose group's route is not decided within this (default 5000)")
     cluster.add_argument("--group-timeout-ms", type=int, metavar="MS",
                          help="expire routes unused this long (default 0: never)")
+    cluster.add_argument("--owner-failover-ms", type=int, metavar="MS",
+                         help="move an unreachable node's groups to live nodes after this (default 0: never, "
+                              "order first)")
     parser.set_defaults(run=_run_node)
 
 
 NODE_FLAG_KEYS = ("host", "amqp_port", "admin_port", "data_dir", "auto_create", "default_group", "journal_fsync",
-                  "peers", "raft_port", "advertise_host", "handler_timeout_ms", "group_timeout_ms")
+                  "peers", "raft_port", "advertise_host", "handler_timeout_ms", "group_timeout_ms",
+                  "owner_failover_ms")
 
 
 def _run_node(args) -> int:

@@ -202,6 +202,9 @@ class ClusterLink:
                         f"the cluster routes at most {self.config.routes_max} groups (routes_max); group "
                         f"{key[1]!r} of queue {key[0]!r} has no route; retry once groups drain"))
         elif kind == replicated.MEMBERS:
+            for node in sorted(set(payload["down"]) - set(self.members["down"])):
+                log.warning("node %s is marked down by the owner-failover policy; its groups are placed afresh%s",
+                            node, " (this node!)" if node == self.node_id else "")
             self.members = payload
             self.peer_addresses = {node: info.get("peer_address", "") for node, info in payload["nodes"].items()}
 

@@ -40,6 +40,7 @@ class NodeConfig:
     handler_timeout_ms: int = 5000  # a group's route not decided within this is a refused send
     group_timeout_ms: int = 0  # routes unused this long are expired by the leader; 0 = never
     forward_timeout_ms: int = 5000  # deadline of one forwarded batch to its owner node
+    owner_failover_ms: int = 0  # a member unreachable this long loses its groups to live nodes; 0 = never (order first)
     election_timeout_min_ms: int = 200  # raft: a follower hearing no leader for this long (randomised
     election_timeout_max_ms: int = 500  # up to the max) starts an election
     routes_max: int = 1_000_000  # routes (queue, group) the cluster holds; more are refused
@@ -60,6 +61,8 @@ class NodeConfig:
             raise InvalidConfig("journal_compact_min_bytes", "must be >= 0")
         if self.group_timeout_ms < 0:
             raise InvalidConfig("group_timeout_ms", "must be >= 0 (0 = routes never expire)")
+        if self.owner_failover_ms < 0:
+            raise InvalidConfig("owner_failover_ms", "must be >= 0 (0 = a dead owner keeps its groups)")
         if self.election_timeout_max_ms <= self.election_timeout_min_ms:
             raise InvalidConfig("election_timeout_max_ms", "must be greater than election_timeout_min_ms")
         for peer in self.peer_list():

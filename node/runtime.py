@@ -259,6 +259,7 @@ class Node:
                 election_timeout_min_ms=config.election_timeout_min_ms,
                 election_timeout_max_ms=config.election_timeout_max_ms,
                 routes_max=config.routes_max, group_timeout_ms=config.group_timeout_ms,
+                owner_failover_ms=config.owner_failover_ms,
                 bind_host=config.host)
         except Exception as error:
             raise GrouperError(f"cannot start the grouping handler on raft port {config.raft_port}: {error}; "

@@ -240,3 +240,21 @@ def test_a_node_joins_and_leaves_without_restarting_the_others(cluster, clients,
         assert status["leader"] in cluster.node_ids
     finally:
         joiner.kill()
+
+
+def test_with_owner_failover_a_dead_owners_groups_move_to_a_live_node_and_it_is_marked_up_on_return(cluster_factory, clients):
+    cluster = cluster_factory("", "--owner-failover-ms", "1000")
+    owner, spare = cluster.nodes[1], cluster.nodes[2]
+    on_owner = clients.consumer(owner, QUEUE, "c1")
+    on_spare = clients.consumer(spare, QUEUE, "c2")
+    cluster.wait_consumers(QUEUE, {1: 1, 2: 1})
+    clients.send(owner, QUEUE, [grouped("g:0", "g")], name="p1")  # placed on node 1, which has a consumer
+    assert bodies(on_owner.fetch_many(1)) == ["g:0"]
+    owner.kill()
+    status = cluster.wait_for(lambda s: any(m["down"] for m in s["members"]), "the dead owner marked down",
+                              via=0)
+    assert [m["node"] for m in status["members"] if m["down"]] == [cluster.node_ids[1]]
+    clients.send(cluster.nodes[0], QUEUE, [grouped("g:1", "g")], name="p2")
+    assert bodies(on_spare.fetch_many(1)) == ["g:1"]  # the group was placed afresh on a live node
+    owner.start()  # registering again clears its down mark
+    cluster.wait_for(lambda s: not any(m["down"] for m in s["members"]), "the owner marked up again")

@@ -402,3 +402,16 @@ RouteTableMachine.TestCase.settings = settings(
     max_examples=50, stateful_step_count=30, deadline=None, database=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow])
 TestRouteTableMachine = RouteTableMachine.TestCase
+
+
+def test_fail_over_marks_the_node_down_and_drops_only_its_routes():
+    table = RouteTable()
+    table.report_consumers("n1", {"q": 1}, 1)
+    table.report_consumers("n2", {"q": 1}, 1)
+    table.claim([["q", "a"], ["q", "b"]], "n1", 5)
+    table.claim([["q", "c"]], "n2", 5)
+    assert table.fail_over("n1", 9) == [("q", "a"), ("q", "b")]
+    assert table.down == {"n1": 9}
+    assert table.routes_of("q") == [("c", "n2", 5)]
+    assert table.route_counts == {("n2", "q"): 1}
+    assert table.claim([["q", "a"]], "n1", 10) == ["n2"]  # placed afresh, never on the down node
