@@ -26,6 +26,7 @@ log = logging.getLogger("grouper.handler")
 REAPER_INTERVAL_MS = 1000  # how often the leader looks for idle routes (when a group timeout is set)
 DUTIES_INTERVAL_MS = 200  # how often the leader checks members' reachability (owner failover)
 DESTROY_WAIT_S = 2.0  # how long stop() waits for the tick thread
+STATUS_TRIES = 5  # reads of the raft status before giving up
 
 
 class GroupingHandler:
@@ -90,7 +91,14 @@ class GroupingHandler:
     # ---- state -------------------------------------------------------------------------------
 
     def status(self) -> dict:
-        raw = self._syncobj.getStatus()
+        for _ in range(STATUS_TRIES):
+            try:  # getStatus reads the tick thread's dicts; one may change size under it
+                raw = self._syncobj.getStatus()
+                break
+            except RuntimeError:
+                continue
+        else:
+            raise TimeoutError("the raft status kept changing while being read; try again")
         leader = raw.get("leader")
         partners = sorted(key[len("partner_node_status_server_"):] for key in raw
                           if key.startswith("partner_node_status_server_"))

@@ -25,7 +25,7 @@ from proto import admin_pb2, admin_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-WORKERS_DEFAULT = 4  # gRPC pool threads; each admin call blocks one while the reactor answers
+WORKERS_DEFAULT = 8  # gRPC pool threads; each admin or forwarded-batch call blocks one while the reactor answers
 CONCURRENT_RPCS_MAX_PER_WORKER = 16  # calls admitted per worker; beyond it RESOURCE_EXHAUSTED
 PEER_CALL_TIMEOUT_MS = 3000  # deadline of each call to another member when an answer spans the cluster
 MESSAGE_LENGTH_MAX_BYTES = 64 << 20  # gRPC messages this listener accepts: forwarded batches carry whole messages
