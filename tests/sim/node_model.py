@@ -1,0 +1,609 @@
+"""One simulated node: the real pure cores wired the way node/cluster.py wires them, over simulated I/O.
+
+`SimNode` follows `ClusterLink` method for method (arrive, _send, quiesced, acknowledged, applied,
+ready, tick, _refresh_leases, _enqueue_forwarded, recover_declaration, recover_outbound) and the few
+`AmqpServer` and `runtime` pieces those call (enqueue_local, accept_when_stored, refuse, apply,
+after_flush, consumer_counts, the end of a reactor batch, journal recovery). The Router, Outbound,
+Inbound and Broker are the production classes. Only the I/O is modelled:
+- `Store` is the journal: an append-only list of records; `flush` hands the records so far to the
+  writer as one unit, the writer makes them durable after a seeded delay and then runs what waited
+  for it. A crash keeps the durable records and, with torn tails, any longer prefix of what had been
+  handed to the writer (recovery trusts the file up to the first bad frame, not unit boundaries).
+- `ForwarderModel` is `node/peer/forwarder.py` without threads: one call in flight, a batch of the
+  oldest pending entries, drop up to the owner's high water on a reply, back off on failure or
+  timeout, resend from the oldest.
+- the raft member is the simulation's `RaftLog`; its feed arrives through `catch_up`.
+Never imports proton, grpc, pysyncobj, threading or time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import NamedTuple
+
+from node.core.broker import Broker
+from node.core.effects import Deliver, DetachConsumer, Dropped, Removed, Stored
+from node.core.errors import GrouperError
+from node.core.message import Message
+from node.core.routing import Inbound, Outbound, Router
+from node.core.settings import QueueSettings
+from tests.sim.raft_log import MEMBERS, REFUSED, ROUTES, SNAPSHOT
+
+# the journal names of node/cluster.py (importing it would import threading and gRPC)
+OUTBOUND_PREFIX = "\x00out\x00"
+MARK_PREFIX = "\x00mark\x00"
+SEQ_RESERVATION = "\x00seq"
+CLAIM_RETRY_INTERVAL_MS = 100
+CONSUMER_REPORT_INTERVAL_MS = 5000
+
+
+class Entry(NamedTuple):  # node.peer.forwarder.Entry
+    forward_seq: int
+    queue: str
+    group_id: str | None
+    payload: bytes
+    expires_at_ms: int
+    closes_group: bool
+    enqueued_at_ms: int
+
+
+def outbound_name(owner: str, queue: str) -> str:
+    return f"{OUTBOUND_PREFIX}{owner}\x00{queue}"
+
+
+def parse_outbound_name(name: str) -> tuple[str, str]:
+    owner, _, queue = name[len(OUTBOUND_PREFIX):].partition("\x00")
+    return owner, queue
+
+
+def mid_of(message_or_payload) -> str:
+    payload = message_or_payload if isinstance(message_or_payload, bytes) else message_or_payload.payload
+    return payload.decode()
+
+
+# ---- the journal ---------------------------------------------------------------------------------
+
+class Store:
+    """Records: ("declare", name, values), ("store", name, seq, payload, group, enqueued_at_ms, origin),
+    ("remove", name, seq). `origin` is (source, forward_seq) for a forwarded message; only the
+    invariants read it."""
+
+    def __init__(self):
+        self.records: list[tuple] = []
+        self.handed = 0  # records[:handed] were handed to the writer
+        self.durable = 0  # records[:durable] are on disk
+        self.waiters: deque = deque()  # (ticket, callback), tickets increasing
+
+    def crash(self, keep: int) -> None:
+        assert self.durable <= keep <= self.handed
+        del self.records[keep:]
+        self.handed = self.durable = keep
+        self.waiters.clear()
+
+    def recovered(self) -> tuple[dict, dict]:
+        """What recovery reads back: declarations by name, and live store records by name and seq."""
+        declarations: dict[str, dict] = {}
+        messages: dict[str, dict[int, tuple]] = {}
+        for record in self.records:
+            kind = record[0]
+            if kind == "store":
+                messages.setdefault(record[1], {})[record[2]] = record
+            elif kind == "remove":
+                messages.get(record[1], {}).pop(record[2], None)
+            else:
+                declarations[record[1]] = record[2]
+                messages.setdefault(record[1], {})
+        return declarations, messages
+
+
+def _reserved_name(name: str) -> bool:
+    return name.startswith("\x00")
+
+
+# ---- forwarding ----------------------------------------------------------------------------------
+
+class ForwarderModel:
+    def __init__(self, node: "SimNode", owner: str):
+        self.node = node
+        self.sim = node.sim
+        self.owner = owner
+        self.pending: deque[Entry] = deque()
+        self.last_submitted_seq = 0
+        self.call: tuple[int, list[Entry]] | None = None
+        self.high_water = 0
+        self.retry_at_ms = 0
+        self.retry_delay_ms = 0
+        self.kick_due = False
+        self.closed = False
+
+    def submit(self, entries: list[Entry]) -> None:
+        for entry in entries:
+            if entry.forward_seq <= self.last_submitted_seq:
+                self.sim.violation(f"{self.node.node_id}: forward_seq {entry.forward_seq} submitted to "
+                                   f"{self.owner} after {self.last_submitted_seq}")
+            self.last_submitted_seq = entry.forward_seq
+        self.pending.extend(entries)
+        self.kick()
+
+    def kick(self) -> None:
+        sim = self.sim
+        if self.closed or self.call is not None or not self.pending:
+            return
+        if sim.now_ms < self.retry_at_ms:
+            if not self.kick_due:
+                self.kick_due = True
+                sim.schedule(self.retry_at_ms - sim.now_ms, self._kick_after_backoff, None)
+            return
+        batch = list(self.pending)[:sim.config.batch_messages_max]
+        number = sim.next_call_number()
+        self.call = (number, batch)
+        sim.network.forward(self, number, batch)
+        sim.schedule(sim.config.call_timeout_ms, lambda: self.timed_out(number), None)
+
+    def _kick_after_backoff(self) -> None:
+        self.kick_due = False
+        self.kick()
+
+    def replied(self, number: int, high_water: int | None) -> None:
+        if self.closed or self.call is None or self.call[0] != number:
+            return  # the reply of a call given up on
+        batch = self.call[1]
+        self.call = None
+        if high_water is None or high_water < batch[0].forward_seq:
+            self.failed()
+        else:
+            self.acked(high_water)
+        self.kick()
+
+    def timed_out(self, number: int) -> None:
+        if self.closed or self.call is None or self.call[0] != number:
+            return
+        self.call = None
+        self.failed()
+        self.kick()
+
+    def acked(self, high_water: int) -> None:
+        while self.pending and self.pending[0].forward_seq <= high_water:
+            self.pending.popleft()
+        self.retry_delay_ms = 0
+        self.retry_at_ms = 0
+        if high_water > self.high_water:
+            self.high_water = high_water
+            self.node.acknowledged(self.owner, high_water)
+
+    def failed(self) -> None:
+        config = self.sim.config
+        self.retry_delay_ms = min(config.retry_max_ms, max(config.retry_min_ms, self.retry_delay_ms * 2))
+        self.retry_at_ms = self.sim.now_ms + self.retry_delay_ms
+
+
+# ---- the node ------------------------------------------------------------------------------------
+
+class SimNode:
+    def __init__(self, sim, node_id: str):
+        self.sim = sim
+        self.node_id = node_id
+        self.store = Store()
+        self.incarnation = 0
+        self.alive = False
+        # while down: what its journal holds, for the invariants
+        self.down_holdings: set[tuple[tuple[str, str], str]] = set()  # (route key, holder node)
+        self.down_mids: list[str] = []
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def boot(self) -> None:
+        sim = self.sim
+        self.incarnation += 1
+        self.alive = True
+        self.down_holdings, self.down_mids = set(), []
+        self.broker = Broker()
+        self.router = Router(self.node_id, sim.config.handler_timeout_ms, sim.config.group_timeout_ms // 2)
+        self.outbound = Outbound()
+        self.inbound = Inbound()
+        self.members: dict = {}
+        self.seq_reserved = 0
+        self.seq_reserved_durable = 0  # fix_seq_reservation: the highest reservation known durable
+        self._deferred: dict[str, int] = {}  # owner -> deferred submissions not yet made
+        self._unsubmitted: dict[str, list[Entry]] = {}
+        self._forwarders: dict[str, ForwarderModel] = {}
+        self._retry_claims: list = []
+        self._retry_due_ms = 0
+        self._reported: dict | None = None
+        self._report_due_ms = 0
+        self._refresh_due_ms = 0
+        self._awaiting_flush: list = []  # callbacks for when everything journalled so far is durable
+        self._writer_due = False
+        self.journal_stalled = False
+        self.consumers: dict[str, object] = {}  # consumer id -> the simulation's consumer
+        self.live: dict[tuple[str, int], str] = {}  # (queue, seq) -> message id held by the broker
+        self._origin: dict[tuple[str, int], tuple[str, int]] = {}  # forwarded here: (queue, seq) -> origin
+        # the replica: log entries applied so far, and when the next ones may be
+        self.applied_index = 0
+        self.apply_due_ms: dict[int, int] = {}
+        self.replay_due_ms = sim.now_ms + sim.rng.randint(1, sim.config.replay_ms_max)
+        self.ready_target = sim.raft.commit_index if sim.raft.leader_up else None
+        self.recover()
+        self.apply([])  # journals the declarations made during recovery
+        sim.schedule(self.replay_due_ms - sim.now_ms, self.guarded(self.catch_up), None)
+
+    def crash(self, keep: int) -> None:
+        self.alive = False
+        for forwarder in self._forwarders.values():
+            forwarder.closed = True
+        self.store.crash(keep)
+        declarations, messages = self.store.recovered()
+        for name, by_seq in messages.items():
+            for record in by_seq.values():
+                if _reserved_name(name):
+                    owner, queue = parse_outbound_name(name)
+                    self.down_holdings.add(((queue, record[4]), owner))
+                else:
+                    self.down_holdings.add(((name, record[4]), self.node_id))
+                    self.down_mids.append(mid_of(record[3]))
+
+    def guarded(self, fn):
+        """`fn` for a later event: dropped if this incarnation has crashed meanwhile."""
+        incarnation = self.incarnation
+
+        def run(*args):
+            if self.alive and self.incarnation == incarnation:
+                fn(*args)
+        return run
+
+    # ---- recovery (runtime.recover, ClusterLink.recover_*) -----------------------------------
+
+    def recover(self) -> None:
+        declarations, messages = self.store.recovered()
+        journalled = set()
+        for name, values in declarations.items():
+            if _reserved_name(name):
+                assert self.recover_declaration(values), name
+                continue
+            settings = QueueSettings.from_dict(values)
+            journalled.add(settings)
+            if settings.name not in self.broker.queues:
+                self.broker.declare_queue(settings)
+        self.broker.declared = [s for s in self.broker.declared if s not in journalled]
+        outbound = {name: [self._message(record) for _, record in sorted(by_seq.items())]
+                    for name, by_seq in messages.items() if _reserved_name(name)}
+        if outbound:
+            self.recover_outbound(outbound)
+        for name, by_seq in messages.items():
+            if _reserved_name(name):
+                continue
+            if name not in self.broker.queues:
+                self.broker.queue(name, create=True)
+            for seq in sorted(by_seq):
+                self.broker.restore(name, self._message(by_seq[seq]))
+                self.live[(name, seq)] = mid_of(by_seq[seq][3])
+
+    @staticmethod
+    def _message(record: tuple) -> Message:
+        _, _, seq, payload, group, enqueued_at_ms, _ = record
+        return Message(payload, group, enqueued_at_ms=enqueued_at_ms, seq=seq)
+
+    def recover_declaration(self, values: dict) -> bool:
+        name = values["name"]
+        if name == SEQ_RESERVATION:
+            self.seq_reserved = self.seq_reserved_durable = int(values["reserved"])
+            self.broker.next_seq = max(self.broker.next_seq, self.seq_reserved)
+            return True
+        if name.startswith(MARK_PREFIX):
+            self.inbound.advance(name[len(MARK_PREFIX):], int(values["high_water"]))
+            return True
+        return False
+
+    def recover_outbound(self, messages_by_name: dict) -> int:
+        entries = []
+        for name, messages in messages_by_name.items():
+            owner, queue = parse_outbound_name(name)
+            for message in messages:
+                entries.append((message.seq, owner, queue, name, message))
+        for seq, owner, queue, name, message in sorted(entries, key=lambda entry: entry[0]):
+            self.broker.next_seq = max(self.broker.next_seq, seq + 1)
+            known = self.broker.queues.get(queue)
+            route_key = known.route_key(message.group_id) if known is not None else message.group_id
+            self.outbound.add(owner, seq, (queue, route_key), name)
+            self._unsubmitted.setdefault(owner, []).append(_entry(queue, message))
+        return len(entries)
+
+    # ---- the journal (node/store/journal.py, as the reactor uses it) -------------------------
+
+    def journal_store(self, name: str, message: Message, origin=None) -> None:
+        self.store.records.append(("store", name, message.seq, message.payload, message.group_id,
+                                   message.enqueued_at_ms, origin))
+
+    def journal_remove(self, name: str, seq: int) -> None:
+        self.store.records.append(("remove", name, seq))
+
+    def journal_declare(self, values: dict) -> None:
+        self.store.records.append(("declare", values["name"], dict(values)))
+
+    def end_of_batch(self) -> None:
+        """AmqpServer.on_reactor_quiesced: cluster.quiesced(), then one journal unit."""
+        store = self.store
+        if not (self.router.to_claim or self._unsubmitted or self._awaiting_flush
+                or store.handed != len(store.records)):
+            return  # an empty batch: nothing to propose, forward, journal or confirm
+        self.quiesced()
+        store.handed = len(store.records)
+        ticket = store.handed
+        for callback in self._awaiting_flush:
+            store.waiters.append((ticket, callback))
+        self._awaiting_flush = []
+        if store.durable < store.handed and not self._writer_due:
+            self._writer_due = True
+            self.sim.schedule(self.sim.rng.randint(0, self.sim.config.flush_ms_max),
+                              self.guarded(self._write), None)
+        elif store.waiters and store.waiters[0][0] <= store.durable:
+            self._durable()
+
+    def _write(self) -> None:
+        if self.journal_stalled:  # a slow disk: try again later
+            self.sim.schedule(1, self.guarded(self._write), None)
+            return
+        self._writer_due = False
+        self.store.durable = self.store.handed
+        self._durable()
+
+    def _durable(self) -> None:
+        store = self.store
+        while store.waiters and store.waiters[0][0] <= store.durable:
+            _, callback = store.waiters.popleft()
+            callback()
+
+    # ---- the server's side of the core -------------------------------------------------------
+
+    def after_flush(self, callback) -> None:
+        self._awaiting_flush.append(callback)
+
+    def accept_when_stored(self, delivery, durable: bool, producer_settled: bool) -> None:
+        assert durable and not producer_settled  # the simulation's producers wait for the outcome
+        self.after_flush(lambda: self.sim.producer_outcome(delivery, None))
+
+    def refuse(self, delivery, error: GrouperError) -> None:
+        self.sim.producer_outcome(delivery, error)
+
+    def enqueue_local(self, delivery, queue_name: str, message: Message, durable: bool,
+                      producer_settled: bool, now_ms: int) -> None:
+        try:
+            effects = self.broker.enqueue(queue_name, message, now_ms)
+        except GrouperError as error:
+            self.refuse(delivery, error)
+        else:
+            self.accept_when_stored(delivery, durable, producer_settled)
+            self.apply(effects)
+
+    def apply(self, effects: list) -> None:
+        if self.broker.declared:
+            declared, self.broker.declared = self.broker.declared, []
+            for settings in declared:
+                if settings.durable:
+                    self.journal_declare(settings.to_dict())
+        index = 0
+        while index < len(effects):
+            effect = effects[index]
+            index += 1
+            kind = type(effect)
+            if kind is Deliver:
+                self.sim.delivered(self, effect)
+            elif kind is Stored:
+                key = (effect.queue, effect.message.seq)
+                self.journal_store(effect.queue, effect.message, self._origin.pop(key, None))
+                self.live[key] = mid_of(effect.message)
+            elif kind is Removed:
+                self.journal_remove(effect.queue, effect.seq)
+                self.live.pop((effect.queue, effect.seq), None)
+            elif kind is DetachConsumer:
+                self.consumers.pop(effect.consumer_id, None)
+            elif kind is Dropped:
+                self.sim.violation(f"{self.node_id} dropped message {effect.seq} of {effect.queue}: {effect.reason}")
+
+    def consumer_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for consumer in self.consumers.values():
+            counts[consumer.queue] = counts.get(consumer.queue, 0) + 1
+        return counts
+
+    def receive(self, delivery, queue_name: str, group: str, payload: bytes, now_ms: int) -> None:
+        """AmqpServer._receive for a grouped message on a durable queue, in a cluster."""
+        try:
+            queue = self.broker.queue(queue_name, create=True)
+            message = Message(payload, group)
+            queue.check_group_id(message.group_id)
+            route_key = queue.route_key(message.group_id)
+            assert route_key is not None
+            self.arrive(delivery, queue.settings.name, route_key, message, True, False, now_ms)
+        except GrouperError as error:
+            self.refuse(delivery, error)
+
+    # ---- ClusterLink: arrivals ---------------------------------------------------------------
+
+    def arrive(self, delivery, queue: str, route_key: str, message: Message, durable: bool,
+               producer_settled: bool, now_ms: int) -> None:
+        item = (delivery, queue, route_key, message, durable, producer_settled)
+        owner = self.router.route((queue, route_key), item, now_ms)
+        if owner is not None:
+            self._send(owner, item, now_ms)
+
+    def _send(self, owner: str, item, now_ms: int) -> None:
+        delivery, queue, route_key, message, durable, producer_settled = item
+        if owner == self.node_id:
+            self.enqueue_local(delivery, queue, message, durable, producer_settled, now_ms)
+            return
+        message.seq = self.broker.allocate_seq()
+        message.enqueued_at_ms = message.enqueued_at_ms or now_ms
+        journal_name = None
+        if durable:
+            self._reserve_seq(message.seq)
+            journal_name = outbound_name(owner, queue)
+            self.journal_store(journal_name, message)
+        self.outbound.add(owner, message.seq, (queue, route_key), journal_name)
+        self._unsubmitted.setdefault(owner, []).append(_entry(queue, message))
+        self.accept_when_stored(delivery, durable, producer_settled)
+
+    def _reserve_seq(self, seq: int) -> None:
+        if seq < self.seq_reserved:
+            return
+        self.seq_reserved = reserved = seq + self.sim.config.seq_reserve_block
+        self.journal_declare({"name": SEQ_RESERVATION, "reserved": self.seq_reserved})
+        self.after_flush(lambda: setattr(self, "seq_reserved_durable", max(self.seq_reserved_durable, reserved)))
+
+    def _release(self, released, now_ms: int) -> None:
+        for owner, item in released:
+            self._send(owner, item, now_ms)
+
+    # ---- ClusterLink: end of a reactor batch -------------------------------------------------
+
+    def quiesced(self) -> None:
+        keys = self.router.take_claims()
+        if keys:
+            self._propose(keys, self.sim.now_ms)
+        if self._unsubmitted:
+            unsubmitted, self._unsubmitted = self._unsubmitted, {}
+            for owner, entries in unsubmitted.items():
+                if self.sim.config.fix_seq_reservation and (
+                        entries[-1].forward_seq >= self.seq_reserved_durable or self._deferred.get(owner)):
+                    self._defer(owner, entries)
+                else:
+                    self._forwarder(owner).submit(entries)
+
+    def _defer(self, owner: str, entries: list[Entry]) -> None:
+        # the fix: a seq leaves this node only once a durable reservation covers it, so a restart
+        # can never hand it out again (with the deferral per owner, so the channel stays in order)
+        self._deferred[owner] = self._deferred.get(owner, 0) + 1
+
+        def submit():
+            self._deferred[owner] -= 1
+            self._forwarder(owner).submit(entries)
+        self.after_flush(submit)
+
+    def _propose(self, keys: list, now_ms: int) -> None:
+        on_failed = self.guarded(lambda reason: self._claim_failed(keys, reason))
+        self.sim.raft.propose(("claim", tuple(keys), self.node_id, now_ms), on_failed)
+
+    def _claim_failed(self, keys, reason: str) -> None:
+        self._retry_claims.extend(keys)
+
+    def _forwarder(self, owner: str) -> ForwarderModel:
+        forwarder = self._forwarders.get(owner)
+        if forwarder is None:
+            forwarder = self._forwarders[owner] = ForwarderModel(self, owner)
+        return forwarder
+
+    def acknowledged(self, owner: str, high_water: int) -> None:
+        for journal_name, seq in self.outbound.acknowledge(owner, high_water):
+            self.journal_remove(journal_name, seq)
+
+    # ---- ClusterLink: the handler's applied commands -----------------------------------------
+
+    def catch_up(self) -> None:
+        """The replica applies what the log committed and its lag allows, then maybe reports ready."""
+        raft = self.sim.raft
+        now_ms = self.sim.now_ms
+        while self.applied_index < raft.commit_index:
+            index = self.applied_index + 1
+            if self.apply_due_ms.get(index, self.replay_due_ms) > now_ms:
+                break
+            self.apply_due_ms.pop(index, None)
+            self.applied_index = index
+            for kind, payload in raft.feed(index):
+                self.applied(kind, payload)
+        if not self.router.ready and self.ready_target is not None and self.applied_index >= self.ready_target:
+            self.ready()
+
+    def install_snapshot(self, index: int) -> None:
+        """pysyncobj replaced the replica with the table as of `index` (a restart or a lagging member)."""
+        self.applied_index = index
+        self.apply_due_ms = {i: due for i, due in self.apply_due_ms.items() if i > index}
+        self.applied(SNAPSHOT, self.sim.raft.routes_at(index))
+
+    def applied(self, kind: str, payload) -> None:
+        now_ms = self.sim.now_ms
+        if kind == ROUTES:
+            self._release(self.router.learn(payload, now_ms), now_ms)
+        elif kind == SNAPSHOT:
+            fresh = {(queue, group) for queue, group, _ in payload}
+            gone = [(queue, group, None) for queue, group in self.router.routes if (queue, group) not in fresh]
+            self._release(self.router.learn(gone + list(payload), now_ms), now_ms)
+        elif kind == REFUSED:
+            for key in payload:
+                for item in self.router.give_up(tuple(key)):
+                    self.refuse(item[0], GrouperError(f"routes_max reached for {key}"))
+        elif kind == MEMBERS:
+            self.members = payload
+
+    def ready(self) -> None:
+        now_ms = self.sim.now_ms
+        self._release(self.router.become_ready(now_ms), now_ms)
+
+    # ---- ClusterLink: timers -----------------------------------------------------------------
+
+    def tick(self, now_ms: int) -> None:
+        self.apply(self.broker.tick(now_ms))
+        for item in self.router.expire(now_ms):
+            self.refuse(item[0], GrouperError("no route decided within handler_timeout_ms"))
+        if self._retry_claims and now_ms >= self._retry_due_ms:
+            self.router.claim_failed(self._retry_claims)
+            self._retry_claims = []
+            self._retry_due_ms = now_ms + CLAIM_RETRY_INTERVAL_MS
+        counts = self.consumer_counts()
+        if counts != self._reported or now_ms >= self._report_due_ms:
+            self.sim.raft.propose(("report_consumers", self.node_id, counts, now_ms))
+            self._reported = counts
+            self._report_due_ms = now_ms + CONSUMER_REPORT_INTERVAL_MS
+        if self.router.lease_ms and now_ms >= self._refresh_due_ms:
+            self._refresh_due_ms = now_ms + self.router.lease_ms // 2
+            self._refresh_leases(now_ms)
+        if self.router.to_claim:
+            self.quiesced()
+
+    def _refresh_leases(self, now_ms: int) -> None:
+        keys = self.router.take_used() | self.outbound.keys()
+        for name, queue in self.broker.queues.items():
+            if queue.settings.grouping:
+                keys.update((name, key) for key in queue.busy_route_keys())
+        if keys:
+            self._propose(sorted(keys), now_ms)
+
+    # ---- ClusterLink: the owner's side -------------------------------------------------------
+
+    def handle_forward(self, source: str, entries: list[Entry], reply) -> None:
+        """The servicer's call entering the reactor: enqueue, then reply once it is stored here."""
+        try:
+            high_water = self._enqueue_forwarded(source, entries)
+        except GrouperError:
+            reply(None)
+            return
+        self.after_flush(lambda: reply(high_water))
+
+    def _enqueue_forwarded(self, source: str, entries: list[Entry]) -> int:
+        now_ms = self.sim.now_ms
+        inbound = self.inbound
+        advanced = False
+        for entry in entries:
+            if not inbound.fresh(source, entry.forward_seq):
+                self.sim.stats["resends_skipped"] += 1
+                continue
+            message = Message(entry.payload, entry.group_id, expires_at_ms=entry.expires_at_ms,
+                              closes_group=entry.closes_group, enqueued_at_ms=entry.enqueued_at_ms)
+            try:
+                effects = self.broker.enqueue(entry.queue, message, now_ms)
+            except GrouperError:
+                if not advanced:
+                    raise
+                break
+            self._origin[(entry.queue, message.seq)] = (source, entry.forward_seq)
+            inbound.advance(source, entry.forward_seq)
+            advanced = True
+            self.apply(effects)
+        high_water = inbound.high_water.get(source, 0)
+        if advanced:
+            self.journal_declare({"name": MARK_PREFIX + source, "high_water": high_water})
+        return high_water
+
+
+def _entry(queue: str, message: Message) -> Entry:
+    return Entry(message.seq, queue, message.group_id, bytes(message.payload), message.expires_at_ms or 0,
+                 message.closes_group, message.enqueued_at_ms or 0)

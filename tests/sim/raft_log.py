@@ -1,0 +1,143 @@
+"""The raft cluster as the simulation sees it: one linearizable log of route-table commands.
+
+Raft itself is not simulated (elections, terms and log repair are pysyncobj's and tested there).
+What the nodes can observe is: a proposal made while the leader is up is committed after a seeded
+delay; one made while it is down fails (MISSING_LEADER). The leader going down turns proposals in
+flight into unknown outcomes: each is committed anyway or dropped, seeded, and its proposer hears
+"failed" either way (LEADER_CHANGED / DISCARDED), so it retries a claim that may have won.
+
+Every committed command is applied once, here, to the authoritative `RouteTable`, which yields the
+feed every replica reports to its node (ROUTES / REFUSED / MEMBERS, as `handler/replicated.py`
+does); each node replays that feed in log order after its own seeded lag. `route_history` keeps
+every owner each (queue, group) ever had with the log index that set it, so the invariants can ask
+what a replica must know at the index it has applied.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from handler.route_table import RouteTable
+
+ROUTES = "routes"  # payload: [(queue, group, node or None)]
+REFUSED = "refused"  # payload: [(queue, group)]
+SNAPSHOT = "snapshot"  # payload: every route [(queue, group, node)]
+MEMBERS = "members"  # payload: {"consumers": ...}
+
+
+class RaftLog:
+    def __init__(self, sim, routes_max: int):
+        self.sim = sim
+        self.table = RouteTable(routes_max)
+        self.entries: list[tuple] = []  # (command, feed, commit_ms); log index = position + 1
+        self.route_history: dict[tuple[str, str], tuple[list[int], list]] = {}  # key -> (indexes, owners)
+        self.current: dict[tuple[str, str], str] = {}  # the routes at the commit index, by the log alone
+        self.leader_up = True
+        self._in_flight: dict[int, tuple] = {}  # proposal number -> (command, on_failed)
+        self._next_proposal = 1
+
+    @property
+    def commit_index(self) -> int:
+        return len(self.entries)
+
+    # ---- proposals ---------------------------------------------------------------------------
+
+    def propose(self, command: tuple, on_failed=None) -> None:
+        sim = self.sim
+        if not self.leader_up:
+            if on_failed is not None:
+                sim.schedule(sim.rng.randint(1, sim.config.propose_fail_ms_max), lambda: on_failed("no leader"),
+                             f"proposal {command[0]} fails: no leader")
+            return
+        number = self._next_proposal
+        self._next_proposal += 1
+        self._in_flight[number] = (command, on_failed)
+        sim.schedule(sim.rng.randint(1, sim.config.commit_ms_max), lambda: self._commit_proposal(number), None)
+
+    def _commit_proposal(self, number: int) -> None:
+        proposal = self._in_flight.pop(number, None)
+        if proposal is not None:
+            self.commit(proposal[0])
+
+    def set_leader(self, up: bool) -> None:
+        if up == self.leader_up:
+            return
+        self.leader_up = up
+        if up:
+            return
+        sim = self.sim
+        for number in sorted(self._in_flight):
+            command, on_failed = self._in_flight[number]
+            if sim.rng.random() < 0.5:
+                self.commit(command)  # the outcome was unknown to the proposer: it won anyway
+            if on_failed is not None:
+                sim.schedule(1, lambda on_failed=on_failed: on_failed("leader changed"), None)
+        self._in_flight.clear()
+
+    # ---- the log -----------------------------------------------------------------------------
+
+    def commit(self, command: tuple) -> None:
+        table = self.table
+        kind = command[0]
+        feed: list[tuple] = []
+        changes: list[tuple] = []
+        if kind == "claim":
+            _, keys, proposer, now_ms = command
+            before = [table.route(queue, group) for queue, group in keys]
+            nodes = table.claim([list(key) for key in keys], proposer, now_ms)
+            for key, old, new in zip(keys, before, nodes):
+                if old is not None and new != old:
+                    self.sim.violation(f"first proposal wins broken: claim of {key} moved it from {old} to {new}")
+            decided = [(key[0], key[1], node) for key, node in zip(keys, nodes) if node is not None]
+            if decided:
+                feed.append((ROUTES, decided))
+                changes = [change for change, old in zip(decided, before) if old is None]
+            refused = [tuple(key) for key, node in zip(keys, nodes) if node is None]
+            if refused:
+                self.sim.stats["claims_refused"] += len(refused)
+                feed.append((REFUSED, refused))
+        elif kind == "expire_idle":
+            removed = table.expire_idle(command[1])
+            self.sim.stats["routes_expired"] += len(removed)
+            if removed:
+                changes = [(queue, group, None) for queue, group in removed]
+                feed.append((ROUTES, changes))
+        elif kind == "report_consumers":
+            _, node, counts, now_ms = command
+            table.report_consumers(node, counts, now_ms)
+            feed.append((MEMBERS, {"consumers": {n: dict(c) for n, c in table.consumers.items()}}))
+        else:
+            raise AssertionError(f"unknown command {command!r}")
+        self.entries.append((command, feed, self.sim.now_ms))
+        index = len(self.entries)
+        if changes:
+            routed = ", ".join(f"{queue}/{group}->{node}" for queue, group, node in changes)
+            self.sim.trace(f"  log {index} {kind}: {routed}")
+        for queue, group, node in changes:
+            indexes, owners = self.route_history.setdefault((queue, group), ([], []))
+            indexes.append(index)
+            owners.append(node)
+            if node is None:
+                del self.current[(queue, group)]
+            else:
+                self.current[(queue, group)] = node
+        self.sim.committed(index)
+
+    def owner_at(self, key: tuple[str, str], index: int) -> str | None:
+        """The owner the log had given `key` once its first `index` entries were applied."""
+        history = self.route_history.get(key)
+        if history is None:
+            return None
+        position = bisect.bisect_right(history[0], index)
+        return history[1][position - 1] if position else None
+
+    def routes_at(self, index: int) -> list[tuple[str, str, str]]:
+        routes = []
+        for key in sorted(self.route_history):
+            owner = self.owner_at(key, index)
+            if owner is not None:
+                routes.append((key[0], key[1], owner))
+        return routes
+
+    def feed(self, index: int) -> list[tuple]:
+        return self.entries[index - 1][1]

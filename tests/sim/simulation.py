@@ -1,0 +1,666 @@
+"""A seeded, single-process, deterministic simulation of an N-node Grouper cluster.
+
+One `random.Random(seed)` decides everything, time is an integer `now_ms` advanced by the
+simulation, and the invariants are checked after every step, so a failing seed replays exactly:
+the failure names the seed, the config and the last steps.
+
+What is modelled (the production classes where they exist):
+- each node: `SimNode` (tests/sim/node_model.py) = Router + Outbound + Inbound + Broker wired as
+  node/cluster.py wires them, a journal that survives crashes (torn tails optional), forwarders;
+- the raft cluster: `RaftLog`, one linearizable log applied to a real `RouteTable`, with a leader
+  that can be down and per-replica apply lag, replays and snapshot installs;
+- the network between nodes: forwarding calls and their replies, with seeded delay, loss and
+  duplicated (late) requests; a call to a down node is never answered;
+- clients: producers bound to one node for their lifetime (a link), sending grouped messages with a
+  sequence per (producer, group); consumers that attach, grant credit, accept, release, detach;
+- faults: node crash and restart, leader unavailability, forwarded-batch and ack loss, consumer
+  detach, snapshot installs.
+What is not: raft elections and log repair (pysyncobj's), the leader's own crash (the log outlives
+any node), member registration and mark_down, the bridge between threads (the applied feed, acks and
+failed proposals reach the node at once, in order), gRPC status codes beyond "no reply", the owner's
+own deadline on a forwarded batch, AMQP framing and flow control, ungrouped messages, presettled
+consumers and browsers, queue limits, message expiry, non-durable queues, the journal's compaction.
+
+Invariants, after every step:
+- the table: route counts match its routes, and its routes are exactly what its log made (a claim of
+  a routed group never moves it: first proposal wins);
+- every live node's Router holds exactly the routes the log had at the index its replica applied
+  (so never a route the log never had);
+- every (queue, group) with messages anywhere (a broker's queue, in flight to a consumer, an
+  outbound channel or a forwarding call counting for its owner, a crashed node's journal) is held by
+  exactly one node, and that node is its route in the table: a group is never split;
+- no message is held twice, delivered to two consumers at once, or accepted (durably) twice, beyond
+  the allowed duplicates below; no refused or never-sent message is ever delivered; every producer
+  hears at most one outcome;
+- per (producer, group), first deliveries come in increasing sequence.
+At the end, after a drain with faults off and every node up: nothing is left anywhere, and every
+accepted message was delivered and accepted by a consumer (nothing lost).
+
+Definitions the invariants use:
+- accepted: the producer heard "accepted" (its message was durable here or in the outbound store);
+- refused: the producer heard a refusal (no route decided in time); unknown: neither (its node
+  crashed first);
+- confirmed acceptance: a consumer's accept whose removal reached the journal (the server settles
+  the delivery only then);
+- allowed duplicate: a forwarded message recovered by its owner from a torn journal tail that kept
+  its STORE but not the high-water MARK journalled after it; the sender was never acked and sends it
+  again, so the owner holds it twice. Nothing else may be held twice or confirmed twice; redelivery
+  after a release, a detach or a crash before the accept was durable is ordinary at-least-once.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import random
+from dataclasses import dataclass
+
+from node.core.effects import Removed
+from node.core.message import Outcome
+from tests.sim.node_model import MARK_PREFIX, SimNode, mid_of
+from tests.sim.raft_log import RaftLog
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    nodes: int = 3
+    queues: int = 2
+    groups: int = 4  # per queue
+    producers_max: int = 4  # alive at once
+    consumers_max: int = 4  # attached at once
+    step_ms_max: int = 10  # each step advances the clock by 1..this
+    handler_timeout_ms: int = 300  # a message waits this long for a route before it is refused
+    group_timeout_ms: int = 0  # routes idle this long are expired by the leader; 0: never (no leases)
+    reaper_interval_ms: int = 100  # the leader's expire_idle cadence (with a group timeout)
+    routes_max: int = 1_000_000
+    net_delay_ms_max: int = 20  # one way, forwarding calls and replies
+    forward_loss: float = 0.05  # a forwarding call never reaches the owner
+    ack_loss: float = 0.05  # the owner's reply never reaches the sender
+    duplicate: float = 0.05  # a forwarding call also reaches the owner again, later
+    call_timeout_ms: int = 100  # forward_timeout_ms
+    retry_min_ms: int = 10
+    retry_max_ms: int = 200
+    batch_messages_max: int = 4
+    commit_ms_max: int = 10  # proposal to commit
+    propose_fail_ms_max: int = 20  # proposal to failure while the leader is down
+    apply_lag_ms_max: int = 20  # commit to a replica's apply
+    replay_ms_max: int = 30  # a restarted replica replays its log after this
+    flush_ms_max: int = 8  # journal unit handed to the writer -> durable
+    seq_reserve_block: int = 8  # small, so reservations are journalled often
+    # node/cluster.py hands a forward seq to the forwarder before the reservation covering it is
+    # durable; a crash then reuses the seq and the owner skips a new message as a resend (lost).
+    # True: forward a seq only once a durable reservation covers it. False: cluster.py as it is.
+    fix_seq_reservation: bool = True
+    crash_rate: float = 0.01  # per step
+    down_ms_min: int = 20
+    down_ms_max: int = 400
+    torn_tails: bool = True  # a crash may keep any prefix of what the writer was handed
+    leader_down_rate: float = 0.005  # per step
+    leader_down_ms_max: int = 600
+    snapshot_rate: float = 0.005  # per step: a replica installs a snapshot instead of entries
+    drain_steps_max: int = 3000
+    scripted: bool = False  # no random actions: a test drives clients and faults itself
+    trace_lines: int = 40
+
+
+class SimulationFailure(AssertionError):
+    pass
+
+
+class Producer:
+    def __init__(self, producer_id: str, node: SimNode, queue: str):
+        self.id = producer_id
+        self.node = node
+        self.incarnation = node.incarnation
+        self.queue = queue
+        self.next_seq: dict[str, int] = collections.defaultdict(lambda: 1)
+
+    @property
+    def alive(self) -> bool:
+        return self.node.alive and self.node.incarnation == self.incarnation
+
+
+class Consumer:
+    def __init__(self, consumer_id: str, node: SimNode, queue: str):
+        self.id = consumer_id
+        self.node = node
+        self.incarnation = node.incarnation
+        self.queue = queue
+        self.unsettled: dict[int, str] = {}  # delivery id -> message id, in delivery order
+        self.accept_all = False
+
+    @property
+    def alive(self) -> bool:
+        return self.node.alive and self.node.incarnation == self.incarnation and self.id in self.node.consumers
+
+
+class Network:
+    def __init__(self, sim: "Simulation"):
+        self.sim = sim
+        self.in_flight: dict[int, tuple[str, list]] = {}  # request number -> (owner, entries)
+        self._next = 1
+
+    def forward(self, forwarder, number: int, batch: list) -> None:
+        sim = self.sim
+        source = forwarder.node
+        if sim.faults_on and sim.rng.random() < sim.config.forward_loss:
+            sim.trace(f"  lost: {source.node_id}->{forwarder.owner} call {number} seqs {_seqs(batch)}")
+            sim.stats["calls_lost"] += 1
+            return
+        copies = 2 if sim.faults_on and sim.rng.random() < sim.config.duplicate else 1
+        delay_ms = sim.rng.randint(1, sim.config.net_delay_ms_max)
+        for copy in range(copies):
+            request = self._next
+            self._next += 1
+            self.in_flight[request] = (forwarder.owner, batch)
+            sim.schedule(delay_ms + copy * sim.rng.randint(1, 3 * sim.config.call_timeout_ms),
+                         lambda request=request: self._arrive(request, forwarder, number, batch), None)
+
+    def _arrive(self, request: int, forwarder, number: int, batch: list) -> None:
+        sim = self.sim
+        del self.in_flight[request]
+        owner = sim.nodes[forwarder.owner]
+        if not owner.alive:
+            return
+        source = forwarder.node
+
+        def reply(high_water):
+            if sim.faults_on and sim.rng.random() < sim.config.ack_loss:
+                sim.trace(f"  ack lost: {owner.node_id}->{source.node_id} call {number} high water {high_water}")
+                sim.stats["acks_lost"] += 1
+                return
+            sim.schedule(sim.rng.randint(1, sim.config.net_delay_ms_max),
+                         source.guarded(lambda: self._replied(forwarder, number, high_water)), None)
+
+        sim.trace(f"  {owner.node_id} takes call {number} from {source.node_id} seqs {_seqs(batch)} "
+                  f"(high water {owner.inbound.high_water.get(source.node_id, 0)})")
+        owner.handle_forward(source.node_id, batch, owner.guarded(reply))
+        owner.end_of_batch()
+
+    def _replied(self, forwarder, number: int, high_water) -> None:
+        forwarder.replied(number, high_water)
+        forwarder.node.end_of_batch()
+
+
+def _seqs(batch) -> str:
+    return f"{batch[0].forward_seq}..{batch[-1].forward_seq}"
+
+
+class Simulation:
+    def __init__(self, seed: int, nodes: int = 3, **overrides):
+        self.seed = seed
+        self.overrides = dict(overrides, nodes=nodes)
+        self.config = config = SimConfig(nodes=nodes, **overrides)
+        self.rng = random.Random(seed)
+        self.now_ms = 0
+        self.step_number = 0
+        self.faults_on = True
+        self.draining = False
+        self._events: list = []
+        self._event_serial = 0
+        self._call_number = 0
+        self._trace: collections.deque = collections.deque(maxlen=config.trace_lines)
+        self.stats: collections.Counter = collections.Counter()
+        self.raft = RaftLog(self, config.routes_max)
+        self.network = Network(self)
+        self.queue_names = [f"q{i}" for i in range(1, config.queues + 1)]
+        self.group_names = [f"g{i}" for i in range(1, config.groups + 1)]
+        self.nodes = {f"n{i}": SimNode(self, f"n{i}") for i in range(1, config.nodes + 1)}
+        self.producers: list[Producer] = []
+        self.consumers: list[Consumer] = []
+        self._next_client = 1
+        # what clients saw
+        self.sent: dict[str, tuple] = {}  # message id -> (producer, queue, group, seq)
+        self.outcome: dict[str, str] = {}  # message id -> "accepted" | "refused"
+        self.delivered_once: set[str] = set()
+        self.last_first_delivery: dict[tuple, int] = {}  # (producer, queue, group) -> seq
+        self.accepted_by_consumer: set[str] = set()
+        self.confirmed: collections.Counter = collections.Counter()
+        self.allowed_duplicates: set[str] = set()
+        self._checked: dict = {}  # what the last invariant check saw, to skip unchanged parts
+        self._replay = "<the scenario's own calls>"
+        for node in self.nodes.values():
+            node.boot()
+        if config.group_timeout_ms:
+            self.schedule(config.reaper_interval_ms, self._reap, None)
+
+    # ---- events ------------------------------------------------------------------------------
+
+    def schedule(self, delay_ms: int, fn, label: str | None) -> None:
+        self._event_serial += 1
+        heapq.heappush(self._events, (self.now_ms + max(0, delay_ms), self._event_serial, fn, label))
+
+    def next_call_number(self) -> int:
+        self._call_number += 1
+        return self._call_number
+
+    def trace(self, line: str) -> None:
+        self._trace.append(f"t={self.now_ms} {line}")
+
+    def violation(self, problem: str) -> None:
+        trace = "\n".join(self._trace)
+        raise SimulationFailure(
+            f"seed {self.seed}, step {self.step_number}, t={self.now_ms} ms: {problem}\n"
+            f"replay: Simulation({self.seed}, **{self.overrides!r}).{self._replay}\n"
+            f"last steps:\n{trace}")
+
+    # ---- running -----------------------------------------------------------------------------
+
+    def run(self, steps: int) -> "Simulation":
+        self._replay = f"run({steps})"
+        for _ in range(steps):
+            self.step()
+        self.drain()
+        return self
+
+    def step(self) -> None:
+        self.step_number += 1
+        target_ms = self.now_ms + self.rng.randint(1, self.config.step_ms_max)
+        while self._events and self._events[0][0] <= target_ms:
+            due_ms, _, fn, label = heapq.heappop(self._events)
+            self.now_ms = due_ms
+            if label:
+                self.trace(label)
+            fn()
+            self._end_of_batches()
+        self.now_ms = target_ms
+        self.trace(f"step {self.step_number}")
+        if self.draining:
+            self._drain_action()
+        elif not self.config.scripted:
+            self._random_action()
+        self._accept_everything()
+        self._end_of_batches()
+        for node in self._alive_nodes():
+            node.tick(self.now_ms)
+        self._end_of_batches()
+        self.check_invariants()
+
+    def _end_of_batches(self) -> None:
+        for node in self._alive_nodes():
+            node.end_of_batch()
+
+    def _alive_nodes(self) -> list[SimNode]:
+        return [node for node in self.nodes.values() if node.alive]
+
+    # ---- the raft feed -----------------------------------------------------------------------
+
+    def committed(self, index: int) -> None:
+        for node in self._alive_nodes():
+            due_ms = max(self.now_ms + self.rng.randint(0, self.config.apply_lag_ms_max), node.replay_due_ms)
+            node.apply_due_ms[index] = due_ms
+            self.schedule(due_ms - self.now_ms, node.guarded(node.catch_up), None)
+
+    def _reap(self) -> None:
+        if self.raft.leader_up:
+            self.raft.propose(("expire_idle", self.now_ms - self.config.group_timeout_ms))
+        self.schedule(self.config.reaper_interval_ms, self._reap, None)
+
+    def _set_leader(self, up: bool) -> None:
+        self.raft.set_leader(up)
+        if up:
+            for node in self._alive_nodes():
+                if node.ready_target is None:
+                    node.ready_target = self.raft.commit_index
+                    self.schedule(0, node.guarded(node.catch_up), None)
+
+    # ---- random actions ----------------------------------------------------------------------
+
+    def _random_action(self) -> None:
+        rng, config = self.rng, self.config
+        roll = rng.random()
+        if roll < config.crash_rate:
+            self._crash_one()
+        elif roll < config.crash_rate + config.leader_down_rate:
+            if self.raft.leader_up:
+                down_ms = rng.randint(10, config.leader_down_ms_max)
+                self.trace(f"leader down for {down_ms} ms")
+                self.stats["leader_outages"] += 1
+                self._set_leader(False)
+                self.schedule(down_ms, lambda: self._set_leader(True), "leader up")
+        elif roll < config.crash_rate + config.leader_down_rate + config.snapshot_rate:
+            node = rng.choice(self._alive_nodes())
+            self.trace(f"{node.node_id} installs a snapshot at index {self.raft.commit_index}")
+            node.install_snapshot(self.raft.commit_index)
+            self.stats["snapshots"] += 1
+        else:
+            action = rng.choices(
+                (self._send, self._attach, self._credit, self._accept, self._release, self._detach,
+                 self._new_producer),
+                weights=(40, 4, 10, 16, 2, 2, 3))[0]
+            action()
+
+    def _alive_producers(self) -> list[Producer]:
+        self.producers = [producer for producer in self.producers if producer.alive]
+        return self.producers
+
+    def _alive_consumers(self) -> list[Consumer]:
+        self.consumers = [consumer for consumer in self.consumers if consumer.alive]
+        return self.consumers
+
+    def _client_id(self, prefix: str) -> str:
+        self._next_client += 1
+        return f"{prefix}{self._next_client}"
+
+    def _new_producer(self) -> Producer | None:
+        if len(self._alive_producers()) >= self.config.producers_max:
+            return None
+        node = self.rng.choice(self._alive_nodes())
+        producer = Producer(self._client_id("p"), node, self.rng.choice(self.queue_names))
+        self.producers.append(producer)
+        self.trace(f"producer {producer.id} on {node.node_id} for {producer.queue}")
+        return producer
+
+    def _send(self) -> None:
+        producers = self._alive_producers()
+        producer = self.rng.choice(producers) if producers else self._new_producer()
+        if producer is not None:
+            self.send(producer, self.rng.choice(self.group_names))
+
+    def _attach(self, node: SimNode | None = None, queue: str | None = None) -> Consumer | None:
+        if node is None and len(self._alive_consumers()) >= self.config.consumers_max:
+            return None
+        node = node or self.rng.choice(self._alive_nodes())
+        consumer = Consumer(self._client_id("c"), node, queue or self.rng.choice(self.queue_names))
+        self.consumers.append(consumer)
+        node.consumers[consumer.id] = consumer
+        self.trace(f"consumer {consumer.id} attaches at {node.node_id} to {consumer.queue}")
+        node.apply(node.broker.attach_consumer(consumer.queue, consumer.id, False, self.now_ms))
+        return consumer
+
+    def _pick_consumer(self) -> Consumer | None:
+        consumers = self._alive_consumers()
+        return self.rng.choice(consumers) if consumers else self._attach()
+
+    def _credit(self) -> None:
+        consumer = self._pick_consumer()
+        if consumer is not None:
+            credit = self.rng.randint(0, 5)
+            self.trace(f"{consumer.id} credit {credit}")
+            consumer.node.apply(consumer.node.broker.set_credit(consumer.id, credit, self.now_ms))
+
+    def _accept(self) -> None:
+        consumer = self._pick_consumer()
+        if consumer is not None and consumer.unsettled:
+            held = sorted(consumer.unsettled)
+            for delivery_id in self.rng.sample(held, self.rng.randint(1, len(held))):
+                self._settle(consumer, delivery_id, Outcome.ACCEPTED)
+
+    def _release(self) -> None:
+        consumer = self._pick_consumer()
+        if consumer is not None and consumer.unsettled:
+            self._settle(consumer, self.rng.choice(sorted(consumer.unsettled)), Outcome.RELEASED)
+
+    def _settle(self, consumer: Consumer, delivery_id: int, outcome: Outcome) -> None:
+        node = consumer.node
+        mid = consumer.unsettled.pop(delivery_id)
+        self.trace(f"{consumer.id} {outcome.value} {mid}")
+        effects = node.broker.settle(consumer.id, delivery_id, outcome, self.now_ms)
+        if outcome is Outcome.ACCEPTED:
+            self.accepted_by_consumer.add(mid)
+            if any(isinstance(effect, Removed) for effect in effects):  # the server settles once it is durable
+                node.after_flush(lambda: self._confirm(mid))
+        node.apply(effects)
+
+    def _confirm(self, mid: str) -> None:
+        self.confirmed[mid] += 1
+        if self.confirmed[mid] > 1:
+            if mid not in self.allowed_duplicates:
+                self.violation(f"{mid} was accepted (durably) {self.confirmed[mid]} times")
+            self.stats["duplicates_accepted"] += 1
+
+    def _detach(self, consumer: Consumer | None = None) -> None:
+        consumer = consumer or self._pick_consumer()
+        if consumer is None:
+            return
+        node = consumer.node
+        self.trace(f"{consumer.id} detaches from {node.node_id}")
+        node.consumers.pop(consumer.id, None)
+        consumer.unsettled.clear()
+        node.apply(node.broker.detach_consumer(consumer.id, self.now_ms))
+
+    def _crash_one(self) -> None:
+        alive = self._alive_nodes()
+        if len(alive) < 2:
+            return
+        node = self.rng.choice(alive)
+        store = node.store
+        keep = self.rng.randint(store.durable, store.handed) if self.config.torn_tails else store.durable
+        down_ms = self.rng.randint(self.config.down_ms_min, self.config.down_ms_max)
+        self.trace(f"{node.node_id} crashes (journal keeps {keep} of {len(store.records)} records, "
+                   f"{store.durable} durable); down {down_ms} ms")
+        self.stats["crashes"] += 1
+        self.stats["torn_tails"] += keep > store.durable
+        self.crash(node, keep)
+        self.schedule(down_ms, lambda: self.restart(node), f"{node.node_id} restarts")
+
+    def crash(self, node: SimNode, keep: int) -> None:
+        """`node` stops; its journal keeps its first `keep` records (at least the durable ones)."""
+        node.crash(keep)
+        declarations, messages = node.store.recovered()
+        marks = {name[len(MARK_PREFIX):]: int(values["high_water"])
+                 for name, values in declarations.items() if name.startswith(MARK_PREFIX)}
+        for name, by_seq in messages.items():
+            for record in by_seq.values():
+                origin = record[6]
+                if origin is not None and origin[1] > marks.get(origin[0], 0):
+                    self.allowed_duplicates.add(mid_of(record[3]))
+                    self.trace(f"  {node.node_id} keeps {mid_of(record[3])} past its mark: may be held twice")
+
+    def restart(self, node: SimNode) -> None:
+        if node.alive:
+            return
+        previous_index = node.applied_index
+        node.boot()
+        if previous_index and self.rng.random() < 0.5:
+            index = self.rng.randint(0, previous_index)  # pysyncobj's last full dump
+            node.install_snapshot(index)
+
+    # ---- scripted scenarios (config.scripted): a test drives clients and faults ------------
+
+    def producer(self, node_id: str, queue: str) -> Producer:
+        producer = Producer(self._client_id("p"), self.nodes[node_id], queue)
+        self.producers.append(producer)
+        return producer
+
+    def send(self, producer: Producer, group: str) -> str:
+        seq = producer.next_seq[group]
+        producer.next_seq[group] = seq + 1
+        mid = f"{producer.id}/{producer.queue}/{group}/{seq}"
+        self.sent[mid] = (producer.id, producer.queue, group, seq)
+        self.trace(f"send {mid} at {producer.node.node_id}")
+        producer.node.receive(mid, producer.queue, group, mid.encode(), self.now_ms)
+        self._end_of_batches()
+        return mid
+
+    def consumer(self, node_id: str, queue: str, *, accept_all: bool = True) -> Consumer:
+        consumer = self._attach(self.nodes[node_id], queue)
+        consumer.accept_all = accept_all
+        self._end_of_batches()
+        return consumer
+
+    def detach(self, consumer: Consumer) -> None:
+        self._detach(consumer)
+        self._end_of_batches()
+
+    def advance(self, duration_ms: int) -> None:
+        until_ms = self.now_ms + duration_ms
+        while self.now_ms < until_ms:
+            self.step()
+
+    def crash_node(self, node_id: str, *, keep: int | None = None) -> None:
+        node = self.nodes[node_id]
+        self.trace(f"{node_id} crashes")
+        self.crash(node, node.store.durable if keep is None else keep)
+
+    def restart_node(self, node_id: str) -> None:
+        self.trace(f"{node_id} restarts")
+        self.restart(self.nodes[node_id])
+        self._end_of_batches()
+
+    def stall_journal(self, node_id: str, stalled: bool) -> None:
+        self.trace(f"{node_id} journal {'stalls' if stalled else 'resumes'}")
+        self.nodes[node_id].journal_stalled = stalled
+
+    def set_leader(self, up: bool) -> None:
+        self.trace(f"leader {'up' if up else 'down'}")
+        self._set_leader(up)
+
+    def route(self, queue: str, group: str) -> str | None:
+        return self.raft.table.route(queue, group)
+
+    # ---- clients hear back -------------------------------------------------------------------
+
+    def producer_outcome(self, mid: str, error) -> None:
+        if mid in self.outcome:
+            self.violation(f"{mid} got a second outcome ({error or 'accepted'}) after {self.outcome[mid]}")
+        self.outcome[mid] = "accepted" if error is None else "refused"
+        if error is not None:
+            self.trace(f"  {mid} refused: {error}")
+            if mid in self.delivered_once:
+                self.violation(f"{mid} was refused after it had been delivered")
+
+    def delivered(self, node: SimNode, deliver) -> None:
+        consumer = node.consumers.get(deliver.consumer_id)
+        if consumer is None:
+            return
+        mid = mid_of(deliver.message)
+        if mid not in self.sent:
+            self.violation(f"{node.node_id} delivered {mid}, which no producer sent")
+        if self.outcome.get(mid) == "refused":
+            self.violation(f"{mid} was refused but {node.node_id} delivered it")
+        if mid not in self.allowed_duplicates:
+            for other in self._alive_consumers():
+                if mid in other.unsettled.values():
+                    self.violation(f"{mid} delivered to {consumer.id} while {other.id} holds it unsettled")
+        consumer.unsettled[deliver.delivery_id] = mid
+        self.trace(f"  {node.node_id} delivers {mid} to {consumer.id}")
+        if mid in self.delivered_once:
+            self.stats["redeliveries"] += 1
+            return
+        self.delivered_once.add(mid)
+        producer, queue, group, seq = self.sent[mid]
+        last = self.last_first_delivery.get((producer, queue, group), 0)
+        if seq <= last:
+            self.violation(f"order: {mid} first delivered after seq {last} of the same producer and group")
+        self.last_first_delivery[(producer, queue, group)] = seq
+
+    # ---- invariants, after every step --------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        raft, table = self.raft, self.raft.table
+        if self._checked.get("table") != (table.revision, raft.commit_index):  # else nothing changed
+            self._checked["table"] = (table.revision, raft.commit_index)
+            recount: dict = {}
+            for (queue, _group), (owner, _touched_ms) in table.routes.items():
+                recount[(owner, queue)] = recount.get((owner, queue), 0) + 1
+            if recount != table.route_counts:
+                self.violation(f"route counts {table.route_counts} disagree with routes {recount}")
+            routes = {key: route[0] for key, route in table.routes.items()}
+            if routes != raft.current:
+                self.violation(f"the table's routes {routes} are not what its log made: {raft.current}")
+        holders: dict[tuple[str, str], set] = collections.defaultdict(set)
+        held: list[str] = []  # message ids held by brokers, crashed ones' journals included
+        for node in self.nodes.values():
+            if not node.alive:
+                for key, holder in node.down_holdings:
+                    holders[key].add(holder)
+                held.extend(node.down_mids)
+                continue
+            router = node.router
+            # a router changes only by what its replica applies: check again when that moved
+            state = (node.incarnation, node.applied_index, len(router.routes), len(raft.route_history))
+            if self._checked.get(node.node_id) != state:
+                self._checked[node.node_id] = state
+                for key in set(raft.route_history) | set(router.routes):
+                    expected = raft.owner_at(key, node.applied_index)
+                    if router.routes.get(key) != expected:
+                        self.violation(f"{node.node_id} routes {key} to {router.routes.get(key)} but the log "
+                                       f"had {expected} at its applied index {node.applied_index}")
+            depth = 0
+            for name, queue in node.broker.queues.items():
+                depth += queue.depth_messages
+                for group_key, group in queue.groups.items():
+                    if group.available_count or group.acquired:
+                        holders[(name, group_key)].add(node.node_id)
+            if depth != len(node.live):
+                self.violation(f"{node.node_id} holds {depth} messages but journalled {len(node.live)}")
+            held.extend(node.live.values())
+            for owner, channel in node.outbound.channels.items():
+                for key in {key for key, _ in channel.values()}:
+                    holders[key].add(owner)
+        for owner, batch in self.network.in_flight.values():
+            for key in {(entry.queue, entry.group_id) for entry in batch}:
+                holders[key].add(owner)
+        for key, nodes in holders.items():
+            if len(nodes) > 1:
+                self.violation(f"group {key} is split across {sorted(nodes)}")
+            if len(nodes) != 1 or raft.current.get(key) not in nodes:
+                self.violation(f"group {key} is held at {sorted(nodes)} but routed to {raft.current.get(key)}")
+        if len(set(held)) != len(held):
+            for mid, count in collections.Counter(held).items():
+                if count > 1 and mid not in self.allowed_duplicates:
+                    self.violation(f"{mid} is held {count} times")
+
+    # ---- the end: a quiescent drain, then nothing lost ---------------------------------------
+
+    def drain(self) -> None:
+        self.draining = True
+        self.faults_on = False
+        self.trace("drain: faults off, every node up, every consumer accepts everything")
+        self._set_leader(True)
+        for node in self.nodes.values():
+            if not node.alive:
+                self.restart(node)
+        for _ in range(self.config.drain_steps_max):
+            self.step()
+            if self._drained():
+                break
+        else:
+            self.violation(f"not drained after {self.config.drain_steps_max} steps: {self._leftovers()}")
+        lost = sorted(mid for mid, outcome in self.outcome.items()
+                      if outcome == "accepted" and mid not in self.accepted_by_consumer)
+        if lost:
+            self.violation(f"{len(lost)} accepted messages were never delivered and accepted: {lost[:10]}")
+
+    def _drain_action(self) -> None:
+        self._alive_producers().clear()
+        consumers = self._alive_consumers()
+        covered = {(consumer.node.node_id, consumer.queue) for consumer in consumers}
+        for node in self._alive_nodes():
+            for queue in self.queue_names:
+                if (node.node_id, queue) not in covered:
+                    self._attach(node, queue)
+        for consumer in self._alive_consumers():
+            consumer.accept_all = True
+
+    def _accept_everything(self) -> None:
+        for consumer in self._alive_consumers():
+            if consumer.accept_all:
+                for delivery_id in sorted(consumer.unsettled):
+                    self._settle(consumer, delivery_id, Outcome.ACCEPTED)
+                consumer.node.apply(consumer.node.broker.set_credit(consumer.id, 10, self.now_ms))
+
+    def _drained(self) -> bool:
+        return not self._leftovers()
+
+    def _leftovers(self) -> dict:
+        left: dict = {}
+        for node in self.nodes.values():
+            if node.live:
+                left[f"{node.node_id} holds"] = sorted(node.live.values())[:5]
+            if node.outbound.channels and any(node.outbound.channels.values()):
+                left[f"{node.node_id} outbound"] = node.outbound.depths()
+            if node.router.waiting:
+                left[f"{node.node_id} waiting"] = node.router.waiting_count()
+            if node.store.waiters or node._awaiting_flush:
+                left[f"{node.node_id} unflushed"] = len(node.store.waiters)
+        if self.network.in_flight:
+            left["network"] = len(self.network.in_flight)
+        return left
+
+    def summary(self) -> dict:
+        outcomes = collections.Counter(self.outcome.values())
+        return {"sent": len(self.sent), "accepted": outcomes["accepted"], "refused": outcomes["refused"],
+                "delivered": len(self.delivered_once), "log_entries": self.raft.commit_index,
+                **self.stats}
