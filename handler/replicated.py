@@ -8,9 +8,13 @@ forwards that to the reactor. Snapshots hold the table's attributes, which are p
 
 from __future__ import annotations
 
+import logging
+
 from pysyncobj import SyncObjConsumer, replicated
 
 from handler.route_table import RouteTable
+
+log = logging.getLogger("grouper.handler")
 
 ROUTES = "routes"  # payload: [(queue, group, node or None)], None = route removed; at_ms: their refresh time
 REFUSED = "refused"  # payload: [(queue, group)] refused by the table (routes_max reached)
@@ -52,8 +56,21 @@ class RouteTableReplica(SyncObjConsumer):
         return len(decided)
 
     @replicated
-    def expire_idle(self, cutoff_ms):
-        return self._removed(self.table.expire_idle(cutoff_ms))
+    def touch(self, entries, now_ms):
+        results = self.table.touch(entries, now_ms)
+        # only what was refreshed or made: a conflicting route's node already heard of it when it was made
+        kept = [(entry[0], entry[1], node) for entry, node in zip(entries, results) if node is not None
+                and node == entry[2]]
+        if kept:
+            self._on_applied(ROUTES, kept, now_ms)
+        conflicts = sum(1 for entry, node in zip(entries, results) if node is not None and node != entry[2])
+        if conflicts:
+            log.warning("%d route refreshes named a node other than the route's; the routes were kept", conflicts)
+        return len(kept)
+
+    @replicated
+    def expire_idle(self, cutoff_ms, spared_nodes=()):
+        return self._removed(self.table.expire_idle(cutoff_ms, list(spared_nodes)))
 
     @replicated
     def unroute(self, keys):

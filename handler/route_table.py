@@ -63,10 +63,40 @@ class RouteTable:
             return route[0]
         if len(self.routes) >= self.routes_max:
             return None
-        node = self.choose_node(queue, proposer)
+        return self._create(queue, group, self.choose_node(queue, proposer), now_ms)
+
+    def _create(self, queue: str, group: str, node: str, now_ms: int) -> str:
         self.routes[(queue, group)] = [node, now_ms]
         self.route_counts[(node, queue)] = self.route_counts.get((node, queue), 0) + 1
         return node
+
+    def touch(self, entries: list, now_ms: int) -> list:
+        """Refresh routes a node relies on: entries are [queue, group, node], the node it routes to.
+
+        Unlike a claim, a missing route is made again on the given node, never by placement: the
+        group's messages are there (or on their way), so placing it elsewhere would split it. A
+        route naming another node is left alone; its node is returned so the caller sees the
+        conflict. Results align with entries: the route's node, or None (malformed, routes_max)."""
+        if not isinstance(entries, (list, tuple)) or not _is_int(now_ms):
+            return []
+        results = []
+        for entry in entries:
+            if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and _is_key(entry[:2])
+                    and _is_str(entry[2])):
+                results.append(None)
+                continue
+            queue, group, node = entry
+            route = self.routes.get((queue, group))
+            if route is None:
+                results.append(self._create(queue, group, node, now_ms)
+                               if len(self.routes) < self.routes_max else None)
+            else:
+                if route[0] == node:
+                    route[1] = max(route[1], now_ms)
+                results.append(route[0])
+        if any(result is not None for result in results):
+            self.revision += 1
+        return results
 
     def report_consumers(self, node: str, counts: dict, now_ms: int) -> None:
         if not _is_str(node) or not isinstance(counts, dict):
@@ -115,10 +145,14 @@ class RouteTable:
         self.mark_down(node, now_ms)
         return self._remove(sorted(key for key, route in self.routes.items() if route[0] == node))
 
-    def expire_idle(self, cutoff_ms: int) -> list:
-        if not _is_int(cutoff_ms):
+    def expire_idle(self, cutoff_ms: int, spared_nodes: list = ()) -> list:
+        """Remove routes touched before cutoff_ms, except those of `spared_nodes`: members the
+        leader cannot reach cannot refresh the groups they hold, which must not move meanwhile."""
+        if not _is_int(cutoff_ms) or not isinstance(spared_nodes, (list, tuple)):
             return []
-        return self._remove(sorted(key for key, route in self.routes.items() if route[1] < cutoff_ms))
+        spared = [node for node in spared_nodes if _is_str(node)]
+        return self._remove(sorted(key for key, route in self.routes.items()
+                                   if route[1] < cutoff_ms and route[0] not in spared))
 
     def unroute(self, keys: list) -> list:
         if not isinstance(keys, (list, tuple)):

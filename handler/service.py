@@ -69,6 +69,11 @@ class GroupingHandler:
         self.replica.claim([list(key) for key in keys], self.node_id, now_ms,
                            callback=self._callback(lambda reason: on_failed(keys, reason)))
 
+    def touch(self, entries: list, now_ms: int, on_failed) -> None:
+        """Refresh routes this node relies on: [queue, group, node] each (see RouteTable.touch)."""
+        self.replica.touch([list(entry) for entry in entries], now_ms,
+                           callback=self._callback(lambda reason: on_failed(entries, reason)))
+
     def report_consumers(self, counts: dict, now_ms: int) -> None:
         self.replica.report_consumers(self.node_id, counts, now_ms, callback=self._logged("report_consumers"))
 
@@ -152,14 +157,25 @@ class GroupingHandler:
 
     def _leader_duties(self):
         # this thread only enqueues commands; every decision is in the log
+        leader_since_s = None
         while not self._stopped.wait(DUTIES_INTERVAL_MS / 1000):
             if not self._syncobj._isLeader():
                 self._unreachable_since_s.clear()
+                leader_since_s = None
                 continue
+            if leader_since_s is None:
+                leader_since_s = time.monotonic()
             now_ms = int(time.time() * 1000)
-            if self.group_timeout_ms and time.monotonic() >= self._reap_due_s:
+            # a new leader reaps only after every node has had time to refresh what it holds: during
+            # an election nobody could, and those routes are not idle
+            settled = (time.monotonic() - leader_since_s) * 1000 >= self.group_timeout_ms / 2
+            if self.group_timeout_ms and settled and time.monotonic() >= self._reap_due_s:
                 self._reap_due_s = time.monotonic() + REAPER_INTERVAL_MS / 1000
-                self.replica.expire_idle(now_ms - self.group_timeout_ms, callback=self._logged("expire_idle"))
+                status = self.status()
+                # a member the leader cannot reach cannot refresh what it holds: spare its routes
+                spared = [m for m in status["members"] if m != self.node_id and m not in status["connected"]]
+                self.replica.expire_idle(now_ms - self.group_timeout_ms, sorted(spared),
+                                         callback=self._logged("expire_idle"))
             if self.owner_failover_ms:
                 self._fail_over_unreachable(now_ms)
 

@@ -148,9 +148,21 @@ class ClusterLink:
         if keys:
             self._propose(keys, self.clock_ms())
         if self._unsubmitted:
-            for owner, entries in self._unsubmitted.items():
-                self._forwarder(owner).submit(entries)
-            self._unsubmitted = {}
+            # forwarded only once this batch is on disk here: its seq reservation with it, so a
+            # crash can never make this node reuse a forward seq an owner has already seen
+            batch, self._unsubmitted = self._unsubmitted, {}
+            self.server.after_flush(lambda reason: self._submit(batch, reason))
+
+    def _submit(self, batch: dict, reason) -> None:
+        if self.closed:
+            return
+        if reason is not None:
+            # the producers were refused: these messages must not reach their owners
+            for owner, entries in batch.items():
+                self.outbound.forget(owner, [entry.forward_seq for entry in entries])
+            return
+        for owner, entries in batch.items():
+            self._forwarder(owner).submit(entries)
 
     def _propose(self, keys: list, now_ms: int) -> None:
         for start in range(0, len(keys), CLAIM_KEYS_MAX):
@@ -247,13 +259,26 @@ class ClusterLink:
 
     def _refresh_leases(self, now_ms: int) -> None:
         # a route expires only when no node uses it: refresh what this node routed lately, what it
-        # holds as owner and what waits in its outbound channels
-        keys = self.router.take_used() | self.outbound.keys()
+        # holds as owner and what waits in its outbound channels, each naming the node it relies on
+        # (a touch makes a missing route again there, never elsewhere)
+        entries = {key: self.router.routes[key] for key in self.router.take_used() if key in self.router.routes}
+        entries.update(self.outbound.owners_by_key())
         for name, queue in self.broker.queues.items():
             if queue.settings.grouping:
-                keys.update((name, key) for key in queue.busy_route_keys())
-        if keys:
-            self._propose(sorted(keys), now_ms)
+                entries.update(((name, key), self.node_id) for key in queue.busy_route_keys())
+        if not entries:
+            return
+        touches = [(queue, group, node) for (queue, group), node in sorted(entries.items())]
+        for start in range(0, len(touches), CLAIM_KEYS_MAX):
+            self.handler.touch(touches[start:start + CLAIM_KEYS_MAX], now_ms, on_failed=self._touch_failed)
+
+    def _touch_failed(self, entries, reason: str) -> None:  # tick thread
+        log.info("refreshing %d routes failed (%s); retrying in %d ms", len(entries), reason,
+                 CLAIM_RETRY_INTERVAL_MS * 10)
+        self.bridge.post(self._refresh_soon)
+
+    def _refresh_soon(self) -> None:
+        self._refresh_due_ms = min(self._refresh_due_ms, self.clock_ms() + CLAIM_RETRY_INTERVAL_MS * 10)
 
     # ---- owner side: batches forwarded by other nodes ----------------------------------------
 

@@ -152,8 +152,17 @@ class Outbound:
                 journalled.append((journal_name, seq))
         return journalled
 
+    def forget(self, owner: str, seqs) -> None:
+        """Drop entries that must not be forwarded (their producers were refused)."""
+        channel = self.channels.get(owner, {})
+        for seq in seqs:
+            channel.pop(seq, None)
+
     def keys(self) -> set[tuple[str, str]]:
-        return {key for channel in self.channels.values() for key, _ in channel.values()}
+        return set(self.owners_by_key())
+
+    def owners_by_key(self) -> dict[tuple[str, str], str]:
+        return {key: owner for owner, channel in self.channels.items() for key, _ in channel.values()}
 
     def depths(self) -> dict[str, int]:
         return {owner: len(channel) for owner, channel in sorted(self.channels.items()) if channel}

@@ -415,3 +415,21 @@ def test_fail_over_marks_the_node_down_and_drops_only_its_routes():
     assert table.routes_of("q") == [("c", "n2", 5)]
     assert table.route_counts == {("n2", "q"): 1}
     assert table.claim([["q", "a"]], "n1", 10) == ["n2"]  # placed afresh, never on the down node
+
+
+def test_touch_refreshes_a_route_it_names_and_makes_a_missing_one_again_on_the_named_node():
+    table = RouteTable()
+    table.report_consumers("n2", {"q": 1}, 1)
+    table.claim([["q", "a"]], "n1", 5)  # placed on n2, which has consumers
+    assert table.touch([["q", "a", "n2"], ["q", "b", "n1"]], 9) == ["n2", "n1"]
+    assert table.routes == {("q", "a"): ["n2", 9], ("q", "b"): ["n1", 9]}  # b made on n1, not by placement
+    assert table.touch([["q", "a", "n1"]], 20) == ["n2"]  # a conflict: reported, not refreshed
+    assert table.routes[("q", "a")] == ["n2", 9]
+    assert table.route_counts == {("n1", "q"): 1, ("n2", "q"): 1}
+
+
+def test_expire_idle_spares_the_routes_of_members_the_leader_cannot_reach():
+    table = RouteTable()
+    table.touch([["q", "a", "n1"], ["q", "b", "n2"]], 5)
+    assert table.expire_idle(10, ["n1"]) == [("q", "b")]
+    assert table.routes == {("q", "a"): ["n1", 5]}
