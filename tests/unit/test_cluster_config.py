@@ -102,3 +102,14 @@ def test_a_snapshot_round_trip_restores_the_table_and_replaces_every_route_the_n
     assert vars(restored.table) == vars(replica.table)
     assert heard[0] == (replicated.SNAPSHOT, [("q", "a", "n1", 10)])
     assert heard[1][0] == replicated.MEMBERS
+
+
+def test_the_numbering_of_replicated_commands_is_frozen_so_old_raft_journals_replay_right():
+    # pysyncobj numbers commands in (ver, name) order and journals the numbers: a new command must
+    # take a higher `ver` (appended), never slot in by name. Extend this list only at its end.
+    commands = sorted((getattr(RouteTableReplica, name).ver, name) for name in dir(RouteTableReplica)
+                      if getattr(getattr(RouteTableReplica, name), "replicated", False)
+                      and name != getattr(RouteTableReplica, name).origName)
+    assert [name for _, name in commands] == [
+        "claim_v0", "drop_queue_v0", "expire_idle_v0", "fail_over_v0", "mark_down_v0", "mark_up_v0",
+        "register_node_v0", "report_consumers_v0", "touch_v0", "unroute_v0"]
