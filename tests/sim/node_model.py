@@ -1,14 +1,18 @@
 """One simulated node: the real pure cores wired the way node/cluster.py wires them, over simulated I/O.
 
-`SimNode` follows `ClusterLink` method for method (arrive, _send, quiesced, acknowledged, applied,
-ready, tick, _refresh_leases, _enqueue_forwarded, recover_declaration, recover_outbound) and the few
-`AmqpServer` and `runtime` pieces those call (enqueue_local, accept_when_stored, refuse, apply,
-after_flush, consumer_counts, the end of a reactor batch, journal recovery). The Router, Outbound,
-Inbound and Broker are the production classes. Only the I/O is modelled:
+`SimNode` follows `ClusterLink` (node/cluster.py) method for method (arrive, _send, quiesced,
+_submit, acknowledged, applied, ready, tick, _refresh_leases, _touch_failed, _enqueue_forwarded,
+recover_declaration, recover_outbound) and the few `AmqpServer` and `runtime` pieces those call
+(enqueue_local, accept_when_stored, refuse, apply, after_flush, journal_durable, journal_failed,
+consumer_counts, the end of a reactor batch, journal recovery). Each copy says which real function it
+mirrors and keeps only what the simulation exercises. The Router, Outbound, Inbound and Broker are the
+production classes. Only the I/O is modelled:
 - `Store` is the journal: an append-only list of records; `flush` hands the records so far to the
   writer as one unit, the writer makes them durable after a seeded delay and then runs what waited
-  for it. A crash keeps the durable records and, with torn tails, any longer prefix of what had been
-  handed to the writer (recovery trusts the file up to the first bad frame, not unit boundaries).
+  for it (fn(None)). A write may fail (scripted, or config.journal_fail_rate): as node/store/journal.py
+  promises, the failed batch's records are dropped, never written, and what waited for them hears
+  fn(reason). A crash keeps the durable records and, with torn tails, any longer prefix of what had
+  been handed to the writer (recovery trusts the file up to the first bad frame, not unit boundaries).
 - `ForwarderModel` is `node/peer/forwarder.py` without threads: one call in flight, a batch of the
   oldest pending entries, drop up to the owner's high water on a reply, back off on failure or
   timeout, resend from the oldest.
@@ -33,8 +37,9 @@ from tests.sim.raft_log import MEMBERS, REFUSED, ROUTES, SNAPSHOT
 OUTBOUND_PREFIX = "\x00out\x00"
 MARK_PREFIX = "\x00mark\x00"
 SEQ_RESERVATION = "\x00seq"
-CLAIM_RETRY_INTERVAL_MS = 100
+CLAIM_RETRY_INTERVAL_MS = 100  # node/cluster.py; a failed touch is retried 10 times this later
 CONSUMER_REPORT_INTERVAL_MS = 5000
+JOURNAL_RETRY_INTERVAL_MS = 1000  # node/amqp/server.py: durable sends are refused this long after a failed write
 
 
 class Entry(NamedTuple):  # node.peer.forwarder.Entry
@@ -187,24 +192,26 @@ class SimNode:
         self.incarnation = 0
         self.alive = False
         # while down: what its journal holds, for the invariants
-        self.down_holdings: set[tuple[tuple[str, str], str]] = set()  # (route key, holder node)
+        self.down_holdings: set[tuple[str, str]] = set()  # route keys of groups in its queues
+        self.down_outbound: list[tuple[tuple[str, str], str, int]] = []  # (route key, owner, forward seq)
+        self.down_marks: dict[str, int] = {}  # source -> high-water forward seq its journal holds
         self.down_mids: list[str] = []
+        self.journal_failing = False  # scripted: every write fails until cleared (the disk's, kept across restarts)
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
-    def boot(self) -> None:
+    def boot(self, config_queues=()) -> None:
+        """Start a new incarnation from the journal; `config_queues`: QueueSettings of the config file."""
         sim = self.sim
         self.incarnation += 1
         self.alive = True
-        self.down_holdings, self.down_mids = set(), []
+        self.down_holdings, self.down_outbound, self.down_marks, self.down_mids = set(), [], {}, []
         self.broker = Broker()
         self.router = Router(self.node_id, sim.config.handler_timeout_ms, sim.config.group_timeout_ms // 2)
         self.outbound = Outbound()
         self.inbound = Inbound()
         self.members: dict = {}
         self.seq_reserved = 0
-        self.seq_reserved_durable = 0  # fix_seq_reservation: the highest reservation known durable
-        self._deferred: dict[str, int] = {}  # owner -> deferred submissions not yet made
         self._unsubmitted: dict[str, list[Entry]] = {}
         self._forwarders: dict[str, ForwarderModel] = {}
         self._retry_claims: list = []
@@ -215,6 +222,8 @@ class SimNode:
         self._awaiting_flush: list = []  # callbacks for when everything journalled so far is durable
         self._writer_due = False
         self.journal_stalled = False
+        self._journal_failed: str | None = None  # AmqpServer._journal_failed
+        self._journal_retry_at_ms = 0
         self.consumers: dict[str, object] = {}  # consumer id -> the simulation's consumer
         self.live: dict[tuple[str, int], str] = {}  # (queue, seq) -> message id held by the broker
         self._origin: dict[tuple[str, int], tuple[str, int]] = {}  # forwarded here: (queue, seq) -> origin
@@ -223,7 +232,7 @@ class SimNode:
         self.apply_due_ms: dict[int, int] = {}
         self.replay_due_ms = sim.now_ms + sim.rng.randint(1, sim.config.replay_ms_max)
         self.ready_target = sim.raft.commit_index if sim.raft.leader_up else None
-        self.recover()
+        self.recover(config_queues)
         self.apply([])  # journals the declarations made during recovery
         sim.schedule(self.replay_due_ms - sim.now_ms, self.guarded(self.catch_up), None)
 
@@ -233,14 +242,20 @@ class SimNode:
             forwarder.closed = True
         self.store.crash(keep)
         declarations, messages = self.store.recovered()
+        self.down_marks = {name[len(MARK_PREFIX):]: int(values["high_water"])
+                           for name, values in declarations.items() if name.startswith(MARK_PREFIX)}
         for name, by_seq in messages.items():
             for record in by_seq.values():
                 if _reserved_name(name):
                     owner, queue = parse_outbound_name(name)
-                    self.down_holdings.add(((queue, record[4]), owner))
+                    self.down_outbound.append(((queue, record[4]), owner, record[2]))
                 else:
-                    self.down_holdings.add(((name, record[4]), self.node_id))
+                    self.down_holdings.add((name, record[4]))
                     self.down_mids.append(mid_of(record[3]))
+
+    def taken_from(self, source: str) -> int:
+        """The highest forward seq from `source` this node will skip as a resend (up or down)."""
+        return self.inbound.high_water.get(source, 0) if self.alive else self.down_marks.get(source, 0)
 
     def guarded(self, fn):
         """`fn` for a later event: dropped if this incarnation has crashed meanwhile."""
@@ -253,8 +268,11 @@ class SimNode:
 
     # ---- recovery (runtime.recover, ClusterLink.recover_*) -----------------------------------
 
-    def recover(self) -> None:
+    def recover(self, config_queues=()) -> None:
+        """Node.recover (node/runtime.py) with ClusterLink.recover_*."""
         declarations, messages = self.store.recovered()
+        for settings in config_queues:
+            self.broker.declare_queue(settings)
         journalled = set()
         for name, values in declarations.items():
             if _reserved_name(name):
@@ -286,7 +304,7 @@ class SimNode:
     def recover_declaration(self, values: dict) -> bool:
         name = values["name"]
         if name == SEQ_RESERVATION:
-            self.seq_reserved = self.seq_reserved_durable = int(values["reserved"])
+            self.seq_reserved = int(values["reserved"])
             self.broker.next_seq = max(self.broker.next_seq, self.seq_reserved)
             return True
         if name.startswith(MARK_PREFIX):
@@ -340,27 +358,51 @@ class SimNode:
             self._durable()
 
     def _write(self) -> None:
+        sim = self.sim
         if self.journal_stalled:  # a slow disk: try again later
-            self.sim.schedule(1, self.guarded(self._write), None)
+            sim.schedule(1, self.guarded(self._write), None)
             return
         self._writer_due = False
+        if self.journal_failing or (sim.config.journal_fail_rate and sim.faults_on
+                                    and sim.rng.random() < sim.config.journal_fail_rate):
+            self._write_failed()
+            return
         self.store.durable = self.store.handed
         self._durable()
 
     def _durable(self) -> None:
+        """AmqpServer.journal_durable."""
         store = self.store
+        self._journal_failed = None
         while store.waiters and store.waiters[0][0] <= store.durable:
             _, callback = store.waiters.popleft()
-            callback()
+            callback(None)
+
+    def _write_failed(self) -> None:
+        """Journal._fail_batch (its records are dropped, not retried), then AmqpServer.journal_failed."""
+        store = self.store
+        failed = store.handed - store.durable
+        del store.records[store.durable:store.handed]  # records journalled since move down: no ticket holds them
+        store.handed = store.durable
+        reason = "journal write failed (simulated)"
+        self.sim.trace(f"  {self.node_id} journal write failed: {failed} records dropped")
+        self.sim.stats["journal_failures"] += 1
+        self._journal_failed = reason
+        self._journal_retry_at_ms = self.sim.now_ms + JOURNAL_RETRY_INTERVAL_MS
+        waiters, store.waiters = store.waiters, deque()  # every waiter's ticket was in the failed batch
+        for _, callback in waiters:
+            callback(reason)
 
     # ---- the server's side of the core -------------------------------------------------------
 
     def after_flush(self, callback) -> None:
+        """callback(None) once everything journalled so far is durable, callback(reason) if it failed."""
         self._awaiting_flush.append(callback)
 
     def accept_when_stored(self, delivery, durable: bool, producer_settled: bool) -> None:
         assert durable and not producer_settled  # the simulation's producers wait for the outcome
-        self.after_flush(lambda: self.sim.producer_outcome(delivery, None))
+        self.after_flush(lambda reason: self.sim.producer_outcome(
+            delivery, None if reason is None else GrouperError(f"the node could not store the message: {reason}")))
 
     def refuse(self, delivery, error: GrouperError) -> None:
         self.sim.producer_outcome(delivery, error)
@@ -410,6 +452,8 @@ class SimNode:
         """AmqpServer._receive for a grouped message on a durable queue, in a cluster."""
         try:
             queue = self.broker.queue(queue_name, create=True)
+            if self._journal_failed and now_ms < self._journal_retry_at_ms:
+                raise GrouperError(f"the node cannot store messages right now ({self._journal_failed})")
             message = Message(payload, group)
             queue.check_group_id(message.group_id)
             route_key = queue.route_key(message.group_id)
@@ -446,9 +490,8 @@ class SimNode:
     def _reserve_seq(self, seq: int) -> None:
         if seq < self.seq_reserved:
             return
-        self.seq_reserved = reserved = seq + self.sim.config.seq_reserve_block
+        self.seq_reserved = seq + self.sim.config.seq_reserve_block
         self.journal_declare({"name": SEQ_RESERVATION, "reserved": self.seq_reserved})
-        self.after_flush(lambda: setattr(self, "seq_reserved_durable", max(self.seq_reserved_durable, reserved)))
 
     def _release(self, released, now_ms: int) -> None:
         for owner, item in released:
@@ -457,27 +500,24 @@ class SimNode:
     # ---- ClusterLink: end of a reactor batch -------------------------------------------------
 
     def quiesced(self) -> None:
+        """ClusterLink.quiesced: new outbound entries go to the forwarders only once this batch (and
+        the seq reservation in it) is durable."""
         keys = self.router.take_claims()
         if keys:
             self._propose(keys, self.sim.now_ms)
         if self._unsubmitted:
-            unsubmitted, self._unsubmitted = self._unsubmitted, {}
-            for owner, entries in unsubmitted.items():
-                if self.sim.config.fix_seq_reservation and (
-                        entries[-1].forward_seq >= self.seq_reserved_durable or self._deferred.get(owner)):
-                    self._defer(owner, entries)
-                else:
-                    self._forwarder(owner).submit(entries)
+            batch, self._unsubmitted = self._unsubmitted, {}
+            self.after_flush(lambda reason: self._submit(batch, reason))
 
-    def _defer(self, owner: str, entries: list[Entry]) -> None:
-        # the fix: a seq leaves this node only once a durable reservation covers it, so a restart
-        # can never hand it out again (with the deferral per owner, so the channel stays in order)
-        self._deferred[owner] = self._deferred.get(owner, 0) + 1
-
-        def submit():
-            self._deferred[owner] -= 1
+    def _submit(self, batch: dict, reason) -> None:
+        """ClusterLink._submit."""
+        if reason is not None:
+            for owner, entries in batch.items():
+                self.outbound.forget(owner, [entry.forward_seq for entry in entries])
+            self.sim.stats["forwards_forgotten"] += sum(len(entries) for entries in batch.values())
+            return
+        for owner, entries in batch.items():
             self._forwarder(owner).submit(entries)
-        self.after_flush(submit)
 
     def _propose(self, keys: list, now_ms: int) -> None:
         on_failed = self.guarded(lambda reason: self._claim_failed(keys, reason))
@@ -508,8 +548,8 @@ class SimNode:
                 break
             self.apply_due_ms.pop(index, None)
             self.applied_index = index
-            for kind, payload in raft.feed(index):
-                self.applied(kind, payload)
+            for kind, payload, at_ms in raft.feed(index):
+                self.applied(kind, payload, at_ms)
         if not self.router.ready and self.ready_target is not None and self.applied_index >= self.ready_target:
             self.ready()
 
@@ -517,16 +557,20 @@ class SimNode:
         """pysyncobj replaced the replica with the table as of `index` (a restart or a lagging member)."""
         self.applied_index = index
         self.apply_due_ms = {i: due for i, due in self.apply_due_ms.items() if i > index}
-        self.applied(SNAPSHOT, self.sim.raft.routes_at(index))
+        self.applied(SNAPSHOT, self.sim.raft.routes_at(index), None)
 
-    def applied(self, kind: str, payload) -> None:
+    def applied(self, kind: str, payload, at_ms) -> None:
+        """ClusterLink.applied: a route's lease runs from its refresh time in the log."""
         now_ms = self.sim.now_ms
         if kind == ROUTES:
-            self._release(self.router.learn(payload, now_ms), now_ms)
+            self._release(self.router.learn(payload, now_ms if at_ms is None else at_ms), now_ms)
         elif kind == SNAPSHOT:
-            fresh = {(queue, group) for queue, group, _ in payload}
+            fresh = {(queue, group) for queue, group, _, _ in payload}
             gone = [(queue, group, None) for queue, group in self.router.routes if (queue, group) not in fresh]
-            self._release(self.router.learn(gone + list(payload), now_ms), now_ms)
+            released = self.router.learn(gone, now_ms)
+            for queue, group, owner, touched_ms in payload:
+                released += self.router.learn([(queue, group, owner)], touched_ms)
+            self._release(released, now_ms)
         elif kind == REFUSED:
             for key in payload:
                 for item in self.router.give_up(tuple(key)):
@@ -560,12 +604,20 @@ class SimNode:
             self.quiesced()
 
     def _refresh_leases(self, now_ms: int) -> None:
-        keys = self.router.take_used() | self.outbound.keys()
+        """ClusterLink._refresh_leases (one command: the simulation never reaches CLAIM_KEYS_MAX)."""
+        entries = {key: self.router.routes[key] for key in self.router.take_used() if key in self.router.routes}
+        entries.update(self.outbound.owners_by_key())
         for name, queue in self.broker.queues.items():
             if queue.settings.grouping:
-                keys.update((name, key) for key in queue.busy_route_keys())
-        if keys:
-            self._propose(sorted(keys), now_ms)
+                entries.update(((name, key), self.node_id) for key in queue.busy_route_keys())
+        if not entries:
+            return
+        touches = tuple((queue, group, node) for (queue, group), node in sorted(entries.items()))
+        self.sim.raft.propose(("touch", touches, now_ms), self.guarded(self._touch_failed))
+
+    def _touch_failed(self, reason: str) -> None:
+        """ClusterLink._touch_failed and _refresh_soon: refresh again within CLAIM_RETRY_INTERVAL_MS * 10."""
+        self._refresh_due_ms = min(self._refresh_due_ms, self.sim.now_ms + CLAIM_RETRY_INTERVAL_MS * 10)
 
     # ---- ClusterLink: the owner's side -------------------------------------------------------
 
@@ -576,7 +628,7 @@ class SimNode:
         except GrouperError:
             reply(None)
             return
-        self.after_flush(lambda: reply(high_water))
+        self.after_flush(lambda reason: reply(high_water if reason is None else None))
 
     def _enqueue_forwarded(self, source: str, entries: list[Entry]) -> int:
         now_ms = self.sim.now_ms

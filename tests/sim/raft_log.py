@@ -4,13 +4,15 @@ Raft itself is not simulated (elections, terms and log repair are pysyncobj's an
 What the nodes can observe is: a proposal made while the leader is up is committed after a seeded
 delay; one made while it is down fails (MISSING_LEADER). The leader going down turns proposals in
 flight into unknown outcomes: each is committed anyway or dropped, seeded, and its proposer hears
-"failed" either way (LEADER_CHANGED / DISCARDED), so it retries a claim that may have won.
+"failed" either way (LEADER_CHANGED / DISCARDED), so it retries what may have won.
 
 Every committed command is applied once, here, to the authoritative `RouteTable`, which yields the
-feed every replica reports to its node (ROUTES / REFUSED / MEMBERS, as `handler/replicated.py`
-does); each node replays that feed in log order after its own seeded lag. `route_history` keeps
-every owner each (queue, group) ever had with the log index that set it, so the invariants can ask
-what a replica must know at the index it has applied.
+feed every replica reports to its node as `handler/replicated.py` does: (kind, payload, at_ms), with
+ROUTES carrying the command's now_ms as at_ms (claim, touch) or None (expire_idle), and REFUSED /
+MEMBERS with None. Each node replays that feed in log order after its own seeded lag.
+`route_history` keeps every (owner, touched_ms) each (queue, group) ever had with the log index that
+set it, so the invariants (and snapshot installs) can ask what a replica must know at the index it
+has applied.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import bisect
 
 from handler.route_table import RouteTable
 
-ROUTES = "routes"  # payload: [(queue, group, node or None)]
+# the kinds of handler/replicated.py
+ROUTES = "routes"  # payload: [(queue, group, node or None)]; at_ms: the command's now_ms, or None
 REFUSED = "refused"  # payload: [(queue, group)]
-SNAPSHOT = "snapshot"  # payload: every route [(queue, group, node)]
+SNAPSHOT = "snapshot"  # payload: every route [(queue, group, node, touched_ms)]
 MEMBERS = "members"  # payload: {"consumers": ...}
 
 
@@ -30,7 +33,8 @@ class RaftLog:
         self.sim = sim
         self.table = RouteTable(routes_max)
         self.entries: list[tuple] = []  # (command, feed, commit_ms); log index = position + 1
-        self.route_history: dict[tuple[str, str], tuple[list[int], list]] = {}  # key -> (indexes, owners)
+        # key -> (indexes, [(owner or None, touched_ms or None)]): a new element whenever either changed
+        self.route_history: dict[tuple[str, str], tuple[list[int], list[tuple]]] = {}
         self.current: dict[tuple[str, str], str] = {}  # the routes at the commit index, by the log alone
         self.leader_up = True
         self._in_flight: dict[int, tuple] = {}  # proposal number -> (command, on_failed)
@@ -74,69 +78,101 @@ class RaftLog:
                 sim.schedule(1, lambda on_failed=on_failed: on_failed("leader changed"), None)
         self._in_flight.clear()
 
-    # ---- the log -----------------------------------------------------------------------------
+    # ---- the log: each command as RouteTableReplica (handler/replicated.py) applies it -------
 
     def commit(self, command: tuple) -> None:
         table = self.table
         kind = command[0]
         feed: list[tuple] = []
-        changes: list[tuple] = []
+        keys: list[tuple[str, str]] = []  # whose route the command may have made, moved or refreshed
         if kind == "claim":
             _, keys, proposer, now_ms = command
             before = [table.route(queue, group) for queue, group in keys]
             nodes = table.claim([list(key) for key in keys], proposer, now_ms)
-            for key, old, new in zip(keys, before, nodes):
-                if old is not None and new != old:
-                    self.sim.violation(f"first proposal wins broken: claim of {key} moved it from {old} to {new}")
+            self._check_kept(keys, before, nodes, kind)
             decided = [(key[0], key[1], node) for key, node in zip(keys, nodes) if node is not None]
             if decided:
-                feed.append((ROUTES, decided))
-                changes = [change for change, old in zip(decided, before) if old is None]
+                feed.append((ROUTES, decided, now_ms))
             refused = [tuple(key) for key, node in zip(keys, nodes) if node is None]
             if refused:
                 self.sim.stats["claims_refused"] += len(refused)
-                feed.append((REFUSED, refused))
+                feed.append((REFUSED, refused, None))
+        elif kind == "touch":
+            _, entries, now_ms = command
+            keys = [(queue, group) for queue, group, _ in entries]
+            before = [table.route(queue, group) for queue, group in keys]
+            results = table.touch([list(entry) for entry in entries], now_ms)
+            self._check_kept(keys, before, results, kind)
+            # only what was refreshed or made: a conflicting route's node heard of it when it was made
+            kept = [(entry[0], entry[1], node) for entry, node in zip(entries, results)
+                    if node is not None and node == entry[2]]
+            if kept:
+                feed.append((ROUTES, kept, now_ms))
+            self.sim.stats["touch_conflicts"] += sum(
+                1 for entry, node in zip(entries, results) if node is not None and node != entry[2])
+            self.sim.stats["routes_remade"] += sum(1 for old, node in zip(before, results)
+                                                   if old is None and node is not None)
         elif kind == "expire_idle":
-            removed = table.expire_idle(command[1])
-            self.sim.stats["routes_expired"] += len(removed)
-            if removed:
-                changes = [(queue, group, None) for queue, group in removed]
-                feed.append((ROUTES, changes))
+            _, cutoff_ms, spared_nodes = command
+            keys = table.expire_idle(cutoff_ms, list(spared_nodes))
+            self.sim.stats["routes_expired"] += len(keys)
+            if keys:
+                feed.append((ROUTES, [(queue, group, None) for queue, group in keys], None))
         elif kind == "report_consumers":
             _, node, counts, now_ms = command
             table.report_consumers(node, counts, now_ms)
-            feed.append((MEMBERS, {"consumers": {n: dict(c) for n, c in table.consumers.items()}}))
+            feed.append((MEMBERS, {"consumers": {n: dict(c) for n, c in table.consumers.items()}}, None))
         else:
             raise AssertionError(f"unknown command {command!r}")
         self.entries.append((command, feed, self.sim.now_ms))
         index = len(self.entries)
+        changes = []
+        for key in keys:
+            route = table.routes.get(key)
+            state = (None, None) if route is None else (route[0], route[1])
+            indexes, states = self.route_history.setdefault(key, ([], []))
+            if (states[-1] if states else (None, None)) == state:
+                continue
+            if (states[-1][0] if states else None) != state[0]:
+                changes.append((key[0], key[1], state[0]))
+            indexes.append(index)
+            states.append(state)
+            if state[0] is None:
+                del self.current[key]
+            else:
+                self.current[key] = state[0]
         if changes:
             routed = ", ".join(f"{queue}/{group}->{node}" for queue, group, node in changes)
             self.sim.trace(f"  log {index} {kind}: {routed}")
-        for queue, group, node in changes:
-            indexes, owners = self.route_history.setdefault((queue, group), ([], []))
-            indexes.append(index)
-            owners.append(node)
-            if node is None:
-                del self.current[(queue, group)]
-            else:
-                self.current[(queue, group)] = node
         self.sim.committed(index)
+
+    def _check_kept(self, keys, before, nodes, kind: str) -> None:
+        for key, old, new in zip(keys, before, nodes):
+            if old is not None and new != old:
+                self.sim.violation(f"first proposal wins broken: {kind} of {key} moved it from {old} to {new}")
+
+    def _state_at(self, key: tuple[str, str], index: int) -> tuple:
+        history = self.route_history.get(key)
+        if history is None:
+            return None, None
+        position = bisect.bisect_right(history[0], index)
+        return history[1][position - 1] if position else (None, None)
 
     def owner_at(self, key: tuple[str, str], index: int) -> str | None:
         """The owner the log had given `key` once its first `index` entries were applied."""
-        history = self.route_history.get(key)
-        if history is None:
-            return None
-        position = bisect.bisect_right(history[0], index)
-        return history[1][position - 1] if position else None
+        return self._state_at(key, index)[0]
 
-    def routes_at(self, index: int) -> list[tuple[str, str, str]]:
+    def touched_at(self, key: tuple[str, str], index: int) -> int | None:
+        """The route's touched_ms once the first `index` entries were applied (None: no route)."""
+        return self._state_at(key, index)[1]
+
+    def routes_at(self, index: int) -> list[tuple[str, str, str, int]]:
+        """The SNAPSHOT payload of a replica restored to `index`: every route with its touched_ms."""
         routes = []
         for key in sorted(self.route_history):
-            owner = self.owner_at(key, index)
+            owner, touched_ms = self._state_at(key, index)
             if owner is not None:
-                routes.append((key[0], key[1], owner))
+                routes.append((key[0], key[1], owner, touched_ms))
         return routes
 
     def feed(self, index: int) -> list[tuple]:

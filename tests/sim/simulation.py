@@ -8,27 +8,33 @@ What is modelled (the production classes where they exist):
 - each node: `SimNode` (tests/sim/node_model.py) = Router + Outbound + Inbound + Broker wired as
   node/cluster.py wires them, a journal that survives crashes (torn tails optional), forwarders;
 - the raft cluster: `RaftLog`, one linearizable log applied to a real `RouteTable`, with a leader
-  that can be down and per-replica apply lag, replays and snapshot installs;
+  that can be down and per-replica apply lag, replays and snapshot installs; the leader's duties
+  (handler/service.py): with a group timeout, expire_idle after half a group timeout of leadership,
+  sparing the routes of the nodes that are down (the members it cannot reach);
 - the network between nodes: forwarding calls and their replies, with seeded delay, loss and
   duplicated (late) requests; a call to a down node is never answered;
 - clients: producers bound to one node for their lifetime (a link), sending grouped messages with a
   sequence per (producer, group); consumers that attach, grant credit, accept, release, detach;
 - faults: node crash and restart, leader unavailability, forwarded-batch and ack loss, consumer
-  detach, snapshot installs.
+  detach, snapshot installs, failed journal writes (off in the random runs unless journal_fail_rate:
+  the failed-batch bugs pinned in test_simulation.py would fail every run).
 What is not: raft elections and log repair (pysyncobj's), the leader's own crash (the log outlives
-any node), member registration and mark_down, the bridge between threads (the applied feed, acks and
-failed proposals reach the node at once, in order), gRPC status codes beyond "no reply", the owner's
-own deadline on a forwarded batch, AMQP framing and flow control, ungrouped messages, presettled
-consumers and browsers, queue limits, message expiry, non-durable queues, the journal's compaction.
+any node), network partitions (unreachable = down), member registration, mark_down and owner
+failover, clock skew between nodes, a failed write's bytes surviving in the file until the next
+batch cuts them, the bridge between threads (the applied feed, acks and failed proposals reach the
+node at once, in order), gRPC status codes beyond "no reply", the owner's own deadline on a
+forwarded batch, AMQP framing and flow control, ungrouped messages, presettled consumers and
+browsers, queue limits, message expiry, non-durable queues, the journal's compaction.
 
 Invariants, after every step:
 - the table: route counts match its routes, and its routes are exactly what its log made (a claim of
   a routed group never moves it: first proposal wins);
 - every live node's Router holds exactly the routes the log had at the index its replica applied
-  (so never a route the log never had);
+  (so never a route the log never had), and leases none from later than the log last refreshed it;
 - every (queue, group) with messages anywhere (a broker's queue, in flight to a consumer, an
-  outbound channel or a forwarding call counting for its owner, a crashed node's journal) is held by
-  exactly one node, and that node is its route in the table: a group is never split;
+  outbound channel or a forwarding call counting for its owner unless the owner has taken that
+  forward seq already, a crashed node's journal, its outbound store included) is held by exactly one
+  node, and that node is its route in the table: a group is never split;
 - no message is held twice, delivered to two consumers at once, or accepted (durably) twice, beyond
   the allowed duplicates below; no refused or never-sent message is ever delivered; every producer
   hears at most one outcome;
@@ -38,8 +44,8 @@ accepted message was delivered and accepted by a consumer (nothing lost).
 
 Definitions the invariants use:
 - accepted: the producer heard "accepted" (its message was durable here or in the outbound store);
-- refused: the producer heard a refusal (no route decided in time); unknown: neither (its node
-  crashed first);
+- refused: the producer heard a refusal (no route decided in time, a failed journal write); unknown:
+  neither (its node crashed first);
 - confirmed acceptance: a consumer's accept whose removal reached the journal (the server settles
   the delivery only then);
 - allowed duplicate: a forwarded message recovered by its owner from a torn journal tail that kept
@@ -71,7 +77,7 @@ class SimConfig:
     step_ms_max: int = 10  # each step advances the clock by 1..this
     handler_timeout_ms: int = 300  # a message waits this long for a route before it is refused
     group_timeout_ms: int = 0  # routes idle this long are expired by the leader; 0: never (no leases)
-    reaper_interval_ms: int = 100  # the leader's expire_idle cadence (with a group timeout)
+    reaper_interval_ms: int = 100  # the leader's duties and expire_idle cadence (with a group timeout)
     routes_max: int = 1_000_000
     net_delay_ms_max: int = 20  # one way, forwarding calls and replies
     forward_loss: float = 0.05  # a forwarding call never reaches the owner
@@ -87,10 +93,7 @@ class SimConfig:
     replay_ms_max: int = 30  # a restarted replica replays its log after this
     flush_ms_max: int = 8  # journal unit handed to the writer -> durable
     seq_reserve_block: int = 8  # small, so reservations are journalled often
-    # node/cluster.py hands a forward seq to the forwarder before the reservation covering it is
-    # durable; a crash then reuses the seq and the owner skips a new message as a resend (lost).
-    # True: forward a seq only once a durable reservation covers it. False: cluster.py as it is.
-    fix_seq_reservation: bool = True
+    journal_fail_rate: float = 0.0  # per journal write: the batch fails, its records are dropped
     crash_rate: float = 0.01  # per step
     down_ms_min: int = 20
     down_ms_max: int = 400
@@ -137,7 +140,7 @@ class Consumer:
 class Network:
     def __init__(self, sim: "Simulation"):
         self.sim = sim
-        self.in_flight: dict[int, tuple[str, list]] = {}  # request number -> (owner, entries)
+        self.in_flight: dict[int, tuple[str, str, list]] = {}  # request number -> (owner, source, entries)
         self._next = 1
 
     def forward(self, forwarder, number: int, batch: list) -> None:
@@ -152,7 +155,7 @@ class Network:
         for copy in range(copies):
             request = self._next
             self._next += 1
-            self.in_flight[request] = (forwarder.owner, batch)
+            self.in_flight[request] = (forwarder.owner, source.node_id, batch)
             sim.schedule(delay_ms + copy * sim.rng.randint(1, 3 * sim.config.call_timeout_ms),
                          lambda request=request: self._arrive(request, forwarder, number, batch), None)
 
@@ -221,8 +224,10 @@ class Simulation:
         self._replay = "<the scenario's own calls>"
         for node in self.nodes.values():
             node.boot()
+        self.leader_since_ms: int | None = 0  # when the current leader took over; None while there is none
+        self._reap_due_ms = 0
         if config.group_timeout_ms:
-            self.schedule(config.reaper_interval_ms, self._reap, None)
+            self.schedule(config.reaper_interval_ms, self._leader_duties, None)
 
     # ---- events ------------------------------------------------------------------------------
 
@@ -291,13 +296,27 @@ class Simulation:
             node.apply_due_ms[index] = due_ms
             self.schedule(due_ms - self.now_ms, node.guarded(node.catch_up), None)
 
-    def _reap(self) -> None:
-        if self.raft.leader_up:
-            self.raft.propose(("expire_idle", self.now_ms - self.config.group_timeout_ms))
-        self.schedule(self.config.reaper_interval_ms, self._reap, None)
+    def _leader_duties(self) -> None:
+        """handler/service.py GroupingHandler._leader_duties (its DUTIES_INTERVAL_MS and
+        REAPER_INTERVAL_MS are both reaper_interval_ms here): a new leader reaps only after
+        group_timeout_ms / 2, and spares the routes of members it cannot reach, which here are the
+        nodes that are down (the simulation has no partitions)."""
+        config = self.config
+        self.schedule(config.reaper_interval_ms, self._leader_duties, None)
+        if not self.raft.leader_up:
+            return
+        if self.leader_since_ms is None:
+            self.leader_since_ms = self.now_ms
+        settled = self.now_ms - self.leader_since_ms >= config.group_timeout_ms / 2
+        if settled and self.now_ms >= self._reap_due_ms:
+            self._reap_due_ms = self.now_ms + config.reaper_interval_ms
+            spared = tuple(sorted(node.node_id for node in self.nodes.values() if not node.alive))
+            self.raft.propose(("expire_idle", self.now_ms - config.group_timeout_ms, spared))
 
     def _set_leader(self, up: bool) -> None:
         self.raft.set_leader(up)
+        if not up:
+            self.leader_since_ms = None  # the next leader is new, and waits before it reaps
         if up:
             for node in self._alive_nodes():
                 if node.ready_target is None:
@@ -399,7 +418,7 @@ class Simulation:
         if outcome is Outcome.ACCEPTED:
             self.accepted_by_consumer.add(mid)
             if any(isinstance(effect, Removed) for effect in effects):  # the server settles once it is durable
-                node.after_flush(lambda: self._confirm(mid))
+                node.after_flush(lambda reason: self._confirm(mid) if reason is None else None)
         node.apply(effects)
 
     def _confirm(self, mid: str) -> None:
@@ -447,11 +466,11 @@ class Simulation:
                     self.allowed_duplicates.add(mid_of(record[3]))
                     self.trace(f"  {node.node_id} keeps {mid_of(record[3])} past its mark: may be held twice")
 
-    def restart(self, node: SimNode) -> None:
+    def restart(self, node: SimNode, config_queues=()) -> None:
         if node.alive:
             return
         previous_index = node.applied_index
-        node.boot()
+        node.boot(config_queues)
         if previous_index and self.rng.random() < 0.5:
             index = self.rng.randint(0, previous_index)  # pysyncobj's last full dump
             node.install_snapshot(index)
@@ -493,14 +512,20 @@ class Simulation:
         self.trace(f"{node_id} crashes")
         self.crash(node, node.store.durable if keep is None else keep)
 
-    def restart_node(self, node_id: str) -> None:
+    def restart_node(self, node_id: str, *, config_queues=()) -> None:
+        """`config_queues`: queues its config file declares (new ones are journalled at the start)."""
         self.trace(f"{node_id} restarts")
-        self.restart(self.nodes[node_id])
+        self.restart(self.nodes[node_id], config_queues)
         self._end_of_batches()
 
     def stall_journal(self, node_id: str, stalled: bool) -> None:
         self.trace(f"{node_id} journal {'stalls' if stalled else 'resumes'}")
         self.nodes[node_id].journal_stalled = stalled
+
+    def fail_journal(self, node_id: str, failing: bool) -> None:
+        """While failing, every journal write of the node fails (a full or broken disk)."""
+        self.trace(f"{node_id} journal {'fails' if failing else 'works again'}")
+        self.nodes[node_id].journal_failing = failing
 
     def set_leader(self, up: bool) -> None:
         self.trace(f"leader {'up' if up else 'down'}")
@@ -560,11 +585,18 @@ class Simulation:
             if routes != raft.current:
                 self.violation(f"the table's routes {routes} are not what its log made: {raft.current}")
         holders: dict[tuple[str, str], set] = collections.defaultdict(set)
+        via: dict[tuple[str, str], set] = collections.defaultdict(set)  # where a down node's messages are
         held: list[str] = []  # message ids held by brokers, crashed ones' journals included
         for node in self.nodes.values():
             if not node.alive:
-                for key, holder in node.down_holdings:
-                    holders[key].add(holder)
+                for key in node.down_holdings:
+                    holders[key].add(node.node_id)
+                    via[key].add(f"{node.node_id}'s journal while it is down")
+                # its outbound store: what its owner has not taken yet will be forwarded after a restart
+                for key, owner, seq in node.down_outbound:
+                    if seq > self.nodes[owner].taken_from(node.node_id):
+                        holders[key].add(owner)
+                        via[key].add(f"for {owner} in {node.node_id}'s outbound store while {node.node_id} is down")
                 held.extend(node.down_mids)
                 continue
             router = node.router
@@ -577,6 +609,11 @@ class Simulation:
                     if router.routes.get(key) != expected:
                         self.violation(f"{node.node_id} routes {key} to {router.routes.get(key)} but the log "
                                        f"had {expected} at its applied index {node.applied_index}")
+                for key, refreshed_ms in router.refreshed_ms.items():
+                    touched = raft.touched_at(key, node.applied_index)
+                    if touched is None or refreshed_ms > touched:
+                        self.violation(f"{node.node_id} leases {key} from t={refreshed_ms} but the log had it "
+                                       f"touched at {touched} at its applied index {node.applied_index}")
             depth = 0
             for name, queue in node.broker.queues.items():
                 depth += queue.depth_messages
@@ -587,16 +624,19 @@ class Simulation:
                 self.violation(f"{node.node_id} holds {depth} messages but journalled {len(node.live)}")
             held.extend(node.live.values())
             for owner, channel in node.outbound.channels.items():
-                for key in {key for key, _ in channel.values()}:
+                taken = self.nodes[owner].taken_from(node.node_id)  # a resend of these is skipped
+                for key in {key for seq, (key, _) in channel.items() if seq > taken}:
                     holders[key].add(owner)
-        for owner, batch in self.network.in_flight.values():
-            for key in {(entry.queue, entry.group_id) for entry in batch}:
+        for owner, source, batch in self.network.in_flight.values():
+            taken = self.nodes[owner].taken_from(source)
+            for key in {(entry.queue, entry.group_id) for entry in batch if entry.forward_seq > taken}:
                 holders[key].add(owner)
         for key, nodes in holders.items():
+            where = f" ({'; '.join(sorted(via[key]))})" if key in via else ""
             if len(nodes) > 1:
-                self.violation(f"group {key} is split across {sorted(nodes)}")
+                self.violation(f"group {key} is split across {sorted(nodes)}{where}")
             if len(nodes) != 1 or raft.current.get(key) not in nodes:
-                self.violation(f"group {key} is held at {sorted(nodes)} but routed to {raft.current.get(key)}")
+                self.violation(f"group {key} is held at {sorted(nodes)}{where} but routed to {raft.current.get(key)}")
         if len(set(held)) != len(held):
             for mid, count in collections.Counter(held).items():
                 if count > 1 and mid not in self.allowed_duplicates:

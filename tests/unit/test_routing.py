@@ -6,8 +6,6 @@ Router is ready unless a test says otherwise; time is whatever integer the test 
 
 from __future__ import annotations
 
-import pytest
-
 from node.core.routing import Inbound, Outbound, Router
 
 A = ("q", "a")
@@ -273,14 +271,17 @@ def test_inbound_high_water_never_goes_back():
     assert inbound.high_water == {"n2": 9}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Router.learn starts a route's lease when the route is applied here, so a route replayed after a "
-    "restart (or installed from a snapshot) is trusted for a full lease_ms although the log may have "
-    "refreshed it last almost group_timeout_ms ago and the leader may expire it any moment; the changes "
-    "carry no touched_ms to know better. tests/sim shows the split this causes."))
-def test_a_route_replayed_before_ready_is_not_trusted_under_a_lease_until_the_log_refreshes_it():
+def test_a_route_learned_from_an_old_log_entry_is_leased_from_that_entry_not_from_when_it_was_learned():
     router = Router("n1", TIMEOUT_MS, lease_ms=50)
-    router.learn([("q", "a", "n2")], 1000)  # replaying an entry the log committed long before t=1000
+    router.learn([("q", "a", "n2")], 100)  # replayed at t=1000 from an entry that refreshed it at t=100
     router.become_ready(1000)
-    assert router.route(A, "a1", 1001) is None  # claim (refresh) first: the route may be gone already
+    assert router.route(A, "a1", 1001) is None  # past 100 + 50: claim (refresh) first, it may be gone
+    assert router.take_claims() == [A]
+
+
+def test_a_route_is_trusted_until_its_refresh_time_plus_the_lease_and_not_a_moment_longer():
+    router = ready_router(lease_ms=50)
+    router.learn([("q", "a", "n2")], 960)  # learned later than t=960, which is when the log refreshed it
+    assert router.route(A, "a1", 1010) == "n2"
+    assert router.route(A, "a2", 1011) is None
     assert router.take_claims() == [A]
