@@ -15,6 +15,7 @@ reactor through the bridge. Rules:
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 
@@ -30,6 +31,7 @@ OUTBOUND_PREFIX = "\x00out\x00"  # journal name of an outbound channel: prefix, 
 MARK_PREFIX = "\x00mark\x00"  # journal declaration holding a source's high-water forward seq
 SEQ_RESERVATION = "\x00seq"  # journal declaration: node seqs below "reserved" may have been used
 SEQ_RESERVE_BLOCK = 1 << 20  # seqs reserved per journal record
+STORED = "stored"  # outcome of a journal batch written to disk
 CLAIM_KEYS_MAX = 1000  # keys per raft command; a larger batch is split
 CLAIM_RETRY_INTERVAL_MS = 100  # a failed proposal (no leader yet) is retried at the next tick after this
 CONSUMER_REPORT_INTERVAL_MS = 5000  # consumer counts are re-reported this often even unchanged
@@ -61,7 +63,12 @@ class ClusterLink:
         self.members: dict = {"nodes": {}, "consumers": {}, "down": {}}
         self.peer_addresses: dict[str, str] = {}  # replaced whole, never mutated: forwarders read it
         self.seq_reserved = 0
-        self._unsubmitted: dict[str, list[Entry]] = {}
+        self._unsubmitted: dict[str, list[Entry]] = {}  # this batch's new outbound entries, per owner
+        self._recovered: dict[str, list[Entry]] = {}  # journalled before a restart: durable already
+        self._reserved_durable = 0  # the highest seq reservation known to be on disk
+        self._batch_reservation = 0  # the reservation journalled in the current batch, if any
+        self._flushing: collections.deque = collections.deque()  # [batch, reservation, outcome], journal order
+        self._reserving = False  # a reservation covering flushed batches is on its way to disk
         self._forwarders: dict[str, Forwarder] = {}
         self._retry_claims: list = []
         self._retry_due_ms = 0
@@ -81,7 +88,7 @@ class ClusterLink:
         """Take a journalled declaration that is the cluster's own; False for a queue's."""
         name = values["name"]
         if name == SEQ_RESERVATION:
-            self.seq_reserved = int(values["reserved"])
+            self.seq_reserved = self._reserved_durable = int(values["reserved"])
             self.broker.next_seq = max(self.broker.next_seq, self.seq_reserved)
             return True
         if name.startswith(MARK_PREFIX):
@@ -101,7 +108,7 @@ class ClusterLink:
             known = self.broker.queues.get(queue)
             route_key = known.route_key(message.group_id) if known is not None else message.group_id
             self.outbound.add(owner, seq, (queue, route_key), name)
-            self._unsubmitted.setdefault(owner, []).append(_entry(queue, message))
+            self._recovered.setdefault(owner, []).append(_entry(queue, message))
         return len(entries)
 
     # ---- arrivals ----------------------------------------------------------------------------
@@ -132,7 +139,7 @@ class ClusterLink:
     def _reserve_seq(self, seq: int) -> None:
         if seq < self.seq_reserved:
             return
-        self.seq_reserved = seq + SEQ_RESERVE_BLOCK
+        self.seq_reserved = self._batch_reservation = seq + SEQ_RESERVE_BLOCK
         self.journal.declare({"name": SEQ_RESERVATION, "reserved": self.seq_reserved})
 
     def _release(self, released, now_ms: int) -> None:
@@ -147,22 +154,59 @@ class ClusterLink:
         keys = self.router.take_claims()
         if keys:
             self._propose(keys, self.clock_ms())
+        if self._recovered:
+            recovered, self._recovered = self._recovered, {}
+            for owner, entries in recovered.items():
+                self._forwarder(owner).submit(entries)
         if self._unsubmitted:
-            # forwarded only once this batch is on disk here: its seq reservation with it, so a
-            # crash can never make this node reuse a forward seq an owner has already seen
+            # forwarded only once this batch is on disk here, and only under a seq reservation
+            # known to be on disk, so a crash can never make this node reuse a forward seq an
+            # owner has already seen; batches leave in journal order
             batch, self._unsubmitted = self._unsubmitted, {}
-            self.server.after_flush(lambda reason: self._submit(batch, reason))
+            # only this batch's own reservation is proven on disk when the batch is
+            reserved, self._batch_reservation = self._batch_reservation, 0
+            flushing = [batch, reserved, None]
+            self._flushing.append(flushing)
+            self.server.after_flush(lambda reason: self._flushed(flushing, reason))
 
-    def _submit(self, batch: dict, reason) -> None:
-        if self.closed:
-            return
-        if reason is not None:
-            # the producers were refused: these messages must not reach their owners
-            for owner, entries in batch.items():
-                self.outbound.forget(owner, [entry.forward_seq for entry in entries])
-            return
-        for owner, entries in batch.items():
-            self._forwarder(owner).submit(entries)
+    def _flushed(self, flushing: list, reason) -> None:
+        flushing[2] = reason or STORED
+        self._reservation_flushed(flushing[1], reason)
+
+    def _reservation_flushed(self, reserved: int, reason) -> None:
+        if reason is None:
+            self._reserved_durable = max(self._reserved_durable, reserved)
+        else:  # the reservation may be lost with the batch: the next outbound message journals one
+            self.seq_reserved = self._reserved_durable
+        self._forward_flushed()
+
+    def _forward_flushed(self) -> None:
+        while self._flushing and not self.closed:
+            batch, _, outcome = self._flushing[0]
+            if outcome is None:
+                return  # not on disk yet; later batches wait behind it
+            if outcome is not STORED:
+                # the producers were refused: these messages must not reach their owners
+                for owner, entries in batch.items():
+                    self.outbound.forget(owner, [entry.forward_seq for entry in entries])
+            else:
+                top_seq = max(entry.forward_seq for entries in batch.values() for entry in entries)
+                if top_seq >= self._reserved_durable:
+                    # a failed batch took the reservation these seqs were given under: reserve again
+                    if not self._reserving:
+                        self._reserving = True
+                        self.seq_reserved = self._reserved_durable
+                        self._reserve_seq(top_seq)
+                        reserved, self._batch_reservation = self._batch_reservation, 0
+                        self.server.after_flush(lambda reason: self._reserved_again(reserved, reason))
+                    return
+                for owner, entries in batch.items():
+                    self._forwarder(owner).submit(entries)
+            self._flushing.popleft()
+
+    def _reserved_again(self, reserved: int, reason) -> None:
+        self._reserving = False
+        self._reservation_flushed(reserved, reason)
 
     def _propose(self, keys: list, now_ms: int) -> None:
         for start in range(0, len(keys), CLAIM_KEYS_MAX):
@@ -292,13 +336,20 @@ class ClusterLink:
             done.set()
 
         def run():
+            before = self.inbound.high_water.get(source, 0)
             try:
                 outcome["high_water"] = self._enqueue_forwarded(source, entries)
             except GrouperError as error:
                 outcome["error"] = error
                 done.set()
                 return
-            self.server.after_flush(finished)
+
+            def stored(reason):
+                if reason is not None:
+                    # not on disk: the resend must be taken again, not skipped as already here
+                    self.inbound.high_water[source] = before
+                finished(reason)
+            self.server.after_flush(stored)
 
         self.bridge.post(run)
         if not done.wait(timeout_ms / 1000):
