@@ -1,15 +1,17 @@
 """One simulated node: the real pure cores wired the way node/cluster.py wires them, over simulated I/O.
 
-`SimNode` follows `ClusterLink` (node/cluster.py) method for method (arrive, _send, quiesced,
-_submit, acknowledged, applied, ready, tick, _refresh_leases, _touch_failed, _enqueue_forwarded,
-recover_declaration, recover_outbound) and the few `AmqpServer` and `runtime` pieces those call
+`SimNode` follows `ClusterLink` (node/cluster.py) method for method (arrive, _send, _reserve_seq,
+quiesced, _flushed, _reservation_flushed, _forward_flushed, _reserved_again, acknowledged, applied,
+ready, tick, _refresh_leases, _touch_failed, handle_forward, _enqueue_forwarded, recover_declaration,
+recover_outbound) and the few `AmqpServer` and `runtime` pieces those call
 (enqueue_local, accept_when_stored, refuse, apply, after_flush, journal_durable, journal_failed,
 consumer_counts, the end of a reactor batch, journal recovery). Each copy says which real function it
 mirrors and keeps only what the simulation exercises. The Router, Outbound, Inbound and Broker are the
 production classes. Only the I/O is modelled:
 - `Store` is the journal: an append-only list of records; `flush` hands the records so far to the
-  writer as one unit, the writer makes them durable after a seeded delay and then runs what waited
-  for it (fn(None)). A write may fail (scripted, or config.journal_fail_rate): as node/store/journal.py
+  writer as one unit; after a seeded delay the writer takes every unit handed by then as one batch,
+  and after another the reactor hears it is durable and runs what waited for it (fn(None)). Units
+  handed meanwhile go in the next batch, so one may be written after an earlier one failed. A write may fail (scripted, or config.journal_fail_rate): as node/store/journal.py
   promises, the failed batch's records are dropped, never written, and what waited for them hears
   fn(reason). A crash keeps the durable records and, with torn tails, any longer prefix of what had
   been handed to the writer (recovery trusts the file up to the first bad frame, not unit boundaries).
@@ -37,6 +39,7 @@ from tests.sim.raft_log import MEMBERS, REFUSED, ROUTES, SNAPSHOT
 OUTBOUND_PREFIX = "\x00out\x00"
 MARK_PREFIX = "\x00mark\x00"
 SEQ_RESERVATION = "\x00seq"
+STORED = "stored"  # outcome of a journal batch written to disk
 CLAIM_RETRY_INTERVAL_MS = 100  # node/cluster.py; a failed touch is retried 10 times this later
 CONSUMER_REPORT_INTERVAL_MS = 5000
 JOURNAL_RETRY_INTERVAL_MS = 1000  # node/amqp/server.py: durable sends are refused this long after a failed write
@@ -76,13 +79,14 @@ class Store:
     def __init__(self):
         self.records: list[tuple] = []
         self.handed = 0  # records[:handed] were handed to the writer
+        self.taken = 0  # records[:taken] were taken by the writer (durable <= taken <= handed)
         self.durable = 0  # records[:durable] are on disk
         self.waiters: deque = deque()  # (ticket, callback), tickets increasing
 
     def crash(self, keep: int) -> None:
         assert self.durable <= keep <= self.handed
         del self.records[keep:]
-        self.handed = self.durable = keep
+        self.handed = self.taken = self.durable = keep
         self.waiters.clear()
 
     def recovered(self) -> tuple[dict, dict]:
@@ -212,7 +216,12 @@ class SimNode:
         self.inbound = Inbound()
         self.members: dict = {}
         self.seq_reserved = 0
-        self._unsubmitted: dict[str, list[Entry]] = {}
+        self._unsubmitted: dict[str, list[Entry]] = {}  # this batch's new outbound entries, per owner
+        self._recovered: dict[str, list[Entry]] = {}  # journalled before a restart: durable already
+        self._reserved_durable = 0  # the highest seq reservation known to be on disk
+        self._batch_reservation = 0  # the reservation journalled in the current batch, if any
+        self._flushing: deque = deque()  # [batch, reservation, outcome], journal order
+        self._reserving = False  # a reservation covering flushed batches is on its way to disk
         self._forwarders: dict[str, ForwarderModel] = {}
         self._retry_claims: list = []
         self._retry_due_ms = 0
@@ -304,7 +313,7 @@ class SimNode:
     def recover_declaration(self, values: dict) -> bool:
         name = values["name"]
         if name == SEQ_RESERVATION:
-            self.seq_reserved = int(values["reserved"])
+            self.seq_reserved = self._reserved_durable = int(values["reserved"])
             self.broker.next_seq = max(self.broker.next_seq, self.seq_reserved)
             return True
         if name.startswith(MARK_PREFIX):
@@ -323,7 +332,7 @@ class SimNode:
             known = self.broker.queues.get(queue)
             route_key = known.route_key(message.group_id) if known is not None else message.group_id
             self.outbound.add(owner, seq, (queue, route_key), name)
-            self._unsubmitted.setdefault(owner, []).append(_entry(queue, message))
+            self._recovered.setdefault(owner, []).append(_entry(queue, message))
         return len(entries)
 
     # ---- the journal (node/store/journal.py, as the reactor uses it) -------------------------
@@ -341,7 +350,7 @@ class SimNode:
     def end_of_batch(self) -> None:
         """AmqpServer.on_reactor_quiesced: cluster.quiesced(), then one journal unit."""
         store = self.store
-        if not (self.router.to_claim or self._unsubmitted or self._awaiting_flush
+        if not (self.router.to_claim or self._unsubmitted or self._recovered or self._awaiting_flush
                 or store.handed != len(store.records)):
             return  # an empty batch: nothing to propose, forward, journal or confirm
         self.quiesced()
@@ -358,17 +367,31 @@ class SimNode:
             self._durable()
 
     def _write(self) -> None:
+        """Journal._run: the writer takes every unit handed so far as one batch; the reactor hears the
+        outcome after a seeded delay, and units handed meanwhile go in the next batch (which may be
+        written after this one failed)."""
         sim = self.sim
         if self.journal_stalled:  # a slow disk: try again later
             sim.schedule(1, self.guarded(self._write), None)
             return
+        upto = self.store.taken = self.store.handed
+        failed = self.journal_failing or bool(sim.config.journal_fail_rate and sim.faults_on
+                                              and sim.rng.random() < sim.config.journal_fail_rate)
+        sim.schedule(sim.rng.randint(1, sim.config.write_ms_max),
+                     self.guarded(lambda: self._written(upto, failed)), None)
+
+    def _written(self, upto: int, failed: bool) -> None:
+        store = self.store
         self._writer_due = False
-        if self.journal_failing or (sim.config.journal_fail_rate and sim.faults_on
-                                    and sim.rng.random() < sim.config.journal_fail_rate):
-            self._write_failed()
-            return
-        self.store.durable = self.store.handed
-        self._durable()
+        if failed:
+            self._write_failed(upto)
+        else:
+            store.durable = upto
+            self._durable()
+        if store.durable < store.handed:
+            self._writer_due = True
+            self.sim.schedule(self.sim.rng.randint(0, self.sim.config.flush_ms_max),
+                              self.guarded(self._write), None)
 
     def _durable(self) -> None:
         """AmqpServer.journal_durable."""
@@ -378,20 +401,26 @@ class SimNode:
             _, callback = store.waiters.popleft()
             callback(None)
 
-    def _write_failed(self) -> None:
-        """Journal._fail_batch (its records are dropped, not retried), then AmqpServer.journal_failed."""
+    def _write_failed(self, upto: int) -> None:
+        """Journal._fail_batch (its records are dropped, not retried), then AmqpServer.journal_failed for
+        each of its tickets; later units stay handed, their tickets moved down past the dropped records."""
         store = self.store
-        failed = store.handed - store.durable
-        del store.records[store.durable:store.handed]  # records journalled since move down: no ticket holds them
-        store.handed = store.durable
+        failed = upto - store.durable
+        del store.records[store.durable:upto]
+        store.handed -= failed
+        store.taken = store.durable
         reason = "journal write failed (simulated)"
         self.sim.trace(f"  {self.node_id} journal write failed: {failed} records dropped")
         self.sim.stats["journal_failures"] += 1
         self._journal_failed = reason
         self._journal_retry_at_ms = self.sim.now_ms + JOURNAL_RETRY_INTERVAL_MS
-        waiters, store.waiters = store.waiters, deque()  # every waiter's ticket was in the failed batch
-        for _, callback in waiters:
-            callback(reason)
+        waiters, store.waiters = store.waiters, deque()
+        for ticket, callback in waiters:
+            if ticket > upto:
+                store.waiters.append((ticket - failed, callback))
+        for ticket, callback in waiters:
+            if ticket <= upto:
+                callback(reason)
 
     # ---- the server's side of the core -------------------------------------------------------
 
@@ -490,7 +519,7 @@ class SimNode:
     def _reserve_seq(self, seq: int) -> None:
         if seq < self.seq_reserved:
             return
-        self.seq_reserved = seq + self.sim.config.seq_reserve_block
+        self.seq_reserved = self._batch_reservation = seq + self.sim.config.seq_reserve_block
         self.journal_declare({"name": SEQ_RESERVATION, "reserved": self.seq_reserved})
 
     def _release(self, released, now_ms: int) -> None:
@@ -500,24 +529,64 @@ class SimNode:
     # ---- ClusterLink: end of a reactor batch -------------------------------------------------
 
     def quiesced(self) -> None:
-        """ClusterLink.quiesced: new outbound entries go to the forwarders only once this batch (and
-        the seq reservation in it) is durable."""
+        """ClusterLink.quiesced: recovered entries go to the forwarders at once (they are durable);
+        new ones wait in journal order for their batch, and a seq reservation, to be on disk."""
         keys = self.router.take_claims()
         if keys:
             self._propose(keys, self.sim.now_ms)
+        if self._recovered:
+            recovered, self._recovered = self._recovered, {}
+            for owner, entries in recovered.items():
+                self._forwarder(owner).submit(entries)
         if self._unsubmitted:
             batch, self._unsubmitted = self._unsubmitted, {}
-            self.after_flush(lambda reason: self._submit(batch, reason))
+            reserved, self._batch_reservation = self._batch_reservation, 0
+            flushing = [batch, reserved, None]
+            self._flushing.append(flushing)
+            self.after_flush(lambda reason: self._flushed(flushing, reason))
 
-    def _submit(self, batch: dict, reason) -> None:
-        """ClusterLink._submit."""
-        if reason is not None:
-            for owner, entries in batch.items():
-                self.outbound.forget(owner, [entry.forward_seq for entry in entries])
-            self.sim.stats["forwards_forgotten"] += sum(len(entries) for entries in batch.values())
-            return
-        for owner, entries in batch.items():
-            self._forwarder(owner).submit(entries)
+    def _flushed(self, flushing: list, reason) -> None:
+        """ClusterLink._flushed."""
+        flushing[2] = reason or STORED
+        self._reservation_flushed(flushing[1], reason)
+
+    def _reservation_flushed(self, reserved: int, reason) -> None:
+        """ClusterLink._reservation_flushed."""
+        if reason is None:
+            self._reserved_durable = max(self._reserved_durable, reserved)
+        else:
+            self.seq_reserved = self._reserved_durable
+        self._forward_flushed()
+
+    def _forward_flushed(self) -> None:
+        """ClusterLink._forward_flushed (no `closed` check: a crashed node's callbacks are dropped)."""
+        while self._flushing:
+            batch, _, outcome = self._flushing[0]
+            if outcome is None:
+                return
+            if outcome is not STORED:
+                for owner, entries in batch.items():
+                    self.outbound.forget(owner, [entry.forward_seq for entry in entries])
+                self.sim.stats["forwards_forgotten"] += sum(len(entries) for entries in batch.values())
+            else:
+                top_seq = max(entry.forward_seq for entries in batch.values() for entry in entries)
+                if top_seq >= self._reserved_durable:
+                    if not self._reserving:
+                        self._reserving = True
+                        self.sim.stats["reserved_again"] += 1
+                        self.seq_reserved = self._reserved_durable
+                        self._reserve_seq(top_seq)
+                        reserved, self._batch_reservation = self._batch_reservation, 0
+                        self.after_flush(lambda reason: self._reserved_again(reserved, reason))
+                    return
+                for owner, entries in batch.items():
+                    self._forwarder(owner).submit(entries)
+            self._flushing.popleft()
+
+    def _reserved_again(self, reserved: int, reason) -> None:
+        """ClusterLink._reserved_again."""
+        self._reserving = False
+        self._reservation_flushed(reserved, reason)
 
     def _propose(self, keys: list, now_ms: int) -> None:
         on_failed = self.guarded(lambda reason: self._claim_failed(keys, reason))
@@ -622,13 +691,20 @@ class SimNode:
     # ---- ClusterLink: the owner's side -------------------------------------------------------
 
     def handle_forward(self, source: str, entries: list[Entry], reply) -> None:
-        """The servicer's call entering the reactor: enqueue, then reply once it is stored here."""
+        """ClusterLink.handle_forward's reactor part (`run`): enqueue, then reply once it is stored here;
+        a failed write puts the source's high water back."""
+        before = self.inbound.high_water.get(source, 0)
         try:
             high_water = self._enqueue_forwarded(source, entries)
         except GrouperError:
             reply(None)
             return
-        self.after_flush(lambda reason: reply(high_water if reason is None else None))
+
+        def stored(reason):
+            if reason is not None:
+                self.inbound.high_water[source] = before
+            reply(high_water if reason is None else None)
+        self.after_flush(stored)
 
     def _enqueue_forwarded(self, source: str, entries: list[Entry]) -> int:
         now_ms = self.sim.now_ms

@@ -290,6 +290,114 @@ def test_a_new_leader_waits_half_a_group_timeout_before_reaping_so_a_held_group_
     sim.drain()
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_a_seq_reservation_lost_in_a_failed_journal_batch_is_journalled_again_so_a_restart_reuses_no_forward_seq(seed):
+    sim = scripted(seed)
+    sim.consumer("n2", "q1")
+    sim.advance(50)
+    producer = sim.producer("n1", "q1")
+    n1 = sim.nodes["n1"]
+    sim.send(producer, "g1")
+    sim.advance(100)
+    while n1.broker.next_seq < n1.seq_reserved:  # use up the reserved block
+        sim.send(producer, "g1")
+        sim.advance(20)
+    sim.advance(100)
+    sim.fail_journal("n1", True)
+    refused = sim.send(producer, "g1")  # journals a new reservation in the batch that fails
+    sim.advance(30)
+    sim.fail_journal("n1", False)
+    assert sim.outcome[refused] == "refused"
+    assert n1.seq_reserved == n1._reserved_durable  # the lost reservation is not trusted
+    sim.advance(1000)
+    taken = sim.send(producer, "g1")  # its seq is reserved again, in its own batch
+    sim.advance(200)
+    assert sim.outcome[taken] == "accepted" and sim.nodes["n2"].inbound.high_water["n1"] >= n1.broker.next_seq - 1
+    sim.crash_node("n1")
+    sim.restart_node("n1")
+    sim.advance(100)
+    after_restart = sim.send(sim.producer("n1", "q1"), "g1")
+    sim.advance(300)
+    assert sim.outcome[after_restart] == "accepted"
+    sim.drain()
+    assert sim.confirmed[after_restart] == 1
+
+
+def test_a_batch_stored_after_an_earlier_batch_failed_waits_for_a_new_reservation_and_then_leaves_in_journal_order():
+    sim = scripted(0, step_ms_max=1, write_ms_max=20)  # 1 ms steps, slow writes: a unit can follow a failing one
+    sim.consumer("n2", "q1")
+    sim.advance(50)
+    producer = sim.producer("n1", "q1")
+    n1 = sim.nodes["n1"]
+    sim.send(producer, "g1")
+    sim.advance(100)
+    while n1.broker.next_seq < n1.seq_reserved:  # use up the reserved block
+        sim.send(producer, "g1")
+        sim.advance(20)
+    sim.advance(100)
+    sim.fail_journal("n1", True)
+    refused = sim.send(producer, "g1")  # carries a new reservation
+    while n1.store.taken == n1.store.durable:  # until the writer has taken it (and will fail)
+        sim.step()
+    sim.fail_journal("n1", False)
+    stored = sim.send(producer, "g1")  # under that reservation, in the next unit, which is written
+    sim.advance(300)
+    assert (sim.outcome[refused], sim.outcome[stored]) == ("refused", "accepted")
+    assert sim.stats["reserved_again"] == 1 and n1._reserved_durable > n1.broker.next_seq - 1
+    sim.crash_node("n1")
+    sim.restart_node("n1")
+    sim.advance(100)
+    after_restart = sim.send(sim.producer("n1", "q1"), "g1")
+    sim.advance(300)
+    sim.drain()
+    assert sim.confirmed[stored] == 1 and sim.confirmed[after_restart] == 1
+
+
+def test_recovered_outbound_entries_are_forwarded_even_when_the_first_journal_batch_after_a_restart_fails():
+    sim = scripted(0)
+    sim.consumer("n2", "q1")
+    sim.advance(50)
+    producer = sim.producer("n1", "q1")
+    sim.send(producer, "g1")
+    sim.advance(100)
+    sim.crash_node("n2")
+    backlog = [sim.send(producer, "g1") for _ in range(3)]
+    sim.advance(50)
+    assert all(sim.outcome[mid] == "accepted" for mid in backlog)  # in n1's outbound store
+    sim.crash_node("n1")
+    sim.restart_node("n1", config_queues=[QueueSettings("q9")])  # its first batch journals q9
+    sim.fail_journal("n1", True)
+    sim.advance(20)
+    sim.fail_journal("n1", False)
+    assert sim.stats["journal_failures"] >= 1 and sim.stats["forwards_forgotten"] == 0
+    assert sim.nodes["n1"].outbound.depths() == {"n2": 3}
+    sim.restart_node("n2")
+    sim.advance(300)
+    sim.drain()
+    assert [sim.confirmed[mid] for mid in backlog] == [1, 1, 1]
+
+
+def fail_a_forwarded_batch_at_its_owner(sim: Simulation) -> str:
+    sim.consumer("n2", "q1", accept_all=False)  # n2 keeps g1 queued
+    sim.advance(50)
+    producer = sim.producer("n1", "q1")
+    sim.send(producer, "g1")
+    sim.advance(100)
+    sim.fail_journal("n2", True)
+    second = sim.send(producer, "g1")
+    while sim.stats["journal_failures"] == 0:
+        sim.step()
+    sim.fail_journal("n2", False)
+    return second
+
+
+def test_a_forwarded_batch_whose_journal_write_fails_at_the_owner_puts_its_high_water_back_and_stays_with_the_sender():
+    sim = scripted(0)
+    second = fail_a_forwarded_batch_at_its_owner(sim)
+    assert sim.nodes["n2"].inbound.high_water["n1"] == 1  # seq 2 is not on disk: its resend is taken
+    assert sim.outcome[second] == "accepted" and sim.nodes["n1"].outbound.depths() == {"n2": 1}
+
+
 # ---- bugs the simulation still finds -----------------------------------------------------------------
 
 def fails_with(fragment: str, scenario) -> None:
@@ -321,6 +429,7 @@ def test_a_route_a_down_node_still_forwards_under_is_expired_and_the_group_is_sp
     sim.advance(20)
     assert sim.outcome[backlog] == "accepted"  # in n1's outbound store, waiting for n2
     sim.crash_node("n1")
+    sim.advance(sim.config.net_delay_ms_max + 5)  # n1's calls still on the way reach n2 while it is down
     sim.restart_node("n2")  # up, holding nothing of g1: nobody refreshes g1 -> n2 while n1 is down
     sim.consumer("n3", "q1")
 
@@ -359,89 +468,45 @@ def test_the_routes_of_a_restarted_owner_are_expired_before_its_first_refresh_re
 
 
 @pytest.mark.xfail(strict=True, raises=SimulationFailure, reason=(
-    "node/cluster.py _reserve_seq raises seq_reserved in memory when it journals a reservation; when that "
-    "journal batch fails its records are dropped, but seq_reserved stays raised, so later seqs below it "
-    "are used (and, in later batches that do reach the disk, forwarded) without any durable reservation. "
-    "After a crash, recovery restores the older reservation and hands out seqs the owner has already "
-    "taken: it skips the new message as a resend and acknowledges it, and the sender drops it (or, the "
-    "forwarder's high water not rising, keeps it forever): an accepted message is never delivered. A "
-    "failed batch must undo the reservation it carried (or the next batch must journal it again)."))
-def test_a_seq_reservation_lost_in_a_failed_journal_batch_lets_a_restart_reuse_forward_seqs():
+    "node/cluster.py handle_forward puts the source's high water back when a forwarded batch's journal "
+    "write fails, but _enqueue_forwarded has already enqueued the batch in the Broker, and nothing takes it "
+    "out: the messages stay queued (or delivered) in memory with their STOREs dropped, and the sender's "
+    "resend, now fresh, is enqueued a second time. The owner holds each message twice and delivers it "
+    "twice, the second copy after later messages of its group. A failed batch must undo the enqueue too "
+    "(or the owner must stop)."))
+def test_a_forwarded_batch_whose_journal_write_fails_at_the_owner_is_enqueued_again_by_its_resend():
     sim = scripted(0)
-    sim.consumer("n2", "q1")
-    sim.advance(50)
-    producer = sim.producer("n1", "q1")
-    n1 = sim.nodes["n1"]
-    sim.send(producer, "g1")
-    sim.advance(100)
-    while n1.broker.next_seq < n1.seq_reserved:  # use up the reserved block
-        sim.send(producer, "g1")
-        sim.advance(20)
-    sim.advance(100)
-    sim.fail_journal("n1", True)
-    refused = sim.send(producer, "g1")  # journals a new reservation in the batch that fails
-    sim.advance(30)
-    sim.fail_journal("n1", False)
-    assert sim.outcome[refused] == "refused"
-    sim.advance(1000)
-    taken = sim.send(producer, "g1")  # a seq under the reservation that never reached the disk
-    sim.advance(200)
-    assert sim.outcome[taken] == "accepted" and sim.nodes["n2"].inbound.high_water["n1"] >= n1.broker.next_seq - 1
-    sim.crash_node("n1")
-    sim.restart_node("n1")
-    sim.advance(100)
-    lost = sim.send(sim.producer("n1", "q1"), "g1")
-    sim.advance(300)
-    assert sim.outcome[lost] == "accepted"
-    fails_with(lost, sim.drain)
+    second = fail_a_forwarded_batch_at_its_owner(sim)
+    fails_with(f"{second} is held 2 times", lambda: sim.advance(400))
 
 
 @pytest.mark.xfail(strict=True, raises=SimulationFailure, reason=(
-    "node/cluster.py _submit forgets every outbound entry of a failed journal batch because their producers "
-    "were refused, but the first batch after a start also carries the entries recover_outbound put in "
-    "_unsubmitted, accepted before the restart. When that batch fails (here it holds a config-file queue's "
-    "declaration, journalled at the start), those entries leave the channel: they are never forwarded or "
-    "refreshed, yet their STOREs stay in the journal until the next restart. Accepted messages are not "
-    "delivered meanwhile, and their group's route may expire and move, splitting the group at that restart."))
-def test_recovered_outbound_entries_are_forgotten_when_the_first_journal_batch_after_a_restart_fails():
-    sim = scripted(0)
-    sim.consumer("n2", "q1")
-    sim.advance(50)
-    producer = sim.producer("n1", "q1")
-    sim.send(producer, "g1")
-    sim.advance(100)
-    sim.crash_node("n2")
-    backlog = [sim.send(producer, "g1") for _ in range(3)]
-    sim.advance(50)
-    assert all(sim.outcome[mid] == "accepted" for mid in backlog)  # in n1's outbound store
-    sim.crash_node("n1")
-    sim.restart_node("n1", config_queues=[QueueSettings("q9")])
-    sim.fail_journal("n1", True)
-    sim.advance(20)
-    sim.fail_journal("n1", False)
-    sim.restart_node("n2")
-    sim.advance(300)
-    fails_with("3 accepted messages were never delivered", sim.drain)
-
-
-@pytest.mark.xfail(strict=True, raises=SimulationFailure, reason=(
-    "node/cluster.py _enqueue_forwarded enqueues a forwarded batch and advances the source's high water in "
-    "memory before its journal batch is written; when the write fails the STOREs and the MARK are dropped "
-    "and the sender is told to retry, but the resend is skipped as already taken and acknowledged after "
-    "the next good write, so the sender drops the messages while the owner holds them only in memory: an "
-    "owner crash then loses accepted messages. A failed batch must undo the high water (and the enqueue), "
-    "or the owner must stop."))
-def test_a_forwarded_batch_whose_journal_write_fails_at_the_owner_is_acknowledged_and_lost_in_a_crash():
+    "node/cluster.py handle_forward remembers the source's high water (`before`) when its batch enters the "
+    "reactor, not what is on disk. Two calls of one source in the same journal batch (a slow write: the "
+    "sender gave up on the first and resent it) see different `before`s: the first enqueues seq 2 (high "
+    "water 1 -> 2), the resend skips it and remembers 2. The write fails and the callbacks run in order: "
+    "the first puts back 1, the resend puts back 2. The next resend is skipped as already here and "
+    "acknowledged, the sender drops seq 2, and the owner holds it only in memory: a crash loses an "
+    "accepted message. The high water to go back to is the one known to be on disk (its last journalled "
+    "MARK that was written), not each call's snapshot."))
+def test_two_calls_in_one_failed_journal_batch_at_the_owner_put_back_a_high_water_that_was_never_on_disk():
     sim = scripted(0)
     sim.consumer("n2", "q1", accept_all=False)  # n2 keeps g1 queued
     sim.advance(50)
     producer = sim.producer("n1", "q1")
     sim.send(producer, "g1")
     sim.advance(100)
-    sim.fail_journal("n2", True)
+    n2 = sim.nodes["n2"]
+    sim.stall_journal("n2", True)  # a slow disk: n2 does not answer before the sender's deadline
     second = sim.send(producer, "g1")
-    sim.advance(40)
+    sim.advance(sim.config.call_timeout_ms + sim.config.retry_max_ms + 2 * sim.config.net_delay_ms_max)
+    assert sim.stats["resends_skipped"] >= 1 and n2.inbound.high_water["n1"] == 2
+    sim.fail_journal("n2", True)
+    sim.stall_journal("n2", False)
+    while sim.stats["journal_failures"] == 0:
+        sim.step()
     sim.fail_journal("n2", False)
+    assert n2.inbound.high_water["n1"] == 2  # though seq 2's STORE and MARK were dropped
     sim.advance(400)
     assert sim.outcome[second] == "accepted" and sim.nodes["n1"].outbound.depths() == {}
     sim.crash_node("n2")
