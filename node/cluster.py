@@ -69,6 +69,7 @@ class ClusterLink:
         self._batch_reservation = 0  # the reservation journalled in the current batch, if any
         self._flushing: collections.deque = collections.deque()  # [batch, reservation, outcome], journal order
         self._reserving = False  # a reservation covering flushed batches is on its way to disk
+        self._inbound_durable: dict[str, int] = {}  # source node -> high water known to be on disk here
         self._forwarders: dict[str, Forwarder] = {}
         self._retry_claims: list = []
         self._retry_due_ms = 0
@@ -92,7 +93,9 @@ class ClusterLink:
             self.broker.next_seq = max(self.broker.next_seq, self.seq_reserved)
             return True
         if name.startswith(MARK_PREFIX):
-            self.inbound.advance(name[len(MARK_PREFIX):], int(values["high_water"]))
+            source, high_water = name[len(MARK_PREFIX):], int(values["high_water"])
+            self.inbound.advance(source, high_water)
+            self._inbound_durable[source] = high_water
             return True
         return False
 
@@ -196,7 +199,7 @@ class ClusterLink:
                     if not self._reserving:
                         self._reserving = True
                         self.seq_reserved = self._reserved_durable
-                        self._reserve_seq(top_seq)
+                        self._reserve_seq(self.broker.next_seq)  # above every seq handed out so far
                         reserved, self._batch_reservation = self._batch_reservation, 0
                         self.server.after_flush(lambda reason: self._reserved_again(reserved, reason))
                     return
@@ -336,18 +339,19 @@ class ClusterLink:
             done.set()
 
         def run():
-            before = self.inbound.high_water.get(source, 0)
             try:
-                outcome["high_water"] = self._enqueue_forwarded(source, entries)
+                outcome["high_water"] = high_water = self._enqueue_forwarded(source, entries)
             except GrouperError as error:
                 outcome["error"] = error
                 done.set()
                 return
 
             def stored(reason):
-                if reason is not None:
-                    # not on disk: the resend must be taken again, not skipped as already here
-                    self.inbound.high_water[source] = before
+                if reason is None:
+                    self._inbound_durable[source] = max(self._inbound_durable.get(source, 0), high_water)
+                else:
+                    # not on disk: go back to what is, so the resend is taken again, not skipped
+                    self.inbound.high_water[source] = self._inbound_durable.get(source, 0)
                 finished(reason)
             self.server.after_flush(stored)
 

@@ -218,6 +218,7 @@ class SimNode:
         self.seq_reserved = 0
         self._unsubmitted: dict[str, list[Entry]] = {}  # this batch's new outbound entries, per owner
         self._recovered: dict[str, list[Entry]] = {}  # journalled before a restart: durable already
+        self._inbound_durable: dict[str, int] = {}  # ClusterLink._inbound_durable
         self._reserved_durable = 0  # the highest seq reservation known to be on disk
         self._batch_reservation = 0  # the reservation journalled in the current batch, if any
         self._flushing: deque = deque()  # [batch, reservation, outcome], journal order
@@ -317,7 +318,9 @@ class SimNode:
             self.broker.next_seq = max(self.broker.next_seq, self.seq_reserved)
             return True
         if name.startswith(MARK_PREFIX):
-            self.inbound.advance(name[len(MARK_PREFIX):], int(values["high_water"]))
+            source, high_water = name[len(MARK_PREFIX):], int(values["high_water"])
+            self.inbound.advance(source, high_water)
+            self._inbound_durable[source] = high_water
             return True
         return False
 
@@ -575,7 +578,7 @@ class SimNode:
                         self._reserving = True
                         self.sim.stats["reserved_again"] += 1
                         self.seq_reserved = self._reserved_durable
-                        self._reserve_seq(top_seq)
+                        self._reserve_seq(self.broker.next_seq)  # ClusterLink: above every seq handed out so far
                         reserved, self._batch_reservation = self._batch_reservation, 0
                         self.after_flush(lambda reason: self._reserved_again(reserved, reason))
                     return
@@ -693,7 +696,6 @@ class SimNode:
     def handle_forward(self, source: str, entries: list[Entry], reply) -> None:
         """ClusterLink.handle_forward's reactor part (`run`): enqueue, then reply once it is stored here;
         a failed write puts the source's high water back."""
-        before = self.inbound.high_water.get(source, 0)
         try:
             high_water = self._enqueue_forwarded(source, entries)
         except GrouperError:
@@ -701,8 +703,10 @@ class SimNode:
             return
 
         def stored(reason):
-            if reason is not None:
-                self.inbound.high_water[source] = before
+            if reason is None:
+                self._inbound_durable[source] = max(self._inbound_durable.get(source, 0), high_water)
+            else:
+                self.inbound.high_water[source] = self._inbound_durable.get(source, 0)
             reply(high_water if reason is None else None)
         self.after_flush(stored)
 
