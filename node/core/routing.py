@@ -158,9 +158,6 @@ class Outbound:
         for seq in seqs:
             channel.pop(seq, None)
 
-    def keys(self) -> set[tuple[str, str]]:
-        return set(self.owners_by_key())
-
     def owners_by_key(self) -> dict[tuple[str, str], str]:
         return {key: owner for owner, channel in self.channels.items() for key, _ in channel.values()}
 

@@ -243,13 +243,13 @@ def test_an_old_or_repeated_acknowledgement_drops_nothing_more():
     assert outbound.depths() == {"n2": 1}
 
 
-def test_outbound_keys_are_the_groups_of_every_channel():
+def test_outbound_names_the_owner_of_every_group_waiting_in_a_channel():
     outbound = Outbound()
     outbound.add("n2", 1, A, None)
     outbound.add("n3", 2, B, None)
-    assert outbound.keys() == {A, B}
+    assert outbound.owners_by_key() == {A: "n2", B: "n3"}
     outbound.acknowledge("n2", 1)
-    assert outbound.keys() == {B}
+    assert outbound.owners_by_key() == {B: "n3"}
 
 
 # ---- Inbound -----------------------------------------------------------------------------------------
