@@ -212,8 +212,7 @@ class ClusterLink:
         self._reservation_flushed(reserved, reason)
 
     def _propose(self, keys: list, now_ms: int) -> None:
-        for start in range(0, len(keys), CLAIM_KEYS_MAX):
-            chunk = keys[start:start + CLAIM_KEYS_MAX]
+        for chunk in _chunks(keys):
             self.handler.claim(chunk, now_ms, on_failed=self._claim_failed_elsewhere)
 
     def _claim_failed_elsewhere(self, keys, reason: str) -> None:  # tick thread
@@ -316,8 +315,8 @@ class ClusterLink:
         if not entries:
             return
         touches = [(queue, group, node) for (queue, group), node in sorted(entries.items())]
-        for start in range(0, len(touches), CLAIM_KEYS_MAX):
-            self.handler.touch(touches[start:start + CLAIM_KEYS_MAX], now_ms, on_failed=self._touch_failed)
+        for chunk in _chunks(touches):
+            self.handler.touch(chunk, now_ms, on_failed=self._touch_failed)
 
     def _touch_failed(self, entries, reason: str) -> None:  # tick thread
         log.info("refreshing %d routes failed (%s); retrying in %d ms", len(entries), reason,
@@ -403,6 +402,11 @@ class ClusterLink:
         self.closed = True
         for forwarder in self._forwarders.values():
             forwarder.close()
+
+
+def _chunks(items: list) -> list[list]:
+    """Raft commands of at most CLAIM_KEYS_MAX keys each."""
+    return [items[start:start + CLAIM_KEYS_MAX] for start in range(0, len(items), CLAIM_KEYS_MAX)]
 
 
 def _entry(queue: str, message: Message) -> Entry:

@@ -162,12 +162,11 @@ class Queue:
     def route_key(self, group_id) -> str | None:
         """The name this message's group is routed by across a cluster; None: not grouped here."""
         key = self._key_of(group_id)
-        return key if key is None or isinstance(key, str) else f"bucket-{key}"
+        return None if key is None else _route_name(key)
 
     def busy_route_keys(self) -> list[str]:
         """Route keys of groups with messages here (queued or delivered and unsettled)."""
-        return [key if isinstance(key, str) else f"bucket-{key}" for key, group in self.groups.items()
-                if group.available_count or group.acquired]
+        return [_route_name(key) for key, group in self.groups.items() if group.available_count or group.acquired]
 
     def _key_of(self, group_id):
         if not self._grouping:
@@ -630,3 +629,8 @@ def _insert_in_order(lane: deque, message: Message, returning: bool) -> None:
             lane.insert(index, message)
             return
     lane.append(message)
+
+
+def _route_name(key) -> str:
+    """A group key as the route table names it: the group id, or the bucket number spelled out."""
+    return key if isinstance(key, str) else f"bucket-{key}"
