@@ -1,0 +1,251 @@
+"""deploy/k8s, offline: every manifest passes the Kubernetes schemas, and the rendered resources have
+the properties a Raft cluster of Grouper nodes needs (names, DNS, probes, disruption budget, a
+non-root security context, the queue definitions). The peer script of the pod is run here with
+dash, as the image runs it. Booting the pod template on Docker is test_k8s_pod_template.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from node.config import load
+from tests.deploy.podtemplate import expand, http_probe, quantity, render, resource
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
+VALIDATE_TIMEOUT_S = 60
+KUBERNETES_VERSIONS = ("1.29", "1.37")  # the oldest still common in managed clusters, and the newest known
+SCRIPT_TIMEOUT_S = 10
+PRE_STOP_SLEEP_S = 5
+NODE_STOP_WAIT_S = 10  # node/runtime.py STOP_WAIT_S: how long a node's clean stop may take
+
+
+@pytest.fixture(scope="module")
+def documents() -> list[dict]:
+    return render(K8S)
+
+
+@pytest.fixture(scope="module")
+def statefulset(documents) -> dict:
+    return resource(documents, "StatefulSet", "grouper")
+
+
+@pytest.fixture(scope="module")
+def container(statefulset) -> dict:
+    (only,) = statefulset["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def env_values(container: dict) -> dict:
+    return {entry["name"]: entry.get("value") for entry in container["env"]}
+
+
+def test_every_manifest_and_the_rendered_set_pass_the_kubernetes_schemas_strictly(tmp_path, documents):
+    rendered = tmp_path / "rendered.yaml"
+    rendered.write_text(yaml.safe_dump_all(documents))
+    sources = sorted(str(path) for path in K8S.glob("*.yaml") if path.name != "kustomization.yaml")
+    for version in KUBERNETES_VERSIONS:
+        result = subprocess.run([sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet", "-k", version,
+                                 str(rendered), *sources], capture_output=True, text=True, timeout=VALIDATE_TIMEOUT_S)
+        assert result.returncode == 0, f"Kubernetes {version}:\n{result.stdout}{result.stderr}"
+    kinds = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in documents)
+    assert [kind.rsplit("-", 1)[0] if kind.startswith("ConfigMap/") else kind for kind in kinds] == [
+        "ConfigMap/grouper-config", "PodDisruptionBudget/grouper", "Service/grouper", "Service/grouper-headless",
+        "StatefulSet/grouper"]
+
+
+def test_the_kustomization_names_every_manifest_in_the_directory():
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    listed = set(kustomization["resources"]) | {name for generator in kustomization["configMapGenerator"]
+                                                for name in generator["files"]}
+    present = {path.name for path in K8S.iterdir() if path.name != "kustomization.yaml"}
+    assert listed == present, f"not applied by kubectl apply -k: {sorted(present - listed)}; missing: {sorted(listed - present)}"
+
+
+def test_pods_start_together_with_stable_dns_names_from_a_headless_service_that_publishes_unready_pods(
+        documents, statefulset):
+    spec = statefulset["spec"]
+    assert spec["podManagementPolicy"] == "Parallel"  # OrderedReady would wait for a lone, never-ready grouper-0
+    headless = resource(documents, "Service", spec["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    pod_labels = spec["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert headless["spec"]["selector"].items() <= pod_labels.items()
+
+
+def test_the_advertised_host_is_the_pods_name_under_the_headless_service(statefulset, container):
+    env = env_values(container)
+    fields = {entry["name"]: entry["valueFrom"]["fieldRef"]["fieldPath"] for entry in container["env"]
+              if "valueFrom" in entry}
+    assert fields == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    advertised = expand(env["GROUPER_ADVERTISE_HOST"], {"POD_NAME": "grouper-4", "POD_NAMESPACE": "shop"})
+    assert advertised == f"grouper-4.{statefulset['spec']['serviceName']}.shop.svc"
+    assert env["GROUPER_HOST"] == "0.0.0.0"
+
+
+def test_probes_ask_the_nodes_http_port_for_readyz_and_healthz(documents, container):
+    env = env_values(container)
+    http_port = int(env["GROUPER_HTTP_PORT"])
+    assert http_probe(container, "readinessProbe") == ("/readyz", http_port)
+    assert http_probe(container, "livenessProbe") == ("/healthz", http_port)
+    assert http_probe(container, "startupProbe") == ("/healthz", http_port)
+    headless = resource(documents, "Service", "grouper-headless")
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"amqp": int(env["GROUPER_AMQP_PORT"]), "admin": int(env["GROUPER_ADMIN_PORT"]),
+                     "raft": int(env["GROUPER_RAFT_PORT"]), "http": http_port}
+    assert {p["name"]: p["port"] for p in headless["spec"]["ports"]}["raft"] == ports["raft"]
+
+
+def test_the_client_service_offers_amqp_and_admin_of_ready_pods_only(documents, statefulset):
+    service = resource(documents, "Service", "grouper")
+    assert service["spec"].get("publishNotReadyAddresses", False) is False
+    assert service["spec"]["selector"].items() <= statefulset["spec"]["template"]["metadata"]["labels"].items()
+    assert {(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
+        ("amqp", 5672, "amqp"), ("admin", 5673, "admin")}
+
+
+def test_the_disruption_budget_keeps_a_raft_majority_for_every_size_from_three(documents, statefulset):
+    budget = resource(documents, "PodDisruptionBudget", "grouper")
+    assert budget["spec"]["selector"]["matchLabels"].items() <= statefulset["spec"]["template"]["metadata"]["labels"].items()
+    unavailable_max = budget["spec"]["maxUnavailable"]
+    for size in range(3, 10):
+        assert size - unavailable_max >= size // 2 + 1, size
+    assert statefulset["spec"]["replicas"] >= 3
+
+
+def test_the_journal_lives_on_a_claim_per_pod_mounted_at_the_data_dir(statefulset, container):
+    (claim,) = statefulset["spec"]["volumeClaimTemplates"]
+    mounts = {mount["name"]: mount["mountPath"] for mount in container["volumeMounts"]}
+    assert mounts[claim["metadata"]["name"]] == env_values(container)["GROUPER_DATA_DIR"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert statefulset["spec"]["persistentVolumeClaimRetentionPolicy"]["whenScaled"] == "Retain"
+
+
+def test_the_node_runs_unprivileged_as_uid_10001_with_a_read_only_root(statefulset, container):
+    pod = statefulset["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"],
+            pod["securityContext"]["fsGroup"]) == (10001, 10001, 10001)
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["enableServiceLinks"] is False  # GROUPER_PORT=tcp://... would land among the node's settings
+
+
+def test_requests_fit_within_limits(container):
+    resources = container["resources"]
+    for kind in ("cpu", "memory"):
+        request = quantity(resources["requests"][kind], kind)
+        limit = quantity(resources["limits"][kind], kind)
+        assert 0 < request <= limit, kind
+
+
+def test_termination_grace_covers_the_pre_stop_sleep_and_the_nodes_clean_stop(statefulset, container):
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command == ["sleep", str(PRE_STOP_SLEEP_S)]
+    grace_s = statefulset["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace_s >= PRE_STOP_SLEEP_S + NODE_STOP_WAIT_S + 5
+
+
+def test_the_config_map_holds_queue_definitions_the_node_accepts_and_is_passed_with_config(tmp_path, documents,
+                                                                                           statefulset, container):
+    volumes = {v["name"]: v for v in statefulset["spec"]["template"]["spec"]["volumes"]}
+    (mount,) = [m for m in container["volumeMounts"] if "configMap" in volumes.get(m["name"], {})]
+    config_map = resource(documents, "ConfigMap", volumes[mount["name"]]["configMap"]["name"])
+    config_flag = container["args"][container["args"].index("--config") + 1]
+    assert os.path.dirname(config_flag) == mount["mountPath"] and mount["readOnly"] is True
+    text = config_map["data"][os.path.basename(config_flag)]
+    (tmp_path / "grouper.toml").write_text(text)
+    config = load(str(tmp_path / "grouper.toml"), environ={})
+    assert [queue.name for queue in config.queues] == ["orders", "carts", "carts.dlq"]
+
+
+# ---- the pod's peer script, run with dash as the image runs it -----------------------------------
+
+@pytest.fixture(scope="module")
+def run_pod_command(tmp_path_factory, container):
+    """Runs the container's command for a pod name, with a `grouper` on PATH that prints the peer
+    settings it was started with instead of starting a node."""
+    bin_dir = tmp_path_factory.mktemp("bin")
+    fake = bin_dir / "grouper"
+    fake.write_text('#!/bin/sh\necho "args=$*"\necho "peers=$GROUPER_PEERS"\necho "join=${GROUPER_JOIN:-}"\n')
+    fake.chmod(0o755)
+    shell = shutil.which("dash") or "/bin/sh"
+
+    def run(pod_name: str, **overrides) -> subprocess.CompletedProcess:
+        env = {entry["name"]: entry.get("value", "") for entry in container["env"]}
+        env.update(POD_NAME=pod_name, POD_NAMESPACE="shop")
+        env = {name: expand(value, env) for name, value in env.items()}
+        env.update(overrides)
+        env["PATH"] = f"{bin_dir}:/usr/bin:/bin"
+        command = [shell if part == "/bin/sh" else part for part in container["command"]]
+        return subprocess.run([*command, *container["args"]], env=env, capture_output=True, text=True,
+                              timeout=SCRIPT_TIMEOUT_S)
+
+    return run
+
+
+def bootstrap_peers(count: int) -> str:
+    return ",".join(f"grouper-{i}.grouper-headless.shop.svc:5674" for i in range(count))
+
+
+@pytest.mark.parametrize("pod_name", ["grouper-0", "grouper-2"])
+def test_a_bootstrap_pod_starts_the_node_with_the_bootstrap_members_as_peers(run_pod_command, pod_name):
+    result = run_pod_command(pod_name)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["args=node --config /etc/grouper/grouper.toml",
+                                          f"peers={bootstrap_peers(3)}", "join="]
+
+
+@pytest.mark.parametrize("pod_name", ["grouper-3", "grouper-11"])
+def test_a_pod_beyond_the_bootstrap_size_joins_the_existing_members(run_pod_command, pod_name):
+    result = run_pod_command(pod_name)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1:] == [f"peers={bootstrap_peers(3)}", "join=true"]
+
+
+def test_the_bootstrap_size_decides_who_joins(run_pod_command):
+    result = run_pod_command("grouper-3", GROUPER_BOOTSTRAP_NODES="5")
+    assert result.stdout.splitlines()[1:] == [f"peers={bootstrap_peers(5)}", "join="]
+
+
+@pytest.mark.parametrize("bootstrap, complaint", [("0", "GROUPER_BOOTSTRAP_NODES must be a positive integer"),
+                                                  ("three", "GROUPER_BOOTSTRAP_NODES must be a positive integer"),
+                                                  ("", "GROUPER_BOOTSTRAP_NODES must be a positive integer")])
+def test_a_bad_bootstrap_size_stops_the_pod_naming_it(run_pod_command, bootstrap, complaint):
+    result = run_pod_command("grouper-1", GROUPER_BOOTSTRAP_NODES=bootstrap)
+    assert result.returncode == 2 and complaint in result.stderr and result.stdout == ""
+
+
+def test_a_pod_name_without_an_ordinal_stops_the_pod_naming_it(run_pod_command):
+    result = run_pod_command("grouper")
+    assert result.returncode == 2 and "does not end in -ORDINAL" in result.stderr
+
+
+def test_kubernetes_expansion_leaves_the_scripts_own_shell_syntax_alone(container):
+    env = {entry["name"]: "X" for entry in container["env"]}
+    assert [expand(part, env) for part in container["command"]] == container["command"]
+
+
+# ---- the emulation's own rules (Kubernetes' $(VAR) expansion) -------------------------------------
+
+@pytest.mark.parametrize("text, expected", [
+    ("$(A).b", "1.b"),
+    ("$(MISSING)", "$(MISSING)"),
+    ("$$(A)", "$(A)"),
+    ("$$$(A)", "$1"),
+    ("$A ${A} $((i + 1))", "$A ${A} $((i + 1))"),
+    ("tail $(A", "tail $(A"),
+    ("$", "$"),
+])
+def test_dollar_parenthesis_expands_as_kubernetes_does(text, expected):
+    assert expand(text, {"A": "1"}) == expected
