@@ -157,7 +157,7 @@ class NodeProcess:
         """Start and wait for "ready"; returns the seconds from the command to "ready"."""
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         command = [*node_command(), "--config", str(self.config_path), "--data-dir", str(self.data_dir),
-                   "--amqp-port", str(self.amqp_port), "--admin-port", str(self.admin_port), *self.args]
+                   "--amqp-port", str(self.amqp_port), "--admin-port", str(self.admin_port), "--http-port", "0", *self.args]
         started = time.monotonic()
         with open(self.log_path, "ab") as output:
             self.process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT,

@@ -393,7 +393,7 @@ class Grouper(Peer):
             tables.append(f'[[queue]]\nname = "{row.queue}"\ngroup_policy = "exclusive"\n'
                           f'durable = {"true" if row.durable else "false"}\n')
         config.write_text("\n".join(tables))
-        self._spawn([*self.command(), "--config", str(config), "--amqp-port", "0", "--admin-port", "0",
+        self._spawn([*self.command(), "--config", str(config), "--amqp-port", "0", "--admin-port", "0", "--http-port", "0",
                      "--data-dir", str(data)], cwd=REPO_ROOT)
         self._wait_until(self._reported_ready, "`ready` line on stdout")
 

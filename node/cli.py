@@ -71,6 +71,7 @@ def _add_node_command(subparsers) -> None:
     parser.add_argument("--host")
     parser.add_argument("--amqp-port", type=int)
     parser.add_argument("--admin-port", type=int)
+    parser.add_argument("--http-port", type=int, help="HTTP /healthz, /readyz and /metrics (default 5675)")
     parser.add_argument("--data-dir")
     parser.add_argument("--no-auto-create", dest="auto_create", action="store_false", default=None,
                         help="refuse links to unknown queues with amqp:not-found")
@@ -90,12 +91,15 @@ def _add_node_command(subparsers) -> None:
     cluster.add_argument("--owner-failover-ms", type=int, metavar="MS",
                          help="move an unreachable node's groups to live nodes after this (default 0: never, "
                               "order first)")
+    cluster.add_argument("--join", action="store_true", default=None,
+                         help="this node is not a founding member: ask the members in --peers (at this node's "
+                              "--admin-port) to add it to the cluster, then serve")
     parser.set_defaults(run=_run_node)
 
 
-NODE_FLAG_KEYS = ("host", "amqp_port", "admin_port", "data_dir", "auto_create", "default_group", "journal_fsync",
+NODE_FLAG_KEYS = ("host", "amqp_port", "admin_port", "http_port", "data_dir", "auto_create", "default_group", "journal_fsync",
                   "peers", "raft_port", "advertise_host", "handler_timeout_ms", "group_timeout_ms",
-                  "owner_failover_ms")
+                  "owner_failover_ms", "join")
 
 
 def _run_node(args) -> int:

@@ -75,7 +75,7 @@ class ClusterLink:
         self._retry_due_ms = 0
         self._reported: dict | None = None
         self._report_due_ms = 0
-        self._registered = False
+        self.registered = False
         self._register_due_ms = 0
         self._refresh_due_ms = 0
         self.closed = False
@@ -245,13 +245,13 @@ class ClusterLink:
         if kind == replicated.ROUTES:
             # a route's lease runs from the refresh time in the log, not from when this node heard
             # of it: a node replaying an old log must not think old routes fresh
-            self._release(self.router.learn(payload, now_ms if at_ms is None else at_ms), now_ms)
+            self._release(self.router.learn(payload, now_ms if at_ms is None else at_ms, now_ms), now_ms)
         elif kind == replicated.SNAPSHOT:
             fresh = {(queue, group) for queue, group, _, _ in payload}
             gone = [(queue, group, None) for queue, group in self.router.routes if (queue, group) not in fresh]
             released = self.router.learn(gone, now_ms)
             for queue, group, owner, touched_ms in payload:
-                released += self.router.learn([(queue, group, owner)], touched_ms)
+                released += self.router.learn([(queue, group, owner)], touched_ms, now_ms)
             self._release(released, now_ms)
         elif kind == replicated.REFUSED:
             for key in payload:
@@ -289,7 +289,7 @@ class ClusterLink:
             self.handler.report_consumers(counts, now_ms)
             self._reported = counts
             self._report_due_ms = now_ms + CONSUMER_REPORT_INTERVAL_MS
-        if not self._registered and now_ms >= self._register_due_ms:
+        if not self.registered and now_ms >= self._register_due_ms:
             self._register_due_ms = now_ms + REGISTER_RETRY_INTERVAL_MS
             self.handler.register(self.addresses["peer_address"], self.addresses["amqp_address"],
                                   self.addresses["admin_address"], now_ms, on_done=self._registered_elsewhere)
@@ -301,7 +301,7 @@ class ClusterLink:
 
     def _registered_elsewhere(self, error) -> None:  # tick thread
         if error is None:
-            self.bridge.post(lambda: setattr(self, "_registered", True))
+            self.bridge.post(lambda: setattr(self, "registered", True))
 
     def _refresh_leases(self, now_ms: int) -> None:
         # a route expires only when no node uses it: refresh what this node routed lately, what it

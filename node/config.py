@@ -24,7 +24,11 @@ class NodeConfig:
     host: str = "127.0.0.1"  # address the AMQP and admin listeners bind
     amqp_port: int = 5672  # AMQP 1.0 listener; 0 picks a free port
     admin_port: int = 5673  # gRPC admin listener; 0 picks a free port
+    http_port: int = 5675  # HTTP /healthz, /readyz and /metrics; 0 picks a free port
     data_dir: str = "./data"  # journal directory
+    # refuse to start unless data_dir exists on a file system of its own (a mounted volume), so a
+    # container never keeps its journal on a layer that vanishes with it; the image turns this on
+    require_data_volume: bool = False
     auto_create: bool = True  # create a queue when a client attaches to an unknown address
     default_group: str = ""  # node-wide name of the default group of shared queues ("" = qpid.no-group)
     journal_fsync: bool = True  # fsync each journal batch before confirming producers
@@ -37,6 +41,8 @@ class NodeConfig:
     peers: str = ""  # comma-separated raft addresses HOST:PORT of the cluster's nodes (this one may be listed too)
     raft_port: int = 5674  # raft (grouping handler) listener of this node
     advertise_host: str = ""  # host other nodes reach this one by ("" = host); with raft_port, the node id
+    join: bool = False  # not a founding member: ask the members in peers to add this node, then serve
+    join_timeout_ms: int = 60_000  # give up joining (exit non-zero) when no member adds this node within this
     handler_timeout_ms: int = 5000  # a group's route not decided within this is a refused send
     group_timeout_ms: int = 0  # routes unused this long are expired by the leader; 0 = never
     forward_timeout_ms: int = 5000  # deadline of one forwarded batch to its owner node
@@ -48,13 +54,13 @@ class NodeConfig:
     template: dict = field(default_factory=dict)  # settings applied to auto-created queues
 
     def validate(self) -> "NodeConfig":
-        for key in ("amqp_port", "admin_port", "raft_port"):
+        for key in ("amqp_port", "admin_port", "raft_port", "http_port"):
             if not 0 <= getattr(self, key) <= 65535:
                 raise InvalidConfig(key, "must be a TCP port number 0..65535")
         if not 1 <= self.connections_max <= CONNECTIONS_MAX_CEILING:
             raise InvalidConfig("connections_max", f"must be 1..{CONNECTIONS_MAX_CEILING}")
         for key in ("link_unsettled_max", "producer_credit_window", "admin_timeout_ms", "handler_timeout_ms",
-                    "forward_timeout_ms", "election_timeout_min_ms", "routes_max"):
+                    "forward_timeout_ms", "election_timeout_min_ms", "routes_max", "join_timeout_ms"):
             if getattr(self, key) < 1:
                 raise InvalidConfig(key, "must be >= 1")
         if self.journal_compact_min_bytes < 0:
@@ -71,6 +77,12 @@ class NodeConfig:
                 raise InvalidConfig("peers", f"{peer!r} is not HOST:PORT (a raft address)")
         if self.peer_list() and self.raft_port == 0:
             raise InvalidConfig("raft_port", "a cluster node needs a fixed raft port (the others dial it)")
+        listed = {peer.strip() for peer in self.peers.split(",") if peer.strip()}
+        if listed and not self.join and self.node_id not in listed:
+            raise InvalidConfig("peers", f"this node is {self.node_id} (advertise_host or host, and raft_port) but "
+                                f"--peers does not list it ({', '.join(sorted(listed))}): list every founding "
+                                f"member including this one, fix --advertise-host/--raft-port, or pass --join "
+                                f"to join a running cluster")
         if not self.data_dir:
             raise InvalidConfig("data_dir", "must name a directory")
         names = [q.name for q in self.queues]

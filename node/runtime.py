@@ -4,6 +4,7 @@ Threads and what they own:
 - the reactor thread: the proton container, every proton object, the `Broker` core;
 - the journal writer thread: the journal file (it reports back through the bridge);
 - gRPC pool threads: nothing; admin calls enter the reactor through `Bridge.call` with a deadline;
+- the HTTP threads (node.health): nothing; readiness and metrics read the reactor through the bridge;
 - the main thread: waits for SIGINT/SIGTERM, then asks the reactor to stop and waits for it.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -24,6 +26,7 @@ from node.config import NodeConfig
 from node.core.broker import Broker
 from node.core.errors import GrouperError, HandlerUnavailable, NotAllowed
 from node.core.settings import QueueSettings
+from node.health import PROBE_TIMEOUT_MS
 from node.store.journal import Journal
 
 log = logging.getLogger("grouper.node")
@@ -141,6 +144,7 @@ class ReactorControl:
             info = members["nodes"].get(member, {})
             rows.append({"node": member, "amqp_address": info.get("amqp_address", ""),
                          "admin_address": info.get("admin_address", ""), "down": member in members["down"],
+                         "raft_member": member in raft["members"],
                          "connected": member == raft["node"] or member in raft["connected"],
                          "routes": routes_by_node.get(member, 0),
                          "consumers": members["consumers"].get(member, {})})
@@ -172,6 +176,8 @@ class Node:
         self.admin_server = None
         self.admin_port = None
         self._reactor_thread = None
+        self.health = None  # node.health.HealthServer, once started
+        self.serving = False  # recovered and listening: the first half of readiness
         self.handler = None  # the grouping handler's raft member, in a cluster
         self.cluster = None  # node.cluster.ClusterLink, in a cluster
         if config.peer_list():
@@ -238,6 +244,66 @@ class Node:
         self.server.apply([])  # journals the declarations made during recovery
         self._reactor_thread = threading.Thread(target=self._run_reactor, name="reactor", daemon=True)
         self._reactor_thread.start()
+        self.serving = True
+
+    def start_health(self) -> None:
+        from node.health import HealthServer
+
+        try:
+            self.health = HealthServer(self, self.config.host, self.config.http_port)
+        except OSError as error:
+            raise GrouperError(f"cannot listen for HTTP (health, metrics) on {self.config.host}:"
+                               f"{self.config.http_port}: {error.strerror}; is another process using the port? "
+                               f"Set --http-port") from None
+        self.health.start()
+
+    # ---- what node.health asks (HTTP threads) ------------------------------------------------
+
+    def readiness(self) -> tuple[bool, str]:
+        if not self.serving or self.server.stopping:
+            return False, "starting" if not self.serving else "stopping"
+        if self.cluster is None:
+            return True, ""
+        raft = self.handler.status()
+        if not raft["leader"] or not raft["has_quorum"]:
+            return False, (f"no raft leader known (term {raft['term']})" if not raft["leader"] else
+                           f"no raft majority connected (members {', '.join(raft['members'])})") + \
+                "; is a majority of --peers up and reachable?"
+        try:
+            caught_up, registered = self.bridge.call(lambda: (self.cluster.router.ready, self.cluster.registered),
+                                                     PROBE_TIMEOUT_MS)
+        except TimeoutError:
+            return False, f"the reactor did not answer within {PROBE_TIMEOUT_MS} ms"
+        if not caught_up:
+            return False, "replaying the grouping handler's log"
+        if not registered:
+            return False, "not yet registered with the cluster"
+        return True, ""
+
+    def metrics_snapshot(self) -> dict:
+        def read():
+            consumers = []
+            for state in self.server.consumers.values():
+                if state.browse:
+                    continue
+                queue = self.broker.queues.get(state.queue)
+                core = queue.consumers.get(state.id) if queue is not None else None
+                if core is not None:
+                    consumers.append((state.queue, f"{state.sender.connection.remote_container}/{state.sender.name}",
+                                      len(core.owned)))
+            cluster = None
+            if self.cluster is not None:
+                router = self.cluster.router
+                cluster = {"routes": len(router.routes), "waiting_for_route": router.waiting_count(),
+                           "outbound": self.cluster.outbound.depths(), "decisions": dict(router.decisions),
+                           "decision_latency": router.decision_latency.snapshot()}
+            return self.broker.list_queues(), consumers, cluster
+
+        queues, consumers, cluster = self.bridge.call(read, PROBE_TIMEOUT_MS)
+        if cluster is not None:
+            cluster["raft"] = self.handler.status()
+        return {"ready": self.readiness()[0], "queues": queues, "consumers": consumers, "cluster": cluster,
+                "journal": self.journal.stats() if self.journal is not None else None}
 
     def _add_peer_service(self, grpc_server) -> None:
         if self.cluster is not None:
@@ -250,6 +316,7 @@ class Node:
         config = self.config
         advertised = config.advertise_host or config.host
         self.server.cluster = self.cluster
+        _check_port_free(config.host, config.raft_port, "raft")  # pysyncobj would retry a taken port for ever
         try:
             self.handler = GroupingHandler(
                 config.node_id, config.peer_list(), os.path.join(config.data_dir, "raft"),
@@ -280,6 +347,9 @@ class Node:
             os._exit(70)  # a broken invariant: stop the process, the supervisor restarts it
 
     def stop(self) -> None:
+        if self.health is not None:
+            self.health.stop()
+
         def shutdown():
             self.server.stopping = True
             self.acceptor.close()
@@ -301,6 +371,18 @@ class Node:
             stop_event.wait(0.5)
 
 
+def _check_port_free(host: str, port: int, what: str) -> None:
+    probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listener will: TIME_WAIT is no conflict
+        probe.bind((host, port))
+    except OSError as error:
+        raise GrouperError(f"cannot listen for {what} on {host}:{port}: {error.strerror}; is another process "
+                           f"using the port?") from None
+    finally:
+        probe.close()
+
+
 def _reserved_name(name: str) -> bool:
     return name.startswith("\x00")  # the cluster's own journal records (queue names cannot hold NUL)
 
@@ -315,22 +397,43 @@ class _Stopper:
         self._container.stop()
 
 
+def check_data_dir(config: NodeConfig) -> None:
+    """With require_data_volume, the data dir must exist on a file system other than the root's."""
+    if not config.require_data_volume:
+        return
+    path = os.path.abspath(config.data_dir)
+    if not os.path.isdir(path):
+        raise GrouperError(f"data dir {path} does not exist: mount the data volume there (require_data_volume "
+                           f"is on, so it is not created)")
+    if os.stat(path).st_dev == os.stat("/").st_dev:
+        raise GrouperError(f"data dir {path} is on the root file system, not a mounted volume: its journal would "
+                           f"vanish with the container; mount a volume there, or set require_data_volume false")
+
+
 def run(config: NodeConfig) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    node = Node(config)
+    node = None
     try:
+        check_data_dir(config)
+        node = Node(config)
         node.recover()
         node.start()
+        node.start_health()
+        if config.join:
+            from node.membership import join
+            join(config.node_id, config.peer_list(), node.admin_port, config.join_timeout_ms)
     except GrouperError as error:
         print(f"grouper node: cannot start: {error.description}", file=sys.stderr)
-        node.journal.close()
+        if node is not None:
+            node.stop() if node.serving else node.journal.close()
         return 1
     stop_event = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop_event.set())
     print(f"amqp: {config.host}:{node.amqp_port}", flush=True)
     print(f"admin: {config.host}:{node.admin_port}", flush=True)
+    print(f"http: {config.host}:{node.health.port}", flush=True)
     if node.cluster is not None:
         print(f"node: {config.node_id}", flush=True)
     print("ready", flush=True)

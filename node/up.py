@@ -40,7 +40,7 @@ def run(args) -> int:
     if not 1 <= args.nodes <= NODES_MAX:
         print(f"grouper up: --nodes must be 1..{NODES_MAX}, got {args.nodes}", file=sys.stderr)
         return 2
-    top_port = args.base_port + PORT_STRIDE * (args.nodes - 1) + 2
+    top_port = args.base_port + PORT_STRIDE * (args.nodes - 1) + 3
     if not 1 <= args.base_port or top_port > 65535:
         print(f"grouper up: --base-port {args.base_port} leaves no room for {args.nodes} nodes (ports up to "
               f"{top_port})", file=sys.stderr)
@@ -62,7 +62,7 @@ def run(args) -> int:
                 print(f"grouper up: node{node.index} did not start; see {node.log_path}", file=sys.stderr)
                 return 1
         for node in nodes:
-            print(f"node{node.index}: amqp {node.amqp}  admin {node.admin}"
+            print(f"node{node.index}: amqp {node.amqp}  admin {node.admin}  http {node.http}"
                   + (f"  raft {raft[node.index]}" if raft else ""), flush=True)
         if raft:
             leader = _wait_leader(nodes[0].admin, stop)
@@ -103,7 +103,7 @@ class _NodeChild:
         base = args.base_port + PORT_STRIDE * index
         self.log_path = os.path.join(data_dir, f"node{index}.log")
         self.command = [sys.executable, "-m", "node.cli", "node", "--host", args.host,
-                        "--amqp-port", str(base), "--admin-port", str(base + 1),
+                        "--amqp-port", str(base), "--admin-port", str(base + 1), "--http-port", str(base + 3),
                         "--data-dir", os.path.join(data_dir, f"node{index}")]
         if args.config:
             self.command += ["--config", args.config]
@@ -114,7 +114,7 @@ class _NodeChild:
             if value is not None:
                 self.command += ["--" + flag.replace("_", "-"), str(value)]
         self.process: subprocess.Popen | None = None
-        self.amqp = self.admin = ""
+        self.amqp = self.admin = self.http = ""
         self._ready = threading.Event()
         self._exit_reported = False
 
@@ -133,6 +133,8 @@ class _NodeChild:
                 self.amqp = line[len("amqp: "):]
             elif line.startswith("admin: "):
                 self.admin = line[len("admin: "):]
+            elif line.startswith("http: "):
+                self.http = line[len("http: "):]
             elif line == "ready":
                 self._ready.set()
 

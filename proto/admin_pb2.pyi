@@ -181,7 +181,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ClusterMember(_message.Message):
-    __slots__ = ("node", "amqp_address", "admin_address", "down", "connected", "routes", "queues", "error", "consumers")
+    __slots__ = ("node", "amqp_address", "admin_address", "down", "connected", "routes", "queues", "error", "consumers", "raft_member")
     class ConsumersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +198,7 @@ class ClusterMember(_message.Message):
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    RAFT_MEMBER_FIELD_NUMBER: _ClassVar[int]
     node: str
     amqp_address: str
     admin_address: str
@@ -207,7 +208,8 @@ class ClusterMember(_message.Message):
     queues: _containers.RepeatedCompositeFieldContainer[QueueStats]
     error: str
     consumers: _containers.ScalarMap[str, int]
-    def __init__(self, node: _Optional[str] = ..., amqp_address: _Optional[str] = ..., admin_address: _Optional[str] = ..., down: _Optional[bool] = ..., connected: _Optional[bool] = ..., routes: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., error: _Optional[str] = ..., consumers: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    raft_member: bool
+    def __init__(self, node: _Optional[str] = ..., amqp_address: _Optional[str] = ..., admin_address: _Optional[str] = ..., down: _Optional[bool] = ..., connected: _Optional[bool] = ..., routes: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., error: _Optional[str] = ..., consumers: _Optional[_Mapping[str, int]] = ..., raft_member: _Optional[bool] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
     __slots__ = ("node", "leader", "term", "has_quorum", "routes", "members", "waiting_for_route", "outbound", "clustered")

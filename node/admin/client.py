@@ -137,7 +137,8 @@ class AdminClient:
             "waiting_for_route": response.waiting_for_route, "outbound": dict(response.outbound),
             "members": [{"node": member.node, "amqp_address": member.amqp_address,
                          "admin_address": member.admin_address, "down": member.down,
-                         "connected": member.connected, "routes": member.routes, "error": member.error,
+                         "connected": member.connected, "raft_member": member.raft_member,
+                         "routes": member.routes, "error": member.error,
                          "consumers": dict(member.consumers),
                          "queues": [_stats_from_pb(stats) for stats in member.queues]}
                         for member in response.members],

@@ -212,6 +212,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 row = response.members.add(node=member["node"], amqp_address=member.get("amqp_address", ""),
                                            admin_address=member.get("admin_address", ""),
                                            down=member.get("down", False), connected=member.get("connected", False),
+                                           raft_member=member.get("raft_member", False),
                                            routes=member.get("routes", 0), consumers=member.get("consumers", {}))
                 if member["node"] == status.get("node") or not status["clustered"]:
                     queues = self._control.list_queues()

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import collections
 
+from node.core.tally import LatencyTally
+
 
 class Router:
     def __init__(self, node_id: str, handler_timeout_ms: int, lease_ms: int = 0):
@@ -30,6 +32,10 @@ class Router:
         self.refreshed_ms: dict[tuple[str, str], int] = {}  # key -> when the log last refreshed it (lease only)
         self.used: set[tuple[str, str]] = set()  # keys routed since the last refresh (lease only)
         self.waiting: dict[tuple[str, str], list] = {}  # key -> items in arrival order
+        self.waiting_since_ms: dict[tuple[str, str], int] = {}  # key -> when its first item began to wait
+        # what became of the waits, for metrics: routed (with how long the decision took), timed out, refused
+        self.decisions = {"routed": 0, "timed_out": 0, "refused": 0}
+        self.decision_latency = LatencyTally()
         self._deadlines: collections.deque = collections.deque()  # (deadline_ms, key, claim_number)
         self._claim_number: dict[tuple[str, str], int] = {}  # key -> number of its live claim
         self._next_claim_number = 1
@@ -52,6 +58,7 @@ class Router:
                 self.used.add(key)
                 return owner
         self.waiting[key] = [item]
+        self.waiting_since_ms[key] = now_ms
         number = self._next_claim_number
         self._next_claim_number += 1
         self._claim_number[key] = number
@@ -70,6 +77,7 @@ class Router:
                 self.to_claim.append(key)
             else:
                 self._claim_number.pop(key, None)
+                self._decided(key, "routed", now_ms)
                 released.extend((owner, item) for item in self.waiting.pop(key))
         return released
 
@@ -77,9 +85,11 @@ class Router:
         claims, self.to_claim = list(dict.fromkeys(self.to_claim)), []
         return claims
 
-    def learn(self, changes, now_ms: int) -> list:
+    def learn(self, changes, now_ms: int, decided_at_ms: int | None = None) -> list:
         """Apply routes the handler decided, in log order: (queue, group, node or None) triples.
 
+        `now_ms` starts the routes' leases (the log's refresh time); `decided_at_ms` is this node's
+        clock now, which ends the waits it measures (default `now_ms`).
         Returns (owner, item) pairs released from waiting, in the order they arrived."""
         released = []
         for queue, group, owner in changes:
@@ -94,8 +104,15 @@ class Router:
             items = self.waiting.pop(key, None) if self.ready else None
             if items is not None:
                 self._claim_number.pop(key, None)
+                self._decided(key, "routed", now_ms if decided_at_ms is None else decided_at_ms)
                 released.extend((owner, item) for item in items)
         return released
+
+    def _decided(self, key, outcome: str, now_ms: int) -> None:
+        since_ms = self.waiting_since_ms.pop(key, None)
+        self.decisions[outcome] += 1
+        if outcome == "routed" and since_ms is not None:
+            self.decision_latency.observe(max(0, now_ms - since_ms))
 
     def claim_failed(self, keys) -> None:
         """The proposal did not go through (no leader yet, leader changed): propose again."""
@@ -111,12 +128,15 @@ class Router:
             if self._claim_number.get(key) != number:
                 continue  # decided in time, or a later claim of the same key
             del self._claim_number[key]
+            self._decided(key, "timed_out", now_ms)
             expired.extend(self.waiting.pop(key, ()))
         return expired
 
     def give_up(self, key) -> list:
         """The handler refused to route `key`: its waiting items, in arrival order."""
         self._claim_number.pop(key, None)
+        if key in self.waiting:
+            self._decided(key, "refused", 0)
         return self.waiting.pop(key, [])
 
     def take_used(self) -> set:

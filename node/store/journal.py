@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from node.core.errors import GrouperError
 from node.core.message import Message
+from node.core.tally import LatencyTally
 from node.store import records
 from node.store.records import DECLARE, DELETE, REMOVE, STORE
 
@@ -95,6 +96,7 @@ class Journal:
         self._stats = {"file_bytes": 0, "live_bytes": 0, "batches_written": 0, "records_written": 0,
                        "bytes_written": 0, "fsyncs": 0, "last_fsync_latency_us": 0,
                        "failed_batches": 0, "compactions": 0}
+        self._fsync_latency = LatencyTally()  # under _wake, like _stats
         # owned by whoever runs the file: the caller until start(), then the writer thread
         self._fd: int | None = None
         self._lock_fd: int | None = None
@@ -231,6 +233,7 @@ class Journal:
     def stats(self) -> dict:
         with self._wake:
             snapshot = dict(self._stats)
+            snapshot["fsync_latency"] = self._fsync_latency.snapshot()
         snapshot["backlog_bytes"] = self.backlog_bytes()
         return snapshot
 
@@ -286,6 +289,7 @@ class Journal:
             if fsync_ns is not None:
                 stats["fsyncs"] += 1
                 stats["last_fsync_latency_us"] = fsync_ns // 1000
+                self._fsync_latency.observe(fsync_ns / 1e6)
             stats["file_bytes"] = self._end
             stats["live_bytes"] = self._live_bytes
         self._call(self._on_durable, units[-1].ticket)

@@ -40,6 +40,8 @@ class NodeProcess:
         self.output: list[str] = []
         self._amqp_port = 0
         self._admin_port = 0
+        self._http_port = 0
+        self.http_address = ""
 
     @property
     def url(self) -> str:
@@ -48,7 +50,7 @@ class NodeProcess:
     def start(self) -> "NodeProcess":
         command = [sys.executable, "-m", "node.cli", "node", "--config", str(self.config_path),
                    "--data-dir", str(self.data_dir), "--amqp-port", str(self._amqp_port),
-                   "--admin-port", str(self._admin_port), *self.args]
+                   "--admin-port", str(self._admin_port), "--http-port", str(self._http_port), *self.args]
         self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -61,6 +63,8 @@ class NodeProcess:
                     self.amqp_address = line.split(": ", 1)[1].strip()
                 elif line.startswith("admin: "):
                     self.admin_address = line.split(": ", 1)[1].strip()
+                elif line.startswith("http: "):
+                    self.http_address = line.split(": ", 1)[1].strip()
                 elif line.strip() == "ready":
                     ready.set()
 
@@ -75,6 +79,7 @@ class NodeProcess:
         # a restart keeps the same ports so clients and tests can reconnect to the same address
         self._amqp_port = int(self.amqp_address.rsplit(":", 1)[1])
         self._admin_port = int(self.admin_address.rsplit(":", 1)[1])
+        self._http_port = int(self.http_address.rsplit(":", 1)[1])
         return self
 
     def stop(self) -> int:

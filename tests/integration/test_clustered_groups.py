@@ -258,3 +258,33 @@ def test_with_owner_failover_a_dead_owners_groups_move_to_a_live_node_and_it_is_
     assert bodies(on_spare.fetch_many(1)) == ["g:1"]  # the group was placed afresh on a live node
     owner.start()  # registering again clears its down mark
     cluster.wait_for(lambda s: not any(m["down"] for m in s["members"]), "the owner marked up again")
+
+
+def test_a_node_started_with_join_adds_itself_and_rejoins_after_a_restart(cluster, clients, tmp_path):
+    from tests.integration.cluster import free_ports
+    from tests.integration.harness import NodeProcess
+
+    # --join asks a member at the member's host and this node's admin port: on one machine, the
+    # joiner takes another loopback address and node 0's admin port number
+    admin_port = cluster.nodes[0].admin_address.rsplit(":", 1)[1]
+    [port] = free_ports(1)
+    joiner_id = f"127.0.0.2:{port}"
+    joiner = NodeProcess(tmp_path / "joiner", "", ("--host", "127.0.0.2", "--raft-port", str(port),
+                                                  "--peers", cluster.node_ids[0], "--join"))
+    joiner._admin_port = int(admin_port)
+    try:
+        joiner.start()
+        assert any("joined the cluster" in line for line in joiner.output), joiner.output
+        status = cluster.wait_for(lambda s: joiner_id in [m["node"] for m in s["members"] if m["amqp_address"]
+                                                          and m["raft_member"]], "the joiner registered")
+        assert status["leader"] in cluster.node_ids
+        consumer = clients.consumer(joiner, QUEUE, "cj")
+        cluster.wait_for(lambda s: {m["node"]: m["consumers"] for m in s["members"]}[joiner_id].get(QUEUE) == 1,
+                         "the joiner's consumer known")
+        clients.send(cluster.nodes[1], QUEUE, [grouped(f"g:{n}", "g") for n in range(3)])
+        assert bodies(consumer.fetch_many(3)) == ["g:0", "g:1", "g:2"]
+        joiner.kill()
+        joiner.start()  # a member already: asks, finds itself in the membership, serves
+        assert any("already a member" in line for line in joiner.output), joiner.output
+    finally:
+        joiner.kill()

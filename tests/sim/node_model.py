@@ -635,13 +635,13 @@ class SimNode:
         """ClusterLink.applied: a route's lease runs from its refresh time in the log."""
         now_ms = self.sim.now_ms
         if kind == ROUTES:
-            self._release(self.router.learn(payload, now_ms if at_ms is None else at_ms), now_ms)
+            self._release(self.router.learn(payload, now_ms if at_ms is None else at_ms, now_ms), now_ms)
         elif kind == SNAPSHOT:
             fresh = {(queue, group) for queue, group, _, _ in payload}
             gone = [(queue, group, None) for queue, group in self.router.routes if (queue, group) not in fresh]
             released = self.router.learn(gone, now_ms)
             for queue, group, owner, touched_ms in payload:
-                released += self.router.learn([(queue, group, owner)], touched_ms)
+                released += self.router.learn([(queue, group, owner)], touched_ms, now_ms)
             self._release(released, now_ms)
         elif kind == REFUSED:
             for key in payload:

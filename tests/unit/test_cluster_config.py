@@ -113,3 +113,16 @@ def test_the_numbering_of_replicated_commands_is_frozen_so_old_raft_journals_rep
     assert [name for _, name in commands] == [
         "claim_v0", "drop_queue_v0", "expire_idle_v0", "fail_over_v0", "mark_down_v0", "mark_up_v0",
         "register_node_v0", "report_consumers_v0", "touch_v0", "unroute_v0"]
+
+
+def test_a_founding_node_must_find_itself_in_the_peer_list():
+    with pytest.raises(InvalidConfig) as raised:
+        load(environ={"GROUPER_PEERS": "h1:7000,h2:7000"}, overrides={"advertise_host": "h3", "raft_port": 7000})
+    assert raised.value.key == "peers" and "this node is h3:7000" in raised.value.description
+    assert "--join" in raised.value.description
+
+
+def test_a_joining_node_may_name_only_the_members_to_ask():
+    config = load(environ={"GROUPER_PEERS": "h1:7000", "GROUPER_JOIN": "true"},
+                  overrides={"advertise_host": "h3", "raft_port": 7000})
+    assert config.join and config.peer_list() == ["h1:7000"]

@@ -285,3 +285,22 @@ def test_a_route_is_trusted_until_its_refresh_time_plus_the_lease_and_not_a_mome
     assert router.route(A, "a1", 1010) == "n2"
     assert router.route(A, "a2", 1011) is None
     assert router.take_claims() == [A]
+
+
+# ---- Router: what became of the waits (metrics) ------------------------------------------------
+
+def test_route_decisions_are_counted_by_outcome_with_the_wait_of_each_routed_one():
+    router = ready_router()
+    router.route(A, "a1", 10)
+    router.route(A, "a2", 20)  # waits behind a1: one decision for the group, timed from a1
+    router.route(B, "b1", 10)
+    router.learn([("q", "a", "n2")], now_ms=0, decided_at_ms=35)  # a lease clock must not time the wait
+    assert router.decisions == {"routed": 1, "timed_out": 0, "refused": 0}
+    tally = router.decision_latency.snapshot()
+    assert tally["count"] == 1 and tally["sum_ms"] == 25
+    router.expire(10 + TIMEOUT_MS)
+    router.route(("q", "c"), "c1", 200)
+    router.give_up(("q", "c"))
+    router.give_up(("q", "never-waited"))
+    assert router.decisions == {"routed": 1, "timed_out": 1, "refused": 1}
+    assert router.waiting_since_ms == {}
