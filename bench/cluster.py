@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import clients  # noqa: E402
 import peers  # noqa: E402
+from report_file import write_section  # noqa: E402
 from proton import Message  # noqa: E402
 from proton.handlers import MessagingHandler  # noqa: E402
 from proton.reactor import Container  # noqa: E402
@@ -1506,19 +1507,6 @@ METHOD = """
 
 # ---- the file ---------------------------------------------------------------------------------
 
-def write_section(out: Path, section: str) -> None:
-    text = out.read_text() if out.exists() else ""
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION_HEADING), None)
-    if start is None:
-        new = text.rstrip("\n") + ("\n\n" if text else "") + section
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        new = "\n".join([*lines[:start], *section.rstrip("\n").splitlines(), *([""] if end < len(lines) else []),
-                         *lines[end:]])
-    out.write_text(new.rstrip("\n") + "\n")
-
-
 def previous_summary(path: Path) -> dict | None:
     try:
         earlier = json.loads(path.read_text())
@@ -1562,7 +1550,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render-only", action="store_true", help="run nothing: write the section from --json")
     args = parser.parse_args(argv)
     if args.render_only:
-        write_section(args.out, render_section(json.loads(args.json.read_text())))
+        write_section(args.out, SECTION_HEADING, render_section(json.loads(args.json.read_text())))
         print(f"wrote the cluster section of {args.out} from {args.json}")
         return 0
 
@@ -1611,7 +1599,7 @@ def main(argv: list[str] | None = None) -> int:
     report["previous"] = previous_summary(args.json)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    write_section(args.out, render_section(report))
+    write_section(args.out, SECTION_HEADING, render_section(report))
     log(f"done in {report['duration_s']:.0f} s; targets {report['targets']}; wrote {args.out} and {args.json}")
     return 0
 

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import clients  # noqa: E402
 import peers  # noqa: E402
+from report_file import write_keeping_others  # noqa: E402
 
 REPO_ROOT = peers.REPO_ROOT
 DEFAULT_OUT = REPO_ROOT / "docs" / "benchmarks.md"
@@ -454,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.render_only:
-        args.out.write_text(render(json.loads(args.json.read_text())))
+        write_keeping_others(args.out, render(json.loads(args.json.read_text())))
         print(f"wrote {args.out} from {args.json}")
         return 0
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -505,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1, default=str) + "\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(report))
+    write_keeping_others(args.out, render(report))
     log(f"done in {report['duration_s']:.0f} s; wrote {args.out} and {args.json}")
     return 0
 
