@@ -24,3 +24,22 @@ def spark():
     session.sparkContext.setLogLevel("WARN")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def grouper_node(tmp_path_factory):
+    """One node for the source and sink tests (queues auto-created, no fsync); each test uses its own queues."""
+    from tests.integration.harness import NodeProcess
+
+    node = NodeProcess(tmp_path_factory.mktemp("grouper") / "node", "", ("--no-fsync",)).start()
+    yield node
+    node.kill()
+
+
+@pytest.fixture(scope="session")
+def grouper_spark(spark):
+    """The shared session with the "grouper" format registered."""
+    import pipeline
+
+    pipeline.register(spark)
+    return spark
