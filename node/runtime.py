@@ -397,6 +397,17 @@ class _Stopper:
         self._container.stop()
 
 
+def _on_mounted_volume(path: str) -> bool:
+    """True if `path` lies under a mount point other than /. A device comparison alone is not enough:
+    on Docker's vfs driver a volume and the container's root are on the same host device."""
+    try:
+        with open("/proc/self/mountinfo") as handle:  # field 5: the mount point, octal-escaped
+            points = [line.split()[4].encode().decode("unicode_escape") for line in handle if line.strip()]
+    except OSError:  # no /proc: fall back to the device check
+        return os.stat(path).st_dev != os.stat("/").st_dev
+    return any(point != "/" and (path == point or path.startswith(point.rstrip("/") + "/")) for point in points)
+
+
 def check_data_dir(config: NodeConfig) -> None:
     """With require_data_volume, the data dir must exist on a file system other than the root's."""
     if not config.require_data_volume:
@@ -405,7 +416,7 @@ def check_data_dir(config: NodeConfig) -> None:
     if not os.path.isdir(path):
         raise GrouperError(f"data dir {path} does not exist: mount the data volume there (require_data_volume "
                            f"is on, so it is not created)")
-    if os.stat(path).st_dev == os.stat("/").st_dev:
+    if not _on_mounted_volume(path):
         raise GrouperError(f"data dir {path} is on the root file system, not a mounted volume: its journal would "
                            f"vanish with the container; mount a volume there, or set require_data_volume false")
 
