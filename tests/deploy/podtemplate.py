@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -322,14 +323,17 @@ class PodRunner:
         for network in self.client.networks.list(filters=selector):
             network.remove()
 
-    def start(self, ordinal: int):
-        pod = pod_container(self.statefulset, self.config_maps, ordinal, self.namespace)
+    def create(self, ordinal: int) -> PodContainer:
+        """Create pod `ordinal`'s container (not started: on vfs, creating copies the image and is the
+        slow part; starting is quick, so pods created first then started come up together, as pods
+        of a Parallel StatefulSet do)."""
         from docker.types import EndpointConfig, Mount
 
+        pod = pod_container(self.statefulset, self.config_maps, ordinal, self.namespace)
         mounts = [Mount(mount.target, str(self._prepare(pod, mount)), type="bind", read_only=mount.read_only)
                   for mount in pod.mounts]
         endpoint = EndpointConfig(self.client.api.api_version, aliases=pod.aliases)
-        container = self.client.containers.create(
+        self.containers[pod.pod] = self.client.containers.create(
             pod.image, entrypoint=pod.entrypoint, command=pod.command, name=pod.pod, hostname=pod.pod,
             domainname=pod.domainname, environment=pod.environment, user=pod.user,
             group_add=[str(group) for group in pod.group_add], read_only=pod.read_only_root,
@@ -338,9 +342,11 @@ class PodRunner:
             mem_limit=pod.memory_limit_bytes, nano_cpus=pod.nano_cpus, mounts=mounts,
             network=self.network.name, networking_config={self.network.name: endpoint},
             labels={TEST_LABEL: TEST_LABEL_VALUE}, detach=True)
-        self.containers[pod.pod] = container
-        container.start()
         return pod
+
+    def start(self, pods: list[PodContainer]) -> None:
+        for pod in pods:
+            self.containers[pod.pod].start()
 
     def _prepare(self, pod: PodContainer, mount: VolumeMount) -> Path:
         """The host directory behind one mount, as the kubelet would hand it to the container."""
@@ -377,14 +383,24 @@ class PodRunner:
     def logs(self, pod: str) -> str:
         return self.containers[pod].logs().decode(errors="replace")
 
+    def create_all(self, ordinals: list[int]) -> list[PodContainer]:
+        """`create` for several pods at once: on vfs each copies the whole image, so they overlap."""
+        with ThreadPoolExecutor(max_workers=len(ordinals) or 1) as pool:
+            return list(pool.map(self.create, ordinals))
+
     def close(self) -> list[str]:
-        """Remove everything; returns the errors met (the caller reports them without masking its own)."""
-        errors = []
-        for name, container in self.containers.items():
+        """Remove everything (containers at once: on vfs each removal deletes a whole copy of the
+        image); returns the errors met, for the caller to report without masking its own failure."""
+        def remove(item) -> str | None:
+            name, container = item
             try:
                 container.remove(force=True)
             except Exception as error:  # noqa: BLE001 - keep removing the rest
-                errors.append(f"container {name}: {error}")
+                return f"container {name}: {error}"
+            return None
+
+        with ThreadPoolExecutor(max_workers=len(self.containers) or 1) as pool:
+            errors = [error for error in pool.map(remove, list(self.containers.items())) if error]
         if self.network is not None:
             try:
                 self.network.remove()
