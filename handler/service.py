@@ -46,6 +46,11 @@ class GroupingHandler:
             raftMaxTimeout=election_timeout_max_ms / 1000,
             appendEntriesPeriod=min(0.05, election_timeout_min_ms / 4000),
             connectionRetryTime=0.2,  # reconnect to a restarted member fast
+            # names are resolved again on each reconnect after this long: a restarted pod comes back
+            # with a new IP (pysyncobj's default 600 s kept dialling the old one for minutes), and a
+            # peer starting a moment after this one must not be written off for 30 s
+            dnsCacheTime=1.0,
+            dnsFailCacheTime=1.0,
             journalFile=os.path.join(raft_dir, "raft.journal"),
             fullDumpFile=os.path.join(raft_dir, "raft.dump"),  # journal alone loses state after compaction
             useFork=False,  # fork() beside gRPC and proton threads is unsafe

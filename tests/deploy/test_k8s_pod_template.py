@@ -7,9 +7,10 @@ cut off from the outside. The test then plays the kubelet and the StatefulSet co
 - starts grouper-0..2 together (podManagementPolicy Parallel) and polls each readiness probe until
   all are ready, then checks the raft cluster formed under the advertised names and serves grouped
   traffic through every pod (order, exclusivity, nothing lost: tests/drills/checker.py);
-- scales up: grouper-3 from the same template joins by itself and serves;
-- scales down: the kubelet's termination of grouper-3 (preStop hook, then SIGTERM with the grace
-  period) ends in a clean exit well inside the grace period.
+- restarts grouper-1 as the kubelet would (preStop hook, SIGTERM, a clean exit inside the grace
+  period) while scaling up: grouper-3 from the same template joins by itself and takes grouper-1's
+  old address, so grouper-1 comes back on a new one; every member must reach every other again by
+  name, and both serve grouped traffic.
 So a manifest change that would break a real deployment fails here. Every wait has a deadline; the
 containers, the network and the volumes are removed even when the test fails (their logs are kept
 in the test's tmp directory).
@@ -32,6 +33,7 @@ from tests.drills.load import start_load
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
 READY_TIMEOUT_S = 90.0  # from container start to every pod ready (2 cores shared by four interpreters)
+CONNECT_TIMEOUT_S = 15.0  # a restarted member is redialled every 0.2 s, its name re-resolved every 1 s
 POLL_S = 0.25  # faster than the probe's period: the test only wants to know sooner
 ADMIN_TIMEOUT_MS = 3000
 GROUPS_PER_ROUND = 12  # each round has new groups: they are placed where the round's consumers are
@@ -120,6 +122,35 @@ def cluster_status(address: str) -> dict:
         return admin.cluster_status()
 
 
+def terminate(runner: PodRunner, pod: str, container: dict, grace_s: float) -> tuple[int, float]:
+    """The kubelet's termination: the preStop hook, then SIGTERM, then SIGKILL once the grace period
+    (counted from the start of the hook) is over. Returns the exit status and the seconds taken."""
+    started_s = time.monotonic()
+    hook = runner.containers[pod].exec_run(container["lifecycle"]["preStop"]["exec"]["command"])
+    assert hook.exit_code == 0, f"the preStop hook of {pod} failed: {hook.output!r}"
+    runner.containers[pod].stop(timeout=max(1, int(grace_s - (time.monotonic() - started_s))))
+    exit_code = runner.containers[pod].wait(timeout=grace_s)["StatusCode"]
+    return exit_code, time.monotonic() - started_s
+
+
+def wait_all_connected(runner: PodRunner, pods: list[str], admin_port: int, members: list[str],
+                       timeout_s: float = CONNECT_TIMEOUT_S) -> float:
+    """Until every pod's node lists exactly `members`, all connected to it; returns the seconds taken."""
+    started_s = time.monotonic()
+    views: dict[str, object] = {}
+    while True:
+        for pod in pods:
+            try:
+                status = cluster_status(f"{runner.address(pod)}:{admin_port}")
+                views[pod] = sorted((m["node"], m["connected"]) for m in status["members"])
+            except AdminError as error:
+                views[pod] = str(error)
+        if all(view == [(member, True) for member in members] for view in views.values()):
+            return time.monotonic() - started_s
+        assert time.monotonic() - started_s < timeout_s, f"members not all connected within {timeout_s} s: {views}"
+        time.sleep(POLL_S)
+
+
 def send_grouped_round(directory: Path, queue: str, groups: list[str], producer_urls: list[str],
                        consumer_urls: list[str]) -> dict:
     """Producers and consumers over `groups` until ACCEPTED_PER_ROUND sends were accepted, then until
@@ -180,36 +211,33 @@ def test_the_statefulset_pod_template_forms_a_cluster_serves_groups_and_scales_u
     journal_owner = (runner.volumes_dir / f"data-{pods[0]}" / "journal.dat").stat().st_uid
     assert journal_owner == 10001, "the journal is written on the claim by the manifest's user"
 
-    # ---- scale up: the next ordinal, same template, joins by itself
+    # ---- a rolling restart of grouper-1 during a scale-up. The kubelet terminates grouper-1 (preStop
+    # hook, then SIGTERM within the grace period); grouper-3, from the same template, starts meanwhile
+    # and takes grouper-1's old address, so grouper-1 comes back on its claim with a NEW address, as a
+    # restarted pod does. Every member must reach every other again, under the same names.
+    restarted, restarted_address = pods[1], runner.address(pods[1])
     started_s = time.monotonic()
     joining = runner.create(replicas)
-    runner.start([joining])
-    joiner, joiner_id = joining.pod, node_id(joining)
-    timings["scale_up_ready_s"] = wait_ready(runner, [joiner], container)
-    deadline_s = time.monotonic() + READY_TIMEOUT_S
-    while True:
-        try:
-            members = [m["node"] for m in cluster_status(f"{runner.address(pods[0])}:{ports['admin']}")["members"]]
-        except AdminError:
-            members = []
-        if joiner_id in members:
-            break
-        assert time.monotonic() < deadline_s, f"{joiner_id} not among the members seen by {pods[0]}: {members}"
-        time.sleep(POLL_S)
-    joiner_url = f"amqp://{runner.address(joiner)}:{ports['amqp']}"
-    second = send_grouped_round(tmp_path / "round2", queue, groups("b"), [joiner_url, urls[0]], [joiner_url, *urls])
-    timings["scale_up_and_round2_s"] = time.monotonic() - started_s
-
-    # ---- scale down as the kubelet terminates a pod: preStop hook, then SIGTERM within the grace period
+    timings["create_joiner_s"] = time.monotonic() - started_s
     grace_s = statefulset["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    started_s = time.monotonic()
-    hook = runner.containers[joiner].exec_run(container["lifecycle"]["preStop"]["exec"]["command"])
-    assert hook.exit_code == 0, f"preStop hook failed: {hook.output!r}"
-    runner.containers[joiner].stop(timeout=max(1, int(grace_s - (time.monotonic() - started_s))))
-    exit_code = runner.containers[joiner].wait(timeout=grace_s)["StatusCode"]
-    timings["terminate_s"] = time.monotonic() - started_s
-    assert exit_code == 0, f"{joiner} did not stop cleanly on SIGTERM:\n{runner.logs(joiner)[-2000:]}"
+    exit_code, timings["terminate_s"] = terminate(runner, restarted, container, grace_s)
+    assert exit_code == 0, f"{restarted} did not stop cleanly on SIGTERM:\n{runner.logs(restarted)[-2000:]}"
     assert timings["terminate_s"] < grace_s
+    started_s = time.monotonic()
+    runner.start([joining])
+    runner.containers[restarted].start()
+    assert runner.address(restarted) != restarted_address, "the scenario needs the restarted pod on a new address"
+    joiner = joining.pod
+    timings["restart_and_scale_up_ready_s"] = wait_ready(runner, [restarted, joiner], container)
+    all_ids = sorted([*node_ids.values(), node_id(joining)])
+    timings["all_connected_s"] = wait_all_connected(runner, [*pods, joiner], ports["admin"], all_ids)
 
-    print(f"\npod template: {first} then {second} after scale-up; "
+    joiner_url = f"amqp://{runner.address(joiner)}:{ports['amqp']}"
+    restarted_url = f"amqp://{runner.address(restarted)}:{ports['amqp']}"
+    started_s = time.monotonic()
+    second = send_grouped_round(tmp_path / "round2", queue, groups("b"), [joiner_url, restarted_url],
+                                [joiner_url, restarted_url, urls[0], urls[2]])
+    timings["traffic_round2_s"] = time.monotonic() - started_s
+
+    print(f"\npod template: {first}, then {second} after a restart and a scale-up; "
           + ", ".join(f"{key} {value:.1f}" for key, value in timings.items()))
