@@ -6,6 +6,7 @@ dash, as the image runs it. Booting the pod template on Docker is test_k8s_pod_t
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 from node.config import load
-from tests.deploy.podtemplate import expand, http_probe, quantity, render, resource
+from tests.deploy.podtemplate import Unsupported, expand, http_probe, pod_container, quantity, render, resource
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
@@ -249,3 +250,42 @@ def test_kubernetes_expansion_leaves_the_scripts_own_shell_syntax_alone(containe
 ])
 def test_dollar_parenthesis_expands_as_kubernetes_does(text, expected):
     assert expand(text, {"A": "1"}) == expected
+
+
+# ---- the pod-template translation (tests/deploy/podtemplate.py), pure ------------------------------
+
+def config_maps_of(documents: list[dict]) -> dict:
+    return {d["metadata"]["name"]: d for d in documents if d["kind"] == "ConfigMap"}
+
+
+def test_pod_three_translates_to_its_names_environment_mounts_and_limits(documents, statefulset):
+    pod = pod_container(statefulset, config_maps_of(documents), 3, "shop")
+    assert (pod.pod, pod.domainname) == ("grouper-3", "grouper-headless.shop.svc.cluster.local")
+    assert "grouper-3.grouper-headless.shop.svc" in pod.aliases and "grouper-3.grouper-headless" in pod.aliases
+    assert pod.environment["GROUPER_ADVERTISE_HOST"] == "grouper-3.grouper-headless.shop.svc"
+    assert (pod.user, pod.group_add, pod.cap_drop, pod.no_new_privileges, pod.read_only_root) == (
+        "10001:10001", [10001], ["ALL"], True, True)
+    assert (pod.memory_limit_bytes, pod.nano_cpus) == (1 << 30, 1_000_000_000)
+    kinds = {mount.target: (mount.kind, mount.volume, mount.read_only) for mount in pod.mounts}
+    assert kinds == {"/var/lib/grouper": ("claim", "data", False), "/etc/grouper": ("config", "config", True),
+                     "/tmp": ("empty", "tmp", False)}
+    (config,) = [mount for mount in pod.mounts if mount.kind == "config"]
+    assert "[[queue]]" in config.files["grouper.toml"]
+
+
+def test_a_pod_field_the_translation_does_not_know_is_an_error_naming_it(documents, statefulset):
+    changed = copy.deepcopy(statefulset)
+    changed["spec"]["template"]["spec"]["hostNetwork"] = True
+    with pytest.raises(Unsupported, match="hostNetwork"):
+        pod_container(changed, config_maps_of(documents), 0)
+    changed = copy.deepcopy(statefulset)
+    changed["spec"]["template"]["spec"]["containers"][0]["env"].append(
+        {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}})
+    with pytest.raises(Unsupported, match="status.hostIP"):
+        pod_container(changed, config_maps_of(documents), 0)
+
+
+def test_quantities_read_as_kubernetes_writes_them():
+    assert [quantity(v, "x") for v in ("250m", "1", "256Mi", "1Gi", "2k")] == [0.25, 1, 256 << 20, 1 << 30, 2000]
+    with pytest.raises(Unsupported, match="1 GB"):
+        quantity("1 GB", "x")

@@ -174,7 +174,7 @@ def send_grouped_round(directory: Path, queue: str, groups: list[str], producer_
     return {"accepted": report.accepted, "refused": report.refused, "deliveries": report.deliveries}
 
 
-def test_the_statefulset_pod_template_forms_a_cluster_serves_groups_and_scales_up(statefulset_pods, tmp_path):
+def test_the_statefulset_pod_template_forms_a_cluster_serves_groups_survives_a_restart_and_scales_up(statefulset_pods, tmp_path):
     runner = statefulset_pods
     statefulset = runner.statefulset
     container = statefulset["spec"]["template"]["spec"]["containers"][0]
@@ -198,8 +198,10 @@ def test_the_statefulset_pod_template_forms_a_cluster_serves_groups_and_scales_u
     status = cluster_status(f"{runner.address(pods[0])}:{ports['admin']}")
     assert sorted(member["node"] for member in status["members"]) == sorted(node_ids.values())
     assert status["leader"] in node_ids.values() and status["has_quorum"]
-    config = tomllib.loads(runner.config_maps[next(iter(runner.config_maps))]["data"]["grouper.toml"])
-    declared = [queue["name"] for queue in config["queue"]]
+    (config_mount,) = [mount for mount in started[0].mounts if mount.kind == "config"]
+    config_file = container["args"][container["args"].index("--config") + 1]
+    config = tomllib.loads(config_mount.files[config_file.removeprefix(config_mount.target + "/")])
+    declared = [queue["name"] for queue in config["queue"]]  # the ConfigMap's queues, read by --config
     with AdminClient(f"{runner.address(pods[-1])}:{ports['admin']}", timeout_ms=ADMIN_TIMEOUT_MS) as admin:
         assert set(declared) <= {queue["name"] for queue in admin.list_queues()}
     queue = declared[0]
