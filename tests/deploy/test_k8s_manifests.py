@@ -168,6 +168,10 @@ def test_the_config_map_holds_queue_definitions_the_node_accepts_and_is_passed_w
     (tmp_path / "grouper.toml").write_text(text)
     config = load(str(tmp_path / "grouper.toml"), environ={})
     assert [queue.name for queue in config.queues] == ["orders", "carts", "carts.dlq"]
+    # queued messages live in memory: the declared queues together fit in half the pod's memory limit
+    depths_bytes = [queue.depth_max_bytes for queue in config.queues] + [config.template_settings().depth_max_bytes]
+    memory_limit_bytes = quantity(container["resources"]["limits"]["memory"], "memory")
+    assert 0 not in depths_bytes and sum(depths_bytes) <= memory_limit_bytes / 2, depths_bytes
 
 
 # ---- the pod's peer script, run with dash as the image runs it -----------------------------------
