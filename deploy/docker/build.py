@@ -203,11 +203,21 @@ def builder() -> tuple[list[str], dict]:
     return ["docker", "build"], {"DOCKER_BUILDKIT": "0"}
 
 
+def image_id(name: str) -> str | None:
+    result = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", name], capture_output=True, text=True)
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
 @step("docker build")
 def build_image(tag: str, base_image: str) -> None:
+    previous = image_id(tag)
     command, environment = builder()
     run([*command, "-q", "--build-arg", f"BASE_IMAGE={base_image}", "-t", tag, "-f", str(REPO / "Dockerfile"),
          str(REPO)], "docker build", env={**os.environ, **environment}, stdout=subprocess.DEVNULL)
+    if previous is not None and previous != image_id(tag):
+        # the tag's previous image is now nameless; on vfs its layers are whole copies (~250 MB).
+        # Refused (and kept) while a container still uses it.
+        subprocess.run(["docker", "rmi", previous], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -327,6 +327,7 @@ class Outside:
         if os.geteuid() != 0 or shutil.which("ip") is None:
             pytest.fail("the isolation test builds a network namespace: it needs root and iproute2 (`ip`)",
                         pytrace=False)
+        self.__exit__()  # what a killed earlier run of this process id may have left
         steps = [["ip", "netns", "add", self.namespace],
                  ["ip", "link", "add", self.host_link, "type", "veth", "peer", "name", self.inner_link],
                  ["ip", "link", "set", self.inner_link, "netns", self.namespace],
