@@ -440,10 +440,16 @@ def run(log_paths: Iterable[str | Path], send_paths: Iterable[str | Path] = (), 
     """Audit the logs; write the JSON report, text summary and chart where asked; return the report."""
     from pipeline import audit_chart, audit_report
     files = LogFiles.of(log_paths, send_paths)
+    owned = spark is None and SparkSession.getActiveSession() is None  # stopped here, once the report is made
     if spark is None:
         spark = session(driver_memory)
-        spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions(files)))
-    report = audit(spark, files)
+        if owned:
+            spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions(files)))
+    try:
+        report = audit(spark, files)
+    finally:
+        if owned:
+            spark.stop()
     if json_path is not None:
         audit_report.write_json(report, Path(json_path))
     if text_path is not None:

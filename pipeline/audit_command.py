@@ -44,14 +44,11 @@ def run_command(args: argparse.Namespace) -> int:
     except audit.AuditInputError as error:
         print(f"grouper audit: {error}", file=sys.stderr)
         return EXIT_USAGE
-    spark = audit.session(args.driver_memory)
     try:
-        report = audit.run(files.log_paths, files.send_paths, spark=spark, json_path=args.json,
-                           text_path=args.text, png_path=args.png)
+        report = audit.run(files.log_paths, files.send_paths, json_path=args.json, text_path=args.text,
+                           png_path=args.png, driver_memory=args.driver_memory)
     except audit.AuditInputError as error:
         print(f"grouper audit: cannot judge the logs: {error}", file=sys.stderr)
         return EXIT_USAGE
-    finally:
-        spark.stop()
     print(audit_report.summary(report))
     return EXIT_OK if report["ok"] else EXIT_BROKEN

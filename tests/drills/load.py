@@ -296,11 +296,15 @@ class _ProducerClient(_Client):
 
 class _ConsumerClient(_Client):
     def __init__(self, url, queue, log_path, *, name, credit, delay_ms, reconnect_delay_max_s, heartbeat_s,
-                 settle_wait_max_s):
+                 settle_wait_max_s, events_path=None):
         super().__init__(url, name, log_path, reconnect_delay_max_s, heartbeat_s)
         if credit < 1:
             raise ValueError(f"credit must be at least 1, got {credit}")
         self.queue = queue
+        # attach/detach lines for `grouper audit` (pipeline/audit.py), apart from the deliveries the checker reads
+        self.events_path = Path(events_path) if events_path is not None else None
+        if self.events_path is not None:
+            self.events_path.write_text("")
         self.credit = credit
         self.delay_ms = delay_ms
         self.settle_wait_max_s = settle_wait_max_s
@@ -314,6 +318,16 @@ class _ConsumerClient(_Client):
         link = self._container.create_receiver(connection, self.queue, name=self.name, options=[_SettleSecond()])
         link.flow(self.credit)  # before the attach leaves: the node learns consumer and credit together
         return link
+
+    def _write_event(self, kind: str, **fields) -> None:
+        if self.events_path is not None:  # rare (a few per connection): open, append, close
+            with open(self.events_path, "a") as events:
+                events.write(json.dumps({"kind": kind, "consumer": self.name, "node": self.url, "queue": self.queue,
+                                         "at_ms": self._now_ms(), **fields}, separators=(",", ":")) + "\n")
+
+    def on_link_opened(self, event) -> None:
+        if event.link == self.link:
+            self._write_event("attach")
 
     def on_message(self, event) -> None:
         if event.link != self.link:
@@ -358,6 +372,7 @@ class _ConsumerClient(_Client):
             self._finish()
 
     def _lost(self, condition: str) -> None:
+        self._write_event("detach", condition=condition)
         if self._processing is not None:
             self._processing.cancelled = True
             self._processing = None
@@ -442,11 +457,11 @@ class LoggingConsumer(_ClientThread):
 
     def __init__(self, url: str, queue: str, log_path: str | Path, *, name: str = "consumer", credit: int = 10,
                  delay_ms: int = 0, reconnect_delay_max_s: float = 1.0, heartbeat_s: float | None = None,
-                 settle_wait_max_s: float = 5.0):
+                 settle_wait_max_s: float = 5.0, events_path: str | Path | None = None):
         super().__init__(name=name, daemon=True)
         self.client = _ConsumerClient(url, queue, log_path, name=name, credit=credit, delay_ms=delay_ms,
                                       reconnect_delay_max_s=reconnect_delay_max_s, heartbeat_s=heartbeat_s,
-                                      settle_wait_max_s=settle_wait_max_s)
+                                      settle_wait_max_s=settle_wait_max_s, events_path=events_path)
 
     @property
     def received(self) -> int:
@@ -489,6 +504,11 @@ class Load:
     @property
     def delivery_paths(self) -> list[Path]:
         return [consumer.log_path for consumer in self.consumers]
+
+    @property
+    def event_paths(self) -> list[Path]:
+        """The consumers' attach/detach logs, for `grouper audit` (the checker does not read them)."""
+        return [consumer.client.events_path for consumer in self.consumers if consumer.client.events_path]
 
     def accepted(self) -> int:
         return sum(producer.outcomes.get("accepted", 0) for producer in self.producers)
@@ -547,9 +567,18 @@ def start_load(producers: list[tuple], consumers: list[tuple], directory: str | 
         for index, (url, queue, groups) in enumerate(producers)]
     started_consumers = [
         LoggingConsumer(spec[0], spec[1], directory / f"c{index}.jsonl", name=f"c{index}", credit=spec[2],
-                        delay_ms=spec[3] if len(spec) > 3 else 0, reconnect_delay_max_s=reconnect_delay_max_s)
+                        delay_ms=spec[3] if len(spec) > 3 else 0, reconnect_delay_max_s=reconnect_delay_max_s,
+                        events_path=directory / f"c{index}.events.jsonl")
         for index, spec in enumerate(consumers)]
     return Load(started_producers, started_consumers).start()
+
+
+def log_admin_action(path: str | Path, action: str, queue: str, group: str | None = None) -> None:
+    """Append an admin line for `grouper audit`: a management command (reset, move) that frees `group`
+    of `queue`, or every group when `group` is None, was run now. Call it just before the command."""
+    with open(path, "a") as log:
+        log.write(json.dumps({"kind": "admin", "action": action, "queue": queue, "group": group, "at_ms": now_ms()},
+                             separators=(",", ":")) + "\n")
 
 
 def run_load(producers: list[tuple], consumers: list[tuple], duration_s: float, directory: str | Path,
