@@ -7,8 +7,8 @@
 #
 # The node is configured by GROUPER_* environment variables and flags (flags win). A config file
 # (queue definitions) mounted at $GROUPER_CONFIG, default /etc/grouper/grouper.toml, is passed as
-# --config unless the arguments name one. exec: the node is PID 1's only child, so docker stop's
-# SIGTERM reaches it directly (it is started under --init / tini-less: grouper handles SIGTERM).
+# --config unless the arguments name one. exec: the node becomes PID 1 and gets docker stop's
+# SIGTERM itself; it installs its own SIGTERM handler, which PID 1 needs (no default action there).
 set -eu
 
 config_file="${GROUPER_CONFIG:-/etc/grouper/grouper.toml}"
