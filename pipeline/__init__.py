@@ -47,3 +47,12 @@ def write_grouped(df, group: str, order_by, *, partitions: int | None = None, **
     spread = df.repartition(partitions, key) if partitions else df.repartition(key)
     (spread.sortWithinPartitions(*order)
      .write.format(FORMAT).mode("append").option("groupColumn", group).options(**options).save())
+
+
+def drained(spark, **options):
+    """A context manager: `with pipeline.drained(spark, nodes=..., queue=...) as df:` gives the
+    queue's messages as a DataFrame; they are accepted when the block succeeds and released, in
+    order, if it raises. See pipeline.source.drained."""
+    from pipeline.source import drained as drained_messages
+
+    return drained_messages(spark, **options)

@@ -4,8 +4,10 @@ Rules:
 - Batch, mode "browse": one task reads copies of the available messages; nothing is consumed.
 - Batch, mode "drain": each task is a competing consumer. It takes up to its share of
   `maxMessages`, hands every row to Spark, and only then accepts them all (waiting until the node
-  has applied the accepts). If the task fails or Spark stops reading early, it releases them
-  instead, in order, so each message goes back to its place in its group.
+  has applied the accepts). If the read fails or Spark stops reading early, it releases them
+  instead, in order, so each message goes back to its place in its group. The Data Source API
+  tells a reader nothing about the rest of the job, so a failure downstream of a completed read
+  does not bring the messages back: `drained()` accepts only after the caller's own work succeeded.
 - A read ends at `maxMessages`, or when nothing has arrived for `idleTimeoutMs` (0: as soon as the
   node has nothing available, which a drain round trip tells without waiting).
 - Streaming: the link that holds a micro-batch's messages lives in the driver's stream reader,
@@ -20,6 +22,7 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 import zlib
@@ -28,7 +31,7 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Inp
 
 from pipeline import messages
 from pipeline.amqp_client import Acquisition, ClientError, NodeUnreachable
-from pipeline.options import LINKS_MAX, SourceOptions
+from pipeline.options import LINKS_MAX, OptionError, SourceOptions, parse_source
 from pipeline.sink import connect, task_identity
 
 log = logging.getLogger("grouper.pipeline")
@@ -88,6 +91,43 @@ def read_share(options: SourceOptions, index: int, max_messages: int, name: str)
         try:
             if not completed and not options.browse and not connection.failure:
                 acquisition.release_all()  # in arrival order: each returns to its place in its group
+        finally:
+            connection.close()
+
+
+@contextlib.contextmanager
+def drained(spark, **options):
+    """A DataFrame of messages taken from a queue, accepted only if the with-block succeeds.
+
+    The messages are held by a link in this (the driver's) process while the block runs; an
+    exception in the block releases them, in order. The rows pass through the driver, so bound
+    them with maxMessages. Options are the source's, without mode and partitions."""
+    for key in options:
+        if key.lower() in ("mode", "partitions"):
+            raise OptionError(key.lower(), "drained() always drains, in one reader; leave it out")
+    parsed = parse_source({**options, "mode": "drain"})
+    queue = parsed.connect.queue
+    name = f"spark-drained-{uuid.uuid4().hex[:8]}"
+    try:
+        connection = connect(parsed.connect, 0, name)
+    except NodeUnreachable as error:
+        raise SourceError(f"grouper source, queue {queue!r}: {error}") from None
+    acquisition = Acquisition(connection, queue, False, parsed.link_unsettled_max,
+                              _links_max(parsed, parsed.max_messages), name)
+    succeeded = False
+    try:
+        try:
+            taken = acquisition.take(parsed.max_messages, parsed.idle_timeout_ms)
+            rows = _decode(parsed, taken)
+        except ClientError as error:
+            raise SourceError(f"grouper source: {error}") from None
+        yield spark.createDataFrame(rows, schema_text(parsed))
+        acquisition.accept(taken)
+        succeeded = True
+    finally:
+        try:
+            if not succeeded and not connection.failure:
+                acquisition.release_all()
         finally:
             connection.close()
 
