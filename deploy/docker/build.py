@@ -127,7 +127,8 @@ def debootstrap(rootfs_tar: Path) -> None:
     run(["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", SUITE, str(rootfs), mirror],
         "debootstrap", stdout=subprocess.DEVNULL)
     # the downloaded .debs and apt lists are dead weight in every layer (vfs copies layers whole)
-    for leftover in [*glob.glob(f"{rootfs}/var/cache/apt/archives/*.deb"), *glob.glob(f"{rootfs}/var/lib/apt/lists/*_*")]:
+    for leftover in [*glob.glob(f"{rootfs}/var/cache/apt/archives/*.deb"),
+                     *glob.glob(f"{rootfs}/var/lib/apt/lists/*_*")]:
         os.remove(leftover)
     partial = rootfs_tar.with_suffix(".tar.partial")
     run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(partial), "."], "tar of the base rootfs")
