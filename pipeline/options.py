@@ -67,6 +67,7 @@ SINK_KEYS = _CONNECT_KEYS | {"groupcolumn", "bodycolumn", "propertycolumns", "me
 SOURCE_KEYS = _CONNECT_KEYS | {"mode", "maxmessages", "idletimeoutms", "partitions", "linkunsettledmax",
                                "bodytype", "maxmessagesperbatch"}
 SPARK_KEYS = {"path"}  # Spark adds `path` when load()/save() get one; it means nothing here
+SPARK_OWNED_KEYS = {"checkpointlocation"}  # Spark's own streaming options, passed along to the source and sink
 
 
 def _lower(options) -> dict[str, str]:
@@ -77,7 +78,7 @@ def _check_known(values: dict[str, str], known: set[str], kind: str) -> None:
     for key in sorted(values):
         if key in SPARK_KEYS:
             raise OptionError(key, f"the {kind} takes no path; name the queue with option 'queue'")
-        if key not in known:
+        if key not in known and key not in SPARK_OWNED_KEYS:
             raise OptionError(key, f"unknown {kind} option; known options are "
                                    f"{', '.join(sorted(known))} (case does not matter)")
 

@@ -200,7 +200,7 @@ class GrouperStreamReader(DataSourceStreamReader):
         self._accept_through(start["received"])
         self._received = max(self._received, start["received"])
         if isinstance(limit, ReadMaxRows):
-            count_max = limit.maxRows
+            count_max = limit.max_rows
         elif isinstance(limit, ReadAllAvailable):
             count_max = self.options.max_messages  # still bounded: the driver holds them in memory
         else:
