@@ -248,14 +248,13 @@ class Producer:
             self.connection.wait(self._can_send, f"credit or settlements for queue {self.queue!r}")
         if self.failure is not None:
             raise self.failure
-        delivery = pn.pn_delivery(link, str(self.sent))
+        pn.pn_delivery(link, str(self.sent))  # the tag names the message in a refusal
         pn.pn_link_send(link, payload)
         pn.pn_link_advance(link)
         self.sent += 1
         self.unsettled += 1
         if self.sent % PUMP_EVERY_MESSAGES == 0:
             self.connection.pump(0)
-        del delivery
 
     def _can_send(self) -> bool:
         if self.failure is not None or self.detached:

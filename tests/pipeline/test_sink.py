@@ -47,6 +47,51 @@ def closed_port() -> int:
     return port
 
 
+@pytest.mark.parametrize("fields", [
+    dict(group="g1", body="text"),
+    dict(group=None, body=b"\x00\x01", durable=False),
+    dict(group="g" * 300, body="x" * 70_000, message_id="id-" + "9" * 300, creation_ms=1_700_000_000_123),
+    dict(group="g2", body=None, group_header="tenant", properties={"k": "v"}),
+    dict(group=None, body="b", message_id="only-an-id"),
+    dict(group="g3", body=b"y" * 300, properties={"small": 7, "big": -2**40, "f": 1.5, "yes": True, "no": False,
+                                                  "none": None, "raw": b"\x01", "long": "z" * 300}),
+])
+def test_every_message_layout_the_sink_encodes_decodes_with_protons_own_decoder(fields):
+    from pipeline import messages
+
+    decoded = Message()
+    decoded.decode(messages.encode(**fields))
+    group, header = fields.get("group"), fields.get("group_header", "")
+    expected_properties = dict(fields.get("properties") or {})
+    if header and group is not None:
+        expected_properties[header] = group
+    body = decoded.body
+    assert (bytes(body) if isinstance(body, memoryview) else body) == fields["body"]
+    assert decoded.group_id == (None if header else group)
+    assert (decoded.properties or {}) == expected_properties
+    assert decoded.id == fields.get("message_id")
+    assert decoded.creation_time == fields.get("creation_ms", 0) / 1000
+    assert decoded.durable == fields.get("durable", True)
+
+
+def test_a_producer_never_holds_more_unsettled_deliveries_than_its_window(grouper_node):
+    from pipeline import messages
+    from pipeline.amqp_client import AmqpConnection, Producer
+
+    connection = AmqpConnection(grouper_node.amqp_address, 10_000, "window-test")
+    try:
+        producer = Producer(connection, "sink-window", "window-test", window_messages=3)
+        most_unsettled = 0
+        for seq in range(200):
+            producer.send(messages.encode("g", str(seq)))
+            most_unsettled = max(most_unsettled, producer.unsettled)
+        producer.flush()
+        assert (most_unsettled, producer.accepted, producer.unsettled) == (3, 200, 0)
+    finally:
+        connection.close()
+    assert [m.body for m in consume(grouper_node, "sink-window", 200)] == [str(seq) for seq in range(200)]
+
+
 def test_rows_arrive_with_group_body_properties_message_id_and_durable_header(grouper_spark, grouper_node):
     rows = [("g1", "a", 1, True, "k-1"), ("g2", "b", 2, False, "k-2"), (None, "c", 3, None, "k-3")]
     df = grouper_spark.createDataFrame(rows, "grp string, text string, n long, flag boolean, key string")
