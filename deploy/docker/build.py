@@ -37,6 +37,8 @@ REPO = Path(__file__).resolve().parents[2]
 STAGE = REPO / "build" / "docker"  # git-ignored; the only build output inside the repository
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "grouper-docker"
 SUITE = "bookworm"
+# Changing this list needs a new --base-image name (or `docker rmi` of the old one) and deleting the
+# cached rootfs tarball: neither is keyed by it.
 BASE_PACKAGES = "python3,python3-venv"
 PROJECT_PACKAGES = ("node", "handler", "proto", "pipeline")  # as pyproject.toml's packages.find lists them
 PROJECT_FILES = ("pyproject.toml", "README.md")
