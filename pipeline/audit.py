@@ -253,13 +253,16 @@ class _Judgement:
     def _redeliveries_after_later_acceptances(self) -> DataFrame:
         """A redelivery of s received after a confirmed acceptance of t > s was sent (settled) strictly earlier."""
         accepted = self.identities.filter("accepted_send")
-        acceptances = (accepted.filter(F.col("confirmed_acceptances") > 0)
-                       .select("queue", "group", "producer", "sequence",
-                               F.col("first_confirmed_settled_ms").alias("at_ms"), F.lit(1).alias("is_acceptance")))
         redeliveries = (self.deliveries.filter("redelivery").select(*IDENTITY, "received_ms")
                         .join(accepted.select(*IDENTITY, "queue"), IDENTITY)
                         .select("queue", "group", "producer", "sequence", F.col("received_ms").alias("at_ms"),
                                 F.lit(0).alias("is_acceptance")))
+        # redeliveries are rare: only their streams' acceptances are needed, not every message's
+        streams = redeliveries.select("queue", "group", "producer").distinct()
+        acceptances = (accepted.filter(F.col("confirmed_acceptances") > 0)
+                       .join(streams, ["queue", "group", "producer"], "left_semi")
+                       .select("queue", "group", "producer", "sequence",
+                               F.col("first_confirmed_settled_ms").alias("at_ms"), F.lit(1).alias("is_acceptance")))
         # at equal times a redelivery sorts first: only acceptances settled strictly earlier count
         timeline = Window.partitionBy("queue", "group", "producer").orderBy("at_ms", "is_acceptance").rowsBetween(
             Window.unboundedPreceding, Window.currentRow)
@@ -330,24 +333,35 @@ class _Judgement:
     # ---- spread and latency: one rollup each, rows per (queue, consumer) and per queue ------------------
 
     def delivery_stats(self) -> DataFrame:
+        """Rows per (queue, consumer) (`level` 0) and per queue (`level` 1). Two plain aggregations, not a
+        rollup: a rollup with distinct counts expands every line nine times."""
         held = F.when((F.col("outcome") != "dropped") & F.col("settled_ms").isNotNull(),
                       F.col("settled_ms") - F.col("received_ms"))
-        return (self.deliveries.rollup("queue", "consumer")
-                .agg(F.count(F.lit(1)).alias("deliveries"), F.sum(_flag(F.col("accepted"))).alias("accepted"),
-                     F.sum(_flag(F.col("redelivery"))).alias("redeliveries"),
-                     F.countDistinct("group").alias("groups"), F.countDistinct("consumer").alias("consumers"),
-                     F.grouping_id().alias("level"), *_percentiles(held, "receive_to_settle_ms"))
-                .filter(F.col("queue").isNotNull()))
+        by_consumer = self.deliveries.groupBy("queue", "consumer").agg(
+            F.count(F.lit(1)).alias("deliveries"), F.sum(_flag(F.col("accepted"))).alias("accepted"),
+            F.sum(_flag(F.col("redelivery"))).alias("redeliveries"), F.countDistinct("group").alias("groups"),
+            F.lit(1).alias("consumers"), F.lit(0).alias("level"), *_percentiles(held, "receive_to_settle_ms"))
+        by_queue = self.deliveries.groupBy("queue").agg(
+            F.count(F.lit(1)).alias("deliveries"), F.sum(_flag(F.col("accepted"))).alias("accepted"),
+            F.sum(_flag(F.col("redelivery"))).alias("redeliveries"), F.countDistinct("group").alias("groups"),
+            F.lit(None).cast("long").alias("consumers"), F.lit(1).alias("level"),
+            *_percentiles(held, "receive_to_settle_ms"))
+        return by_consumer.unionByName(by_queue.withColumn("consumer", F.lit(None).cast("string")))
 
     def identity_stats(self) -> DataFrame:
-        """Per queue the identities delivered and accepted; per queue and first consumer, send to receive."""
+        """Per queue (`level` 1) the identities delivered and accepted and send to receive; the latter also
+        per queue and first consumer (`level` 0)."""
         latency = F.col("first_received_ms") - F.col("sent_ms")
         delivered = F.col("lines").isNotNull()
-        return (self.identities.withColumnRenamed("first_consumer", "consumer").rollup("queue", "consumer")
-                .agg(F.sum(_flag(delivered)).alias("identities_delivered"),
-                     F.sum(F.coalesce("any_accepted", F.lit(0))).alias("delivered"),
-                     F.grouping_id().alias("level"), *_percentiles(latency, "send_to_receive_ms"))
-                .filter(F.col("queue").isNotNull()))
+        identities = self.identities.withColumnRenamed("first_consumer", "consumer")
+        by_consumer = (identities.filter(F.col("sent_ms").isNotNull() & delivered).groupBy("queue", "consumer")
+                       .agg(F.lit(0).alias("level"), *_percentiles(latency, "send_to_receive_ms")))
+        by_queue = identities.groupBy("queue").agg(
+            F.sum(_flag(delivered)).alias("identities_delivered"),
+            F.sum(F.coalesce("any_accepted", F.lit(0))).alias("delivered"), F.lit(1).alias("level"),
+            *_percentiles(latency, "send_to_receive_ms"))
+        return by_queue.withColumn("consumer", F.lit(None).cast("string")).unionByName(
+            by_consumer, allowMissingColumns=True)
 
     def send_counts(self) -> DataFrame:
         return self.sends.groupBy("queue").agg(

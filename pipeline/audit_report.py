@@ -41,7 +41,8 @@ def assemble(*, files, kinds: dict, sends_logged: bool, delivery_stats: list, id
         entry = by_queue[row["queue"]]
         if row["level"] == 1:
             entry.update(deliveries=row["deliveries"], redeliveries=row["redeliveries"], groups=row["groups"],
-                         consumers=row["consumers"])
+                         consumers=sum(1 for other in delivery_stats
+                                       if other["queue"] == row["queue"] and other["level"] == 0))
             entry["latency_ms"]["receive_to_settle"] = _latency(row, "receive_to_settle_ms")
         else:
             entry["per_consumer"].append({
