@@ -13,6 +13,8 @@ BARS_MAX = 40  # consumers drawn; the busiest are kept
 WIDTH_IN = 12.0
 PANEL_HEIGHT_IN = 3.0
 DPI = 110
+BAR_WIDTH = 0.6
+VALUES_SHOWN_BARS_MAX = 16  # bars labelled with their value; more would overlap
 
 
 def draw(report: dict, path: Path) -> None:
@@ -32,17 +34,27 @@ def draw(report: dict, path: Path) -> None:
     figure.suptitle(_title(report, len(bars), len(shown)), fontsize=12,
                     color="black" if report["ok"] else "firebrick")
 
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
     accepted = [c["accepted"] for _, c in shown]
     other = [c["deliveries"] - c["accepted"] for _, c in shown]
-    load.bar(positions, accepted, color="tab:blue", label="accepted")
-    load.bar(positions, other, bottom=accepted, color="tab:orange", label="dropped, released or rejected")
+    load.bar(positions, accepted, BAR_WIDTH, color="tab:blue", label="accepted")
+    bars = load.bar(positions, other, BAR_WIDTH, bottom=accepted, color="tab:orange",
+                    label="dropped, released\nor rejected")
+    if len(shown) <= VALUES_SHOWN_BARS_MAX:
+        load.bar_label(bars, labels=[f"{c['deliveries']:,}" for _, c in shown], fontsize=8)
     load.set_ylabel("deliveries")
-    load.legend(loc="upper right", fontsize=8)
-    load.grid(axis="y", alpha=0.3)
+    load.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
 
-    groups.bar(positions, [c["groups"] for _, c in shown], color="tab:green")
+    bars = groups.bar(positions, [c["groups"] for _, c in shown], BAR_WIDTH, color="tab:green")
+    if len(shown) <= VALUES_SHOWN_BARS_MAX:
+        groups.bar_label(bars, fontsize=8)
     groups.set_ylabel("groups received")
-    groups.grid(axis="y", alpha=0.3)
+    for axes in (load, groups):
+        axes.yaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
+        axes.grid(axis="y", alpha=0.3)
+        axes.margins(y=0.15)
 
     _latency_bars(latency, shown, positions)
     latency.set_xticks(positions, labels, rotation=0 if len(shown) <= 12 else 60, fontsize=8)
@@ -51,7 +63,7 @@ def draw(report: dict, path: Path) -> None:
 
 
 def _latency_bars(axes, shown: list, positions: list[int]) -> None:
-    width = 0.2
+    width = BAR_WIDTH / 4
     series = [("receive_to_settle_ms", "p50", "receive->settle p50", "tab:cyan", -1.5),
               ("receive_to_settle_ms", "p99", "receive->settle p99", "tab:blue", -0.5),
               ("send_to_receive_ms", "p50", "send->receive p50", "tab:pink", 0.5),
@@ -64,10 +76,11 @@ def _latency_bars(axes, shown: list, positions: list[int]) -> None:
             axes.bar([p + offset * width for p in positions], values, width, color=color, label=label)
             drawn = True
     axes.set_yscale("log")
+    axes.set_ylim(bottom=0.4)
     axes.set_ylabel("latency (ms, log)")
-    axes.grid(axis="y", alpha=0.3, which="both")
+    axes.grid(axis="y", alpha=0.3, which="major")
     if drawn:
-        axes.legend(loc="upper right", fontsize=8, ncol=2)
+        axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     else:
         axes.text(0.5, 0.5, "no latency: no settled deliveries", transform=axes.transAxes, ha="center")
 
