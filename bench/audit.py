@@ -222,7 +222,8 @@ def render(results: dict) -> str:
         found = audit.get("lost")
         lines.append(
             f"| {int(size):,} | {entry['lines']:,} | {_gib(entry['bytes'])} | "
-            f"{_minutes(audit.get('wall_s'))} | {_gib(audit.get('peak_rss_bytes', 0))} | "
+            f"{_minutes(audit.get('wall_s'))} | "
+            f"{_gib(audit['peak_rss_bytes']) if audit.get('peak_rss_bytes') else '-'} | "
             f"{_count(found)} / {entry['planted_lost']:,} | "
             f"{_count(audit.get('consumer_changes'))} | "
             f"{audit.get('exit_status', '-')} | {entry.get('load_average_at_start', '-')} | {entry.get('date', '-')} |")
