@@ -48,6 +48,8 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
+from pipeline import audit_chart, audit_report
+
 EXAMPLES_MAX = 5  # examples of each verdict per queue
 PERCENTILES = (0.5, 0.9, 0.99)
 PERCENTILE_ACCURACY = 10_000  # percentile_approx: relative error 1/10,000 of the row count
@@ -143,8 +145,8 @@ def _check_lines(lines: DataFrame, paths: tuple[Path, ...]) -> dict[str, int]:
     return kinds
 
 
-def _queue(column: str = "queue"):
-    return F.coalesce(F.col(column), F.lit(NO_QUEUE))
+def _queue() -> F.Column:
+    return F.coalesce(F.col("queue"), F.lit(NO_QUEUE))
 
 
 def _flag(condition) -> F.Column:
@@ -383,7 +385,6 @@ class _Judgement:
         return reduce(DataFrame.unionByName, frames)
 
     def report(self, files: LogFiles, kinds: dict[str, int]) -> dict:
-        from pipeline import audit_report
         try:
             return audit_report.assemble(
                 files=files, kinds=kinds, sends_logged=self.sends_logged,
@@ -452,7 +453,6 @@ def run(log_paths: Iterable[str | Path], send_paths: Iterable[str | Path] = (), 
         json_path: str | Path | None = None, text_path: str | Path | None = None,
         png_path: str | Path | None = None, driver_memory: str = "4g") -> dict:
     """Audit the logs; write the JSON report, text summary and chart where asked; return the report."""
-    from pipeline import audit_chart, audit_report
     files = LogFiles.of(log_paths, send_paths)
     owned = spark is None and SparkSession.getActiveSession() is None  # stopped here, once the report is made
     if spark is None:
