@@ -233,7 +233,7 @@ def render(results: dict) -> str:
     lines += [
         f"- Exit 1 is expected wherever losses were planted (one message in {LOST_EVERY:,}, so from 10 million up): "
         "they break the `lost` invariant, and the audit must say so; the run checks it found exactly those.",
-        "- What the time goes to: the job reads the JSON once into Spark's cache, then does one shuffle per "
+        "- The job's plan (not a profile): it reads the JSON once into Spark's cache, then does one shuffle per "
         "window or join (deliveries by identity, identities joined with sends, order streams, hold overlaps per "
         "group and consumer, consumer changes per group) and a few small aggregations; nothing but aggregates and "
         "examples reaches the driver.",
