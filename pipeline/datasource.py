@@ -21,13 +21,18 @@ class GrouperDataSource(DataSource):
         return "grouper"
 
     def schema(self) -> str:
-        return schema_text(parse_source(self.options))
+        # only bodyType shapes the schema; reader() and streamReader() check the mode against the rest
+        return schema_text(parse_source({**self.options, "mode": "drain"}))
 
     def reader(self, schema) -> GrouperReader:
         return GrouperReader(parse_source(self.options))
 
     def streamReader(self, schema) -> GrouperStreamReader:
-        return GrouperStreamReader(parse_source(self.options))
+        mode = {key.lower(): value for key, value in self.options.items()}.get("mode", "drain")
+        if str(mode).strip().lower() != "drain":
+            raise OptionError("mode", f"{mode!r}: a streaming read always consumes, accepting each micro-batch "
+                                      f"when Spark commits it; browse is for batch reads (leave mode out)")
+        return GrouperStreamReader(parse_source({**self.options, "mode": "drain"}))
 
     def writer(self, schema, overwrite: bool) -> GrouperWriter:
         return GrouperWriter(self._sink_options(schema, overwrite))

@@ -68,7 +68,7 @@ def grouper_stream(spark, node, queue: str, **options):
 def test_the_streaming_source_reads_bounded_batches_in_group_order_and_accepts_them(grouper_spark, grouper_node,
                                                                                      tmp_path):
     send(grouper_node, "stream-source", *interleaved(3, 8))
-    query = (grouper_stream(grouper_spark, grouper_node, "stream-source", maxMessagesPerBatch="10")
+    query = (grouper_stream(grouper_spark, grouper_node, "stream-source", maxMessagesPerBatch="10", partitions="2")
              .writeStream.format("memory").queryName("stream_source_rows")
              .option("checkpointLocation", str(tmp_path / "checkpoint")).start())
     try:
@@ -116,3 +116,12 @@ def test_a_streaming_source_on_an_unreachable_node_fails_the_query_naming_it(gro
     with pytest.raises(Exception) as failure:
         query.awaitTermination(QUERY_TIMEOUT_S)
     assert f"cannot connect to the Grouper node at {address}" in str(failure.value)
+
+
+def test_a_streaming_read_refuses_browse_mode(grouper_spark, grouper_node, tmp_path):
+    with pytest.raises(Exception) as failure:
+        query = (grouper_stream(grouper_spark, grouper_node, "stream-browse", mode="browse")
+                 .writeStream.format("memory").queryName("stream_browse")
+                 .option("checkpointLocation", str(tmp_path / "checkpoint")).start())
+        query.awaitTermination(QUERY_TIMEOUT_S)
+    assert "a streaming read always consumes" in str(failure.value)
