@@ -189,7 +189,7 @@ def test_idle_timeout_waits_for_messages_sent_after_the_read_began(grouper_spark
 
     sender = threading.Thread(target=send_once_the_reader_is_attached, daemon=True)
     sender.start()
-    rows = reader(grouper_spark, grouper_node, "src-idle", mode="drain", idleTimeoutMs="2000").load().collect()
+    rows = reader(grouper_spark, grouper_node, "src-idle", mode="drain", idleTimeoutMs="3000").load().collect()
     sender.join(WAIT_S)
     assert [bytes(r.body) for r in rows] == [b"late"]
 
