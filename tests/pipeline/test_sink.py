@@ -325,3 +325,31 @@ def test_a_million_rows_in_ten_thousand_groups_reach_consumers_in_group_order(gr
     finally:
         check.close()
         node.kill()
+
+
+def test_write_grouped_through_every_node_of_a_cluster_keeps_each_group_in_order(grouper_spark, tmp_path):
+    """Task i writes to node i; groups live where the consumers are, so nodes 1 and 2 forward."""
+    from pyspark.sql import functions as F
+
+    from tests.integration.cluster import Cluster
+
+    rows_count, groups_count = 6000, 60
+    cluster = Cluster(tmp_path / "cluster", 3, "", ("--no-fsync",)).start()
+    check = None
+    try:
+        check = GroupOrderCheck(cluster.nodes[0], "clustered", rows_count)
+        cluster.wait_consumers("clustered", {0: CONSUMER_LINKS, 1: 0, 2: 0})
+        check.thread.start()
+        ids = grouper_spark.range(0, rows_count, numPartitions=3)
+        seq = (F.lit(rows_count // groups_count - 1) - F.floor(ids.id / groups_count)).cast("long")
+        rows = ids.select(F.concat(F.lit("g"), (ids.id % groups_count).cast("string")).alias("group"),
+                          seq.alias("seq"), seq.cast("string").alias("body"))
+        nodes = ",".join(node.amqp_address for node in cluster.nodes)
+        pipeline.write_grouped(rows, group="group", order_by="seq", partitions=3, nodes=nodes, queue="clustered")
+        check.thread.join(WAIT_S * 4)
+        assert check.error is None, check.error
+        assert (check.received, check.violations, len(check.next_seq)) == (rows_count, [], groups_count)
+    finally:
+        if check is not None:
+            check.close()
+        cluster.kill_all()
