@@ -83,8 +83,18 @@ def test_cluster_nodes_are_ready_with_a_leader_and_not_ready_without_a_majority(
         assert metric(text, 'grouper_route_decisions_total{outcome="routed"}') == 1
         assert metric(text, "grouper_route_decision_latency_seconds_count") == 1
         assert metric(text, "grouper_raft_term") >= 1
-        assert metric(text, f'grouper_raft_leader{{leader="{cluster.node_ids[leader]}"}}') == 1
-        assert metric(get(cluster.nodes[leader], "/metrics")[1], "grouper_raft_is_leader") == 1
+
+        def agreed_leader():  # every node names the same leader, and that node says it leads
+            texts = [get(node, "/metrics")[1] for node in cluster.nodes]
+            named = {line.split('"')[1] for text in texts for line in text.splitlines()
+                     if line.startswith("grouper_raft_leader{")}
+            if len(named) != 1 or next(iter(named)) not in cluster.node_ids:
+                return None
+            index = cluster.index_of(next(iter(named)))
+            return index if metric(texts[index], "grouper_raft_is_leader") == 1 else None
+
+        leader = wait_until(lambda: (lambda index: None if index is None else [index])(agreed_leader()),
+                            "every node's metrics naming one leader")[0]
         survivor = cluster.nodes[leader]
         for index, node in enumerate(cluster.nodes):
             if index != leader:

@@ -25,7 +25,7 @@ QUEUE = "q"
 QPID_DEFAULT_GROUP = "qpid.no-group"
 TTL_S = 0.3  # short-lived messages in the expiry tests
 TTL_WAIT_S = 1.0  # long enough for TTL_S to pass and for the node's expiry tick to run
-HELD_TTL_S = 1.0  # a message that must still be live when a consumer takes it
+HELD_TTL_S = 3.0  # a message that must still be live when a consumer takes it (1 s was too short at load 13)
 
 
 # ---- helpers ---------------------------------------------------------------------------------
