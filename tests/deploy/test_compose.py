@@ -36,7 +36,7 @@ from node.admin.client import AdminClient, AdminError
 from tests.deploy.conftest import REPO
 from tests.drills.checker import Report, check_files
 from tests.drills.load import GroupedProducer, Load, LoggingConsumer, now_ms
-from tests.integration.cluster import free_ports
+from tests.integration.cluster import free_ports, in_transit
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
 SERVICES = ("node0", "node1", "node2")
@@ -304,24 +304,6 @@ class Traffic:
             time.sleep(0.2)
         self.load.finish(quiet_s=0.5, timeout_s=PROGRESS_TIMEOUT_S)
         return check_files(self.load.send_paths, self.load.delivery_paths)
-
-
-def in_transit(statuses: list[dict | None]) -> list[str]:
-    left = []
-    for status in statuses:
-        if status is None:
-            left.append("a node did not answer")
-            continue
-        if status["outbound"]:
-            left.append(f"{status['node']} outbound {status['outbound']}")
-        if status["waiting_for_route"]:
-            left.append(f"{status['node']} waiting for a route: {status['waiting_for_route']}")
-        for member in status["members"]:
-            for queue in member["queues"] if member["node"] == status["node"] else []:
-                if queue["depth_messages"] or queue["acquired_messages"]:
-                    left.append(f"{member['node']} {queue['name']}: {queue['depth_messages']} queued, "
-                                f"{queue['acquired_messages']} acquired")
-    return left
 
 
 def assert_ok(report: Report) -> None:

@@ -26,7 +26,7 @@ import pytest
 from node.admin.client import AdminClient, AdminError
 from tests.drills.checker import Report, check_files, load_jsonl
 from tests.drills.load import GroupedProducer, Load, LoggingConsumer, now_ms
-from tests.integration.cluster import Cluster
+from tests.integration.cluster import Cluster, in_transit
 from tests.integration.clients import queue_toml
 
 QUEUE = "drill"
@@ -200,7 +200,7 @@ class Drill:
         trace = self.summary.setdefault("settle_trace", [])  # what was left, about every second
         while True:
             statuses = [self.node_status(index) for index in range(3)]
-            left = _left_over(statuses)
+            left = in_transit(statuses)
             elapsed_s = time.monotonic() - started_s
             if not trace or elapsed_s - trace[-1][0] / 1000 >= 1.0 or not left:
                 trace.append((round(elapsed_s * 1000), left))
@@ -239,26 +239,6 @@ class Drill:
 
     def deliveries(self) -> list[dict]:
         return load_jsonl([consumer.log_path for consumer in self.consumers])
-
-
-def _left_over(statuses: list[dict | None]) -> list[str]:
-    left = []
-    for status in statuses:
-        if status is None:
-            left.append("a node did not answer")
-            continue
-        if status["outbound"]:
-            left.append(f"{status['node']} outbound {status['outbound']}")
-        if status["waiting_for_route"]:
-            left.append(f"{status['node']} waiting for a route {status['waiting_for_route']}")
-        for member in status["members"]:
-            if member["node"] != status["node"]:
-                continue
-            for queue in member["queues"]:
-                if queue["depth_messages"] or queue["acquired_messages"]:
-                    left.append(f"{member['node']} {queue['name']}: {queue['depth_messages']} queued, "
-                                f"{queue['acquired_messages']} acquired")
-    return left
 
 
 def first_accepted_after(sends: list[dict], since_ms: int) -> dict | None:

@@ -92,3 +92,25 @@ class Cluster:
         result = self.nodes[via].cli("groups", queue, "--json")
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout)
+
+
+def in_transit(statuses: list[dict | None]) -> list[str]:
+    """What some node still holds (outbound, waiting for a route, queued or acquired), from each node's
+    own `cluster status`; empty once every message has reached a consumer and been settled."""
+    left = []
+    for status in statuses:
+        if status is None:
+            left.append("a node did not answer")
+            continue
+        if status["outbound"]:
+            left.append(f"{status['node']} outbound {status['outbound']}")
+        if status["waiting_for_route"]:
+            left.append(f"{status['node']} waiting for a route {status['waiting_for_route']}")
+        for member in status["members"]:
+            if member["node"] != status["node"]:
+                continue
+            for queue in member["queues"]:
+                if queue["depth_messages"] or queue["acquired_messages"]:
+                    left.append(f"{member['node']} {queue['name']}: {queue['depth_messages']} queued, "
+                                f"{queue['acquired_messages']} acquired")
+    return left
