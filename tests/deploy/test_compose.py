@@ -35,7 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from node.admin.client import AdminClient, AdminError
 from tests.deploy.conftest import REPO
 from tests.drills.checker import Report, check_files
-from tests.drills.load import GroupedProducer, Load, LoggingConsumer, now_ms
+from tests.drills.load import GroupedProducer, Load, LoggingConsumer, now_ms, wait_accepted
 from tests.integration.cluster import free_ports, in_transit
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -284,15 +284,7 @@ class Traffic:
             self.producers[index] = self.producer(index, f"p{index}", groups)
 
     def wait_accepted(self, producers: list[GroupedProducer], more: int, what: str) -> None:
-        targets = [(producer, producer.outcomes["accepted"] + more) for producer in producers]
-        deadline = time.monotonic() + PROGRESS_TIMEOUT_S
-        while True:
-            behind = [(producer.name, producer.outcomes) for producer, target in targets
-                      if producer.outcomes["accepted"] < target]
-            if not behind:
-                return
-            assert time.monotonic() < deadline, f"no progress within {PROGRESS_TIMEOUT_S} s ({what}): {behind}"
-            time.sleep(0.05)
+        wait_accepted(producers, more, PROGRESS_TIMEOUT_S, what)
 
     def check(self) -> Report:
         """Stop the producers, wait until no node holds anything in transit, drain, judge the logs."""

@@ -472,6 +472,20 @@ class LoggingConsumer(_ClientThread):
         return self.client.last_received_monotonic_s
 
 
+def wait_accepted(producers: list[GroupedProducer], more: int, timeout_s: float, what: str) -> None:
+    """Until each of `producers` has `more` accepted sends beyond what it has now; AssertionError after
+    `timeout_s` without that progress, naming `what` and the producers still behind."""
+    targets = [(producer, producer.outcomes["accepted"] + more) for producer in producers]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        behind = [(producer.name, producer.outcomes) for producer, target in targets
+                  if producer.outcomes["accepted"] < target]
+        if not behind:
+            return
+        assert time.monotonic() < deadline, f"no progress within {timeout_s} s ({what}); behind: {behind}"
+        time.sleep(0.05)
+
+
 def drain(consumers: list[LoggingConsumer], quiet_s: float = 1.0, timeout_s: float = 30.0) -> bool:
     """Let the consumers run until none has received anything for `quiet_s`; False if `timeout_s`
     passed first."""

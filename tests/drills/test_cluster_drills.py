@@ -25,7 +25,7 @@ import pytest
 
 from node.admin.client import AdminClient, AdminError
 from tests.drills.checker import Report, check_files, load_jsonl
-from tests.drills.load import GroupedProducer, Load, LoggingConsumer, now_ms
+from tests.drills.load import GroupedProducer, Load, LoggingConsumer, now_ms, wait_accepted
 from tests.integration.cluster import Cluster, in_transit
 from tests.integration.clients import queue_toml
 
@@ -153,16 +153,7 @@ class Drill:
 
     def wait_accepted(self, producers: list[GroupedProducer], more: int, what: str) -> None:
         """Until each of `producers` has `more` accepted sends beyond what it has now."""
-        targets = [(producer, producer.outcomes["accepted"] + more) for producer in producers]
-        deadline = time.monotonic() + PROGRESS_TIMEOUT_S
-        while True:
-            behind = [(producer.name, producer.outcomes) for producer, target in targets
-                      if producer.outcomes["accepted"] < target]
-            if not behind:
-                return
-            assert time.monotonic() < deadline, f"{self.name}: no progress within {PROGRESS_TIMEOUT_S} s " \
-                                                f"({what}); behind: {behind}"
-            time.sleep(0.05)
+        wait_accepted(producers, more, PROGRESS_TIMEOUT_S, f"{self.name}: {what}")
 
     def run_load(self, seconds: float, producers: list[GroupedProducer], what: str) -> None:
         """Load for `seconds`, and at least some accepts from each of `producers` in that time."""
