@@ -264,21 +264,12 @@ class Node:
             return False, "starting" if not self.serving else "stopping"
         if self.cluster is None:
             return True, ""
-        raft = self.handler.status()
-        if not raft["leader"] or not raft["has_quorum"]:
-            return False, (f"no raft leader known (term {raft['term']})" if not raft["leader"] else
-                           f"no raft majority connected (members {', '.join(raft['members'])})") + \
-                "; is a majority of --peers up and reachable?"
         try:
             caught_up, registered = self.bridge.call(lambda: (self.cluster.router.ready, self.cluster.registered),
                                                      PROBE_TIMEOUT_MS)
         except TimeoutError:
             return False, f"the reactor did not answer within {PROBE_TIMEOUT_MS} ms"
-        if not caught_up:
-            return False, "replaying the grouping handler's log"
-        if not registered:
-            return False, "not yet registered with the cluster"
-        return True, ""
+        return _cluster_readiness(self.handler.status(), caught_up, registered)
 
     def metrics_snapshot(self) -> dict:
         def read():
@@ -294,15 +285,17 @@ class Node:
             cluster = None
             if self.cluster is not None:
                 router = self.cluster.router
-                cluster = {"routes": len(router.routes), "waiting_for_route": router.waiting_count(),
-                           "outbound": self.cluster.outbound.depths(), "decisions": dict(router.decisions),
-                           "decision_latency": router.decision_latency.snapshot()}
-            return self.broker.list_queues(), consumers, cluster
+                cluster = {**self.cluster.status(), "decisions": dict(router.decisions),
+                           "decision_latency": router.decision_latency.snapshot(),
+                           "caught_up": router.ready, "registered": self.cluster.registered}
+            return self.broker.list_queues(), consumers, cluster, self.serving and not self.server.stopping
 
-        queues, consumers, cluster = self.bridge.call(read, PROBE_TIMEOUT_MS)
-        if cluster is not None:
+        queues, consumers, cluster, serving = self.bridge.call(read, PROBE_TIMEOUT_MS)
+        ready = serving
+        if cluster is not None:  # one raft status and one reactor visit per scrape serve readiness too
             cluster["raft"] = self.handler.status()
-        return {"ready": self.readiness()[0], "queues": queues, "consumers": consumers, "cluster": cluster,
+            ready = serving and _cluster_readiness(cluster["raft"], cluster["caught_up"], cluster["registered"])[0]
+        return {"ready": ready, "queues": queues, "consumers": consumers, "cluster": cluster,
                 "journal": self.journal.stats() if self.journal is not None else None}
 
     def _add_peer_service(self, grpc_server) -> None:
@@ -369,6 +362,18 @@ class Node:
     def wait_alive(self, stop_event: threading.Event) -> None:
         while not stop_event.is_set() and self._reactor_thread.is_alive():
             stop_event.wait(0.5)
+
+
+def _cluster_readiness(raft: dict, caught_up: bool, registered: bool) -> tuple[bool, str]:
+    if not raft["leader"] or not raft["has_quorum"]:
+        return False, (f"no raft leader known (term {raft['term']})" if not raft["leader"] else
+                       f"no raft majority connected (members {', '.join(raft['members'])})") + \
+            "; is a majority of --peers up and reachable?"
+    if not caught_up:
+        return False, "replaying the grouping handler's log"
+    if not registered:
+        return False, "not yet registered with the cluster"
+    return True, ""
 
 
 def _check_port_free(host: str, port: int, what: str) -> None:
