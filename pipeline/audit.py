@@ -4,7 +4,9 @@ The logs are JSON lines; any file may hold any kind of line, told apart by "kind
   send, delivery: exactly as tests/drills/checker.py describes them (its docstring is the contract).
   attach, written by a consumer when the node has opened its receiving link:
     {"kind": "attach", "consumer": str, "node": str, "queue": str, "at_ms": int}
-  detach, written by a consumer when its link or connection has ended (closed, lost or refused):
+  detach, written by a consumer when its link or connection has ended (closed, lost or refused), stamped
+  when the end began (its own close, or the node's detach of its link; the node may give the groups
+  away before the close completes):
     {"kind": "detach", "consumer": str, "node": str, "queue": str, "at_ms": int, "condition": str | null}
   admin, written by whoever ran a management command that frees groups (`grouper group reset`, `group move`):
     {"kind": "admin", "action": "reset" | "move" | str, "queue": str, "group": str | null (every group),

@@ -88,6 +88,10 @@ class _Client(MessagingHandler):
         self._reconnect_delay_s = RECONNECT_DELAY_MIN_S
         self._finishing = False
         self._transport_condition = None
+        # when this side began ending the connection (its close, or the node's detach of its link):
+        # the node may act on the end, e.g. hand a consumer's groups to another, before the transport
+        # has closed here, so a detach is stamped with its beginning
+        self._ending_since_ms: int | None = None
 
     # ---- for other threads -------------------------------------------------------------------
 
@@ -125,6 +129,7 @@ class _Client(MessagingHandler):
         if self._finishing:
             return
         self._transport_condition = None
+        self._ending_since_ms = None
         self._connection = self._container.connect(self.url, reconnect=False, heartbeat=self.heartbeat_s)
         self.link = self._open_link(self._connection)
 
@@ -146,6 +151,7 @@ class _Client(MessagingHandler):
         if event.link == self.link and self._connection is not None and not self._finishing:
             condition = event.link.remote_condition
             self._transport_condition = condition.name if condition is not None else "link detached"
+            self._ending_since_ms = self._now_ms()
             self._connection.close()  # start over with a fresh connection
 
     def on_transport_closed(self, event) -> None:
@@ -179,6 +185,8 @@ class _Client(MessagingHandler):
         if self._connection is None:
             self._container.stop()
             return
+        if self._ending_since_ms is None:
+            self._ending_since_ms = self._now_ms()
         self._connection.close()
         self._schedule(CLOSE_WAIT_S, self._container.stop)
 
@@ -372,7 +380,7 @@ class _ConsumerClient(_Client):
             self._finish()
 
     def _lost(self, condition: str) -> None:
-        self._write_event("detach", condition=condition)
+        self._write_event("detach", condition=condition, at_ms=self._ending_since_ms or self._now_ms())
         if self._processing is not None:
             self._processing.cancelled = True
             self._processing = None

@@ -21,8 +21,20 @@ from proton.reactor import Copy
 from proton.utils import BlockingConnection, BlockingReceiver, LinkDetached
 
 REPO = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 90.0  # a node is ready in about 0.6 s; CI once saw no output at all for 30 s under Spark load
 STOP_TIMEOUT_S = 15.0
+
+
+def _process_state(pid: int) -> str:
+    """The kernel's view of a process that hangs: its state and where it waits."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError as error:
+        return f"no /proc view: {error}"
+    fields = dict(line.split(":", 1) for line in status if ":" in line)
+    return (f"state {fields.get('State', '?').strip()}, threads {fields.get('Threads', '?').strip()}, "
+            f"waiting in {wchan or '?'}")
 
 
 class NodeProcess:
@@ -73,8 +85,10 @@ class NodeProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"node exited with {self.process.returncode}:\n" + "\n".join(self.output))
             if time.monotonic() > deadline:
+                state = _process_state(self.process.pid)
                 self.kill()
-                raise RuntimeError("node did not become ready:\n" + "\n".join(self.output))
+                raise RuntimeError(f"node did not become ready in {START_TIMEOUT_S} s ({state}; load average "
+                                   f"{os.getloadavg()}):\n" + "\n".join(self.output))
             ready.wait(0.05)
         # a restart keeps the same ports so clients and tests can reconnect to the same address
         self._amqp_port = int(self.amqp_address.rsplit(":", 1)[1])
