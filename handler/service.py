@@ -8,6 +8,10 @@ also has duties, run by a thread of this class that only enqueues commands: the 
 idle for `group_timeout_ms` are expired) and, when `owner_failover_ms` is set, the owner-failover
 policy (a member unreachable that long is marked down and its routes dropped, so its groups are
 placed afresh: availability over order, said loudly in the log).
+
+Raft connections go through handler/raft_transport.py: the dialer names the member it meant to
+reach, and a node closes a connection meant for another (a stale address, an IP reused after a
+restart), so the dialer redials and resolves the name again.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 
+from handler.raft_transport import RaftTransport
 from handler.replicated import RouteTableReplica
 
 log = logging.getLogger("grouper.handler")
@@ -48,7 +53,8 @@ class GroupingHandler:
             connectionRetryTime=0.2,  # reconnect to a restarted member fast
             # names are resolved again on each reconnect after this long: a restarted pod comes back
             # with a new IP (pysyncobj's default 600 s kept dialling the old one for minutes), and a
-            # peer starting a moment after this one must not be written off for 30 s
+            # peer starting a moment after this one must not be written off for 30 s. A pod that took
+            # the old IP closes the connection (RaftTransport), so the dialer does reconnect
             dnsCacheTime=1.0,
             dnsFailCacheTime=1.0,
             journalFile=os.path.join(raft_dir, "raft.journal"),
@@ -59,7 +65,8 @@ class GroupingHandler:
             onStateChanged=self._state_changed,
             bindAddress=f"{bind_host}:{node_id.rsplit(':', 1)[1]}" if bind_host else None,
         )
-        self._syncobj = SyncObj(node_id, list(partners), conf=conf, consumers=[self.replica])
+        self._syncobj = SyncObj(node_id, list(partners), conf=conf, consumers=[self.replica],
+                                transportClass=RaftTransport)
         self._reap_due_s = 0.0
         self._stopped = threading.Event()
         self._duties = None
