@@ -15,9 +15,9 @@ The generated workload, derived from the message index i alone so worker process
 without talking: GROUPS groups over PRODUCERS producers (producer = group mod PRODUCERS, queue =
 producer mod 2), message i goes to group i mod GROUPS with sequence i div GROUPS + 1, sent at
 i div SEND_RATE_PER_MS ms, received 1-40 ms later, settled 0-6 ms after that. A group sticks to one
-of CONSUMERS_PER_QUEUE consumers of its queue; every SHIFT_EVERY_MESSAGES messages every consumer
+of CONSUMERS_PER_QUEUE consumers of its queue; SHIFTS times a run, evenly spaced, every consumer
 detaches and attaches again (a node restart) and each group moves to the next consumer, so the audit
-sees consumer changes whose reason is "consumer_gone". One message in LOST_EVERY is sent and never
+sees consumer changes whose reason is "consumer_gone" at every size. One message in LOST_EVERY is sent and never
 delivered (lost).
 """
 
@@ -46,8 +46,8 @@ GROUPS = 20_000
 PRODUCERS = 4
 CONSUMERS_PER_QUEUE = 4
 SEND_RATE_PER_MS = 20  # 20,000 messages/s: a group sees one message a second
-SHIFT_EVERY_MESSAGES = 10_000_000
-LOST_EVERY = 1_000_003
+SHIFTS = 4  # per run: every group changes consumer 4 times, whatever the size
+LOST_EVERY = 100_003
 START_MS = 1_795_000_000_000
 WRITERS = 2  # generator processes, one per core
 BUFFER_LINES = 20_000
@@ -60,8 +60,12 @@ SEND_LINE_BYTES = 190
 
 # ---- the generator ---------------------------------------------------------------------------------
 
-def _consumer(queue: int, group: int, index: int) -> str:
-    shift = index // SHIFT_EVERY_MESSAGES
+def _shift_every(deliveries: int) -> int:
+    return max(1, deliveries // (SHIFTS + 1))
+
+
+def _consumer(queue: int, group: int, index: int, shift_every: int) -> str:
+    shift = min(index // shift_every, SHIFTS)
     return f"q{queue}c{(group // PRODUCERS + shift) % CONSUMERS_PER_QUEUE}"
 
 
@@ -70,6 +74,7 @@ def _write_share(directory: str, writer: int, deliveries: int) -> int:
     sends = open(Path(directory) / f"sends-{writer}.jsonl", "w", buffering=1 << 20)
     received = open(Path(directory) / f"deliveries-{writer}.jsonl", "w", buffering=1 << 20)
     send_lines, delivery_lines, written = [], [], 0
+    shift_every = _shift_every(deliveries)
     for index in range(writer, deliveries, WRITERS):
         group = index % GROUPS
         producer = group % PRODUCERS
@@ -84,7 +89,7 @@ def _write_share(directory: str, writer: int, deliveries: int) -> int:
             received_ms = sent_ms + 1 + (index * 2654435761 >> 8) % 40
             settled_ms = received_ms + index % 7
             delivery_lines.append(
-                f'{{"kind":"delivery","consumer":"{_consumer(queue, group, index)}","node":"amqp://127.0.0.1:5672",'
+                f'{{"kind":"delivery","consumer":"{_consumer(queue, group, index, shift_every)}","node":"amqp://127.0.0.1:5672",'
                 f'"queue":"q{queue}","group":"g{group}","producer":"p{producer}","sequence":{sequence},'
                 f'"received_ms":{received_ms},"settled_ms":{settled_ms},"confirmed_ms":{settled_ms + 1},'
                 f'"delivery_count":0,"outcome":"accepted","settle_confirmed":true}}\n')
@@ -103,8 +108,9 @@ def _write_share(directory: str, writer: int, deliveries: int) -> int:
 def _events(deliveries: int) -> list[dict]:
     """At each shift every consumer detaches and attaches again: a node restart between two messages."""
     events = []
-    for shift in range(1, (deliveries - 1) // SHIFT_EVERY_MESSAGES + 1):
-        at_ms = START_MS + (shift * SHIFT_EVERY_MESSAGES) // SEND_RATE_PER_MS - 50
+    shift_every = _shift_every(deliveries)
+    for shift in range(1, min((deliveries - 1) // shift_every, SHIFTS) + 1):
+        at_ms = START_MS + (shift * shift_every) // SEND_RATE_PER_MS - 50
         for queue in range(2):
             for consumer in range(CONSUMERS_PER_QUEUE):
                 common = {"consumer": f"q{queue}c{consumer}", "node": "amqp://127.0.0.1:5672", "queue": f"q{queue}"}
@@ -206,8 +212,8 @@ def render(results: dict) -> str:
         f"`grouper audit` (Spark {results.get('spark', '?')}, local[*], driver heap {results.get('driver_memory')}) "
         "over generated drill logs: send and delivery lines for every message (two files of each, one per "
         f"generator process) plus consumer attach/detach events; {GROUPS:,} groups, 2 queues, "
-        f"{CONSUMERS_PER_QUEUE} consumers per queue, every group changing consumer every "
-        f"{SHIFT_EVERY_MESSAGES:,} messages, one message in {LOST_EVERY:,} lost on purpose. Peak memory is the "
+        f"{CONSUMERS_PER_QUEUE} consumers per queue, every group changing consumer "
+        f"{SHIFTS} times (every consumer detaching and attaching again), one message in {LOST_EVERY:,} lost on purpose. Peak memory is the "
         f"largest sum of resident memory over the command's process tree (the Python driver, the JVM, its "
         f"Python workers), sampled every {MEMORY_SAMPLE_INTERVAL_S} s. Machine: {results.get('machine')}, "
         "shared with other engineers' runs (load average at start in the table).",

@@ -214,13 +214,13 @@ def test_the_statefulset_pod_template_forms_a_cluster_serves_groups_survives_a_r
     journal_owner = (runner.volumes_dir / f"data-{pods[0]}" / "journal.dat").stat().st_uid
     assert journal_owner == 10001, "the journal is written on the claim by the manifest's user"
 
-    # ---- a rolling restart of grouper-1, then a scale-up. The kubelet terminates grouper-1 (preStop
-    # hook, then SIGTERM within the grace period) and starts it again on its claim; then grouper-3,
-    # from the same template, starts and joins. Every member must reach every other, under the same
-    # names. Known bug, not covered here (it failed this test when grouper-3 started during the
-    # restart and took grouper-1's old address): a raft connection names only its dialer, so a member
-    # dialling grouper-1's stale address reaches grouper-3, takes it for grouper-1 and never redials.
-    restarted = pods[1]
+    # ---- a rolling restart of grouper-1 during a scale-up. The kubelet terminates grouper-1 (preStop
+    # hook, then SIGTERM within the grace period); grouper-3, from the same template, starts meanwhile
+    # and takes grouper-1's old address, so grouper-1 comes back on its claim with a NEW address, as a
+    # restarted pod does. Members still dialling the old address reach grouper-3, which must refuse
+    # connections meant for grouper-1 (handler/raft_transport.py) so that they redial by name. Every
+    # member must reach every other again, under the same names.
+    restarted, restarted_address = pods[1], runner.address(pods[1])
     grace_s = statefulset["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     with ThreadPoolExecutor(max_workers=1) as pool:  # the joiner's container is made during the preStop sleep
         termination = pool.submit(terminate, runner, restarted, container, grace_s)
@@ -231,12 +231,11 @@ def test_the_statefulset_pod_template_forms_a_cluster_serves_groups_survives_a_r
     assert exit_code == 0, f"{restarted} did not stop cleanly on SIGTERM:\n{runner.logs(restarted)[-2000:]}"
     assert timings["terminate_s"] < grace_s
     started_s = time.monotonic()
-    runner.containers[restarted].start()
-    timings["restart_ready_s"] = wait_ready(runner, [restarted], container)
-    timings["restart_connected_s"] = wait_all_connected(runner, pods, ports["admin"], sorted(node_ids.values()))
     runner.start([joining])
+    runner.containers[restarted].start()
+    assert runner.address(restarted) != restarted_address, "the scenario needs the restarted pod on a new address"
     joiner = joining.pod
-    timings["scale_up_ready_s"] = wait_ready(runner, [joiner], container)
+    timings["restart_and_scale_up_ready_s"] = wait_ready(runner, [restarted, joiner], container)
     all_ids = sorted([*node_ids.values(), node_id(joining)])
     timings["all_connected_s"] = wait_all_connected(runner, [*pods, joiner], ports["admin"], all_ids)
 
