@@ -10,11 +10,16 @@ Rules:
   InvalidField with a description.
 - Bytes are re-encoded only when a delivery must differ from what the producer sent: a
   redelivery's header, or the first-for-consumer property.
+- Every delivery carries the node's enqueue time as the message annotation `x-opt-enqueued-time`
+  (a timestamp, ms). It is spliced into the bytes: a message-annotations section is added, or the
+  producer's map gains (or replaces) that one entry. What the splice cannot read goes through
+  proton; the core's copy stays the producer's bytes.
 """
 
 from __future__ import annotations
 
 from proton import Message as AmqpMessage
+from proton import symbol, timestamp
 
 from node.core.errors import InvalidField
 
@@ -22,7 +27,11 @@ JMS_GROUP_ID = "JMSXGroupID"
 JMS_GROUP_SEQ = "JMSXGroupSeq"
 GROUP_SEQUENCE_CLOSE = 0xFFFFFFFF  # AMQP group-sequence that closes a group (Artemis uses JMSXGroupSeq -1)
 
-_HEADER, _PROPERTIES, _APPLICATION_PROPERTIES, _FIRST_BODY_SECTION = 0x70, 0x73, 0x74, 0x75
+_HEADER, _DELIVERY_ANNOTATIONS, _MESSAGE_ANNOTATIONS = 0x70, 0x71, 0x72
+_PROPERTIES, _APPLICATION_PROPERTIES, _FIRST_BODY_SECTION = 0x73, 0x74, 0x75
+ENQUEUED_TIME_ANNOTATION = "x-opt-enqueued-time"
+_ENQUEUED_TIME_KEY = b"\xa3" + bytes([len(ENQUEUED_TIME_ANNOTATION)]) + ENQUEUED_TIME_ANNOTATION.encode()  # sym8
+_MAP8_CONTENT_BYTES_MAX = 255  # a map8's size and count are one byte each
 _FIXED_WIDTH_BYTES = {0x4: 0, 0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}  # by the format code's high nibble
 _JMS_GROUP_ID_BYTES = JMS_GROUP_ID.encode()
 _JMS_GROUP_SEQ_BYTES = JMS_GROUP_SEQ.encode()
@@ -220,6 +229,51 @@ def _decode_with_proton(payload: bytes, group_header: str) -> tuple:
             GROUP_SEQUENCE_CLOSE if sequence in (-1, GROUP_SEQUENCE_CLOSE) else sequence,
             properties.get(group_header) if group_header else None,
             properties.get(JMS_GROUP_ID), properties.get(JMS_GROUP_SEQ))
+
+
+def stamp_enqueued_time(payload: bytes, enqueued_at_ms: int) -> bytes:
+    """The payload with message annotation x-opt-enqueued-time = `enqueued_at_ms` (see the rules)."""
+    entry = _ENQUEUED_TIME_KEY + b"\x83" + enqueued_at_ms.to_bytes(8, "big", signed=True)
+    try:
+        return _splice_annotation(payload, entry)
+    except (_Unreadable, _Malformed, IndexError, ValueError):
+        message = AmqpMessage()
+        message.decode(payload)
+        annotations = dict(message.annotations or {})
+        annotations[symbol(ENQUEUED_TIME_ANNOTATION)] = timestamp(enqueued_at_ms)
+        message.annotations = annotations
+        return message.encode()
+
+
+def _splice_annotation(buf: bytes, entry: bytes) -> bytes:
+    """Add `entry` (an encoded key and value) to the message annotations, dropping an entry with its key."""
+    position = 0
+    while True:  # past the header and the delivery annotations, which precede the message annotations
+        if buf[position] != 0x00 or buf[position + 1] != 0x53:
+            raise _Unreadable("a section descriptor the splice does not read")
+        section = buf[position + 2]
+        if section not in (_HEADER, _DELIVERY_ANNOTATIONS):
+            break
+        position = _skip(buf, position + 3)
+    if section != _MESSAGE_ANNOTATIONS:
+        return b"".join((buf[:position], b"\x00\x53\x72", _map_bytes(2, entry), buf[position:]))
+    end, count, item = _compound(buf, position + 3, 0xC1, 0xD1, "a message-annotations section that is not a map")
+    kept, kept_count = [], 0
+    for _ in range(count // 2):
+        key, value_at = _read(buf, item)
+        pair_end = _skip(buf, value_at)
+        if not (key == ENQUEUED_TIME_ANNOTATION and buf[item] in (0xA3, 0xB3)):  # a symbol, sym8 or sym32
+            kept.append(buf[item:pair_end])
+            kept_count += 2
+        item = pair_end
+    kept.append(entry)
+    return b"".join((buf[:position + 3], _map_bytes(kept_count + 2, b"".join(kept)), buf[end:]))
+
+
+def _map_bytes(count: int, content: bytes) -> bytes:
+    if len(content) + 1 <= _MAP8_CONTENT_BYTES_MAX and count <= _MAP8_CONTENT_BYTES_MAX:
+        return bytes((0xC1, len(content) + 1, count)) + content
+    return b"\xd1" + (len(content) + 4).to_bytes(4, "big") + count.to_bytes(4, "big") + content
 
 
 def rewrite_for_delivery(payload: bytes, delivery_count: int, first_key: str) -> bytes:

@@ -451,6 +451,8 @@ class AmqpServer(Handler):
         first_key = state.first_key if effect.first_for_consumer else ""
         if message.delivery_count or first_key:
             payload = codec.rewrite_for_delivery(payload, message.delivery_count, first_key)
+        if message.enqueued_at_ms:
+            payload = codec.stamp_enqueued_time(payload, message.enqueued_at_ms)
         # straight to proton's C binding: a Delivery wrapper per message costs more than the send itself
         link = state.link_impl
         delivery = cproton.pn_delivery(link, str(effect.delivery_id))

@@ -93,3 +93,51 @@ def test_a_redelivery_carries_its_delivery_count_and_the_first_key():
     rewritten = Message()
     rewritten.decode(codec.rewrite_for_delivery(Message(body="x", group_id="g").encode(), 2, "First"))
     assert (rewritten.delivery_count, rewritten.first_acquirer, rewritten.properties) == (2, False, {"First": True})
+
+
+annotation_values = st.one_of(texts, st.integers(-2**31, 2**31 - 1), st.booleans())
+
+
+@settings(max_examples=300, deadline=None)
+@given(annotations=st.dictionaries(st.sampled_from(["x-opt-a", "x-opt-enqueued-time", "x-b", "k" * 200]),
+                                   annotation_values, max_size=4),
+       durable=st.booleans(), delivery_annotations=st.booleans(), group_id=st.one_of(st.none(), texts),
+       body=st.one_of(st.binary(max_size=300), texts), enqueued_at_ms=st.integers(0, 2**62))
+def test_the_enqueue_time_is_spliced_in_and_everything_else_decodes_unchanged(
+        annotations, durable, delivery_annotations, group_id, body, enqueued_at_ms):
+    from proton import symbol
+    message = Message(body=body, durable=durable, group_id=group_id)
+    if annotations:
+        message.annotations = {symbol(key): value for key, value in annotations.items()}
+    if delivery_annotations:
+        message.instructions = {symbol("x-opt-route"): "somewhere"}
+    payload = message.encode()
+
+    stamped = Message()
+    stamped.decode(codec.stamp_enqueued_time(payload, enqueued_at_ms))
+
+    expected = {**annotations, "x-opt-enqueued-time": enqueued_at_ms}  # the producer's value is replaced
+    assert {str(key): value for key, value in (stamped.annotations or {}).items()} == expected
+    assert (stamped.body, stamped.durable, stamped.group_id) == (message.body, message.durable, message.group_id)
+    assert (stamped.instructions or None) == (message.instructions or None)
+
+
+def test_a_large_annotation_map_grows_into_a_map32_and_a_stamp_is_idempotent():
+    from proton import symbol
+    message = Message(body="b")
+    message.annotations = {symbol("x-opt-big"): "v" * 240}  # a map8 with 30 bytes more needs a map32
+    once = codec.stamp_enqueued_time(message.encode(), 5)
+    twice = codec.stamp_enqueued_time(once, 7)
+    decoded = Message()
+    decoded.decode(twice)
+    assert {str(key): value for key, value in decoded.annotations.items()} == {
+        "x-opt-big": "v" * 240, "x-opt-enqueued-time": 7}
+
+
+def test_a_symbolic_section_descriptor_is_stamped_through_proton():
+    # an annotations section described by its symbolic name, which the splice does not read
+    payload = bytes.fromhex("00a31c") + b"amqp:message-annotations:map" + bytes.fromhex("c10100") \
+        + Message(body="b").encode()
+    stamped = Message()
+    stamped.decode(codec.stamp_enqueued_time(payload, 9))
+    assert stamped.annotations[__import__("proton").symbol("x-opt-enqueued-time")] == 9
