@@ -10,6 +10,7 @@ Threads and what they own:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import signal
@@ -24,7 +25,7 @@ from node.amqp.bridge import Bridge
 from node.amqp.server import AmqpServer
 from node.config import NodeConfig
 from node.core.broker import Broker
-from node.core.errors import GrouperError, HandlerUnavailable, NotAllowed
+from node.core.errors import GrouperError, HandlerUnavailable, NotAllowed, NotFound
 from node.core.settings import QueueSettings
 from node.health import PROBE_TIMEOUT_MS
 from node.store.journal import Journal
@@ -33,6 +34,7 @@ log = logging.getLogger("grouper.node")
 
 SHUTDOWN_GRACE_S = 0.3  # time for close frames to leave before the reactor stops
 STOP_WAIT_S = 10.0  # how long the main thread waits for the reactor to finish
+MEMBERSHIP_RETRY_INTERVAL_MS = 200  # a denied membership change is proposed again after this long
 
 
 def wall_clock_ms() -> int:
@@ -100,29 +102,50 @@ class ReactorControl:
         return [(node, info.get("admin_address", "")) for node, info in sorted(nodes.items())
                 if node != cluster.node_id and info.get("admin_address")]
 
-    def _membership(self, change, node_id: str) -> None:
+    def _membership(self, change, node_id: str, adding: bool) -> None:
+        """Propose the change until it commits or is found done; denials are retried for half of
+        admin_timeout_ms, and a proposal is waited for until admin_timeout_ms.
+
+        Raft takes one membership change at a time and a new leader takes none before its first entry
+        commits; pysyncobj answers both with a plain denial, so a denial is retried. This node's view
+        of the membership tells a change already done (by an earlier try) from one still to make."""
         if self._node.handler is None:
             raise NotAllowed("this node runs alone (no --peers): there is no raft cluster to change")
-        done = threading.Event()
-        failure: list = []
+        timeout_ms = self._node.config.admin_timeout_ms
+        deadline_s = time.monotonic() + timeout_ms / 1000
+        retry_until_s = time.monotonic() + timeout_ms / 2000  # half: the denial must reach the client in its deadline
+        for attempt in itertools.count():
+            done = threading.Event()
+            failure: list = []
 
-        def finished(reason):
-            if reason is not None:
-                failure.append(reason)
-            done.set()
+            def finished(reason, failure=failure, done=done):
+                if reason is not None:
+                    failure.append(reason)
+                done.set()
 
-        change(node_id, finished)
-        if not done.wait(self._node.config.admin_timeout_ms / 1000):
-            raise TimeoutError(f"the membership change of {node_id} was not committed within "
-                               f"{self._node.config.admin_timeout_ms} ms; check 'grouper cluster status'")
-        if failure:
-            raise HandlerUnavailable(f"the raft cluster did not change membership of {node_id}: {failure[0]}")
+            change(node_id, finished)
+            if not done.wait(max(0.0, deadline_s - time.monotonic())):
+                raise TimeoutError(f"the membership change of {node_id} was not committed within {timeout_ms} ms; "
+                                   f"check 'grouper cluster status'")
+            if not failure:
+                return
+            members = self._node.handler.status()["members"]
+            if not adding and attempt == 0 and node_id not in members:
+                raise NotFound(f"{node_id} is not a member of the raft cluster (members: {', '.join(members)}); "
+                               f"give a node id as 'grouper cluster status' lists it")
+            if (node_id in members) == adding:
+                return  # done: by an earlier try, or (adding) before this call
+            if time.monotonic() + MEMBERSHIP_RETRY_INTERVAL_MS / 1000 >= retry_until_s:
+                raise HandlerUnavailable(f"the raft cluster did not change membership of {node_id} in "
+                                         f"{attempt + 1} tries over {timeout_ms // 2} ms: {failure[0]}; check "
+                                         f"'grouper cluster status'")
+            time.sleep(MEMBERSHIP_RETRY_INTERVAL_MS / 1000)
 
     def add_member(self, node_id: str) -> None:
-        self._membership(self._node.handler.add_member, node_id)
+        self._membership(self._node.handler.add_member, node_id, adding=True)
 
     def remove_member(self, node_id: str) -> int:
-        self._membership(self._node.handler.remove_member, node_id)
+        self._membership(self._node.handler.remove_member, node_id, adding=False)
         cluster = self._node.cluster
         keys = self._call(lambda: sorted(key for key, owner in cluster.router.routes.items() if owner == node_id))
         if keys:

@@ -238,6 +238,8 @@ def test_a_node_joins_and_leaves_without_restarting_the_others(cluster, clients,
         status = cluster.wait_for(lambda s: joiner_id not in [m["node"] for m in s["members"] if m["connected"]]
                                   and s["routes"] == 0, "the node removed and its route dropped")
         assert status["leader"] in cluster.node_ids
+        again = cluster.nodes[1].cli("cluster", "remove-node", joiner_id)  # the node that saw its removal commit
+        assert again.returncode != 0 and f"{joiner_id} is not a member of the raft cluster" in again.stderr, again
     finally:
         joiner.kill()
 
