@@ -264,7 +264,8 @@ def render(results: dict) -> str:
         "`percentile_approx` made Spark expand every delivery and keep a percentile sketch per consumer "
         "and group (49 s of 126 s); overlapping holds were judged per hold and other consumer (every "
         "delivery times the consumers of its group). Both were rewritten; the same 1 M audit took 771 s "
-        "under load and about 100-130 s after, quiet.",
+        "(load 10.5) before and 101-218 s after, at load 2-3: this VM's CPU steal varies (17 % on average "
+        "over the day it was measured), so repeated runs differ by up to 2x.",
     ]
     return "\n".join(lines) + "\n"
 
