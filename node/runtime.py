@@ -470,12 +470,15 @@ def run(config: NodeConfig) -> int:
     stop_event = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop_event.set())
-    print(f"amqp: {config.host}:{node.amqp_port}", flush=True)
-    print(f"admin: {config.host}:{node.admin_port}", flush=True)
-    print(f"http: {config.host}:{node.health.port}", flush=True)
+    banner = [f"amqp: {config.host}:{node.amqp_port}", f"admin: {config.host}:{node.admin_port}",
+              f"http: {config.host}:{node.health.port}"]
     if node.cluster is not None:
-        print(f"node: {config.node_id}", flush=True)
-    print("ready", flush=True)
+        banner.append(f"node: {config.node_id}")
+    banner.append("ready")
+    # one write: the reactor already serves and logs (to stderr, often the same pipe), and print()
+    # writes a line and its newline apart, so a log line could land inside an address line
+    sys.stdout.write("".join(line + "\n" for line in banner))
+    sys.stdout.flush()
     node.wait_alive(stop_event)
     log.info("stopping")
     node.stop()
