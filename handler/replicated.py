@@ -3,7 +3,7 @@
 Runs on pysyncobj's tick thread only. Every replicated method delegates to `RouteTable`, whose
 commands are deterministic and idempotent. After each applied command the replica reports what
 changed through `on_applied(kind, payload)`, still on the tick thread, in log order; the runtime
-forwards that to the reactor. Snapshots hold the table's attributes, which are plain data.
+forwards that to the engine loop. Snapshots hold the table's attributes, which are plain data.
 """
 
 from __future__ import annotations

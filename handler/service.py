@@ -1,7 +1,7 @@
 """The grouping handler of one node: its raft member, the calls the node makes, and the leader's duties.
 
 Threads: pysyncobj's tick thread owns the replica and runs every callback; callers on other threads
-(the reactor, the admin pool) only enqueue commands, which never blocks, and hear back through the
+(the engine loop, the admin pool) only enqueue commands, which never blocks, and hear back through the
 callbacks they pass, on the tick thread. The raft leader is the LOCAL handler: every proposal is
 decided in log order there; the other members forward theirs to it (pysyncobj does). The leader
 also has duties, run by a thread of this class that only enqueues commands: the reaper (routes

@@ -1,7 +1,7 @@
 """The node's side of a cluster: routing arrivals, forwarding to owners, receiving forwarded batches.
 
-Reactor thread only, except `handle_forward`, which runs on a gRPC pool thread and enters the
-reactor through the bridge. Rules:
+Engine loop thread only, except `handle_forward`, which runs on a gRPC pool thread and enters the
+engine loop through the bridge. Rules:
 - A grouped message is enqueued here only when the route of its group names this node; otherwise it
   goes to the outbound channel of its owner. Either way the producer hears "accepted" only once the
   message is stored (journalled when its queue is durable), here or in the outbound store.
@@ -83,7 +83,7 @@ class ClusterLink:
     def attach(self, server, handler, bridge, addresses: dict[str, str]) -> None:
         self.server, self.handler, self.bridge, self.addresses = server, handler, bridge, addresses
 
-    # ---- recovery (before the reactor runs) --------------------------------------------------
+    # ---- recovery (before the engine loop runs) --------------------------------------------------
 
     def recover_declaration(self, values: dict) -> bool:
         """Take a journalled declaration that is the cluster's own; False for a queue's."""
@@ -149,7 +149,7 @@ class ClusterLink:
         for owner, item in released:
             self._send(owner, item, now_ms)
 
-    # ---- end of a reactor batch --------------------------------------------------------------
+    # ---- end of a batch of the engine loop --------------------------------------------------------------
 
     def quiesced(self) -> None:
         if self.closed:

@@ -16,7 +16,7 @@ from node.core.errors import InvalidConfig
 from node.core.settings import QueueSettings
 
 ENV_PREFIX = "GROUPER_"
-CONNECTIONS_MAX_CEILING = 900  # the reactor multiplexes with select(): stay well under 1024 descriptors
+CONNECTIONS_MAX_CEILING = 900  # each connection is a file descriptor; many systems cap a process at 1024 by default
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class NodeConfig:
     connections_max: int = 512  # open AMQP connections; more are refused with a condition
     link_unsettled_max: int = 1000  # unsettled deliveries per consumer link (caps granted credit)
     producer_credit_window: int = 500  # credit granted to each producer link, topped up as it drains
-    admin_timeout_ms: int = 5000  # deadline of an admin call waiting for the reactor
+    admin_timeout_ms: int = 5000  # deadline of an admin call waiting for the engine loop
     # ---- cluster (leave peers empty for a single node) ----
     peers: str = ""  # comma-separated raft addresses HOST:PORT of the cluster's nodes (this one may be listed too)
     raft_port: int = 5674  # raft (grouping handler) listener of this node

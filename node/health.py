@@ -2,13 +2,13 @@
 
 Rules:
 - The server runs on its own threads and owns nothing. Every answer comes from `NodeProbe`, whose
-  reads of reactor state go through the bridge with a short deadline, so a scrape never touches a
+  reads of engine loop state go through the bridge with a short deadline, so a scrape never touches a
   proton object or the broker core from this thread.
 - /healthz answers 200 while the process serves HTTP: a supervisor restarts a node only when it is
   truly wedged. /readyz answers 200 only when the node can serve (journal recovered, and in a cluster
   joined with a known raft leader and a caught-up replica); otherwise 503 with the reason in one line.
 - /metrics is the Prometheus text format, built by `prometheus_client` from one snapshot per scrape.
-  A reactor that does not answer in time makes it 503, not a page of stale numbers.
+  An engine loop that does not answer in time makes it 503, not a page of stale numbers.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 log = logging.getLogger("grouper.health")
 
-PROBE_TIMEOUT_MS = 2000  # a reactor slower than this to answer a probe counts as not ready
+PROBE_TIMEOUT_MS = 2000  # an engine loop slower than this to answer a probe counts as not ready
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 

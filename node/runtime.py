@@ -1,11 +1,11 @@
 """Wiring and lifecycle of one node: recover, listen, serve, stop.
 
 Threads and what they own:
-- the reactor thread: the proton container, every proton object, the `Broker` core;
+- the engine loop thread (node.amqp.loop): the sockets, every proton object, the `Broker` core;
 - the journal writer thread: the journal file (it reports back through the bridge);
-- gRPC pool threads: nothing; admin calls enter the reactor through `Bridge.call` with a deadline;
-- the HTTP threads (node.health): nothing; readiness and metrics read the reactor through the bridge;
-- the main thread: waits for SIGINT/SIGTERM, then asks the reactor to stop and waits for it.
+- gRPC pool threads: nothing; admin calls enter the loop through `Bridge.call` with a deadline;
+- the HTTP threads (node.health): nothing; readiness and metrics read the loop through the bridge;
+- the main thread: waits for SIGINT/SIGTERM, then asks the loop to stop and waits for it.
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ import sys
 import threading
 import time
 
-from proton.reactor import Container
-
-from node.amqp.bridge import Bridge
-from node.amqp.server import AmqpServer
+from node.amqp.loop import AmqpServer
 from node.config import NodeConfig
 from node.core.broker import Broker
 from node.core.errors import GrouperError, HandlerUnavailable, NotAllowed, NotFound
@@ -32,8 +29,7 @@ from node.store.journal import Journal
 
 log = logging.getLogger("grouper.node")
 
-SHUTDOWN_GRACE_S = 0.3  # time for close frames to leave before the reactor stops
-STOP_WAIT_S = 10.0  # how long the main thread waits for the reactor to finish
+STOP_WAIT_S = 10.0  # how long the main thread waits for the engine loop to finish
 MEMBERSHIP_RETRY_INTERVAL_MS = 200  # a denied membership change is proposed again after this long
 
 
@@ -41,8 +37,8 @@ def wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
-class ReactorControl:
-    """NodeControl over the running reactor: each call runs on the reactor thread."""
+class LoopControl:
+    """NodeControl over the running engine loop: each call runs on the loop's thread."""
 
     def __init__(self, node: "Node"):
         self._node = node
@@ -191,14 +187,11 @@ class Node:
                              default_group=config.default_group)
         self.journal = Journal(config.data_dir, fsync=config.journal_fsync,
                                compact_min_bytes=config.journal_compact_min_bytes)
-        self.container = None
         self.bridge = None
         self.server = None
-        self.acceptor = None
         self.amqp_port = None
         self.admin_server = None
         self.admin_port = None
-        self._reactor_thread = None
         self.health = None  # node.health.HealthServer, once started
         self.serving = False  # recovered and listening: the first half of readiness
         self.handler = None  # the grouping handler's raft member, in a cluster
@@ -247,17 +240,14 @@ class Node:
     def start(self) -> None:
         from node.admin.service import serve
 
-        self.server = AmqpServer(self.broker, self.journal, self.config, self.clock_ms, self._drain_bridge)
-        self.container = Container(self.server)
-        self.container.container_id = f"grouper-{os.getpid()}"
-        self.bridge = Bridge(self.container)
+        self.server = AmqpServer(self.broker, self.journal, self.config, self.clock_ms)
+        self.bridge = self.server.bridge
         try:
-            self.acceptor = self.container.listen(f"{self.config.host}:{self.config.amqp_port}")
-        except Exception as error:
-            raise GrouperError(f"cannot listen for AMQP on {self.config.host}:{self.config.amqp_port}: {error}; "
-                               f"is another process using the port?") from None
-        self.amqp_port = self.acceptor._selectable._delegate.getsockname()[1]
-        self.admin_server, self.admin_port = serve(ReactorControl(self), self.config.host, self.config.admin_port,
+            self.amqp_port = self.server.listen(self.config.host, self.config.amqp_port)
+        except OSError as error:
+            raise GrouperError(f"cannot listen for AMQP on {self.config.host}:{self.config.amqp_port}: "
+                               f"{error.strerror or error}; is another process using the port?") from None
+        self.admin_server, self.admin_port = serve(LoopControl(self), self.config.host, self.config.admin_port,
                                                    add_services=self._add_peer_service)
         if self.cluster is not None:
             self._start_cluster()
@@ -265,8 +255,7 @@ class Node:
                            on_failed=lambda ticket, reason: self.bridge.post(
                                lambda: self.server.journal_failed(ticket, reason)))
         self.server.apply([])  # journals the declarations made during recovery
-        self._reactor_thread = threading.Thread(target=self._run_reactor, name="reactor", daemon=True)
-        self._reactor_thread.start()
+        self.server.start()
         self.serving = True
 
     def start_health(self) -> None:
@@ -291,7 +280,7 @@ class Node:
             caught_up, registered = self.bridge.call(lambda: (self.cluster.router.ready, self.cluster.registered),
                                                      PROBE_TIMEOUT_MS)
         except TimeoutError:
-            return False, f"the reactor did not answer within {PROBE_TIMEOUT_MS} ms"
+            return False, f"the engine loop did not answer within {PROBE_TIMEOUT_MS} ms"
         return _cluster_readiness(self.handler.status(), caught_up, registered)
 
     def metrics_snapshot(self) -> dict:
@@ -303,8 +292,7 @@ class Node:
                 queue = self.broker.queues.get(state.queue)
                 core = queue.consumers.get(state.id) if queue is not None else None
                 if core is not None:
-                    consumers.append((state.queue, f"{state.sender.connection.remote_container}/{state.sender.name}",
-                                      len(core.owned)))
+                    consumers.append((state.queue, state.label, len(core.owned)))
             cluster = None
             if self.cluster is not None:
                 router = self.cluster.router
@@ -315,7 +303,7 @@ class Node:
 
         queues, consumers, cluster, serving = self.bridge.call(read, PROBE_TIMEOUT_MS)
         ready = serving
-        if cluster is not None:  # one raft status and one reactor visit per scrape serve readiness too
+        if cluster is not None:  # one raft status and one loop visit per scrape serve readiness too
             cluster["raft"] = self.handler.status()
             ready = serving and _cluster_readiness(cluster["raft"], cluster["caught_up"], cluster["registered"])[0]
         return {"ready": ready, "queues": queues, "consumers": consumers, "cluster": cluster,
@@ -352,28 +340,11 @@ class Node:
             "amqp_address": f"{advertised}:{self.amqp_port}",
             "admin_address": f"{advertised}:{self.admin_port}"})
 
-    def _drain_bridge(self) -> None:
-        self.bridge.drain()
-
-    def _run_reactor(self) -> None:
-        try:
-            self.container.run()
-        except BaseException:
-            log.exception("the reactor stopped on an unexpected error")
-            os._exit(70)  # a broken invariant: stop the process, the supervisor restarts it
-
     def stop(self) -> None:
         if self.health is not None:
             self.health.stop()
-
-        def shutdown():
-            self.server.stopping = True
-            self.acceptor.close()
-            self.server.close_connections()
-            self.container.schedule(SHUTDOWN_GRACE_S, _Stopper(self.container, self.bridge))
-        if self._reactor_thread is not None and self._reactor_thread.is_alive():
-            self.bridge.post(shutdown)
-            self._reactor_thread.join(STOP_WAIT_S)
+        if self.server is not None:
+            self.server.stop(STOP_WAIT_S)
         if self.cluster is not None:
             self.cluster.close()
         if self.handler is not None:
@@ -383,7 +354,7 @@ class Node:
         self.journal.close()
 
     def wait_alive(self, stop_event: threading.Event) -> None:
-        while not stop_event.is_set() and self._reactor_thread.is_alive():
+        while not stop_event.is_set() and self.server.is_alive():
             stop_event.wait(0.5)
 
 
@@ -413,16 +384,6 @@ def _check_port_free(host: str, port: int, what: str) -> None:
 
 def _reserved_name(name: str) -> bool:
     return name.startswith("\x00")  # the cluster's own journal records (queue names cannot hold NUL)
-
-
-class _Stopper:
-    def __init__(self, container, bridge):
-        self._container = container
-        self._bridge = bridge
-
-    def on_timer_task(self, event):
-        self._bridge.close()
-        self._container.stop()
 
 
 def _on_mounted_volume(path: str) -> bool:
@@ -475,7 +436,7 @@ def run(config: NodeConfig) -> int:
     if node.cluster is not None:
         banner.append(f"node: {config.node_id}")
     banner.append("ready")
-    # one write: the reactor already serves and logs (to stderr, often the same pipe), and print()
+    # one write: the engine loop already serves and logs (to stderr, often the same pipe), and print()
     # writes a line and its newline apart, so a log line could land inside an address line
     sys.stdout.write("".join(line + "\n" for line in banner))
     sys.stdout.flush()

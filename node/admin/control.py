@@ -1,6 +1,6 @@
 """What the admin API may ask of a running node. Thread-safe: callable from gRPC pool threads.
 
-The runtime implements it by posting each call into the reactor thread through the bridge and
+The runtime implements it by posting each call into the engine loop thread through the bridge and
 waiting with a deadline; tests implement it over a plain `Broker`. Failures are `GrouperError`s.
 """
 

@@ -2,7 +2,7 @@
 
 Rules:
 - Owns nothing. It runs on gRPC pool threads and reaches the node only through `NodeControl`,
-  which posts into the reactor thread and waits with a deadline.
+  which posts into the engine loop thread and waits with a deadline.
 - Settings are validated by the node (`QueueSettings.from_dict`), so a bad value fails with
   INVALID_ARGUMENT naming the field whatever client sent it.
 - Failures become status codes in one table, `STATUS_BY_ERROR`; an error it does not know is a bug,
@@ -25,7 +25,7 @@ from proto import admin_pb2, admin_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-WORKERS_DEFAULT = 8  # gRPC pool threads; each admin or forwarded-batch call blocks one while the reactor answers
+WORKERS_DEFAULT = 8  # gRPC pool threads; each admin or forwarded-batch call blocks one while the engine loop answers
 CONCURRENT_RPCS_MAX_PER_WORKER = 16  # calls admitted per worker; beyond it RESOURCE_EXHAUSTED
 PEER_CALL_TIMEOUT_MS = 3000  # deadline of each call to another member when an answer spans the cluster
 MESSAGE_LENGTH_MAX_BYTES = 64 << 20  # gRPC messages this listener accepts: forwarded batches carry whole messages
@@ -44,7 +44,7 @@ STATUS_BY_ERROR: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (ResourceLimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (ResourceDeleted, grpc.StatusCode.NOT_FOUND),  # deleted while we looked: for the caller it is gone
     (NotAllowed, grpc.StatusCode.FAILED_PRECONDITION),  # no authorization here: it is a state rule
-    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),  # the reactor did not answer within the bridge deadline
+    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),  # the engine loop did not answer within the bridge deadline
     (NodeUnavailable, grpc.StatusCode.UNAVAILABLE),  # another member needed for the answer is down
     (HandlerUnavailable, grpc.StatusCode.UNAVAILABLE),  # the raft cluster could not commit the change
 )

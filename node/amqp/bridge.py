@@ -1,10 +1,9 @@
-"""The one door from other threads into the reactor thread.
+"""The one door from other threads into the engine loop.
 
 Rules: callers on any thread `post(fn)` a closure or `call(fn, timeout_ms)` and wait for its result;
-the closure runs on the reactor thread, which owns every proton object and the node core. One
-fixed event name is used (proton registers each new name for good), the payload travels in the
-queue below, and the pipe is written only when the reactor is not already due to drain it, so a
-burst of posts costs one wake-up.
+the closure runs on the loop's thread, which owns every proton object and the node core. `wake` is
+called only when the loop is not already due to drain the queue below, so a burst of posts costs
+one wake-up.
 """
 
 from __future__ import annotations
@@ -13,12 +12,9 @@ import concurrent.futures
 import queue
 import threading
 
-from proton.reactor import ApplicationEvent, EventInjector
-
 from node.core.errors import ResourceLimitExceeded
 
-EVENT_NAME = "grouper_bridge"
-BACKLOG_MAX_CLOSURES = 100_000  # posts waiting for the reactor; beyond it callers get an error
+BACKLOG_MAX_CLOSURES = 100_000  # posts waiting for the loop; beyond it callers get an error
 
 
 class BridgeFull(ResourceLimitExceeded):
@@ -26,9 +22,8 @@ class BridgeFull(ResourceLimitExceeded):
 
 
 class Bridge:
-    def __init__(self, container):
-        self._injector = EventInjector()
-        container.selectable(self._injector)
+    def __init__(self, wake):
+        self._wake = wake  # any thread: make the loop call `drain` soon
         self._closures: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._signalled = False
@@ -38,16 +33,17 @@ class Bridge:
     def post(self, fn) -> None:
         with self._lock:
             if self._backlog >= BACKLOG_MAX_CLOSURES:
-                raise BridgeFull(f"the node is overloaded: {BACKLOG_MAX_CLOSURES} calls wait for its reactor; retry later")
+                raise BridgeFull(f"the node is overloaded: {BACKLOG_MAX_CLOSURES} calls wait for its engine loop; "
+                                 f"retry later")
             self._backlog += 1
             self._closures.put(fn)
             if self._signalled or self.closed:
                 return
             self._signalled = True
-        self._injector.trigger(ApplicationEvent(EVENT_NAME))
+        self._wake()
 
     def call(self, fn, timeout_ms: int):
-        """Run `fn()` on the reactor thread and return its result (or raise its exception)."""
+        """Run `fn()` on the loop's thread and return its result (or raise its exception)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
 
         def run():
@@ -66,7 +62,7 @@ class Bridge:
             raise TimeoutError(f"the node did not answer within {timeout_ms} ms; it may be overloaded") from None
 
     def drain(self) -> None:
-        """Reactor thread only: run every closure posted so far."""
+        """Loop thread only: run every closure posted so far."""
         with self._lock:
             self._signalled = False
         while True:
@@ -80,4 +76,3 @@ class Bridge:
 
     def close(self) -> None:
         self.closed = True
-        self._injector.close()

@@ -1,6 +1,6 @@
 """Where each message group of a cluster lives, as this node knows it, and the messages in transit.
 
-Pure, owned by the reactor thread. Three parts:
+Pure, owned by the engine loop thread. Three parts:
 - `Router`: the node's copy of the replicated routes (fed only by the handler's applied-command
   stream, so it never runs ahead of the raft log) and the messages waiting for a route. A message
   of a group that has messages waiting waits behind them even once a route is known, so a
@@ -39,7 +39,7 @@ class Router:
         self._deadlines: collections.deque = collections.deque()  # (deadline_ms, key, claim_number)
         self._claim_number: dict[tuple[str, str], int] = {}  # key -> number of its live claim
         self._next_claim_number = 1
-        self.to_claim: list[tuple[str, str]] = []  # keys to propose at the end of this reactor batch
+        self.to_claim: list[tuple[str, str]] = []  # keys to propose at the end of this batch of the engine loop
         # False while the handler replays its log after a start: routes seen then may be superseded
         # later in the log, so messages wait (their timeout running) until the replica is current
         self.ready = False

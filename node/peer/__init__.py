@@ -2,5 +2,5 @@
 
 `forwarder` is the sending side (one thread and one channel per destination node), `service` the
 owner's servicer; both convert between `peer_pb2` and `forwarder.Entry`, and neither touches the
-reactor's state.
+engine loop's state.
 """

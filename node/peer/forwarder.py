@@ -2,9 +2,9 @@
 
 Rules:
 - Owns the forwarder thread, the pending entries (submitted, not yet acked) and the gRPC channel to
-  the destination; nothing else. The outbound store stays the reactor's: the reactor `submit`s
+  the destination; nothing else. The outbound store stays the engine loop's: the engine loop `submit`s
   entries and learns of acks through `on_acked`, which runs on the forwarder thread, so it must
-  only post to the reactor, never touch its state.
+  only post to the engine loop, never touch its state.
 - Exactly one Forward call is in flight. A batch is the oldest pending entries that fit the limits,
   always at least one, in submit order; after an ack every entry up to the owner's high water is
   dropped, and the rest (a partial ack leaves some) goes again, oldest first. The owner dedupes by

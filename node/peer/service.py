@@ -1,11 +1,11 @@
 """The owner's end of forwarding: a ForwardBatch in, `handle_forward` called, the high water or a status out.
 
 Rules:
-- Owns nothing. It runs on gRPC pool threads; `handle_forward` posts the batch to the reactor, which
+- Owns nothing. It runs on gRPC pool threads; `handle_forward` posts the batch to the engine loop, which
   dedupes by forward_seq and answers once the batch is durable, and this servicer waits for it with
   a deadline no later than the caller's.
 - The batch's shape is checked here (source_node set, at least one message, forward_seq >= 1 and
-  strictly increasing), so the reactor only ever sees a well-formed batch; its content (queue names,
+  strictly increasing), so the engine loop only ever sees a well-formed batch; its content (queue names,
   limits) is the handler's to judge.
 - Failures become status codes in one table, `STATUS_BY_ERROR`; an error it does not know is a bug,
   logged here with its traceback and reported as INTERNAL.
@@ -24,7 +24,7 @@ from proto import peer_pb2, peer_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-TIMEOUT_MS_DEFAULT = 5000  # longest wait for the reactor to make a batch durable
+TIMEOUT_MS_DEFAULT = 5000  # longest wait for the engine loop to make a batch durable
 # A server carrying the peer service must be built with these, or a full batch exceeds gRPC's 4 MiB default.
 SERVER_OPTIONS = (
     ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
@@ -39,7 +39,7 @@ STATUS_BY_ERROR: tuple[tuple[type[BaseException], grpc.StatusCode | None], ...] 
     (ResourceLimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (NotFound, grpc.StatusCode.NOT_FOUND),
     (InvalidField, grpc.StatusCode.INVALID_ARGUMENT),
-    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),  # the reactor did not make the batch durable in time
+    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),  # the engine loop did not make the batch durable in time
     (GrouperError, None),
 )
 

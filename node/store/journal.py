@@ -4,11 +4,11 @@ Owns `<directory>/journal.dat`, `<directory>/journal.lock` (held while open so t
 a directory) and, during compaction, `<directory>/journal.dat.compact`.
 
 Threads:
-- The reactor thread calls declare/delete/store/remove/flush/backlog_bytes/stats. They encode into
+- The engine loop thread calls declare/delete/store/remove/flush/backlog_bytes/stats. They encode into
   memory and never wait for I/O; flush takes a lock held only to append to a list.
 - After start() the one writer thread owns the file descriptor and the index of live records. It
   writes, fsyncs, compacts, and calls on_durable / on_failed (on its own thread: hand the result to
-  the reactor through the bridge, never touch reactor state from the callback).
+  the engine loop through the bridge, never touch engine loop state from the callback).
 
 Rules:
 - A unit is everything between two flush() calls. The writer takes all units queued since its last
@@ -82,7 +82,7 @@ class Journal:
         self.fsync = fsync  # False: written and handed to the OS, but a power loss can lose the tail
         self.compact_min_bytes = compact_min_bytes  # file size below which compaction is never tried
         self.pending_bytes_max = pending_bytes_max  # backlog above which the runtime withholds credit
-        # reactor-owned
+        # engine-loop-owned
         self._pending: list = []
         self._pending_bytes = 0
         self._ticket = 0
@@ -186,7 +186,7 @@ class Journal:
                 os.close(fd)
         self._fd = self._lock_fd = None
 
-    # ---- hot path (reactor thread) -----------------------------------------------------------
+    # ---- hot path (engine loop thread) -----------------------------------------------------------
 
     def declare(self, settings: dict) -> None:
         self._append(DECLARE, settings["name"], records.encode_declare(settings))

@@ -5,12 +5,12 @@ quiesced, _flushed, _reservation_flushed, _forward_flushed, _reserved_again, ack
 ready, tick, _refresh_leases, _touch_failed, handle_forward, _enqueue_forwarded, recover_declaration,
 recover_outbound) and the few `AmqpServer` and `runtime` pieces those call
 (enqueue_local, accept_when_stored, refuse, apply, after_flush, journal_durable, journal_failed,
-consumer_counts, the end of a reactor batch, journal recovery). Each copy says which real function it
+consumer_counts, the end of a batch of the engine loop, journal recovery). Each copy says which real function it
 mirrors and keeps only what the simulation exercises. The Router, Outbound, Inbound and Broker are the
 production classes. Only the I/O is modelled:
 - `Store` is the journal: an append-only list of records; `flush` hands the records so far to the
   writer as one unit; after a seeded delay the writer takes every unit handed by then as one batch,
-  and after another the reactor hears it is durable and runs what waited for it (fn(None)). Units
+  and after another the engine loop hears it is durable and runs what waited for it (fn(None)). Units
   handed meanwhile go in the next batch, so one may be written after an earlier one failed. A write may fail (scripted, or config.journal_fail_rate): as node/store/journal.py
   promises, the failed batch's records are dropped, never written, and what waited for them hears
   fn(reason). A crash keeps the durable records and, with torn tails, any longer prefix of what had
@@ -42,7 +42,7 @@ SEQ_RESERVATION = "\x00seq"
 STORED = "stored"  # outcome of a journal batch written to disk
 CLAIM_RETRY_INTERVAL_MS = 100  # node/cluster.py; a failed touch is retried 10 times this later
 CONSUMER_REPORT_INTERVAL_MS = 5000
-JOURNAL_RETRY_INTERVAL_MS = 1000  # node/amqp/server.py: durable sends are refused this long after a failed write
+JOURNAL_RETRY_INTERVAL_MS = 1000  # node/amqp/loop.py: durable sends are refused this long after a failed write
 
 
 class Entry(NamedTuple):  # node.peer.forwarder.Entry
@@ -338,7 +338,7 @@ class SimNode:
             self._recovered.setdefault(owner, []).append(_entry(queue, message))
         return len(entries)
 
-    # ---- the journal (node/store/journal.py, as the reactor uses it) -------------------------
+    # ---- the journal (node/store/journal.py, as the engine loop uses it) -------------------------
 
     def journal_store(self, name: str, message: Message, origin=None) -> None:
         self.store.records.append(("store", name, message.seq, message.payload, message.group_id,
@@ -351,7 +351,7 @@ class SimNode:
         self.store.records.append(("declare", values["name"], dict(values)))
 
     def end_of_batch(self) -> None:
-        """AmqpServer.on_reactor_quiesced: cluster.quiesced(), then one journal unit."""
+        """AmqpServer._end_batch: cluster.quiesced(), then one journal unit."""
         store = self.store
         if not (self.router.to_claim or self._unsubmitted or self._recovered or self._awaiting_flush
                 or store.handed != len(store.records)):
@@ -370,7 +370,7 @@ class SimNode:
             self._durable()
 
     def _write(self) -> None:
-        """Journal._run: the writer takes every unit handed so far as one batch; the reactor hears the
+        """Journal._run: the writer takes every unit handed so far as one batch; the engine loop hears the
         outcome after a seeded delay, and units handed meanwhile go in the next batch (which may be
         written after this one failed)."""
         sim = self.sim
@@ -529,7 +529,7 @@ class SimNode:
         for owner, item in released:
             self._send(owner, item, now_ms)
 
-    # ---- ClusterLink: end of a reactor batch -------------------------------------------------
+    # ---- ClusterLink: end of a batch of the engine loop -------------------------------------------------
 
     def quiesced(self) -> None:
         """ClusterLink.quiesced: recovered entries go to the forwarders at once (they are durable);
@@ -694,7 +694,7 @@ class SimNode:
     # ---- ClusterLink: the owner's side -------------------------------------------------------
 
     def handle_forward(self, source: str, entries: list[Entry], reply) -> None:
-        """ClusterLink.handle_forward's reactor part (`run`): enqueue, then reply once it is stored here;
+        """ClusterLink.handle_forward's engine loop part (`run`): enqueue, then reply once it is stored here;
         a failed write puts the source's high water back."""
         try:
             high_water = self._enqueue_forwarded(source, entries)

@@ -92,7 +92,7 @@ class SimConfig:
     apply_lag_ms_max: int = 20  # commit to a replica's apply
     replay_ms_max: int = 30  # a restarted replica replays its log after this
     flush_ms_max: int = 8  # journal unit handed -> the writer takes it (with every unit handed by then)
-    write_ms_max: int = 4  # the writer takes a batch -> the reactor hears it is durable or failed
+    write_ms_max: int = 4  # the writer takes a batch -> the engine loop hears it is durable or failed
     seq_reserve_block: int = 8  # small, so reservations are journalled often
     journal_fail_rate: float = 0.0  # per journal write: the batch fails, its records are dropped
     crash_rate: float = 0.01  # per step

@@ -503,7 +503,7 @@ def test_two_calls_in_one_failed_journal_batch_at_the_owner_go_back_to_the_high_
 
 
 @pytest.mark.xfail(strict=True, raises=SimulationFailure, reason=(
-    "node/amqp/server.py: enqueue_local applies a message to the Broker (which may deliver it at once) "
+    "node/amqp/loop.py: enqueue_local applies a message to the Broker (which may deliver it at once) "
     "before its journal batch is written; journal_failed then refuses the producer but leaves the message "
     "queued or delivered, so a consumer gets a message its producer was told was refused (and will send "
     "again). Not the cluster protocol, but the same failed-batch rule: what a failed batch refused must not "

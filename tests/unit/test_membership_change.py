@@ -1,4 +1,4 @@
-"""ReactorControl's membership changes: a denial is retried until the change is done, bounded by time."""
+"""LoopControl's membership changes: a denial is retried until the change is done, bounded by time."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from node.core.errors import HandlerUnavailable, NotFound
-from node.runtime import ReactorControl
+from node.runtime import LoopControl
 
 
 class FakeHandler:
@@ -40,7 +40,7 @@ def control(handler, admin_timeout_ms=2000):
     cluster = SimpleNamespace(router=SimpleNamespace(routes={}))
     node = SimpleNamespace(handler=handler, cluster=cluster, config=SimpleNamespace(admin_timeout_ms=admin_timeout_ms),
                            bridge=SimpleNamespace(call=lambda fn, timeout_ms: fn()))
-    return ReactorControl(node)
+    return LoopControl(node)
 
 
 DENIED = "the raft cluster denied the request"

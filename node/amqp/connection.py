@@ -1,0 +1,123 @@
+"""One client socket and its proton transport: bytes in, bytes out, and back-pressure.
+
+Engine loop thread only. Rules:
+- Bytes read go straight into proton (`pn_transport_push`); the loop drains the events they make
+  once per wake-up, for every connection at once. Bytes proton has to send leave in one socket
+  write per connection per wake-up (`flush`).
+- Output waiting in the socket's buffer is capped at `output_max_bytes`: over it, this connection's
+  input is no longer read, and proton keeps what it would send, until the socket drains. A client
+  that stops reading can then hold no more than its cap plus what its link credit lets proton queue.
+- The transport sees plaintext: TLS, when it comes, belongs to the socket below (asyncio's), and a
+  SASL layer of our own would sit in `data_received` before the AMQP header reaches proton.
+- proton's objects are released only after the socket is gone and the loop has drained their last
+  events (`release`); `released` then forbids any further use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from node.amqp.engine import ffi, lib
+
+log = logging.getLogger("grouper.amqp")
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, engine, collector, container_id: bytes, output_max_bytes: int):
+        self.engine = engine
+        self.output_max_bytes = output_max_bytes
+        self.socket: asyncio.Transport | None = None
+        self.peer = ""
+        self.transport = lib.pn_transport()
+        lib.pn_transport_set_server(self.transport)
+        # clients that open with a SASL header get ANONYMOUS; issue "Security" replaces this
+        lib.pn_sasl_allowed_mechs(lib.pn_sasl(self.transport), b"ANONYMOUS")
+        self.connection = lib.pn_connection()
+        lib.pn_connection_set_container(self.connection, container_id)
+        lib.pn_connection_collect(self.connection, collector)
+        lib.pn_transport_bind(self.transport, self.connection)
+        self.key = 0  # nonzero once the node has accepted the connection's open
+        self.links: set = set()  # Consumer and Producer records of this connection
+        self.output_paused = False
+        self.closing = False  # the socket is being closed (proton has nothing more to send)
+        self.lost = False  # the socket is gone
+        self.released = False
+
+    # ---- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, socket) -> None:
+        self.socket = socket
+        peer = socket.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        socket.set_write_buffer_limits(high=self.output_max_bytes)
+        self.engine.touched(self)
+
+    def data_received(self, data: bytes) -> None:
+        transport = self.transport
+        pushed = lib.pn_transport_push(transport, data, len(data))
+        if pushed < len(data):
+            view = memoryview(data)
+            while 0 < pushed < len(view):  # proton's input buffer is smaller than what arrived
+                view = view[pushed:]
+                pushed = lib.pn_transport_push(transport, ffi.from_buffer(view), len(view))
+            # pushed <= 0: proton reads no more (a framing error or a closed tail); the rest is dropped
+        self.engine.touched(self)
+
+    def eof_received(self) -> bool:
+        lib.pn_transport_close_tail(self.transport)
+        self.engine.touched(self)
+        return True  # keep the socket open for proton's last frames; flush closes it
+
+    def connection_lost(self, error) -> None:
+        self.lost = True
+        if not self.released:
+            lib.pn_transport_close_tail(self.transport)
+            lib.pn_transport_close_head(self.transport)
+        self.engine.lost(self)
+
+    def pause_writing(self) -> None:
+        self.output_paused = True
+        self.socket.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.output_paused = False
+        if not self.lost:
+            self.socket.resume_reading()
+            self.engine.touched(self)
+
+    # ---- the loop's side ---------------------------------------------------------------------
+
+    def flush(self, buffer, buffer_bytes: int) -> None:
+        """Move what proton has to send into the socket, unless the socket's buffer is over its cap."""
+        if self.lost or self.closing or self.released:
+            return
+        transport = self.transport
+        while not self.output_paused:
+            pending = lib.pn_transport_pending(transport)
+            if pending > 0:
+                count = lib.pn_transport_peek(transport, buffer, min(pending, buffer_bytes))
+                self.socket.write(ffi.unpack(buffer, count))
+                lib.pn_transport_pop(transport, count)
+            else:
+                if pending < 0:  # proton has closed its output: the AMQP connection is over
+                    self.closing = True
+                    self.socket.close()  # after what is buffered has been written
+                return
+
+    def tick(self, now_ms: int) -> None:
+        """Heartbeats: proton sends an empty frame when the peer's idle timeout asks for one."""
+        if not self.released and not self.lost:
+            lib.pn_transport_tick(self.transport, now_ms)
+
+    def close_socket(self) -> None:
+        if self.socket is not None and not self.lost:
+            self.socket.close()
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        lib.pn_transport_unbind(self.transport)
+        lib.pn_decref(self.transport)  # the binding has no pn_transport_free: ours is the only reference
+        lib.pn_connection_release(self.connection)

@@ -1,0 +1,43 @@
+"""What the engine loop knows of each attached link: plain records keyed by proton's link pointer.
+
+Rules: the node core sees only the ids (ints) here, never a pointer. A record whose `alive` is false
+belongs to a link that has ended: nothing may call proton with its pointers again (proton may have
+freed them, and may reuse their addresses).
+"""
+
+from __future__ import annotations
+
+
+class Consumer:
+    """An outgoing link from a queue: the node sends, the client settles."""
+
+    __slots__ = ("id", "link", "connection", "queue", "browse", "presettled", "first_key", "label", "unsettled",
+                 "alive")
+    producer = False
+
+    def __init__(self, consumer_id: int, link, connection, queue: str, browse: bool, presettled: bool,
+                 first_key: str, label: str):
+        self.id = consumer_id
+        self.link = link
+        self.connection = connection
+        self.queue = queue
+        self.browse = browse
+        self.presettled = presettled
+        self.first_key = first_key
+        self.label = label  # "container/link name", for metrics and logs
+        self.unsettled: dict = {}  # proton delivery pointer -> the core's delivery id
+        self.alive = True
+
+
+class Producer:
+    """An incoming link: the client sends, the node settles. `address` None: anonymous relay ('to' decides)."""
+
+    __slots__ = ("id", "link", "connection", "address", "alive")
+    producer = True
+
+    def __init__(self, producer_id: int, link, connection, address: str | None):
+        self.id = producer_id
+        self.link = link
+        self.connection = connection
+        self.address = address
+        self.alive = True

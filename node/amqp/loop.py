@@ -1,0 +1,755 @@
+"""The engine loop: the node's AMQP adapter, driving proton's C engine from one asyncio loop.
+
+Engine loop thread only (other threads enter through `bridge`). Rules:
+- One wake-up is one batch: bytes read are pushed into proton as they arrive; then, once per loop
+  iteration, the events of every connection are drained in one pass and turned into core calls, the
+  core's effects into proton calls, the batch's settlements and journal unit are issued, and every
+  connection with something to send writes it in one socket write.
+- No proton Python object (Container, Event, Link, Delivery) exists here: links and deliveries are
+  pointers, and what the node knows of them lives in `links.Consumer` / `links.Producer` records.
+  The core sees consumer ids and delivery ids (ints, also the delivery tags).
+- Engine objects are freed here: a link when both ends have detached, a session when both have
+  ended, a connection's transport and connection once its socket is gone and its last events drained.
+- A producer's delivery is settled as accepted only after the message is in its queue and, for a
+  durable queue, its journal batch is on disk; either way at the end of a batch, so many
+  settlements share a disposition frame. Refusals are rejections with a condition, at once.
+- A queue at its depth limit rejects with amqp:resource-limit-exceeded rather than withholding
+  credit: a link may carry messages for several queues (anonymous relay), and a rejection tells
+  the producer at once which message failed and why.
+- A link the node refuses gets an attach whose terminus is null (the source of a consumer, the
+  target of a producer), then a detach with the condition (AMQP 1.0, 2.6.3).
+- A link the client detaches without closing it (closed=false, a suspended link) ends its consumer
+  at once, as a closed one does: its unsettled messages are released in order and its groups freed.
+  The node keeps no suspended link to resume; a client that attaches again is a new consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import threading
+import time
+
+from node.amqp import codec
+from node.amqp.bridge import Bridge
+from node.amqp.conditions import RESOURCE_DELETED, RESOURCE_LIMIT, condition_for
+from node.amqp.connection import Connection
+from node.amqp.engine import (ACCEPTED, CONNECTION_REMOTE_CLOSE, CONNECTION_REMOTE_OPEN, DELIVERY, LINK_FLOW,
+                              LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH, LINK_REMOTE_OPEN, LOCAL_ACTIVE, LOCAL_UNINIT,
+                              MODIFIED, NULL, REJECTED, RELEASED, SESSION_REMOTE_CLOSE, SESSION_REMOTE_OPEN,
+                              TRANSPORT, TRANSPORT_CLOSED, TRANSPORT_ERROR, condition_text, delivery_tag, ffi, lib,
+                              set_condition, text)
+from node.amqp.links import Consumer, Producer
+from node.core.effects import Deliver, DetachConsumer, Dropped, Removed, Stored
+from node.core.errors import GrouperError, NotFound, ResourceLimitExceeded
+from node.core.message import Message, Outcome
+from node.store.journal import failure_condition
+
+log = logging.getLogger("grouper.amqp")
+
+TICK_INTERVAL_S = 0.1  # TTL expiry, delayed dispatch and heartbeats run at least this often
+JOURNAL_RETRY_INTERVAL_MS = 1000  # after a failed journal write, durable sends are refused this long
+MESSAGE_SIZE_MAX_BYTES = 16 << 20  # larger incoming messages are rejected with amqp:resource-limit-exceeded
+OUTPUT_MAX_BYTES = 4 << 20  # socket output buffered per connection before its input is no longer read
+OUTPUT_CHUNK_BYTES = 1 << 20  # one copy out of proton's output buffer
+RECEIVE_BUFFER_BYTES = 64 << 10  # first size of the buffer incoming messages are copied through
+SHUTDOWN_GRACE_S = 0.3  # time for close frames to leave before the loop stops
+
+PRODUCER, CONSUMER, CALL = 0, 1, 2  # what waits for a journal batch: a send, a settlement, a callback
+SND_SETTLED = lib.PN_SND_SETTLED
+DIST_MODE_COPY = lib.PN_DIST_MODE_COPY
+UNSPECIFIED = lib.PN_UNSPECIFIED
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop  # about a third of asyncio's cost per wake-up
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class AmqpServer:
+    def __init__(self, broker, journal, config, clock_ms):
+        self.broker = broker
+        self.journal = journal  # None: no journal (every queue behaves as non-durable)
+        self.config = config
+        self.clock_ms = clock_ms
+        self.loop = new_event_loop()
+        self.bridge = Bridge(self._wake_from_thread)
+        self.cluster = None  # node.cluster.ClusterLink when this node is one of several
+        self.stopping = False
+        self.consumers: dict[int, Consumer] = {}
+        self.producers: dict[int, Producer] = {}
+        self._container_id = f"grouper-{os.getpid()}".encode()
+        self._collector = lib.pn_collector()
+        self._listener = None
+        self._thread = None
+        self._by_pointer: dict = {}  # pn_connection pointer -> Connection (until released)
+        self._accepted: dict[int, Connection] = {}  # connection key -> Connection, within connections_max
+        self._links: dict = {}  # pn_link pointer -> Consumer or Producer, while the link is attached
+        self._next_link_id = 1
+        self._next_connection_key = 1
+        self._dirty: set = set()  # connections with something to send
+        self._lost: list = []  # connections whose sockets are gone: released after the batch
+        self._batch_due = False
+        self._bridge_due = False
+        self._output_buffer = ffi.new("char[]", OUTPUT_CHUNK_BYTES)
+        self._receive_buffer = ffi.new("char[]", RECEIVE_BUFFER_BYTES)
+        self._receive_buffer_bytes = RECEIVE_BUFFER_BYTES
+        self._awaiting_flush: list = []  # deliveries to settle once the next journal batch is durable
+        # non-durable sends are accepted at the end of the batch: settled together, proton puts them
+        # in disposition ranges, which cost less than the sends they confirm
+        self._accept_at_batch_end: list = []
+        self._pending: collections.deque = collections.deque()  # (ticket, target, kind)
+        self._journal_failed: str | None = None
+        self._durable_ticket = 0
+        self._journal_retry_at_ms = 0
+        self._handlers = {
+            DELIVERY: self._on_delivery,
+            LINK_FLOW: self._on_link_flow,
+            TRANSPORT: self._on_transport,
+            CONNECTION_REMOTE_OPEN: self._on_connection_remote_open,
+            SESSION_REMOTE_OPEN: self._on_session_remote_open,
+            LINK_REMOTE_OPEN: self._on_link_remote_open,
+            LINK_REMOTE_CLOSE: self._on_link_remote_close,
+            LINK_REMOTE_DETACH: self._on_link_remote_close,
+            SESSION_REMOTE_CLOSE: self._on_session_remote_close,
+            CONNECTION_REMOTE_CLOSE: self._on_connection_remote_close,
+            TRANSPORT_ERROR: self._on_transport_error,
+            TRANSPORT_CLOSED: self._on_transport_closed,
+        }
+
+    # ---- lifecycle (the caller's thread, before `start` and after `stop`) ---------------------
+
+    def listen(self, host: str, port: int) -> int:
+        """Bind the AMQP listener; returns the port (port 0 picks one). Raises OSError if it cannot."""
+        self._listener = self.loop.run_until_complete(self.loop.create_server(
+            self._new_connection, host, port, reuse_address=True, backlog=1024))
+        return self._listener.sockets[0].getsockname()[1]
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._thread.start()
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, wait_s: float) -> None:
+        """Close every connection (their close frames get SHUTDOWN_GRACE_S to leave), then stop the loop."""
+        if not self.is_alive():
+            return
+        self.bridge.post(self._shutdown)
+        self._thread.join(wait_s)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_later(TICK_INTERVAL_S, self._tick)
+        self.wake()  # journals the declarations made during recovery
+        try:
+            self.loop.run_forever()
+        except BaseException:
+            log.exception("the engine loop stopped on an unexpected error")
+            os._exit(70)  # a broken invariant: stop the process, the supervisor restarts it
+
+    def _shutdown(self) -> None:
+        self.stopping = True
+        if self._listener is not None:
+            self._listener.close()
+        self.close_connections()
+        self.loop.call_later(SHUTDOWN_GRACE_S, self._stop_loop)
+
+    def _stop_loop(self) -> None:
+        self.bridge.close()
+        for connection in list(self._by_pointer.values()):
+            connection.close_socket()
+        self.loop.stop()
+
+    def _new_connection(self) -> Connection:
+        connection = Connection(self, self._collector, self._container_id, OUTPUT_MAX_BYTES)
+        self._by_pointer[connection.connection] = connection
+        return connection
+
+    # ---- wake-ups ----------------------------------------------------------------------------
+
+    def touched(self, connection: Connection) -> None:
+        """A connection has new input or room for output: it takes part in the next batch."""
+        self._dirty.add(connection)
+        if not self._batch_due:
+            self._batch_due = True
+            self.loop.call_soon(self._batch)
+
+    def wake(self) -> None:
+        if not self._batch_due:
+            self._batch_due = True
+            self.loop.call_soon(self._batch)
+
+    def lost(self, connection: Connection) -> None:
+        self._lost.append(connection)
+        self.wake()
+
+    def _wake_from_thread(self) -> None:  # any thread: the bridge has closures waiting
+        self.loop.call_soon_threadsafe(self._drain_bridge)
+
+    def _drain_bridge(self) -> None:
+        self.bridge.drain()
+        self.wake()
+
+    def _tick(self) -> None:
+        if self.stopping:
+            return
+        now_ms = self.clock_ms()
+        self.apply(self.broker.tick(now_ms))
+        if self.cluster is not None:
+            self.cluster.tick(now_ms)
+        heartbeat_ms = int(time.monotonic() * 1000)
+        for connection in self._accepted.values():
+            connection.tick(heartbeat_ms)
+        self.wake()
+        self.loop.call_later(TICK_INTERVAL_S, self._tick)
+
+    # ---- one batch ---------------------------------------------------------------------------
+
+    def _batch(self) -> None:
+        self._batch_due = False
+        self._drain_events()
+        self._end_batch()
+        self._drain_events()  # what the batch's settlements and journal unit stirred up
+        buffer = self._output_buffer
+        dirty, self._dirty = self._dirty, set()
+        for connection in dirty:
+            connection.flush(buffer, OUTPUT_CHUNK_BYTES)
+        if self._lost:
+            lost, self._lost = self._lost, []
+            for connection in lost:
+                self._forget_connection(connection)
+            self._drain_events()  # the closed transports' last events refer to their objects
+            for connection in lost:
+                self._by_pointer.pop(connection.connection, None)
+                self._dirty.discard(connection)
+                connection.release()
+
+    def _drain_events(self) -> None:
+        collector = self._collector
+        handlers = self._handlers
+        peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
+        event = peek(collector)
+        while event:
+            handler = handlers.get(event_type(event))
+            if handler is not None:
+                handler(event)
+            pop(collector)
+            event = peek(collector)
+
+    def _end_batch(self) -> None:
+        if self._accept_at_batch_end:
+            for producer, delivery in self._accept_at_batch_end:
+                if producer.alive:
+                    lib.pn_delivery_update(delivery, ACCEPTED)
+                    lib.pn_delivery_settle(delivery)
+                    self._dirty.add(producer.connection)
+            self._accept_at_batch_end.clear()
+        if self.broker.declared:
+            self._journal_declarations()
+        # the end of a batch: hand everything journalled in it to the writer as one unit
+        if self.cluster is not None:
+            self.cluster.quiesced()
+        if self.journal is None:
+            for target, kind in self._awaiting_flush:
+                self._confirm(target, kind)
+            self._awaiting_flush.clear()
+            return
+        ticket = self.journal.flush()
+        if not self._awaiting_flush:
+            return
+        for target, kind in self._awaiting_flush:
+            self._pending.append((ticket, target, kind))
+        self._awaiting_flush.clear()
+        if ticket <= self._durable_ticket:
+            self.journal_durable(self._durable_ticket)
+
+    # ---- the journal writer's reports (through the bridge) -----------------------------------
+
+    def journal_durable(self, ticket: int) -> None:
+        """Every record up to `ticket` is on disk."""
+        self._journal_failed = None
+        self._durable_ticket = max(self._durable_ticket, ticket)
+        pending = self._pending
+        while pending and pending[0][0] <= ticket:
+            _, target, kind = pending.popleft()
+            self._confirm(target, kind)
+        self._top_up_all()
+
+    def journal_failed(self, ticket: int, reason: str) -> None:
+        """The batch ending at `ticket` could not be written."""
+        self._journal_failed = reason
+        self._journal_retry_at_ms = self.clock_ms() + JOURNAL_RETRY_INTERVAL_MS
+        log.error("journal write failed: %s; durable sends are refused for %d ms, then tried again", reason,
+                  JOURNAL_RETRY_INTERVAL_MS)
+        pending = self._pending
+        while pending and pending[0][0] <= ticket:
+            _, target, kind = pending.popleft()
+            if kind == CALL:
+                target(reason)
+                continue
+            link, delivery = target
+            if not link.alive:
+                continue
+            if kind == PRODUCER:
+                self._reject(link, delivery, failure_condition(reason),
+                             f"the node could not store the message: {reason}")
+            else:
+                lib.pn_delivery_settle(delivery)
+                self._dirty.add(link.connection)
+
+    def _confirm(self, target, kind) -> None:
+        if kind == CALL:
+            target(None)
+            return
+        link, delivery = target
+        if not link.alive:
+            return
+        if kind == PRODUCER:
+            lib.pn_delivery_update(delivery, ACCEPTED)
+        lib.pn_delivery_settle(delivery)
+        self._dirty.add(link.connection)
+
+    # ---- connections and sessions ------------------------------------------------------------
+
+    def _connection_of(self, event) -> Connection | None:
+        return self._by_pointer.get(lib.pn_event_connection(event))
+
+    def _on_transport(self, event) -> None:
+        connection = self._connection_of(event)
+        if connection is not None:
+            self._dirty.add(connection)
+
+    def _on_connection_remote_open(self, event) -> None:
+        connection = self._connection_of(event)
+        if connection is None:
+            return
+        pointer = connection.connection
+        self._dirty.add(connection)
+        if len(self._accepted) >= self.config.connections_max or self.stopping:
+            lib.pn_connection_open(pointer)
+            reason = ("the node is shutting down" if self.stopping else
+                      f"this node accepts at most {self.config.connections_max} connections (connections_max)")
+            set_condition(lib.pn_connection_condition(pointer), RESOURCE_LIMIT, reason)
+            lib.pn_connection_close(pointer)
+            return
+        connection.key = self._next_connection_key
+        self._next_connection_key += 1
+        self._accepted[connection.key] = connection
+        if lib.pn_connection_state(pointer) & LOCAL_UNINIT:
+            lib.pn_connection_open(pointer)
+
+    def _on_session_remote_open(self, event) -> None:
+        session = lib.pn_event_session(event)
+        if lib.pn_session_state(session) & LOCAL_UNINIT:
+            lib.pn_session_open(session)
+
+    def _on_session_remote_close(self, event) -> None:
+        session = lib.pn_event_session(event)
+        connection = self._connection_of(event)
+        if connection is not None:
+            for state in [state for state in connection.links if lib.pn_link_session(state.link) == session]:
+                self._forget_link(state)
+        if lib.pn_session_state(session) & LOCAL_ACTIVE:
+            lib.pn_session_close(session)
+        lib.pn_session_free(session)  # with its links, which no record names any more
+
+    def _on_connection_remote_close(self, event) -> None:
+        connection = self._connection_of(event)
+        if connection is None:
+            return
+        self._forget_connection(connection)
+        self._dirty.add(connection)
+        if lib.pn_connection_state(connection.connection) & LOCAL_ACTIVE:
+            lib.pn_connection_close(connection.connection)
+
+    def _on_transport_error(self, event) -> None:
+        connection = self._connection_of(event)
+        reason = condition_text(lib.pn_transport_condition(lib.pn_event_transport(event)))
+        log.info("connection %s dropped: %s", connection.peer if connection else "?", reason or "no reason given")
+
+    def _on_transport_closed(self, event) -> None:
+        connection = self._connection_of(event)
+        if connection is not None:
+            self._forget_connection(connection)
+            self._dirty.add(connection)
+
+    def _forget_connection(self, connection: Connection) -> None:
+        if not connection.key:
+            return
+        self._accepted.pop(connection.key, None)
+        connection.key = 0
+        states = sorted(connection.links, key=lambda state: state.id)
+        connection.links.clear()
+        now_ms = self.clock_ms()
+        for state in states:
+            state.alive = False
+            self._links.pop(state.link, None)
+            if state.producer:
+                self.producers.pop(state.id, None)
+            elif self.consumers.pop(state.id, None) is not None:
+                self.apply(self.broker.detach_consumer(state.id, now_ms))
+
+    def close_connections(self) -> None:
+        for connection in list(self._by_pointer.values()):
+            if not connection.released and lib.pn_connection_state(connection.connection) & LOCAL_ACTIVE:
+                lib.pn_connection_close(connection.connection)
+                self._dirty.add(connection)
+        self.wake()
+
+    # ---- links -------------------------------------------------------------------------------
+
+    def _on_link_remote_open(self, event) -> None:
+        link = lib.pn_event_link(event)
+        connection = self._connection_of(event)
+        if connection is None or not connection.key:
+            return  # the connection was refused
+        self._dirty.add(connection)
+        lib.pn_terminus_copy(lib.pn_link_source(link), lib.pn_link_remote_source(link))
+        lib.pn_terminus_copy(lib.pn_link_target(link), lib.pn_link_remote_target(link))
+        sender = lib.pn_link_is_sender(link)
+        try:
+            if sender:
+                self._open_consumer(link, connection)
+            else:
+                self._open_producer(link, connection)
+        except GrouperError as error:
+            # AMQP 1.0, 2.6.3: the terminus the client asked for is null in our attach, then the detach says why
+            lib.pn_terminus_set_type(lib.pn_link_source(link) if sender else lib.pn_link_target(link), UNSPECIFIED)
+            lib.pn_link_open(link)
+            self._close_link(link, condition_for(error))
+
+    def _open_consumer(self, link, connection: Connection) -> None:
+        source = lib.pn_link_remote_source(link)
+        address = text(lib.pn_terminus_get_address(source))
+        if not address:
+            raise NotFound("a consumer link needs a source address naming a queue")
+        now_ms = self.clock_ms()
+        queue = self.broker.queue(address, create=True)
+        consumer_id = self._next_id()
+        browse = lib.pn_terminus_get_distribution_mode(source) == DIST_MODE_COPY
+        presettled = lib.pn_link_remote_snd_settle_mode(link) == SND_SETTLED
+        effects = self.broker.attach_consumer(address, consumer_id, browse, now_ms, self.config.link_unsettled_max)
+        label = f"{text(lib.pn_connection_remote_container(connection.connection)) or ''}/" \
+                f"{text(lib.pn_link_name(link)) or ''}"
+        state = Consumer(consumer_id, link, connection, address, browse, presettled,
+                         queue.settings.group_first_key, label)
+        self.consumers[consumer_id] = state
+        self._links[link] = state
+        connection.links.add(state)
+        lib.pn_link_set_snd_settle_mode(link, lib.pn_link_remote_snd_settle_mode(link))
+        lib.pn_link_set_rcv_settle_mode(link, lib.pn_link_remote_rcv_settle_mode(link))
+        lib.pn_link_open(link)
+        self.apply(effects)
+        if lib.pn_link_credit(link):
+            self._credit(state)
+
+    def _open_producer(self, link, connection: Connection) -> None:
+        address = text(lib.pn_terminus_get_address(lib.pn_link_remote_target(link)))
+        if address:
+            self.broker.queue(address, create=True)
+        state = Producer(self._next_id(), link, connection, address or None)
+        self.producers[state.id] = state
+        self._links[link] = state
+        connection.links.add(state)
+        lib.pn_link_set_max_message_size(link, MESSAGE_SIZE_MAX_BYTES)
+        lib.pn_link_set_rcv_settle_mode(link, lib.pn_link_remote_rcv_settle_mode(link))
+        lib.pn_link_open(link)
+        lib.pn_link_flow(link, self.config.producer_credit_window)
+
+    def _next_id(self) -> int:
+        link_id = self._next_link_id
+        self._next_link_id += 1
+        return link_id
+
+    def _on_link_remote_close(self, event) -> None:
+        """A detach from the client, closed or not: the link ends here either way (see the header)."""
+        link = lib.pn_event_link(event)
+        state = self._links.get(link)
+        if state is not None:
+            self._forget_link(state)
+        connection = self._connection_of(event)
+        if connection is not None:
+            self._dirty.add(connection)
+        if lib.pn_link_state(link) & LOCAL_ACTIVE:
+            if lib.pn_event_type(event) == LINK_REMOTE_DETACH:
+                lib.pn_link_detach(link)  # answered in kind: the client may mean to attach again
+            else:
+                lib.pn_link_close(link)
+        lib.pn_link_free(link)
+
+    def _forget_link(self, state) -> None:
+        state.alive = False
+        self._links.pop(state.link, None)
+        state.connection.links.discard(state)
+        if state.producer:
+            self.producers.pop(state.id, None)
+        elif self.consumers.pop(state.id, None) is not None:
+            self.apply(self.broker.detach_consumer(state.id, self.clock_ms()))
+
+    def _close_link(self, link, condition) -> None:
+        """Detach a link from this side; it is freed when the client's detach arrives."""
+        name, description = condition
+        set_condition(lib.pn_link_condition(link), name, description)
+        lib.pn_link_close(link)
+
+    def _detach(self, effect: DetachConsumer) -> None:
+        state = self.consumers.get(effect.consumer_id)
+        if state is None:
+            return
+        del self.consumers[effect.consumer_id]  # the core has dropped it already
+        state.alive = False
+        self._links.pop(state.link, None)
+        state.connection.links.discard(state)
+        if lib.pn_link_state(state.link) & LOCAL_ACTIVE:
+            self._close_link(state.link, condition_for(effect.error))
+            self._dirty.add(state.connection)
+
+    def detach_producers_of(self, queue_name: str) -> None:
+        """A deleted queue's producers are detached too, so they learn it is gone."""
+        for state in [state for state in self.producers.values() if state.address == queue_name]:
+            self._forget_link(state)
+            if lib.pn_link_state(state.link) & LOCAL_ACTIVE:
+                self._close_link(state.link, (RESOURCE_DELETED, f"queue {queue_name!r} was deleted"))
+                self._dirty.add(state.connection)
+
+    # ---- flow --------------------------------------------------------------------------------
+
+    def _on_link_flow(self, event) -> None:
+        state = self._links.get(lib.pn_event_link(event))
+        if state is not None and not state.producer:
+            self._credit(state)
+
+    def _credit(self, state: Consumer) -> None:
+        link = state.link
+        self.apply(self.broker.set_credit(state.id, lib.pn_link_credit(link), self.clock_ms()))
+        if lib.pn_link_get_drain(link) and lib.pn_link_credit(link) > 0:
+            lib.pn_link_drained(link)
+            self.apply(self.broker.set_credit(state.id, 0, self.clock_ms()))
+        self._dirty.add(state.connection)
+
+    def _top_up(self, state: Producer) -> None:
+        window = self.config.producer_credit_window
+        credit = lib.pn_link_credit(state.link)
+        if credit * 2 >= window:
+            return
+        if self.journal is not None and self.journal.backlog_full():
+            return  # the disk is behind: withhold credit until journal_durable tops up again
+        lib.pn_link_flow(state.link, window - credit)
+        self._dirty.add(state.connection)
+
+    def _top_up_all(self) -> None:
+        for state in self.producers.values():
+            self._top_up(state)
+
+    # ---- deliveries --------------------------------------------------------------------------
+
+    def _on_delivery(self, event) -> None:
+        delivery = lib.pn_event_delivery(event)
+        state = self._links.get(lib.pn_delivery_link(delivery))
+        if state is None:
+            return  # a link the node has let go of; proton frees its deliveries with it
+        if state.producer:
+            self._receive(state, delivery)
+        elif lib.pn_delivery_updated(delivery):
+            self._disposition(state, delivery)
+
+    def _receive(self, producer: Producer, delivery) -> None:
+        link = producer.link
+        if lib.pn_link_current(link) != delivery:
+            return  # an update of a delivery already taken (the producer settling it)
+        if lib.pn_delivery_aborted(delivery):
+            lib.pn_delivery_settle(delivery)
+            return
+        if lib.pn_delivery_partial(delivery):
+            return  # more frames to come; the link's max-message-size bounds what proton buffers
+        size = lib.pn_delivery_pending(delivery)
+        if size > self._receive_buffer_bytes:
+            self._receive_buffer_bytes = max(size, self._receive_buffer_bytes * 2)
+            self._receive_buffer = ffi.new("char[]", self._receive_buffer_bytes)
+        count = lib.pn_link_recv(link, self._receive_buffer, size)
+        payload = ffi.unpack(self._receive_buffer, max(count, 0))
+        lib.pn_link_advance(link)
+        producer_settled = lib.pn_delivery_settled(delivery)  # the producer sent it presettled
+        incoming = (producer, delivery)
+        now_ms = self.clock_ms()
+        try:
+            if len(payload) > MESSAGE_SIZE_MAX_BYTES:
+                raise _too_large(len(payload))
+            address = producer.address
+            queue = self.broker.queue(address, create=True) if address else None
+            arrival = codec.read_arrival(payload, queue.settings.group_header if queue else "", now_ms)
+            if queue is None:
+                if not arrival.address:
+                    raise NotFound("anonymous link: the message's 'to' field must name a queue")
+                queue = self.broker.queue(arrival.address, create=True)
+                if queue.settings.group_header:
+                    arrival = codec.read_arrival(payload, queue.settings.group_header, now_ms)
+            durable = queue.settings.durable and self.journal is not None
+            if durable and self._journal_failed and now_ms < self._journal_retry_at_ms:
+                raise _journal_down(self._journal_failed)
+            message = Message(payload, arrival.group_id, expires_at_ms=arrival.expires_at_ms,
+                              closes_group=arrival.closes_group)
+            if self.cluster is not None:
+                queue.check_group_id(message.group_id)  # refused here, before a route is proposed
+                route_key = queue.route_key(message.group_id)
+                if route_key is not None:
+                    self.cluster.arrive(incoming, queue.settings.name, route_key, message, durable,
+                                        producer_settled, now_ms)
+                    self._top_up(producer)
+                    return
+        except GrouperError as error:
+            self.refuse(incoming, error)
+        else:
+            self.enqueue_local(incoming, queue.settings.name, message, durable, producer_settled, now_ms)
+        self._top_up(producer)
+
+    def enqueue_local(self, incoming, queue_name, message, durable, producer_settled, now_ms) -> None:
+        try:
+            effects = self.broker.enqueue(queue_name, message, now_ms)
+        except GrouperError as error:
+            self.refuse(incoming, error)
+        else:
+            self.accept_when_stored(incoming, durable, producer_settled)
+            self.apply(effects)
+
+    def accept_when_stored(self, incoming, durable, producer_settled) -> None:
+        producer, delivery = incoming
+        if producer_settled:
+            if producer.alive:
+                lib.pn_delivery_settle(delivery)
+        elif durable:
+            self._awaiting_flush.append((incoming, PRODUCER))
+        else:
+            self._accept_at_batch_end.append(incoming)
+
+    def after_flush(self, fn) -> None:
+        """Call fn(None) once everything journalled so far is on disk, fn(reason) if it failed."""
+        self._awaiting_flush.append((fn, CALL))
+
+    def refuse(self, incoming, error: BaseException) -> None:
+        producer, delivery = incoming
+        if producer.alive:
+            self._reject(producer, delivery, *condition_for(error))
+
+    def _reject(self, producer: Producer, delivery, name: str, description: str) -> None:
+        set_condition(lib.pn_disposition_condition(lib.pn_delivery_local(delivery)), name, description)
+        lib.pn_delivery_update(delivery, REJECTED)
+        lib.pn_delivery_settle(delivery)
+        self._dirty.add(producer.connection)
+
+    def _disposition(self, consumer: Consumer, delivery) -> None:
+        delivery_id = consumer.unsettled.get(delivery)
+        if delivery_id is None:
+            return  # settled here already (a browser's copy, or an outcome taken before)
+        remote = lib.pn_delivery_remote_state(delivery)
+        settled = lib.pn_delivery_settled(delivery)
+        if remote == ACCEPTED:
+            outcome, failed = Outcome.ACCEPTED, False
+        elif remote == REJECTED:
+            outcome, failed = Outcome.REJECTED, False
+        elif remote == RELEASED:
+            outcome, failed = Outcome.RELEASED, False
+        elif remote == MODIFIED:
+            outcome, failed = Outcome.MODIFIED, bool(lib.pn_disposition_is_failed(lib.pn_delivery_remote(delivery)))
+        elif settled:
+            outcome, failed = Outcome.ACCEPTED, False  # settled with no outcome: the default, accepted
+        else:
+            return  # a non-terminal state (received): wait for the outcome
+        del consumer.unsettled[delivery]
+        effects = self.broker.settle(consumer.id, delivery_id, outcome, self.clock_ms(), failed)
+        if not settled and any(type(effect) is Removed for effect in effects):
+            self._awaiting_flush.append(((consumer, delivery), CONSUMER))  # settle once the removal is on disk
+        else:
+            lib.pn_delivery_settle(delivery)
+        self._dirty.add(consumer.connection)
+        self.apply(effects)
+
+    # ---- effects -----------------------------------------------------------------------------
+
+    def apply(self, effects: list) -> None:
+        if self.broker.declared:
+            self._journal_declarations()
+        index = 0
+        while index < len(effects):
+            effect = effects[index]
+            index += 1
+            kind = type(effect)
+            if kind is Deliver:
+                more = self._deliver(effect)
+                if more:
+                    effects.extend(more)
+            elif kind is Stored:
+                if self.journal is not None:
+                    self.journal.store(effect.queue, effect.message)
+            elif kind is Removed:
+                if self.journal is not None:
+                    self.journal.remove(effect.queue, effect.seq)
+            elif kind is DetachConsumer:
+                self._detach(effect)
+            elif kind is Dropped:
+                log.info("queue %s dropped message %d: %s", effect.queue, effect.seq, effect.reason)
+
+    def _journal_declarations(self) -> None:
+        # queues declared since the last call, auto-created ones too: journalled before their messages
+        declared, self.broker.declared = self.broker.declared, []
+        if self.journal is None:
+            return
+        for settings in declared:
+            if settings.durable:
+                self.journal.declare(settings.to_dict())
+
+    def _deliver(self, effect: Deliver):
+        state = self.consumers.get(effect.consumer_id)
+        if state is None:
+            return None
+        message = effect.message
+        payload = message.payload
+        first_key = state.first_key if effect.first_for_consumer else ""
+        if message.delivery_count or first_key:
+            payload = codec.rewrite_for_delivery(payload, message.delivery_count, first_key)
+        if message.enqueued_at_ms:
+            payload = codec.stamp_enqueued_time(payload, message.enqueued_at_ms)
+        link = state.link
+        delivery = lib.pn_delivery(link, delivery_tag(effect.delivery_id))
+        lib.pn_link_send(link, payload, len(payload))
+        lib.pn_link_advance(link)
+        self._dirty.add(state.connection)
+        if effect.browse:
+            lib.pn_delivery_settle(delivery)
+        elif state.presettled:
+            lib.pn_delivery_settle(delivery)
+            return self.broker.settle(effect.consumer_id, effect.delivery_id, Outcome.ACCEPTED, self.clock_ms())
+        else:
+            state.unsettled[delivery] = effect.delivery_id
+        return None
+
+    # ---- what other parts of the node read ---------------------------------------------------
+
+    def consumer_counts(self) -> dict[str, int]:
+        """Consumers (browsers excluded) per queue: where the cluster should route new groups."""
+        counts: dict[str, int] = {}
+        for state in self.consumers.values():
+            if not state.browse:
+                counts[state.queue] = counts.get(state.queue, 0) + 1
+        return counts
+
+    def engine_objects(self) -> dict[str, int]:
+        """What the loop holds of proton's objects, for the soak's leak check."""
+        return {"connections": len(self._by_pointer), "links": len(self._links),
+                "unsettled_deliveries": sum(len(state.unsettled) for state in self.consumers.values())}
+
+
+def _too_large(size_bytes: int) -> GrouperError:
+    return ResourceLimitExceeded(f"message is {size_bytes} bytes; this node accepts at most "
+                                 f"{MESSAGE_SIZE_MAX_BYTES} bytes per message")
+
+
+def _journal_down(reason: str) -> GrouperError:
+    return ResourceLimitExceeded(f"the node cannot store messages right now ({reason}); retry later")
