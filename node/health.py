@@ -100,7 +100,8 @@ class GrouperCollector:
     queues: [Queue.stats() rows]; consumers: [(queue, consumer label, owned groups)];
     journal: Journal.stats() or None; cluster: None alone, else {routes, waiting_for_route,
     outbound: {owner: messages}, decisions: {outcome: count}, decision_latency: tally,
-    raft: {term, leader, state, has_quorum}}; ready: bool.
+    raft: {term, leader, state, has_quorum}}; ready: bool; engine: AmqpServer.engine_objects()
+    (connections, links, unsettled_deliveries); resident_bytes: int or None (not Linux).
     """
 
     def __init__(self, probe):
@@ -110,6 +111,7 @@ class GrouperCollector:
         snapshot = self._probe.metrics_snapshot()
         yield GaugeMetricFamily("grouper_ready", "1 when /readyz would answer 200", value=int(snapshot["ready"]))
         yield from self._queues(snapshot["queues"], snapshot["consumers"])
+        yield from self._engine(snapshot["engine"], snapshot["resident_bytes"])
         if snapshot["journal"] is not None:
             yield from self._journal(snapshot["journal"])
         if snapshot["cluster"] is not None:
@@ -137,6 +139,18 @@ class GrouperCollector:
         for queue, consumer, count in consumers:
             owned.add_metric([queue, consumer], count)
         yield from (messages_in, messages_out, *gauges.values(), owned)
+
+    @staticmethod
+    def _engine(engine: dict, resident_bytes: int | None):
+        # what the loop holds of proton's C objects, which the node frees itself: flat under a steady
+        # load, back to the idle baseline once clients leave, or something leaks
+        for key, text in (("connections", "AMQP connections whose engine objects the loop still holds"),
+                          ("links", "attached links (consumers and producers)"),
+                          ("unsettled_deliveries", "deliveries sent to consumers and not yet settled")):
+            yield GaugeMetricFamily(f"grouper_engine_{key}", text, value=engine[key])
+        if resident_bytes is not None:
+            yield GaugeMetricFamily("grouper_process_resident_bytes", "resident set size of the node process",
+                                    value=resident_bytes)
 
     @staticmethod
     def _journal(stats: dict):

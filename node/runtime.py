@@ -37,6 +37,15 @@ def wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
+def resident_bytes() -> int | None:
+    """This process's resident set size now (not its peak, which getrusage gives); None off Linux."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class LoopControl:
     """NodeControl over the running engine loop: each call runs on the loop's thread."""
 
@@ -299,15 +308,17 @@ class Node:
                 cluster = {**self.cluster.status(), "decisions": dict(router.decisions),
                            "decision_latency": router.decision_latency.snapshot(),
                            "caught_up": router.ready, "registered": self.cluster.registered}
-            return self.broker.list_queues(), consumers, cluster, self.serving and not self.server.stopping
+            return (self.broker.list_queues(), consumers, cluster, self.serving and not self.server.stopping,
+                    self.server.engine_objects())
 
-        queues, consumers, cluster, serving = self.bridge.call(read, PROBE_TIMEOUT_MS)
+        queues, consumers, cluster, serving, engine = self.bridge.call(read, PROBE_TIMEOUT_MS)
         ready = serving
         if cluster is not None:  # one raft status and one loop visit per scrape serve readiness too
             cluster["raft"] = self.handler.status()
             ready = serving and _cluster_readiness(cluster["raft"], cluster["caught_up"], cluster["registered"])[0]
         return {"ready": ready, "queues": queues, "consumers": consumers, "cluster": cluster,
-                "journal": self.journal.stats() if self.journal is not None else None}
+                "journal": self.journal.stats() if self.journal is not None else None, "engine": engine,
+                "resident_bytes": resident_bytes()}
 
     def _add_peer_service(self, grpc_server) -> None:
         if self.cluster is not None:

@@ -7,7 +7,7 @@ import urllib.error
 import urllib.request
 
 from tests.integration.cluster import Cluster
-from tests.integration.harness import connect, grouped
+from tests.integration.harness import ManualReceiver, connect, grouped
 
 WAIT_S = 20.0
 
@@ -105,3 +105,29 @@ def test_cluster_nodes_are_ready_with_a_leader_and_not_ready_without_a_majority(
         assert get(survivor, "/healthz")[0] == 200  # alive: a supervisor must not restart it for this
     finally:
         cluster.kill_all()
+
+
+def test_engine_object_gauges_count_what_clients_hold_and_return_to_zero_when_they_leave(node):
+    text = get(node, "/metrics")[1]
+    assert metric(text, "grouper_engine_connections") == 0
+    assert metric(text, "grouper_process_resident_bytes") > 1 << 20  # a Python process with proton loaded
+    connection = connect(node)
+    try:
+        receiver = ManualReceiver(connection, "orders", "c1")
+        sender = connection.create_sender("orders")
+        for n in range(3):
+            sender.send(grouped(f"m{n}", "g"))
+        held = receiver.fetch_many(2)  # delivered, left unsettled
+        text = get(node, "/metrics")[1]
+        assert metric(text, "grouper_engine_connections") == 1
+        assert metric(text, "grouper_engine_links") == 2  # the consumer and the producer
+        assert metric(text, "grouper_engine_unsettled_deliveries") == 2
+        held[0].accept()
+        assert metric(get(node, "/metrics")[1], "grouper_engine_unsettled_deliveries") == 1
+    finally:
+        connection.close()
+    wait_until(lambda: metric(get(node, "/metrics")[1], "grouper_engine_connections") == 0,
+               "the closed connection's engine objects released")
+    text = get(node, "/metrics")[1]
+    assert metric(text, "grouper_engine_links") == 0
+    assert metric(text, "grouper_engine_unsettled_deliveries") == 0
