@@ -93,6 +93,7 @@ class AmqpServer:
         self._next_link_id = 1
         self._next_connection_key = 1
         self._dirty: set = set()  # connections with something to send
+        self._receiving: set = set()  # producers that took messages this batch: credit topped up at its end
         self._lost: list = []  # connections whose sockets are gone: released after the batch
         self._batch_due = False
         self._bridge_due = False
@@ -207,6 +208,7 @@ class AmqpServer:
         heartbeat_ms = int(time.monotonic() * 1000)
         for connection in self._accepted.values():
             connection.tick(heartbeat_ms)
+            self._dirty.add(connection)  # a heartbeat frame comes with no event to say so
         self.wake()
         self.loop.call_later(TICK_INTERVAL_S, self._tick)
 
@@ -244,6 +246,12 @@ class AmqpServer:
             event = peek(collector)
 
     def _end_batch(self) -> None:
+        if self._receiving:
+            # in bulk, once the window is half used: one flow frame per producer per batch at most
+            receiving, self._receiving = self._receiving, set()
+            for producer in receiving:
+                if producer.alive:
+                    self._top_up(producer)
         if self._accept_at_batch_end:
             for producer, delivery in self._accept_at_batch_end:
                 if producer.alive:
@@ -576,6 +584,7 @@ class AmqpServer:
         count = lib.pn_link_recv(link, self._receive_buffer, size)
         payload = ffi.unpack(self._receive_buffer, max(count, 0))
         lib.pn_link_advance(link)
+        self._receiving.add(producer)
         producer_settled = lib.pn_delivery_settled(delivery)  # the producer sent it presettled
         incoming = (producer, delivery)
         now_ms = self.clock_ms()
@@ -602,13 +611,11 @@ class AmqpServer:
                 if route_key is not None:
                     self.cluster.arrive(incoming, queue.settings.name, route_key, message, durable,
                                         producer_settled, now_ms)
-                    self._top_up(producer)
                     return
         except GrouperError as error:
             self.refuse(incoming, error)
         else:
             self.enqueue_local(incoming, queue.settings.name, message, durable, producer_settled, now_ms)
-        self._top_up(producer)
 
     def enqueue_local(self, incoming, queue_name, message, durable, producer_settled, now_ms) -> None:
         try:
