@@ -43,6 +43,7 @@ class Connection(asyncio.Protocol):
         self.closing = False  # the socket is being closed (proton has nothing more to send)
         self.lost = False  # the socket is gone
         self.released = False
+        self.error_logged = False
 
     # ---- asyncio.Protocol --------------------------------------------------------------------
 

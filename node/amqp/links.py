@@ -32,7 +32,7 @@ class Consumer:
 class Producer:
     """An incoming link: the client sends, the node settles. `address` None: anonymous relay ('to' decides)."""
 
-    __slots__ = ("id", "link", "connection", "address", "alive")
+    __slots__ = ("id", "link", "connection", "address", "alive", "partial", "size_bytes")
     producer = True
 
     def __init__(self, producer_id: int, link, connection, address: str | None):
@@ -41,3 +41,5 @@ class Producer:
         self.connection = connection
         self.address = address
         self.alive = True
+        self.partial = bytearray()  # the frames of a multi-frame message read so far (up to the size limit)
+        self.size_bytes = 0  # of that message so far, counting what was dropped past the limit

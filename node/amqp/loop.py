@@ -52,6 +52,9 @@ log = logging.getLogger("grouper.amqp")
 TICK_INTERVAL_S = 0.1  # TTL expiry, delayed dispatch and heartbeats run at least this often
 JOURNAL_RETRY_INTERVAL_MS = 1000  # after a failed journal write, durable sends are refused this long
 MESSAGE_SIZE_MAX_BYTES = 16 << 20  # larger incoming messages are rejected with amqp:resource-limit-exceeded
+# bytes proton buffers per session before the node reads them: the session's incoming window is this
+# over the max frame size (32 KiB by default: 256 frames), which stops a client sending more
+SESSION_INCOMING_MAX_BYTES = 8 << 20
 OUTPUT_MAX_BYTES = 4 << 20  # socket output buffered per connection before its input is no longer read
 OUTPUT_CHUNK_BYTES = 1 << 20  # one copy out of proton's output buffer
 RECEIVE_BUFFER_BYTES = 64 << 10  # first size of the buffer incoming messages are copied through
@@ -147,6 +150,7 @@ class AmqpServer:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
+        self.loop.set_exception_handler(_stop_on_bug)
         self.loop.call_later(TICK_INTERVAL_S, self._tick)
         self.wake()  # journals the declarations made during recovery
         try:
@@ -356,6 +360,7 @@ class AmqpServer:
     def _on_session_remote_open(self, event) -> None:
         session = lib.pn_event_session(event)
         if lib.pn_session_state(session) & LOCAL_UNINIT:
+            lib.pn_session_set_incoming_capacity(session, SESSION_INCOMING_MAX_BYTES)
             lib.pn_session_open(session)
 
     def _on_session_remote_close(self, event) -> None:
@@ -379,8 +384,11 @@ class AmqpServer:
 
     def _on_transport_error(self, event) -> None:
         connection = self._connection_of(event)
+        if connection is None or connection.error_logged:
+            return  # proton reports a broken connection more than once
+        connection.error_logged = True
         reason = condition_text(lib.pn_transport_condition(lib.pn_event_transport(event)))
-        log.info("connection %s dropped: %s", connection.peer if connection else "?", reason or "no reason given")
+        log.info("connection %s dropped: %s", connection.peer, reason or "no reason given")
 
     def _on_transport_closed(self, event) -> None:
         connection = self._connection_of(event)
@@ -575,14 +583,32 @@ class AmqpServer:
         if lib.pn_delivery_aborted(delivery):
             lib.pn_delivery_settle(delivery)
             return
-        if lib.pn_delivery_partial(delivery):
-            return  # more frames to come; the link's max-message-size bounds what proton buffers
         size = lib.pn_delivery_pending(delivery)
         if size > self._receive_buffer_bytes:
             self._receive_buffer_bytes = max(size, self._receive_buffer_bytes * 2)
             self._receive_buffer = ffi.new("char[]", self._receive_buffer_bytes)
-        count = lib.pn_link_recv(link, self._receive_buffer, size)
-        payload = ffi.unpack(self._receive_buffer, max(count, 0))
+        count = max(lib.pn_link_recv(link, self._receive_buffer, size), 0)
+        if lib.pn_delivery_partial(delivery):
+            # more frames to come. proton advertises max-message-size but buffers whatever comes, so
+            # the part so far is read out (freeing the session's incoming window: proton holds at most
+            # SESSION_INCOMING_MAX_BYTES) and held here, up to the size limit; past it, the rest is
+            # read and dropped, and the message rejected once its last frame is in
+            producer.size_bytes += count
+            if producer.size_bytes <= MESSAGE_SIZE_MAX_BYTES:
+                producer.partial += ffi.buffer(self._receive_buffer, count)
+            elif producer.partial:
+                producer.partial = bytearray()
+            return
+        if producer.size_bytes > MESSAGE_SIZE_MAX_BYTES:
+            size_bytes, producer.size_bytes = producer.size_bytes + count, 0
+            lib.pn_link_advance(link)
+            self._receiving.add(producer)
+            self.refuse((producer, delivery), _too_large(size_bytes))
+            return
+        producer.size_bytes = 0
+        payload = ffi.unpack(self._receive_buffer, count)
+        if producer.partial:
+            payload, producer.partial = bytes(producer.partial + payload), bytearray()
         lib.pn_link_advance(link)
         self._receiving.add(producer)
         producer_settled = lib.pn_delivery_settled(delivery)  # the producer sent it presettled
@@ -751,6 +777,19 @@ class AmqpServer:
         """What the loop holds of proton's objects, for the soak's leak check."""
         return {"connections": len(self._by_pointer), "links": len(self._links),
                 "unsettled_deliveries": sum(len(state.unsettled) for state in self.consumers.values())}
+
+
+def _stop_on_bug(loop, context: dict) -> None:
+    """asyncio logs an exception escaping a callback and carries on; here that is a broken invariant
+    (the core and proton's objects may disagree from then on): stop, and let the supervisor restart
+    the node. A socket's own failure (OSError) is the peer's business and only logged."""
+    error = context.get("exception")
+    if error is None or isinstance(error, OSError):
+        loop.default_exception_handler(context)
+        return
+    log.critical("the engine loop stopped on an unexpected error: %s", context.get("message"), exc_info=error)
+    logging.shutdown()
+    os._exit(70)
 
 
 def _too_large(size_bytes: int) -> GrouperError:
