@@ -26,7 +26,6 @@ Engine loop thread only (other threads enter through `bridge`). Rules:
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import threading
@@ -42,6 +41,7 @@ from node.amqp.engine import (ACCEPTED, CONNECTION_REMOTE_CLOSE, CONNECTION_REMO
                               TRANSPORT, TRANSPORT_CLOSED, TRANSPORT_ERROR, condition_text, delivery_tag, ffi, lib,
                               set_condition, text)
 from node.amqp.links import Consumer, Producer
+from node.core.durability import CALL, CONSUMER, PRODUCER, Durability
 from node.core.effects import Deliver, DetachConsumer, Dropped, Removed, Stored
 from node.core.errors import GrouperError, NotFound, ResourceLimitExceeded
 from node.core.message import Message, Outcome
@@ -60,7 +60,6 @@ OUTPUT_CHUNK_BYTES = 1 << 20  # one copy out of proton's output buffer
 RECEIVE_BUFFER_BYTES = 64 << 10  # first size of the buffer incoming messages are copied through
 SHUTDOWN_GRACE_S = 0.3  # time for close frames to leave before the loop stops
 
-PRODUCER, CONSUMER, CALL = 0, 1, 2  # what waits for a journal batch: a send, a settlement, a callback
 SND_SETTLED = lib.PN_SND_SETTLED
 DIST_MODE_COPY = lib.PN_DIST_MODE_COPY
 UNSPECIFIED = lib.PN_UNSPECIFIED
@@ -103,14 +102,10 @@ class AmqpServer:
         self._output_buffer = ffi.new("char[]", OUTPUT_CHUNK_BYTES)
         self._receive_buffer = ffi.new("char[]", RECEIVE_BUFFER_BYTES)
         self._receive_buffer_bytes = RECEIVE_BUFFER_BYTES
-        self._awaiting_flush: list = []  # deliveries to settle once the next journal batch is durable
+        self.durability = Durability(JOURNAL_RETRY_INTERVAL_MS)  # what waits for the journal
         # non-durable sends are accepted at the end of the batch: settled together, proton puts them
         # in disposition ranges, which cost less than the sends they confirm
         self._accept_at_batch_end: list = []
-        self._pending: collections.deque = collections.deque()  # (ticket, target, kind)
-        self._journal_failed: str | None = None
-        self._durable_ticket = 0
-        self._journal_retry_at_ms = 0
         self._handlers = {
             DELIVERY: self._on_delivery,
             LINK_FLOW: self._on_link_flow,
@@ -268,41 +263,23 @@ class AmqpServer:
         # the end of a batch: hand everything journalled in it to the writer as one unit
         if self.cluster is not None:
             self.cluster.quiesced()
-        if self.journal is None:
-            for target, kind in self._awaiting_flush:
-                self._confirm(target, kind)
-            self._awaiting_flush.clear()
-            return
-        ticket = self.journal.flush()
-        if not self._awaiting_flush:
-            return
-        for target, kind in self._awaiting_flush:
-            self._pending.append((ticket, target, kind))
-        self._awaiting_flush.clear()
-        if ticket <= self._durable_ticket:
-            self.journal_durable(self._durable_ticket)
+        ticket = self.journal.flush() if self.journal is not None else None
+        for target, kind in self.durability.batch_ended(ticket):
+            self._confirm(target, kind)
 
     # ---- the journal writer's reports (through the bridge) -----------------------------------
 
     def journal_durable(self, ticket: int) -> None:
         """Every record up to `ticket` is on disk."""
-        self._journal_failed = None
-        self._durable_ticket = max(self._durable_ticket, ticket)
-        pending = self._pending
-        while pending and pending[0][0] <= ticket:
-            _, target, kind = pending.popleft()
+        for target, kind in self.durability.durable(ticket):
             self._confirm(target, kind)
-        self._top_up_all()
+        self._top_up_all()  # credit withheld while the journal's backlog was full
 
     def journal_failed(self, ticket: int, reason: str) -> None:
         """The batch ending at `ticket` could not be written."""
-        self._journal_failed = reason
-        self._journal_retry_at_ms = self.clock_ms() + JOURNAL_RETRY_INTERVAL_MS
         log.error("journal write failed: %s; durable sends are refused for %d ms, then tried again", reason,
                   JOURNAL_RETRY_INTERVAL_MS)
-        pending = self._pending
-        while pending and pending[0][0] <= ticket:
-            _, target, kind = pending.popleft()
+        for target, kind in self.durability.failed(ticket, reason, self.clock_ms()):
             if kind == CALL:
                 target(reason)
                 continue
@@ -627,8 +604,8 @@ class AmqpServer:
                 if queue.settings.group_header:
                     arrival = codec.read_arrival(payload, queue.settings.group_header, now_ms)
             durable = queue.settings.durable and self.journal is not None
-            if durable and self._journal_failed and now_ms < self._journal_retry_at_ms:
-                raise _journal_down(self._journal_failed)
+            if durable and self.durability.refusing(now_ms):
+                raise _journal_down(self.durability.failure)
             message = Message(payload, arrival.group_id, expires_at_ms=arrival.expires_at_ms,
                               closes_group=arrival.closes_group)
             if self.cluster is not None:
@@ -658,13 +635,13 @@ class AmqpServer:
             if producer.alive:
                 lib.pn_delivery_settle(delivery)
         elif durable:
-            self._awaiting_flush.append((incoming, PRODUCER))
+            self.durability.wait(incoming, PRODUCER)
         else:
             self._accept_at_batch_end.append(incoming)
 
     def after_flush(self, fn) -> None:
         """Call fn(None) once everything journalled so far is on disk, fn(reason) if it failed."""
-        self._awaiting_flush.append((fn, CALL))
+        self.durability.wait(fn, CALL)
 
     def refuse(self, incoming, error: BaseException) -> None:
         producer, delivery = incoming
@@ -698,7 +675,7 @@ class AmqpServer:
         del consumer.unsettled[delivery]
         effects = self.broker.settle(consumer.id, delivery_id, outcome, self.clock_ms(), failed)
         if not settled and any(type(effect) is Removed for effect in effects):
-            self._awaiting_flush.append(((consumer, delivery), CONSUMER))  # settle once the removal is on disk
+            self.durability.wait((consumer, delivery), CONSUMER)  # settled once the removal is on disk
         else:
             lib.pn_delivery_settle(delivery)
         self._dirty.add(consumer.connection)
