@@ -4,10 +4,8 @@ Threads: pysyncobj's tick thread owns the replica and runs every callback; calle
 (the engine loop, the admin pool) only enqueue commands, which never blocks, and hear back through the
 callbacks they pass, on the tick thread. The raft leader is the LOCAL handler: every proposal is
 decided in log order there; the other members forward theirs to it (pysyncobj does). The leader
-also has duties, run by a thread of this class that only enqueues commands: the reaper (routes
-idle for `group_timeout_ms` are expired) and, when `owner_failover_ms` is set, the owner-failover
-policy (a member unreachable that long is marked down and its routes dropped, so its groups are
-placed afresh: availability over order, said loudly in the log).
+also has duties, decided by handler/leader_duties.py (the reaper and owner failover); a thread
+of this class only feeds it the clock and the raft status and enqueues the commands it returns.
 
 Raft connections go through handler/raft_transport.py: the dialer names the member it meant to
 reach, and a node closes a connection meant for another (a stale address, an IP reused after a
@@ -23,12 +21,12 @@ import time
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 
+from handler.leader_duties import ExpireIdle, FailOver, LeaderDuties, MarkUp, RaftStatus
 from handler.raft_transport import RaftTransport
 from handler.replicated import RouteTableReplica
 
 log = logging.getLogger("grouper.handler")
 
-REAPER_INTERVAL_MS = 1000  # how often the leader looks for idle routes (when a group timeout is set)
 DUTIES_INTERVAL_MS = 200  # how often the leader checks members' reachability (owner failover)
 DESTROY_WAIT_S = 2.0  # how long stop() waits for the tick thread
 STATUS_TRIES = 5  # reads of the raft status before giving up
@@ -42,7 +40,6 @@ class GroupingHandler:
         self.node_id = node_id
         self.group_timeout_ms = group_timeout_ms
         self.owner_failover_ms = owner_failover_ms
-        self._unreachable_since_s: dict[str, float] = {}  # member -> monotonic time it was first seen unreachable
         self._on_ready = on_ready
         self.replica = RouteTableReplica(on_applied, routes_max)
         conf = SyncObjConf(
@@ -67,10 +64,10 @@ class GroupingHandler:
         )
         self._syncobj = SyncObj(node_id, list(partners), conf=conf, consumers=[self.replica],
                                 transportClass=RaftTransport)
-        self._reap_due_s = 0.0
+        self.duties = LeaderDuties(group_timeout_ms, owner_failover_ms)
         self._stopped = threading.Event()
         self._duties = None
-        if group_timeout_ms or owner_failover_ms:
+        if self.duties.active:
             self._duties = threading.Thread(target=self._leader_duties, name="leader-duties", daemon=True)
             self._duties.start()
 
@@ -168,49 +165,44 @@ class GroupingHandler:
         return self._callback(lambda reason: log.warning("grouping handler: %s failed: %s", what, reason))
 
     def _leader_duties(self):
-        # this thread only enqueues commands; every decision is in the log
-        leader_since_s = None
+        # this thread only supplies the clock and the raft status and proposes what the pure duties
+        # return (handler/leader_duties.py); every decision is in the log
         while not self._stopped.wait(DUTIES_INTERVAL_MS / 1000):
-            if not self._syncobj._isLeader():
-                self._unreachable_since_s.clear()
-                leader_since_s = None
+            try:
+                status = self._duties_status()
+            except TimeoutError as error:
+                log.warning("leader duties skipped a round: %s", error)
                 continue
-            if leader_since_s is None:
-                leader_since_s = time.monotonic()
-            now_ms = int(time.time() * 1000)
-            # a new leader reaps only after every node has had time to refresh what it holds: during
-            # an election nobody could, and those routes are not idle
-            settled = (time.monotonic() - leader_since_s) * 1000 >= self.group_timeout_ms / 2
-            if self.group_timeout_ms and settled and time.monotonic() >= self._reap_due_s:
-                self._reap_due_s = time.monotonic() + REAPER_INTERVAL_MS / 1000
-                status = self.status()
-                # a member the leader cannot reach cannot refresh what it holds: spare its routes
-                spared = [m for m in status["members"] if m != self.node_id and m not in status["connected"]]
-                self.replica.expire_idle(now_ms - self.group_timeout_ms, sorted(spared),
-                                         callback=self._logged("expire_idle"))
-            if self.owner_failover_ms:
-                self._fail_over_unreachable(now_ms)
+            for command in self.duties.tick(int(time.time() * 1000), status):
+                self._propose_duty(command)
 
-    def _fail_over_unreachable(self, now_ms: int) -> None:
+    def _duties_status(self) -> RaftStatus:
+        if not self._syncobj._isLeader():
+            return RaftStatus(leader=False, term=0, reachable=(), unreachable=())
         status = self.status()
-        down = self.replica.table.down  # read-only look; the decision itself goes through the log
-        for member in status["members"]:
-            if member == self.node_id:
-                continue
-            if member in status["connected"]:
-                self._unreachable_since_s.pop(member, None)
-                if member in down:
-                    log.warning("member %s is reachable again: marking it up; groups moved away while it was "
-                                "down stay where they are now", member)
-                    self.replica.mark_up(member, now_ms, callback=self._logged("mark_up"))
-                continue
-            since_s = self._unreachable_since_s.setdefault(member, time.monotonic())
-            if member not in down and (time.monotonic() - since_s) * 1000 >= self.owner_failover_ms:
-                log.warning("OWNER FAILOVER: member %s unreachable for %d ms (owner_failover_ms=%d): marking it "
-                            "down and moving its groups to live nodes; messages it still holds for them may be "
-                            "processed out of order if it returns", member,
-                            (time.monotonic() - since_s) * 1000, self.owner_failover_ms)
-                self.replica.fail_over(member, now_ms, callback=self._logged("fail_over"))
+        others = [member for member in status["members"] if member != self.node_id]
+        return RaftStatus(
+            leader=status["state"] == "leader", term=status["term"],
+            reachable=tuple(member for member in others if member in status["connected"]),
+            unreachable=tuple(member for member in others if member not in status["connected"]),
+            down=frozenset(self.replica.table.down))  # a read-only look; decisions go through the log
+
+    def _propose_duty(self, command) -> None:
+        if isinstance(command, ExpireIdle):
+            self.replica.expire_idle(command.cutoff_ms, list(command.spared_nodes),
+                                     callback=self._logged("expire_idle"))
+        elif isinstance(command, FailOver):
+            log.warning("OWNER FAILOVER: member %s unreachable for %d ms (owner_failover_ms=%d): marking it "
+                        "down and moving its groups to live nodes; messages it still holds for them may be "
+                        "processed out of order if it returns", command.node, command.unreachable_ms,
+                        self.owner_failover_ms)
+            self.replica.fail_over(command.node, command.now_ms, callback=self._logged("fail_over"))
+        elif isinstance(command, MarkUp):
+            log.warning("member %s is reachable again: marking it up; groups moved away while it was "
+                        "down stay where they are now", command.node)
+            self.replica.mark_up(command.node, command.now_ms, callback=self._logged("mark_up"))
+        else:
+            raise AssertionError(f"leader duties returned an unknown command {command!r}")
 
 
 _REASONS = {

@@ -9,8 +9,8 @@ What is modelled (the production classes where they exist):
   node/cluster.py wires them, a journal that survives crashes (torn tails optional), forwarders;
 - the raft cluster: `RaftLog`, one linearizable log applied to a real `RouteTable`, with a leader
   that can be down and per-replica apply lag, replays and snapshot installs; the leader's duties
-  (handler/service.py): with a group timeout, expire_idle after half a group timeout of leadership,
-  sparing the routes of the nodes that are down (the members it cannot reach);
+  (the production LeaderDuties of handler/leader_duties.py): with a group timeout, expire_idle after
+  half a group timeout of leadership, sparing the routes of the nodes that are down (the members it cannot reach);
 - the network between nodes: forwarding calls and their replies, with seeded delay, loss and
   duplicated (late) requests; a call to a down node is never answered;
 - clients: producers bound to one node for their lifetime (a link), sending grouped messages with a
@@ -61,6 +61,7 @@ import heapq
 import random
 from dataclasses import dataclass
 
+from handler.leader_duties import ExpireIdle, LeaderDuties, RaftStatus
 from node.core.effects import Removed
 from node.core.message import Outcome
 from tests.sim.node_model import MARK_PREFIX, SimNode, mid_of
@@ -225,10 +226,10 @@ class Simulation:
         self._replay = "<the scenario's own calls>"
         for node in self.nodes.values():
             node.boot()
-        self.leader_since_ms: int | None = 0  # when the current leader took over; None while there is none
-        self._reap_due_ms = 0
-        if config.group_timeout_ms:
-            self.schedule(config.reaper_interval_ms, self._leader_duties, None)
+        self.raft_term = 1  # a new term at every leader outage: the next leader is new
+        self.duties = LeaderDuties(config.group_timeout_ms, reaper_interval_ms=config.reaper_interval_ms)
+        if self.duties.active:
+            self.schedule(0, self._leader_duties, None)  # the first leader leads from t=0
 
     # ---- events ------------------------------------------------------------------------------
 
@@ -298,26 +299,21 @@ class Simulation:
             self.schedule(due_ms - self.now_ms, node.guarded(node.catch_up), None)
 
     def _leader_duties(self) -> None:
-        """handler/service.py GroupingHandler._leader_duties (its DUTIES_INTERVAL_MS and
-        REAPER_INTERVAL_MS are both reaper_interval_ms here): a new leader reaps only after
-        group_timeout_ms / 2, and spares the routes of members it cannot reach, which here are the
-        nodes that are down (the simulation has no partitions)."""
-        config = self.config
-        self.schedule(config.reaper_interval_ms, self._leader_duties, None)
-        if not self.raft.leader_up:
-            return
-        if self.leader_since_ms is None:
-            self.leader_since_ms = self.now_ms
-        settled = self.now_ms - self.leader_since_ms >= config.group_timeout_ms / 2
-        if settled and self.now_ms >= self._reap_due_ms:
-            self._reap_due_ms = self.now_ms + config.reaper_interval_ms
-            spared = tuple(sorted(node.node_id for node in self.nodes.values() if not node.alive))
-            self.raft.propose(("expire_idle", self.now_ms - config.group_timeout_ms, spared))
+        """The duties thread of handler/service.py (its DUTIES_INTERVAL_MS and the reaper interval are both
+        reaper_interval_ms here) around the same LeaderDuties: the members the leader cannot reach are
+        the nodes that are down (the simulation has no partitions)."""
+        self.schedule(self.config.reaper_interval_ms, self._leader_duties, None)
+        alive = tuple(sorted(node.node_id for node in self.nodes.values() if node.alive))
+        down = tuple(sorted(node.node_id for node in self.nodes.values() if not node.alive))
+        status = RaftStatus(leader=self.raft.leader_up, term=self.raft_term, reachable=alive, unreachable=down)
+        for command in self.duties.tick(self.now_ms, status):
+            assert isinstance(command, ExpireIdle), command  # no owner failover here
+            self.raft.propose(("expire_idle", command.cutoff_ms, command.spared_nodes))
 
     def _set_leader(self, up: bool) -> None:
         self.raft.set_leader(up)
         if not up:
-            self.leader_since_ms = None  # the next leader is new, and waits before it reaps
+            self.raft_term += 1  # the next leader is new, and waits before it reaps
         if up:
             for node in self._alive_nodes():
                 if node.ready_target is None:

@@ -1,0 +1,123 @@
+"""The raft leader's duties: which route-table commands the leader proposes, given the time and what it sees.
+
+Pure: `LeaderDuties.tick(now_ms, status)` returns commands and never proposes, reads a clock or looks
+at the raft member itself. The caller (handler/service.py on its duties thread; tests/sim on its
+event queue) supplies the time and a `RaftStatus`, and proposes what comes back in order. Every
+decision is then in the raft log, so replicas agree whatever this object believed. Rules:
+- Only a leader acts. A node that is not the leader, or a leader of a later term, starts afresh:
+  it forgets when members became unreachable and waits before reaping again.
+- The reaper (with `group_timeout_ms`) expires routes idle that long, at most once per
+  `reaper_interval_ms`, and only once the leader has led for `group_timeout_ms / 2`: during an
+  election nobody could refresh what it holds, and those routes are not idle.
+- A member the leader cannot reach cannot refresh what it holds: the reaper spares its routes.
+- Owner failover (with `owner_failover_ms`): a member unreachable that long, continuously under
+  this leader, is failed over (marked down, its routes dropped, its groups placed afresh:
+  availability over order). A member that is down and reachable again is marked up, on every tick
+  until the log says it is up (a proposal may be lost in a leader change).
+`now_ms` is one clock for both the cutoff written in the log and the waits above; it must be the
+clock the nodes stamp their touches with.
+Never imports pysyncobj, threading, time, socket or grpc.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REAPER_INTERVAL_MS = 1000  # how often the leader proposes expire_idle (with a group timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class RaftStatus:
+    """What the raft member sees, as of one reading."""
+
+    leader: bool  # this member is the raft leader
+    term: int  # the raft term; a new term is a new leadership even for the same member
+    reachable: tuple[str, ...]  # the other members this one is connected to
+    unreachable: tuple[str, ...]  # the other members it is not connected to
+    down: frozenset[str] = frozenset()  # members the replicated table has marked down
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireIdle:
+    """Propose RouteTable.expire_idle(cutoff_ms, spared_nodes)."""
+
+    cutoff_ms: int
+    spared_nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FailOver:
+    """Propose RouteTable.fail_over(node, now_ms); `unreachable_ms` is for the log line."""
+
+    node: str
+    now_ms: int
+    unreachable_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class MarkUp:
+    """Propose RouteTable.mark_up(node, now_ms): a member marked down is reachable again."""
+
+    node: str
+    now_ms: int
+
+
+class LeaderDuties:
+    def __init__(self, group_timeout_ms: int = 0, owner_failover_ms: int = 0,
+                 reaper_interval_ms: int = REAPER_INTERVAL_MS):
+        if group_timeout_ms < 0 or owner_failover_ms < 0 or reaper_interval_ms <= 0:
+            raise ValueError(f"leader duties need group_timeout_ms >= 0 (got {group_timeout_ms}), "
+                             f"owner_failover_ms >= 0 (got {owner_failover_ms}) and reaper_interval_ms > 0 "
+                             f"(got {reaper_interval_ms})")
+        self.group_timeout_ms = group_timeout_ms
+        self.owner_failover_ms = owner_failover_ms
+        self.reaper_interval_ms = reaper_interval_ms
+        self.leader_since_ms: int | None = None  # when this leadership began, as first seen by tick
+        self.leader_term: int | None = None
+        self.reap_due_ms = 0
+        self.unreachable_since_ms: dict[str, int] = {}  # member -> when this leader first saw it unreachable
+
+    @property
+    def active(self) -> bool:
+        """False when there is nothing to do: the caller need not run a thread for it."""
+        return bool(self.group_timeout_ms or self.owner_failover_ms)
+
+    def tick(self, now_ms: int, status: RaftStatus) -> list:
+        if not status.leader:
+            self._step_down()
+            return []
+        if self.leader_since_ms is None or status.term != self.leader_term:
+            self._step_down()
+            self.leader_since_ms, self.leader_term = now_ms, status.term
+        commands: list = []
+        if self.group_timeout_ms:
+            commands += self._reap(now_ms, status)
+        if self.owner_failover_ms:
+            commands += self._fail_over(now_ms, status)
+        return commands
+
+    def _step_down(self) -> None:
+        self.leader_since_ms = self.leader_term = None
+        self.unreachable_since_ms.clear()
+
+    def _reap(self, now_ms: int, status: RaftStatus) -> list:
+        settled = now_ms - self.leader_since_ms >= self.group_timeout_ms / 2
+        if not settled or now_ms < self.reap_due_ms:
+            return []
+        self.reap_due_ms = now_ms + self.reaper_interval_ms
+        return [ExpireIdle(now_ms - self.group_timeout_ms, tuple(sorted(status.unreachable)))]
+
+    def _fail_over(self, now_ms: int, status: RaftStatus) -> list:
+        commands: list = []
+        since = self.unreachable_since_ms
+        for member in sorted(status.reachable):
+            since.pop(member, None)
+            if member in status.down:
+                commands.append(MarkUp(member, now_ms))
+        for member in sorted(status.unreachable):
+            unreachable_ms = now_ms - since.setdefault(member, now_ms)
+            if member not in status.down and unreachable_ms >= self.owner_failover_ms:
+                commands.append(FailOver(member, now_ms, unreachable_ms))
+        for member in [member for member in since if member not in status.unreachable]:
+            del since[member]  # removed from the raft cluster meanwhile
+        return commands

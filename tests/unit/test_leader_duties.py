@@ -1,0 +1,202 @@
+"""The raft leader's duties: examples of the reaper and of owner failover, then hypothesis over status readings.
+
+The hypothesis test feeds random readings (time passing, leadership won and lost, members coming
+and going) and judges every command against the history of readings alone: nothing is reaped before
+half a group timeout of unbroken leadership, nor more often than the reaper interval, nor without
+sparing exactly the members out of reach; nobody is failed over before being out of reach for
+owner_failover_ms under one leadership.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from handler.leader_duties import ExpireIdle, FailOver, LeaderDuties, MarkUp, RaftStatus
+
+GROUP_TIMEOUT_MS = 1000
+FAILOVER_MS = 500
+REAPER_MS = 100
+
+
+def leading(term: int = 1, reachable=None, unreachable=(), down=()) -> RaftStatus:
+    """The leader's view of members n2 and n3: reachable unless said otherwise."""
+    if reachable is None:
+        reachable = [member for member in ("n2", "n3") if member not in unreachable]
+    return RaftStatus(leader=True, term=term, reachable=tuple(reachable), unreachable=tuple(unreachable),
+                      down=frozenset(down))
+
+
+FOLLOWING = RaftStatus(leader=False, term=1, reachable=(), unreachable=())
+
+
+def reaper() -> LeaderDuties:
+    return LeaderDuties(group_timeout_ms=GROUP_TIMEOUT_MS, reaper_interval_ms=REAPER_MS)
+
+
+def failover() -> LeaderDuties:
+    return LeaderDuties(owner_failover_ms=FAILOVER_MS)
+
+
+# ---- the reaper ----------------------------------------------------------------------------------
+
+def test_a_follower_has_no_duties():
+    duties = reaper()
+    assert duties.tick(0, FOLLOWING) == []
+    assert duties.tick(10_000, FOLLOWING) == []
+
+
+def test_without_a_group_timeout_or_failover_there_is_nothing_to_do():
+    duties = LeaderDuties()
+    assert not duties.active
+    assert duties.tick(0, leading()) == [] and duties.tick(100_000, leading()) == []
+
+
+def test_a_new_leader_reaps_only_after_half_a_group_timeout_of_leadership():
+    duties = reaper()
+    assert duties.tick(5_000, leading()) == []
+    assert duties.tick(5_000 + GROUP_TIMEOUT_MS // 2 - 1, leading()) == []
+    assert duties.tick(5_000 + GROUP_TIMEOUT_MS // 2, leading()) == [ExpireIdle(4_500, ())]
+
+
+def test_the_reaper_runs_at_most_once_per_interval_with_the_cutoff_a_group_timeout_ago():
+    duties = reaper()
+    duties.tick(0, leading())
+    assert duties.tick(600, leading()) == [ExpireIdle(-400, ())]
+    assert duties.tick(650, leading()) == []
+    assert duties.tick(700, leading()) == [ExpireIdle(-300, ())]
+
+
+def test_the_routes_of_members_the_leader_cannot_reach_are_spared():
+    duties = reaper()
+    duties.tick(0, leading())
+    status = leading(reachable=("n2",), unreachable=("n5", "n3"))
+    assert duties.tick(500, status) == [ExpireIdle(-500, ("n3", "n5"))]
+
+
+def test_losing_leadership_makes_the_next_leadership_wait_again():
+    duties = reaper()
+    duties.tick(0, leading())
+    duties.tick(400, FOLLOWING)
+    assert duties.tick(500, leading(term=2)) == []
+    assert duties.tick(999, leading(term=2)) == []
+    assert duties.tick(1_000, leading(term=2)) == [ExpireIdle(0, ())]
+
+
+def test_a_leadership_lost_and_won_back_between_two_ticks_is_seen_by_its_new_term():
+    duties = reaper()
+    duties.tick(0, leading(term=1))
+    assert duties.tick(600, leading(term=3)) == []  # led since 600 as far as anyone can tell
+    assert duties.tick(1_100, leading(term=3)) == [ExpireIdle(100, ())]
+
+
+# ---- owner failover ------------------------------------------------------------------------------
+
+def test_a_member_unreachable_for_owner_failover_ms_is_failed_over():
+    duties = failover()
+    assert duties.tick(0, leading(unreachable=("n3",))) == []
+    assert duties.tick(FAILOVER_MS - 1, leading(unreachable=("n3",))) == []
+    assert duties.tick(FAILOVER_MS, leading(unreachable=("n3",))) == [
+        FailOver("n3", FAILOVER_MS, FAILOVER_MS)]
+
+
+def test_a_member_reachable_again_before_owner_failover_ms_starts_its_wait_afresh():
+    duties = failover()
+    duties.tick(0, leading(unreachable=("n3",)))
+    duties.tick(400, leading(reachable=("n3",)))
+    assert duties.tick(450, leading(unreachable=("n3",))) == []
+    assert duties.tick(900, leading(unreachable=("n3",))) == []
+    assert duties.tick(950, leading(unreachable=("n3",))) == [FailOver("n3", 950, 500)]
+
+
+def test_a_member_already_down_is_not_failed_over_again():
+    duties = failover()
+    duties.tick(0, leading(unreachable=("n3",)))
+    assert duties.tick(1_000, leading(unreachable=("n3",), down=("n3",))) == []
+
+
+def test_a_down_member_reachable_again_is_marked_up_until_the_table_says_it_is_up():
+    duties = failover()
+    assert duties.tick(0, leading(down=("n3",))) == [MarkUp("n3", 0)]
+    assert duties.tick(200, leading(down=("n3",))) == [MarkUp("n3", 200)]
+    assert duties.tick(400, leading()) == []
+
+
+def test_a_new_leader_counts_unreachability_from_its_own_first_look():
+    duties = failover()
+    duties.tick(0, leading(unreachable=("n3",)))
+    duties.tick(400, FOLLOWING)
+    assert duties.tick(600, leading(term=2, unreachable=("n3",))) == []
+    assert duties.tick(1_099, leading(term=2, unreachable=("n3",))) == []
+    assert duties.tick(1_100, leading(term=2, unreachable=("n3",))) == [FailOver("n3", 1_100, 500)]
+
+
+def test_both_duties_in_one_tick_come_reaper_first():
+    duties = LeaderDuties(group_timeout_ms=GROUP_TIMEOUT_MS, owner_failover_ms=FAILOVER_MS)
+    duties.tick(0, leading(unreachable=("n3",)))
+    assert duties.tick(500, leading(unreachable=("n3",))) == [ExpireIdle(-500, ("n3",)), FailOver("n3", 500, 500)]
+
+
+def test_nonsense_limits_are_refused_naming_the_setting():
+    for arguments in ({"group_timeout_ms": -1}, {"owner_failover_ms": -1}, {"reaper_interval_ms": 0}):
+        try:
+            LeaderDuties(**arguments)
+        except ValueError as error:
+            assert next(iter(arguments)) in str(error)
+        else:
+            raise AssertionError(f"{arguments} was taken")
+
+
+# ---- hypothesis: every command is justified by the readings before it ----------------------------
+
+MEMBERS = ("n2", "n3", "n4")
+READINGS = st.lists(st.tuples(
+    st.integers(0, 400),  # ms since the previous reading
+    st.booleans() | st.just(True),  # leader (mostly)
+    st.integers(1, 3),  # term
+    st.frozensets(st.sampled_from(MEMBERS)),  # unreachable
+    st.frozensets(st.sampled_from(MEMBERS)),  # down
+), max_size=60)
+
+
+@settings(max_examples=300, deadline=None, database=None, derandomize=True)
+@given(readings=READINGS)
+def test_every_command_follows_from_the_readings_before_it(readings):
+    duties = LeaderDuties(group_timeout_ms=GROUP_TIMEOUT_MS, owner_failover_ms=FAILOVER_MS,
+                          reaper_interval_ms=REAPER_MS)
+    now_ms = 0
+    history: list[tuple[int, RaftStatus]] = []
+    last_reap_ms = None
+    for elapsed_ms, leader, term, unreachable, down in readings:
+        now_ms += elapsed_ms
+        status = RaftStatus(leader, term, tuple(m for m in MEMBERS if m not in unreachable),
+                            tuple(sorted(unreachable)), frozenset(down))
+        history.append((now_ms, status))
+        # the readings of this unbroken leadership (same term, leader throughout), oldest first
+        tenure = []
+        for at_ms, seen in reversed(history):
+            if not (seen.leader and seen.term == term):
+                break
+            tenure.insert(0, (at_ms, seen))
+        for command in duties.tick(now_ms, status):
+            assert leader, command
+            if isinstance(command, ExpireIdle):
+                assert now_ms - tenure[0][0] >= GROUP_TIMEOUT_MS / 2
+                assert last_reap_ms is None or now_ms - last_reap_ms >= REAPER_MS
+                assert command == ExpireIdle(now_ms - GROUP_TIMEOUT_MS, tuple(sorted(unreachable)))
+                last_reap_ms = now_ms
+            elif isinstance(command, FailOver):
+                member = command.node
+                assert member not in down
+                out_of_reach = [at_ms for at_ms, seen in tenure if member in seen.unreachable]
+                # unreachable in every reading of the tenure since out_of_reach began
+                since_ms = now_ms
+                for at_ms, seen in reversed(tenure):
+                    if member not in seen.unreachable:
+                        break
+                    since_ms = at_ms
+                assert out_of_reach and now_ms - since_ms >= FAILOVER_MS
+                assert command.unreachable_ms == now_ms - since_ms
+            else:
+                assert isinstance(command, MarkUp)
+                assert command.node in down and command.node not in unreachable
