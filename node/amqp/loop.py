@@ -98,7 +98,6 @@ class AmqpServer:
         self._receiving: set = set()  # producers that took messages this batch: credit topped up at its end
         self._lost: list = []  # connections whose sockets are gone: released after the batch
         self._batch_due = False
-        self._bridge_due = False
         self._output_buffer = ffi.new("char[]", OUTPUT_CHUNK_BYTES)
         self._receive_buffer = ffi.new("char[]", RECEIVE_BUFFER_BYTES)
         self._receive_buffer_bytes = RECEIVE_BUFFER_BYTES
