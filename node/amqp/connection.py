@@ -121,4 +121,5 @@ class Connection(asyncio.Protocol):
         self.released = True
         lib.pn_transport_unbind(self.transport)
         lib.pn_decref(self.transport)  # the binding has no pn_transport_free: ours is the only reference
-        lib.pn_connection_release(self.connection)
+        lib.pn_connection_release(self.connection)  # frees its sessions and links, not the connection
+        lib.pn_decref(self.connection)  # ours since pn_connection(): without it, it leaked

@@ -28,6 +28,9 @@ from node.core.settings import QueueSettings
 
 UNOWNED = "unowned"  # placement marker of the unowned-groups heap
 LOG_COMPACT_MIN = 1024  # tombstones tolerated in the browse log before compaction is considered
+# payload bytes of tombstones tolerated in the browse log (beyond the queue's live bytes): without it
+# 1,024 removed 1 MiB messages kept 1 GiB alive after their queue was empty (found by bench/soak.py)
+LOG_COMPACT_MIN_BYTES = 16 << 20
 
 
 class Group:
@@ -97,6 +100,7 @@ class Queue:
         self._ungrouped: deque[Message] = deque()  # seq order; may hold tombstones
         self._log: list[Message] = []  # every live message in seq order, for browsing and listing
         self._log_removed = 0
+        self._log_removed_bytes = 0
         self._expiry: list = []  # heap of (expires_at_ms, seq, Message)
         self._tiebreak = itertools.count()
         self._use_counter = itertools.count(1)
@@ -462,11 +466,13 @@ class Queue:
         self.depth_messages -= 1
         self.depth_bytes -= message.size_bytes
         self._log_removed += 1
+        self._log_removed_bytes += message.size_bytes
         if self.settings.durable:
             effects.append(Removed(self.settings.name, message.seq))
-        if self._log_removed > LOG_COMPACT_MIN and self._log_removed * 2 > len(self._log):
+        if ((self._log_removed > LOG_COMPACT_MIN and self._log_removed * 2 > len(self._log))
+                or self._log_removed_bytes > max(LOG_COMPACT_MIN_BYTES, self.depth_bytes)):
             self._log = [m for m in self._log if m.state != REMOVED]
-            self._log_removed = 0
+            self._log_removed = self._log_removed_bytes = 0
 
     def _take_available(self, message: Message, effects: list) -> None:
         """Remove an available message from wherever it waits (lazily, via its state)."""
