@@ -12,14 +12,9 @@ import logging
 
 from pysyncobj import SyncObjConsumer, replicated
 
-from handler.route_table import RouteTable
+from handler.route_table import MEMBERS, REFUSED, ROUTES, SNAPSHOT, RouteTable  # the feed's kinds: see there
 
 log = logging.getLogger("grouper.handler")
-
-ROUTES = "routes"  # payload: [(queue, group, node or None)], None = route removed; at_ms: their refresh time
-REFUSED = "refused"  # payload: [(queue, group)] refused by the table (routes_max reached)
-SNAPSHOT = "snapshot"  # payload: every route [(queue, group, node, touched_ms)], replacing all known before
-MEMBERS = "members"  # payload: {"nodes": ..., "consumers": ..., "down": ...}, copies
 
 
 class RouteTableReplica(SyncObjConsumer):

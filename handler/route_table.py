@@ -17,6 +17,13 @@ from __future__ import annotations
 
 ROUTES_MAX_DEFAULT = 1_000_000  # routes (queue, group) held cluster-wide; more are refused
 
+# the kinds of the applied-command feed each replica reports to its node (handler/replicated.py sends
+# it, node/core/cluster_protocol.py reads it), with their payloads
+ROUTES = "routes"  # [(queue, group, node or None)], None = route removed; at_ms: their refresh time
+REFUSED = "refused"  # [(queue, group)] refused by the table (routes_max reached)
+SNAPSHOT = "snapshot"  # every route [(queue, group, node, touched_ms)], replacing all known before
+MEMBERS = "members"  # {"nodes": ..., "consumers": ..., "down": ...}, copies
+
 
 def _is_str(value) -> bool:
     return type(value) is str  # exactly str: a subclass would put a custom class into the state

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from node.core.errors import GrouperError
 from node.core.message import Message
@@ -53,3 +54,106 @@ class Dropped:
     queue: str
     seq: int
     reason: str
+
+
+# ---- what the cluster protocol (node/core/cluster_protocol.py) asks its adapter to do -----------------
+# Named tuples: built once per message on the hot path, where a frozen dataclass costs twice as much.
+# `incoming` is the server's handle on a producer's delivery and `reply_to` the gRPC call waiting for a
+# forwarded batch: opaque to the core, handed back untouched.
+
+class EnqueueLocal(NamedTuple):
+    """This node owns the group: enqueue in the broker, then accept once stored (or refuse)."""
+
+    incoming: object
+    queue: str
+    message: Message
+    durable: bool
+    producer_settled: bool
+    now_ms: int
+
+
+class AcceptWhenStored(NamedTuple):
+    """Confirm the producer once the current journal batch is on disk (at once if not durable)."""
+
+    incoming: object
+    durable: bool
+    producer_settled: bool
+
+
+class Refuse(NamedTuple):
+    """Reject the producer's delivery with `error`; the message went nowhere."""
+
+    incoming: object
+    error: GrouperError
+
+
+class JournalStore(NamedTuple):
+    """Journal `message` under `name` (an outbound channel's journal name)."""
+
+    name: str
+    message: Message
+
+
+class JournalRemove(NamedTuple):
+    name: str
+    seq: int
+
+
+class JournalDeclare(NamedTuple):
+    """Journal a declaration (a seq reservation, a source's high-water mark): {"name": ..., ...}."""
+
+    values: dict
+
+
+class ApplyBroker(NamedTuple):
+    """Carry out the broker's effects of enqueuing a forwarded message; origin = (source, forward_seq)."""
+
+    effects: list
+    origin: tuple
+
+
+class AfterFlush(NamedTuple):
+    """Once everything journalled so far is on disk, or failed, hand `what` back to the protocol's
+    `flushed(what, reason, now_ms)` (reason None: on disk)."""
+
+    what: tuple
+
+
+class SubmitForward(NamedTuple):
+    """Give `entries` (durable here already) to the forwarder of `owner`, in this order."""
+
+    owner: str
+    entries: list
+
+
+class ProposeClaim(NamedTuple):
+    """Propose routes for `keys` [(queue, group)]; a failure comes back through `claim_failed`."""
+
+    keys: list
+    now_ms: int
+
+
+class ProposeTouch(NamedTuple):
+    """Propose refreshing [(queue, group, node)]; a failure comes back through `touch_failed`."""
+
+    entries: list
+    now_ms: int
+
+
+class ReportConsumers(NamedTuple):
+    counts: dict
+    now_ms: int
+
+
+class Register(NamedTuple):
+    """Propose this node's addresses; success comes back through `registered`."""
+
+    now_ms: int
+
+
+class Reply(NamedTuple):
+    """Answer a forwarded batch: the source's high water now stored here, or the error that stopped it."""
+
+    reply_to: object
+    high_water: int | None
+    error: GrouperError | None

@@ -27,10 +27,11 @@ import os
 import threading
 import time
 from collections import deque
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import grpc
 
+from node.core.cluster_protocol import Entry  # the entries a forwarder sends, made by the protocol
 from proto import peer_pb2, peer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -47,16 +48,6 @@ CHANNEL_OPTIONS = (
     ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS),
     ("grpc.enable_http_proxy", 0),  # peers are dialled directly: an http_proxy for web traffic must not apply
 )
-
-
-class Entry(NamedTuple):
-    forward_seq: int
-    queue: str
-    group_id: str | None  # None: ungrouped; "" is a group of its own
-    payload: bytes  # the encoded AMQP message as received
-    expires_at_ms: int  # 0: never
-    closes_group: bool
-    enqueued_at_ms: int
 
 
 def batch_to_pb(source_node: str, entries: list[Entry]) -> peer_pb2.ForwardBatch:

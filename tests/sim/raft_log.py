@@ -19,13 +19,7 @@ from __future__ import annotations
 
 import bisect
 
-from handler.route_table import RouteTable
-
-# the kinds of handler/replicated.py
-ROUTES = "routes"  # payload: [(queue, group, node or None)]; at_ms: the command's now_ms, or None
-REFUSED = "refused"  # payload: [(queue, group)]
-SNAPSHOT = "snapshot"  # payload: every route [(queue, group, node, touched_ms)]
-MEMBERS = "members"  # payload: {"consumers": ...}
+from handler.route_table import MEMBERS, REFUSED, ROUTES, RouteTable  # the feed's kinds
 
 
 class RaftLog:

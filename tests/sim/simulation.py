@@ -5,12 +5,13 @@ simulation, and the invariants are checked after every step, so a failing seed r
 the failure names the seed, the config and the last steps.
 
 What is modelled (the production classes where they exist):
-- each node: `SimNode` (tests/sim/node_model.py) = Router + Outbound + Inbound + Broker wired as
-  node/cluster.py wires them, a journal that survives crashes (torn tails optional), forwarders;
+- each node: `SimNode` (tests/sim/node_model.py) = the node's own ClusterProtocol and Broker, with a
+  journal that survives crashes (torn tails optional) and forwarders;
 - the raft cluster: `RaftLog`, one linearizable log applied to a real `RouteTable`, with a leader
   that can be down and per-replica apply lag, replays and snapshot installs; the leader's duties
   (the production LeaderDuties of handler/leader_duties.py): with a group timeout, expire_idle after
-  half a group timeout of leadership, sparing the routes of the nodes that are down (the members it cannot reach);
+  half a group timeout of leadership, sparing the routes of the nodes that are down (the members it
+  cannot reach);
 - the network between nodes: forwarding calls and their replies, with seeded delay, loss and
   duplicated (late) requests; a call to a down node is never answered;
 - clients: producers bound to one node for their lifetime (a link), sending grouped messages with a

@@ -279,7 +279,7 @@ def test_a_new_leader_waits_half_a_group_timeout_before_reaping_so_a_held_group_
     sim.advance(600)
     # the leader comes back just after the nodes' lease refreshes, as it may in production (1 s reaper,
     # refreshes every group_timeout_ms / 4)
-    while any(node._refresh_due_ms - sim.now_ms < 20 for node in sim.nodes.values() if node.alive):
+    while any(node.protocol.refresh_due_ms - sim.now_ms < 20 for node in sim.nodes.values() if node.alive):
         sim.advance(1)
     sim.set_leader(True)
     sim.advance(20)
@@ -299,7 +299,7 @@ def test_a_seq_reservation_lost_in_a_failed_journal_batch_is_journalled_again_so
     n1 = sim.nodes["n1"]
     sim.send(producer, "g1")
     sim.advance(100)
-    while n1.broker.next_seq < n1.seq_reserved:  # use up the reserved block
+    while n1.broker.next_seq < n1.protocol.seq_reserved:  # use up the reserved block
         sim.send(producer, "g1")
         sim.advance(20)
     sim.advance(100)
@@ -308,7 +308,7 @@ def test_a_seq_reservation_lost_in_a_failed_journal_batch_is_journalled_again_so
     sim.advance(30)
     sim.fail_journal("n1", False)
     assert sim.outcome[refused] == "refused"
-    assert n1.seq_reserved == n1._reserved_durable  # the lost reservation is not trusted
+    assert n1.protocol.seq_reserved == n1.protocol.reserved_durable  # the lost reservation is not trusted
     sim.advance(1000)
     taken = sim.send(producer, "g1")  # its seq is reserved again, in its own batch
     sim.advance(200)
@@ -331,7 +331,7 @@ def test_a_batch_stored_after_an_earlier_batch_failed_waits_for_a_new_reservatio
     n1 = sim.nodes["n1"]
     sim.send(producer, "g1")
     sim.advance(100)
-    while n1.broker.next_seq < n1.seq_reserved:  # use up the reserved block
+    while n1.broker.next_seq < n1.protocol.seq_reserved:  # use up the reserved block
         sim.send(producer, "g1")
         sim.advance(20)
     sim.advance(100)
@@ -343,7 +343,7 @@ def test_a_batch_stored_after_an_earlier_batch_failed_waits_for_a_new_reservatio
     stored = sim.send(producer, "g1")  # under that reservation, in the next unit, which is written
     sim.advance(300)
     assert (sim.outcome[refused], sim.outcome[stored]) == ("refused", "accepted")
-    assert sim.stats["reserved_again"] == 1 and n1._reserved_durable > n1.broker.next_seq - 1
+    assert sim.stats["reserved_again"] == 1 and n1.protocol.reserved_durable > n1.broker.next_seq - 1
     sim.crash_node("n1")
     sim.restart_node("n1")
     sim.advance(100)
@@ -411,7 +411,7 @@ def fails_with(fragment: str, scenario) -> None:
 
 
 @pytest.mark.xfail(strict=True, raises=SimulationFailure, reason=(
-    "handler/service.py _leader_duties spares the routes of members the leader cannot reach, but a down "
+    "handler/leader_duties.py LeaderDuties spares the routes of members the leader cannot reach, but a down "
     "member's outbound store relies on routes naming other, reachable nodes: n1 holds an accepted g1 "
     "message for n2 in its outbound store and crashes; n2 (up, holding nothing of g1) does not refresh "
     "g1 -> n2, nobody else does, and the leader expires it. The next claim places g1 afresh (on n3), and "
@@ -443,9 +443,9 @@ def test_a_route_a_down_node_still_forwards_under_is_expired_and_the_group_is_sp
 
 
 @pytest.mark.xfail(strict=True, raises=SimulationFailure, reason=(
-    "handler/service.py _leader_duties spares an unreachable member's routes only while it is unreachable: "
+    "handler/leader_duties.py LeaderDuties spares an unreachable member's routes only while it is unreachable: "
     "once a restarted owner is reachable again, the next reaper run expires its routes (idle since it went "
-    "down) unless the owner's first touch (ClusterLink._refresh_leases at its first tick) is already in "
+    "down) unless the owner's first touch (ClusterProtocol._refresh_leases at its first tick) is already in "
     "the log. A follower's proposal reaches the log later than the leader's own expire_idle (here up to "
     "20 ms), so the routes of groups the owner still holds are removed, and a claim meanwhile places them "
     "on another node: split. The leader should keep sparing a member for a while (group_timeout_ms / 2, "
@@ -468,8 +468,8 @@ def test_the_routes_of_a_restarted_owner_are_expired_before_its_first_refresh_re
 
 
 @pytest.mark.xfail(strict=True, raises=SimulationFailure, reason=(
-    "node/cluster.py handle_forward puts the source's high water back when a forwarded batch's journal "
-    "write fails, but _enqueue_forwarded has already enqueued the batch in the Broker, and nothing takes it "
+    "node/core/cluster_protocol.py flushed() puts the source's high water back when a forwarded batch's journal "
+    "write fails, but forward_received has already enqueued the batch in the Broker, and nothing takes it "
     "out: the messages stay queued (or delivered) in memory with their STOREs dropped, and the sender's "
     "resend, now fresh, is enqueued a second time. The owner holds each message twice and delivers it "
     "twice, the second copy after later messages of its group. A failed batch must undo the enqueue too "
@@ -481,7 +481,7 @@ def test_a_forwarded_batch_whose_journal_write_fails_at_the_owner_is_enqueued_ag
 
 
 def test_two_calls_in_one_failed_journal_batch_at_the_owner_go_back_to_the_high_water_on_disk():
-    # handle_forward puts back the high water last known on disk (its MARK written), not each call's
+    # the protocol puts back the high water last known on disk (its MARK written), not each call's
     # snapshot: two calls of one source in one failed batch cannot leave a value never written
     sim = scripted(0)
     sim.consumer("n2", "q1", accept_all=False)  # n2 keeps g1 queued

@@ -1,0 +1,434 @@
+"""The cluster protocol of one node: routing arrivals, forwarding to owners, taking forwarded batches.
+
+Pure, owned by the engine loop thread. Each input takes `now_ms` where time matters and returns
+effects (node/core/effects.py), which the caller carries out in order: node/cluster.py with the
+server, the journal, the forwarders and the raft member; tests/sim/node_model.py with simulated ones.
+Inputs: a message arrives, a batch ends (`quiesced`), a journal batch is flushed, a forward is
+acknowledged or received, a raft entry is applied, a proposal failed, a tick, recovery. Rules:
+- A grouped message is enqueued here only when the route of its group names this node; otherwise it
+  goes to the outbound channel of its owner. Either way the producer hears "accepted" only once the
+  message is stored (journalled when its queue is durable), here or in the outbound store.
+- The outbound store is the journal: each forwarded message is a STORE under a reserved name
+  (OUTBOUND_PREFIX owner NUL queue) until its owner acknowledges it, then a REMOVE.
+- Forward seqs are node seqs. They must never repeat after a restart, or an owner would take new
+  messages for resends: blocks of seqs are reserved in the journal before use, and a batch is
+  forwarded only once it, and a reservation covering its seqs, are on disk; batches leave in journal order.
+- An owner records, per source node, the highest forward seq it has enqueued (a MARK_PREFIX
+  declaration journalled after the messages), so a resend after a lost acknowledgement is skipped.
+Never imports threading, grpc, pysyncobj, socket or time.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import NamedTuple
+
+from handler.route_table import MEMBERS, REFUSED, ROUTES, SNAPSHOT
+from node.core.broker import Broker
+from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
+                               JournalRemove, JournalStore, ProposeClaim, ProposeTouch, Refuse, Register,
+                               Reply, ReportConsumers, SubmitForward)
+from node.core.errors import GrouperError, HandlerUnavailable, ResourceLimitExceeded
+from node.core.message import Message
+from node.core.routing import Inbound, Outbound, Router
+
+log = logging.getLogger("grouper.cluster")
+
+OUTBOUND_PREFIX = "\x00out\x00"  # journal name of an outbound channel: prefix, owner, NUL, queue
+MARK_PREFIX = "\x00mark\x00"  # journal declaration holding a source's high-water forward seq
+SEQ_RESERVATION = "\x00seq"  # journal declaration: node seqs below "reserved" may have been used
+SEQ_RESERVE_BLOCK = 1 << 20  # seqs reserved per journal record
+CLAIM_KEYS_MAX = 1000  # keys per raft command; a larger batch is split
+CLAIM_RETRY_INTERVAL_MS = 100  # a failed proposal (no leader yet) is retried at the next tick after this
+TOUCH_RETRY_INTERVAL_MS = CLAIM_RETRY_INTERVAL_MS * 10  # a failed refresh is tried again this soon
+CONSUMER_REPORT_INTERVAL_MS = 5000  # consumer counts are re-reported this often even unchanged
+REGISTER_RETRY_INTERVAL_MS = 1000  # until this node's addresses are in the table
+
+# what an AfterFlush hands back to `flushed`
+_BATCH = "batch"  # (_BATCH, _Flushing): a batch of new outbound entries
+_RESERVATION = "reservation"  # (_RESERVATION, reserved): a seq reservation journalled again on its own
+_INBOUND = "inbound"  # (_INBOUND, source, high_water, reply_to): a forwarded batch enqueued here
+
+
+class Entry(NamedTuple):
+    """A message on its way to its owner: what a forwarder sends and the owner's servicer receives."""
+
+    forward_seq: int
+    queue: str
+    group_id: str | None  # None: ungrouped; "" is a group of its own
+    payload: bytes  # the encoded AMQP message as received
+    expires_at_ms: int  # 0: never
+    closes_group: bool
+    enqueued_at_ms: int
+
+
+def outbound_name(owner: str, queue: str) -> str:
+    return f"{OUTBOUND_PREFIX}{owner}\x00{queue}"
+
+
+def parse_outbound_name(name: str) -> tuple[str, str]:
+    owner, _, queue = name[len(OUTBOUND_PREFIX):].partition("\x00")
+    return owner, queue
+
+
+class _Flushing:
+    """One batch of new outbound entries on its way to disk; `outcome` None until the journal says."""
+
+    __slots__ = ("batch", "reserved", "outcome")
+
+    def __init__(self, batch: dict, reserved: int):
+        self.batch = batch  # owner -> [Entry]
+        self.reserved = reserved  # the seq reservation journalled in the same batch, 0 if none
+        self.outcome: str | None = None  # STORED or the failure's reason
+
+
+STORED = "stored"
+
+
+class ClusterProtocol:
+    def __init__(self, node_id: str, broker: Broker, *, handler_timeout_ms: int, group_timeout_ms: int = 0,
+                 routes_max: int = 0, journalled: bool = True, seq_reserve_block: int = SEQ_RESERVE_BLOCK,
+                 counts: collections.Counter | None = None):
+        self.node_id = node_id
+        self.broker = broker
+        self.handler_timeout_ms = handler_timeout_ms
+        self.routes_max = routes_max  # for the refusal's text only: the table enforces it
+        self.journalled = journalled  # False: no journal, durable queues are kept in memory only
+        self.seq_reserve_block = seq_reserve_block
+        # what happened, for metrics and the simulation: resends_skipped, forwards_forgotten, reserved_again
+        self.counts = counts if counts is not None else collections.Counter()
+        self.router = Router(node_id, handler_timeout_ms, group_timeout_ms // 2)
+        self.outbound = Outbound()
+        self.inbound = Inbound()
+        self.members: dict = {"nodes": {}, "consumers": {}, "down": {}}
+        self.peer_addresses: dict[str, str] = {}  # replaced whole, never mutated: forwarders read it
+        self.seq_reserved = 0
+        self.registered = False
+        self.closed = False
+        self._unsubmitted: dict[str, list[Entry]] = {}  # this batch's new outbound entries, per owner
+        self._recovered: dict[str, list[Entry]] = {}  # journalled before a restart: durable already
+        self.reserved_durable = 0  # the highest seq reservation known to be on disk
+        self._batch_reservation = 0  # the reservation journalled in the current batch, if any
+        self._flushing: collections.deque[_Flushing] = collections.deque()  # journal order
+        self._reserving = False  # a reservation covering flushed batches is on its way to disk
+        self._inbound_durable: dict[str, int] = {}  # source node -> high water known to be on disk here
+        self._retry_claims: list = []
+        self._retry_due_ms = 0
+        self._reported: dict | None = None
+        self._report_due_ms = 0
+        self._register_due_ms = 0
+        self.refresh_due_ms = 0  # when the routes this node relies on are refreshed next (lease only)
+
+    @property
+    def batch_due(self) -> bool:
+        """True when the end of this batch has something to propose or forward."""
+        return bool(self.router.to_claim or self._unsubmitted or self._recovered)
+
+    # ---- recovery (before the engine loop runs) --------------------------------------------------
+
+    def recover_declaration(self, values: dict) -> bool:
+        """Take a journalled declaration that is the cluster's own; False for a queue's."""
+        name = values["name"]
+        if name == SEQ_RESERVATION:
+            self.seq_reserved = self.reserved_durable = int(values["reserved"])
+            self.broker.next_seq = max(self.broker.next_seq, self.seq_reserved)
+            return True
+        if name.startswith(MARK_PREFIX):
+            source, high_water = name[len(MARK_PREFIX):], int(values["high_water"])
+            self.inbound.advance(source, high_water)
+            self._inbound_durable[source] = high_water
+            return True
+        return False
+
+    def recover_outbound(self, messages_by_name: dict) -> int:
+        """Put journalled outbound messages back in their channels, in seq order."""
+        entries = []
+        for name, messages in messages_by_name.items():
+            owner, queue = parse_outbound_name(name)
+            for message in messages:
+                entries.append((message.seq, owner, queue, name, message))
+        for seq, owner, queue, name, message in sorted(entries, key=lambda entry: entry[0]):
+            self.broker.next_seq = max(self.broker.next_seq, seq + 1)
+            known = self.broker.queues.get(queue)
+            route_key = known.route_key(message.group_id) if known is not None else message.group_id
+            self.outbound.add(owner, seq, (queue, route_key), name)
+            self._recovered.setdefault(owner, []).append(_entry(queue, message))
+        return len(entries)
+
+    # ---- arrivals ----------------------------------------------------------------------------
+
+    def arrive(self, incoming, queue: str, route_key: str, message: Message, durable: bool,
+               producer_settled: bool, now_ms: int) -> list:
+        item = (incoming, queue, route_key, message, durable, producer_settled)
+        owner = self.router.route((queue, route_key), item, now_ms)
+        if owner is None:
+            return []
+        effects: list = []
+        self._send(owner, item, now_ms, effects)
+        return effects
+
+    def _send(self, owner: str, item, now_ms: int, effects: list) -> None:
+        incoming, queue, route_key, message, durable, producer_settled = item
+        if owner == self.node_id:
+            effects.append(EnqueueLocal(incoming, queue, message, durable, producer_settled, now_ms))
+            return
+        message.seq = self.broker.allocate_seq()
+        message.enqueued_at_ms = message.enqueued_at_ms or now_ms
+        journal_name = None
+        if durable and self.journalled:
+            self._reserve_seq(message.seq, effects)
+            journal_name = outbound_name(owner, queue)
+            effects.append(JournalStore(journal_name, message))
+        self.outbound.add(owner, message.seq, (queue, route_key), journal_name)
+        self._unsubmitted.setdefault(owner, []).append(_entry(queue, message))
+        effects.append(AcceptWhenStored(incoming, durable, producer_settled))
+
+    def _reserve_seq(self, seq: int, effects: list) -> None:
+        if seq < self.seq_reserved:
+            return
+        self.seq_reserved = self._batch_reservation = seq + self.seq_reserve_block
+        effects.append(JournalDeclare({"name": SEQ_RESERVATION, "reserved": self.seq_reserved}))
+
+    def _release(self, released, now_ms: int, effects: list) -> None:
+        for owner, item in released:
+            self._send(owner, item, now_ms, effects)
+
+    # ---- the end of a batch of the engine loop, and the journal's answers ------------------------
+
+    def quiesced(self, now_ms: int) -> list:
+        if self.closed:
+            return []
+        effects: list = []
+        keys = self.router.take_claims()
+        if keys:
+            effects.extend(ProposeClaim(chunk, now_ms) for chunk in _chunks(keys))
+        if self._recovered:
+            recovered, self._recovered = self._recovered, {}
+            effects.extend(SubmitForward(owner, entries) for owner, entries in recovered.items())
+        if self._unsubmitted:
+            # only this batch's own reservation is proven on disk when the batch is
+            batch, self._unsubmitted = self._unsubmitted, {}
+            reserved, self._batch_reservation = self._batch_reservation, 0
+            flushing = _Flushing(batch, reserved)
+            self._flushing.append(flushing)
+            effects.append(AfterFlush((_BATCH, flushing)))
+        return effects
+
+    def flushed(self, what: tuple, reason: str | None, now_ms: int) -> list:
+        """What an AfterFlush waited for is on disk (reason None) or failed (the reason)."""
+        effects: list = []
+        kind = what[0]
+        if kind == _BATCH:
+            what[1].outcome = reason or STORED
+            self._reservation_flushed(what[1].reserved, reason, effects)
+        elif kind == _RESERVATION:
+            self._reserving = False
+            self._reservation_flushed(what[1], reason, effects)
+        elif kind == _INBOUND:
+            _, source, high_water, reply_to = what
+            if reason is None:
+                self._inbound_durable[source] = max(self._inbound_durable.get(source, 0), high_water)
+                effects.append(Reply(reply_to, high_water, None))
+            else:
+                # not on disk: go back to what is, so the resend is taken again, not skipped
+                self.inbound.high_water[source] = self._inbound_durable.get(source, 0)
+                effects.append(Reply(reply_to, None, ResourceLimitExceeded(
+                    f"the owner could not store the batch: {reason}; retry later")))
+        else:
+            raise AssertionError(f"flushed() was handed {what!r}, which no AfterFlush of this protocol made")
+        return effects
+
+    def _reservation_flushed(self, reserved: int, reason, effects: list) -> None:
+        if reason is None:
+            self.reserved_durable = max(self.reserved_durable, reserved)
+        else:  # the reservation may be lost with the batch: the next outbound message journals one
+            self.seq_reserved = self.reserved_durable
+        self._forward_flushed(effects)
+
+    def _forward_flushed(self, effects: list) -> None:
+        while self._flushing and not self.closed:
+            flushing = self._flushing[0]
+            if flushing.outcome is None:
+                return  # not on disk yet; later batches wait behind it
+            if flushing.outcome is not STORED:
+                # the producers were refused: these messages must not reach their owners
+                for owner, entries in flushing.batch.items():
+                    self.outbound.forget(owner, [entry.forward_seq for entry in entries])
+                self.counts["forwards_forgotten"] += sum(len(entries) for entries in flushing.batch.values())
+            else:
+                top_seq = max(entry.forward_seq for entries in flushing.batch.values() for entry in entries)
+                if top_seq >= self.reserved_durable:
+                    # a failed batch took the reservation these seqs were given under: reserve again
+                    if not self._reserving:
+                        self._reserving = True
+                        self.counts["reserved_again"] += 1
+                        self.seq_reserved = self.reserved_durable
+                        self._reserve_seq(self.broker.next_seq, effects)  # above every seq handed out so far
+                        reserved, self._batch_reservation = self._batch_reservation, 0
+                        effects.append(AfterFlush((_RESERVATION, reserved)))
+                    return
+                effects.extend(SubmitForward(owner, entries) for owner, entries in flushing.batch.items())
+            self._flushing.popleft()
+
+    # ---- the raft member's answers -----------------------------------------------------------
+
+    def claim_failed(self, keys, reason: str) -> None:
+        """A claim proposal failed (no leader yet, leader changed): retried at a tick."""
+        log.debug("route proposal for %d groups failed (%s); retrying", len(keys), reason)
+        self._retry_claims.extend(keys)
+
+    def touch_failed(self, now_ms: int) -> None:
+        self.refresh_due_ms = min(self.refresh_due_ms, now_ms + TOUCH_RETRY_INTERVAL_MS)
+
+    def registered_now(self) -> None:
+        """This node's addresses are in the table."""
+        self.registered = True
+
+    def applied(self, kind: str, payload, at_ms, now_ms: int) -> list:
+        """A command the replica applied, in log order (handler/route_table.py names the kinds)."""
+        effects: list = []
+        if kind == ROUTES:
+            # a route's lease runs from the refresh time in the log, not from when this node heard
+            # of it: a node replaying an old log must not think old routes fresh
+            released = self.router.learn(payload, now_ms if at_ms is None else at_ms, now_ms)
+            self._release(released, now_ms, effects)
+        elif kind == SNAPSHOT:
+            fresh = {(queue, group) for queue, group, _, _ in payload}
+            gone = [(queue, group, None) for queue, group in self.router.routes if (queue, group) not in fresh]
+            released = self.router.learn(gone, now_ms)
+            for queue, group, owner, touched_ms in payload:
+                released += self.router.learn([(queue, group, owner)], touched_ms, now_ms)
+            self._release(released, now_ms, effects)
+        elif kind == REFUSED:
+            for key in payload:
+                for item in self.router.give_up(tuple(key)):
+                    effects.append(Refuse(item[0], ResourceLimitExceeded(
+                        f"the cluster routes at most {self.routes_max} groups (routes_max); group "
+                        f"{key[1]!r} of queue {key[0]!r} has no route; retry once groups drain")))
+        elif kind == MEMBERS:
+            down = payload.get("down", {})
+            for node in sorted(set(down) - set(self.members.get("down", {}))):
+                log.warning("node %s is marked down by the owner-failover policy; its groups are placed afresh%s",
+                            node, " (this node!)" if node == self.node_id else "")
+            self.members = payload
+            self.peer_addresses = {node: info.get("peer_address", "")
+                                   for node, info in payload.get("nodes", {}).items()}
+        return effects
+
+    def ready(self, now_ms: int) -> list:
+        """The replica has caught up with the log."""
+        effects: list = []
+        self._release(self.router.become_ready(now_ms), now_ms, effects)
+        return effects
+
+    # ---- timers ------------------------------------------------------------------------------
+
+    def tick(self, now_ms: int, consumer_counts: dict[str, int]) -> list:
+        """`consumer_counts`: consumers per queue on this node now (where new groups should go)."""
+        if self.closed:
+            return []
+        effects: list = []
+        for item in self.router.expire(now_ms):
+            effects.append(Refuse(item[0], HandlerUnavailable(
+                f"no route for this message's group could be decided within {self.handler_timeout_ms} ms "
+                f"(handler_timeout_ms): the grouping handler (the raft leader) is unavailable, is a majority "
+                f"of the cluster's nodes up? The message was not enqueued; send it again later")))
+        if self._retry_claims and now_ms >= self._retry_due_ms:
+            self.router.claim_failed(self._retry_claims)
+            self._retry_claims = []
+            self._retry_due_ms = now_ms + CLAIM_RETRY_INTERVAL_MS
+        if consumer_counts != self._reported or now_ms >= self._report_due_ms:
+            effects.append(ReportConsumers(consumer_counts, now_ms))
+            self._reported = consumer_counts
+            self._report_due_ms = now_ms + CONSUMER_REPORT_INTERVAL_MS
+        if not self.registered and now_ms >= self._register_due_ms:
+            self._register_due_ms = now_ms + REGISTER_RETRY_INTERVAL_MS
+            effects.append(Register(now_ms))
+        if self.router.lease_ms and now_ms >= self.refresh_due_ms:
+            self.refresh_due_ms = now_ms + self.router.lease_ms // 2
+            self._refresh_leases(now_ms, effects)
+        if self.router.to_claim:
+            effects.extend(self.quiesced(now_ms))
+        return effects
+
+    def _refresh_leases(self, now_ms: int, effects: list) -> None:
+        # a route expires only when no node uses it: refresh what this node routed lately, what it
+        # holds as owner and what waits in its outbound channels, each naming the node it relies on
+        # (a touch makes a missing route again there, never elsewhere)
+        entries = {key: self.router.routes[key] for key in self.router.take_used() if key in self.router.routes}
+        entries.update(self.outbound.owners_by_key())
+        for name, queue in self.broker.queues.items():
+            if queue.settings.grouping:
+                entries.update(((name, key), self.node_id) for key in queue.busy_route_keys())
+        if not entries:
+            return
+        touches = [(queue, group, node) for (queue, group), node in sorted(entries.items())]
+        effects.extend(ProposeTouch(chunk, now_ms) for chunk in _chunks(touches))
+
+    # ---- owner side: batches forwarded by other nodes ----------------------------------------
+
+    def acknowledged(self, owner: str, high_water: int) -> list:
+        """`owner` holds (stored) everything this node forwarded it up to `high_water`."""
+        journalled = self.outbound.acknowledge(owner, high_water)
+        if not self.journalled:
+            return []
+        return [JournalRemove(journal_name, seq) for journal_name, seq in journalled]
+
+    def forward_received(self, source: str, entries: list[Entry], reply_to, now_ms: int) -> list:
+        """Enqueue a batch `source` forwarded; the Reply comes once it is stored here (or at once if refused)."""
+        effects: list = []
+        try:
+            high_water = self._enqueue_forwarded(source, entries, now_ms, effects)
+        except GrouperError as error:
+            return [Reply(reply_to, None, error)]
+        effects.append(AfterFlush((_INBOUND, source, high_water, reply_to)))
+        return effects
+
+    def _enqueue_forwarded(self, source: str, entries: list[Entry], now_ms: int, effects: list) -> int:
+        inbound = self.inbound
+        advanced = False
+        for entry in entries:
+            if not inbound.fresh(source, entry.forward_seq):
+                self.counts["resends_skipped"] += 1
+                continue  # a resend of what is already here
+            message = Message(entry.payload, entry.group_id, expires_at_ms=entry.expires_at_ms,
+                              closes_group=entry.closes_group, enqueued_at_ms=entry.enqueued_at_ms)
+            try:
+                enqueued = self.broker.enqueue(entry.queue, message, now_ms)
+            except GrouperError as error:
+                if not advanced:
+                    raise
+                log.info("forwarded batch from %s stopped at seq %d: %s", source, entry.forward_seq,
+                         error.description)
+                break
+            inbound.advance(source, entry.forward_seq)
+            advanced = True
+            effects.append(ApplyBroker(enqueued, (source, entry.forward_seq)))
+        high_water = inbound.high_water.get(source, 0)
+        if advanced and self.journalled:
+            effects.append(JournalDeclare({"name": MARK_PREFIX + source, "high_water": high_water}))
+        return high_water
+
+    # ---- status and shutdown -----------------------------------------------------------------
+
+    def status(self) -> dict:
+        return {
+            "routes": len(self.router.routes),
+            "waiting_for_route": self.router.waiting_count(),
+            "outbound": self.outbound.depths(),
+            "members": self.members,
+        }
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _chunks(items: list) -> list[list]:
+    """Raft commands of at most CLAIM_KEYS_MAX keys each."""
+    return [items[start:start + CLAIM_KEYS_MAX] for start in range(0, len(items), CLAIM_KEYS_MAX)]
+
+
+def _entry(queue: str, message: Message) -> Entry:
+    return Entry(message.seq, queue, message.group_id, bytes(message.payload), message.expires_at_ms or 0,
+                 message.closes_group, message.enqueued_at_ms or 0)

@@ -1,0 +1,200 @@
+"""The cluster protocol of one node, by example: the effects each input asks for, with time as integers.
+
+The seeded simulation (tests/sim) runs the same class across a whole cluster with faults; these
+examples pin single decisions. Last, the layout rule: the pure cores import no thread, socket,
+clock, gRPC, proton or pysyncobj.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+from handler.route_table import REFUSED, ROUTES
+from node.core.broker import Broker
+from node.core.cluster_protocol import (MARK_PREFIX, SEQ_RESERVATION, ClusterProtocol, Entry, outbound_name)
+from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
+                               JournalRemove, JournalStore, ProposeClaim, ProposeTouch, Refuse, Register, Reply,
+                               ReportConsumers, Stored, SubmitForward)
+from node.core.errors import HandlerUnavailable, ResourceLimitExceeded
+from node.core.message import Message
+from node.core.settings import QueueSettings
+
+HANDLER_TIMEOUT_MS = 300
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def protocol(node_id: str = "n1", **settings) -> ClusterProtocol:
+    broker = Broker()
+    broker.declare_queue(QueueSettings(name="q", durable=True))
+    cluster = ClusterProtocol(node_id, broker, handler_timeout_ms=HANDLER_TIMEOUT_MS, routes_max=10,
+                              seq_reserve_block=100, **settings)
+    cluster.ready(0)
+    return cluster
+
+
+def arrive(cluster: ClusterProtocol, incoming: str, group: str = "g", now_ms: int = 0) -> list:
+    return cluster.arrive(incoming, "q", group, Message(incoming.encode(), group), True, False, now_ms)
+
+
+def routed(cluster: ClusterProtocol, owner: str, group: str = "g", now_ms: int = 0) -> list:
+    return cluster.applied(ROUTES, [("q", group, owner)], now_ms, now_ms)
+
+
+def of(kind, effects: list) -> list:
+    return [effect for effect in effects if type(effect) is kind]
+
+
+def test_a_message_of_a_group_without_a_route_waits_and_its_claim_is_proposed_at_the_end_of_the_batch():
+    cluster = protocol()
+    assert arrive(cluster, "m1") == []
+    assert cluster.quiesced(5) == [ProposeClaim([("q", "g")], 5)]
+    assert cluster.quiesced(6) == []  # proposed once
+
+
+def test_a_decided_route_to_this_node_enqueues_the_waiting_messages_here_in_arrival_order():
+    cluster = protocol()
+    arrive(cluster, "m1")
+    arrive(cluster, "m2")
+    effects = routed(cluster, "n1", now_ms=10)
+    assert [(type(effect), effect.incoming) for effect in effects] == [(EnqueueLocal, "m1"), (EnqueueLocal, "m2")]
+
+
+def test_a_message_for_another_owner_is_journalled_in_its_outbound_channel_and_accepted_once_stored():
+    cluster = protocol()
+    routed(cluster, "n2")
+    effects = arrive(cluster, "m1")
+    assert [type(effect) for effect in effects] == [JournalDeclare, JournalStore, AcceptWhenStored]
+    assert effects[0].values["name"] == SEQ_RESERVATION  # its seq is reserved in the same batch
+    assert effects[1].name == outbound_name("n2", "q")
+    assert effects[2] == AcceptWhenStored("m1", True, False)
+
+
+def test_a_forward_leaves_only_once_its_batch_is_on_disk():
+    cluster = protocol()
+    routed(cluster, "n2")
+    arrive(cluster, "m1")
+    [after_flush] = cluster.quiesced(0)
+    assert type(after_flush) is AfterFlush
+    [submit] = cluster.flushed(after_flush.what, None, 1)
+    assert type(submit) is SubmitForward and submit.owner == "n2"
+    assert [entry.payload for entry in submit.entries] == [b"m1"]
+
+
+def test_a_batch_whose_journal_write_failed_is_never_forwarded():
+    cluster = protocol()
+    routed(cluster, "n2")
+    arrive(cluster, "m1")
+    [after_flush] = cluster.quiesced(0)
+    assert cluster.flushed(after_flush.what, "disk full", 1) == []
+    assert cluster.outbound.depths() == {}
+    assert cluster.counts["forwards_forgotten"] == 1
+
+
+def test_an_acknowledgement_removes_the_forwarded_messages_from_the_outbound_store():
+    cluster = protocol()
+    routed(cluster, "n2")
+    arrive(cluster, "m1")
+    [after_flush] = cluster.quiesced(0)
+    [submit] = cluster.flushed(after_flush.what, None, 1)
+    seq = submit.entries[0].forward_seq
+    assert cluster.acknowledged("n2", seq) == [JournalRemove(outbound_name("n2", "q"), seq)]
+    assert cluster.outbound.depths() == {}
+
+
+def test_a_message_whose_route_is_not_decided_in_time_is_refused_as_the_handler_being_unavailable():
+    cluster = protocol()
+    arrive(cluster, "m1", now_ms=0)
+    cluster.quiesced(0)
+    assert of(Refuse, cluster.tick(HANDLER_TIMEOUT_MS - 1, {})) == []
+    [refused] = of(Refuse, cluster.tick(HANDLER_TIMEOUT_MS, {}))
+    assert refused.incoming == "m1" and isinstance(refused.error, HandlerUnavailable)
+    assert "handler_timeout_ms" in refused.error.description
+
+
+def test_a_group_the_table_refuses_refuses_its_waiting_messages_naming_routes_max():
+    cluster = protocol()
+    arrive(cluster, "m1")
+    [refused] = cluster.applied(REFUSED, [("q", "g")], None, 1)
+    assert refused.incoming == "m1" and isinstance(refused.error, ResourceLimitExceeded)
+    assert "routes_max" in refused.error.description
+
+
+def test_a_failed_claim_is_proposed_again_at_a_later_tick():
+    cluster = protocol()
+    arrive(cluster, "m1")
+    [claim] = cluster.quiesced(0)
+    cluster.claim_failed(claim.keys, "no leader")
+    assert of(ProposeClaim, cluster.tick(10, {})) == [ProposeClaim([("q", "g")], 10)]
+
+
+def test_ticks_report_consumer_counts_when_they_change_and_register_until_registered():
+    cluster = protocol()
+    first = cluster.tick(0, {"q": 1})
+    assert of(ReportConsumers, first) == [ReportConsumers({"q": 1}, 0)] and of(Register, first) == [Register(0)]
+    assert cluster.tick(10, {"q": 1}) == []
+    cluster.registered_now()
+    assert cluster.tick(2_000, {"q": 2}) == [ReportConsumers({"q": 2}, 2_000)]
+
+
+def test_with_a_group_timeout_ticks_refresh_the_routes_this_node_used():
+    cluster = protocol(group_timeout_ms=1000)
+    routed(cluster, "n2", now_ms=0)
+    arrive(cluster, "m1", now_ms=10)
+    cluster.registered_now()
+    touches = of(ProposeTouch, cluster.tick(20, {}))
+    assert touches == [ProposeTouch([("q", "g", "n2")], 20)]
+
+
+def test_an_owner_enqueues_a_forwarded_batch_skips_its_resend_and_replies_once_it_is_stored():
+    owner = protocol("n2")
+    entries = [Entry(7, "q", "g", b"m1", 0, False, 5), Entry(8, "q", "g", b"m2", 0, False, 5)]
+    effects = owner.forward_received("n1", entries, "call-1", 10)
+    assert [type(effect) for effect in effects] == [ApplyBroker, ApplyBroker, JournalDeclare, AfterFlush]
+    assert [effect.origin for effect in effects[:2]] == [("n1", 7), ("n1", 8)]
+    assert any(type(stored) is Stored for stored in effects[0].effects)
+    assert effects[2].values == {"name": MARK_PREFIX + "n1", "high_water": 8}
+    assert owner.flushed(effects[3].what, None, 11) == [Reply("call-1", 8, None)]
+    resend = owner.forward_received("n1", entries, "call-2", 12)
+    assert [type(effect) for effect in resend] == [AfterFlush]  # nothing enqueued again
+    assert owner.counts["resends_skipped"] == 2
+
+
+def test_an_owner_whose_journal_fails_goes_back_to_the_high_water_on_disk_and_says_so():
+    owner = protocol("n2")
+    effects = owner.forward_received("n1", [Entry(7, "q", "g", b"m1", 0, False, 5)], "call-1", 10)
+    [reply] = owner.flushed(effects[-1].what, "disk full", 11)
+    assert reply.high_water is None and isinstance(reply.error, ResourceLimitExceeded)
+    assert owner.inbound.high_water["n1"] == 0
+
+
+def test_a_restart_recovers_the_seq_reservation_and_the_sources_high_water():
+    cluster = protocol()
+    assert cluster.recover_declaration({"name": SEQ_RESERVATION, "reserved": 500})
+    assert cluster.recover_declaration({"name": MARK_PREFIX + "n3", "high_water": 42})
+    assert not cluster.recover_declaration({"name": "q"})
+    assert cluster.broker.next_seq == 500 and cluster.inbound.high_water == {"n3": 42}
+
+
+# ---- the layout: pure cores import nothing that blocks, threads or talks --------------------------
+
+BANNED = {"threading", "time", "socket", "grpc", "proton", "pysyncobj", "asyncio", "random"}
+PURE = ["node/core", "handler/route_table.py", "handler/leader_duties.py"]
+
+
+def test_the_pure_cores_import_no_thread_socket_clock_or_network_library():
+    files = []
+    for path in PURE:
+        target = REPO / path
+        files += sorted(target.glob("*.py")) if target.is_dir() else [target]
+    assert len(files) > 5
+    for file in files:
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] not in BANNED, f"{file.relative_to(REPO)} imports {name}"
