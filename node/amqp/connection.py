@@ -41,6 +41,7 @@ class Connection(asyncio.Protocol):
         self.links: set = set()  # Consumer and Producer records of this connection
         self.output_paused = False
         self.closing = False  # the socket is being closed (proton has nothing more to send)
+        self.eof = False  # the peer has sent everything it will
         self.lost = False  # the socket is gone
         self.released = False
         self.error_logged = False
@@ -66,6 +67,7 @@ class Connection(asyncio.Protocol):
         self.engine.touched(self)
 
     def eof_received(self) -> bool:
+        self.eof = True
         lib.pn_transport_close_tail(self.transport)
         self.engine.touched(self)
         return True  # keep the socket open for proton's last frames; flush closes it
@@ -101,7 +103,9 @@ class Connection(asyncio.Protocol):
                 self.socket.write(ffi.unpack(buffer, count))
                 lib.pn_transport_pop(transport, count)
             else:
-                if pending < 0:  # proton has closed its output: the AMQP connection is over
+                # pending < 0: proton has closed its output, the AMQP connection is over. Or the peer's
+                # EOF came inside a frame: proton then neither errs nor closes, and waits for ever
+                if pending < 0 or self.eof:
                     self.closing = True
                     self.socket.close()  # after what is buffered has been written
                 return
