@@ -9,7 +9,9 @@ decision is then in the raft log, so replicas agree whatever this object believe
 - The reaper (with `group_timeout_ms`) expires routes idle that long, at most once per
   `reaper_interval_ms`, and only once the leader has led for `group_timeout_ms / 2`: during an
   election nobody could refresh what it holds, and those routes are not idle.
-- A member the leader cannot reach cannot refresh what it holds: the reaper spares its routes.
+- A member the leader cannot reach cannot refresh what it holds: the reaper spares its routes, and
+  goes on sparing them for `group_timeout_ms / 2` after it is reachable again (as a new leader waits),
+  so that a restarted owner's first refresh reaches the log before its routes are judged idle.
 - Owner failover (with `owner_failover_ms`): a member unreachable that long, continuously under
   this leader, is failed over (marked down, its routes dropped, its groups placed afresh:
   availability over order). A member that is down and reachable again is marked up, on every tick
@@ -76,6 +78,7 @@ class LeaderDuties:
         self.leader_term: int | None = None
         self.reap_due_ms = 0
         self.unreachable_since_ms: dict[str, int] = {}  # member -> when this leader first saw it unreachable
+        self.returned_ms: dict[str, int] = {}  # member -> when this leader saw it reachable again
 
     @property
     def active(self) -> bool:
@@ -89,6 +92,7 @@ class LeaderDuties:
         if self.leader_since_ms is None or status.term != self.leader_term:
             self._step_down()
             self.leader_since_ms, self.leader_term = now_ms, status.term
+        self._observe(now_ms, status)
         commands: list = []
         if self.group_timeout_ms:
             commands += self._reap(now_ms, status)
@@ -99,25 +103,40 @@ class LeaderDuties:
     def _step_down(self) -> None:
         self.leader_since_ms = self.leader_term = None
         self.unreachable_since_ms.clear()
+        self.returned_ms.clear()
+
+    def _observe(self, now_ms: int, status: RaftStatus) -> None:
+        since, returned = self.unreachable_since_ms, self.returned_ms
+        for member in status.unreachable:
+            since.setdefault(member, now_ms)
+            returned.pop(member, None)
+        for member in status.reachable:
+            if since.pop(member, None) is not None:
+                returned[member] = now_ms
+        for member in [member for member in since if member not in status.unreachable]:
+            del since[member]  # removed from the raft cluster meanwhile
+        for member in [member for member, at_ms in returned.items() if not self._sparing(member, now_ms)]:
+            del returned[member]
+
+    def _sparing(self, member: str, now_ms: int) -> bool:
+        """`member` came back lately: what it holds may not be refreshed in the log yet."""
+        return now_ms - self.returned_ms[member] < self.group_timeout_ms / 2
 
     def _reap(self, now_ms: int, status: RaftStatus) -> list:
         settled = now_ms - self.leader_since_ms >= self.group_timeout_ms / 2
         if not settled or now_ms < self.reap_due_ms:
             return []
         self.reap_due_ms = now_ms + self.reaper_interval_ms
-        return [ExpireIdle(now_ms - self.group_timeout_ms, tuple(sorted(status.unreachable)))]
+        spared = set(status.unreachable) | set(self.returned_ms)
+        return [ExpireIdle(now_ms - self.group_timeout_ms, tuple(sorted(spared)))]
 
     def _fail_over(self, now_ms: int, status: RaftStatus) -> list:
         commands: list = []
-        since = self.unreachable_since_ms
         for member in sorted(status.reachable):
-            since.pop(member, None)
             if member in status.down:
                 commands.append(MarkUp(member, now_ms))
         for member in sorted(status.unreachable):
-            unreachable_ms = now_ms - since.setdefault(member, now_ms)
+            unreachable_ms = now_ms - self.unreachable_since_ms[member]
             if member not in status.down and unreachable_ms >= self.owner_failover_ms:
                 commands.append(FailOver(member, now_ms, unreachable_ms))
-        for member in [member for member in since if member not in status.unreachable]:
-            del since[member]  # removed from the raft cluster meanwhile
         return commands
