@@ -1,9 +1,9 @@
 """The benchmark's clients and one row's measurement: a producer process and consumer process(es).
 
-A Python client is CPU-bound (a proton container tops out at 15-19k msgs/s on this machine), so the
-producer runs in its own process and the consumers in one or more others (multiprocessing, fork;
+The producer runs in its own process and the consumers in one or more others (multiprocessing, fork;
 one connection per consumer); each process reports its own CPU time, so the table can say how much
-of the machine the clients took. AMQP 1.0 clients use python-qpid-proton; STOMP clients (for
+of the machine the clients took. AMQP 1.0 clients are lean.py's (proton's C engine, no reactor: a
+few us of client CPU per message, where a proton Container took 300-1,000); STOMP clients (for
 ActiveMQ) use stomp.py. Both carry the same payload: a 100-byte body, the group id, the message's
 sequence number within its group and the producer's send time (CLOCK_MONOTONIC, which is
 machine-wide on Linux, so consumers in other processes can subtract it).
@@ -24,11 +24,6 @@ from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Imported here, in the parent, so that forked client processes do not pay (and count) the import.
-from proton import Message
-from proton.handlers import MessagingHandler
-from proton.reactor import Container
-
 try:
     import stomp
 except ImportError:  # only the ActiveMQ rows need it; they fail with this reason if it is missing
@@ -38,7 +33,6 @@ READY_TIMEOUT_S = 60  # consumers attached and producer connected
 STALL_TIMEOUT_S = 30  # no message accepted anywhere for this long ends the row as failed
 JOIN_TIMEOUT_S = 20
 POLL_INTERVAL_S = 0.02
-TIMER_INTERVAL_S = 0.1  # how often a proton consumer looks at the stop flag (from its own reactor)
 
 SENT_KEY = "bench_sent_ns"
 SEQ_KEY = "bench_seq"
@@ -54,6 +48,7 @@ class Workload:
     consumers: int = 4
     body_bytes: int = 100
     seed: int = 1
+    rate_per_s: int = 0  # the producer's send rate (AMQP only); 0: as fast as credit and window allow
 
 
 def plan(workload: Workload) -> tuple[list[str], array]:
@@ -73,146 +68,6 @@ def plan(workload: Workload) -> tuple[list[str], array]:
 def _cpu_s() -> float:
     times = os.times()
     return times.user + times.system
-
-
-# --- AMQP 1.0 (python-qpid-proton) -------------------------------------------------------------
-
-def _amqp_connect(container, target):
-    options = {}
-    if target.sasl_mechs:
-        options["allowed_mechs"] = target.sasl_mechs
-    return container.connect(target.url, **options)
-
-
-def amqp_producer(target, workload: Workload, go, result_path: str) -> None:
-
-    groups, seqs = plan(workload)
-    body = b"x" * workload.body_bytes
-
-    class Producer(MessagingHandler):
-        def __init__(self):
-            super().__init__(prefetch=0)
-            self.sent = self.accepted = self.rejected = self.released = 0
-            self.first_send_ns = self.last_send_ns = 0
-            self.message = Message(body=body, durable=workload.durable)
-
-        def on_start(self, event):
-            self.connection = _amqp_connect(event.container, target)
-            event.container.create_sender(self.connection, target.send_address, name="bench-producer")
-
-        def on_sendable(self, event):
-            sender, message, total = event.sender, self.message, workload.messages
-            while sender.credit > 0 and self.sent < total:
-                group = groups[self.sent]
-                message.group_id = group
-                if target.routing_subject:
-                    message.subject = group
-                now = time.monotonic_ns()
-                message.properties = {SENT_KEY: now, SEQ_KEY: seqs[self.sent]}
-                sender.send(message)
-                if self.sent == 0:
-                    self.first_send_ns = now
-                self.sent += 1
-            self.last_send_ns = time.monotonic_ns()
-
-        def _settled_one(self):
-            if self.accepted + self.rejected + self.released == workload.messages:
-                self.connection.close()
-
-        def on_accepted(self, event):
-            self.accepted += 1
-            self._settled_one()
-
-        def on_rejected(self, event):
-            self.rejected += 1
-            self._settled_one()
-
-        def on_released(self, event):
-            self.released += 1
-            self._settled_one()
-
-        def on_transport_error(self, event):
-            self.error = str(event.transport.condition)
-
-    producer = Producer()
-    producer.error = ""
-    go.wait()
-    cpu_start = _cpu_s()
-    try:
-        Container(producer).run()
-    except Exception as error:  # reported in the row, not raised: a benchmark records failures
-        producer.error = f"{type(error).__name__}: {error}"
-    _dump(result_path, {
-        "sent": producer.sent, "accepted": producer.accepted, "rejected": producer.rejected,
-        "released": producer.released, "first_send_ns": producer.first_send_ns,
-        "last_send_ns": producer.last_send_ns, "cpu_s": _cpu_s() - cpu_start, "error": producer.error})
-
-
-def amqp_consumers(target, indexes: list, workload: Workload, readies, stop, progress, result_paths) -> None:
-    """Consumers `indexes` in one container, one connection each (links named per consumer)."""
-    records = {index: _Record() for index in indexes}
-    link_owner = {f"bench-c{index}-{number}": index
-                  for index in indexes for number in range(len(target.consumer_addresses[index]))}
-    process_cpu_start_s = [_cpu_s()]
-
-    class Consumers(MessagingHandler):
-        # Credit is managed here, not by proton's FlowController: a window of `prefetch` granted at
-        # attach and topped up by one after each accept, so at most `prefetch` are ever unsettled.
-        def __init__(self):
-            super().__init__(prefetch=0, auto_accept=False)
-            self.unopened = {index: len(target.consumer_addresses[index]) for index in indexes}
-            self.connections = []
-
-        def on_start(self, event):
-            for index in indexes:
-                connection = _amqp_connect(event.container, target)
-                self.connections.append(connection)
-                for number, address in enumerate(target.consumer_addresses[index]):
-                    receiver = event.container.create_receiver(connection, address, name=f"bench-c{index}-{number}")
-                    receiver.flow(workload.prefetch)
-            event.container.schedule(TIMER_INTERVAL_S, self)
-
-        def on_link_opened(self, event):
-            if event.receiver is not None:
-                index = link_owner[event.receiver.name]
-                self.unopened[index] -= 1
-                if self.unopened[index] == 0:
-                    if not any(self.unopened.values()):
-                        process_cpu_start_s[0] = _cpu_s()
-                    readies[index].set()
-
-        def on_message(self, event):
-            received_ns = time.monotonic_ns()
-            message = event.message
-            properties = message.properties or {}
-            self.accept(event.delivery)
-            receiver = event.receiver
-            receiver.flow(1)
-            index = link_owner[receiver.name]
-            record = records[index]
-            record.add(message.group_id, properties.get(SEQ_KEY, -1), properties.get(SENT_KEY, 0), received_ns)
-            progress[index] = record.count
-
-        def on_timer_task(self, event):
-            if stop.is_set():
-                for connection in self.connections:
-                    connection.close()
-            else:
-                event.container.schedule(TIMER_INTERVAL_S, self)
-
-        def on_transport_error(self, event):
-            for record in records.values():
-                record.error = record.error or str(event.transport.condition)
-
-        def on_link_error(self, event):
-            records[link_owner[event.link.name]].error = str(event.link.remote_condition)
-
-    try:
-        Container(Consumers()).run()
-    except Exception as error:
-        for record in records.values():
-            record.error = record.error or f"{type(error).__name__}: {error}"
-    _dump_records(records, result_paths, _cpu_s() - process_cpu_start_s[0])
 
 
 # --- STOMP (stomp.py, for ActiveMQ Classic) ----------------------------------------------------
@@ -235,9 +90,13 @@ def stomp_producer(target, workload: Workload, go, result_path: str) -> None:
         go.wait()
         cpu_start = _cpu_s()
         send, destination = connection.send, target.send_address
+        start_ns, rate = time.monotonic_ns(), workload.rate_per_s
         for number in range(workload.messages):
             group = groups[number]
             now = time.monotonic_ns()
+            if rate and now < start_ns + number * 1_000_000_000 // rate:  # a paced row: wait for this send's turn
+                time.sleep((start_ns + number * 1_000_000_000 // rate - now) / 1e9)
+                now = time.monotonic_ns()
             # Fire-and-forget sends (no receipt): a receipt per SEND would make each one synchronous.
             send(destination, body, headers={"JMSXGroupID": group, GROUP_KEY: group, SEQ_KEY: seqs[number],
                                              SENT_KEY: now, "persistent": persistent})
@@ -375,9 +234,11 @@ def measure(target, workload: Workload, broker_cpu_s, scratch_dir: Path, consume
 
     The consumers are spread round-robin over `consumer_processes` processes; the producer has its own.
     """
+    import lean  # here, in the parent, so that forked client processes do not pay (and count) the import
+
     context = multiprocessing.get_context("fork")
-    producer_main = amqp_producer if target.protocol == "amqp" else stomp_producer
-    consumers_main = amqp_consumers if target.protocol == "amqp" else stomp_consumers
+    producer_main = lean.producer if target.protocol == "amqp" else stomp_producer
+    consumers_main = lean.consumers if target.protocol == "amqp" else stomp_consumers
     scratch_dir.mkdir(parents=True, exist_ok=True)
     go, stop = context.Event(), context.Event()
     progress = context.RawArray("q", workload.consumers)

@@ -34,7 +34,7 @@ class PeerFailed(Exception):
 @dataclass(frozen=True)
 class Target:
     """Where the clients of one row send and receive."""
-    protocol: str  # "amqp" (python-qpid-proton) or "stomp" (stomp.py)
+    protocol: str  # "amqp" (lean.py, proton's C engine) or "stomp" (stomp.py)
     url: str  # amqp://user:pass@host:port, or host:port for STOMP
     send_address: str
     consumer_addresses: tuple  # one tuple of source addresses per consumer
