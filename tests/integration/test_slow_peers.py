@@ -129,12 +129,13 @@ def test_a_consumer_that_stops_reading_gets_its_credit_and_no_more_while_others_
 
     stuck = slow_socket(node)
     stuck.sendall(client_stream(open_consumer))  # and never reads again
-    values = wait_for(node, steady, lambda values: values.get('grouper_queue_acquired_messages{queue="slow"}') == CREDIT,
-                      f"the stuck consumer holding its {CREDIT} credits' worth")
+    acquired = 'grouper_queue_acquired_messages{queue="slow"}'
+    wait_for(node, steady, lambda values: values.get(acquired) == CREDIT,
+             f"the stuck consumer holding its {CREDIT} credits' worth")
     for _ in range(5):
         steady.round_trip()
     values = metrics(node)
-    assert values['grouper_queue_acquired_messages{queue="slow"}'] == CREDIT  # its credit, and no more
+    assert values[acquired] == CREDIT  # its credit, and no more
     assert values["grouper_engine_connections"] == 2  # the steady client and the stuck one
     held_bytes = (QUEUED_MESSAGES + CREDIT) * BODY_BYTES  # the queue's payloads, and proton's copies of the sent
     growth_bytes = rss_bytes(node) - baseline_bytes
@@ -150,7 +151,7 @@ def test_a_consumer_that_stops_reading_gets_its_credit_and_no_more_while_others_
 
     stuck.close()  # what it held goes back to the queue, and its engine objects go
     wait_for(node, steady, lambda values: values["grouper_engine_connections"] == 1
-             and values['grouper_queue_acquired_messages{queue="slow"}'] == 0
+             and values[acquired] == 0
              and values['grouper_queue_depth_messages{queue="slow"}'] == CREDIT, "the stuck consumer released")
     steady.close()
 
