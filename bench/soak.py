@@ -1,6 +1,6 @@
 """Soak: one node under clients that come and go for a long time; its memory and engine objects must stay flat.
 
-    python3 bench/soak.py [--duration-s 1800] [--work-dir DIR] [--seed 1] [--no-report]
+    python3 bench/soak.py [--duration-s 1800] [--work-dir DIR] [--seed 1] [--no-report | --render-only]
 
 The node frees proton's C objects itself (links, sessions, transports, connections), so a leak is
 ours to find. For `duration_s` one node (a `grouper node` process) serves:
@@ -342,6 +342,8 @@ class Sample:
 class SoakResult:
     duration_s: float
     seed: int
+    date_utc: str = ""  # when the run began, "YYYY-MM-DD HH:MM"
+    revision: str = ""  # the node's source: `git describe` of this checkout, or what the caller says
     samples: list = field(default_factory=list)  # Sample
     episodes: dict = field(default_factory=dict)  # role -> {"ended": n, "killed": n, "failed": n}
     episode_failures: list = field(default_factory=list)  # the first few failures' stderr
@@ -393,6 +395,22 @@ class SoakResult:
         if not self.checker_ok:
             found.append(f"the checker found violations: {self.checker_summary}")
         return found
+
+
+def _revision() -> str:
+    try:
+        described = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
+                                   text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return described.stdout.strip() or "unknown (not a git checkout)"
+
+
+def load_result(path: Path) -> SoakResult:
+    values = json.loads(Path(path).read_text())
+    values.pop("problems", None)
+    samples = [Sample(**sample) for sample in values.pop("samples")]
+    return SoakResult(**values, samples=samples)
 
 
 def _send_identities(paths) -> tuple[int, int]:
@@ -513,7 +531,8 @@ def run_soak(duration_s: float, work_dir: Path, seed: int = 1, progress=None) ->
 
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    result = SoakResult(duration_s=duration_s, seed=seed)
+    result = SoakResult(duration_s=duration_s, seed=seed, revision=_revision(),
+                        date_utc=f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}")
     node = NodeProcess(work_dir / "node").start()
     sample_interval_s = max(SAMPLE_INTERVAL_MIN_S, duration_s / SAMPLE_COUNT)
     episodes = _Episodes(node.url, work_dir, seed)
@@ -596,8 +615,8 @@ def render(result: SoakResult, command: str) -> str:
         f"bodies over a {SMALL_FRAME_BYTES >> 10} KiB max-frame-size), `heartbeat` (idle timeout "
         f"{IDLE_TIMEOUT_S:g} s, idle {IDLE_FOR_S:g} s, must stay connected).",
         "",
-        f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- Command: `{command}`",
+        f"- Date: {result.date_utc} UTC",
+        f"- Command: `{command}`; Grouper git {result.revision}",
         f"- Machine: {os.cpu_count()} cores, Python {platform.python_version()}, Linux {platform.release()}; "
         "shared and noisy.",
         f"- Verdict: **{'passed' if not result.problems() else 'FAILED'}**"
@@ -641,6 +660,10 @@ def write_report(markdown: str, path: Path) -> None:
     path.write_text(text.rstrip("\n") + "\n")
 
 
+def _command(duration_s: float) -> str:
+    return "python3 bench/soak.py" + ("" if duration_s == 1800 else f" --duration-s {duration_s:g}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["episode"]:
@@ -652,7 +675,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "soak-last-run.json")
     parser.add_argument("--no-report", action="store_true", help="print the section instead of writing it")
+    parser.add_argument("--render-only", action="store_true", help="write the section from --json, run nothing")
     args = parser.parse_args(argv)
+    if args.render_only:
+        result = load_result(args.json)
+        write_report(render(result, _command(result.duration_s)), args.out)
+        return 1 if result.problems() else 0
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="grouper-soak-"))
     print(f"work dir: {work_dir}", flush=True)
 
@@ -662,8 +690,7 @@ def main(argv: list[str] | None = None) -> int:
               + " ".join(f"{role}={sum(counts[role].values())}" for role in ROLES), flush=True)
 
     result = run_soak(args.duration_s, work_dir, args.seed, progress)
-    command = "python3 bench/soak.py" + ("" if args.duration_s == 1800 else f" --duration-s {args.duration_s:g}")
-    markdown = render(result, command)
+    markdown = render(result, _command(args.duration_s))
     if args.no_report:
         print(markdown)
     else:
