@@ -1,9 +1,9 @@
 """Where a Grouper node's CPU goes under the grouped workload: py-spy on one node, summarised.
 
-    python bench/profile.py [--messages N] [--durable] [--duration-s S] [--native]
+    python bench/profile.py [--messages N] [--durable] [--prefetch N] [--duration-s S] [--native]
 
 Starts one `grouper node` (peers.py), runs the grouped workload (1 producer, 4 consumers, 1,000
-groups, prefetch 100) with lean.py's clients, and records the node with `py-spy record --format raw`
+groups, prefetch 100 unless told) with lean.py's clients, and records the node with `py-spy record --format raw`
 (`pip install py-spy`) for `--duration-s` once the flow is under way. It prints, as markdown, the
 node's busy samples per function (inclusive: a function and what it calls) and per innermost frame
 (self time). A profile, not a measurement: py-spy's sampling slows the node a little, so the row's
@@ -31,6 +31,14 @@ SAMPLE_RATE_HZ = 250
 WAITING = re.compile(r"^(?:[\w.]*\.)?(?:wait|poll|select|_blocking|_serve|sleep|run_forever|_run_once|epoll_wait) \(|"
                      r"fsync|__pthread_cond|pthread_cond|do_futex|__futex")
 FRAME_PLACE = re.compile(r"^(?P<function>[^ ]+) \((?P<file>[^:)]+)")
+JOURNAL_SOURCE = peers.REPO_ROOT / "node" / "store" / "journal.py"
+
+
+def fsync_frames() -> re.Pattern:
+    """The journal's `os.fsync` lines: py-spy shows a thread waiting for the disk there (C is not a frame)."""
+    lines = [str(number) for number, line in enumerate(JOURNAL_SOURCE.read_text().splitlines(), 1)
+             if "os.fsync(" in line]
+    return re.compile(rf"node/store/journal\.py:(?:{'|'.join(lines) or '0'})\)")
 
 
 def frame_name(frame: str) -> str:
@@ -51,9 +59,12 @@ def summarize(path: Path, top: int = 25) -> tuple[int, list, list]:
     inclusive: dict[str, int] = {}
     leaves: dict[str, int] = {}
     busy = 0
+    fsync = fsync_frames()
     for line in path.read_text(errors="replace").splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
+            continue
+        if fsync.search(stack.rsplit(";", 1)[-1]):
             continue
         frames = [frame_name(frame) for frame in stack.split(";")[1:]]  # [0] is the thread
         if not frames or WAITING.search(frames[-1]):
@@ -83,13 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=400_000, help="enough for the flow to outlast the profile")
     parser.add_argument("--durable", action="store_true")
+    parser.add_argument("--prefetch", type=int, default=100)
     parser.add_argument("--duration-s", type=int, default=8)
     parser.add_argument("--native", action="store_true", help="py-spy --native: C frames (proton-c, uvloop) too")
     parser.add_argument("--out", type=Path, help="also write the raw samples here")
     args = parser.parse_args(argv)
 
     work_dir = Path(tempfile.mkdtemp(prefix="grouper-profile-"))
-    row = run.Row("grouper", 1000, 100, args.durable, args.messages)
+    row = run.Row("grouper", 1000, args.prefetch, args.durable, args.messages)
     node = peers.Grouper(work_dir)
     node.start([row])
     raw = args.out or work_dir / "profile.txt"
@@ -99,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     command.append("--native" if args.native else "--nonblocking")
     spy: list[subprocess.Popen] = []
     try:
-        workload = clients.Workload(messages=args.messages, groups=1000, prefetch=100, durable=args.durable)
+        workload = clients.Workload(messages=args.messages, groups=1000, prefetch=args.prefetch, durable=args.durable)
         # py-spy starts a second after the go, when the flow is in its steady state
         timer = threading.Timer(1.0, lambda: spy.append(subprocess.Popen(command, stdout=subprocess.DEVNULL,
                                                                           stderr=subprocess.DEVNULL)))

@@ -442,37 +442,43 @@ the machine, the load of each row in the table), the profiles and the extra runs
 list above is recomputed on every run, these paragraphs are not.
 
 - **The engine loop took the reactor's cost away.** The same workload (1,000 groups, prefetch 100)
-  cost the node 370 µs/msg not durable and 438 durable with the reactor adapter (2026-11-22); it
-  now costs 26 and 40, a quarter of ActiveMQ Classic's and of RabbitMQ's in the same run, and the
-  lean client lets it carry 26,600 msgs/s on one node while sharing 2 cores with its clients.
+  cost the node 370 µs/msg not durable and 438 durable with the reactor adapter (2026-11-22); it now
+  costs 26 and 40, a quarter of ActiveMQ Classic's and a quarter to a third of RabbitMQ's in the
+  same run, and the lean client lets it carry 26,600 msgs/s on one node while sharing 2 cores with
+  its clients.
 - **Where the 26 µs go** (`python bench/profile.py`: py-spy at 250 Hz on the node, 1,000 groups,
-  prefetch 100, not durable; share of the node's busy samples, a function with what it calls):
-  the producer's transfers (`_receive`) 49% — the dispatch core's enqueue and dispatch
+  prefetch 100, not durable; share of the node's busy samples, a function with what it calls): the
+  producer's transfers (`_receive`) 49% — the dispatch core's enqueue and dispatch
   (`Broker.enqueue`, `Queue._dispatch`) 13%, reading the group id (`codec.read_arrival`) 12%;
   writing each connection's frames (`Connection.flush`: proton-c encoding the frames and the socket
   write) 19%; the deliveries to consumers (`_deliver`, with the `x-opt-enqueued-time` splice) 12%;
-  consumers' dispositions (`_disposition`, `Queue.settle`) 8%; credit (`_on_link_flow`) 3%; uvloop
-  itself 9%. By where the CPU executes (`--native`, same workload): Python in the dispatch core
-  (`core/queue.py`, `broker.py`) 24%, in the loop adapter (`amqp/loop.py`, `connection.py`) 17%, in
-  the codec 15%; proton-c and cffi 19%; `write` system calls 11%; malloc and memcpy 8%; uvloop and
-  libuv under 1%. No single part dominates any more: a further halving needs the dispatch core's
-  per-message Python (about 6 µs) and the codec's (about 4 µs) to shrink together, for instance by
-  taking deliveries for a whole batch in one core call and stamping the enqueue time only where a
-  consumer asks for it.
-- **Durable adds 13 µs**: the journal writer thread is 21% of busy samples (encoding STORE and
-  REMOVE records and indexing each record in Python), and handing it each batch is 11%
-  (`Journal.flush` → `Condition.notify`: the loop thread waits for the lock and the GIL the writer
-  holds). The writer runs on the same GIL as the loop, so its Python work is not parallel; it only
-  adds hand-offs.
+  consumers' dispositions (`_disposition`, `Queue.settle`) 8%; credit (`_on_link_flow`) 3%; the
+  event loop outside our code (socket reads, callbacks) 9%. By where the CPU executes (`--native`,
+  same workload): Python in the dispatch core (`core/queue.py`, `broker.py`) 24%, in the loop
+  adapter (`amqp/loop.py`, `connection.py`) 17%, in the codec 15%; proton-c and cffi 19%; `write`
+  system calls 11%; malloc and memcpy 8%; the code of uvloop and libuv themselves under 1%. No
+  single part dominates any more: a further halving needs the dispatch core's per-message Python
+  (about 6 µs) and the codec's (about 4 µs) to shrink together, for instance by taking deliveries
+  for a whole batch in one core call and stamping the enqueue time only where a consumer asks for
+  it.
+- **Durable adds 13 µs**, and most of it is handing batches to the journal writer:
+  `Journal.flush` → `Condition.notify`, once per batch, is 13% of the node's busy samples
+  (`--durable`; py-spy counts a thread that is runnable but not scheduled as busy, so part of it is
+  the woken writer taking the loop's core on this 2-core machine); `_end_batch` with it 14%;
+  encoding STORE and REMOVE records (`Journal.store`, `Journal.remove`) 6%; the writer thread
+  itself 3% (its fsync waits are not counted).
 - **Missed: prefetch 1, durable, 2.27x prefetch 100's** (90 against 40 µs/msg; not durable 1.63x,
-  met). At prefetch 1 each consumer has one delivery in flight, so every wake-up carries about one
-  message: the per-wake-up costs (uvloop callback, event drain, one socket write per connection,
-  proton's frame per disposition and per flow) are paid per message; the non-durable row shows that
-  alone is 1.6x. Durable adds a journal unit, a hand-off to the writer and a write per wake-up, where
-  prefetch 100 shares them between ~100 messages. What it would take: hand the writer a unit only
-  when it is idle or every few ms (group commit across wake-ups, which the settlements already wait
-  for), and index records outside the GIL-bound writer (or in the loop thread, once per batch); that
-  removes the per-wake-up hand-off, the largest durable-only cost in the profile.
+  met). At prefetch 1 each consumer has one delivery in flight, so a wake-up carries about one
+  message, and what a wake-up costs is paid per message: uvloop's callback, the event drain, one
+  socket write per connection, proton's frame per disposition and per flow (the non-durable row:
+  1.6x). Durable adds one journal unit, one hand-off and one write plus fsync per wake-up, which
+  prefetch 100 shares between ~100 messages. Measured apart (a separate run at load 13-15, 30,000
+  messages, two repetitions): system time of the node is 22-36 µs/msg at prefetch 1 durable against
+  2 at prefetch 100 durable (9-12 at prefetch 1 not durable), user time 77-84 against 40-47. What
+  it would take: group commit across wake-ups (the writer waits up to about a millisecond, or for a
+  few hundred records, before its write and fsync; settlements already wait for the journal), which
+  removes most of that system time and the per-wake-up hand-off; the user-time half needs the
+  per-wake-up path itself cheaper (one write per connection per wake-up is already the floor).
 - **Cluster: missed, forwarded 2.03x local** (`python bench/cluster.py --phases single,flows
   --messages 50000`, 22:02-22:07, load 3-6, durable, 1,000 groups, prefetch 100, lean clients): one
   node 37.2 µs/msg; 3 nodes with every message forwarded 75.4 (the receiving node 35.0, each of the
