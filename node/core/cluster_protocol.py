@@ -44,6 +44,7 @@ CLAIM_RETRY_INTERVAL_MS = 100  # a failed proposal (no leader yet) is retried at
 TOUCH_RETRY_INTERVAL_MS = CLAIM_RETRY_INTERVAL_MS * 10  # a failed refresh is tried again this soon
 CONSUMER_REPORT_INTERVAL_MS = 5000  # consumer counts are re-reported this often even unchanged
 REGISTER_RETRY_INTERVAL_MS = 1000  # until this node's addresses are in the table
+STORED = "stored"  # outcome of a journal batch written to disk
 
 # what an AfterFlush hands back to `flushed`
 _BATCH = "batch"  # (_BATCH, _Flushing): a batch of new outbound entries
@@ -81,9 +82,6 @@ class _Flushing:
         self.batch = batch  # owner -> [Entry]
         self.reserved = reserved  # the seq reservation journalled in the same batch, 0 if none
         self.outcome: str | None = None  # STORED or the failure's reason
-
-
-STORED = "stored"
 
 
 class ClusterProtocol:
