@@ -37,7 +37,6 @@ RECEIVE_BUFFER_BYTES = 64 << 10  # a delivery larger than this is read through a
 WINDOW_MESSAGES = 1000  # unsettled sends a producer allows itself, whatever credit the broker grants
 SELECT_TIMEOUT_S = 0.05  # the longest sleep: how often stop flags and deadlines are looked at
 CLOSE_WAIT_S = 2.0  # after close, how long to wait for the broker's close frame
-IDLE_TIMEOUT_MS = 0  # no heartbeats: a benchmark row is short and both ends are local
 
 _DURABLE_HEADER = b"\x00\x53\x70\xc0\x02\x01\x41"  # header section: list [durable = true]
 _PROPERTIES, _APPLICATION_PROPERTIES, _FIRST_BODY_SECTION = 0x73, 0x74, 0x75
