@@ -10,7 +10,9 @@ broker it measures; this client costs a few. Rules:
 - Messages are encoded by hand from per-group templates (`MessageEncoder`) and read by a walker that
   looks only at properties.group-id and the two application properties the order and latency checks
   need (`read_fields`); the body is never touched. `tests/unit/test_bench_lean.py` checks both
-  against proton's own codec.
+  against proton's own codec. (pipeline/messages.py's encoder builds each message from a dict: 3 us
+  a message against these templates' 0.8-1, and it has no subject, which RabbitMQ's hash exchange
+  routes on.)
 - A consumer grants `prefetch` credit at attach and, after each pass, as much credit as it accepted,
   so at most `prefetch` deliveries are ever unsettled on its link.
 - It moves messages and writes what it saw, in the form clients.py summarises; it never starts
