@@ -25,7 +25,8 @@ def test_a_short_soak_leaves_memory_and_engine_objects_flat_and_every_accepted_m
 
     report = soak.render(result, f"tests/drills/test_soak.py ({SOAK_DURATION_S:g} s)")
     assert not result.problems(), report
-    assert result.baseline_after == {"connections": 0, "links": 0, "unsettled_deliveries": 0}, report
+    assert result.baseline_after == {"connections": 0, "links": 0, "unsettled_deliveries": 0, "depth_messages": 0}, \
+        report
     assert result.rss_growth_bytes < soak.RSS_GROWTH_MAX_BYTES, report
     assert result.episodes["killed"]["killed"] >= 3, report  # each role came and went several times
     for role in ("detach", "large", "heartbeat"):
