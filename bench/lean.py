@@ -29,6 +29,7 @@ from array import array
 from urllib.parse import unquote, urlsplit
 
 import clients
+from node.amqp.codec import skip_value
 from node.amqp.engine import (ACCEPTED, CONNECTION_REMOTE_CLOSE, DELIVERY, LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH,
                               LINK_REMOTE_OPEN, MODIFIED, NULL, REJECTED, RELEASED, TRANSPORT_ERROR,
                               condition_text, delivery_tag, ffi, lib, tag_value)
@@ -51,7 +52,6 @@ _APPLICATION_HEAD = b"\x00\x53\x74\xc1" + bytes((1 + 2 + len(_SENT_KEY) + 9 + 2 
     + b"\xa1" + bytes((len(_SENT_KEY),)) + _SENT_KEY + b"\x81"
 _PACK_TIMES = struct.Struct(f">q{2 + len(_SEQ_KEY) + 1}sq").pack
 _SEQ_ITEM = b"\xa1" + bytes((len(_SEQ_KEY),)) + _SEQ_KEY + b"\x81"
-_FIXED_WIDTH_BYTES = {0x4: 0, 0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}  # by the format code's high nibble
 
 
 class LeanError(Exception):
@@ -96,22 +96,6 @@ class MessageEncoder:
                          self.body_section))
 
 
-def _skip(buf: bytes, position: int) -> int:
-    code = buf[position]
-    position += 1
-    if code == 0x00:  # described value: its descriptor, then its value
-        return _skip(buf, _skip(buf, position))
-    high = code >> 4
-    width = _FIXED_WIDTH_BYTES.get(high)
-    if width is not None:
-        return position + width
-    if high in (0xA, 0xC, 0xE):
-        return position + 1 + buf[position]
-    if high in (0xB, 0xD, 0xF):
-        return position + 4 + int.from_bytes(buf[position:position + 4], "big")
-    raise ValueError(f"unknown format code 0x{code:02x} at byte {position - 1}")
-
-
 def _compound(buf: bytes, position: int) -> tuple[int, int, int]:
     """A list or map: (end, item count, first item's position)."""
     code = buf[position]
@@ -145,7 +129,7 @@ def _group_id(buf: bytes, position: int):
     if count <= _GROUP_ID_INDEX:
         return None, end
     for _ in range(_GROUP_ID_INDEX):
-        item = item + 1 if buf[item] == 0x40 else _skip(buf, item)
+        item = item + 1 if buf[item] == 0x40 else skip_value(buf, item)
     code = buf[item]
     if code in (0xA1, 0xA3):
         return buf[item + 2:item + 2 + buf[item + 1]].decode(), end
@@ -164,12 +148,12 @@ def _bench_properties(buf: bytes, position: int) -> tuple[int, int]:
             key_end = item + 2 + buf[item + 1]
             key = buf[item + 2:key_end]
         else:
-            key_end, key = _skip(buf, item), None
+            key_end, key = skip_value(buf, item), None
         if key == _SEQ_KEY:
             seq = _integer(buf, key_end)
         elif key == _SENT_KEY:
             sent_ns = _integer(buf, key_end)
-        item = _skip(buf, key_end)
+        item = skip_value(buf, key_end)
     return seq, sent_ns
 
 
@@ -190,7 +174,7 @@ def read_fields(buf: bytes) -> tuple[str | None, int, int]:
             seq, sent_ns = _bench_properties(buf, position)
             break  # the body follows
         else:
-            position = _skip(buf, position)
+            position = skip_value(buf, position)
     return group, seq, sent_ns
 
 

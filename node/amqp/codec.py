@@ -53,7 +53,7 @@ class _Unreadable(Exception):
     """Valid AMQP the scanner does not read itself: proton's decoder takes over."""
 
 
-class _Malformed(Exception):
+class _Malformed(ValueError):
     """Not an AMQP 1.0 message at all."""
 
 
@@ -120,7 +120,7 @@ def _scan(buf: bytes, group_header: str) -> tuple:
             found, position = _map_values(buf, position, wanted_keys)
             header_value, jms_group_id, jms_seq = found
         else:
-            position = _skip(buf, position)
+            position = skip_value(buf, position)
     return ttl_ms, address, absolute_expiry_ms, group_id, group_sequence, header_value, jms_group_id, jms_seq
 
 
@@ -144,7 +144,7 @@ def _map_values(buf: bytes, position: int, wanted_keys: dict) -> tuple[list, int
         key, position = _read(buf, position)
         slot = wanted_keys.get(key)
         if slot is None:
-            position = _skip(buf, position)
+            position = skip_value(buf, position)
         else:
             found[slot], position = _read(buf, position)
             if found[slot] is ...:
@@ -197,14 +197,15 @@ def _read(buf: bytes, position: int):
         return code == 0x41, position
     if code == 0x56:
         return buf[position] == 1, position + 1
-    return ..., _skip(buf, position - 1)  # a type dispatch never compares: only its extent matters
+    return ..., skip_value(buf, position - 1)  # a type dispatch never compares: only its extent matters
 
 
-def _skip(buf: bytes, position: int) -> int:
+def skip_value(buf: bytes, position: int) -> int:
+    """The position just past the AMQP-encoded value at `position` (its extent only; nothing is decoded)."""
     code = buf[position]
     position += 1
     if code == 0x00:  # described value: skip the descriptor, then the value
-        return _skip(buf, _skip(buf, position))
+        return skip_value(buf, skip_value(buf, position))
     high = code >> 4
     width = _FIXED_WIDTH_BYTES.get(high)
     if width is not None:
@@ -254,14 +255,14 @@ def _splice_annotation(buf: bytes, entry: bytes) -> bytes:
         section = buf[position + 2]
         if section not in (_HEADER, _DELIVERY_ANNOTATIONS):
             break
-        position = _skip(buf, position + 3)
+        position = skip_value(buf, position + 3)
     if section != _MESSAGE_ANNOTATIONS:
         return b"".join((buf[:position], b"\x00\x53\x72", _map_bytes(2, entry), buf[position:]))
     end, count, item = _compound(buf, position + 3, 0xC1, 0xD1, "a message-annotations section that is not a map")
     kept, kept_count = [], 0
     for _ in range(count // 2):
         key, value_at = _read(buf, item)
-        pair_end = _skip(buf, value_at)
+        pair_end = skip_value(buf, value_at)
         if not (key == ENQUEUED_TIME_ANNOTATION and buf[item] in (0xA3, 0xB3)):  # a symbol, sym8 or sym32
             kept.append(buf[item:pair_end])
             kept_count += 2
