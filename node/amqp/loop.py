@@ -37,7 +37,7 @@ from node.amqp.conditions import RESOURCE_DELETED, RESOURCE_LIMIT, condition_for
 from node.amqp.connection import Connection
 from node.amqp.engine import (ACCEPTED, CONNECTION_REMOTE_CLOSE, CONNECTION_REMOTE_OPEN, DELIVERY, LINK_FLOW,
                               LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH, LINK_REMOTE_OPEN, LOCAL_ACTIVE, LOCAL_UNINIT,
-                              MODIFIED, NULL, REJECTED, RELEASED, SESSION_REMOTE_CLOSE, SESSION_REMOTE_OPEN,
+                              MODIFIED, REJECTED, RELEASED, SESSION_REMOTE_CLOSE, SESSION_REMOTE_OPEN,
                               TRANSPORT, TRANSPORT_CLOSED, TRANSPORT_ERROR, condition_text, delivery_tag, ffi, lib,
                               set_condition, text)
 from node.amqp.links import Consumer, Producer
@@ -176,9 +176,7 @@ class AmqpServer:
     def touched(self, connection: Connection) -> None:
         """A connection has new input or room for output: it takes part in the next batch."""
         self._dirty.add(connection)
-        if not self._batch_due:
-            self._batch_due = True
-            self.loop.call_soon(self._batch)
+        self.wake()
 
     def wake(self) -> None:
         if not self._batch_due:
@@ -477,39 +475,40 @@ class AmqpServer:
         lib.pn_link_free(link)
 
     def _forget_link(self, state) -> None:
-        state.alive = False
-        self._links.pop(state.link, None)
-        state.connection.links.discard(state)
+        """The link has ended: no record names it any more, and the core lets go of its consumer."""
+        self._unlink(state)
         if state.producer:
             self.producers.pop(state.id, None)
         elif self.consumers.pop(state.id, None) is not None:
             self.apply(self.broker.detach_consumer(state.id, self.clock_ms()))
 
+    def _unlink(self, state) -> None:
+        state.alive = False
+        self._links.pop(state.link, None)
+        state.connection.links.discard(state)
+
     def _close_link(self, link, condition) -> None:
-        """Detach a link from this side; it is freed when the client's detach arrives."""
+        """Detach a link from this side, if it is open here; it is freed when the client's detach arrives."""
+        if not lib.pn_link_state(link) & LOCAL_ACTIVE:
+            return
         name, description = condition
         set_condition(lib.pn_link_condition(link), name, description)
         lib.pn_link_close(link)
 
     def _detach(self, effect: DetachConsumer) -> None:
-        state = self.consumers.get(effect.consumer_id)
+        state = self.consumers.pop(effect.consumer_id, None)
         if state is None:
             return
-        del self.consumers[effect.consumer_id]  # the core has dropped it already
-        state.alive = False
-        self._links.pop(state.link, None)
-        state.connection.links.discard(state)
-        if lib.pn_link_state(state.link) & LOCAL_ACTIVE:
-            self._close_link(state.link, condition_for(effect.error))
-            self._dirty.add(state.connection)
+        self._unlink(state)  # the core has dropped the consumer already
+        self._close_link(state.link, condition_for(effect.error))
+        self._dirty.add(state.connection)
 
     def detach_producers_of(self, queue_name: str) -> None:
         """A deleted queue's producers are detached too, so they learn it is gone."""
         for state in [state for state in self.producers.values() if state.address == queue_name]:
             self._forget_link(state)
-            if lib.pn_link_state(state.link) & LOCAL_ACTIVE:
-                self._close_link(state.link, (RESOURCE_DELETED, f"queue {queue_name!r} was deleted"))
-                self._dirty.add(state.connection)
+            self._close_link(state.link, (RESOURCE_DELETED, f"queue {queue_name!r} was deleted"))
+            self._dirty.add(state.connection)
 
     # ---- flow --------------------------------------------------------------------------------
 
