@@ -83,15 +83,21 @@ def rss_bytes(node) -> int:
     raise AssertionError("no VmRSS line")
 
 
-def client_stream(open_links) -> bytes:
-    """The bytes a client sends to open a connection, a session and the links `open_links(session)` opens."""
+def _opened_session(container: str):
+    """An in-memory client transport with its connection and one session opened: (transport, session)."""
     connection = Connection()
     transport = Transport()
     transport.bind(connection)
-    connection.container = "slow-peer"
+    connection.container = container
     connection.open()
     session = connection.session()
     session.open()
+    return transport, session
+
+
+def client_stream(open_links) -> bytes:
+    """The bytes a client sends to open a connection, a session and the links `open_links(session)` opens."""
+    transport, session = _opened_session("slow-peer")
     open_links(session)
     return bytes(transport.peek(transport.pending()))
 
@@ -168,13 +174,7 @@ def test_a_consumer_that_stops_reading_gets_its_credit_and_no_more_while_others_
 
 def churn_stream() -> tuple[bytes, bytes]:
     """(connection open, one attach + detach pair of a producer link that can be repeated as is)."""
-    connection = Connection()
-    transport = Transport()
-    transport.bind(connection)
-    connection.container = "churning-peer"
-    connection.open()
-    session = connection.session()
-    session.open()
+    transport, session = _opened_session("churning-peer")
     opening = bytes(transport.peek(transport.pending()))
     transport.pop(len(opening))
     sender = session.sender("churn-" + "x" * CHURN_LINK_NAME_CHARS)
