@@ -420,6 +420,14 @@ class _ClientThread(threading.Thread):
     def connects(self) -> int:
         return self.client.connects
 
+    def state(self) -> str:
+        """What a failed drill prints about this client: enough to tell a dead thread, a connection the
+        node never answered and a retry loop apart."""
+        client = self.client
+        return (f"{self.name}: alive {self.is_alive()}, error {self.error!r}, connects {client.connects}, "
+                f"losses {client.losses}, connection {'open' if client._connection is not None else 'none'}, "
+                f"last condition {client._transport_condition!r}")
+
     def stop(self, timeout_s: float | None = None) -> None:
         """Ask the thread to finish and wait for it; raises if it does not end in time or failed."""
         if self.is_alive():

@@ -7,6 +7,7 @@ summary, which names the first examples of each violation.
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections import Counter
 
 from tests.drills.checker import check_files, load_jsonl
@@ -16,6 +17,16 @@ from tests.integration.clients import queue_toml
 QUEUE = "drill"
 GROUPS = [f"g{index}" for index in range(20)]
 PROGRESS_TIMEOUT_S = 10.0  # bound of every wait for the load to make progress
+
+
+def engine_gauges(node) -> str:
+    """The node's own count of connections, links and unsettled deliveries, for a failure message."""
+    try:
+        with urllib.request.urlopen(f"http://{node.http_address}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError as error:
+        return f"no metrics: {error}"
+    return "; ".join(line for line in text.splitlines() if line.startswith("grouper_engine_"))
 
 
 def wait_for_accepted(load, count: int) -> None:
@@ -93,7 +104,9 @@ def test_kill_9_and_restart_under_load_loses_no_accepted_message_and_breaks_no_o
         deadline = time.monotonic() + PROGRESS_TIMEOUT_S
         while not all(thread.connects >= 2 for thread in clients) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert all(thread.connects >= 2 for thread in clients), [(thread.name, thread.connects) for thread in clients]
+        assert all(thread.connects >= 2 for thread in clients), "\n".join(
+            [thread.state() for thread in clients] + [engine_gauges(node), "node output (last 30 lines):",
+                                                      *node.output[-30:]])
         wait_for_accepted(load, load.accepted() + 100)
 
     report = check_files(load.send_paths, load.delivery_paths)
