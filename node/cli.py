@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_command(subparsers)
     from node.admin import commands  # here, not at the top: commands imports this module's queue flags
     commands.register(subparsers)
+    from node.admin import users_commands
+    users_commands.register(subparsers)
     from pipeline import audit_command  # light: pyspark is imported only when `grouper audit` runs
     audit_command.add_command(subparsers)
     return parser

@@ -51,6 +51,13 @@ class NotAllowed(GrouperError):
     fault = "client"
 
 
+class Unauthorized(GrouperError):
+    """The user (or an anonymous client) lacks a permission; only an administrator can grant it."""
+
+    amqp_condition = "amqp:unauthorized-access"
+    fault = "client"
+
+
 class InvalidConfig(GrouperError):
     """A config file, flag or queue declaration that cannot be used; `key` names the culprit."""
 
