@@ -9,9 +9,14 @@ decision is then in the raft log, so replicas agree whatever this object believe
 - The reaper (with `group_timeout_ms`) expires routes idle that long, at most once per
   `reaper_interval_ms`, and only once the leader has led for `group_timeout_ms / 2`: during an
   election nobody could refresh what it holds, and those routes are not idle.
-- A member the leader cannot reach cannot refresh what it holds: the reaper spares its routes, and
-  goes on sparing them for `group_timeout_ms / 2` after it is reachable again (as a new leader waits),
-  so that a restarted owner's first refresh reaches the log before its routes are judged idle.
+- A member the leader cannot reach cannot refresh what it relies on, and that is more than its own
+  routes: its outbound store waits under routes naming other nodes, which nobody else need refresh.
+  The log does not say which routes those are, so while any member is out of reach the reaper
+  expires nothing, and it waits `group_timeout_ms / 2` more once the member is reachable again (as a
+  new leader waits), so that the member's first refresh is in the log before anything is judged idle.
+  Exception: a member marked down by owner failover holds nothing back while it is away (that policy
+  gives up the order of what it holds for availability, and a dead member must not stop expiry for
+  good); its own routes are still spared.
 - Owner failover (with `owner_failover_ms`): a member unreachable that long, continuously under
   this leader, is failed over (marked down, its routes dropped, its groups placed afresh:
   availability over order). A member that is down and reachable again is marked up, on every tick
@@ -119,16 +124,22 @@ class LeaderDuties:
             del returned[member]
 
     def _sparing(self, member: str, now_ms: int) -> bool:
-        """`member` came back lately: what it holds may not be refreshed in the log yet."""
+        """`member` came back lately: what it relies on may not be refreshed in the log yet."""
         return now_ms - self.returned_ms[member] < self.group_timeout_ms / 2
 
     def _reap(self, now_ms: int, status: RaftStatus) -> list:
         settled = now_ms - self.leader_since_ms >= self.group_timeout_ms / 2
         if not settled or now_ms < self.reap_due_ms:
             return []
+        if self._holding_back(status):
+            return []
         self.reap_due_ms = now_ms + self.reaper_interval_ms
-        spared = set(status.unreachable) | set(self.returned_ms)
-        return [ExpireIdle(now_ms - self.group_timeout_ms, tuple(sorted(spared)))]
+        # only members marked down can be out of reach here; routes naming them are spared all the same
+        return [ExpireIdle(now_ms - self.group_timeout_ms, tuple(sorted(status.unreachable)))]
+
+    def _holding_back(self, status: RaftStatus) -> bool:
+        """A member out of reach, or lately back, may rely on any route: expire nothing yet."""
+        return bool(self.returned_ms) or any(member not in status.down for member in status.unreachable)
 
     def _fail_over(self, now_ms: int, status: RaftStatus) -> list:
         commands: list = []

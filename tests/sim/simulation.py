@@ -10,8 +10,8 @@ What is modelled (the production classes where they exist):
 - the raft cluster: `RaftLog`, one linearizable log applied to a real `RouteTable`, with a leader
   that can be down and per-replica apply lag, replays and snapshot installs; the leader's duties
   (the production LeaderDuties of handler/leader_duties.py): with a group timeout, expire_idle after
-  half a group timeout of leadership, sparing the routes of the nodes that are down (the members it
-  cannot reach);
+  half a group timeout of leadership, and none while a node is down (a member it cannot reach) or
+  back for less than half a group timeout;
 - the network between nodes: forwarding calls and their replies, with seeded delay, loss and
   duplicated (late) requests; a call to a down node is never answered;
 - clients: producers bound to one node for their lifetime (a link), sending grouped messages with a
