@@ -2,7 +2,8 @@
 
 node/core/cluster_protocol.py decides (routing, the outbound store, seq reservations, taking
 forwarded batches); this module feeds it the clock and the events, and carries out its effects with
-the server (node/amqp/loop.py), the journal, one Forwarder per owner and the grouping handler.
+the server (node/amqp/loop.py), the journal, one Forwarder per owner and the grouping handler; a
+StopNode ends the process at once (exit 70), for the supervisor to restart it.
 Engine loop thread only, except the callbacks of other threads, which only post to the engine loop
 through the bridge: `handle_forward` (a gRPC pool thread, which then waits for the reply), the
 forwarders' acks and the handler's proposal outcomes (pysyncobj's tick thread).
@@ -11,15 +12,18 @@ forwarders' acks and the handler's proposal outcomes (pysyncobj's tick thread).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 from node.core.cluster_protocol import TOUCH_RETRY_INTERVAL_MS, ClusterProtocol, Entry
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
                                JournalRemove, JournalStore, ProposeClaim, ProposeTouch, Refuse, Register,
-                               Reply, ReportConsumers, SubmitForward)
+                               Reply, ReportConsumers, StopNode, SubmitForward)
 from node.peer.forwarder import Forwarder
 
 log = logging.getLogger("grouper.cluster")
+
+EXIT_STOPPED = 70  # the exit status of a StopNode, as of the engine loop's stop on a broken invariant
 
 
 class ClusterLink:
@@ -43,6 +47,7 @@ class ClusterLink:
             AfterFlush: self._after_flush, SubmitForward: self._submit_forward,
             ProposeClaim: self._propose_claim, ProposeTouch: self._propose_touch,
             ReportConsumers: self._report_consumers, Register: self._register, Reply: self._reply,
+            StopNode: self._stop_node,
         }
 
     def attach(self, server, handler, bridge, addresses: dict[str, str]) -> None:
@@ -181,6 +186,14 @@ class ClusterLink:
 
     def _reply(self, effect: Reply) -> None:
         effect.reply_to(effect.high_water, effect.error)
+
+    def _stop_node(self, effect: StopNode) -> None:
+        # at once, as the engine loop stops on a broken invariant: a clean shutdown would go on serving,
+        # while it drains, messages the journal does not hold
+        log.critical("stopping the node: %s; the supervisor restarts it and it recovers from its journal",
+                     effect.reason)
+        logging.shutdown()
+        os._exit(EXIT_STOPPED)
 
     def _forwarder(self, owner: str) -> Forwarder:
         forwarder = self._forwarders.get(owner)

@@ -15,6 +15,13 @@ acknowledged or received, a raft entry is applied, a proposal failed, a tick, re
   forwarded only once it, and a reservation covering its seqs, are on disk; batches leave in journal order.
 - An owner records, per source node, the highest forward seq it has enqueued (a MARK_PREFIX
   declaration journalled after the messages), so a resend after a lost acknowledgement is skipped.
+- An owner enqueues a forwarded batch at once (its consumers may have it before it is on disk) and
+  acknowledges it once it is stored. If that journal write fails, the owner stops (StopNode): the
+  batch is in its broker, perhaps delivered, but not on disk, and its source will send it again;
+  taking the resend would hold it twice, skipping it would acknowledge what no disk holds, and a
+  delivered message cannot be taken back. Restarted from its journal, the owner has neither the
+  batch nor its high-water mark, and takes the resend once. So a reply's high water is always on
+  disk: an earlier failed batch would have stopped the owner before a later one's reply.
 Never imports threading, grpc, pysyncobj, socket or time.
 """
 
@@ -28,7 +35,7 @@ from handler.route_table import MEMBERS, REFUSED, ROUTES, SNAPSHOT
 from node.core.broker import Broker
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
                                JournalRemove, JournalStore, ProposeClaim, ProposeTouch, Refuse, Register,
-                               Reply, ReportConsumers, SubmitForward)
+                               Reply, ReportConsumers, StopNode, SubmitForward)
 from node.core.errors import GrouperError, HandlerUnavailable, ResourceLimitExceeded
 from node.core.message import Message
 from node.core.routing import Inbound, Outbound, Router
@@ -49,7 +56,7 @@ STORED = "stored"  # outcome of a journal batch written to disk
 # what an AfterFlush hands back to `flushed`
 _BATCH = "batch"  # (_BATCH, _Flushing): a batch of new outbound entries
 _RESERVATION = "reservation"  # (_RESERVATION, reserved): a seq reservation journalled again on its own
-_INBOUND = "inbound"  # (_INBOUND, source, high_water, reply_to): a forwarded batch enqueued here
+_INBOUND = "inbound"  # (_INBOUND, source, high_water, reply_to, enqueued): a forwarded batch taken here
 
 
 class Entry(NamedTuple):
@@ -110,7 +117,6 @@ class ClusterProtocol:
         self._batch_reservation = 0  # the reservation journalled in the current batch, if any
         self._flushing: collections.deque[_Flushing] = collections.deque()  # journal order
         self._reserving = False  # a reservation covering flushed batches is on its way to disk
-        self._inbound_durable: dict[str, int] = {}  # source node -> high water known to be on disk here
         self._retry_claims: list = []
         self._retry_due_ms = 0
         self._reported: dict | None = None
@@ -135,7 +141,6 @@ class ClusterProtocol:
         if name.startswith(MARK_PREFIX):
             source, high_water = name[len(MARK_PREFIX):], int(values["high_water"])
             self.inbound.advance(source, high_water)
-            self._inbound_durable[source] = high_water
             return True
         return False
 
@@ -224,15 +229,18 @@ class ClusterProtocol:
             self._reserving = False
             self._reservation_flushed(what[1], reason, effects)
         elif kind == _INBOUND:
-            _, source, high_water, reply_to = what
+            _, source, high_water, reply_to, enqueued = what
             if reason is None:
-                self._inbound_durable[source] = max(self._inbound_durable.get(source, 0), high_water)
                 effects.append(Reply(reply_to, high_water, None))
             else:
-                # not on disk: go back to what is, so the resend is taken again, not skipped
-                self.inbound.high_water[source] = self._inbound_durable.get(source, 0)
                 effects.append(Reply(reply_to, None, ResourceLimitExceeded(
-                    f"the owner could not store the batch: {reason}; retry later")))
+                    f"the owner could not store the batch ({reason}); retry later")))
+                # enqueued here but not on disk: only a restart from the journal makes the two agree (a
+                # resend alone, all skipped, changed nothing)
+                if enqueued and not self.closed:
+                    self.closed = True
+                    effects.append(StopNode(f"a batch forwarded by {source} was enqueued here but its journal "
+                                            f"write failed ({reason})"))
         else:
             raise AssertionError(f"flushed() was handed {what!r}, which no AfterFlush of this protocol made")
         return effects
@@ -377,13 +385,15 @@ class ClusterProtocol:
         """Enqueue a batch `source` forwarded; the Reply comes once it is stored here (or at once if refused)."""
         effects: list = []
         try:
-            high_water = self._enqueue_forwarded(source, entries, now_ms, effects)
+            high_water, enqueued = self._enqueue_forwarded(source, entries, now_ms, effects)
         except GrouperError as error:
             return [Reply(reply_to, None, error)]
-        effects.append(AfterFlush((_INBOUND, source, high_water, reply_to)))
+        effects.append(AfterFlush((_INBOUND, source, high_water, reply_to, enqueued)))
         return effects
 
-    def _enqueue_forwarded(self, source: str, entries: list[Entry], now_ms: int, effects: list) -> int:
+    def _enqueue_forwarded(self, source: str, entries: list[Entry], now_ms: int,
+                           effects: list) -> tuple[int, bool]:
+        """Returns the source's high water here and whether this batch enqueued anything."""
         inbound = self.inbound
         advanced = False
         for entry in entries:
@@ -406,7 +416,7 @@ class ClusterProtocol:
         high_water = inbound.high_water.get(source, 0)
         if advanced and self.journalled:
             effects.append(JournalDeclare({"name": MARK_PREFIX + source, "high_water": high_water}))
-        return high_water
+        return high_water, advanced
 
     # ---- status and shutdown -----------------------------------------------------------------
 

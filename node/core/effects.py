@@ -157,3 +157,11 @@ class Reply(NamedTuple):
     reply_to: object
     high_water: int | None
     error: GrouperError | None
+
+
+class StopNode(NamedTuple):
+    """Stop this node at once, without a clean shutdown: what it holds in memory is no longer what its
+    journal holds, and nothing short of a restart from the journal makes them agree again. The
+    supervisor restarts it; recovery and the peers' resends bring back everything that was promised."""
+
+    reason: str

@@ -30,8 +30,8 @@ from node.core.broker import Broker
 from node.core.cluster_protocol import MARK_PREFIX, ClusterProtocol, Entry, parse_outbound_name
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, DetachConsumer, Dropped,
                                EnqueueLocal, JournalDeclare, JournalRemove, JournalStore, ProposeClaim,
-                               ProposeTouch, Refuse, Register, Removed, Reply, ReportConsumers, Stored,
-                               SubmitForward)
+                               ProposeTouch, Refuse, Register, Removed, Reply, ReportConsumers, StopNode,
+                               Stored, SubmitForward)
 from node.core.errors import GrouperError
 from node.core.message import Message
 from node.core.settings import QueueSettings
@@ -299,6 +299,8 @@ class SimNode:
 
     def end_of_batch(self) -> None:
         """AmqpServer._end_batch: cluster.quiesced(), then one journal unit."""
+        if not self.alive:
+            return
         store = self.store
         if not (self.protocol.batch_due or self._awaiting_flush or store.handed != len(store.records)):
             return  # an empty batch: nothing to propose, forward, journal or confirm
@@ -367,7 +369,10 @@ class SimNode:
         for ticket, callback in waiters:
             if ticket > upto:
                 store.waiters.append((ticket - failed, callback))
+        incarnation = self.incarnation
         for ticket, callback in waiters:
+            if not (self.alive and self.incarnation == incarnation):
+                return  # a callback stopped the node (StopNode)
             if ticket <= upto:
                 callback(reason)
 
@@ -519,9 +524,26 @@ class SimNode:
                 protocol.registered_now()
             elif kind is Reply:
                 effect.reply_to(effect.high_water, effect.error)
+            elif kind is StopNode:
+                self.stop(effect.reason)
+                return  # the rest dies with the process
             else:
                 raise AssertionError(f"{self.node_id}: the protocol asked for {effect!r}, which the simulation "
                                      f"does not carry out")
+
+    def stop(self, reason: str) -> None:
+        """ClusterLink._stop_node: the process exits at once (its journal keeps what is durable) and the
+        supervisor starts it again `restart_ms` later."""
+        sim = self.sim
+        sim.trace(f"  {self.node_id} stops: {reason}")
+        sim.stats["stops"] += 1
+        sim.crash(self, self.store.durable)
+        incarnation = self.incarnation
+
+        def supervisor():
+            if not self.alive and self.incarnation == incarnation:  # not started again meanwhile
+                sim.restart(self)
+        sim.schedule(sim.config.restart_ms, supervisor, f"{self.node_id} restarts after its stop")
 
     def _forwarder(self, owner: str) -> ForwarderModel:
         forwarder = self._forwarders.get(owner)

@@ -18,7 +18,9 @@ What is modelled (the production classes where they exist):
   sequence per (producer, group); consumers that attach, grant credit, accept, release, detach;
 - faults: node crash and restart, leader unavailability, forwarded-batch and ack loss, consumer
   detach, snapshot installs, failed journal writes (off in the random runs unless journal_fail_rate:
-  the failed-batch bugs pinned in test_simulation.py would fail every run).
+  the failed-batch bug of node/amqp/loop.py pinned in test_simulation.py would fail every run); a
+  node that stops itself (the protocol's StopNode) is started again `restart_ms` later, as by its
+  supervisor.
 What is not: raft elections and log repair (pysyncobj's), the leader's own crash (the log outlives
 any node), network partitions (unreachable = down), member registration, mark_down and owner
 failover, clock skew between nodes, a failed write's bytes surviving in the file until the next
@@ -100,6 +102,7 @@ class SimConfig:
     crash_rate: float = 0.01  # per step
     down_ms_min: int = 20
     down_ms_max: int = 400
+    restart_ms: int = 50  # a node that stopped itself (StopNode) is started again this much later
     torn_tails: bool = True  # a crash may keep any prefix of what the writer was handed
     leader_down_rate: float = 0.005  # per step
     leader_down_ms_max: int = 600

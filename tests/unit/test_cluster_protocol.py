@@ -15,7 +15,7 @@ from node.core.broker import Broker
 from node.core.cluster_protocol import (MARK_PREFIX, SEQ_RESERVATION, ClusterProtocol, Entry, outbound_name)
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
                                JournalRemove, JournalStore, ProposeClaim, ProposeTouch, Refuse, Register, Reply,
-                               ReportConsumers, Stored, SubmitForward)
+                               ReportConsumers, StopNode, Stored, SubmitForward)
 from node.core.errors import HandlerUnavailable, ResourceLimitExceeded
 from node.core.message import Message
 from node.core.settings import QueueSettings
@@ -160,12 +160,35 @@ def test_an_owner_enqueues_a_forwarded_batch_skips_its_resend_and_replies_once_i
     assert owner.counts["resends_skipped"] == 2
 
 
-def test_an_owner_whose_journal_fails_goes_back_to_the_high_water_on_disk_and_says_so():
+def test_an_owner_whose_journal_write_of_a_forwarded_batch_fails_refuses_it_and_stops():
+    # the batch is in its broker (a consumer may have it already) but not on disk, and the source sends
+    # it again: only a restart from the journal, which has neither the batch nor its mark, is right
     owner = protocol("n2")
     effects = owner.forward_received("n1", [Entry(7, "q", "g", b"m1", 0, False, 5)], "call-1", 10)
-    [reply] = owner.flushed(effects[-1].what, "disk full", 11)
+    reply, stop = owner.flushed(effects[-1].what, "disk full", 11)
+    assert reply.reply_to == "call-1" and reply.high_water is None
+    assert isinstance(reply.error, ResourceLimitExceeded) and "disk full" in reply.error.description
+    assert type(stop) is StopNode and "n1" in stop.reason and "disk full" in stop.reason
+    assert owner.closed and owner.quiesced(12) == [] and owner.tick(12, {"q": 1}) == []
+
+
+def test_two_failed_calls_of_one_journal_batch_stop_the_owner_once():
+    owner = protocol("n2")
+    first = owner.forward_received("n1", [Entry(7, "q", "g", b"m1", 0, False, 5)], "call-1", 10)
+    second = owner.forward_received("n3", [Entry(4, "q", "h", b"m2", 0, False, 5)], "call-2", 10)
+    assert [type(effect) for effect in owner.flushed(first[-1].what, "disk full", 11)] == [Reply, StopNode]
+    assert [type(effect) for effect in owner.flushed(second[-1].what, "disk full", 11)] == [Reply]
+
+
+def test_a_resend_alone_whose_journal_write_fails_is_refused_without_stopping_the_owner():
+    owner = protocol("n2")
+    entries = [Entry(7, "q", "g", b"m1", 0, False, 5)]
+    first = owner.forward_received("n1", entries, "call-1", 10)
+    assert owner.flushed(first[-1].what, None, 11) == [Reply("call-1", 7, None)]
+    resend = owner.forward_received("n1", entries, "call-2", 12)  # all skipped: nothing new in memory
+    [reply] = owner.flushed(resend[-1].what, "disk full", 13)
     assert reply.high_water is None and isinstance(reply.error, ResourceLimitExceeded)
-    assert owner.inbound.high_water["n1"] == 0
+    assert not owner.closed and owner.inbound.high_water["n1"] == 7
 
 
 def test_a_restart_recovers_the_seq_reservation_and_the_sources_high_water():
