@@ -37,10 +37,14 @@ RUN pip install --no-index --no-cache-dir --disable-pip-version-check --no-deps 
  && grouper --help >/dev/null
 
 # require_data_volume: the node refuses to start unless /var/lib/grouper is a mounted volume (VOLUME
-# below gives an anonymous one to a plain `docker run`), so a journal never lives in a container layer
+# below gives an anonymous one to a plain `docker run`), so a journal never lives in a container layer.
+# allow_anonymous: a node on 0.0.0.0 without a user database refuses to start unless told to let
+# anyone in. The image says so until its nodes talk TLS to each other (README, Security: what is not
+# protected yet); bootstrap a user (GROUPER_DEFAULT_USER) and clients must authenticate on AMQP.
 ENV GROUPER_HOST=0.0.0.0 \
     GROUPER_DATA_DIR=/var/lib/grouper \
-    GROUPER_REQUIRE_DATA_VOLUME=true
+    GROUPER_REQUIRE_DATA_VOLUME=true \
+    GROUPER_ALLOW_ANONYMOUS=true
 USER 10001:10001
 WORKDIR /var/lib/grouper
 VOLUME ["/var/lib/grouper"]

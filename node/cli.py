@@ -78,6 +78,17 @@ def _add_node_command(subparsers) -> None:
     parser.add_argument("--default-group", help="node-wide name of the default group of shared queues")
     parser.add_argument("--no-fsync", dest="journal_fsync", action="store_false", default=None,
                         help="skip fsync of journal batches (faster, loses recent messages on power loss)")
+    security = parser.add_argument_group("security (README: Security)")
+    security.add_argument("--users-file", metavar="FILE", help="user database (default DATA_DIR/users.json); "
+                                                                "without one, clients are anonymous")
+    security.add_argument("--allow-anonymous", action="store_true", default=None,
+                          help="let anonymous clients in on a non-loopback host, or beside a user database")
+    security.add_argument("--sasl-plain-on-loopback", action="store_true", default=None,
+                          help="offer SASL PLAIN without TLS to clients connecting from a loopback address")
+    security.add_argument("--tls-cert-file", metavar="PEM", help="certificate chain: serve AMQP over TLS too")
+    security.add_argument("--tls-key-file", metavar="PEM", help="private key of --tls-cert-file")
+    security.add_argument("--tls-ca-file", metavar="PEM", help="CAs of client certificates (SASL EXTERNAL)")
+    security.add_argument("--amqps-port", type=int, help="AMQP over TLS listener (default 5671)")
     cluster = parser.add_argument_group("cluster (leave --peers out for a single node)")
     cluster.add_argument("--peers", metavar="HOST:PORT,...",
                          help="raft addresses of the cluster's nodes; this node's own may be listed too")
@@ -99,7 +110,8 @@ def _add_node_command(subparsers) -> None:
 
 NODE_FLAG_KEYS = ("host", "amqp_port", "admin_port", "http_port", "data_dir", "auto_create", "default_group", "journal_fsync",
                   "peers", "raft_port", "advertise_host", "handler_timeout_ms", "group_timeout_ms",
-                  "owner_failover_ms", "join")
+                  "owner_failover_ms", "join", "users_file", "allow_anonymous", "sasl_plain_on_loopback",
+                  "tls_cert_file", "tls_key_file", "tls_ca_file", "amqps_port")
 
 
 def _run_node(args) -> int:
@@ -125,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands.register(subparsers)
     from node.admin import users_commands
     users_commands.register(subparsers)
+    from node import certs
+    certs.register(subparsers)
     from pipeline import audit_command  # light: pyspark is imported only when `grouper audit` runs
     audit_command.add_command(subparsers)
     return parser

@@ -37,6 +37,17 @@ class NodeConfig:
     link_unsettled_max: int = 1000  # unsettled deliveries per consumer link (caps granted credit)
     producer_credit_window: int = 500  # credit granted to each producer link, topped up as it drains
     admin_timeout_ms: int = 5000  # deadline of an admin call waiting for the engine loop
+    # ---- security (README "Security") ----
+    users_file: str = ""  # user database (JSON, `grouper user`); "" = <data_dir>/users.json; none: anonymous only
+    allow_anonymous: bool = False  # anonymous clients on a non-loopback host, or beside a user database
+    sasl_plain_on_loopback: bool = False  # SASL PLAIN without TLS, for clients connecting from a loopback address
+    handshake_timeout_ms: int = 10_000  # from accepting a socket to the client's AMQP open (TLS, SASL included)
+    sasl_frame_max_bytes: int = 4096  # largest SASL frame read before authentication
+    connections_per_address_max: int = 128  # open AMQP connections from one source address
+    tls_cert_file: str = ""  # PEM certificate chain; with tls_key_file, AMQP over TLS is served on amqps_port
+    tls_key_file: str = ""  # PEM private key of tls_cert_file
+    tls_ca_file: str = ""  # PEM CAs whose client certificates are accepted (SASL EXTERNAL); "" = none asked for
+    amqps_port: int = 5671  # AMQP over TLS listener (with tls_cert_file); 0 picks a free port
     # ---- cluster (leave peers empty for a single node) ----
     peers: str = ""  # comma-separated raft addresses HOST:PORT of the cluster's nodes (this one may be listed too)
     raft_port: int = 5674  # raft (grouping handler) listener of this node
@@ -54,15 +65,23 @@ class NodeConfig:
     template: dict = field(default_factory=dict)  # settings applied to auto-created queues
 
     def validate(self) -> "NodeConfig":
-        for key in ("amqp_port", "admin_port", "raft_port", "http_port"):
+        for key in ("amqp_port", "admin_port", "raft_port", "http_port", "amqps_port"):
             if not 0 <= getattr(self, key) <= 65535:
                 raise InvalidConfig(key, "must be a TCP port number 0..65535")
         if not 1 <= self.connections_max <= CONNECTIONS_MAX_CEILING:
             raise InvalidConfig("connections_max", f"must be 1..{CONNECTIONS_MAX_CEILING}")
         for key in ("link_unsettled_max", "producer_credit_window", "admin_timeout_ms", "handler_timeout_ms",
-                    "forward_timeout_ms", "election_timeout_min_ms", "routes_max", "join_timeout_ms"):
+                    "forward_timeout_ms", "election_timeout_min_ms", "routes_max", "join_timeout_ms",
+                    "handshake_timeout_ms", "connections_per_address_max"):
             if getattr(self, key) < 1:
                 raise InvalidConfig(key, "must be >= 1")
+        if not 512 <= self.sasl_frame_max_bytes <= 65536:
+            raise InvalidConfig("sasl_frame_max_bytes", "must be 512..65536 (AMQP's SASL frames may be 512 bytes)")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise InvalidConfig("tls_cert_file" if not self.tls_cert_file else "tls_key_file",
+                                "TLS needs both tls_cert_file and tls_key_file")
+        if self.tls_ca_file and not self.tls_cert_file:
+            raise InvalidConfig("tls_ca_file", "client certificates need TLS: set tls_cert_file and tls_key_file")
         if self.journal_compact_min_bytes < 0:
             raise InvalidConfig("journal_compact_min_bytes", "must be >= 0")
         if self.group_timeout_ms < 0:
@@ -95,6 +114,9 @@ class NodeConfig:
     @property
     def node_id(self) -> str:
         return f"{self.advertise_host or self.host}:{self.raft_port}"
+
+    def users_path(self) -> str:
+        return self.users_file or os.path.join(self.data_dir, "users.json")
 
     def peer_list(self) -> list[str]:
         """The other nodes' raft addresses; empty: a single node, no cluster."""

@@ -19,12 +19,14 @@ import sys
 import threading
 import time
 
+from node.amqp import tls
 from node.amqp.loop import AmqpServer
 from node.config import NodeConfig
 from node.core.broker import Broker
 from node.core.errors import GrouperError, HandlerUnavailable, NotAllowed, NotFound
 from node.core.settings import QueueSettings
 from node.health import PROBE_TIMEOUT_MS
+from node.security import Security
 from node.store.journal import Journal
 
 log = logging.getLogger("grouper.node")
@@ -199,6 +201,8 @@ class Node:
         self.bridge = None
         self.server = None
         self.amqp_port = None
+        self.amqps_port = None  # with TLS configured
+        self.security = None
         self.admin_server = None
         self.admin_port = None
         self.health = None  # node.health.HealthServer, once started
@@ -249,13 +253,13 @@ class Node:
     def start(self) -> None:
         from node.admin.service import serve
 
-        self.server = AmqpServer(self.broker, self.journal, self.config, self.clock_ms)
+        self.security = Security.from_config(self.config)
+        tls_context = tls.server_context(self.config) if self.config.tls_cert_file else None
+        self.server = AmqpServer(self.broker, self.journal, self.config, self.clock_ms, self.security, tls_context)
         self.bridge = self.server.bridge
-        try:
-            self.amqp_port = self.server.listen(self.config.host, self.config.amqp_port)
-        except OSError as error:
-            raise GrouperError(f"cannot listen for AMQP on {self.config.host}:{self.config.amqp_port}: "
-                               f"{error.strerror or error}; is another process using the port?") from None
+        self.amqp_port = self._listen("AMQP", self.config.amqp_port, tls=False)
+        if tls_context is not None:
+            self.amqps_port = self._listen("AMQP over TLS", self.config.amqps_port, tls=True)
         self.admin_server, self.admin_port = serve(LoopControl(self), self.config.host, self.config.admin_port,
                                                    add_services=self._add_peer_service)
         if self.cluster is not None:
@@ -266,6 +270,18 @@ class Node:
         self.server.apply([])  # journals the declarations made during recovery
         self.server.start()
         self.serving = True
+
+    def _listen(self, what: str, port: int, tls: bool) -> int:
+        try:
+            return self.server.listen(self.config.host, port, tls)
+        except OSError as error:
+            raise GrouperError(f"cannot listen for {what} on {self.config.host}:{port}: "
+                               f"{error.strerror or error}; is another process using the port?") from None
+
+    def reload_tls(self) -> None:
+        """SIGHUP: certificates, keys and the users file are read again, on the engine loop."""
+        if self.server is not None:
+            self.bridge.post(self.server.gate.reload_tls)
 
     def start_health(self) -> None:
         from node.health import HealthServer
@@ -442,8 +458,12 @@ def run(config: NodeConfig) -> int:
     stop_event = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop_event.set())
+    signal.signal(signal.SIGHUP, lambda *_: node.reload_tls())
     banner = [f"amqp: {config.host}:{node.amqp_port}", f"admin: {config.host}:{node.admin_port}",
               f"http: {config.host}:{node.health.port}"]
+    if node.amqps_port is not None:
+        banner.append(f"amqps: {config.host}:{node.amqps_port}")
+    banner.append(f"security: {node.security.describe()}")
     if node.cluster is not None:
         banner.append(f"node: {config.node_id}")
     banner.append("ready")

@@ -33,6 +33,10 @@ def add_command(subparsers) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML config given to every node (queues, template)")
     parser.add_argument("--group-timeout-ms", type=int, metavar="MS", help="passed to every node")
     parser.add_argument("--handler-timeout-ms", type=int, metavar="MS", help="passed to every node")
+    parser.add_argument("--users-file", metavar="FILE", help="one user database for every node (grouper user); "
+                                                             "without it the nodes are open to anonymous clients")
+    parser.add_argument("--allow-anonymous", action="store_true", help="passed to every node (needed on a "
+                                                                       "non-loopback --host without --users-file)")
     parser.set_defaults(run=run)
 
 
@@ -64,6 +68,7 @@ def run(args) -> int:
         for node in nodes:
             print(f"node{node.index}: amqp {node.amqp}  admin {node.admin}  http {node.http}"
                   + (f"  raft {raft[node.index]}" if raft else ""), flush=True)
+        print(f"security: {nodes[0].security}", flush=True)
         if raft:
             leader = _wait_leader(nodes[0].admin, stop)
             print(f"leader: {leader or '(none yet; see grouper cluster status)'}", flush=True)
@@ -109,12 +114,14 @@ class _NodeChild:
             self.command += ["--config", args.config]
         if raft:
             self.command += ["--raft-port", str(base + 2), "--peers", ",".join(raft)]
-        for flag in ("group_timeout_ms", "handler_timeout_ms"):
+        for flag in ("group_timeout_ms", "handler_timeout_ms", "users_file"):
             value = getattr(args, flag)
             if value is not None:
                 self.command += ["--" + flag.replace("_", "-"), str(value)]
+        if args.allow_anonymous:
+            self.command.append("--allow-anonymous")
         self.process: subprocess.Popen | None = None
-        self.amqp = self.admin = self.http = ""
+        self.amqp = self.admin = self.http = self.security = ""
         self._ready = threading.Event()
         self._exit_reported = False
 
@@ -135,6 +142,8 @@ class _NodeChild:
                 self.admin = line[len("admin: "):]
             elif line.startswith("http: "):
                 self.http = line[len("http: "):]
+            elif line.startswith("security: "):
+                self.security = line[len("security: "):]
             elif line == "ready":
                 self._ready.set()
 

@@ -7,8 +7,10 @@ Engine loop thread only. Rules:
 - Output waiting in the socket's buffer is capped at `output_max_bytes`: over it, this connection's
   input is no longer read, and proton keeps what it would send, until the socket drains. A client
   that stops reading can then hold no more than its cap plus what its link credit lets proton queue.
-- The transport sees plaintext: TLS, when it comes, belongs to the socket below (asyncio's), and a
-  SASL layer of our own would sit in `data_received` before the AMQP header reaches proton.
+- The transport sees plaintext: TLS belongs to the socket below (asyncio's). The SASL exchange is
+  ours (node/amqp/sasl.py): until it has named the client, what arrives goes to `sasl`, never to
+  proton, and nothing the client sends can make the node hold more than one SASL frame. proton's
+  transport has no SASL layer: it starts at the client's AMQP header.
 - proton's objects are released only after the socket is gone and the loop has drained their last
   events (`release`); `released` then forbids any further use.
 """
@@ -24,15 +26,18 @@ log = logging.getLogger("grouper.amqp")
 
 
 class Connection(asyncio.Protocol):
-    def __init__(self, engine, collector, container_id: bytes, output_max_bytes: int):
+    def __init__(self, engine, collector, container_id: bytes, output_max_bytes: int, tls: bool):
         self.engine = engine
         self.output_max_bytes = output_max_bytes
+        self.tls = tls
         self.socket: asyncio.Transport | None = None
         self.peer = ""
+        self.host = ""  # the client's address, without its port
+        self.sasl = None  # the SASL exchange until it has named the client
+        self.user: str | None = None  # who the SASL exchange named
+        self.admitted = False  # counted by the engine's admission (connections per address)
         self.transport = lib.pn_transport()
         lib.pn_transport_set_server(self.transport)
-        # clients that open with a SASL header get ANONYMOUS; issue "Security" replaces this
-        lib.pn_sasl_allowed_mechs(lib.pn_sasl(self.transport), b"ANONYMOUS")
         self.connection = lib.pn_connection()
         lib.pn_connection_set_container(self.connection, container_id)
         lib.pn_connection_collect(self.connection, collector)
@@ -51,11 +56,44 @@ class Connection(asyncio.Protocol):
     def connection_made(self, socket) -> None:
         self.socket = socket
         peer = socket.get_extra_info("peername")
+        self.host = peer[0] if peer else "?"
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         socket.set_write_buffer_limits(high=self.output_max_bytes)
-        self.engine.touched(self)
+        self.engine.connected(self, socket.get_extra_info("ssl_object"))
 
     def data_received(self, data: bytes) -> None:
+        if self.sasl is not None:
+            data = self._authenticate(data)
+            if not data:
+                return
+        self._push(data)
+
+    def _authenticate(self, data: bytes) -> bytes:
+        """Feed the SASL exchange; returns what follows it once it has named the client."""
+        step = self.sasl.received(data, self.engine.clock_ms())
+        if step.state == "failed":
+            self.sasl = None
+            self.socket.pause_reading()
+            self.engine.authentication_failed(self, step)
+            return b""
+        if step.output:
+            self.socket.write(step.output)
+        if step.state != "authenticated":
+            return b""
+        self.sasl = None
+        self.engine.authenticated(self, step)
+        return step.rest
+
+    def refuse(self, output: bytes = b"") -> None:
+        """End a connection the engine will not serve: write `output` (a SASL outcome), then close."""
+        if self.lost or self.closing:
+            return
+        self.closing = True
+        if output:
+            self.socket.write(output)
+        self.socket.close()
+
+    def _push(self, data: bytes) -> None:
         transport = self.transport
         pushed = lib.pn_transport_push(transport, data, len(data))
         if pushed < len(data):
@@ -68,6 +106,10 @@ class Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         self.eof = True
+        if self.user is None:  # gone before the SASL exchange named it: proton has nothing to answer
+            self.sasl = None
+            self.refuse()
+            return True
         lib.pn_transport_close_tail(self.transport)
         self.engine.touched(self)
         return True  # keep the socket open for proton's last frames; flush closes it

@@ -35,6 +35,7 @@ from node.amqp import codec
 from node.amqp.bridge import Bridge
 from node.amqp.conditions import RESOURCE_DELETED, RESOURCE_LIMIT, condition_for
 from node.amqp.connection import Connection
+from node.amqp.gate import Gate
 from node.amqp.engine import (ACCEPTED, CONNECTION_REMOTE_CLOSE, CONNECTION_REMOTE_OPEN, DELIVERY, LINK_FLOW,
                               LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH, LINK_REMOTE_OPEN, LOCAL_ACTIVE, LOCAL_UNINIT,
                               MODIFIED, REJECTED, RELEASED, SESSION_REMOTE_CLOSE, SESSION_REMOTE_OPEN,
@@ -42,6 +43,7 @@ from node.amqp.engine import (ACCEPTED, CONNECTION_REMOTE_CLOSE, CONNECTION_REMO
                               set_condition, text)
 from node.amqp.links import Consumer, Producer
 from node.core.durability import CALL, CONSUMER, PRODUCER, Durability
+from node.core.access import Permission
 from node.core.effects import Deliver, DetachConsumer, Dropped, Removed, Stored
 from node.core.errors import GrouperError, NotFound, ResourceLimitExceeded
 from node.core.message import Message, Outcome
@@ -74,20 +76,21 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 class AmqpServer:
-    def __init__(self, broker, journal, config, clock_ms):
+    def __init__(self, broker, journal, config, clock_ms, security, tls_context=None):
         self.broker = broker
         self.journal = journal  # None: no journal (every queue behaves as non-durable)
         self.config = config
         self.clock_ms = clock_ms
         self.loop = new_event_loop()
         self.bridge = Bridge(self._wake_from_thread)
+        self.gate = Gate(security, self.loop, clock_ms, config, tls_context)
         self.cluster = None  # node.cluster.ClusterLink when this node is one of several
         self.stopping = False
         self.consumers: dict[int, Consumer] = {}
         self.producers: dict[int, Producer] = {}
         self._container_id = f"grouper-{os.getpid()}".encode()
         self._collector = lib.pn_collector()
-        self._listener = None
+        self._listeners: list = []
         self._thread = None
         self._by_pointer: dict = {}  # pn_connection pointer -> Connection (until released)
         self._accepted: dict[int, Connection] = {}  # connection key -> Connection, within connections_max
@@ -122,11 +125,15 @@ class AmqpServer:
 
     # ---- lifecycle (the caller's thread, before `start` and after `stop`) ---------------------
 
-    def listen(self, host: str, port: int) -> int:
-        """Bind the AMQP listener; returns the port (port 0 picks one). Raises OSError if it cannot."""
-        self._listener = self.loop.run_until_complete(self.loop.create_server(
-            self._new_connection, host, port, reuse_address=True, backlog=1024))
-        return self._listener.sockets[0].getsockname()[1]
+    def listen(self, host: str, port: int, tls: bool = False) -> int:
+        """Bind an AMQP listener, over TLS if `tls`; returns the port (port 0 picks one). Raises OSError
+        if it cannot."""
+        options = {"ssl": self.gate.tls_context,
+                   "ssl_handshake_timeout": self.config.handshake_timeout_ms / 1000} if tls else {}
+        listener = self.loop.run_until_complete(self.loop.create_server(
+            lambda: self._new_connection(tls), host, port, reuse_address=True, backlog=1024, **options))
+        self._listeners.append(listener)
+        return listener.sockets[0].getsockname()[1]
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
@@ -155,8 +162,8 @@ class AmqpServer:
 
     def _shutdown(self) -> None:
         self.stopping = True
-        if self._listener is not None:
-            self._listener.close()
+        for listener in self._listeners:
+            listener.close()
         self.close_connections()
         self.loop.call_later(SHUTDOWN_GRACE_S, self._stop_loop)
 
@@ -166,8 +173,8 @@ class AmqpServer:
             connection.close_socket()
         self.loop.stop()
 
-    def _new_connection(self) -> Connection:
-        connection = Connection(self, self._collector, self._container_id, OUTPUT_MAX_BYTES)
+    def _new_connection(self, tls: bool) -> Connection:
+        connection = Connection(self, self._collector, self._container_id, OUTPUT_MAX_BYTES, tls)
         self._by_pointer[connection.connection] = connection
         return connection
 
@@ -184,8 +191,20 @@ class AmqpServer:
             self.loop.call_soon(self._batch)
 
     def lost(self, connection: Connection) -> None:
+        self.gate.lost(connection)
         self._lost.append(connection)
         self.wake()
+
+    # ---- before a connection is served (node/amqp/gate.py) -----------------------------------
+
+    def connected(self, connection: Connection, ssl_object) -> None:
+        self.gate.connected(connection, ssl_object)
+
+    def authenticated(self, connection: Connection, step) -> None:
+        self.gate.authenticated(connection, step)
+
+    def authentication_failed(self, connection: Connection, step) -> None:
+        self.gate.failed(connection, step)
 
     def _wake_from_thread(self) -> None:  # any thread: the bridge has closures waiting
         self.loop.call_soon_threadsafe(self._drain_bridge)
@@ -201,6 +220,7 @@ class AmqpServer:
         self.apply(self.broker.tick(now_ms))
         if self.cluster is not None:
             self.cluster.tick(now_ms)
+        self.gate.tick(now_ms)
         heartbeat_ms = int(time.monotonic() * 1000)
         for connection in self._accepted.values():
             connection.tick(heartbeat_ms)
@@ -327,6 +347,7 @@ class AmqpServer:
             return
         connection.key = self._next_connection_key
         self._next_connection_key += 1
+        self.gate.opened(connection)
         self._accepted[connection.key] = connection
         if lib.pn_connection_state(pointer) & LOCAL_UNINIT:
             lib.pn_connection_open(pointer)
@@ -421,9 +442,9 @@ class AmqpServer:
         if not address:
             raise NotFound("a consumer link needs a source address naming a queue")
         now_ms = self.clock_ms()
-        queue = self.broker.queue(address, create=True)
-        consumer_id = self._next_id()
         browse = lib.pn_terminus_get_distribution_mode(source) == DIST_MODE_COPY
+        queue = self._authorized_queue(connection, address, Permission.BROWSE if browse else Permission.CONSUME)
+        consumer_id = self._next_id()
         presettled = lib.pn_link_remote_snd_settle_mode(link) == SND_SETTLED
         effects = self.broker.attach_consumer(address, consumer_id, browse, now_ms, self.config.link_unsettled_max)
         label = f"{text(lib.pn_connection_remote_container(connection.connection)) or ''}/" \
@@ -443,7 +464,7 @@ class AmqpServer:
     def _open_producer(self, link, connection: Connection) -> None:
         address = text(lib.pn_terminus_get_address(lib.pn_link_remote_target(link)))
         if address:
-            self.broker.queue(address, create=True)
+            self._authorized_queue(connection, address, Permission.SEND)
         state = Producer(self._next_id(), link, connection, address or None)
         self.producers[state.id] = state
         self._links[link] = state
@@ -452,6 +473,15 @@ class AmqpServer:
         lib.pn_link_set_rcv_settle_mode(link, lib.pn_link_remote_rcv_settle_mode(link))
         lib.pn_link_open(link)
         lib.pn_link_flow(link, self.config.producer_credit_window)
+
+    def _authorized_queue(self, connection: Connection, address: str, permission: Permission):
+        """The queue `address` names, if the connection's user holds `permission` on it, and may create
+        it when it does not exist yet; raises Unauthorized (or NotFound) otherwise."""
+        access = self.gate.security.access
+        access.check(connection.user, permission, address)
+        if address not in self.broker.queues and self.broker.auto_create:
+            access.check(connection.user, Permission.CREATE, address)
+        return self.broker.queue(address, create=True)
 
     def _next_id(self) -> int:
         link_id = self._next_link_id
@@ -593,12 +623,12 @@ class AmqpServer:
             if len(payload) > MESSAGE_SIZE_MAX_BYTES:
                 raise _too_large(len(payload))
             address = producer.address
-            queue = self.broker.queue(address, create=True) if address else None
+            queue = self.broker.queue(address, create=True) if address else None  # authorized at attach
             arrival = codec.read_arrival(payload, queue.settings.group_header if queue else "", now_ms)
             if queue is None:
                 if not arrival.address:
                     raise NotFound("anonymous link: the message's 'to' field must name a queue")
-                queue = self.broker.queue(arrival.address, create=True)
+                queue = self._authorized_queue(producer.connection, arrival.address, Permission.SEND)
                 if queue.settings.group_header:
                     arrival = codec.read_arrival(payload, queue.settings.group_header, now_ms)
             durable = queue.settings.durable and self.journal is not None

@@ -1,0 +1,106 @@
+"""What a connection passes before the node serves it: admission, the SASL exchange, a deadline.
+
+Engine loop thread only. Rules:
+- A socket from an address that already has connections_per_address_max open is closed at once.
+- Each accepted socket gets a SASL exchange (node/amqp/sasl.py) with the mechanisms the security
+  policy offers on its listener; proton sees nothing of the client until the exchange named it.
+- From accept to the client's AMQP open, at most handshake_timeout_ms: a client that stalls in
+  TLS, SASL or before its open is closed, so a half-open client holds no connection slot for ever.
+- A failed authentication is answered after the delay the admission's throttle asks for, with the
+  socket's input paused meanwhile; refusals are logged once per source address and reason.
+- The users file and the TLS files are looked at about once a second and reloaded when changed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from node.amqp import tls
+from node.core.admission import Admission
+
+log = logging.getLogger("grouper.amqp")
+
+PROVEN_MECHANISMS = frozenset({"PLAIN", "SCRAM-SHA-256", "EXTERNAL"})  # the ones that prove an identity
+FILES_CHECK_INTERVAL_MS = 1000  # how often the users file and TLS files are looked at for changes
+
+
+class Gate:
+    def __init__(self, security, loop, clock_ms, config, tls_context=None):
+        self.security = security
+        self.loop = loop
+        self.clock_ms = clock_ms
+        self.config = config
+        self.tls_context = tls_context
+        self.admission = Admission(connections_per_address_max=config.connections_per_address_max)
+        self._deadlines: dict = {}  # Connection -> the time its AMQP open must have arrived by, ms
+        self._files_checked_ms = 0
+        self._tls_stamp = tls.files_stamp(config) if tls_context is not None else None
+
+    def connected(self, connection, ssl_object) -> None:
+        now_ms = self.clock_ms()
+        reason = self.admission.opened(connection.host, now_ms)
+        if reason is not None:
+            self._log_refusal(connection, reason)
+            connection.refuse()
+            return
+        connection.admitted = True
+        identity = tls.certificate_identity(ssl_object)
+        connection.sasl = self.security.sasl_server(now_ms, connection.tls, connection.host, identity)
+        self._deadlines[connection] = now_ms + self.config.handshake_timeout_ms
+
+    def authenticated(self, connection, step) -> None:
+        connection.user = step.identity
+        if step.mechanism in PROVEN_MECHANISMS:  # an anonymous success must not wipe a guesser's streak
+            self.admission.succeeded(connection.host)
+
+    def failed(self, connection, step) -> None:
+        now_ms = self.clock_ms()
+        if step.failure:
+            self._log_refusal(connection, step.failure)
+        if step.fault != "node":  # the node's own failure throttles nobody
+            self.admission.failed(connection.host, now_ms)
+        delay_ms = self.admission.delay_ms(connection.host, now_ms)
+        if delay_ms > 0:
+            self.loop.call_later(delay_ms / 1000, connection.refuse, step.output)
+        else:
+            connection.refuse(step.output)
+
+    def opened(self, connection) -> None:
+        self._deadlines.pop(connection, None)
+
+    def lost(self, connection) -> None:
+        self._deadlines.pop(connection, None)
+        if connection.admitted:
+            connection.admitted = False
+            self.admission.closed(connection.host)
+
+    def tick(self, now_ms: int) -> bool:
+        """Deadlines and file changes; True if the users and permissions in force changed."""
+        if self._deadlines:
+            late = [connection for connection, deadline_ms in self._deadlines.items() if deadline_ms <= now_ms]
+            for connection in late:
+                del self._deadlines[connection]
+                self._log_refusal(connection, f"no AMQP open within handshake_timeout_ms "
+                                              f"({self.config.handshake_timeout_ms} ms)")
+                connection.refuse()
+        if now_ms - self._files_checked_ms < FILES_CHECK_INTERVAL_MS:
+            return False
+        self._files_checked_ms = now_ms
+        if self.tls_context is not None:
+            stamp = tls.files_stamp(self.config)
+            if stamp != self._tls_stamp:
+                self._tls_stamp = stamp
+                tls.reload(self.tls_context, self.config)
+        return self.security.refresh()
+
+    def reload_tls(self) -> None:
+        """SIGHUP: load the TLS files again whether or not they look changed."""
+        if self.tls_context is not None:
+            self._tls_stamp = tls.files_stamp(self.config)
+            tls.reload(self.tls_context, self.config)
+        self.security.refresh()
+
+    def _log_refusal(self, connection, reason: str) -> None:
+        if self.admission.refusal_should_be_logged(connection.host, reason):
+            log.warning("connection from %s refused: %s (logged once per address and reason)", connection.peer,
+                        reason)

@@ -1,0 +1,79 @@
+"""TLS for the AMQP listener: the server context, its reload, and who a client certificate names.
+
+Rules:
+- TLS 1.2 or later, with Python's defaults for ciphers. With tls_ca_file, clients are asked for a
+  certificate (optional: SCRAM and PLAIN still work without one); one that does not chain to those
+  CAs, or has expired, fails the handshake.
+- Reloading loads the files into the same context: handshakes from then on use the new certificate,
+  connections already open keep theirs. A file that does not load keeps the old ones in force.
+  CAs are added to the ones loaded before, never dropped: a CA taken out of tls_ca_file is trusted
+  until the node restarts (OpenSSL has no way to remove one from a live context).
+- A client certificate names its user by its subject's common name (SASL EXTERNAL).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+
+from node.core.errors import InvalidConfig
+
+log = logging.getLogger("grouper.tls")
+
+
+def server_context(config) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load(context, config)
+    return context
+
+
+def _load(context: ssl.SSLContext, config) -> None:
+    try:
+        context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+    except (OSError, ssl.SSLError) as error:
+        raise InvalidConfig("tls_cert_file", f"cannot load {config.tls_cert_file} with key {config.tls_key_file}: "
+                                             f"{error}") from None
+    if config.tls_ca_file:
+        try:
+            context.load_verify_locations(cafile=config.tls_ca_file)
+        except (OSError, ssl.SSLError) as error:
+            raise InvalidConfig("tls_ca_file", f"cannot load {config.tls_ca_file}: {error}") from None
+        context.verify_mode = ssl.CERT_OPTIONAL
+
+
+def files_stamp(config) -> tuple:
+    stamps = []
+    for path in (config.tls_cert_file, config.tls_key_file, config.tls_ca_file):
+        try:
+            status = os.stat(path) if path else None
+        except OSError:
+            status = None
+        stamps.append((status.st_mtime_ns, status.st_size) if status else None)
+    return tuple(stamps)
+
+
+def reload(context: ssl.SSLContext, config) -> bool:
+    """Load the certificate, key and CAs again; False (logged) if they do not load."""
+    try:
+        _load(context, config)
+    except InvalidConfig as error:
+        log.error("TLS files not reloaded, the ones loaded before stay in force: %s", error.description)
+        return False
+    log.info("TLS certificate reloaded from %s", config.tls_cert_file)
+    return True
+
+
+def certificate_identity(ssl_object) -> str | None:
+    """The verified client certificate's subject common name, or None without one."""
+    if ssl_object is None:
+        return None
+    certificate = ssl_object.getpeercert()
+    if not certificate:
+        return None
+    for rdn in certificate.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return value
+    return None
