@@ -43,7 +43,7 @@ class NodeConfig:
     sasl_plain_on_loopback: bool = False  # SASL PLAIN without TLS, for clients connecting from a loopback address
     handshake_timeout_ms: int = 10_000  # from accepting a socket to the client's AMQP open (TLS, SASL included)
     sasl_frame_max_bytes: int = 4096  # largest SASL frame read before authentication
-    connections_per_address_max: int = 128  # open AMQP connections from one source address
+    connections_per_address_max: int = 256  # open AMQP connections from one source address (half of connections_max)
     tls_cert_file: str = ""  # PEM certificate chain; with tls_key_file, AMQP over TLS is served on amqps_port
     tls_key_file: str = ""  # PEM private key of tls_cert_file
     tls_ca_file: str = ""  # PEM CAs whose client certificates are accepted (SASL EXTERNAL); "" = none asked for
