@@ -29,6 +29,16 @@ def engine_gauges(node) -> str:
     return "; ".join(line for line in text.splitlines() if line.startswith("grouper_engine_"))
 
 
+def wait_for_connects(clients, wanted: dict[str, int]) -> bool:
+    """Wait (bounded) until each client has opened at least `wanted[name]` connections."""
+    deadline = time.monotonic() + PROGRESS_TIMEOUT_S
+    while not all(thread.connects >= wanted[thread.name] for thread in clients):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def wait_for_accepted(load, count: int) -> None:
     deadline = time.monotonic() + PROGRESS_TIMEOUT_S
     while load.accepted() < count:
@@ -93,18 +103,20 @@ def test_kill_9_and_restart_under_load_loses_no_accepted_message_and_breaks_no_o
     consumers = [(node.url, QUEUE, 10), (node.url, QUEUE, 10, 2), (node.url, QUEUE, 3)]
 
     with start_load(producers, consumers, tmp_path, in_flight_max=50, reconnect_delay_max_s=0.5) as load:
+        clients = [*load.producers, *load.consumers]
         wait_for_accepted(load, 300)
+        # 300 sends can be accepted before a consumer's first connection has had its open: the kill would
+        # then cut a handshake, and that client's first connection would be its first after the restart
+        assert wait_for_connects(clients, {thread.name: 1 for thread in clients}), [thread.state() for thread in clients]
+        connects_before = {thread.name: thread.connects for thread in clients}
         node.kill()
         before_restart = load.accepted()
         node.start()
         wait_for_accepted(load, before_restart + 300)
         # the producers may send 300 before a consumer's backoff has ended: wait for every client's
         # reconnection (bounded), then for traffic that every consumer can take part in
-        clients = [*load.producers, *load.consumers]
-        deadline = time.monotonic() + PROGRESS_TIMEOUT_S
-        while not all(thread.connects >= 2 for thread in clients) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert all(thread.connects >= 2 for thread in clients), "\n".join(
+        reconnected = wait_for_connects(clients, {name: count + 1 for name, count in connects_before.items()})
+        assert reconnected, "\n".join(
             [thread.state() for thread in clients] + [engine_gauges(node), "node output (last 30 lines):",
                                                       *node.output[-30:]])
         wait_for_accepted(load, load.accepted() + 100)
