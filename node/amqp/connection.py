@@ -7,6 +7,11 @@ Engine loop thread only. Rules:
 - Output waiting in the socket's buffer is capped at `output_max_bytes`: over it, this connection's
   input is no longer read, and proton keeps what it would send, until the socket drains. A client
   that stops reading can then hold no more than its cap plus what its link credit lets proton queue.
+- At most INPUT_PER_BATCH_BYTES of a connection's input reach proton per wake-up; what a read
+  brought beyond that waits here (`backlog`, at most one read) with the socket's reading paused,
+  and the loop hands it over in the batches that follow. proton's work on some input grows with
+  the square of it (each attach looks up every link and handle its session holds until the next
+  output), so one peer's burst of link churn would otherwise stall every connection.
 - The transport sees plaintext: TLS belongs to the socket below (asyncio's). The SASL exchange is
   ours (node/amqp/sasl.py): until it has named the client, what arrives goes to `sasl`, never to
   proton, and nothing the client sends can make the node hold more than one SASL frame. proton's
@@ -23,6 +28,8 @@ import logging
 from node.amqp.engine import ffi, lib
 
 log = logging.getLogger("grouper.amqp")
+
+INPUT_PER_BATCH_BYTES = 64 << 10  # input pushed into proton per connection per wake-up; hundreds of messages
 
 
 class Connection(asyncio.Protocol):
@@ -47,6 +54,7 @@ class Connection(asyncio.Protocol):
         self.output_paused = False
         self.closing = False  # the socket is being closed (proton has nothing more to send)
         self.eof = False  # the peer has sent everything it will
+        self.backlog = bytearray()  # input read but not yet pushed into proton (see the header)
         self.lost = False  # the socket is gone
         self.released = False
         self.error_logged = False
@@ -93,7 +101,33 @@ class Connection(asyncio.Protocol):
             self.socket.write(output)
         self.socket.close()
 
-    def _push(self, data: bytes) -> None:
+    def _push(self, data) -> None:
+        if self.backlog:
+            self.backlog += data
+            return
+        if len(data) > INPUT_PER_BATCH_BYTES:
+            self.backlog += memoryview(data)[INPUT_PER_BATCH_BYTES:]
+            data = bytes(memoryview(data)[:INPUT_PER_BATCH_BYTES])
+            self.socket.pause_reading()
+            self.engine.backlogged(self)
+        self._push_now(data)
+
+    def push_backlog(self) -> bool:
+        """The loop, once per batch: hand proton the next part of the backlog; True while some is left."""
+        if self.lost or self.released or self.output_paused:
+            return False  # resume_writing brings it back
+        chunk = bytes(self.backlog[:INPUT_PER_BATCH_BYTES])
+        del self.backlog[:INPUT_PER_BATCH_BYTES]
+        self._push_now(chunk)
+        if self.backlog:
+            return True
+        if self.eof:
+            lib.pn_transport_close_tail(self.transport)
+        else:
+            self.socket.resume_reading()
+        return False
+
+    def _push_now(self, data: bytes) -> None:
         transport = self.transport
         pushed = lib.pn_transport_push(transport, data, len(data))
         if pushed < len(data):
@@ -110,7 +144,8 @@ class Connection(asyncio.Protocol):
             self.sasl = None
             self.refuse()
             return True
-        lib.pn_transport_close_tail(self.transport)
+        if not self.backlog:  # else once the backlog has gone to proton
+            lib.pn_transport_close_tail(self.transport)
         self.engine.touched(self)
         return True  # keep the socket open for proton's last frames; flush closes it
 
@@ -127,9 +162,13 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.output_paused = False
-        if not self.lost:
+        if self.lost:
+            return
+        if self.backlog:
+            self.engine.backlogged(self)
+        else:
             self.socket.resume_reading()
-            self.engine.touched(self)
+        self.engine.touched(self)
 
     # ---- the loop's side ---------------------------------------------------------------------
 
@@ -147,7 +186,7 @@ class Connection(asyncio.Protocol):
             else:
                 # pending < 0: proton has closed its output, the AMQP connection is over. Or the peer's
                 # EOF came inside a frame: proton then neither errs nor closes, and waits for ever
-                if pending < 0 or self.eof:
+                if pending < 0 or (self.eof and not self.backlog):
                     self.closing = True
                     self.socket.close()  # after what is buffered has been written
                 return

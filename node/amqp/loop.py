@@ -100,6 +100,7 @@ class AmqpServer:
         self._dirty: set = set()  # connections with something to send
         self._receiving: set = set()  # producers that took messages this batch: credit topped up at its end
         self._lost: list = []  # connections whose sockets are gone: released after the batch
+        self._backlogged: set = set()  # connections with input waiting for the next batch (connection.py)
         self._batch_due = False
         self._output_buffer = ffi.new("char[]", OUTPUT_CHUNK_BYTES)
         self._receive_buffer = ffi.new("char[]", RECEIVE_BUFFER_BYTES)
@@ -190,6 +191,10 @@ class AmqpServer:
             self._batch_due = True
             self.loop.call_soon(self._batch)
 
+    def backlogged(self, connection: Connection) -> None:
+        self._backlogged.add(connection)
+        self.wake()
+
     def lost(self, connection: Connection) -> None:
         self.gate.lost(connection)
         self._lost.append(connection)
@@ -232,6 +237,12 @@ class AmqpServer:
 
     def _batch(self) -> None:
         self._batch_due = False
+        if self._backlogged:
+            backlogged, self._backlogged = self._backlogged, set()
+            for connection in backlogged:
+                if connection.push_backlog():
+                    self._backlogged.add(connection)
+                self._dirty.add(connection)
         self._drain_events()
         self._end_batch()
         self._drain_events()  # what the batch's settlements and journal unit stirred up
@@ -247,6 +258,7 @@ class AmqpServer:
             for connection in lost:
                 self._by_pointer.pop(connection.connection, None)
                 self._dirty.discard(connection)
+                self._backlogged.discard(connection)
                 connection.release()
 
     def _drain_events(self) -> None:
