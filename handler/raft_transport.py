@@ -16,23 +16,49 @@ Rules:
   hello. So a cluster moves to this version all at once, not member by member.
 - pysyncobj's utility connections (a list first: `syncobj_admin`) and read-only members ('readonly'
   first) go to pysyncobj unchanged. Grouper opens neither.
+- With a raft secret, pysyncobj encrypts and authenticates every message (Fernet: AES-CBC and
+  HMAC-SHA256, keyed from the secret) and each end's messages carry the nonce the other end chose
+  for the connection, so a message recorded on one connection is refused on another. A stranger
+  without the secret is closed on its first message, before pysyncobj unpickles a byte of it;
+  without a secret anything reaching the port is unpickled, so a cluster on a shared network needs
+  one. `with_secrets` gives several: the first encrypts, every one decrypts (a rotation in steps).
+- An incoming connection gets HANDSHAKE_TIMEOUT_S and HANDSHAKE_BYTES_MAX to say who it is, and at
+  most HANDSHAKES_MAX wait at once; refusals are logged once per source address and reason,
+  remembering at most REFUSALS_REMEMBERED_MAX pairs.
 - Runs on pysyncobj's tick thread only, like the rest of the transport.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
+from cryptography.fernet import InvalidToken, MultiFernet
+from pysyncobj.encryptor import getEncryptor
 from pysyncobj.transport import TCPTransport
 
 log = logging.getLogger("grouper.handler")
 
 HELLO = "grouper-raft-hello"  # first element of the first message on every raft connection this node dials
-REFUSAL_LOG_INTERVAL_S = 10.0  # one warning per refusal reason this often: a refused dialer redials every 0.2 s
-REFUSALS_TRACKED_MAX = 64  # refusal reasons remembered for that; the memory is cleared when full
+REFUSALS_REMEMBERED_MAX = 1000  # (source, reason) pairs already logged; the oldest is forgotten first
 EXCERPT_CHARS_MAX = 80  # of a first message that is not a hello, quoted in the warning
+HANDSHAKE_TIMEOUT_S = 10.0  # an incoming connection that has not named itself by then is closed
+HANDSHAKE_BYTES_MAX = 64 << 10  # buffered from an incoming connection before it named itself (a hello is ~300 B)
+HANDSHAKES_MAX = 32  # incoming connections that have not named themselves yet; more are closed at once
+# dialled connections a member closes in a row during the key exchange before that is logged: a member
+# that is going down may close one or two, one with another secret closes every connectionRetryTime
+KEY_EXCHANGES_CLOSED_BEFORE_WARNING = 3
+# pysyncobj 0.3.17's TcpConnection keeps these privately; read only to bound unauthenticated connections
+_SOCKET_ATTRIBUTE = "_TcpConnection__socket"
+_READ_BUFFER_ATTRIBUTE = "_TcpConnection__readBuffer"
+
+UNDECRYPTABLE = ("its message does not decrypt with this node's raft secret: it has another raft_secret_file, or "
+                 "none, or it is no Grouper member")
+CLOSED_IN_KEY_EXCHANGE = (f"the member closed {KEY_EXCHANGES_CLOSED_BEFORE_WARNING} connections in a row before "
+                          f"the key exchange completed: it likely has another raft_secret_file, or none")
 
 
 def hello(dialer_address: str, meant_for_address: str) -> tuple:
@@ -62,13 +88,68 @@ def judge_hello(message, self_address: str) -> HelloVerdict:
     return HelloVerdict(dialer_address)
 
 
-class RaftTransport(TCPTransport):
-    """pysyncobj's TCPTransport (camelCase overrides are its names); give it as SyncObj's transportClass."""
+def raft_encryptor(secrets) -> MultiFernet:
+    """pysyncobj's key derivation for each secret (so its `syncobj_admin -password` still works); the
+    first secret encrypts, every one decrypts."""
+    if not secrets:
+        raise ValueError("raft_encryptor needs at least one secret")
+    return MultiFernet([getEncryptor(secret) for secret in secrets])
 
-    def __init__(self, syncObj, selfNode, otherNodes):
-        # refusal reason -> (monotonic time of its last warning in s, refusals since then)
-        self._refusals_logged: dict[str, tuple[float, int]] = {}
+
+class _Reporting:
+    """One incoming connection's encryptor: says so when a message does not authenticate."""
+
+    def __init__(self, encryptor, on_invalid):
+        self._encryptor = encryptor
+        self._on_invalid = on_invalid
+
+    def encrypt_at_time(self, data, current_time):
+        return self._encryptor.encrypt_at_time(data, current_time)
+
+    def extract_timestamp(self, token):
+        try:
+            return self._encryptor.extract_timestamp(token)  # checks the HMAC: a wrong key fails here
+        except InvalidToken:
+            self._on_invalid()
+            raise  # pysyncobj closes the connection
+
+    def decrypt(self, token):
+        return self._encryptor.decrypt(token)
+
+
+def source_of(conn) -> str:
+    """The address an accepted raft connection comes from, for the log."""
+    try:
+        return str(getattr(conn, _SOCKET_ATTRIBUTE).getpeername()[0])
+    except (AttributeError, OSError, IndexError, TypeError):
+        return "unknown"
+
+
+class RaftTransport(TCPTransport):
+    """pysyncobj's TCPTransport (camelCase overrides are its names); give it as SyncObj's transportClass,
+    or `with_secrets(...)` when SyncObjConf has a password."""
+
+    def __init__(self, syncObj, selfNode, otherNodes, encryptor=None):
+        if encryptor is not None and not syncObj.encryptor:
+            raise ValueError("an encryptor needs SyncObjConf(password=...): pysyncobj runs the key exchange only then")
+        self._encryptor = encryptor or syncObj.encryptor  # None: plaintext
+        self._refusals_logged: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._exchanging_keys: set = set()  # outgoing connections between connect and the peer's key
+        self._key_exchanges_closed: dict[str, int] = {}  # member -> in a row; members are few
         super().__init__(syncObj, selfNode, otherNodes)
+
+    @classmethod
+    def with_secrets(cls, secrets):
+        """A transportClass for SyncObj that encrypts with the first of `secrets` and accepts every one."""
+        return functools.partial(cls, encryptor=raft_encryptor(secrets))
+
+    # ---- outgoing ------------------------------------------------------------------------------
+
+    def addNode(self, node):
+        super().addNode(node)
+        conn = self._connections.get(node)
+        if conn is not None and self._encryptor is not None:
+            conn.encryptor = self._encryptor
 
     def _sendSelfAddress(self, conn):
         if self._selfIsReadonlyNode:
@@ -77,6 +158,39 @@ class RaftTransport(TCPTransport):
         node = self._connToNode(conn)  # an outgoing connection always belongs to the member it dials
         conn.send(hello(self._selfNode.address, node.address if node is not None else ""))
 
+    def _onOutgoingConnected(self, conn):
+        if self._encryptor is not None:
+            self._exchanging_keys.add(conn)
+        super()._onOutgoingConnected(conn)
+
+    def _onOutgoingMessageReceived(self, conn, message):
+        self._exchanging_keys.discard(conn)
+        node = self._connToNode(conn)
+        if node is not None:
+            self._key_exchanges_closed.pop(node.address, None)
+        super()._onOutgoingMessageReceived(conn, message)
+
+    def _onDisconnected(self, conn):
+        if conn in self._exchanging_keys:
+            self._exchanging_keys.discard(conn)
+            node = self._connToNode(conn)
+            member = node.address if node is not None else "?"
+            closed = self._key_exchanges_closed[member] = self._key_exchanges_closed.get(member, 0) + 1
+            if closed >= KEY_EXCHANGES_CLOSED_BEFORE_WARNING:
+                self._log_once("raft connection to %s closed: %s", member, CLOSED_IN_KEY_EXCHANGE)
+        super()._onDisconnected(conn)
+
+    # ---- incoming ------------------------------------------------------------------------------
+
+    def _onNewIncomingConnection(self, conn):
+        super()._onNewIncomingConnection(conn)
+        conn.grouper_source = source_of(conn)
+        conn.grouper_accepted_s = time.monotonic()
+        if self._encryptor is not None:
+            conn.encryptor = _Reporting(self._encryptor, functools.partial(self._refused, conn, UNDECRYPTABLE))
+        if len(self._unknownConnections) > HANDSHAKES_MAX:
+            self._refuse(conn, f"more than {HANDSHAKES_MAX} raft connections are in their handshake at once")
+
     def _onIncomingMessageReceived(self, conn, message):
         key_exchange = self._syncObj.encryptor and not conn.sendRandKey
         if key_exchange or isinstance(message, list) or message == "readonly":
@@ -84,20 +198,35 @@ class RaftTransport(TCPTransport):
             return
         verdict = judge_hello(message, self._selfNode.address)
         if verdict.refusal:
-            self._warn_refused(verdict.refusal)
-            conn.disconnect()  # the rest of what the dialer sent is dropped with the connection
-            self._unknownConnections.discard(conn)
+            self._refuse(conn, verdict.refusal)  # the rest of what the dialer sent is dropped with the connection
             return
         super()._onIncomingMessageReceived(conn, verdict.dialer_address)  # pysyncobj's: unknown dialers are closed
 
-    def _warn_refused(self, reason: str) -> None:
-        now_s = time.monotonic()
-        logged_s, since = self._refusals_logged.get(reason, (None, 0))
-        if logged_s is not None and now_s - logged_s < REFUSAL_LOG_INTERVAL_S:
-            self._refusals_logged[reason] = (logged_s, since + 1)
+    def _onTick(self):
+        super()._onTick()
+        if self._unknownConnections:
+            self._sweep_handshakes(time.monotonic())
+
+    def _sweep_handshakes(self, now_s: float) -> None:
+        for conn in list(self._unknownConnections):
+            if now_s - getattr(conn, "grouper_accepted_s", now_s) > HANDSHAKE_TIMEOUT_S:
+                self._refuse(conn, f"it did not complete the raft handshake within {HANDSHAKE_TIMEOUT_S:.0f} s")
+            elif len(getattr(conn, _READ_BUFFER_ATTRIBUTE, b"")) > HANDSHAKE_BYTES_MAX:
+                self._refuse(conn, f"it sent more than {HANDSHAKE_BYTES_MAX} bytes before naming itself")
+
+    def _refuse(self, conn, reason: str) -> None:
+        self._refused(conn, reason)
+        self._unknownConnections.discard(conn)
+        conn.disconnect()
+
+    def _refused(self, conn, reason: str) -> None:
+        self._log_once("raft connection refused (from %s): %s", getattr(conn, "grouper_source", "unknown"), reason)
+
+    def _log_once(self, template: str, source: str, reason: str) -> None:
+        key = (source, reason)
+        if key in self._refusals_logged:
             return
-        if len(self._refusals_logged) >= REFUSALS_TRACKED_MAX:
-            self._refusals_logged.clear()
-        self._refusals_logged[reason] = (now_s, 0)
-        repeated = f" ({since} more refused alike in the last {now_s - logged_s:.0f} s)" if since else ""
-        log.warning("raft connection refused: %s%s", reason, repeated)
+        self._refusals_logged[key] = None
+        if len(self._refusals_logged) > REFUSALS_REMEMBERED_MAX:
+            self._refusals_logged.popitem(last=False)
+        log.warning(template + " (logged once per source and reason)", source, reason)

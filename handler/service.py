@@ -9,7 +9,8 @@ of this class only feeds it the clock and the raft status and enqueues the comma
 
 Raft connections go through handler/raft_transport.py: the dialer names the member it meant to
 reach, and a node closes a connection meant for another (a stale address, an IP reused after a
-restart), so the dialer redials and resolves the name again.
+restart), so the dialer redials and resolves the name again. With `raft_secrets` every raft
+connection is encrypted and authenticated with them (pysyncobj's password; see the transport).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ STATUS_TRIES = 5  # reads of the raft status before giving up
 class GroupingHandler:
     def __init__(self, node_id: str, partners: list[str], raft_dir: str, *, on_applied, on_ready,
                  election_timeout_min_ms: int, election_timeout_max_ms: int, routes_max: int,
-                 group_timeout_ms: int = 0, owner_failover_ms: int = 0, bind_host: str = ""):
+                 group_timeout_ms: int = 0, owner_failover_ms: int = 0, bind_host: str = "",
+                 raft_secrets: tuple[str, ...] = ()):
         os.makedirs(raft_dir, exist_ok=True)
         self.node_id = node_id
         self.group_timeout_ms = group_timeout_ms
@@ -61,9 +63,12 @@ class GroupingHandler:
             onReady=self._ready,
             onStateChanged=self._state_changed,
             bindAddress=f"{bind_host}:{node_id.rsplit(':', 1)[1]}" if bind_host else None,
+            # turns on pysyncobj's key exchange; the transport encrypts with every secret given
+            password=raft_secrets[0] if raft_secrets else None,
         )
         self._syncobj = SyncObj(node_id, list(partners), conf=conf, consumers=[self.replica],
-                                transportClass=RaftTransport)
+                                transportClass=RaftTransport.with_secrets(raft_secrets) if raft_secrets
+                                else RaftTransport)
         self.duties = LeaderDuties(group_timeout_ms, owner_failover_ms)
         self._stopped = threading.Event()
         self._duties = None

@@ -105,6 +105,22 @@ def _add_node_command(subparsers) -> None:
     cluster.add_argument("--join", action="store_true", default=None,
                          help="this node is not a founding member: ask the members in --peers (at this node's "
                               "--admin-port) to add it to the cluster, then serve")
+    between = parser.add_argument_group("between nodes (README: Security, Between nodes)")
+    between.add_argument("--cluster-tls-cert-file", metavar="PEM",
+                         help="this node's certificate (serverAuth+clientAuth) signed by the cluster CA: "
+                              "forwarding uses mutual TLS on --peer-port")
+    between.add_argument("--cluster-tls-key-file", metavar="PEM", help="private key of --cluster-tls-cert-file")
+    between.add_argument("--cluster-tls-ca-file", metavar="PEM", help="the cluster CA: peers must show a node "
+                                                                      "certificate it signed")
+    between.add_argument("--cluster-tls-server-name", metavar="NAME",
+                         help="name every peer's certificate carries, checked instead of the host dialled")
+    between.add_argument("--peer-port", type=int, metavar="PORT",
+                         help="mutual-TLS forwarding listener (default 5676; 0 = any)")
+    between.add_argument("--raft-secret-file", metavar="FILE",
+                         help="raft secrets, one a line: the first encrypts raft traffic, every one is accepted")
+    between.add_argument("--allow-insecure-cluster", action="store_true", default=None,
+                         help="let a node with users on a non-loopback host cluster without cluster TLS and a "
+                              "raft secret")
     parser.set_defaults(run=_run_node)
 
 
@@ -112,6 +128,9 @@ NODE_FLAG_KEYS = ("host", "amqp_port", "admin_port", "http_port", "data_dir", "a
                   "peers", "raft_port", "advertise_host", "handler_timeout_ms", "group_timeout_ms",
                   "owner_failover_ms", "join", "users_file", "allow_anonymous", "sasl_plain_on_loopback",
                   "tls_cert_file", "tls_key_file", "tls_ca_file", "amqps_port")
+
+NODE_FLAG_KEYS += ("cluster_tls_cert_file", "cluster_tls_key_file", "cluster_tls_ca_file", "cluster_tls_server_name",
+                   "peer_port", "raft_secret_file", "allow_insecure_cluster")
 
 
 def _run_node(args) -> int:

@@ -27,8 +27,9 @@ EXIT_STOPPED = 70  # the exit status of a StopNode, as of the engine loop's stop
 
 
 class ClusterLink:
-    def __init__(self, node_id: str, config, broker, journal, clock_ms):
+    def __init__(self, node_id: str, config, broker, journal, clock_ms, peer_tls=None):
         self.node_id = node_id
+        self.peer_tls = peer_tls  # node.peer.credentials.ClusterTls: forwarders dial with it; None: plaintext
         self.config = config
         self.broker = broker
         self.journal = journal
@@ -203,7 +204,7 @@ class ClusterLink:
                 self.node_id, owner,
                 resolve_address=lambda: protocol.peer_addresses.get(owner),
                 on_acked=lambda high_water: self.bridge.post(lambda: self.acknowledged(owner, high_water)),
-                call_timeout_ms=self.config.forward_timeout_ms)
+                call_timeout_ms=self.config.forward_timeout_ms, tls=self.peer_tls)
             self._forwarders[owner] = forwarder
         return forwarder
 

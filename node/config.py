@@ -61,11 +61,19 @@ class NodeConfig:
     election_timeout_min_ms: int = 200  # raft: a follower hearing no leader for this long (randomised
     election_timeout_max_ms: int = 500  # up to the max) starts an election
     routes_max: int = 1_000_000  # routes (queue, group) the cluster holds; more are refused
+    # ---- between nodes (README "Security": Between nodes) ----
+    cluster_tls_cert_file: str = ""  # PEM node certificate (serverAuth+clientAuth) signed by cluster_tls_ca_file
+    cluster_tls_key_file: str = ""  # PEM private key of cluster_tls_cert_file
+    cluster_tls_ca_file: str = ""  # PEM cluster CA: a peer must show a node certificate it signed
+    cluster_tls_server_name: str = ""  # name every peer's certificate must carry, checked instead of the host dialled
+    peer_port: int = 5676  # forwarding listener with mutual TLS (with cluster TLS; else on admin_port); 0 = any
+    raft_secret_file: str = ""  # raft secrets, one a line: the first encrypts raft traffic, every one is accepted
+    allow_insecure_cluster: bool = False  # a node with users on a non-loopback host may cluster without TLS and secret
     queues: tuple = field(default_factory=tuple)  # QueueSettings declared at start
     template: dict = field(default_factory=dict)  # settings applied to auto-created queues
 
     def validate(self) -> "NodeConfig":
-        for key in ("amqp_port", "admin_port", "raft_port", "http_port", "amqps_port"):
+        for key in ("amqp_port", "admin_port", "raft_port", "http_port", "amqps_port", "peer_port"):
             if not 0 <= getattr(self, key) <= 65535:
                 raise InvalidConfig(key, "must be a TCP port number 0..65535")
         if not 1 <= self.connections_max <= CONNECTIONS_MAX_CEILING:
@@ -82,6 +90,14 @@ class NodeConfig:
                                 "TLS needs both tls_cert_file and tls_key_file")
         if self.tls_ca_file and not self.tls_cert_file:
             raise InvalidConfig("tls_ca_file", "client certificates need TLS: set tls_cert_file and tls_key_file")
+        cluster_tls = [key for key in ("cluster_tls_cert_file", "cluster_tls_key_file", "cluster_tls_ca_file")
+                       if getattr(self, key)]
+        if cluster_tls and len(cluster_tls) < 3:
+            raise InvalidConfig(next(key for key in ("cluster_tls_cert_file", "cluster_tls_key_file",
+                                                     "cluster_tls_ca_file") if key not in cluster_tls),
+                                "cluster TLS needs cluster_tls_cert_file, cluster_tls_key_file and cluster_tls_ca_file")
+        if self.cluster_tls_server_name and not cluster_tls:
+            raise InvalidConfig("cluster_tls_server_name", "is checked in peers' certificates: set cluster TLS too")
         if self.journal_compact_min_bytes < 0:
             raise InvalidConfig("journal_compact_min_bytes", "must be >= 0")
         if self.group_timeout_ms < 0:

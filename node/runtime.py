@@ -209,9 +209,16 @@ class Node:
         self.serving = False  # recovered and listening: the first half of readiness
         self.handler = None  # the grouping handler's raft member, in a cluster
         self.cluster = None  # node.cluster.ClusterLink, in a cluster
+        self.cluster_tls = None  # node.peer.credentials.ClusterTls, in a cluster with cluster TLS
+        self.raft_secrets: tuple[str, ...] = ()  # in a cluster with raft_secret_file
+        self.peer_server = self.peer_port = None  # the mutual-TLS peer listener, with cluster TLS
         if config.peer_list():
             from node.cluster import ClusterLink
-            self.cluster = ClusterLink(config.node_id, config, self.broker, self.journal, clock_ms)
+            from node.peer.credentials import ClusterTls, read_raft_secrets
+            self.cluster_tls = ClusterTls.from_config(config)
+            self.raft_secrets = read_raft_secrets(config.raft_secret_file) if config.raft_secret_file else ()
+            self.cluster = ClusterLink(config.node_id, config, self.broker, self.journal, clock_ms,
+                                       peer_tls=self.cluster_tls)
 
     def recover(self) -> None:
         recovery = self.journal.recover()
@@ -254,6 +261,10 @@ class Node:
         from node.admin.service import serve
 
         self.security = Security.from_config(self.config)
+        from node.peer.credentials import insecure_cluster_refusal
+        refusal = insecure_cluster_refusal(self.config, users_database=not self.security.open)
+        if refusal:
+            raise GrouperError(refusal)
         tls_context = tls.server_context(self.config) if self.config.tls_cert_file else None
         self.server = AmqpServer(self.broker, self.journal, self.config, self.clock_ms, self.security, tls_context)
         self.bridge = self.server.bridge
@@ -338,8 +349,9 @@ class Node:
 
     def _add_peer_service(self, grpc_server) -> None:
         if self.cluster is not None:
-            from node.peer.service import add_peer_service
-            add_peer_service(grpc_server, self.cluster.handle_forward, self.config.forward_timeout_ms)
+            from node.peer.service import ELSEWHERE, add_peer_service, open_to_all, refuse_all
+            add_peer_service(grpc_server, self.cluster.handle_forward, self.config.forward_timeout_ms,
+                             refuse_all(ELSEWHERE) if self.cluster_tls is not None else open_to_all)
 
     def _start_cluster(self) -> None:
         from handler.service import GroupingHandler
@@ -348,6 +360,13 @@ class Node:
         advertised = config.advertise_host or config.host
         self.server.cluster = self.cluster
         _check_port_free(config.host, config.raft_port, "raft")  # pysyncobj would retry a taken port for ever
+        peer_port = self.admin_port  # without cluster TLS the admin listener takes forwarded batches too
+        if self.cluster_tls is not None:  # bound now, started once the cluster link can take batches
+            from node.peer.service import bind_peer_listener
+            self.peer_server, self.peer_port = bind_peer_listener(
+                config.host, config.peer_port, self.cluster.handle_forward, self.cluster_tls,
+                config.forward_timeout_ms)
+            peer_port = self.peer_port
         try:
             self.handler = GroupingHandler(
                 config.node_id, config.peer_list(), os.path.join(config.data_dir, "raft"),
@@ -358,14 +377,16 @@ class Node:
                 election_timeout_max_ms=config.election_timeout_max_ms,
                 routes_max=config.routes_max, group_timeout_ms=config.group_timeout_ms,
                 owner_failover_ms=config.owner_failover_ms,
-                bind_host=config.host)
+                bind_host=config.host, raft_secrets=self.raft_secrets)
         except Exception as error:
             raise GrouperError(f"cannot start the grouping handler on raft port {config.raft_port}: {error}; "
                                f"is another process using the port?") from None
         self.cluster.attach(self.server, self.handler, self.bridge, {
-            "peer_address": f"{advertised}:{self.admin_port}",
+            "peer_address": f"{advertised}:{peer_port}",
             "amqp_address": f"{advertised}:{self.amqp_port}",
             "admin_address": f"{advertised}:{self.admin_port}"})
+        if self.peer_server is not None:
+            self.peer_server.start()
 
     def stop(self) -> None:
         if self.health is not None:
@@ -376,6 +397,8 @@ class Node:
             self.cluster.close()
         if self.handler is not None:
             self.handler.stop()
+        if self.peer_server is not None:
+            self.peer_server.stop(grace=0.5)
         if self.admin_server is not None:
             self.admin_server.stop(grace=0.5)
         self.journal.close()
@@ -466,6 +489,10 @@ def run(config: NodeConfig) -> int:
     banner.append(f"security: {node.security.describe()}")
     if node.cluster is not None:
         banner.append(f"node: {config.node_id}")
+        from node.peer.credentials import describe
+        if node.peer_port is not None:
+            banner.append(f"peer: {config.host}:{node.peer_port}")
+        banner.append(f"cluster security: {describe(node.cluster_tls, node.raft_secrets)}")
     banner.append("ready")
     # one write: the engine loop already serves and logs (to stderr, often the same pipe), and print()
     # writes a line and its newline apart, so a log line could land inside an address line

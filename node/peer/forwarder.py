@@ -17,6 +17,8 @@ Rules:
   even when the owner hangs.
 - Pending entries are bounded by the caller (it journals them and reads `pending_count`); `close`
   drops them, and the caller resubmits its journalled entries after a restart.
+- With cluster TLS (`tls`) the channel is mutual TLS with this node's certificate; when the TLS
+  files change the channel is made again with the new ones, as when the owner's address changes.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ class Forwarder:
                  on_acked: Callable[[int], None],
                  *, batch_messages_max: int = 500, batch_bytes_max: int = 4 << 20,
                  call_timeout_ms: int = 5000, retry_min_ms: int = 100, retry_max_ms: int = 2000,
-                 on_state: Callable[[bool, str], None] | None = None):
+                 on_state: Callable[[bool, str], None] | None = None, tls=None):
         if batch_messages_max < 1:
             raise ValueError(f"batch_messages_max must be >= 1, got {batch_messages_max}")
         if not 1 <= batch_bytes_max <= MESSAGE_BYTES_MAX // 2:
@@ -92,6 +94,7 @@ class Forwarder:
         self._resolve_address = resolve_address
         self._on_acked = on_acked
         self._on_state = on_state
+        self._tls = tls  # node.peer.credentials.ClusterTls, or None: plaintext
         self._batch_messages_max = batch_messages_max
         self._batch_bytes_max = batch_bytes_max
         self._call_timeout_s = call_timeout_ms / 1000
@@ -113,6 +116,7 @@ class Forwarder:
         self._failed_attempts = 0
         self._failing_since = 0.0
         self._channel_address: str | None = None
+        self._channel_generation = 0  # of the TLS files the channel was made with
         self._stub: peer_pb2_grpc.PeerServiceStub | None = None
 
         self._thread = threading.Thread(target=self._run, name=f"forward-{destination_node}", daemon=True)
@@ -230,8 +234,13 @@ class Forwarder:
             raise _AttemptFailed(f"address lookup failed: {error}") from None
         if address is None:
             raise _AttemptFailed("address unknown")
-        if address != self._channel_address:
-            channel = grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+        generation = self._tls.current_generation() if self._tls is not None else 0
+        if address != self._channel_address or generation != self._channel_generation:
+            if self._tls is None:
+                channel = grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+            else:
+                channel = grpc.secure_channel(address, self._tls.channel_credentials(),
+                                              options=[*CHANNEL_OPTIONS, *self._tls.channel_options()])
             # the stub first: close() may close the channel once it is published, and grpcio crashes
             # the process when a stub is made on a closed channel (a call on one only raises ValueError)
             stub = peer_pb2_grpc.PeerServiceStub(channel)
@@ -240,12 +249,14 @@ class Forwarder:
                 closed = self._closed
             if previous is not None:
                 previous.close()
-                log.info("forwarding to %s now at %s (was %s)", self.destination_node, address,
-                         self._channel_address)
+                if address != self._channel_address:
+                    log.info("forwarding to %s now at %s (was %s)", self.destination_node, address,
+                             self._channel_address)
             if closed:  # close() may have missed the new channel
                 channel.close()
                 raise _AttemptFailed("closed")
             self._channel_address = address
+            self._channel_generation = generation
             self._stub = stub
         return self._stub
 

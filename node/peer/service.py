@@ -9,16 +9,26 @@ Rules:
   limits) is the handler's to judge.
 - Failures become status codes in one table, `STATUS_BY_ERROR`; an error it does not know is a bug,
   logged here with its traceback and reported as INTERNAL.
+- Who may forward is the listener's `check`, asked before anything else: everyone on a cluster
+  without cluster TLS (`open_to_all`); with it, only callers over mutual TLS showing a node
+  certificate (`MembersOnly`, on the peer listener, whose handshake already demands a certificate
+  the cluster CA signed), and nobody on the admin port (`refuse_all`). A refused caller gets
+  UNAUTHENTICATED or PERMISSION_DENIED, and is logged once per source address and reason.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable
+import threading
+from collections import OrderedDict
+from concurrent import futures
+from typing import Callable, Mapping, Sequence
 
 import grpc
+from cryptography import x509
 
 from node.core.errors import GrouperError, InvalidField, NotFound, ResourceLimitExceeded
+from node.peer.credentials import ClusterTls, node_usages
 from node.peer.forwarder import MESSAGE_BYTES_MAX, Entry
 from proto import peer_pb2, peer_pb2_grpc
 
@@ -31,7 +41,15 @@ SERVER_OPTIONS = (
     ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
 )
 
+PEER_WORKERS = 8  # pool threads of the peer listener; each forwarder keeps one call in flight
+CONCURRENT_RPCS_MAX = PEER_WORKERS * 8  # calls admitted at once; beyond it RESOURCE_EXHAUSTED
+REFUSALS_REMEMBERED_MAX = 1000  # (source, reason) pairs already logged; the oldest is forgotten first
+CERTIFICATES_REMEMBERED_MAX = 64  # peers' certificates whose usages were read, kept by their PEM
+
 HandleForward = Callable[[str, list[Entry], int], int]
+# what a listener's check answers for a call: (None, "") lets it in, else the status and the reason
+Refusal = tuple[grpc.StatusCode | None, str]
+ADMITTED: Refusal = (None, "")
 
 # First match wins, so a subclass must come before its base. `None` means "by the error's own word":
 # UNAVAILABLE when it says a retry can succeed, FAILED_PRECONDITION when not.
@@ -80,14 +98,111 @@ def entries_from_pb(batch: peer_pb2.ForwardBatch) -> list[Entry]:
     return entries
 
 
+# ---- who may forward ------------------------------------------------------------------------------
+
+def caller_refusal(auth: Mapping[str, Sequence[bytes]], usages_of: Callable[[bytes], set[str]]) -> Refusal:
+    """The peer listener's verdict from a call's auth context (grpc's `context.auth_context()`).
+
+    The handshake verified the certificate against the cluster CA; here it must also be a node's
+    (serverAuth and clientAuth), so a client's certificate from the same CA cannot forward."""
+    if list(auth.get("transport_security_type", ())) != [b"ssl"]:
+        return grpc.StatusCode.UNAUTHENTICATED, "the call did not come over TLS; forwarding takes mutual TLS"
+    certificates = auth.get("x509_pem_cert") or ()
+    if not certificates:
+        return grpc.StatusCode.UNAUTHENTICATED, ("the caller showed no verified client certificate; forwarding takes "
+                                                 "a node certificate signed by the cluster CA")
+    missing = sorted({"serverAuth", "clientAuth"} - usages_of(certificates[0]))
+    if missing:
+        names = b", ".join(auth.get("x509_common_name") or [b"?"]).decode(errors="replace")
+        return grpc.StatusCode.PERMISSION_DENIED, (f"the caller's certificate (CN {names}) lacks {', '.join(missing)}: "
+                                                   f"it is no node certificate (a client's?), and only nodes forward")
+    return ADMITTED
+
+
+def open_to_all(context: grpc.ServicerContext) -> Refusal:
+    return ADMITTED
+
+
+def refuse_all(reason: str) -> Callable[[grpc.ServicerContext], Refusal]:
+    def check(context: grpc.ServicerContext) -> Refusal:
+        return grpc.StatusCode.UNAUTHENTICATED, reason
+    return check
+
+
+class MembersOnly:
+    """The peer listener's check: `caller_refusal`, with the usages of recent certificates kept."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._usages: dict[bytes, set[str]] = {}
+
+    def __call__(self, context: grpc.ServicerContext) -> Refusal:
+        return caller_refusal(context.auth_context() or {}, self._usages_of)
+
+    def _usages_of(self, pem: bytes) -> set[str]:
+        with self._lock:
+            usages = self._usages.get(pem)
+        if usages is None:
+            try:
+                usages = node_usages(x509.load_pem_x509_certificate(pem))
+            except ValueError:
+                usages = set()
+            with self._lock:
+                if len(self._usages) >= CERTIFICATES_REMEMBERED_MAX:
+                    self._usages.clear()
+                self._usages[pem] = usages
+        return usages
+
+
+class RefusalLog:
+    """Which (source, reason) pairs were logged; at most `remembered_max`, the oldest forgotten first."""
+
+    def __init__(self, remembered_max: int = REFUSALS_REMEMBERED_MAX):
+        assert remembered_max >= 1
+        self._remembered_max = remembered_max
+        self._logged: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def first(self, source: str, reason: str) -> bool:
+        """True the first time this pair is seen (log it), False after."""
+        key = (source, reason)
+        with self._lock:
+            if key in self._logged:
+                return False
+            self._logged[key] = None
+            if len(self._logged) > self._remembered_max:
+                self._logged.popitem(last=False)
+            return True
+
+
+def source_host(peer: str) -> str:
+    """'ipv4:10.0.0.7:51234' or 'ipv6:[::1]:51234' (grpc's context.peer()) -> the address without the port."""
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return peer or "unknown"
+    host = rest.rpartition(":")[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host or rest
+
+
+# ---- the servicer ----------------------------------------------------------------------------------
+
 class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
-    def __init__(self, handle_forward: HandleForward, timeout_ms: int = TIMEOUT_MS_DEFAULT):
+    def __init__(self, handle_forward: HandleForward, timeout_ms: int = TIMEOUT_MS_DEFAULT,
+                 check: Callable[[grpc.ServicerContext], Refusal] = open_to_all):
         if timeout_ms < 1:
             raise ValueError(f"timeout_ms must be >= 1, got {timeout_ms}")
         self._handle_forward = handle_forward
         self._timeout_ms = timeout_ms
+        self._check = check
+        self.refusals = RefusalLog()
 
     def Forward(self, request, context):
+        code, reason = self._check(context)
+        if code is not None:
+            source = source_host(context.peer() or "")
+            if self.refusals.first(source, reason):
+                log.warning("forwarding from %s refused: %s (logged once per source and reason)", source, reason)
+            context.abort(code, reason)
         try:
             entries = entries_from_pb(request)
             high_water = self._handle_forward(request.source_node, entries, self._timeout_for(context))
@@ -107,6 +222,31 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
 
 
 def add_peer_service(server: grpc.Server, handle_forward: HandleForward,
-                     timeout_ms: int = TIMEOUT_MS_DEFAULT) -> None:
+                     timeout_ms: int = TIMEOUT_MS_DEFAULT, check=open_to_all) -> None:
     """Serve forwarding on `server`, which must be built with SERVER_OPTIONS."""
-    peer_pb2_grpc.add_PeerServiceServicer_to_server(PeerServicer(handle_forward, timeout_ms), server)
+    peer_pb2_grpc.add_PeerServiceServicer_to_server(PeerServicer(handle_forward, timeout_ms, check), server)
+
+
+ELSEWHERE = ("this node takes forwarded batches only on its peer port, over mutual TLS with a node certificate "
+             "the cluster CA signed")  # the refusal on the admin port once cluster TLS is on
+
+
+def bind_peer_listener(host: str, port: int, handle_forward: HandleForward, tls: ClusterTls,
+                       timeout_ms: int = TIMEOUT_MS_DEFAULT) -> tuple[grpc.Server, int]:
+    """The peer listener on host:port (0 picks one) with mutual TLS, bound but not started (start()
+    it once the node can take batches); returns it and its port. GrouperError when it cannot bind."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=PEER_WORKERS, thread_name_prefix="peer-grpc"),
+        maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX,
+        options=[("grpc.so_reuseport", 0), *SERVER_OPTIONS])  # no second node silently sharing the port
+    add_peer_service(server, handle_forward, timeout_ms, MembersOnly())
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound_port = server.add_secure_port(address, tls.server_credentials())
+    except RuntimeError:  # newer grpcio raises instead of returning 0
+        bound_port = 0
+    if bound_port == 0:
+        server.stop(None)
+        raise GrouperError(f"the peer listener cannot listen on {address}: the port is in use or the host is not "
+                           f"an address of this machine; stop the other process or choose another --peer-port")
+    return server, bound_port

@@ -1,0 +1,285 @@
+"""What nodes show each other: the cluster's TLS files, the raft secret, and when a node must have them.
+
+Rules:
+- Cluster TLS is three PEM files: this node's certificate (serverAuth and clientAuth: it serves the
+  peer port and dials the other nodes' with it), its key and the cluster CA. They are checked at
+  start (key matches certificate, certificate signed by the CA, both usages, not expired), so a
+  wrong file stops the node with the file named instead of failing every handshake later.
+- The files are read again when they change (checked at most once per RELOAD_CHECK_INTERVAL_S, on
+  each new peer connection and each forwarding attempt): new connections use the new files, open
+  ones keep theirs. A change that does not check out (a key written before its certificate) keeps
+  the files in force, logged once per change.
+- The raft secret file holds one secret per line: the first encrypts, every one is accepted, so a
+  secret is rotated member by member without the raft cluster losing its majority.
+- `insecure_cluster_refusal` is the secure-by-default rule, pure: a node that has users and serves
+  a cluster on a non-loopback host needs cluster TLS and a raft secret, unless the operator says
+  `allow_insecure_cluster`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from node.core.errors import InvalidConfig
+from node.security import is_loopback
+
+log = logging.getLogger("grouper.peer")
+
+RELOAD_CHECK_INTERVAL_S = 1.0  # how often the TLS files' stamps are compared, at most
+RAFT_SECRET_CHARS_MIN = 16  # a shorter secret is refused: the key is derived from it with a fixed salt
+RAFT_SECRETS_MAX = 4  # lines of the raft secret file: the current secret and the ones still accepted
+RAFT_SECRET_FILE_BYTES_MAX = 4096  # a larger file is not a secret file
+CERT_FILE_KEYS = ("cluster_tls_cert_file", "cluster_tls_key_file", "cluster_tls_ca_file")
+
+
+@dataclass(frozen=True)
+class TlsMaterial:
+    certificate_chain: bytes
+    private_key: bytes
+    ca_certificates: bytes
+    common_name: str
+    not_after: datetime.datetime
+
+
+def read_tls_material(cert_file: str, key_file: str, ca_file: str, now: datetime.datetime) -> TlsMaterial:
+    """Reads and checks the three files; InvalidConfig names the setting and file at fault."""
+    certificate_chain = _read(cert_file, "cluster_tls_cert_file")
+    private_key = _read(key_file, "cluster_tls_key_file")
+    ca_certificates = _read(ca_file, "cluster_tls_ca_file")
+    try:
+        chain = x509.load_pem_x509_certificates(certificate_chain)
+    except ValueError:
+        raise InvalidConfig("cluster_tls_cert_file", f"{cert_file} holds no PEM certificate") from None
+    try:
+        cas = x509.load_pem_x509_certificates(ca_certificates)
+    except ValueError:
+        raise InvalidConfig("cluster_tls_ca_file", f"{ca_file} holds no PEM certificate") from None
+    try:
+        key = serialization.load_pem_private_key(private_key, password=None)
+    except (ValueError, TypeError) as error:
+        raise InvalidConfig("cluster_tls_key_file", f"{key_file} holds no unencrypted PEM private key "
+                                                    f"({error})") from None
+    leaf = chain[0]
+    if key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) != \
+            leaf.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo):
+        raise InvalidConfig("cluster_tls_key_file", f"{key_file} is not the key of {cert_file}")
+    issuers = chain[1:] + cas
+    if not any(_issued_by(leaf, issuer) for issuer in issuers):
+        raise InvalidConfig("cluster_tls_cert_file", f"{cert_file} (issuer {leaf.issuer.rfc4514_string()}) is not "
+                                                     f"signed by a CA in {ca_file}: the other nodes would refuse it")
+    missing = sorted({"serverAuth", "clientAuth"} - node_usages(leaf))
+    if missing:
+        raise InvalidConfig("cluster_tls_cert_file", f"{cert_file} lacks extended key usage {', '.join(missing)}: a "
+                                                     f"node serves and dials with one certificate; make one with "
+                                                     f"`grouper certs node NAME`")
+    if leaf.not_valid_after_utc <= now:
+        raise InvalidConfig("cluster_tls_cert_file",
+                            f"{cert_file} expired on {leaf.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+    names = leaf.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return TlsMaterial(certificate_chain, private_key, ca_certificates,
+                       str(names[0].value) if names else leaf.subject.rfc4514_string(), leaf.not_valid_after_utc)
+
+
+def node_usages(certificate: x509.Certificate) -> set[str]:
+    """The TLS usages a certificate's extended key usage allows: 'serverAuth', 'clientAuth'."""
+    try:
+        usages = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return {"serverAuth", "clientAuth"}  # no extension: every usage (RFC 5280 4.2.1.12)
+    found = set()
+    if ExtendedKeyUsageOID.SERVER_AUTH in usages:
+        found.add("serverAuth")
+    if ExtendedKeyUsageOID.CLIENT_AUTH in usages:
+        found.add("clientAuth")
+    return found
+
+
+def _issued_by(certificate: x509.Certificate, issuer: x509.Certificate) -> bool:
+    try:
+        certificate.verify_directly_issued_by(issuer)
+    except (InvalidSignature, ValueError, TypeError):  # a bad signature, another issuer's name, a key type
+        return False
+    return True
+
+
+def _read(path: str, key: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as error:
+        raise InvalidConfig(key, f"cannot read {path}: {error.strerror or error}") from None
+
+
+def _stamps(paths) -> tuple:
+    stamps = []
+    for path in paths:
+        try:
+            status = os.stat(path)
+        except OSError:
+            stamps.append(None)
+            continue
+        stamps.append((status.st_mtime_ns, status.st_size, status.st_ino))
+    return tuple(stamps)
+
+
+class ClusterTls:
+    """The cluster TLS files in force; any thread. `generation` grows each time new files are taken."""
+
+    def __init__(self, cert_file: str, key_file: str, ca_file: str, server_name: str = "",
+                 clock=time.monotonic):
+        self.paths = (cert_file, key_file, ca_file)
+        self.server_name = server_name  # checked in every peer's certificate instead of the host dialled
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._stamps = _stamps(self.paths)
+        self.material = read_tls_material(*self.paths, now=_utc_now())
+        self.generation = 1
+        self._checked_s = clock()
+        self._bad_stamps = None
+
+    @classmethod
+    def from_config(cls, config) -> "ClusterTls | None":
+        if not config.cluster_tls_cert_file:
+            return None
+        return cls(config.cluster_tls_cert_file, config.cluster_tls_key_file, config.cluster_tls_ca_file,
+                   config.cluster_tls_server_name)
+
+    def refresh(self) -> bool:
+        """Takes the files again if they changed since the last look; True if new material is in force."""
+        with self._lock:
+            now_s = self._clock()
+            if now_s - self._checked_s < RELOAD_CHECK_INTERVAL_S:
+                return False
+            self._checked_s = now_s
+            stamps = _stamps(self.paths)
+            if stamps == self._stamps or stamps == self._bad_stamps:
+                return False
+            try:
+                material = read_tls_material(*self.paths, now=_utc_now())
+            except InvalidConfig as error:
+                self._bad_stamps = stamps
+                log.error("the cluster TLS files changed but do not check out (%s); the ones read before stay "
+                          "in force", error)
+                return False
+            self._stamps, self._bad_stamps = stamps, None
+            self.material = material
+            self.generation += 1
+        log.info("cluster TLS files reloaded: certificate CN %s, valid until %s UTC; new peer connections use "
+                 "them", material.common_name, f"{material.not_after:%Y-%m-%d %H:%M}")
+        return True
+
+    def current_generation(self) -> int:
+        self.refresh()
+        return self.generation
+
+    # ---- gRPC ------------------------------------------------------------------------------------
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        material = self.material
+        return grpc.ssl_channel_credentials(root_certificates=material.ca_certificates,
+                                            private_key=material.private_key,
+                                            certificate_chain=material.certificate_chain)
+
+    def channel_options(self) -> list[tuple[str, object]]:
+        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        """Mutual TLS, client certificate required and verified against the CA; the files are looked
+        at again before each new connection's handshake."""
+        return grpc.dynamic_ssl_server_credentials(self._server_configuration(), self._server_configuration_if_new,
+                                                   require_client_authentication=True)
+
+    def _server_configuration(self) -> grpc.ServerCertificateConfiguration:
+        material = self.material
+        return grpc.ssl_server_certificate_configuration([(material.private_key, material.certificate_chain)],
+                                                         root_certificates=material.ca_certificates)
+
+    def _server_configuration_if_new(self):
+        try:
+            return self._server_configuration() if self.refresh() else None
+        except Exception:  # never let a reload take the listener down: keep the configuration in force
+            log.exception("reloading the cluster TLS files for the peer listener failed")
+            return None
+
+
+def _utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+# ---- the raft secret --------------------------------------------------------------------------
+
+def parse_raft_secrets(text: str, path: str) -> tuple[str, ...]:
+    secrets = tuple(line.strip() for line in text.splitlines() if line.strip())
+    if not secrets:
+        raise InvalidConfig("raft_secret_file", f"{path} holds no secret: write one line of at least "
+                                                f"{RAFT_SECRET_CHARS_MIN} random characters "
+                                                f"(`openssl rand -base64 32`)")
+    if len(secrets) > RAFT_SECRETS_MAX:
+        raise InvalidConfig("raft_secret_file", f"{path} holds {len(secrets)} secrets; at most {RAFT_SECRETS_MAX} "
+                                                f"(the current one first, then those still accepted)")
+    for number, secret in enumerate(secrets, 1):
+        if len(secret) < RAFT_SECRET_CHARS_MIN:
+            raise InvalidConfig("raft_secret_file", f"{path}: secret {number} has {len(secret)} characters; use at "
+                                                    f"least {RAFT_SECRET_CHARS_MIN} random ones "
+                                                    f"(`openssl rand -base64 32`)")
+    return secrets
+
+
+def read_raft_secrets(path: str) -> tuple[str, ...]:
+    if sys.flags.optimize:
+        # pysyncobj checks each message's connection nonce and timestamp with `assert`, which -O removes
+        raise InvalidConfig("raft_secret_file", "python -O drops the checks pysyncobj makes on encrypted raft "
+                                                "messages; run the node without -O")
+    data = _read(path, "raft_secret_file")
+    if len(data) > RAFT_SECRET_FILE_BYTES_MAX:
+        raise InvalidConfig("raft_secret_file", f"{path} is {len(data)} bytes; a secret file is at most "
+                                                f"{RAFT_SECRET_FILE_BYTES_MAX}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidConfig("raft_secret_file", f"{path} is not UTF-8 text") from None
+    return parse_raft_secrets(text, path)
+
+
+# ---- secure by default ------------------------------------------------------------------------
+
+def describe(tls: ClusterTls | None, raft_secrets: tuple[str, ...]) -> str:
+    """The banner's `cluster security:` line."""
+    if tls is None and not raft_secrets:
+        return ("open: forwarding (on the admin port) and raft take no credentials; bind them where only the "
+                "nodes reach them")
+    forwarding = (f"forwarding over mutual TLS as {tls.material.common_name}" if tls is not None
+                  else "forwarding takes no credentials (on the admin port)")
+    raft = (f"raft encrypted ({len(raft_secrets)} secret{'s' if len(raft_secrets) > 1 else ''} accepted)"
+            if raft_secrets else "raft takes no credentials")
+    return f"{forwarding}; {raft}"
+
+
+def insecure_cluster_refusal(config, users_database: bool) -> str | None:
+    """Why this node must not start as configured, or None. Pure: config fields and one fact in."""
+    if not config.peer_list() or config.allow_insecure_cluster or not users_database or is_loopback(config.host):
+        return None
+    missing = []
+    if not config.cluster_tls_cert_file:
+        missing.append("cluster TLS (cluster_tls_cert_file, cluster_tls_key_file, cluster_tls_ca_file)")
+    if not config.raft_secret_file:
+        missing.append("raft secret (raft_secret_file)")
+    if not missing:
+        return None
+    return (f"this node has users and serves a cluster on {config.host}, but it has no {' and no '.join(missing)}: "
+            f"any process reaching its peer or raft port could forward messages or join the raft cluster. Make "
+            f"certificates with `grouper certs dev --dir certs --nodes NAME,...` and a secret with `openssl rand "
+            f"-base64 32 > raft.secret` (README: Security, Between nodes), or pass --allow-insecure-cluster if "
+            f"only the nodes can reach those ports")
