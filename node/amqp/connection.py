@@ -143,11 +143,13 @@ class Connection(asyncio.Protocol):
         if self.user is None:  # gone before the SASL exchange named it: proton has nothing to answer
             self.sasl = None
             self.refuse()
-            return True
+            return not self.tls
         if not self.backlog:  # else once the backlog has gone to proton
             lib.pn_transport_close_tail(self.transport)
         self.engine.touched(self)
-        return True  # keep the socket open for proton's last frames; flush closes it
+        # keep the socket open for proton's last frames; flush closes it. asyncio's TLS transport closes
+        # on EOF whatever this returns, and logs a warning per connection if it returns True
+        return not self.tls
 
     def connection_lost(self, error) -> None:
         self.lost = True

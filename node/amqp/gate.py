@@ -7,7 +7,12 @@ Engine loop thread only. Rules:
 - From accept to the client's AMQP open, at most handshake_timeout_ms: a client that stalls in
   TLS, SASL or before its open is closed, so a half-open client holds no connection slot for ever.
 - A failed authentication is answered after the delay the admission's throttle asks for, with the
-  socket's input paused meanwhile; refusals are logged once per source address and reason.
+  socket's input paused meanwhile; refusals are logged once per source address and reason. Only a
+  failed check of credentials (PLAIN, SCRAM-SHA-256, EXTERNAL) counts toward the throttle: garbage,
+  a wrong protocol header or a mechanism not offered guesses nothing, and an open node has nothing
+  to guess, so those never make the node hold back an answer.
+- proton never sees a client the gate did not let through, so proton's own error for it is not
+  logged (`lost`): the gate's refusal line says why.
 - The users file and the TLS files are looked at about once a second and reloaded when changed.
 """
 
@@ -57,7 +62,8 @@ class Gate:
         now_ms = self.clock_ms()
         if step.failure:
             self._log_refusal(connection, step.failure)
-        if step.fault != "node":  # the node's own failure throttles nobody
+        # a guess is a failed check of credentials; the node's own failure throttles nobody
+        if step.fault != "node" and step.mechanism in PROVEN_MECHANISMS:
             self.admission.failed(connection.host, now_ms)
         delay_ms = self.admission.delay_ms(connection.host, now_ms)
         if delay_ms > 0:
@@ -70,6 +76,8 @@ class Gate:
 
     def lost(self, connection) -> None:
         self._deadlines.pop(connection, None)
+        if connection.user is None:  # proton's "no protocol header found" would be a line per attempt
+            connection.error_logged = True
         if connection.admitted:
             connection.admitted = False
             self.admission.closed(connection.host)

@@ -5,7 +5,8 @@ Rules:
   certificate (optional: SCRAM and PLAIN still work without one); one that does not chain to those
   CAs, or has expired, fails the handshake.
 - Reloading loads the files into the same context: handshakes from then on use the new certificate,
-  connections already open keep theirs. A file that does not load keeps the old ones in force.
+  connections already open keep theirs. Files that do not load, or do not match each other, keep
+  the old ones in force (they are tried in a context of their own first).
   CAs are added to the ones loaded before, never dropped: a CA taken out of tls_ca_file is trusted
   until the node restarts (OpenSSL has no way to remove one from a live context).
 - A client certificate names its user by its subject's common name (SASL EXTERNAL).
@@ -57,6 +58,10 @@ def files_stamp(config) -> tuple:
 def reload(context: ssl.SSLContext, config) -> bool:
     """Load the certificate, key and CAs again; False (logged) if they do not load."""
     try:
+        # first into a context of its own: a load_cert_chain that fails on the key (a certificate
+        # replaced before its key, or the wrong key) has already put the new certificate into the
+        # context and dropped its key, so every handshake after it would fail
+        _load(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), config)
         _load(context, config)
     except InvalidConfig as error:
         log.error("TLS files not reloaded, the ones loaded before stay in force: %s", error.description)

@@ -48,6 +48,7 @@ class NodeProcess:
         self.args = tuple(args)
         self.process: subprocess.Popen | None = None
         self.amqp_address = ""
+        self.amqps_address = ""  # AMQP over TLS, when the node is given a certificate
         self.admin_address = ""
         self.output: list[str] = []
         self._amqp_port = 0
@@ -73,6 +74,8 @@ class NodeProcess:
                 self.output.append(line.rstrip("\n"))
                 if line.startswith("amqp: "):
                     self.amqp_address = line.split(": ", 1)[1].strip()
+                elif line.startswith("amqps: "):
+                    self.amqps_address = line.split(": ", 1)[1].strip()
                 elif line.startswith("admin: "):
                     self.admin_address = line.split(": ", 1)[1].strip()
                 elif line.startswith("http: "):

@@ -15,7 +15,8 @@ Events (`"event"` key): attached {link, role, source, target} (a terminus is nul
 distribution_mode}); detached {link, closed, condition, description}; message {link, delivery, body,
 group, delivery_count, first_acquirer}; outcome {link, delivery, state, condition} (a send, settled by
 the node); settled {link, delivery} (a consumer's outcome, settled by the node); drained {link,
-credit}; error {text} (a driver failed to carry out a command).
+credit}; error {text} (a driver failed to carry out a command; rhea adds the condition of a refused
+connection); opened {} (rhea only: the node let the connection in).
 """
 
 from __future__ import annotations

@@ -43,14 +43,14 @@ def ensure_rhea_installed() -> str:
 class RheaClient(Client):
     label = "rhea"
 
-    def __init__(self, nodejs: str, host: str, port: int):
+    def __init__(self, nodejs: str, host: str, port: int, username: str | None = None, password: str | None = None):
         super().__init__()
         self.stderr: list[str] = []
         self._process = subprocess.Popen([nodejs, str(SCRIPT)], cwd=JS_DIR, stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
         threading.Thread(target=self._read_events, name="rhea-stdout", daemon=True).start()
         threading.Thread(target=self._read_stderr, name="rhea-stderr", daemon=True).start()
-        self._command("connect", host=host, port=port)
+        self._command("connect", host=host, port=port, username=username, password=password)
 
     def _read_events(self) -> None:
         for line in self._process.stdout:
@@ -73,6 +73,16 @@ class RheaClient(Client):
             return super().wait_for(found, what, timeout_s)
         except AssertionError as error:
             raise AssertionError(f"{error}\nrhea's stderr:\n" + "\n".join(self.stderr)) from None
+
+    def connection_outcome(self, timeout_s: float = WAIT_S) -> dict:
+        """The node's answer to this client's connect: the opened event, or the error event of a refusal."""
+        def found(events):
+            return next((event for event in events if event["event"] in ("opened", "error")), None)
+        with self._changed:
+            if self._changed.wait_for(lambda: found(self.events), timeout_s):
+                return found(self.events)
+        raise AssertionError(f"rhea: neither opened nor refused within {timeout_s} s; events seen:\n"
+                             + "\n".join(map(str, self.events)) + "\nrhea's stderr:\n" + "\n".join(self.stderr))
 
     def close(self) -> None:
         try:

@@ -11,6 +11,8 @@
 // - A consumer's outcome goes out unsettled; the delivery is settled here once the node has
 //   settled it, and only then reported (settled), so the test knows the node applied it.
 // - A command that throws is reported as an error event; the test fails on it.
+// - connect may carry a username and password (rhea then authenticates with SASL PLAIN); the node
+//   letting the client in is reported as an opened event, a refusal as an error event with its condition.
 // - stdin closing ends the process: the connection is closed, and the process exits at the latest
 //   EXIT_GRACE_MS later.
 
@@ -98,12 +100,16 @@ container.on('receiver_drained', (context) => {
 container.on('disconnected', (context) => {
   if (!closing) emit({ event: 'error', text: `disconnected: ${context.error || 'no error given'}` });
 });
-container.on('error', (error) => emit({ event: 'error', text: String(error) }));
+container.on('connection_open', () => emit({ event: 'opened' }));
+container.on('error', (error) => emit({ event: 'error', text: String(error),
+  condition: error.condition === undefined ? null : String(error.condition) }));
 
 
 const commands = {
-  connect({ host, port }) {
-    connection = container.connect({ host, port, reconnect: false });
+  connect({ host, port, username, password }) {
+    const options = { host, port, reconnect: false };
+    if (username) Object.assign(options, { username, password });
+    connection = container.connect(options);
   },
   receiver({ link, address, browse }) {
     const source = { address };
