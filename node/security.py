@@ -86,6 +86,8 @@ class Security:
         return tuple(offered)
 
     def sasl_server(self, now_ms: int, tls: bool, client_host: str, certificate_identity: str | None) -> SaslServer:
+        if certificate_identity is not None and self.scram_auth_info(certificate_identity) is None:
+            certificate_identity = None  # a trusted certificate naming no user proves nobody: no EXTERNAL
         return SaslServer(self.mechanisms(tls, client_host, certificate_identity), self,
                           frame_max_bytes=self.config.sasl_frame_max_bytes,
                           allow_plain_amqp=self.database is None or self.config.allow_anonymous,

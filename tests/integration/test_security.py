@@ -102,6 +102,7 @@ def certificates(tmp_path_factory) -> Certificates:
     node_pair = make_node_certificate(ca)
     certs.make_leaf(ca, "writer", client_only=True)
     certs.make_leaf(other_ca, "writer", client_only=True)
+    certs.make_leaf(ca, "stranger", client_only=True)  # trusted, but no user of that name
     now = datetime.datetime.now(datetime.timezone.utc)
     certs.make_leaf(ca, "expired", client_only=True, not_before=now - datetime.timedelta(days=30),
                     not_after=now - datetime.timedelta(days=1))
@@ -517,6 +518,15 @@ def test_external_names_the_user_of_the_client_certificate_and_grants_that_users
         assert_denied(link_outcome(connection, "consume", "orders.x"), "writer", "consume", "orders.x")
     finally:
         connection.close()
+
+
+def test_external_with_a_trusted_certificate_naming_no_user_is_refused_at_login(node_factory, tmp_path, users_file,
+                                                                                 certificates):
+    node = start_tls(node_factory, tmp_path, users_file, certificates)
+
+    error = refused(lambda: tls_login(node, None, certificates.ca, client=certificates.client("stranger"),
+                                      mechanism="EXTERNAL"))
+    assert "SSL" not in error, error  # the handshake passed: SASL offered no EXTERNAL to a name without a user
 
 
 @pytest.mark.parametrize("signer, name", [("other_ca", "writer"), ("ca", "expired")],
