@@ -261,10 +261,14 @@ def measure(target, workload: Workload, broker_cpu_s, scratch_dir: Path, consume
     producer.start()
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
-        for ready in readies:
-            if not ready.wait(max(0.0, deadline - time.monotonic())):
+        while not all(ready.is_set() for ready in readies):
+            if not all(process.is_alive() for process in consumers):  # refused (a login, a link): said below
+                outcome.errors.append("consumers ended before they all attached")
+                break
+            if time.monotonic() > deadline:
                 outcome.errors.append(f"consumers did not attach within {READY_TIMEOUT_S} s")
                 break
+            time.sleep(POLL_INTERVAL_S)
         if not outcome.errors:
             time.sleep(0.2)  # let the broker finish registering subscriptions before the first message
             cpu_before = broker_cpu_s()

@@ -17,15 +17,29 @@ broker it measures; this client costs a few. Rules:
   so at most `prefetch` deliveries are ever unsettled on its link.
 - It moves messages and writes what it saw, in the form clients.py summarises; it never starts
   brokers and never formats tables.
+- Security: TLS is Python's `ssl` around the socket (handshake blocking, bounded by
+  HANDSHAKE_TIMEOUT_S, before the loop; the broker's certificate checked against the host dialled);
+  proton's bytes pass through it unchanged. SASL PLAIN with a user, which proton must be told to
+  allow as "insecure" (it cannot see our TLS): only over TLS or to a loopback broker.
+- `python bench/lean.py --url ... --queue ...` runs one row against any AMQP 1.0 broker and prints
+  what clients.py measured (no broker CPU: the broker may be elsewhere).
 """
 
 from __future__ import annotations
 
+import argparse
+import ipaddress
+import json
 import selectors
 import socket
+import ssl
 import struct
+import sys
+import tempfile
 import time
 from array import array
+from dataclasses import asdict
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import clients
@@ -40,6 +54,9 @@ RECEIVE_BUFFER_BYTES = 64 << 10  # a delivery larger than this is read through a
 WINDOW_MESSAGES = 1000  # unsettled sends a producer allows itself, whatever credit the broker grants
 SELECT_TIMEOUT_S = 0.05  # the longest sleep: how often stop flags and deadlines are looked at
 CLOSE_WAIT_S = 2.0  # after close, how long to wait for the broker's close frame
+HANDSHAKE_TIMEOUT_S = 10.0  # TCP connect and TLS handshake, each
+PASSWORD_FILE_MAX_BYTES = 4096
+_BLOCKED = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 _DURABLE_HEADER = b"\x00\x53\x70\xc0\x02\x01\x41"  # header section: list [durable = true]
 _PROPERTIES, _APPLICATION_PROPERTIES, _FIRST_BODY_SECTION = 0x73, 0x74, 0x75
@@ -180,26 +197,64 @@ def read_fields(buf: bytes) -> tuple[str | None, int, int]:
 
 # ---- one connection ---------------------------------------------------------------------------
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def credentials(target) -> tuple[str, str]:
+    """(user, password) for SASL PLAIN: the target's own fields, else the url's; ("", "") for none."""
+    if getattr(target, "user", ""):
+        return target.user, target.password
+    parts = urlsplit(target.url if "//" in target.url else f"amqp://{target.url}")
+    if parts.username is None:
+        return "", ""
+    return unquote(parts.username), unquote(parts.password or "")
+
+
+def tls_context(ca_file: str = "") -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=ca_file or None)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
 class Endpoint:
     """One socket, its transport and connection; the process's pump owns the collector."""
 
-    def __init__(self, url: str, sasl_mechs: str | None, container_id: str, collector):
+    def __init__(self, target, container_id: str, collector):
+        url = target.url
         parts = urlsplit(url if "//" in url else f"amqp://{url}")
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 5672
+        user, password = credentials(target)
+        self.tls = bool(getattr(target, "tls", False))
+        if user and not self.tls and not is_loopback(self.host):
+            raise LeanError(f"refusing to send the password of {user!r} unencrypted to {self.host}; use --tls")
+        context = tls_context(getattr(target, "ca_file", "")) if self.tls else None
         self.transport = lib.pn_transport()
         self.connection = lib.pn_connection()
         sasl = lib.pn_sasl(self.transport)
-        if parts.username is not None:
-            lib.pn_connection_set_user(self.connection, unquote(parts.username).encode())
-            lib.pn_connection_set_password(self.connection, unquote(parts.password or "").encode())
-            lib.pn_sasl_set_allow_insecure_mechs(sasl, True)  # PLAIN over loopback, as the peers expect
-        lib.pn_sasl_allowed_mechs(sasl, (sasl_mechs or "ANONYMOUS").encode())
+        if user:
+            lib.pn_connection_set_user(self.connection, user.encode())
+            lib.pn_connection_set_password(self.connection, password.encode())
+            # proton cannot see our TLS; the check above keeps PLAIN to TLS or loopback
+            lib.pn_sasl_set_allow_insecure_mechs(sasl, True)
+        lib.pn_sasl_allowed_mechs(sasl, (target.sasl_mechs or ("PLAIN" if user else "ANONYMOUS")).encode())
         lib.pn_connection_set_container(self.connection, container_id.encode())
         lib.pn_connection_set_hostname(self.connection, self.host.encode())
         lib.pn_connection_collect(self.connection, collector)
         lib.pn_transport_bind(self.transport, self.connection)
-        self.socket = socket.create_connection((self.host, self.port))
+        self.socket = socket.create_connection((self.host, self.port), timeout=HANDSHAKE_TIMEOUT_S)
         self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if context is not None:
+            try:
+                self.socket = context.wrap_socket(self.socket, server_hostname=self.host)
+            except (ssl.SSLError, OSError) as error:
+                self.socket.close()
+                raise LeanError(f"TLS with {self.host}:{self.port} failed: {error}") from None
         self.socket.setblocking(False)
         self.closed = False  # the socket is gone or proton's input and output are both over
         self.error = ""
@@ -223,20 +278,27 @@ class Endpoint:
 
     def read(self) -> None:
         """Move what the socket has into the transport (the transport's capacity bounds a read)."""
-        capacity = lib.pn_transport_capacity(self.transport)
-        if capacity <= 0:
-            return
-        try:
-            data = self.socket.recv(min(capacity, READ_BYTES))
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as error:
-            self._lose(f"read failed: {error}")
-            return
-        if not data:
-            lib.pn_transport_close_tail(self.transport)
-            return
-        lib.pn_transport_push(self.transport, data, len(data))
+        while True:
+            capacity = lib.pn_transport_capacity(self.transport)
+            if capacity <= 0:
+                return
+            try:
+                data = self.socket.recv(min(capacity, READ_BYTES))
+            except _BLOCKED:
+                return
+            except OSError as error:
+                self._lose(f"read failed: {error}")
+                return
+            if not data:
+                lib.pn_transport_close_tail(self.transport)
+                return
+            lib.pn_transport_push(self.transport, data, len(data))
+            if not self.buffered():
+                return
+
+    def buffered(self) -> bool:
+        """TLS holds decrypted bytes the socket no longer shows as readable."""
+        return self.tls and self.socket.pending() > 0
 
     def write(self, buffer) -> bool:
         """Send what proton has; True while bytes are left over for when the socket drains."""
@@ -248,10 +310,11 @@ class Endpoint:
                 return False
             if pending == 0:
                 return False
+            # a TLS write that would block is retried with at least the same bytes: pending only grows
             count = lib.pn_transport_peek(transport, buffer, min(pending, OUTPUT_CHUNK_BYTES))
             try:
                 sent = self.socket.send(ffi.buffer(buffer, count))
-            except (BlockingIOError, InterruptedError):
+            except _BLOCKED:
                 return True
             except OSError as error:
                 self._lose(f"write failed: {error}")
@@ -284,12 +347,15 @@ class Pump:
         self.collector = lib.pn_collector()
         self.selector = selectors.DefaultSelector()
         self.endpoints: list[Endpoint] = []
+        self.tls_endpoints: list[Endpoint] = []
         self.by_connection: dict = {}
         self._buffer = ffi.new("char[]", OUTPUT_CHUNK_BYTES)
 
-    def connect(self, url: str, sasl_mechs: str | None, container_id: str) -> Endpoint:
-        endpoint = Endpoint(url, sasl_mechs, container_id, self.collector)
+    def connect(self, target, container_id: str) -> Endpoint:
+        endpoint = Endpoint(target, container_id, self.collector)
         self.endpoints.append(endpoint)
+        if endpoint.tls:
+            self.tls_endpoints.append(endpoint)
         self.by_connection[endpoint.connection] = endpoint
         self.selector.register(endpoint.socket, selectors.EVENT_READ, endpoint)
         return endpoint
@@ -298,8 +364,11 @@ class Pump:
         return self.by_connection.get(lib.pn_event_connection(event))
 
     def run_once(self, timeout_s: float) -> None:
-        for key, _ in self.selector.select(timeout_s):
+        buffered = [endpoint for endpoint in self.tls_endpoints if endpoint.buffered()] if self.tls_endpoints else ()
+        for key, _ in self.selector.select(0 if buffered else timeout_s):
             key.data.read()
+        for endpoint in buffered:
+            endpoint.read()
         self.drain()
 
     def drain(self) -> None:
@@ -360,7 +429,7 @@ class Producer:
         self.window_messages = window_messages
         self.encoder = MessageEncoder(workload.body_bytes, workload.durable, target.routing_subject)
         self.pump = Pump(self._on_event)
-        self.endpoint = self.pump.connect(target.url, target.sasl_mechs, "bench-producer")
+        self.endpoint = self.pump.connect(target, "bench-producer")
         self.link = self.endpoint.sender("bench-producer", target.send_address)
         self.opened = False
         self.sent = self.accepted = self.rejected = self.released = self.modified = 0
@@ -519,7 +588,7 @@ class Consumers:
         self._buffer = ffi.new("char[]", RECEIVE_BUFFER_BYTES)
         self._buffer_bytes = RECEIVE_BUFFER_BYTES
         for index in indexes:
-            endpoint = self.pump.connect(target.url, target.sasl_mechs, f"bench-consumer-{index}")
+            endpoint = self.pump.connect(target, f"bench-consumer-{index}")
             for number, address in enumerate(target.consumer_addresses[index]):
                 link = endpoint.receiver(f"bench-c{index}-{number}", address)
                 lib.pn_link_flow(link, prefetch)
@@ -628,3 +697,88 @@ def _attach(group: Consumers, readies, timeout_s: float) -> None:
         waiting = [consumer for consumer in waiting if not consumer.opened]
     for consumer in group.consumers:
         readies[consumer.index].set()
+
+
+# ---- one row from the command line -----------------------------------------------------------
+
+def read_password_file(path: str) -> str:
+    """A password file's content, one trailing newline dropped (as a mounted Secret or `echo` leaves it)."""
+    with open(path, "rb") as handle:
+        data = handle.read(PASSWORD_FILE_MAX_BYTES + 1)
+    if len(data) > PASSWORD_FILE_MAX_BYTES:
+        raise ValueError(f"{path} is over {PASSWORD_FILE_MAX_BYTES} bytes: not a password file")
+    text = data.decode("utf-8")
+    for ending in ("\r\n", "\n"):
+        if text.endswith(ending):
+            return text[:-len(ending)]
+    return text
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python bench/lean.py", description="One grouped row against an AMQP 1.0 broker: 1 producer, N "
+        "consumers, lean.py's clients; prints throughput, latency, order and client CPU as JSON.")
+    parser.add_argument("--url", required=True, help="HOST:PORT or amqp://HOST:PORT of the broker")
+    parser.add_argument("--queue", required=True, help="the queue to send to and consume from")
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--groups", type=int, default=1000)
+    parser.add_argument("--prefetch", type=int, default=100)
+    parser.add_argument("--consumers", type=int, default=4)
+    parser.add_argument("--durable", action="store_true", help="set the header's durable flag")
+    parser.add_argument("--rate", type=int, default=0, help="messages per second the producer offers (0: flat out)")
+    parser.add_argument("--user", default="", help="SASL PLAIN user; its password comes from --password-file")
+    parser.add_argument("--password-file", default="", help="a file holding the password (one trailing newline "
+                        "is dropped), such as a mounted Kubernetes Secret")
+    parser.add_argument("--tls", action="store_true", help="speak TLS (the broker's amqps port)")
+    parser.add_argument("--ca", default="", help="PEM CAs for the broker's certificate (implies --tls; without "
+                        "it the system's CAs)")
+    return parser
+
+
+def target_from_args(args, parse: argparse.ArgumentParser):
+    """The Target a row from the command line sends to; bad combinations end in parse.error (exit 2)."""
+    from peers import Target
+
+    if args.password_file and not args.user:
+        parse.error("--password-file needs --user")
+    if args.user and not args.password_file:
+        parse.error("--user needs --password-file (a password is never a flag: it would show in ps)")
+    tls = args.tls or bool(args.ca)
+    parts = urlsplit(args.url if "//" in args.url else f"amqp://{args.url}")
+    if not parts.hostname or parts.port is None:
+        parse.error(f"--url {args.url!r} is not HOST:PORT")
+    if parts.username is not None:
+        parse.error("--url must not carry credentials; use --user and --password-file")
+    if args.user and not tls and not is_loopback(parts.hostname):
+        parse.error(f"--user would send its password unencrypted to {parts.hostname}; add --tls (and --ca)")
+    password = ""
+    if args.password_file:
+        try:
+            password = read_password_file(args.password_file)
+        except (OSError, ValueError) as error:
+            parse.error(f"--password-file: cannot read {args.password_file}: {error}")
+    if args.ca:
+        try:
+            tls_context(args.ca)
+        except (OSError, ssl.SSLError) as error:
+            parse.error(f"--ca: cannot load {args.ca}: {error}")
+    return Target("amqp", f"amqp://{parts.hostname}:{parts.port}", args.queue,
+                  tuple((args.queue,) for _ in range(args.consumers)), user=args.user, password=password,
+                  tls=tls, ca_file=args.ca)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parse = parser()
+    args = parse.parse_args(argv)
+    target = target_from_args(args, parse)
+    workload = clients.Workload(messages=args.messages, groups=args.groups, prefetch=args.prefetch,
+                                durable=args.durable, consumers=args.consumers, rate_per_s=args.rate)
+    with tempfile.TemporaryDirectory(prefix="grouper-lean-") as scratch:
+        outcome = clients.measure(target, workload, lambda: 0.0, Path(scratch), 1)
+    result = {key: value for key, value in asdict(outcome).items() if key != "broker_cpu_us_per_msg"}
+    print(json.dumps(result, indent=1))
+    return 0 if not outcome.errors and not outcome.lost and outcome.unique == args.messages else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

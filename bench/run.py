@@ -6,7 +6,10 @@ Every broker is started first and warmed up (a JVM ~100k messages); then the row
 each row of the matrix (groups x prefetch x durable, 1 producer, 4 consumers) runs on every system
 in turn, the systems' order rotating from row to row, so that the machine's load (it is shared) falls
 on all of them alike. Only one broker carries traffic at a time. Last come the paced rows: the
-producer held to half of the system's own maximum rate, for latency. A system that cannot start,
+producer held to half of the system's own maximum rate, for latency. With `--security yes` (the
+default, when Grouper runs) a second Grouper node with a users file and a TLS certificate runs the
+1,000-group, prefetch-100 rows over TLS with SASL PLAIN, interleaved with the plain node's same rows,
+and the report gives the broker CPU TLS adds per message. A system that cannot start,
 or a row that stalls, is reported as failed with the reason: numbers are only ever measured ones.
 This module owns the matrix and the report; peers.py owns brokers, clients.py and lean.py own
 message traffic.
@@ -41,21 +44,24 @@ DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "last-run.json"
 SYSTEMS = ("grouper", "rabbitmq", "activemq")
 VARIANTS = {
     "grouper": ("grouper",),
+    "grouper-tls": ("grouper-tls",),  # run with grouper when --security yes; not a --systems choice
     "rabbitmq": ("rabbitmq-queue", "rabbitmq-hash-sac"),
     "activemq": ("activemq",),
 }
 LABELS = {
     "grouper": "Grouper, exclusive groups (AMQP 1.0)",
+    "grouper-tls": "Grouper over TLS, SASL PLAIN (AMQP 1.0)",
     "rabbitmq-queue": "RabbitMQ plain queue, no groups (AMQP 1.0)",
     "rabbitmq-hash-sac": "RabbitMQ hash exchange + 4 SAC queues (AMQP 1.0)",
     "activemq": "ActiveMQ Classic, JMSXGroupID (STOMP)",
 }
-GROUP_AWARE = {"grouper", "rabbitmq-hash-sac", "activemq"}
+GROUP_AWARE = {"grouper", "grouper-tls", "rabbitmq-hash-sac", "activemq"}
 # ActiveMQ measured ~61 us/msg of broker CPU warm against 131-170 cold: a JIT needs ~100k messages
-WARMUP_MESSAGES = {"grouper": 20_000, "rabbitmq": 20_000, "activemq": 100_000}
+WARMUP_MESSAGES = {"grouper": 20_000, "grouper-tls": 20_000, "rabbitmq": 20_000, "activemq": 100_000}
 CONSUMERS = 4
 PACED_FRACTION = 0.5  # paced rows send at this fraction of the system's maximum rate (its unpaced row)
 PACED_KEY = (1000, 100, False)  # the unpaced row whose throughput sets the pace
+SECURITY_KEYS = ((1000, 100, False), (1000, 100, True))  # (groups, prefetch, durable) of the security rows
 # the issue's targets for Grouper ("Ten times cheaper per message")
 TARGET_CPU_US = {False: 35, True: 50}  # broker CPU per message, 1000 groups, prefetch 100, by durable
 TARGET_CPU_VS_ACTIVEMQ = 0.5
@@ -96,6 +102,12 @@ def matrix(variants, messages: int, groups_list, prefetch_list, durable_list, pr
     if probe_groups:  # ordering probe: more groups than ActiveMQ's default group map holds (1024)
         rows += [Row(variant, probe_groups, max(prefetch_list), False, messages) for variant in variants]
     return rows
+
+
+def security_rows(rows: list[Row], messages: int) -> list[Row]:
+    """The secured node's rows: the SECURITY_KEYS among the matrix's Grouper rows."""
+    keys = [key for key in SECURITY_KEYS if any(row.variant == "grouper" and row.key() == key for row in rows)]
+    return [Row("grouper-tls", groups, prefetch, durable, messages) for groups, prefetch, durable in keys]
 
 
 def paced_rows(variants, messages: int) -> list[Row]:
@@ -330,7 +342,8 @@ def _row_key(result: dict) -> tuple:
 def observations(results: list[dict]) -> list[str]:
     notes = []
     measured = [r for r in results if not r.get("failed") and r["unique"]]
-    for protocol, variants in (("AMQP 1.0 (lean.py)", set(LABELS) - {"activemq"}), ("STOMP (stomp.py)", {"activemq"})):
+    for protocol, variants in (("AMQP 1.0 (lean.py)", set(LABELS) - {"activemq", "grouper-tls"}),
+                               ("STOMP (stomp.py)", {"activemq"})):
         for prefetch in sorted({r["prefetch"] for r in measured}):
             costs = [r["client_cpu_us_per_msg"] for r in measured
                      if r["variant"] in variants and r["prefetch"] == prefetch and not r.get("paced")]
@@ -348,6 +361,7 @@ def observations(results: list[dict]) -> list[str]:
         if sends and walls:
             notes.append(f"- {LABELS[variant]}: the producer finished sending after {_span(sends, 1)} s of rows "
                          f"lasting {_span(walls, 1)} s.")
+    notes += security_cost(results)
     hashed = [r for r in measured if r["variant"] == "rabbitmq-hash-sac" and r["per_consumer"]]
     for groups in sorted({r["groups"] for r in hashed}):
         rows = [r for r in hashed if r["groups"] == groups]
@@ -380,6 +394,28 @@ def observations(results: list[dict]) -> list[str]:
         for r in lost:
             notes.append(f"- {LABELS[variant]}, {r['groups']} groups, prefetch {r['prefetch']}: "
                          f"{r['lost']} lost, {r['duplicates']} duplicated.")
+    return notes
+
+
+def security_cost(results: list[dict]) -> list[str]:
+    """What TLS and SASL PLAIN add per message: the secured node's rows against the plain node's."""
+    notes = []
+    plain = {_row_key(r): r for r in results if r["variant"] == "grouper" and _ok(r)}
+    for secured in sorted((r for r in results if r["variant"] == "grouper-tls" and _ok(r)), key=_row_key):
+        reference = plain.get(_row_key(secured))
+        if reference is None:
+            continue
+        cost, base = secured["broker_cpu_us_per_msg"], reference["broker_cpu_us_per_msg"]
+        # /proc counts CPU in clock ticks, so each row's µs/msg is a multiple of one tick over its messages
+        tick_us = 1e6 / peers.CLOCK_TICKS_PER_S / min(secured["messages"], reference["messages"])
+        notes.append(
+            f"- Security, {secured['groups']:,} groups, prefetch {secured['prefetch']}, durable "
+            f"{'yes' if secured['durable'] else 'no'}: over TLS with SASL PLAIN the broker spent {_number(cost, 1)} "
+            f"µs/msg against {_number(base, 1)} in the clear: TLS costs {cost - base:+.1f} µs per message "
+            f"(±{tick_us:.1f}, one CPU tick over the row's messages; {cost / base:.2f}x); throughput "
+            f"{_number(secured['throughput_per_s'])} against {_number(reference['throughput_per_s'])} msgs/s, "
+            f"client CPU {_number(secured['client_cpu_us_per_msg'])} against "
+            f"{_number(reference['client_cpu_us_per_msg'])} µs/msg.")
     return notes
 
 
@@ -587,6 +623,14 @@ METHOD = """
   2 shared cores that dearer client takes CPU from the broker, so ActiveMQ's msgs/s and its ×Grouper
   ratio measure the client as well as the broker. Compare msgs/s among the AMQP rows (Grouper and
   RabbitMQ share one client); compare broker CPU µs/msg across all systems.
+- **Security rows** (`Grouper over TLS, SASL PLAIN`): a second Grouper node, started beside the
+  first with a users file (one administrator, `grouper user add --password-stdin`, a random password)
+  and a development certificate (`node/certs.py`, made in the run's work dir), runs the 1,000-group,
+  prefetch-100 rows on its amqps port: every client (lean.py, Python `ssl` around the socket, TLS 1.2
+  or later, Python's default ciphers) logs in with SASL PLAIN. Its rows run in the same round as the
+  plain node's rows of the same key (the order rotating as for the other systems); the Observations
+  give the difference in broker CPU per message, the cost of TLS (the login is once per connection,
+  so it is not in the per-message cost). `--security no` leaves them out.
 - **Failures** are reported in the row (`FAILED` and the reason, or a note), never replaced by numbers.
 """
 
@@ -601,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--durable", default="no,yes", help="no, yes, or no,yes")
     parser.add_argument("--paced", default="yes", help="yes: add the paced latency rows (1000 groups, prefetch "
                         "100, not durable, at half the system's own maximum rate)")
+    parser.add_argument("--security", default="yes", help="yes: with grouper, add the security rows (a second "
+                        "node with a users file, over TLS with SASL PLAIN; 1000 groups, prefetch 100)")
     parser.add_argument("--probe-groups", type=int, default=5000,
                         help="extra non-durable rows with this many groups, an ordering probe (0: none)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown report")
@@ -622,6 +668,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown:
         parser.error(f"unknown system(s): {', '.join(unknown)}")
+    if args.security not in ("yes", "no"):
+        parser.error("--security takes yes or no")
     messages = 2000 if args.quick else args.messages
     groups_list = [int(x) for x in args.groups.split(",")]
     prefetch_list = [int(x) for x in args.prefetch.split(",")]
@@ -640,6 +688,11 @@ def main(argv: list[str] | None = None) -> int:
     versions = client_versions()
     variants = [variant for system in systems for variant in VARIANTS[system]]
     rows = matrix(variants, messages, groups_list, prefetch_list, durable_list, args.probe_groups)
+    if args.security == "yes" and "grouper" in systems:
+        secured = security_rows(rows, messages)
+        if secured:
+            rows += secured
+            systems = [*systems, "grouper-tls"]
     paced = paced_rows(variants, messages) if args.paced == "yes" else []
     warmup_messages = {system: 2000 if args.quick else count for system, count in WARMUP_MESSAGES.items()}
     system_results, system_versions = run_interleaved(systems, rows, paced, warmup_messages, work_dir,

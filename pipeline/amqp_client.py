@@ -12,16 +12,27 @@ Rules:
   receiver-settle-mode second: `accept` returns once the node has settled, so the removal is
   applied (and journalled, for durable queues) when it returns.
 - Never used from two threads at once.
+- Security (pipeline/credentials.py): TLS is Python's `ssl` around the socket, its handshake done
+  in the constructor under `timeout_ms`, the node's certificate checked against the address dialled.
+  SASL stays proton's, with the one mechanism `Security.mechanism` names. proton cannot see the
+  TLS around its transport, so PLAIN is allowed as "insecure" to it; that happens only over TLS or
+  to a loopback node. A refused login or handshake raises an error naming the node, who we claimed
+  to be, and what to change; it is not retried on another node (they share their users and CAs).
 """
 
 from __future__ import annotations
 
+import re
 import select
 import socket
+import ssl
 import time
 
 import cproton as pn
 from proton import Collector, Connection, Delivery, Link, Terminus, Transport
+
+from pipeline.credentials import EXTERNAL, NO_SECURITY, PLAIN, CredentialError, Security, is_loopback, password, \
+    tls_context
 
 READ_CHUNK_BYTES = 256 << 10  # one socket read; the transport's capacity bounds it too
 PUMP_EVERY_MESSAGES = 64  # a producer moves bytes after this many sends, so settlements keep flowing
@@ -55,6 +66,18 @@ class ClientTimeout(ClientError):
     pass
 
 
+class AuthenticationFailed(ClientError):
+    """The node refused the SASL login: wrong credentials, or no mechanism both sides allow."""
+
+
+class TlsFailed(ClientError):
+    """The TLS handshake failed: the node's certificate, the client's, or not a TLS port."""
+
+
+_SASL_MECHANISM = re.compile(r"\[mech=([^\]]*)\]")
+_BLOCKED = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
+
 def split_address(address: str) -> tuple[str, int]:
     host, _, port = address.strip().rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -69,22 +92,40 @@ def _condition_text(condition) -> tuple[str, str]:
 
 
 class AmqpConnection:
-    def __init__(self, address: str, timeout_ms: int, container_id: str):
+    def __init__(self, address: str, timeout_ms: int, container_id: str, security: Security = NO_SECURITY):
         self.address = address
         self.timeout_ms = timeout_ms
+        self.security = security
         host, port = split_address(address)
+        mechanism = security.mechanism
+        if mechanism == PLAIN and not security.tls and not is_loopback(host):
+            raise ClientError(f"refusing to send the password of user {security.user!r} unencrypted to the Grouper "
+                              f"node at {address}; set tls to true and use the node's amqps port")
         try:
-            self._socket = socket.create_connection((host, port), timeout=timeout_ms / 1000)
+            secret = password(security) if mechanism == PLAIN else ""
+            context = tls_context(security) if security.tls else None
+        except CredentialError as error:
+            raise ClientError(f"grouper option {error.option!r} on {socket.gethostname()}: {error.problem}") from None
+        try:
+            raw = socket.create_connection((host, port), timeout=timeout_ms / 1000)
         except OSError as error:
             raise NodeUnreachable(f"cannot connect to the Grouper node at {address}: {error.strerror or error}; "
                                   f"check that the node runs and that 'nodes' names its AMQP address") from None
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._socket = self._handshake(raw, context, host) if context is not None else raw
+        self._tls = context is not None
         self._socket.setblocking(False)
-        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.connection = Connection()
         self.connection.container = container_id
         self.connection.hostname = host
         self.transport = Transport()
-        self.transport.sasl().allowed_mechs("ANONYMOUS")
+        sasl = self.transport.sasl()
+        sasl.allowed_mechs(mechanism)
+        if mechanism == PLAIN:
+            # proton sees no TLS (ours is around its transport); the check above keeps PLAIN to TLS or loopback
+            sasl.allow_insecure_mechs = True
+            self.connection.user = security.user
+            self.connection.password = secret
         self.transport.bind(self.connection)
         self.collector = Collector()
         self.connection.collect(self.collector)
@@ -95,7 +136,37 @@ class AmqpConnection:
         self._collector = self.collector._impl
         self._links: dict = {}  # pn_link_t -> the Producer or Consumer that owns it
         self.failure: str = ""  # why the connection is unusable ("" while it is fine)
+        self._failure_error: ClientError | None = None  # a refused login, raised as itself by check()
         self.closed = False
+
+    def _handshake(self, raw: socket.socket, context: ssl.SSLContext, host: str) -> ssl.SSLSocket:
+        """TLS on the connected socket, blocking for at most timeout_ms (the socket's timeout)."""
+        address, files = self.address, self._tls_files()
+        certificate_hint = (f"; a node that asks for client certificates refuses one its tls_ca_file did not sign "
+                            f"(certFile {self.security.cert_file})" if self.security.cert_file else "")
+        try:
+            return context.wrap_socket(raw, server_hostname=host)
+        except ssl.SSLCertVerificationError as error:
+            raw.close()
+            raise TlsFailed(f"TLS with the Grouper node at {address} failed: its certificate was not accepted "
+                            f"({error.verify_message}); {files} must hold the CA that signed the node's certificate, "
+                            f"and the certificate must name {host} (a DNS or IP subject alternative name)") from None
+        except ssl.SSLError as error:
+            raw.close()
+            raise TlsFailed(f"TLS with the Grouper node at {address} failed: {error.reason or error}; is {address} "
+                            f"the node's amqps port (the node prints 'amqps: HOST:PORT')?{certificate_hint}") from None
+        except (TimeoutError, socket.timeout):
+            raw.close()
+            raise NodeUnreachable(f"the Grouper node at {address} did not finish the TLS handshake within "
+                                  f"{self.timeout_ms} ms; is it the node's amqps port?") from None
+        except OSError as error:
+            raw.close()
+            raise TlsFailed(f"TLS with the Grouper node at {address} failed: the node closed the connection "
+                            f"({error.strerror or error}); is {address} the node's amqps port (the node prints "
+                            f"'amqps: HOST:PORT')?{certificate_hint}") from None
+
+    def _tls_files(self) -> str:
+        return f"caFile {self.security.ca_file}" if self.security.ca_file else "the system's CAs (no caFile given)"
 
     # ---- moving bytes and events ---------------------------------------------------------------
 
@@ -105,19 +176,25 @@ class AmqpConnection:
         transport = self._transport
         capacity = pn.pn_transport_capacity(transport)
         pending = pn.pn_transport_pending(transport)
+        # TLS may hold decrypted bytes the socket no longer shows as readable
+        buffered = self._tls and capacity > 0 and self._socket.pending() > 0
         readable, writable, _ = select.select([self._socket] if capacity > 0 else [],
-                                              [self._socket] if pending > 0 else [], [], max(timeout_s, 0))
-        if readable:
+                                              [self._socket] if pending > 0 else [], [],
+                                              0 if buffered else max(timeout_s, 0))
+        if readable or buffered:
             try:
                 data = self._socket.recv(min(capacity, READ_CHUNK_BYTES))
-            except BlockingIOError:
+            except _BLOCKED:
+                data = None
+            except ssl.SSLError as error:  # TLS 1.3: the node judges our certificate after our handshake ended
+                self._tls_alert(error)
                 data = None
             except OSError as error:
                 self._lost(f"reading failed: {error.strerror or error}")
                 data = None
             if data == b"":
                 pn.pn_transport_close_tail(transport)
-                self._lost("the node closed the connection")
+                self._lost(self._closed_early() or "the node closed the connection")
             elif data:
                 pn.pn_transport_push(transport, data)
         if writable:
@@ -130,10 +207,11 @@ class AmqpConnection:
             pending = pn.pn_transport_pending(transport)
             if pending <= 0:
                 return
-            _, data = pn.pn_transport_peek(transport, pending)
+            # a TLS write that would block must be retried with at least the same bytes: pending only grows
+            _, data = pn.pn_transport_peek(transport, min(pending, READ_CHUNK_BYTES))
             try:
                 sent = self._socket.send(data)
-            except BlockingIOError:
+            except _BLOCKED:
                 return
             except OSError as error:
                 pn.pn_transport_close_head(transport)
@@ -165,8 +243,32 @@ class AmqpConnection:
                 self._lost(f"the node closed the connection: {name} {description}".rstrip())
             elif kind == pn.PN_TRANSPORT_ERROR:
                 name, description = _condition_text(self.transport.condition)
+                if name == "amqp:unauthorized-access" and self._failure_error is None and not self.failure:
+                    self._failure_error = self._refused_login(description)
                 self._lost(f"transport error: {name} {description}".rstrip())
             pn.pn_collector_pop(collector)
+
+    def _tls_alert(self, error: ssl.SSLError) -> None:
+        why = error.reason or str(error)
+        if self._failure_error is None and not self.failure:
+            hint = (f"; if the node refused the client certificate {self.security.cert_file}, its tls_ca_file must "
+                    f"hold the CA that signed it, and it must not have expired" if self.security.cert_file else "")
+            self._failure_error = TlsFailed(f"TLS with the Grouper node at {self.address} failed: {why}{hint}")
+        self._lost(f"TLS failed: {why}")
+
+    def _closed_early(self) -> str:
+        if not self.connection.state & Connection.REMOTE_UNINIT:
+            return ""
+        if not self._tls:
+            return (f"the node closed the connection before the AMQP open; if {self.address} is the node's amqps "
+                    f"port, set tls to true")
+        if self.security.cert_file and self._failure_error is None and not self.failure:
+            # the node's TLS refusal of our certificate arrives as a bare close under TLS 1.3
+            self._failure_error = TlsFailed(
+                f"the Grouper node at {self.address} closed the TLS connection before the AMQP open: it refuses a "
+                f"client certificate its tls_ca_file did not sign, or one that expired (certFile "
+                f"{self.security.cert_file}); the node's log says which")
+        return "the node closed the TLS connection before the AMQP open (see the node's log)"
 
     def _lost(self, why: str) -> None:
         if not self.failure:
@@ -174,7 +276,38 @@ class AmqpConnection:
 
     def check(self) -> None:
         if self.failure and not self.closed:
+            if self._failure_error is not None:
+                raise self._failure_error
             raise ClientError(f"connection to the Grouper node at {self.address} failed: {self.failure}")
+
+    def _refused_login(self, description: str) -> AuthenticationFailed:
+        """What to tell the user when the node refused the SASL exchange (proton says which mechanism)."""
+        found = _SASL_MECHANISM.search(description)
+        chosen = found.group(1) if found else ""
+        security, address = self.security, self.address
+        head = f"the Grouper node at {address} refused the login of {security.describe()}"
+        if chosen.lower() == "none":  # the node offered nothing this client allows
+            if security.mechanism == PLAIN:
+                hint = ("the node offers PLAIN only over TLS, or from this host when it runs with "
+                        "--sasl-plain-on-loopback: set tls to true and use its amqps port")
+            elif security.mechanism == EXTERNAL:
+                hint = ("the node offers EXTERNAL only on its amqps port, with --tls-ca-file set, for a certificate "
+                        "that CA signed")
+            else:
+                hint = ("the node has a users file and takes no anonymous clients: set user and passwordFile (or "
+                        "passwordEnv), or certFile and keyFile")
+            return AuthenticationFailed(f"{head}: it offers no mechanism this client may use; {hint}")
+        if security.mechanism == PLAIN:
+            source = (f"passwordFile {security.password_file}" if security.password_file
+                      else f"passwordEnv {security.password_env}")
+            hint = (f"the password or the user is wrong: check the password in {source} and that the node's users "
+                    f"file has {security.user!r} (grouper user list; grouper user passwd sets a new password)")
+        elif security.mechanism == EXTERNAL:
+            hint = ("the certificate's subject common name must be a user in the node's users file "
+                    "(grouper user add NAME)")
+        else:
+            hint = "give credentials: user and passwordFile (or passwordEnv), or certFile and keyFile"
+        return AuthenticationFailed(f"{head} ({description or 'authentication failed'}): {hint}")
 
     def wait(self, condition, what: str, timeout_ms: int | None = None) -> None:
         """Pump until `condition()` holds; raise naming `what` if the connection fails or time runs out."""

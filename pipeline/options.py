@@ -1,8 +1,12 @@
 """The "grouper" format's options: parsed and checked once, on the driver, before any task runs.
 
 Rules:
-- Pure: a mapping of strings in, a frozen dataclass out, or `OptionError` naming the option, what
-  is wrong with its value (with the unit) and what to write instead.
+- A mapping of strings in, a frozen dataclass out, or `OptionError` naming the option, what is
+  wrong with its value (with the unit) and what to write instead. Pure but for the security
+  options: the files and the variable they name are read once here, so a wrong path fails on the
+  driver (pipeline/credentials.py; the tasks read them again where they run).
+- There is no password option: a password in the options would show in Spark's plans and logs. It
+  comes from a file (passwordFile) or an environment variable (passwordEnv).
 - Spark passes option names case-insensitively; they are compared in lower case here. An unknown
   option is an error (a misspelt `groupColum` would otherwise be silently ignored).
 - Limits are named constants with their unit.
@@ -10,7 +14,9 @@ Rules:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from pipeline.credentials import NO_SECURITY, CredentialError, Security, check_combination, check_files
 
 TIMEOUT_MAX_MS = 3_600_000  # one wait for the node: connect, attach, credit, a settlement
 WINDOW_MAX_MESSAGES = 100_000  # unsettled deliveries one sink task keeps in flight
@@ -31,6 +37,7 @@ class Connect:
     queue: str
     timeout_ms: int  # longest wait for the node at any one step
     group_header: str  # "" = the group id is properties.group-id (or JMSXGroupID); else this property
+    security: Security = field(default=NO_SECURITY)  # credentials and TLS (names and paths, never a password)
 
     def nodes_for_task(self, index: int) -> list[str]:
         """The nodes in the order task `index` tries them: spread over nodes, each tried once."""
@@ -61,7 +68,9 @@ class SourceOptions:
     max_messages_per_batch: int  # streaming: a micro-batch holds at most this many
 
 
-_CONNECT_KEYS = {"nodes", "queue", "timeoutms", "groupheader"}
+SECURITY_KEYS = {"user", "passwordfile", "passwordenv", "tls", "cafile", "certfile", "keyfile"}
+_CONNECT_KEYS = {"nodes", "queue", "timeoutms", "groupheader"} | SECURITY_KEYS
+_PASSWORD_KEYS = {"password", "passwd"}  # refused with a pointer to passwordFile and passwordEnv
 SINK_KEYS = _CONNECT_KEYS | {"groupcolumn", "bodycolumn", "propertycolumns", "messageidcolumn", "durable",
                              "unsettledmaxmessages"}
 SOURCE_KEYS = _CONNECT_KEYS | {"mode", "maxmessages", "idletimeoutms", "partitions", "linkunsettledmax",
@@ -78,6 +87,10 @@ def _check_known(values: dict[str, str], known: set[str], kind: str) -> None:
     for key in sorted(values):
         if key in SPARK_KEYS:
             raise OptionError(key, f"the {kind} takes no path; name the queue with option 'queue'")
+        if key in _PASSWORD_KEYS:
+            raise OptionError(key, "a password is never an option (Spark shows options in plans and logs); put it "
+                                   "in a file and give its path as passwordFile (e.g. a mounted Kubernetes Secret), "
+                                   "or name an environment variable with passwordEnv")
         if key not in known and key not in SPARK_OWNED_KEYS:
             raise OptionError(key, f"unknown {kind} option; known options are "
                                    f"{', '.join(sorted(known))} (case does not matter)")
@@ -125,7 +138,25 @@ def _connect(values: dict[str, str]) -> Connect:
     if not values.get("queue", "").strip():
         raise OptionError("queue", "required: the name of the Grouper queue")
     return Connect(nodes, values["queue"].strip(), _integer(values, "timeoutms", 30_000, 1, TIMEOUT_MAX_MS, "ms"),
-                   values.get("groupheader", "").strip())
+                   values.get("groupheader", "").strip(), _security(values, nodes))
+
+
+def _security(values: dict[str, str], nodes: tuple[str, ...]) -> Security:
+    paths = {key: values.get(key, "").strip() for key in ("passwordfile", "passwordenv", "cafile", "certfile",
+                                                          "keyfile")}
+    for key in ("user", *paths):
+        if key in values and not values[key].strip():
+            raise OptionError(key, "is empty; leave the option out instead")
+    security = Security(user=values.get("user", "").strip(), password_file=paths["passwordfile"],
+                        password_env=paths["passwordenv"], ca_file=paths["cafile"], cert_file=paths["certfile"],
+                        key_file=paths["keyfile"],
+                        tls=_boolean(values, "tls", bool(paths["cafile"] or paths["certfile"])))
+    try:
+        check_combination(security, [node.rpartition(":")[0].strip("[]") for node in nodes])
+        check_files(security)
+    except CredentialError as error:
+        raise OptionError(error.option, error.problem) from None
+    return security
 
 
 def parse_sink(options) -> SinkOptions:

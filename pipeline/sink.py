@@ -61,11 +61,13 @@ def check_schema(options: SinkOptions, schema: StructType) -> None:
 
 
 def connect(connect_options: Connect, task_index: int, container_id: str) -> AmqpConnection:
-    """A connection to the first reachable node, starting at one chosen by the task's index."""
+    """A connection to the first reachable node, starting at one chosen by the task's index. Only an
+    unreachable node sends the task to the next one: a refused login or certificate would be refused
+    by every node alike."""
     failures = []
     for address in connect_options.nodes_for_task(task_index):
         try:
-            return AmqpConnection(address, connect_options.timeout_ms, container_id)
+            return AmqpConnection(address, connect_options.timeout_ms, container_id, connect_options.security)
         except NodeUnreachable as error:
             failures.append(str(error))
     raise NodeUnreachable("no Grouper node could be reached: " + "; ".join(failures))
@@ -86,7 +88,7 @@ def write_batches(options: SinkOptions, batches, task_index: int, name: str) -> 
     queue = options.connect.queue
     try:
         connection = connect(options.connect, task_index, name)
-    except NodeUnreachable as error:
+    except ClientError as error:
         raise SinkError(f"grouper sink, queue {queue!r}: {error}") from None
     try:
         producer = Producer(connection, queue, f"{name}-producer", options.window_messages)

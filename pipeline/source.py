@@ -30,7 +30,7 @@ import zlib
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
 from pipeline import messages
-from pipeline.amqp_client import Acquisition, ClientError, NodeUnreachable
+from pipeline.amqp_client import Acquisition, ClientError
 from pipeline.options import LINKS_MAX, OptionError, SourceOptions, parse_source
 from pipeline.sink import connect, task_identity
 
@@ -72,7 +72,7 @@ def read_share(options: SourceOptions, index: int, max_messages: int, name: str)
     queue = options.connect.queue
     try:
         connection = connect(options.connect, index, name)
-    except NodeUnreachable as error:
+    except ClientError as error:
         raise SourceError(f"grouper source, queue {queue!r}: {error}") from None
     acquisition = Acquisition(connection, queue, options.browse, options.link_unsettled_max,
                               _links_max(options, max_messages), name)
@@ -110,7 +110,7 @@ def drained(spark, **options):
     name = f"spark-drained-{uuid.uuid4().hex[:8]}"
     try:
         connection = connect(parsed.connect, 0, name)
-    except NodeUnreachable as error:
+    except ClientError as error:
         raise SourceError(f"grouper source, queue {queue!r}: {error}") from None
     acquisition = Acquisition(connection, queue, False, parsed.link_unsettled_max,
                               _links_max(parsed, parsed.max_messages), name)
