@@ -89,6 +89,14 @@ def _add_node_command(subparsers) -> None:
     security.add_argument("--tls-key-file", metavar="PEM", help="private key of --tls-cert-file")
     security.add_argument("--tls-ca-file", metavar="PEM", help="CAs of client certificates (SASL EXTERNAL)")
     security.add_argument("--amqps-port", type=int, help="AMQP over TLS listener (default 5671)")
+    security.add_argument("--admin-tls-cert-file", metavar="PEM", help="certificate chain: the admin port speaks TLS")
+    security.add_argument("--admin-tls-key-file", metavar="PEM", help="private key of --admin-tls-cert-file")
+    security.add_argument("--admin-tls-ca-file", metavar="PEM",
+                          help="CAs of admin clients' certificates; every admin client must show one (CN = user)")
+    security.add_argument("--metrics-auth", choices=["open", "basic"],
+                          help="/metrics open (default), or HTTP basic auth by a user with manage on '#'")
+    security.add_argument("--http-tls-cert-file", metavar="PEM", help="certificate chain: the HTTP port speaks HTTPS")
+    security.add_argument("--http-tls-key-file", metavar="PEM", help="private key of --http-tls-cert-file")
     cluster = parser.add_argument_group("cluster (leave --peers out for a single node)")
     cluster.add_argument("--peers", metavar="HOST:PORT,...",
                          help="raft addresses of the cluster's nodes; this node's own may be listed too")
@@ -127,7 +135,8 @@ def _add_node_command(subparsers) -> None:
 NODE_FLAG_KEYS = ("host", "amqp_port", "admin_port", "http_port", "data_dir", "auto_create", "default_group", "journal_fsync",
                   "peers", "raft_port", "advertise_host", "handler_timeout_ms", "group_timeout_ms",
                   "owner_failover_ms", "join", "users_file", "allow_anonymous", "sasl_plain_on_loopback",
-                  "tls_cert_file", "tls_key_file", "tls_ca_file", "amqps_port")
+                  "tls_cert_file", "tls_key_file", "tls_ca_file", "amqps_port", "admin_tls_cert_file",
+                  "admin_tls_key_file", "admin_tls_ca_file", "metrics_auth", "http_tls_cert_file", "http_tls_key_file")
 
 NODE_FLAG_KEYS += ("cluster_tls_cert_file", "cluster_tls_key_file", "cluster_tls_ca_file", "cluster_tls_server_name",
                    "peer_port", "raft_secret_file", "allow_insecure_cluster")

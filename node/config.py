@@ -48,6 +48,13 @@ class NodeConfig:
     tls_key_file: str = ""  # PEM private key of tls_cert_file
     tls_ca_file: str = ""  # PEM CAs whose client certificates are accepted (SASL EXTERNAL); "" = none asked for
     amqps_port: int = 5671  # AMQP over TLS listener (with tls_cert_file); 0 picks a free port
+    # admin gRPC port and HTTP port; admin TLS is never inherited from tls_* (give the same paths to share)
+    admin_tls_cert_file: str = ""  # PEM certificate chain; with admin_tls_key_file the admin port speaks TLS only
+    admin_tls_key_file: str = ""  # PEM private key of admin_tls_cert_file
+    admin_tls_ca_file: str = ""  # PEM CAs: every admin client must show a certificate they signed (CN = user)
+    metrics_auth: str = "open"  # /metrics: "open", or "basic" (HTTP basic auth, a user with manage on '#')
+    http_tls_cert_file: str = ""  # PEM certificate chain; with http_tls_key_file the HTTP port speaks HTTPS only
+    http_tls_key_file: str = ""  # PEM private key of http_tls_cert_file
     # ---- cluster (leave peers empty for a single node) ----
     peers: str = ""  # comma-separated raft addresses HOST:PORT of the cluster's nodes (this one may be listed too)
     raft_port: int = 5674  # raft (grouping handler) listener of this node
@@ -90,6 +97,20 @@ class NodeConfig:
                                 "TLS needs both tls_cert_file and tls_key_file")
         if self.tls_ca_file and not self.tls_cert_file:
             raise InvalidConfig("tls_ca_file", "client certificates need TLS: set tls_cert_file and tls_key_file")
+        for prefix, port in (("admin_tls", "admin port"), ("http_tls", "HTTP port")):
+            cert, key = getattr(self, f"{prefix}_cert_file"), getattr(self, f"{prefix}_key_file")
+            if bool(cert) != bool(key):
+                raise InvalidConfig(f"{prefix}_key_file" if cert else f"{prefix}_cert_file",
+                                    f"TLS on the {port} needs both {prefix}_cert_file and {prefix}_key_file")
+        if self.admin_tls_ca_file and not self.admin_tls_cert_file:
+            raise InvalidConfig("admin_tls_ca_file", "client certificates need admin TLS: set admin_tls_cert_file "
+                                                     "and admin_tls_key_file")
+        if self.admin_tls_cert_file and self.peer_list() and not self.cluster_tls_cert_file:
+            raise InvalidConfig("admin_tls_cert_file", "in a cluster, admin TLS needs cluster TLS (cluster_tls_*): "
+                                                       "without it the other members forward messages to the admin "
+                                                       "port in plaintext")
+        if self.metrics_auth not in ("open", "basic"):
+            raise InvalidConfig("metrics_auth", f"expected open or basic, got {self.metrics_auth!r}")
         cluster_tls = [key for key in ("cluster_tls_cert_file", "cluster_tls_key_file", "cluster_tls_ca_file")
                        if getattr(self, key)]
         if cluster_tls and len(cluster_tls) < 3:

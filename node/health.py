@@ -9,21 +9,40 @@ Rules:
   joined with a known raft leader and a caught-up replica); otherwise 503 with the reason in one line.
 - /metrics is the Prometheus text format, built by `prometheus_client` from one snapshot per scrape.
   An engine loop that does not answer in time makes it 503, not a page of stale numbers.
+- Who may read what: /healthz and /readyz are open to every client (supervisors and load balancers
+  carry no credentials). /metrics is open with metrics_auth "open" (as RabbitMQ's Prometheus plugin);
+  with "basic" it needs HTTP basic auth by a user with `manage` on '#': 401 with a challenge without
+  valid credentials, 403 for a user lacking the permission. "basic" on a node without a users file
+  refuses to start: there would be nobody to check against.
+- With http_tls_cert_file and http_tls_key_file the port speaks HTTPS only. The handshake runs on the
+  request's thread, never the accepting one, and the files are read again when they change.
+- Every connection is closed after REQUEST_TIMEOUT_S without a complete request.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import ssl
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from node.admin.credentials import EVERY_QUEUE, Authenticator, Unauthenticated
+from node.core.access import Permission
+from node.core.errors import InvalidConfig
+
 log = logging.getLogger("grouper.health")
 
 PROBE_TIMEOUT_MS = 2000  # an engine loop slower than this to answer a probe counts as not ready
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TEXT = "text/plain; charset=utf-8"
+REQUEST_TIMEOUT_S = 10.0  # a connection idle (or handshaking) this long without a complete request is closed
+METRICS_AUTH_OPEN, METRICS_AUTH_BASIC = "open", "basic"
+CHALLENGE = 'Basic realm="grouper", charset="UTF-8"'  # WWW-Authenticate of a 401
 
 
 class NodeProbe:
@@ -35,13 +54,26 @@ class NodeProbe:
 
 
 class HealthServer:
-    def __init__(self, probe, host: str, port: int):
+    def __init__(self, probe, host: str, port: int, *, security=None, metrics_auth: str = METRICS_AUTH_OPEN,
+                 tls_cert_file: str = "", tls_key_file: str = "", clock_ms=lambda: int(time.monotonic() * 1000)):
+        """`security`: node.security.Security, for metrics_auth "basic"; `tls_*`: serve HTTPS."""
         self._probe = probe
         registry = CollectorRegistry(auto_describe=False)
         registry.register(GrouperCollector(probe))
         self._registry = registry
+        if metrics_auth not in (METRICS_AUTH_OPEN, METRICS_AUTH_BASIC):
+            raise InvalidConfig("metrics_auth", f"expected open or basic, got {metrics_auth!r}")
+        if metrics_auth == METRICS_AUTH_BASIC and (security is None or security.database is None):
+            raise InvalidConfig("metrics_auth", "basic needs a users file to check against, and this node has none: "
+                                                "add a user with manage on '#' (`grouper user add NAME --role "
+                                                "administrator`), or leave metrics_auth open")
+        self._security = security
+        self._metrics_auth = metrics_auth
+        self._authenticator = Authenticator(security)
+        self._clock_ms = clock_ms
+        self._tls = _TlsFiles(tls_cert_file, tls_key_file) if tls_cert_file else None
         handler = type("Handler", (_Handler,), {"server_owner": self})
-        self._httpd = ThreadingHTTPServer((host, port), handler)
+        self._httpd = _Server((host, port), handler, self._tls)
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="http", daemon=True)
@@ -53,35 +85,126 @@ class HealthServer:
         self._httpd.shutdown()
         self._httpd.server_close()
 
-    def answer(self, path: str) -> tuple[int, str, bytes]:
+    @property
+    def scheme(self) -> str:
+        return "https" if self._tls is not None else "http"
+
+    def answer(self, path: str, authorization: str | None = None) -> tuple[int, str, bytes, dict]:
+        """(status, content type, body, extra headers) for a GET of `path` with that Authorization header."""
         if path == "/healthz":
-            return 200, "text/plain; charset=utf-8", b"ok\n"
+            return 200, TEXT, b"ok\n", {}
         if path == "/readyz":
             ready, reason = self._probe.readiness()
-            return (200, "text/plain; charset=utf-8", b"ready\n") if ready else \
-                (503, "text/plain; charset=utf-8", f"not ready: {reason}\n".encode())
+            return (200, TEXT, b"ready\n", {}) if ready else (503, TEXT, f"not ready: {reason}\n".encode(), {})
         if path == "/metrics":
+            refusal = self._refusal(authorization)
+            if refusal is not None:
+                return refusal
             try:
-                return 200, PROMETHEUS_CONTENT_TYPE, generate_latest(self._registry)
+                return 200, PROMETHEUS_CONTENT_TYPE, generate_latest(self._registry), {}
             except TimeoutError as error:
-                return 503, "text/plain; charset=utf-8", f"metrics unavailable: {error}\n".encode()
-        return 404, "text/plain; charset=utf-8", b"not found: try /healthz, /readyz or /metrics\n"
+                return 503, TEXT, f"metrics unavailable: {error}\n".encode(), {}
+        return 404, TEXT, b"not found: try /healthz, /readyz or /metrics\n", {}
+
+    def _refusal(self, authorization: str | None) -> tuple[int, str, bytes, dict] | None:
+        if self._metrics_auth == METRICS_AUTH_OPEN:
+            return None
+        if authorization is None:
+            return (401, TEXT, b"metrics need HTTP basic auth (metrics_auth is basic): give the name and password "
+                               b"of a user with manage on '#'\n", {"WWW-Authenticate": CHALLENGE})
+        try:
+            caller = self._authenticator.identify(authorization, None, self._clock_ms())
+        except Unauthenticated as error:
+            return 401, TEXT, f"{error.description}\n".encode(), {"WWW-Authenticate": CHALLENGE}
+        if not self._security.access.allows(caller.user, Permission.MANAGE, EVERY_QUEUE):
+            log.info("metrics refused to user %r: no manage on '#'", caller.user)
+            return (403, TEXT, f"user {caller.user!r} may not read metrics: that needs manage on every queue "
+                               f"('#'); an administrator can grant it with `grouper role set ROLE --allow "
+                               f"manage:#`\n".encode(), {})
+        return None
 
 
 class _Handler(BaseHTTPRequestHandler):
     server_owner: HealthServer
     protocol_version = "HTTP/1.1"
 
+    timeout = REQUEST_TIMEOUT_S
+
+    def setup(self):
+        super().setup()  # applies `timeout` to the socket, so a stalled handshake ends too
+        if isinstance(self.connection, ssl.SSLSocket):
+            self.connection.do_handshake()
+
     def do_GET(self):  # noqa: N802 (the standard library's name)
-        status, content_type, body = self.server_owner.answer(self.path.split("?", 1)[0])
+        status, content_type, body, headers = self.server_owner.answer(self.path.split("?", 1)[0],
+                                                                       self.headers.get("Authorization"))
         self.send_response(status)
         self.send_header("Content-Type", content_type)
+        for name, value in headers.items():
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
     def log_message(self, format, *args):  # probes every few seconds: keep them out of the node's log
         log.debug("%s %s", self.address_string(), format % args)
+
+
+class _TlsFiles:
+    """The HTTPS certificate and key, loaded into one context again when their files change."""
+
+    def __init__(self, cert_file: str, key_file: str):
+        self._paths = (cert_file, key_file)
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._stamp = self._stamp_now()
+        self._load()
+
+    def _stamp_now(self) -> tuple:
+        stamps = []
+        for path in self._paths:
+            try:
+                status = os.stat(path)
+                stamps.append((status.st_mtime_ns, status.st_size, status.st_ino))
+            except OSError:
+                stamps.append(None)
+        return tuple(stamps)
+
+    def _load(self) -> None:
+        try:
+            self.context.load_cert_chain(*self._paths)
+        except (OSError, ssl.SSLError) as error:
+            raise InvalidConfig("http_tls_cert_file", f"cannot load {self._paths[0]} with key {self._paths[1]}: "
+                                                      f"{error}") from None
+
+    def refresh(self) -> None:
+        """On the accepting thread, per connection: two stats, a load only when a file changed."""
+        stamp = self._stamp_now()
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        try:
+            self._load()
+            log.info("HTTPS certificate reloaded from %s", self._paths[0])
+        except InvalidConfig as error:
+            log.error("HTTPS files not reloaded, the ones loaded before stay in force: %s", error.description)
+
+
+class _Server(ThreadingHTTPServer):
+    def __init__(self, address, handler, tls: _TlsFiles | None):
+        self._tls_files = tls
+        super().__init__(address, handler)
+        if tls is not None:  # the handshake waits for the request's thread (_Handler.setup)
+            self.socket = tls.context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+
+    def get_request(self):
+        if self._tls_files is not None:
+            self._tls_files.refresh()
+        return super().get_request()
+
+    def handle_error(self, request, client_address):
+        # a client that fails its handshake or hangs up is its own business; the default prints a traceback
+        log.debug("HTTP connection from %s failed", client_address, exc_info=True)
 
 
 def _histogram(name: str, documentation: str, tally: dict, labels: dict | None = None,

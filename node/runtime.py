@@ -118,6 +118,7 @@ class LoopControl:
         of the membership tells a change already done (by an earlier try) from one still to make."""
         if self._node.handler is None:
             raise NotAllowed("this node runs alone (no --peers): there is no raft cluster to change")
+        change = getattr(self._node.handler, change)  # by name: a node alone has no handler to take it from
         timeout_ms = self._node.config.admin_timeout_ms
         deadline_s = time.monotonic() + timeout_ms / 1000
         retry_until_s = time.monotonic() + timeout_ms / 2000  # half: the denial must reach the client in its deadline
@@ -149,10 +150,10 @@ class LoopControl:
             time.sleep(MEMBERSHIP_RETRY_INTERVAL_MS / 1000)
 
     def add_member(self, node_id: str) -> None:
-        self._membership(self._node.handler.add_member, node_id, adding=True)
+        self._membership("add_member", node_id, adding=True)
 
     def remove_member(self, node_id: str) -> int:
-        self._membership(self._node.handler.remove_member, node_id, adding=False)
+        self._membership("remove_member", node_id, adding=False)
         cluster = self._node.cluster
         keys = self._call(lambda: sorted(key for key, owner in cluster.router.routes.items() if owner == node_id))
         if keys:
@@ -258,6 +259,7 @@ class Node:
                  self.config.data_dir)
 
     def start(self) -> None:
+        from node.admin import tls as admin_tls
         from node.admin.service import serve
 
         self.security = Security.from_config(self.config)
@@ -265,14 +267,18 @@ class Node:
         refusal = insecure_cluster_refusal(self.config, users_database=not self.security.open)
         if refusal:
             raise GrouperError(refusal)
+        admin_files = admin_tls.ServerFiles.from_config(self.config)  # a bad file fails here, before listening
         tls_context = tls.server_context(self.config) if self.config.tls_cert_file else None
         self.server = AmqpServer(self.broker, self.journal, self.config, self.clock_ms, self.security, tls_context)
         self.bridge = self.server.bridge
         self.amqp_port = self._listen("AMQP", self.config.amqp_port, tls=False)
         if tls_context is not None:
             self.amqps_port = self._listen("AMQP over TLS", self.config.amqps_port, tls=True)
-        self.admin_server, self.admin_port = serve(LoopControl(self), self.config.host, self.config.admin_port,
-                                                   add_services=self._add_peer_service)
+        self.admin_server, self.admin_port = serve(
+            LoopControl(self), self.config.host, self.config.admin_port, add_services=self._add_peer_service,
+            security=self.security, credentials=admin_files.credentials() if admin_files is not None else None,
+            peer_credentials=admin_tls.peer_channel_credentials(self.config),
+            peer_server_name=self.config.cluster_tls_server_name)
         if self.cluster is not None:
             self._start_cluster()
         self.journal.start(on_durable=lambda ticket: self.bridge.post(lambda: self.server.journal_durable(ticket)),
@@ -298,7 +304,10 @@ class Node:
         from node.health import HealthServer
 
         try:
-            self.health = HealthServer(self, self.config.host, self.config.http_port)
+            self.health = HealthServer(self, self.config.host, self.config.http_port, security=self.security,
+                                       metrics_auth=self.config.metrics_auth,
+                                       tls_cert_file=self.config.http_tls_cert_file,
+                                       tls_key_file=self.config.http_tls_key_file)
         except OSError as error:
             raise GrouperError(f"cannot listen for HTTP (health, metrics) on {self.config.host}:"
                                f"{self.config.http_port}: {error.strerror}; is another process using the port? "

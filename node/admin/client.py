@@ -5,6 +5,8 @@ Rules:
 - Every call carries the deadline given at construction; none waits for the node to come up.
 - A failed call raises one of the errors below, sorted in one table by who can fix it: the node's
   message and gRPC status travel with the error, so callers never see a `grpc.RpcError`.
+- TLS and credentials are given, never looked up here: `credentials` (node.admin.tls) make the
+  channel TLS, `metadata` (node.admin.credentials.basic_metadata) travels with every call.
 """
 
 from __future__ import annotations
@@ -40,11 +42,18 @@ class NodeFailure(AdminError):
     """The node answered with a failure: not found, already exists, a limit, or a node bug."""
 
 
+class AccessDenied(AdminError):
+    """UNAUTHENTICATED (credentials missing or wrong) or PERMISSION_DENIED (the user lacks `manage`):
+    give other credentials, or have an administrator grant the permission; the message says which."""
+
+
 # Status codes absent from this table are NodeFailure.
 ERROR_BY_STATUS: dict[grpc.StatusCode, type[AdminError]] = {
     grpc.StatusCode.UNAVAILABLE: NodeUnreachable,
     grpc.StatusCode.DEADLINE_EXCEEDED: NodeUnreachable,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
+    grpc.StatusCode.UNAUTHENTICATED: AccessDenied,
+    grpc.StatusCode.PERMISSION_DENIED: AccessDenied,
 }
 
 
@@ -67,13 +76,21 @@ def _count_request(count: int | None) -> dict:
 
 
 class AdminClient:
-    def __init__(self, address: str = DEFAULT_NODE_ADDRESS, timeout_ms: int = TIMEOUT_MS_DEFAULT):
+    def __init__(self, address: str = DEFAULT_NODE_ADDRESS, timeout_ms: int = TIMEOUT_MS_DEFAULT, *,
+                 credentials: grpc.ChannelCredentials | None = None, metadata: tuple[tuple[str, str], ...] = (),
+                 server_name: str = ""):
+        """`server_name`: with TLS, the name the node's certificate must carry instead of the host dialled."""
         if timeout_ms < 1:
             raise ValueError(f"timeout_ms must be >= 1, got {timeout_ms}")
         self.address = address
         self.timeout_ms = timeout_ms
+        self._metadata = tuple(metadata)
         # the admin API is always dialled directly: an http_proxy meant for web traffic must not apply
-        self._channel = grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)])
+        options = [("grpc.enable_http_proxy", 0)]
+        if server_name:
+            options.append(("grpc.ssl_target_name_override", server_name))
+        self._channel = (grpc.insecure_channel(address, options=options) if credentials is None
+                         else grpc.secure_channel(address, credentials, options=options))
         self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
 
     def close(self) -> None:
@@ -87,7 +104,7 @@ class AdminClient:
 
     def _call(self, method, request):
         try:
-            return method(request, timeout=self.timeout_ms / 1000)
+            return method(request, timeout=self.timeout_ms / 1000, metadata=self._metadata or None)
         except grpc.RpcError as error:
             code = error.code()
             error_type = ERROR_BY_STATUS.get(code, NodeFailure)

@@ -5,26 +5,40 @@ Rules:
   validation. Queue flags come from `node.cli` so `grouper node` config and `queue add` agree.
 - Results go to stdout (tables, or JSON with `--json`); failures go to stderr, and the exit status
   says who can fix them, in one table: 1 the node refused (its message is quoted), 2 bad usage or
-  a value the node rejected, 3 the node could not be reached.
+  a value the node rejected, 3 the node could not be reached, 4 the node did not accept the
+  credentials or the user lacks the permission.
+- Who calls: `--user` (or $GROUPER_USER) with a password from `--password-stdin`, $GROUPER_PASSWORD
+  or a terminal prompt, never from a flag (it would show in `ps`); TLS with `--ca`, and a client
+  certificate with `--cert` and `--key` (or $GROUPER_CA, $GROUPER_CERT, $GROUPER_KEY). A password is
+  never sent unencrypted to a node that is not on this host's loopback address.
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import sys
 
-from node.admin.client import (DEFAULT_NODE_ADDRESS, TIMEOUT_MS_DEFAULT, AdminClient, AdminError,
+from node.admin.client import (DEFAULT_NODE_ADDRESS, TIMEOUT_MS_DEFAULT, AccessDenied, AdminClient, AdminError,
                                InvalidRequest, NodeFailure, NodeUnreachable)
+from node.admin.credentials import basic_metadata
 from node.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_queue_flags, queue_settings_from_args
 from node.core.errors import InvalidConfig
 
 EXIT_UNREACHABLE = 3
+EXIT_DENIED = 4
 NODE_ENV = "GROUPER_NODE"
+USER_ENV = "GROUPER_USER"
+PASSWORD_ENV = "GROUPER_PASSWORD"
+CA_ENV = "GROUPER_CA"
+CERT_ENV = "GROUPER_CERT"
+KEY_ENV = "GROUPER_KEY"
 
 # First match wins.
 EXIT_BY_ERROR: tuple[tuple[type[AdminError], int], ...] = (
+    (AccessDenied, EXIT_DENIED),
     (NodeUnreachable, EXIT_UNREACHABLE),
     (InvalidRequest, EXIT_USAGE),
     (NodeFailure, EXIT_FAILED),
@@ -62,6 +76,56 @@ def _resolve_node(args: argparse.Namespace) -> str:
         raise InvalidConfig(NODE_ENV, str(error)) from None
 
 
+def _is_loopback_address(address: str) -> bool:
+    from node.security import is_loopback
+
+    return is_loopback(address.rpartition(":")[0].strip("[]"))
+
+
+def _read_password(user: str, args: argparse.Namespace, address: str) -> str:
+    if args.password_stdin:
+        line = sys.stdin.readline()
+        password = line[:-1] if line.endswith("\n") else line
+        if not password:
+            raise InvalidConfig("--password-stdin", "read an empty line; pipe in one line holding the password")
+        return password
+    if PASSWORD_ENV in os.environ:
+        if not os.environ[PASSWORD_ENV]:
+            raise InvalidConfig(PASSWORD_ENV, "is set but empty")
+        return os.environ[PASSWORD_ENV]
+    if not sys.stdin.isatty():
+        raise InvalidConfig("--user", f"no password for {user}: pipe it in with --password-stdin, set "
+                                      f"${PASSWORD_ENV}, or run on a terminal to be asked")
+    return getpass.getpass(f"password for {user} at {address}: ")
+
+
+def _client_options(args: argparse.Namespace, address: str) -> tuple[dict, str]:
+    """AdminClient's credentials (TLS) and metadata (the user's password) from flags and environment,
+    and which TLS that is ("", "server", "certificate") for the hints of `_describe`."""
+    from node.admin.tls import channel_credentials
+
+    def flag_or_environment(name: str, env: str) -> tuple[str, str]:  # (value, what to name in an error)
+        if getattr(args, name) or not os.environ.get(env):
+            return getattr(args, name) or "", f"--{name}"
+        return os.environ[env], env
+
+    (ca, cert, key), keys = zip(*(flag_or_environment(name, env)
+                                  for name, env in (("ca", CA_ENV), ("cert", CERT_ENV), ("key", KEY_ENV))))
+    tls = bool(ca or cert or key)
+    options: dict = {"credentials": channel_credentials(ca, cert, key, keys=keys) if tls else None}
+    tls_used = "certificate" if cert else ("server" if tls else "")
+    user = args.user or os.environ.get(USER_ENV, "")
+    if args.password_stdin and not user:
+        raise InvalidConfig("--password-stdin", f"says whose password with --user NAME (or ${USER_ENV})")
+    if user:
+        if not tls and not _is_loopback_address(address):
+            raise InvalidConfig("--user", f"the password would cross the network to {address} unencrypted: give "
+                                          f"--ca PEM to talk TLS to the node (its admin_tls_cert_file), or run the "
+                                          f"command on the node's host against its loopback address")
+        options["metadata"] = basic_metadata(user, _read_password(user, args, address))
+    return options, tls_used
+
+
 # ---- wiring ----------------------------------------------------------------------------------
 
 def register(subparsers) -> None:
@@ -70,6 +134,14 @@ def register(subparsers) -> None:
                             help=f"admin address of the node (default: ${NODE_ENV} or {DEFAULT_NODE_ADDRESS})")
     connection.add_argument("--timeout-ms", metavar="MS", type=_positive_int, default=TIMEOUT_MS_DEFAULT,
                             help=f"deadline of the call (default {TIMEOUT_MS_DEFAULT})")
+    who = connection.add_argument_group("credentials (README: Security)")
+    who.add_argument("--user", metavar="NAME", help=f"log in as NAME (default ${USER_ENV}); the password comes "
+                                                    f"from --password-stdin, ${PASSWORD_ENV} or a prompt")
+    who.add_argument("--password-stdin", action="store_true", help="read the password from one line of stdin")
+    who.add_argument("--ca", metavar="PEM", help=f"talk TLS, trusting these CAs (default ${CA_ENV})")
+    who.add_argument("--cert", metavar="PEM", help=f"client certificate for TLS; its CN is the user unless --user "
+                                                   f"is given (default ${CERT_ENV})")
+    who.add_argument("--key", metavar="PEM", help=f"private key of --cert (default ${KEY_ENV})")
 
     def command(parent, name: str, action, help_text: str) -> argparse.ArgumentParser:
         parser = parent.add_parser(name, parents=[connection], help=help_text, description=help_text)
@@ -125,22 +197,33 @@ def register(subparsers) -> None:
 
 def _run(action, args: argparse.Namespace) -> int:
     address = _resolve_node(args)
+    options, tls = _client_options(args, address)  # bad flags fail here, before any call
     try:
-        with AdminClient(address, args.timeout_ms) as client:
+        with AdminClient(address, args.timeout_ms, **options) as client:
             action(client, args)
             return EXIT_OK
     except AdminError as error:
         exit_code = next(code for error_type, code in EXIT_BY_ERROR if isinstance(error, error_type))
-        print(_describe(error, args.timeout_ms), file=sys.stderr)
+        print(_describe(error, args.timeout_ms, tls), file=sys.stderr)
         return exit_code
 
 
-def _describe(error: AdminError, timeout_ms: int) -> str:
+def _describe(error: AdminError, timeout_ms: int, tls: str = "") -> str:
+    """`tls`: "" plaintext, "server" TLS without a client certificate, "certificate" with one."""
     if isinstance(error, NodeUnreachable):
         what = (f"no answer from the node at {error.address} within {timeout_ms} ms"
                 if error.status == "DEADLINE_EXCEEDED" else f"cannot reach the node at {error.address}")
+        hint = ""
+        if error.status == "UNAVAILABLE":
+            hint = {"": "; if the node serves admin TLS, give --ca PEM (and --cert/--key when it asks for a "
+                        "client certificate)",
+                    "server": "; check that --ca trusts the node's certificate, and give --cert/--key if the node "
+                              "asks for a client certificate",
+                    "certificate": "; check that --ca, --cert and --key fit the node's admin TLS"}[tls]
         return (f"grouper: {what} ({error.status}: {error.message}); check that the node is running "
-                f"and that --node or ${NODE_ENV} gives its admin address")
+                f"and that --node or ${NODE_ENV} gives its admin address{hint}")
+    if isinstance(error, AccessDenied) and error.status == "UNAUTHENTICATED":
+        return f"grouper: the node at {error.address} did not accept the credentials ({error.status}): {error.message}"
     return f"grouper: the node at {error.address} refused ({error.status}): {error.message}"
 
 

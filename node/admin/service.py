@@ -5,21 +5,32 @@ Rules:
   which posts into the engine loop thread and waits with a deadline.
 - Settings are validated by the node (`QueueSettings.from_dict`), so a bad value fails with
   INVALID_ARGUMENT naming the field whatever client sent it.
+- Every call is identified (`node.admin.credentials`) and authorized before its work: each method
+  needs `manage` on the queues its request names, in one table, `QUEUES_MANAGED`; cluster-wide
+  methods need it on '#'. ListQueues is open to every identified caller and lists the queues it may
+  manage or browse. An answer spanning the cluster asks the other members with the caller's own
+  credentials, so each member authorizes the caller itself.
 - Failures become status codes in one table, `STATUS_BY_ERROR`; an error it does not know is a bug,
-  logged here with its traceback and reported as INTERNAL.
+  logged here with its traceback and reported as INTERNAL. Refused callers are logged at INFO.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from concurrent import futures
+from typing import Callable
 
 import grpc
 
-from node.admin.client import AdminClient, AdminError, NodeFailure
+from node.admin.client import AccessDenied, AdminClient, AdminError, NodeFailure
 from node.admin.control import NodeControl
+from node.admin.credentials import (EVERY_QUEUE, Authenticator, Caller, Unauthenticated, authorization_of,
+                                    check_manage, may_see)
+from node.admin.tls import certificate_user
+from node.core.access import Access
 from node.core.errors import (AlreadyExists, GrouperError, HandlerUnavailable, InvalidConfig, InvalidField,
-                              NotAllowed, NotFound, ResourceDeleted, ResourceLimitExceeded)
+                              NotAllowed, NotFound, ResourceDeleted, ResourceLimitExceeded, Unauthorized)
 from node.core.settings import QueueSettings
 from proto import admin_pb2, admin_pb2_grpc
 
@@ -43,11 +54,28 @@ STATUS_BY_ERROR: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (InvalidConfig, grpc.StatusCode.INVALID_ARGUMENT),
     (ResourceLimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (ResourceDeleted, grpc.StatusCode.NOT_FOUND),  # deleted while we looked: for the caller it is gone
-    (NotAllowed, grpc.StatusCode.FAILED_PRECONDITION),  # no authorization here: it is a state rule
+    (NotAllowed, grpc.StatusCode.FAILED_PRECONDITION),  # a state rule, not a permission
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),  # the caller's credentials are missing or wrong
+    (Unauthorized, grpc.StatusCode.PERMISSION_DENIED),  # the caller lacks `manage`; an administrator grants it
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),  # the engine loop did not answer within the bridge deadline
     (NodeUnavailable, grpc.StatusCode.UNAVAILABLE),  # another member needed for the answer is down
     (HandlerUnavailable, grpc.StatusCode.UNAVAILABLE),  # the raft cluster could not commit the change
 )
+
+
+# The queues each method touches, all needing `manage`; a method missing here is refused (see _answer).
+QUEUES_MANAGED: dict[str, Callable[[object], tuple[str, ...]]] = {
+    "ListQueues": lambda request: (),  # every caller; the answer holds only the queues it may see (may_see)
+    "AddQueue": lambda request: (request.settings.name,),
+    "DeleteQueue": lambda request: (request.queue,),
+    "ListGroups": lambda request: (request.queue,),
+    "ResetGroups": lambda request: (request.queue,),
+    "PurgeGroup": lambda request: (request.queue,),
+    "MoveGroup": lambda request: (request.queue, request.destination_queue),
+    "AddMember": lambda request: (EVERY_QUEUE,),
+    "RemoveMember": lambda request: (EVERY_QUEUE,),
+    "ClusterStatus": lambda request: (EVERY_QUEUE,),
+}
 
 
 def status_for(error: BaseException) -> grpc.StatusCode:
@@ -100,39 +128,67 @@ def _raft_address(node: str) -> str:
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
-    def __init__(self, control: NodeControl):
+    def __init__(self, control: NodeControl, security=None, peer_credentials: grpc.ChannelCredentials | None = None,
+                 peer_server_name: str = "", clock_ms: Callable[[], int] = lambda: int(time.monotonic() * 1000)):
+        """`security`: node.security.Security (None: an open node, as in tests of the API alone);
+        `peer_credentials`: TLS to dial the other members' admin ports with, when admin TLS is on, and
+        `peer_server_name` the name their certificates carry if not the host dialled."""
         self._control = control
+        self._security = security
+        self._authenticator = Authenticator(security)
+        self._peer_credentials = peer_credentials
+        self._peer_server_name = peer_server_name
+        self._clock_ms = clock_ms
 
-    def _answer(self, request, context: grpc.ServicerContext, work):
+    def _access(self) -> Access:
+        return self._security.access if self._security is not None else _OPEN_ACCESS
+
+    def _identify(self, context: grpc.ServicerContext) -> Caller:
+        return self._authenticator.identify(authorization_of(context.invocation_metadata() or ()),
+                                            certificate_user(context.auth_context() or {}), self._clock_ms())
+
+    def _answer(self, method: str, request, context: grpc.ServicerContext, work: Callable[[Caller], object]):
+        caller = None
         try:
-            return work()
+            caller = self._identify(context)
+            check_manage(self._access(), caller, QUEUES_MANAGED[method](request))
+            return work(caller)
         except Exception as error:  # every failure leaves as a status code; see STATUS_BY_ERROR
             code = status_for(error)
             if code is grpc.StatusCode.INTERNAL:
                 log.exception("admin call %s failed: %s", type(request).__name__, request)
+            elif code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                who = "unidentified caller" if caller is None else f"user {caller.user!r}"
+                log.info("admin call %s from %s (%s) refused: %s", method, context.peer(), who, error)
             context.abort(code, _message_for(error, code))
 
     def ListQueues(self, request, context):
-        return self._answer(request, context, lambda: admin_pb2.ListQueuesResponse(
-            queues=[queue_stats_to_pb(stats) for stats in self._control.list_queues()]))
+        return self._answer("ListQueues", request, context, lambda caller: admin_pb2.ListQueuesResponse(
+            queues=[queue_stats_to_pb(stats) for stats in self._control.list_queues()
+                    if may_see(self._access(), caller, stats["name"])]))
 
     def AddQueue(self, request, context):
-        def work():
+        def work(caller):
             stats = self._control.add_queue(settings_from_pb(request.settings))
             return admin_pb2.AddQueueResponse(queue=queue_stats_to_pb(stats))
-        return self._answer(request, context, work)
+        return self._answer("AddQueue", request, context, work)
 
     def DeleteQueue(self, request, context):
-        def work():
+        def work(caller):
             self._control.delete_queue(request.queue)
             return admin_pb2.DeleteQueueResponse()
-        return self._answer(request, context, work)
+        return self._answer("DeleteQueue", request, context, work)
 
-    def _everywhere(self, request, local, remote):
-        """Run `local()` here and, in a cluster, `remote(client)` on every other member.
+    def _member_client(self, address: str, caller: Caller) -> AdminClient:
+        return AdminClient(address, timeout_ms=PEER_CALL_TIMEOUT_MS, credentials=self._peer_credentials,
+                           metadata=caller.forwarded, server_name=self._peer_server_name)
+
+    def _everywhere(self, request, caller: Caller, local, remote):
+        """Run `local()` here and, in a cluster, `remote(client)` on every other member, as the caller.
 
         Returns (node, result) pairs; a queue unknown on some nodes is skipped there, and unknown
-        everywhere is NotFound. A member that cannot be reached fails the call, naming it."""
+        everywhere is NotFound. A member that cannot be reached fails the call, naming it; so does
+        one that refuses the caller (the members' users files differ)."""
         results = []
         missing = None
         try:
@@ -143,10 +199,18 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             if missing is not None:
                 raise missing
             return results
-        for node, address in self._control.peers():
-            with AdminClient(address, timeout_ms=PEER_CALL_TIMEOUT_MS) as client:
+        peers = self._control.peers()
+        if peers and caller.by_certificate:
+            raise NotAllowed(f"user {caller.user!r} is known here by a client certificate, which this node cannot "
+                             f"pass on to the other members; give --user and a password for commands that "
+                             f"span the cluster")
+        for node, address in peers:
+            with self._member_client(address, caller) as client:
                 try:
                     results.append((node, remote(client)))
+                except AccessDenied as error:
+                    raise Unauthorized(f"node {node} ({address}) refused: {error.message} (do all members read "
+                                       f"the same users file?)") from None
                 except NodeFailure as error:
                     if error.status != "NOT_FOUND":
                         raise NodeUnavailable(f"node {node} ({address}) failed: {error.message}") from None
@@ -158,50 +222,50 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         return results
 
     def ListGroups(self, request, context):
-        def work():
-            results = self._everywhere(request, lambda: self._control.list_groups(request.queue),
+        def work(caller):
+            results = self._everywhere(request, caller, lambda: self._control.list_groups(request.queue),
                                        lambda client: client.list_groups(request.queue, local_only=True))
             return admin_pb2.ListGroupsResponse(groups=[group_row_to_pb(row, node) for node, rows in results
                                                         for row in rows])
-        return self._answer(request, context, work)
+        return self._answer("ListGroups", request, context, work)
 
     def ResetGroups(self, request, context):
         group = request.group if request.HasField("group") else None
-        return self._answer(request, context, lambda: admin_pb2.ResetGroupsResponse(groups_reset=sum(
-            count for _, count in self._everywhere(
-                request, lambda: self._control.reset_groups(request.queue, group),
+        return self._answer("ResetGroups", request, context, lambda caller: admin_pb2.ResetGroupsResponse(
+            groups_reset=sum(count for _, count in self._everywhere(
+                request, caller, lambda: self._control.reset_groups(request.queue, group),
                 lambda client: client.reset_groups(request.queue, group, local_only=True)))))
 
     def PurgeGroup(self, request, context):
-        def work():
+        def work(caller):
             count = _messages_max(request)
             return admin_pb2.PurgeGroupResponse(messages_purged=sum(n for _, n in self._everywhere(
-                request, lambda: self._control.purge_group(request.queue, request.group, count),
+                request, caller, lambda: self._control.purge_group(request.queue, request.group, count),
                 lambda client: client.purge_group(request.queue, request.group, count, local_only=True))))
-        return self._answer(request, context, work)
+        return self._answer("PurgeGroup", request, context, work)
 
     def MoveGroup(self, request, context):
-        def work():
+        def work(caller):
             count = _messages_max(request)
             return admin_pb2.MoveGroupResponse(messages_moved=sum(n for _, n in self._everywhere(
-                request, lambda: self._control.move_group(request.queue, request.group,
-                                                          request.destination_queue, count),
+                request, caller, lambda: self._control.move_group(request.queue, request.group,
+                                                                  request.destination_queue, count),
                 lambda client: client.move_group(request.queue, request.group, request.destination_queue,
                                                  count, local_only=True))))
-        return self._answer(request, context, work)
+        return self._answer("MoveGroup", request, context, work)
 
     def AddMember(self, request, context):
-        def work():
+        def work(caller):
             self._control.add_member(_raft_address(request.node))
             return admin_pb2.MemberResponse()
-        return self._answer(request, context, work)
+        return self._answer("AddMember", request, context, work)
 
     def RemoveMember(self, request, context):
-        return self._answer(request, context, lambda: admin_pb2.MemberResponse(
+        return self._answer("RemoveMember", request, context, lambda caller: admin_pb2.MemberResponse(
             routes_dropped=self._control.remove_member(_raft_address(request.node))))
 
     def ClusterStatus(self, request, context):
-        def work():
+        def work(caller):
             status = self._control.cluster_status()
             response = admin_pb2.ClusterStatusResponse(
                 clustered=status["clustered"], node=status.get("node", ""), leader=status.get("leader", ""),
@@ -219,21 +283,38 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 elif not member.get("admin_address"):
                     row.error = "not registered yet: its addresses are not in the route table"
                     continue
+                elif caller.by_certificate:
+                    row.error = "not asked: a client certificate cannot be passed on; log in with --user to see it"
+                    continue
                 else:
                     try:
-                        with AdminClient(member["admin_address"], timeout_ms=PEER_CALL_TIMEOUT_MS) as client:
+                        with self._member_client(member["admin_address"], caller) as client:
                             queues = client.list_queues()
+                    except AccessDenied as error:
+                        row.error = f"refused: {error.message}"
+                        continue
                     except AdminError as error:
                         row.error = f"unreachable: {error.message}"
                         continue
                 row.queues.extend(queue_stats_to_pb(stats) for stats in queues)
             return response
-        return self._answer(request, context, work)
+        return self._answer("ClusterStatus", request, context, work)
+
+
+_OPEN_ACCESS = Access.open()
 
 
 def serve(control: NodeControl, host: str, port: int, *, workers: int = WORKERS_DEFAULT,
-          add_services=None) -> tuple[grpc.Server, int]:
+          add_services=None, security=None, credentials: grpc.ServerCredentials | None = None,
+          peer_credentials: grpc.ChannelCredentials | None = None, peer_server_name: str = ""
+          ) -> tuple[grpc.Server, int]:
     """Start the admin API on host:port (0 picks a free port); returns the server and its port.
+
+    `security` (node.security.Security) identifies and authorizes callers; None serves an open API.
+    `credentials` (node.admin.tls.ServerFiles.credentials()) serve TLS for every service on the port,
+    the ones `add_services` adds included; None serves plaintext. `peer_credentials` is the TLS this
+    node dials the other members' admin ports with, `peer_server_name` the name their certificates
+    carry when it is not the host dialled.
 
     Raises GrouperError naming host:port when it cannot listen there, as the AMQP listener does,
     so `grouper node` reports it as a failed start rather than a traceback."""
@@ -244,12 +325,14 @@ def serve(control: NodeControl, host: str, port: int, *, workers: int = WORKERS_
         options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MESSAGE_LENGTH_MAX_BYTES),
                  ("grpc.max_send_message_length", MESSAGE_LENGTH_MAX_BYTES)],
     )
-    admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(control), server)
+    servicer = AdminServicer(control, security, peer_credentials, peer_server_name)
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(servicer, server)
     if add_services is not None:  # the node-to-node service shares the listener
         add_services(server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound_port = server.add_insecure_port(address)
+        bound_port = (server.add_insecure_port(address) if credentials is None
+                      else server.add_secure_port(address, credentials))
     except RuntimeError:  # newer grpcio raises instead of returning 0
         bound_port = 0
     if bound_port == 0:
