@@ -82,13 +82,18 @@ def _is_loopback_address(address: str) -> bool:
     return is_loopback(address.rpartition(":")[0].strip("[]"))
 
 
+def password_from_stdin() -> str:
+    """`--password-stdin`: one line, its newline dropped; never empty."""
+    line = sys.stdin.readline()
+    password = line[:-1] if line.endswith("\n") else line
+    if not password:
+        raise InvalidConfig("--password-stdin", "read an empty line; pipe in one line holding the password")
+    return password
+
+
 def _read_password(user: str, args: argparse.Namespace, address: str) -> str:
     if args.password_stdin:
-        line = sys.stdin.readline()
-        password = line[:-1] if line.endswith("\n") else line
-        if not password:
-            raise InvalidConfig("--password-stdin", "read an empty line; pipe in one line holding the password")
-        return password
+        return password_from_stdin()
     if PASSWORD_ENV in os.environ:
         if not os.environ[PASSWORD_ENV]:
             raise InvalidConfig(PASSWORD_ENV, "is set but empty")

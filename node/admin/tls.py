@@ -21,19 +21,12 @@ import threading
 
 import grpc
 
+from node.amqp.tls import read_pem
 from node.core.errors import InvalidConfig
 
 log = logging.getLogger("grouper.admin.tls")
 
 COMMON_NAME_KEY = "x509_common_name"  # gRPC's auth context key of a verified client certificate's CN
-
-
-def _read(path: str, key: str) -> bytes:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except OSError as error:
-        raise InvalidConfig(key, f"cannot read {path}: {error.strerror or error}") from None
 
 
 def _check(cert_file: str, key_file: str, ca_file: str) -> None:
@@ -85,8 +78,8 @@ class ServerFiles:
         cert_file, key_file, ca_file = self._paths
         _check(cert_file, key_file, ca_file)
         return grpc.ssl_server_certificate_configuration(
-            [(_read(key_file, "admin_tls_key_file"), _read(cert_file, "admin_tls_cert_file"))],
-            root_certificates=_read(ca_file, "admin_tls_ca_file") if ca_file else None)
+            [(read_pem(key_file, "admin_tls_key_file"), read_pem(cert_file, "admin_tls_cert_file"))],
+            root_certificates=read_pem(ca_file, "admin_tls_ca_file") if ca_file else None)
 
     def credentials(self) -> grpc.ServerCredentials:
         return grpc.dynamic_ssl_server_credentials(self._initial, self._fetch,
@@ -119,9 +112,9 @@ def channel_credentials(ca_file: str = "", cert_file: str = "", key_file: str = 
         raise InvalidConfig(keys[1] if not cert_file else keys[2], f"a client certificate needs both {keys[1]} "
                                                                    f"and {keys[2]}")
     return grpc.ssl_channel_credentials(
-        root_certificates=_read(ca_file, keys[0]) if ca_file else None,
-        private_key=_read(key_file, keys[2]) if key_file else None,
-        certificate_chain=_read(cert_file, keys[1]) if cert_file else None)
+        root_certificates=read_pem(ca_file, keys[0]) if ca_file else None,
+        private_key=read_pem(key_file, keys[2]) if key_file else None,
+        certificate_chain=read_pem(cert_file, keys[1]) if cert_file else None)
 
 
 def peer_channel_credentials(config) -> grpc.ChannelCredentials | None:
@@ -130,14 +123,14 @@ def peer_channel_credentials(config) -> grpc.ChannelCredentials | None:
     when the members ask for client certificates this node shows its own admin certificate."""
     if not config.admin_tls_cert_file:
         return None
-    roots = b"".join(_read(path, key) + b"\n" for path, key in ((config.admin_tls_ca_file, "admin_tls_ca_file"),
+    roots = b"".join(read_pem(path, key) + b"\n" for path, key in ((config.admin_tls_ca_file, "admin_tls_ca_file"),
                                                                 (config.cluster_tls_ca_file, "cluster_tls_ca_file"))
                      if path)
     shows_certificate = bool(config.admin_tls_ca_file)
     return grpc.ssl_channel_credentials(
         root_certificates=roots or None,
-        private_key=_read(config.admin_tls_key_file, "admin_tls_key_file") if shows_certificate else None,
-        certificate_chain=_read(config.admin_tls_cert_file, "admin_tls_cert_file") if shows_certificate else None)
+        private_key=read_pem(config.admin_tls_key_file, "admin_tls_key_file") if shows_certificate else None,
+        certificate_chain=read_pem(config.admin_tls_cert_file, "admin_tls_cert_file") if shows_certificate else None)
 
 
 def certificate_user(auth_context: dict) -> str | None:

@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-from node.admin.commands import _table
+from node.admin.commands import _table, password_from_stdin
 from node.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from node.core.access import ADMINISTRATOR, ADMINISTRATOR_GRANTS, ANONYMOUS, Grant, Permission
 from node.core.errors import AlreadyExists, InvalidConfig, NotAllowed, NotFound
@@ -142,11 +142,7 @@ def _describe(error: BaseException, path: str) -> str:
 
 def _read_password(name: str, args: argparse.Namespace) -> str:
     if args.password_stdin:
-        line = sys.stdin.readline()
-        password = line[:-1] if line.endswith("\n") else line
-        if not password:
-            raise InvalidConfig("--password-stdin", "read an empty line; pipe in one line holding the password")
-        return password
+        return password_from_stdin()
     if not sys.stdin.isatty():
         raise InvalidConfig("password", "no terminal to ask on; pipe the password in with --password-stdin")
     first = getpass.getpass(f"password for {name}: ")

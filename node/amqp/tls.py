@@ -44,6 +44,15 @@ def _load(context: ssl.SSLContext, config) -> None:
         context.verify_mode = ssl.CERT_OPTIONAL
 
 
+def read_pem(path: str, key: str) -> bytes:
+    """A PEM file's bytes for gRPC's credentials; InvalidConfig naming the setting `key` if unreadable."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as error:
+        raise InvalidConfig(key, f"cannot read {path}: {error.strerror or error}") from None
+
+
 def files_stamp(config) -> tuple:
     stamps = []
     for path in (config.tls_cert_file, config.tls_key_file, config.tls_ca_file):

@@ -32,6 +32,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from node.amqp.tls import read_pem
 from node.core.errors import InvalidConfig
 from node.security import is_loopback
 
@@ -55,9 +56,9 @@ class TlsMaterial:
 
 def read_tls_material(cert_file: str, key_file: str, ca_file: str, now: datetime.datetime) -> TlsMaterial:
     """Reads and checks the three files; InvalidConfig names the setting and file at fault."""
-    certificate_chain = _read(cert_file, "cluster_tls_cert_file")
-    private_key = _read(key_file, "cluster_tls_key_file")
-    ca_certificates = _read(ca_file, "cluster_tls_ca_file")
+    certificate_chain = read_pem(cert_file, "cluster_tls_cert_file")
+    private_key = read_pem(key_file, "cluster_tls_key_file")
+    ca_certificates = read_pem(ca_file, "cluster_tls_ca_file")
     try:
         chain = x509.load_pem_x509_certificates(certificate_chain)
     except ValueError:
@@ -112,14 +113,6 @@ def _issued_by(certificate: x509.Certificate, issuer: x509.Certificate) -> bool:
     except (InvalidSignature, ValueError, TypeError):  # a bad signature, another issuer's name, a key type
         return False
     return True
-
-
-def _read(path: str, key: str) -> bytes:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except OSError as error:
-        raise InvalidConfig(key, f"cannot read {path}: {error.strerror or error}") from None
 
 
 def _stamps(paths) -> tuple:
@@ -242,7 +235,7 @@ def read_raft_secrets(path: str) -> tuple[str, ...]:
         # pysyncobj checks each message's connection nonce and timestamp with `assert`, which -O removes
         raise InvalidConfig("raft_secret_file", "python -O drops the checks pysyncobj makes on encrypted raft "
                                                 "messages; run the node without -O")
-    data = _read(path, "raft_secret_file")
+    data = read_pem(path, "raft_secret_file")
     if len(data) > RAFT_SECRET_FILE_BYTES_MAX:
         raise InvalidConfig("raft_secret_file", f"{path} is {len(data)} bytes; a secret file is at most "
                                                 f"{RAFT_SECRET_FILE_BYTES_MAX}")
