@@ -70,7 +70,7 @@ def run(args) -> int:
                   + (f"  raft {raft[node.index]}" if raft else ""), flush=True)
         print(f"security: {nodes[0].security}", flush=True)
         if raft:
-            leader = _wait_leader(nodes[0].admin, stop)
+            leader = _wait_leader(nodes[0].http, stop)
             print(f"leader: {leader or '(none yet; see grouper cluster status)'}", flush=True)
         print("ready; Ctrl-C stops the cluster", flush=True)
         while not stop.wait(0.5):
@@ -86,19 +86,24 @@ def run(args) -> int:
         print("stopped", flush=True)
 
 
-def _wait_leader(admin_address: str, stop: threading.Event) -> str:
-    from node.admin.client import AdminClient, AdminError
+def _wait_leader(http_address: str, stop: threading.Event) -> str:
+    """The raft leader from a node's /metrics: open on every node by default, where the admin API of a
+    node with users would ask for credentials `grouper up` does not have."""
+    import urllib.request
 
     deadline = time.monotonic() + LEADER_WAIT_S
-    with AdminClient(admin_address, timeout_ms=2000) as client:
-        while time.monotonic() < deadline and not stop.is_set():
-            try:
-                leader = client.cluster_status()["leader"]
-            except AdminError:
-                leader = ""
-            if leader:
-                return leader
-            stop.wait(0.2)
+    while time.monotonic() < deadline and not stop.is_set():
+        try:
+            with urllib.request.urlopen(f"http://{http_address}/metrics", timeout=2) as response:
+                text = response.read().decode()
+        except OSError:
+            text = ""
+        for line in text.splitlines():
+            if line.startswith('grouper_raft_leader{leader="') and not line.endswith(" 0.0"):
+                leader = line.split('"', 2)[1]
+                if leader:
+                    return leader
+        stop.wait(0.2)
     return ""
 
 

@@ -185,6 +185,8 @@ class Access:
         patterns = self._patterns.get((user, permission), ())
         if patterns is None:
             return True
+        if queue == ANY_WORDS:  # "every queue" (cluster-wide calls): only a grant on '#' covers it, not '*'
+            return False
         return any(pattern.matches(queue) for pattern in patterns)
 
     def _denial(self, user: str, permission: Permission, queue: str) -> str:

@@ -242,3 +242,13 @@ def test_remembered_decisions_stay_within_their_bound_and_right(monkeypatch):
             assert access.allows("bob", Permission.SEND, f"orders.q{index}")
             assert not access.allows("bob", Permission.SEND, f"other.q{index}")
             assert len(access._decisions) <= 3
+
+
+def test_every_queue_is_covered_only_by_a_grant_on_every_queue():
+    # '*' matches the one word '#' as a name, but a cluster-wide call asks about every queue
+    access = Access({"one-word": [Grant(frozenset({Permission.MANAGE}), ("*",))],
+                     "all": [Grant(frozenset({Permission.MANAGE}), ("#",))]},
+                    {"carol": ["one-word"], "dave": ["all"]})
+    assert not access.allows("carol", Permission.MANAGE, "#")
+    assert access.allows("carol", Permission.MANAGE, "orders")
+    assert access.allows("dave", Permission.MANAGE, "#")
