@@ -39,6 +39,7 @@ import scramp
 
 from node.core.access import ADMINISTRATOR, ANONYMOUS, Access, Grant
 from node.core.errors import AlreadyExists, InvalidConfig, NotAllowed, NotFound
+from node.store.journal import fsync_directory
 
 FILE_NAME = "users.json"  # in the data directory unless given otherwise
 FORMAT_VERSION = 1
@@ -196,7 +197,7 @@ class UserDatabase:
             except FileNotFoundError:
                 pass
             raise
-        _fsync_directory(directory)  # so the rename itself survives a power loss
+        fsync_directory(directory)  # so the rename itself survives a power loss
 
     # ---- users ---------------------------------------------------------------------------------
 
@@ -430,11 +431,3 @@ def _unb64(text: object, key: str, bad) -> bytes:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise bad(key, "not valid base64") from None
-
-
-def _fsync_directory(directory: str) -> None:
-    handle = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)

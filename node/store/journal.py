@@ -419,7 +419,7 @@ class Journal:
             os.close(fd)
             raise
         try:  # the rename is done; from here the new file is the journal whatever happens
-            _fsync_directory(self.directory)
+            fsync_directory(self.directory)
         except OSError as error:
             log.error("journal %s: fsync of directory %s after compaction failed (%s); a crash "
                       "before the next successful sync may bring back the old file", self.path,
@@ -448,7 +448,7 @@ class Journal:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             if not existed:
                 try:
-                    _fsync_directory(self.directory)
+                    fsync_directory(self.directory)
                 except OSError:
                     os.close(fd)
                     raise
@@ -509,7 +509,8 @@ def _write_all(fd: int, data: bytes, offset: int) -> int:
     return offset
 
 
-def _fsync_directory(directory: str) -> None:
+def fsync_directory(directory: str) -> None:
+    """So a file created or renamed in `directory` survives a power loss."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
