@@ -167,6 +167,19 @@ class NodeConfig:
 _FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
 
 
+def files_stamp(paths) -> tuple:
+    """Changes whenever one of the files does (a Secret's update swaps a symlink, so the inode changes):
+    per path (mtime_ns, size, inode), or None for a path that is empty or cannot be read."""
+    stamps = []
+    for path in paths:
+        try:
+            status = os.stat(path) if path else None
+        except OSError:
+            status = None
+        stamps.append((status.st_mtime_ns, status.st_size, status.st_ino) if status else None)
+    return tuple(stamps)
+
+
 def _coerce(key: str, value, source: str):
     default = _FIELDS[key].default
     if isinstance(default, bool):

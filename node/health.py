@@ -22,7 +22,6 @@ Rules:
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 import threading
 import time
@@ -32,6 +31,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from node.admin.credentials import EVERY_QUEUE, Authenticator, Unauthenticated
+from node.config import files_stamp
 from node.core.access import Permission
 from node.core.errors import InvalidConfig
 
@@ -157,18 +157,9 @@ class _TlsFiles:
         self._paths = (cert_file, key_file)
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
-        self._stamp = self._stamp_now()
+        self._stamp = files_stamp(self._paths)
         self._load()
 
-    def _stamp_now(self) -> tuple:
-        stamps = []
-        for path in self._paths:
-            try:
-                status = os.stat(path)
-                stamps.append((status.st_mtime_ns, status.st_size, status.st_ino))
-            except OSError:
-                stamps.append(None)
-        return tuple(stamps)
 
     def _load(self) -> None:
         try:
@@ -179,7 +170,7 @@ class _TlsFiles:
 
     def refresh(self) -> None:
         """On the accepting thread, per connection: two stats, a load only when a file changed."""
-        stamp = self._stamp_now()
+        stamp = files_stamp(self._paths)
         if stamp == self._stamp:
             return
         self._stamp = stamp

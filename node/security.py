@@ -23,7 +23,7 @@ import os
 from node.amqp.sasl import SaslServer
 from node.core.access import Access
 from node.core.errors import GrouperError, InvalidConfig
-from node.users import UserDatabase, bootstrap
+from node.users import UserDatabase, bootstrap, stamp
 
 log = logging.getLogger("grouper.security")
 
@@ -45,7 +45,7 @@ class Security:
         self.users_path = users_path
         self.database = database
         self.access = database.access() if database is not None else Access.open()
-        self._file_stamp = _stamp(users_path)
+        self._file_stamp = stamp(users_path)
         self._bad_stamp = None  # the stamp of a file that did not read, logged once
 
     @classmethod
@@ -106,10 +106,10 @@ class Security:
 
     def refresh(self) -> bool:
         """Read the users file again if it changed; True if the database in force changed."""
-        stamp = _stamp(self.users_path)
-        if stamp == self._file_stamp:
+        current = stamp(self.users_path)
+        if current == self._file_stamp:
             return False
-        if stamp is None:
+        if current is None:
             if self.database is not None and self._bad_stamp != "gone":
                 self._bad_stamp = "gone"
                 log.error("%s is gone; the users read before stay in force until it is back", self.users_path)
@@ -117,19 +117,13 @@ class Security:
         try:
             database = UserDatabase.load(self.users_path)
         except (GrouperError, OSError) as error:
-            if self._bad_stamp != stamp:
-                self._bad_stamp = stamp
+            if self._bad_stamp != current:
+                self._bad_stamp = current
                 log.error("%s did not read (%s); the users read before stay in force", self.users_path, error)
             return False
-        self._file_stamp, self._bad_stamp = stamp, None
+        self._file_stamp, self._bad_stamp = current, None
         self.database, self.access = database, database.access()
         log.info("users reloaded from %s: %d users", self.users_path, len(database.users()))
         return True
 
 
-def _stamp(path: str):
-    try:
-        status = os.stat(path)
-    except OSError:
-        return None
-    return status.st_mtime_ns, status.st_size, status.st_ino

@@ -37,6 +37,7 @@ from typing import Iterable, Mapping
 
 import scramp
 
+from node.config import files_stamp
 from node.core.access import ADMINISTRATOR, ANONYMOUS, Access, Grant
 from node.core.errors import AlreadyExists, InvalidConfig, NotAllowed, NotFound
 from node.store.journal import fsync_directory
@@ -346,12 +347,8 @@ def bootstrap(path: str, environ: Mapping[str, str]) -> str | None:
 
 
 def stamp(path: str) -> tuple[int, int, int] | None:
-    """Changes whenever the file does (a Secret's update swaps a symlink, so the inode changes); None if absent."""
-    try:
-        status = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return status.st_ino, status.st_size, status.st_mtime_ns
+    """Changes whenever the file does; None if absent (node.config.files_stamp)."""
+    return files_stamp((path,))[0]
 
 
 def _strip_one_newline(text: str) -> str:

@@ -15,13 +15,13 @@ Rules:
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 import threading
 
 import grpc
 
 from node.amqp.tls import read_pem
+from node.config import files_stamp
 from node.core.errors import InvalidConfig
 
 log = logging.getLogger("grouper.admin.tls")
@@ -43,15 +43,6 @@ def _check(cert_file: str, key_file: str, ca_file: str) -> None:
             raise InvalidConfig("admin_tls_ca_file", f"cannot load {ca_file}: {error}") from None
 
 
-def _stamp(paths) -> tuple:
-    stamps = []
-    for path in paths:
-        try:
-            status = os.stat(path) if path else None
-        except OSError:
-            status = None
-        stamps.append((status.st_mtime_ns, status.st_size, status.st_ino) if status else None)
-    return tuple(stamps)
 
 
 class ServerFiles:
@@ -60,7 +51,7 @@ class ServerFiles:
     def __init__(self, cert_file: str, key_file: str, ca_file: str = ""):
         self._paths = (cert_file, key_file, ca_file)
         self._lock = threading.Lock()  # gRPC may ask from several threads at once
-        self._stamp = _stamp(self._paths)
+        self._stamp = files_stamp(self._paths)
         self._failed_stamp = None
         self._initial = self._configuration()
 
@@ -87,7 +78,7 @@ class ServerFiles:
 
     def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
         """gRPC calls this before each handshake: a new configuration when the files changed, else None."""
-        stamp = _stamp(self._paths)
+        stamp = files_stamp(self._paths)
         if stamp == self._stamp:
             return None
         with self._lock:

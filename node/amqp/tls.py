@@ -15,9 +15,9 @@ Rules:
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 
+from node.config import files_stamp as config_files_stamp
 from node.core.errors import InvalidConfig
 
 log = logging.getLogger("grouper.tls")
@@ -54,14 +54,7 @@ def read_pem(path: str, key: str) -> bytes:
 
 
 def files_stamp(config) -> tuple:
-    stamps = []
-    for path in (config.tls_cert_file, config.tls_key_file, config.tls_ca_file):
-        try:
-            status = os.stat(path) if path else None
-        except OSError:
-            status = None
-        stamps.append((status.st_mtime_ns, status.st_size) if status else None)
-    return tuple(stamps)
+    return config_files_stamp((config.tls_cert_file, config.tls_key_file, config.tls_ca_file))
 
 
 def reload(context: ssl.SSLContext, config) -> bool:

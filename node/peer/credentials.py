@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from node.amqp.tls import read_pem
+from node.config import files_stamp
 from node.core.errors import InvalidConfig
 from node.security import is_loopback
 
@@ -115,16 +115,6 @@ def _issued_by(certificate: x509.Certificate, issuer: x509.Certificate) -> bool:
     return True
 
 
-def _stamps(paths) -> tuple:
-    stamps = []
-    for path in paths:
-        try:
-            status = os.stat(path)
-        except OSError:
-            stamps.append(None)
-            continue
-        stamps.append((status.st_mtime_ns, status.st_size, status.st_ino))
-    return tuple(stamps)
 
 
 class ClusterTls:
@@ -136,7 +126,7 @@ class ClusterTls:
         self.server_name = server_name  # checked in every peer's certificate instead of the host dialled
         self._clock = clock
         self._lock = threading.Lock()
-        self._stamps = _stamps(self.paths)
+        self._stamps = files_stamp(self.paths)
         self.material = read_tls_material(*self.paths, now=_utc_now())
         self.generation = 1
         self._checked_s = clock()
@@ -156,7 +146,7 @@ class ClusterTls:
             if now_s - self._checked_s < RELOAD_CHECK_INTERVAL_S:
                 return False
             self._checked_s = now_s
-            stamps = _stamps(self.paths)
+            stamps = files_stamp(self.paths)
             if stamps == self._stamps or stamps == self._bad_stamps:
                 return False
             try:

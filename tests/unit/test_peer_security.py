@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from node import certs
-from node.config import NodeConfig
+from node.config import NodeConfig, files_stamp
 from node.core.errors import InvalidConfig
 from node.peer import credentials
 from node.peer.credentials import (RAFT_SECRET_CHARS_MIN, RAFT_SECRETS_MAX, ClusterTls, describe,
@@ -425,7 +425,7 @@ def _unchecked(paths, clock) -> ClusterTls:
     tls = ClusterTls.__new__(ClusterTls)
     tls.paths, tls.server_name, tls._clock = paths, "", clock
     tls._lock, tls._bad_stamps, tls._checked_s, tls.generation = threading.Lock(), None, clock(), 1
-    tls._stamps = credentials._stamps(paths)
+    tls._stamps = files_stamp(paths)
     cert, key, ca = (Path(path).read_bytes() for path in paths)
     tls.material = credentials.TlsMaterial(cert, key, ca, "node0", NOW)
     return tls
