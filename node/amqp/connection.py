@@ -67,7 +67,7 @@ class Connection(asyncio.Protocol):
         self.host = peer[0] if peer else "?"
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         socket.set_write_buffer_limits(high=self.output_max_bytes)
-        self.engine.connected(self, socket.get_extra_info("ssl_object"))
+        self.engine.gate.connected(self, socket.get_extra_info("ssl_object"))
 
     def data_received(self, data: bytes) -> None:
         if self.sasl is not None:
@@ -82,14 +82,14 @@ class Connection(asyncio.Protocol):
         if step.state == "failed":
             self.sasl = None
             self.socket.pause_reading()
-            self.engine.authentication_failed(self, step)
+            self.engine.gate.failed(self, step)
             return b""
         if step.output:
             self.socket.write(step.output)
         if step.state != "authenticated":
             return b""
         self.sasl = None
-        self.engine.authenticated(self, step)
+        self.engine.gate.authenticated(self, step)
         return step.rest
 
     def refuse(self, output: bytes = b"") -> None:

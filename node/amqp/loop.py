@@ -200,17 +200,6 @@ class AmqpServer:
         self._lost.append(connection)
         self.wake()
 
-    # ---- before a connection is served (node/amqp/gate.py) -----------------------------------
-
-    def connected(self, connection: Connection, ssl_object) -> None:
-        self.gate.connected(connection, ssl_object)
-
-    def authenticated(self, connection: Connection, step) -> None:
-        self.gate.authenticated(connection, step)
-
-    def authentication_failed(self, connection: Connection, step) -> None:
-        self.gate.failed(connection, step)
-
     def _wake_from_thread(self) -> None:  # any thread: the bridge has closures waiting
         self.loop.call_soon_threadsafe(self._drain_bridge)
 
