@@ -243,7 +243,7 @@ def stamp_enqueued_time(payload: bytes, enqueued_at_ms: int) -> bytes:
         annotations = dict(message.annotations or {})
         annotations[symbol(ENQUEUED_TIME_ANNOTATION)] = timestamp(enqueued_at_ms)
         message.annotations = annotations
-        return message.encode()
+        return bytes(message.encode())  # proton's encode gives a bytearray; pn_link_send takes bytes only
 
 
 def _splice_annotation(buf: bytes, entry: bytes) -> bytes:
@@ -287,4 +287,4 @@ def rewrite_for_delivery(payload: bytes, delivery_count: int, first_key: str) ->
         properties = dict(message.properties or {})
         properties[first_key] = True
         message.properties = properties
-    return message.encode()
+    return bytes(message.encode())  # as in stamp_enqueued_time

@@ -141,3 +141,12 @@ def test_a_symbolic_section_descriptor_is_stamped_through_proton():
     stamped = Message()
     stamped.decode(codec.stamp_enqueued_time(payload, 9))
     assert stamped.annotations[__import__("proton").symbol("x-opt-enqueued-time")] == 9
+
+
+def test_payloads_rewritten_through_proton_are_bytes_which_pn_link_send_needs():
+    # proton's Message.encode gives a bytearray; handed to pn_link_send it stopped the node (a fuzz case:
+    # a section with a symbolic descriptor, which the splice does not read, went through proton)
+    symbolic = b"amqp:amqp-value:*"
+    payload = b"\x00\xa3" + bytes([len(symbolic)]) + symbolic + b"\xa1\x01x"
+    assert type(codec.stamp_enqueued_time(payload, 5)) is bytes
+    assert type(codec.rewrite_for_delivery(payload, 1, "first")) is bytes
