@@ -21,6 +21,11 @@ decision is then in the raft log, so replicas agree whatever this object believe
   this leader, is failed over (marked down, its routes dropped, its groups placed afresh:
   availability over order). A member that is down and reachable again is marked up, on every tick
   until the log says it is up (a proposal may be lost in a leader change).
+- Follow consumers (with `route_follow_ms`): a (node, queue) whose node holds routes of the queue but
+  has had no consumer on it for `route_follow_ms` under this leader, while another node has some, gets
+  a FollowConsumers (RouteTable.follow_consumers moves those routes; the nodes hand the groups over),
+  proposed again every `route_follow_ms` while it stays so (more than one command's worth of routes,
+  a lost proposal). None while a member is out of reach: it would hold every move up.
 `now_ms` is one clock for both the cutoff written in the log and the waits above; it must be the
 clock the nodes stamp their touches with.
 Never imports pysyncobj, threading, time, socket or grpc.

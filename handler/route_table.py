@@ -10,6 +10,20 @@ order, so the rules are:
   the table by pickling them.
 - Never raises for input from the cluster: a malformed entry gets None or is ignored, because an
   exception inside an applied command would kill the raft tick thread.
+Moves (groups follow their consumers; node/core/cluster_protocol.py has the handover itself):
+- `follow_consumers(queue, from_node, now_ms)`, proposed by the leader's duties, moves the routes of
+  `queue` that name `from_node` to the nodes that consume the queue (fewest routes of the queue
+  first), at most MOVES_PER_COMMAND_MAX a command, and only while `from_node` has no consumer on the
+  queue (or is down) and another node has some: applied late, after consumers came back, it moves
+  nothing. A moving route is never moved again until its move ends.
+- Each moved route gets a move record [from_node, to_node, started_ms, waiting]: `waiting` are the
+  members (registered, not down, plus both ends) that may still hold or send messages of the group
+  toward `from_node`. `move_clear(entries, node)` takes `node` out of `waiting` for each
+  [queue, group, from_node, to_node] that names the move exactly (compare-and-set: a clear of an
+  older move of the same group does nothing). `from_node` is taken out only last: its clear says its
+  backlog and everything it relayed have reached `to_node`. When `waiting` is empty the move ends.
+- A route removed (expire_idle, unroute, drop_queue, fail_over of its node) ends its move; a member
+  failed over is taken out of every `waiting` (availability over order, as failover already is).
 Never imports pysyncobj, threading, time, random, socket, grpc or proton.
 """
 
@@ -23,6 +37,10 @@ ROUTES = "routes"  # [(queue, group, node or None)], None = route removed; at_ms
 REFUSED = "refused"  # [(queue, group)] refused by the table (routes_max reached)
 SNAPSHOT = "snapshot"  # every route [(queue, group, node, touched_ms)], replacing all known before
 MEMBERS = "members"  # {"nodes": ..., "consumers": ..., "down": ...}, copies
+MOVES = "moves"  # [(queue, group, from_node, to_node, waiting)] moves begun or cleared; waiting () = ended
+MOVES_ALL = "moves_all"  # every move in progress, same shape, replacing all known before (after SNAPSHOT)
+
+MOVES_PER_COMMAND_MAX = 1000  # routes one follow_consumers moves; the leader proposes again for the rest
 
 
 def _is_str(value) -> bool:

@@ -22,6 +22,34 @@ acknowledged or received, a raft entry is applied, a proposal failed, a tick, re
   delivered message cannot be taken back. Restarted from its journal, the owner has neither the
   batch nor its high-water mark, and takes the resend once. So a reply's high water is always on
   disk: an earlier failed batch would have stopped the owner before a later one's reply.
+Groups follow their consumers (`follows_consumers`, the node's route_follow_ms > 0; every node of a
+cluster must agree). The leader moves a route from O (no consumer on the queue for route_follow_ms)
+to N (handler/route_table.py: follow_consumers); the log then feeds MOVES, and the handover never
+reorders a (producer, group) nor lets two consumers hold the group:
+- Every node routes the group to N from the moment its replica applies the move. What it routed to
+  O before is in its outbound channel to O, in order. It proposes its move_clear once that channel
+  holds no entry of the group (O acknowledged them: O has them stored).
+- O holds the group in its queue (no new delivery) and waits until nothing of it is in flight: a
+  consumer on O settles, or releases (detach, crash) what it was given. Then it hands the group's
+  available messages to N through its outbound channel to N, in queue order (new forward seqs,
+  journalled as outbound STOREs before the queue's REMOVEs, in one journal batch: a torn tail may
+  duplicate one, never lose one). Forwarded entries of the group that reach O during the move (sent
+  before their source applied it) are relayed the same way instead of enqueued. O proposes its clear
+  last: once every other member has cleared (no more relays can come), the group is empty here and
+  its channel to N holds no entry of the group (N stored them all).
+- N holds the group (enqueues, delivers none) from the moment it enqueues any of its messages before
+  the log makes the group its own and not moving (a handover can reach N before N's replica applied
+  the move), and releases it when the move ends. So N delivers only after every message sent before
+  the move is stored at N behind nothing later, and after O's consumers settled.
+- Moves are driven at `tick` and only while the replica is current (`ready`): a replaying replica
+  may see a move the log already ended. Clears are proposed again every MOVE_CLEAR_RETRY_INTERVAL_MS
+  while this node is still waited for (a lost proposal, a leader change; the command is idempotent).
+- A crash: everything above is journalled or in the log. A restarted node holds every group it
+  recovers messages of until its replica is current (it may no longer own them, or be receiving
+  them); then the rules above resume (O hands over again whatever its journal still held).
+- A member that is down holds a move up (its channel to O may hold the group) until it is back or
+  failed over; the leader proposes no move while a member is out of reach. Consumers moving again
+  mid-handover change nothing: a moving route is not moved again until its move ended.
 Never imports threading, grpc, pysyncobj, socket or time.
 """
 
