@@ -1,11 +1,13 @@
 """The grouping handler of one node: its raft member, the calls the node makes, and the leader's duties.
 
-Threads: pysyncobj's tick thread owns the replica and runs every callback; callers on other threads
-(the engine loop, the admin pool) only enqueue commands, which never blocks, and hear back through the
-callbacks they pass, on the tick thread. The raft leader is the LOCAL handler: every proposal is
-decided in log order there; the other members forward theirs to it (pysyncobj does). The leader
-also has duties, decided by handler/leader_duties.py (the reaper and owner failover); a thread
-of this class only feeds it the clock and the raft status and enqueues the commands it returns.
+It runs in the node's raft member process (handler/member.py), never in the node itself, which
+reaches it through handler/member_process.py. Threads: pysyncobj's tick thread owns the replica and
+runs every callback; callers on other threads (the member's channel reader, the duties thread) only
+enqueue commands, which never blocks, and hear back through the callbacks they pass, on the tick
+thread. The raft leader is the LOCAL handler: every proposal is decided in log order there; the
+other members forward theirs to it (pysyncobj does). The leader also has duties, decided by
+handler/leader_duties.py (the reaper and owner failover); a thread of this class only feeds it the
+clock and the raft status and enqueues the commands it returns.
 
 Raft connections go through handler/raft_transport.py: the dialer names the member it meant to
 reach, and a node closes a connection meant for another (a stale address, an IP reused after a
@@ -78,15 +80,16 @@ class GroupingHandler:
 
     # ---- calls from the node (any thread; none blocks) ---------------------------------------
 
-    def claim(self, keys: list, now_ms: int, on_failed) -> None:
-        """Propose routes for `keys`; decided ones arrive through on_applied; on_failed(keys, reason)."""
+    def claim(self, keys: list, now_ms: int, on_failed, on_committed=None) -> None:
+        """Propose routes for `keys`; decided ones arrive through on_applied; on_failed(keys, reason),
+        else on_committed() once the proposal is in the log."""
         self.replica.claim([list(key) for key in keys], self.node_id, now_ms,
-                           callback=self._callback(lambda reason: on_failed(keys, reason)))
+                           callback=self._callback(lambda reason: on_failed(keys, reason), on_committed))
 
-    def touch(self, entries: list, now_ms: int, on_failed) -> None:
+    def touch(self, entries: list, now_ms: int, on_failed, on_committed=None) -> None:
         """Refresh routes this node relies on: [queue, group, node] each (see RouteTable.touch)."""
         self.replica.touch([list(entry) for entry in entries], now_ms,
-                           callback=self._callback(lambda reason: on_failed(entries, reason)))
+                           callback=self._callback(lambda reason: on_failed(entries, reason), on_committed))
 
     def report_consumers(self, counts: dict, now_ms: int) -> None:
         self.replica.report_consumers(self.node_id, counts, now_ms, callback=self._logged("report_consumers"))

@@ -6,7 +6,7 @@ the server (node/amqp/loop.py), the journal, one Forwarder per owner and the gro
 StopNode ends the process at once (exit 70), for the supervisor to restart it.
 Engine loop thread only, except the callbacks of other threads, which only post to the engine loop
 through the bridge: `handle_forward` (a gRPC pool thread, which then waits for the reply), the
-forwarders' acks and the handler's proposal outcomes (pysyncobj's tick thread).
+forwarders' acks and the handler's proposal outcomes (the raft member channel's reader thread).
 """
 
 from __future__ import annotations
@@ -162,13 +162,13 @@ class ClusterLink:
     def _propose_claim(self, effect: ProposeClaim) -> None:
         self.handler.claim(effect.keys, effect.now_ms, on_failed=self._claim_failed_elsewhere)
 
-    def _claim_failed_elsewhere(self, keys, reason: str) -> None:  # tick thread
+    def _claim_failed_elsewhere(self, keys, reason: str) -> None:  # raft member channel thread
         self.bridge.post(lambda: self.protocol.claim_failed(keys, reason))
 
     def _propose_touch(self, effect: ProposeTouch) -> None:
         self.handler.touch(effect.entries, effect.now_ms, on_failed=self._touch_failed_elsewhere)
 
-    def _touch_failed_elsewhere(self, entries, reason: str) -> None:  # tick thread
+    def _touch_failed_elsewhere(self, entries, reason: str) -> None:  # raft member channel thread
         log.info("refreshing %d routes failed (%s); retrying in %d ms", len(entries), reason,
                  TOUCH_RETRY_INTERVAL_MS)
         self.bridge.post(lambda: self.protocol.touch_failed(self.clock_ms()))
@@ -181,7 +181,7 @@ class ClusterLink:
         self.handler.register(addresses["peer_address"], addresses["amqp_address"], addresses["admin_address"],
                               effect.now_ms, on_done=self._registered_elsewhere)
 
-    def _registered_elsewhere(self, error) -> None:  # tick thread
+    def _registered_elsewhere(self, error) -> None:  # raft member channel thread
         if error is None:
             self.bridge.post(self.protocol.registered_now)
 
@@ -189,10 +189,14 @@ class ClusterLink:
         effect.reply_to(effect.high_water, effect.error)
 
     def _stop_node(self, effect: StopNode) -> None:
-        # at once, as the engine loop stops on a broken invariant: a clean shutdown would go on serving,
-        # while it drains, messages the journal does not hold
-        log.critical("stopping the node: %s; the supervisor restarts it and it recovers from its journal",
-                     effect.reason)
+        self.stop_node(effect.reason)
+
+    @staticmethod
+    def stop_node(reason: str) -> None:
+        """Any thread. At once, as the engine loop stops on a broken invariant: a clean shutdown would
+        go on serving, while it drains, messages the journal does not hold (or, without its raft
+        member, groups it cannot route)."""
+        log.critical("stopping the node: %s; the supervisor restarts it and it recovers from its journal", reason)
         logging.shutdown()
         os._exit(EXIT_STOPPED)
 

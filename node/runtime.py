@@ -363,7 +363,7 @@ class Node:
                              refuse_all(ELSEWHERE) if self.cluster_tls is not None else open_to_all)
 
     def _start_cluster(self) -> None:
-        from handler.service import GroupingHandler
+        from handler.member_process import MemberProcess
 
         config = self.config
         advertised = config.advertise_host or config.host
@@ -377,11 +377,12 @@ class Node:
                 config.forward_timeout_ms)
             peer_port = self.peer_port
         try:
-            self.handler = GroupingHandler(
+            self.handler = MemberProcess(
                 config.node_id, config.peer_list(), os.path.join(config.data_dir, "raft"),
                 on_applied=lambda kind, payload, at_ms: self.bridge.post(
                     lambda: self.cluster.applied(kind, payload, at_ms)),
                 on_ready=lambda: self.bridge.post(self.cluster.ready),
+                on_lost=self.cluster.stop_node,
                 election_timeout_min_ms=config.election_timeout_min_ms,
                 election_timeout_max_ms=config.election_timeout_max_ms,
                 routes_max=config.routes_max, group_timeout_ms=config.group_timeout_ms,

@@ -1,0 +1,124 @@
+"""The channel between a node and its raft member process: whole messages over one socketpair.
+
+A message is any plain-data value (tuples, lists, dicts, str, int, float, bool, None), pickled, with
+a 4-byte big-endian length in front. Rules:
+- Only the node and the member process it started hold the two ends: the socketpair is made by the
+  node and handed to the child as an inherited descriptor, never bound to an address, so nothing
+  else can connect, read or write; that is why unpickling what arrives is safe here and nowhere else.
+- `send` never blocks its caller: it appends to a queue that one writer thread drains, many
+  messages per write. The engine loop proposes through it and must not wait for the other process.
+- One reader thread hands each message to `on_message` in arrival order, so the order in which the
+  member applied raft entries is the order in which the node hears of them. When the other end is
+  gone (EOF, a reset, a message longer than MESSAGE_BYTES_MAX) it calls `on_closed(reason)` once.
+Never imports pysyncobj, grpc or proton.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import socket
+import struct
+import threading
+from collections import deque
+
+log = logging.getLogger("grouper.handler")
+
+MESSAGE_BYTES_MAX = 1 << 30  # a snapshot of a million routes is ~60 MB; longer is a broken channel
+READ_CHUNK_BYTES = 1 << 20
+_LENGTH = struct.Struct(">I")
+
+
+class Channel:
+    def __init__(self, sock: socket.socket, name: str, on_message, on_closed):
+        self._sock = sock
+        self._name = name
+        self._on_message = on_message
+        self._on_closed = on_closed
+        self._outbox: deque = deque()
+        self._wake = threading.Condition()
+        self._closing = False
+        self._closed_reported = threading.Lock()
+        self._reported = False
+        self._writer = threading.Thread(target=self._write_loop, name=f"{name}-writer", daemon=True)
+        self._reader = threading.Thread(target=self._read_loop, name=f"{name}-reader", daemon=True)
+
+    def start(self) -> None:
+        self._writer.start()
+        self._reader.start()
+
+    def send(self, message) -> None:
+        frame = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._wake:
+            if self._closing:
+                return  # the other end is gone or going: what the caller wanted is reported lost there
+            self._outbox.append(_LENGTH.pack(len(frame)) + frame)
+            self._wake.notify()
+
+    def close(self, flush_timeout_s: float = 1.0) -> None:
+        """Write what is queued (within `flush_timeout_s`), then shut the socket; the reader ends too."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        if self._writer.is_alive() and self._writer is not threading.current_thread():
+            self._writer.join(flush_timeout_s)
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+
+    # ---- threads -----------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._outbox and not self._closing:
+                    self._wake.wait()
+                if not self._outbox:
+                    return
+                frames = list(self._outbox)
+                self._outbox.clear()
+            try:
+                self._sock.sendall(b"".join(frames))
+            except OSError as error:
+                self._closed(f"writing failed: {error}")
+                return
+
+    def _read_loop(self) -> None:
+        buffer = bytearray()
+        recv = self._sock.recv
+        try:
+            while True:
+                chunk = recv(READ_CHUNK_BYTES)
+                if not chunk:
+                    self._closed("the other end closed the channel")
+                    return
+                buffer += chunk
+                position = 0  # of the next message's length in `buffer`
+                while len(buffer) - position >= _LENGTH.size:
+                    (length,) = _LENGTH.unpack_from(buffer, position)
+                    if length > MESSAGE_BYTES_MAX:
+                        self._closed(f"a message claims {length} bytes, more than {MESSAGE_BYTES_MAX}")
+                        return
+                    start = position + _LENGTH.size
+                    if len(buffer) < start + length:
+                        break
+                    message = pickle.loads(buffer[start:start + length])
+                    position = start + length
+                    self._on_message(message)
+                del buffer[:position]
+        except OSError as error:
+            self._closed(f"reading failed: {error}")
+
+    def _closed(self, reason: str) -> None:
+        with self._closed_reported:
+            if self._reported:
+                return
+            self._reported = True
+        with self._wake:
+            closing = self._closing
+            self._closing = True
+            self._wake.notify()
+        if not closing:
+            self._on_closed(reason)

@@ -1,0 +1,160 @@
+"""The raft member process: one node's grouping handler, in a process of its own beside the node.
+
+Why a process: pysyncobj's tick thread must answer heartbeats within the election timeout (at most
+500 ms). Inside the node it shared one GIL with the engine loop, the journal writer and the gRPC
+pools, and under load it went unscheduled long enough for the followers to elect a new leader with
+nobody down. Here only raft runs, and the kernel schedules it against the node like any process.
+
+`python -m handler.member FD`: FD is the child's end of a socketpair the node made (see
+handler/channel.py for why that channel needs no further authentication). The first message is
+("start", settings); then the node sends requests, and this process sends back what raft did:
+    node -> member                                   member -> node
+    ("claim", id, keys, now_ms)                      ("started",) or ("start_failed", reason)
+    ("touch", id, entries, now_ms)                   ("ready",)
+    ("report_consumers", counts, now_ms)             ("applied", kind, payload, at_ms)
+    ("register", id, peer, amqp, admin, now_ms)      ("done", id, reason or None)
+    ("unroute", keys)   ("drop_queue", queue)        ("status", id, status dict or None, error)
+    ("add_member", id, node)  ("remove_member", id, node)
+    ("status", id)   ("stop",)
+Rules:
+- Only the node ends this process: ("stop",), or the channel closing (the node died, even by
+  SIGKILL). SIGINT, SIGTERM and SIGHUP sent to the node's process group are ignored here, so a
+  Ctrl-C or a supervisor's SIGTERM stops the node, which then stops its member in order.
+- The raft secrets arrive over the channel, never on the command line (ps shows argv).
+- Everything raft reports goes out in the order pysyncobj's tick thread reported it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+
+from handler.channel import Channel
+
+log = logging.getLogger("grouper.handler")
+
+PR_SET_PDEATHSIG = 1  # prctl(2): a signal for this process when its parent dies
+
+
+class Member:
+    def __init__(self, channel_socket: socket.socket):
+        self.handler = None
+        self.stopped = threading.Event()
+        self.channel = Channel(channel_socket, "raft-member", self._on_message, self._on_closed)
+        self._requests = {
+            "claim": self._claim, "touch": self._touch, "report_consumers": self._report_consumers,
+            "register": self._register, "unroute": self._unroute, "drop_queue": self._drop_queue,
+            "add_member": self._add_member, "remove_member": self._remove_member,
+            "status": self._status, "stop": self._stop,
+        }
+
+    # ---- the node's messages (channel reader thread) -----------------------------------------
+
+    def _on_message(self, message) -> None:
+        if message[0] == "start":
+            self._start(message[1])
+        elif self.handler is None:
+            log.error("raft member: %r before start; ignored", message[0])
+        else:
+            self._requests[message[0]](*message[1:])
+
+    def _on_closed(self, reason: str) -> None:
+        if not self.stopped.is_set():
+            log.warning("raft member: the node's channel closed (%s); stopping", reason)
+            os._exit(0)  # the node is gone: nobody would hear what this member decides
+
+    def _start(self, settings: dict) -> None:
+        from handler.service import GroupingHandler  # here: the node process never imports pysyncobj
+        send = self.channel.send
+        try:
+            self.handler = GroupingHandler(
+                settings["node_id"], settings["partners"], settings["raft_dir"],
+                on_applied=lambda kind, payload, at_ms: send(("applied", kind, payload, at_ms)),
+                on_ready=lambda: send(("ready",)),
+                election_timeout_min_ms=settings["election_timeout_min_ms"],
+                election_timeout_max_ms=settings["election_timeout_max_ms"],
+                routes_max=settings["routes_max"], group_timeout_ms=settings["group_timeout_ms"],
+                owner_failover_ms=settings["owner_failover_ms"], bind_host=settings["bind_host"],
+                raft_secrets=tuple(settings["raft_secrets"]))
+        except Exception as error:  # reported to the node, which says what to fix
+            send(("start_failed", f"{type(error).__name__}: {error}"))
+            return
+        send(("started",))
+
+    def _claim(self, request_id, keys, now_ms) -> None:
+        self.handler.claim(keys, now_ms, on_failed=lambda _keys, reason: self._done(request_id, reason),
+                           on_committed=lambda: self._done(request_id, None))
+
+    def _touch(self, request_id, entries, now_ms) -> None:
+        self.handler.touch(entries, now_ms, on_failed=lambda _entries, reason: self._done(request_id, reason),
+                           on_committed=lambda: self._done(request_id, None))
+
+    def _report_consumers(self, counts, now_ms) -> None:
+        self.handler.report_consumers(counts, now_ms)
+
+    def _register(self, request_id, peer_address, amqp_address, admin_address, now_ms) -> None:
+        self.handler.register(peer_address, amqp_address, admin_address, now_ms,
+                              on_done=lambda reason: self._done(request_id, reason))
+
+    def _unroute(self, keys) -> None:
+        self.handler.unroute(keys)
+
+    def _drop_queue(self, queue) -> None:
+        self.handler.drop_queue(queue)
+
+    def _add_member(self, request_id, node) -> None:
+        self.handler.add_member(node, on_done=lambda reason: self._done(request_id, reason))
+
+    def _remove_member(self, request_id, node) -> None:
+        self.handler.remove_member(node, on_done=lambda reason: self._done(request_id, reason))
+
+    def _status(self, request_id) -> None:
+        try:
+            self.channel.send(("status", request_id, self.handler.status(), None))
+        except TimeoutError as error:
+            self.channel.send(("status", request_id, None, str(error)))
+
+    def _stop(self) -> None:
+        self.stopped.set()
+
+    def _done(self, request_id, reason) -> None:
+        self.channel.send(("done", request_id, reason))
+
+    # ---- lifecycle (main thread) -------------------------------------------------------------
+
+    def run(self) -> int:
+        self.channel.start()
+        self.stopped.wait()
+        if self.handler is not None:
+            self.handler.stop()
+        self.channel.close()
+        return 0
+
+
+def _die_with_parent() -> None:
+    # belt and braces beside the channel's EOF: the kernel kills this process when the node's dies
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the channel's EOF alone ends this process
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    _die_with_parent()
+    if os.getppid() == 1:
+        return 0  # the node died before this process could ask to die with it
+    channel_socket = socket.socket(fileno=int(argv[0]))
+    return Member(channel_socket).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

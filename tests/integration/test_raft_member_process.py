@@ -1,0 +1,111 @@
+"""The raft member runs in a child process of the node (handler/member.py) and lives and dies with it.
+
+What is promised:
+- the node's raft member is a separate process, its child, whose command line carries no secret;
+- it ignores the signals a terminal or a supervisor sends to the node's process group (SIGINT,
+  SIGTERM, SIGHUP): only the node stops it, in order, when it stops;
+- kill -9 of the node ends the member too, and its raft port is free for the node's restart;
+- if the member dies while the node runs, the node stops at once with status 70 and says why, and a
+  restart serves again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cluster import Cluster
+from tests.integration.clients import Client, group_message, queue_toml
+
+WAIT_S = 20.0  # bound of every wait for a process to appear or go
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state == "Z"  # a zombie has ended; its parent (the killed node) will never reap it
+
+
+def wait_until(predicate, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {WAIT_S} s: {what}")
+        time.sleep(0.05)
+
+
+def port_free(port: int) -> bool:
+    probe = socket.socket()
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    cluster = Cluster(tmp_path, size=3, config_text=queue_toml("jobs", durable=True))
+    yield cluster.start()
+    cluster.kill_all()
+
+
+def member_of(node) -> int:
+    found = children(node.process.pid)
+    assert len(found) == 1, f"expected one child process (the raft member) of the node, found {found}"
+    return found[0]
+
+
+def test_the_member_is_a_child_without_secrets_on_its_command_line_and_ignores_signals_to_the_group(cluster):
+    node = cluster.nodes[0]
+    member = member_of(node)
+    argv = Path(f"/proc/{member}/cmdline").read_bytes().split(b"\0")
+    assert argv[1:4] == [b"-m", b"handler.member", argv[3]] and argv[3].isdigit(), argv  # only its channel fd
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        os.kill(member, signum)
+    with Client(node) as client:  # raft still decides routes: a new group is accepted
+        client.producer("jobs").send(group_message("g1", 1))
+    assert not gone(member)
+    assert node.stop() == 0, "\n".join(node.output)
+    wait_until(lambda: gone(member), "the member ended with the node's orderly stop")
+
+
+def test_kill_9_of_the_node_ends_its_member_and_frees_the_raft_port_for_the_restart(cluster):
+    node = cluster.nodes[0]
+    member = member_of(node)
+    node.kill()
+    wait_until(lambda: gone(member), "the member ended after kill -9 of its node")
+    wait_until(lambda: port_free(cluster.raft_ports[0]), "the raft port is free")
+    node.start()
+    cluster.wait_leader()
+    with Client(node) as client:
+        client.producer("jobs").send(group_message("g1", 1))
+
+
+def test_the_members_death_stops_the_node_with_status_70_saying_why_and_a_restart_serves_again(cluster):
+    node = cluster.nodes[0]
+    member = member_of(node)
+    os.kill(member, signal.SIGKILL)
+    assert node.process.wait(WAIT_S) == 70
+    assert any("raft member process ended" in line for line in node.output), "\n".join(node.output[-20:])
+    node.start()
+    cluster.wait_leader()
+    with Client(node) as client:
+        client.producer("jobs").send(group_message("g1", 1))

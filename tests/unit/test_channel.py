@@ -1,0 +1,90 @@
+"""handler/channel.py: whole messages in order over a socketpair, and one report when the other end goes."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+from handler.channel import MESSAGE_BYTES_MAX, Channel
+
+WAIT_S = 30.0  # bound of every wait for the other thread; never a measure of speed
+
+
+class Inbox:
+    def __init__(self, expected: int = 0):
+        self.messages: list = []
+        self.closed: list[str] = []
+        self.expected = expected
+        self.all_in = threading.Event()
+        self.gone = threading.Event()
+
+    def on_message(self, message) -> None:
+        self.messages.append(message)
+        if len(self.messages) >= self.expected:
+            self.all_in.set()
+
+    def on_closed(self, reason: str) -> None:
+        self.closed.append(reason)
+        self.gone.set()
+
+
+def pair(expected: int):
+    left_socket, right_socket = socket.socketpair()
+    left_inbox, right_inbox = Inbox(), Inbox(expected)
+    left = Channel(left_socket, "left", left_inbox.on_message, left_inbox.on_closed)
+    right = Channel(right_socket, "right", right_inbox.on_message, right_inbox.on_closed)
+    left.start()
+    right.start()
+    return left, right, left_inbox, right_inbox
+
+
+def test_messages_arrive_whole_and_in_the_order_sent_however_the_writes_batch_them():
+    sent = [("applied", "routes", [("q", f"g{i}", "n1")] * (i % 7), i) for i in range(5000)]
+    left, right, _, inbox = pair(len(sent))
+    try:
+        for message in sent:
+            left.send(message)
+        assert inbox.all_in.wait(WAIT_S), f"{len(inbox.messages)} of {len(sent)} arrived"
+        assert inbox.messages == sent
+    finally:
+        left.close()
+        right.close()
+
+
+def test_a_message_larger_than_the_socket_buffers_and_the_read_chunk_arrives_whole():
+    snapshot = ("applied", "snapshot", [("jobs", f"group-{i}", "127.0.0.1:5674", i) for i in range(200_000)], None)
+    left, right, _, inbox = pair(2)
+    try:
+        left.send(snapshot)
+        left.send(("ready",))
+        assert inbox.all_in.wait(WAIT_S)
+        assert inbox.messages == [snapshot, ("ready",)]
+    finally:
+        left.close()
+        right.close()
+
+
+def test_the_other_end_closing_is_reported_once_with_a_reason_and_later_sends_are_dropped():
+    left, right, left_inbox, right_inbox = pair(1)
+    right.close()
+    assert left_inbox.gone.wait(WAIT_S)
+    left.send(("claim", 1, [], 0))  # dropped: nobody is there
+    left.close()
+    assert len(left_inbox.closed) == 1 and "closed" in left_inbox.closed[0]
+    assert right_inbox.closed == []  # closing on purpose is no loss to report
+
+
+def test_a_length_beyond_the_limit_closes_the_channel_instead_of_waiting_for_a_gigabyte():
+    raw, channel_socket = socket.socketpair()
+    inbox = Inbox()
+    channel = Channel(channel_socket, "victim", inbox.on_message, inbox.on_closed)
+    channel.start()
+    try:
+        raw.sendall(struct.pack(">I", MESSAGE_BYTES_MAX + 1))
+        assert inbox.gone.wait(WAIT_S)
+        assert inbox.messages == []
+        assert f"more than {MESSAGE_BYTES_MAX}" in inbox.closed[0]
+    finally:
+        channel.close()
+        raw.close()
