@@ -13,6 +13,9 @@ Engine loop thread only (other threads enter through `bridge`). Rules:
 - A producer's delivery is settled as accepted only after the message is in its queue and, for a
   durable queue, its journal batch is on disk; either way at the end of a batch, so many
   settlements share a disposition frame. Refusals are rejections with a condition, at once.
+- A durable send is in the broker (and may be delivered) before its batch is on disk. If the batch
+  fails, the core takes back what no consumer has seen (Broker.take_back) and the producer is refused;
+  a send a consumer already has is refused with a description saying its outcome is unknown.
 - A queue at its depth limit rejects with amqp:resource-limit-exceeded rather than withholding
   credit: a link may carry messages for several queues (anonymous relay), and a rejection tells
   the producer at once which message failed and why.
@@ -45,7 +48,7 @@ from node.amqp.links import Consumer, Producer
 from node.core.durability import CALL, CONSUMER, PRODUCER, Durability
 from node.core.access import Permission
 from node.core.effects import Deliver, DetachConsumer, Dropped, Removed, Stored
-from node.core.errors import GrouperError, NotFound, ResourceLimitExceeded
+from node.core.errors import GrouperError, NotFound, ResourceLimitExceeded, StoreFailed
 from node.core.message import Message, Outcome
 from node.store.journal import failure_condition
 
@@ -294,22 +297,29 @@ class AmqpServer:
         self._top_up_all()  # credit withheld while the journal's backlog was full
 
     def journal_failed(self, ticket: int, reason: str) -> None:
-        """The batch ending at `ticket` could not be written."""
-        log.error("journal write failed: %s; durable sends are refused for %d ms, then tried again", reason,
-                  JOURNAL_RETRY_INTERVAL_MS)
-        for target, kind in self.durability.failed(ticket, reason, self.clock_ms()):
+        """The batch ending at `ticket` could not be written: take back its sends, refuse their producers."""
+        now_ms = self.clock_ms()
+        refused = self.durability.failed(ticket, reason, now_ms)
+        handed_out, effects = self.broker.take_back([w.stored for w in refused if w.stored is not None], now_ms)
+        log.error("journal write failed: %s; %d sends taken back, %d already delivered (their producers are "
+                  "told the outcome is unknown); durable sends are refused for %d ms, then tried again",
+                  reason, handed_out.count(False), handed_out.count(True), JOURNAL_RETRY_INTERVAL_MS)
+        outcome_unknown = iter(handed_out)
+        for target, kind, stored in refused:
             if kind == CALL:
                 target(reason)
                 continue
             link, delivery = target
+            unknown = stored is not None and next(outcome_unknown)
             if not link.alive:
                 continue
             if kind == PRODUCER:
-                self._reject(link, delivery, failure_condition(reason),
-                             f"the node could not store the message: {reason}")
+                error = StoreFailed(reason, outcome_unknown=unknown)
+                self._reject(link, delivery, failure_condition(reason), error.description)
             else:
                 lib.pn_delivery_settle(delivery)
                 self._dirty.add(link.connection)
+        self.apply(effects)
 
     def _confirm(self, target, kind) -> None:
         if kind == CALL:
@@ -655,16 +665,17 @@ class AmqpServer:
         except GrouperError as error:
             self.refuse(incoming, error)
         else:
-            self.accept_when_stored(incoming, durable, producer_settled)
+            self.accept_when_stored(incoming, durable, producer_settled, (queue_name, message))
             self.apply(effects)
 
-    def accept_when_stored(self, incoming, durable, producer_settled) -> None:
+    def accept_when_stored(self, incoming, durable, producer_settled, stored=None) -> None:
+        """`stored`: the (queue name, Message) the send put in the broker, taken back if its batch fails."""
         producer, delivery = incoming
         if producer_settled:
             if producer.alive:
                 lib.pn_delivery_settle(delivery)
         elif durable:
-            self.durability.wait(incoming, PRODUCER)
+            self.durability.wait(incoming, PRODUCER, stored)
         else:
             self._accept_at_batch_end.append(incoming)
 

@@ -6,6 +6,11 @@ Rules:
 - A message moving between queues (move, dead-letter) is `Stored` at its destination before it is
   `Removed` from its source, so a torn journal tail can duplicate it but never lose it.
 - Consumer ids and delivery ids are opaque to the core; the adapter chooses consumer ids.
+- A durable send whose journal write failed is taken back if no consumer, browser or other queue has
+  it yet (`take_back`); otherwise it stays where it is: delivered already, it cannot be unsent, so its
+  producer is told the outcome is unknown. Such a message is in no journal: settled, it is removed
+  with a REMOVE record for a seq the journal never stored, which recovery and compaction ignore;
+  released, it is delivered again from memory; a restart forgets it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import dataclasses
 
 from node.core.effects import DetachConsumer, Dropped, Removed, Stored
 from node.core.errors import AlreadyExists, GrouperError, NotFound
-from node.core.message import Message, Outcome
+from node.core.message import AVAILABLE, Message, Outcome
 from node.core.queue import Queue
 from node.core.settings import QueueSettings
 
@@ -83,6 +88,21 @@ class Broker:
             raise
         self.next_seq += 1
         return effects
+
+    def take_back(self, sends: list[tuple[str, Message]], now_ms: int) -> tuple[list[bool], list]:
+        """Durable sends whose journal batch failed, as (queue name, message) in the order their
+        producers waited: withdraw each one nothing has seen yet. Returns, in the same order, whether
+        each had already been handed out (delivered, browsed, moved or dead-lettered) and so could not
+        be taken back, and the effects to carry out. A send that is gone without being handed out
+        (expired, purged, its queue deleted) counts as taken back: nobody will ever receive it."""
+        handed_out: list[bool] = []
+        effects: list = []
+        for queue_name, message in sends:
+            handed_out.append(message.handed_out)
+            if message.handed_out or message.state != AVAILABLE:
+                continue
+            self.queues[queue_name].withdraw(message, now_ms, effects)  # available: its queue still exists
+        return handed_out, effects
 
     def allocate_seq(self) -> int:
         """A seq for a message that leaves this node (forwarded): it orders the outbound channel."""
@@ -163,6 +183,7 @@ class Broker:
         stored: list = []
         seqs = {m.seq for m in messages}
         for old in messages:
+            old.handed_out = True  # its copy lives on in `target`: a failed write cannot take it back
             message = Message(old.payload, old.group_id, expires_at_ms=old.expires_at_ms,
                               closes_group=old.closes_group, delivery_count=old.delivery_count,
                               enqueued_at_ms=old.enqueued_at_ms, seq=self.next_seq)

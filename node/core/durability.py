@@ -11,13 +11,25 @@ Rules:
   released at the end of that batch.
 - After a failed write, durable sends are refused for `retry_interval_ms`, then tried again: a full
   disk refuses quickly instead of queueing work it cannot store.
+- A producer's waiter remembers the send it put in the broker (queue name, message), so a failed batch
+  hands back what to take back (Broker.take_back) along with whom to refuse.
 """
 
 from __future__ import annotations
 
 import collections
+from typing import NamedTuple
 
 PRODUCER, CONSUMER, CALL = 0, 1, 2  # what waits: a send to accept, a consumer's settlement, a callback
+
+
+class Refused(NamedTuple):
+    """A waiter of a failed batch. `stored`: the (queue name, Message) a producer's send put in the
+    broker, None for every other waiter and for sends held elsewhere (the cluster's outbound store)."""
+
+    target: object
+    kind: int
+    stored: tuple | None
 
 
 class Durability:
@@ -26,32 +38,34 @@ class Durability:
         self.durable_ticket = 0  # every batch up to this ticket is on disk
         self.failure: str | None = None  # the last write's failure, until a write succeeds
         self._retry_at_ms = 0
-        self._batch: list = []  # (target, kind) registered during the batch being built
-        self._pending: collections.deque = collections.deque()  # (ticket, target, kind), ticket order
+        self._batch: list = []  # (target, kind, stored) registered during the batch being built
+        self._pending: collections.deque = collections.deque()  # (ticket, target, kind, stored), ticket order
 
-    def wait(self, target, kind: int) -> None:
-        self._batch.append((target, kind))
+    def wait(self, target, kind: int, stored: tuple | None = None) -> None:
+        """`stored`: for a producer, the (queue name, Message) its send put in the broker."""
+        self._batch.append((target, kind, stored))
 
     def batch_ended(self, ticket: int | None) -> list:
         """The batch was handed to the journal as `ticket` (None: there is no journal, nothing to wait
         for). Returns the (target, kind) pairs released at once."""
         batch, self._batch = self._batch, []
         if ticket is None:
-            return batch
-        self._pending.extend((ticket, target, kind) for target, kind in batch)
+            return [(target, kind) for target, kind, _ in batch]
+        self._pending.extend((ticket, target, kind, stored) for target, kind, stored in batch)
         return self.durable(self.durable_ticket) if batch and ticket <= self.durable_ticket else []
 
     def durable(self, ticket: int) -> list:
         """Every batch up to `ticket` is on disk; returns the waiters that released."""
         self.failure = None
         self.durable_ticket = max(self.durable_ticket, ticket)
-        return self._release(ticket)
+        return [(target, kind) for target, kind, _ in self._release(ticket)]
 
-    def failed(self, ticket: int, reason: str, now_ms: int) -> list:
-        """The batch ending at `ticket` was not written; returns its waiters, which must be refused."""
+    def failed(self, ticket: int, reason: str, now_ms: int) -> list[Refused]:
+        """The batch ending at `ticket` was not written; returns its waiters, which must be refused, each
+        with the send it stored (take those back from the broker before refusing)."""
         self.failure = reason
         self._retry_at_ms = now_ms + self.retry_interval_ms
-        return self._release(ticket)
+        return [Refused(*waiter) for waiter in self._release(ticket)]
 
     def refusing(self, now_ms: int) -> str | None:
         """The reason durable sends are refused now, or None when they are taken."""
@@ -61,6 +75,6 @@ class Durability:
         released = []
         pending = self._pending
         while pending and pending[0][0] <= ticket:
-            _, target, kind = pending.popleft()
-            released.append((target, kind))
+            _, target, kind, stored = pending.popleft()
+            released.append((target, kind, stored))
         return released

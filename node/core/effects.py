@@ -48,6 +48,15 @@ class Removed:
 
 
 @dataclass(frozen=True, slots=True)
+class Withdrawn:
+    """A durable send was taken back, never delivered, because its journal write failed: its STORE never
+    reached the disk, so there is nothing to journal; its producer is refused."""
+
+    queue: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
 class Dropped:
     """A message was discarded without a consumer accepting it; reason is for logs and metrics."""
 

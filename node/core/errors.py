@@ -75,3 +75,27 @@ class HandlerUnavailable(GrouperError):
     amqp_condition = "grouper:grouping-handler-unavailable"
     fault = "node"
     retriable = True
+
+
+class StoreFailed(GrouperError):
+    """A durable send's journal write failed: the node's disk, not the client, is at fault.
+
+    `outcome_unknown` False: the message was taken back and will never be delivered; sending it again is
+    safe. True: a consumer had it before the write failed and may process it, so sending it again may
+    deliver it twice; only the application can tell which it wants. The adapter picks the wire condition
+    from `reason` (a full disk is a resource limit)."""
+
+    fault = "node"
+    retriable = True
+
+    def __init__(self, reason: str, *, outcome_unknown: bool):
+        if outcome_unknown:
+            description = (f"outcome unknown: the node could not store the message ({reason}), but it had "
+                           f"already been delivered to a consumer before the write failed and may be "
+                           f"processed; sending it again may deliver it twice")
+        else:
+            description = (f"the node could not store the message ({reason}); it was not queued and will "
+                           f"not be delivered: send it again once the node's disk is fixed")
+        super().__init__(description)
+        self.reason = reason
+        self.outcome_unknown = outcome_unknown

@@ -17,7 +17,7 @@ REMOVED = 2
 class Message:
     __slots__ = (
         "seq", "group_id", "payload", "size_bytes", "expires_at_ms", "closes_group",
-        "delivery_count", "enqueued_at_ms", "state", "group_key",
+        "delivery_count", "enqueued_at_ms", "state", "group_key", "handed_out",
     )
 
     def __init__(self, payload: bytes, group_id: str | None = None, *, expires_at_ms: int = 0,
@@ -33,6 +33,9 @@ class Message:
         self.enqueued_at_ms = enqueued_at_ms
         self.state = AVAILABLE
         self.group_key = None  # set by the queue: group id, default group, bucket, or None
+        # delivered to a consumer or shown to a browser, or copied to another queue (move, dead-letter):
+        # from then on a failed journal write can no longer take it back (Broker.take_back)
+        self.handed_out = False
 
     def __repr__(self) -> str:
         return f"Message(seq={self.seq}, group={self.group_id!r}, state={self.state})"

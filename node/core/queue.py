@@ -11,6 +11,8 @@ Rules this module keeps:
 - Heap entries are validated lazily: a group records where it was last placed (`placed_in`,
   `placed_seq`); any other entry for it is stale and dropped when met.
 - Nothing grows silently: depth in messages and bytes is bounded by the settings.
+- A durable send whose journal write failed is taken back (`withdraw`) only while no consumer or
+  browser has seen it; once handed out (`Message.handed_out`) it stays the consumer's.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import zlib
 from bisect import bisect_right
 from collections import deque
 
-from node.core.effects import Deliver, DetachConsumer, Dropped, Removed, Stored
+from node.core.effects import Deliver, DetachConsumer, Dropped, Removed, Stored, Withdrawn
 from node.core.errors import GrouperError, InvalidField, NotFound, ResourceDeleted, ResourceLimitExceeded
 from node.core.message import ACQUIRED, AVAILABLE, REMOVED, Message, Outcome
 from node.core.settings import QueueSettings
@@ -373,6 +375,7 @@ class Queue:
 
     def _deliver(self, message: Message, consumer: Consumer, first: bool, effects: list) -> None:
         message.state = ACQUIRED
+        message.handed_out = True
         self.acquired_messages += 1
         self.delivered_total += 1
         delivery_id = consumer.next_delivery_id
@@ -397,6 +400,7 @@ class Queue:
                     continue
                 browser.cursor_seq = message.seq
                 browser.credit -= 1
+                message.handed_out = True  # a browser has seen it: a failed write cannot take it back unseen
                 delivery_id = browser.next_delivery_id
                 browser.next_delivery_id = delivery_id + 1
                 effects.append(Deliver(browser.id, delivery_id, message, False, True))
@@ -460,28 +464,39 @@ class Queue:
 
     # ---- removal -----------------------------------------------------------------------------
 
-    def _remove(self, message: Message, effects: list) -> None:
-        """Forget a message that is available or acquired; the caller fixes group counters."""
+    def _remove(self, message: Message, effects: list, journalled: bool = True) -> None:
+        """Forget a message that is available or acquired; the caller fixes group counters.
+
+        `journalled` False: its STORE never reached the disk (a withdrawn send), so no REMOVE is due."""
         message.state = REMOVED
         self.depth_messages -= 1
         self.depth_bytes -= message.size_bytes
         self._log_removed += 1
         self._log_removed_bytes += message.size_bytes
-        if self.settings.durable:
+        if journalled and self.settings.durable:
             effects.append(Removed(self.settings.name, message.seq))
         if ((self._log_removed > LOG_COMPACT_MIN and self._log_removed * 2 > len(self._log))
                 or self._log_removed_bytes > max(LOG_COMPACT_MIN_BYTES, self.depth_bytes)):
             self._log = [m for m in self._log if m.state != REMOVED]
             self._log_removed = self._log_removed_bytes = 0
 
-    def _take_available(self, message: Message, effects: list) -> None:
+    def _take_available(self, message: Message, effects: list, journalled: bool = True) -> None:
         """Remove an available message from wherever it waits (lazily, via its state)."""
-        self._remove(message, effects)
+        self._remove(message, effects, journalled)
         if message.group_key is not None:
             group = self.groups.get(message.group_key)
             if group is not None:
                 group.available_count -= 1
                 self._place_or_forget(group)
+
+    def withdraw(self, message: Message, now_ms: int, effects: list) -> None:
+        """Take back an available message no consumer or browser has seen: its journal write failed and
+        its producer is refused, so it must never be delivered. Its group is forgotten if that leaves
+        it idle, as after any other removal; an owner it had before this message keeps it."""
+        assert message.state == AVAILABLE and not message.handed_out, message
+        self._take_available(message, effects, journalled=False)
+        effects.append(Withdrawn(self.settings.name, message.seq))
+        self._dispatch(now_ms, effects)
 
     def _expire(self, message: Message, effects: list) -> None:
         self._take_available(message, effects)

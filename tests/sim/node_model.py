@@ -31,8 +31,8 @@ from node.core.cluster_protocol import MARK_PREFIX, ClusterProtocol, Entry, pars
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, DetachConsumer, Dropped,
                                EnqueueLocal, JournalDeclare, JournalRemove, JournalStore, ProposeClaim,
                                ProposeTouch, Refuse, Register, Removed, Reply, ReportConsumers, StopNode,
-                               Stored, SubmitForward)
-from node.core.errors import GrouperError
+                               Stored, SubmitForward, Withdrawn)
+from node.core.errors import GrouperError, StoreFailed
 from node.core.message import Message
 from node.core.settings import QueueSettings
 
@@ -382,10 +382,21 @@ class SimNode:
         """callback(None) once everything journalled so far is durable, callback(reason) if it failed."""
         self._awaiting_flush.append(callback)
 
-    def accept_when_stored(self, delivery, durable: bool, producer_settled: bool) -> None:
+    def accept_when_stored(self, delivery, durable: bool, producer_settled: bool, stored=None) -> None:
+        """`stored`: the (queue name, Message) the send put in the broker; AmqpServer.journal_failed takes
+        it back (Broker.take_back) before refusing, and says when a consumer had it already."""
         assert durable and not producer_settled  # the simulation's producers wait for the outcome
-        self.after_flush(lambda reason: self.sim.producer_outcome(
-            delivery, None if reason is None else GrouperError(f"the node could not store the message: {reason}")))
+
+        def outcome(reason):
+            if reason is None:
+                self.sim.producer_outcome(delivery, None)
+                return
+            unknown = False
+            if stored is not None:
+                [unknown], effects = self.broker.take_back([stored], self.sim.now_ms)
+                self.apply(effects)
+            self.sim.producer_outcome(delivery, StoreFailed(reason, outcome_unknown=unknown))
+        self.after_flush(outcome)
 
     def refuse(self, delivery, error: GrouperError) -> None:
         self.sim.producer_outcome(delivery, error)
@@ -397,7 +408,7 @@ class SimNode:
         except GrouperError as error:
             self.refuse(delivery, error)
         else:
-            self.accept_when_stored(delivery, durable, producer_settled)
+            self.accept_when_stored(delivery, durable, producer_settled, (queue_name, message))
             self.apply(effects)
 
     def apply(self, effects: list, origin=None) -> None:
@@ -421,6 +432,8 @@ class SimNode:
                 self.live[key] = mid_of(effect.message)
             elif kind is Removed:
                 self.journal_remove(effect.queue, effect.seq)
+                self.live.pop((effect.queue, effect.seq), None)
+            elif kind is Withdrawn:  # never stored: nothing to journal
                 self.live.pop((effect.queue, effect.seq), None)
             elif kind is DetachConsumer:
                 self.consumers.pop(effect.consumer_id, None)

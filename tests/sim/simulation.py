@@ -17,10 +17,9 @@ What is modelled (the production classes where they exist):
 - clients: producers bound to one node for their lifetime (a link), sending grouped messages with a
   sequence per (producer, group); consumers that attach, grant credit, accept, release, detach;
 - faults: node crash and restart, leader unavailability, forwarded-batch and ack loss, consumer
-  detach, snapshot installs, failed journal writes (off in the random runs unless journal_fail_rate:
-  the failed-batch bug of node/amqp/loop.py pinned in test_simulation.py would fail every run); a
-  node that stops itself (the protocol's StopNode) is started again `restart_ms` later, as by its
-  supervisor.
+  detach, snapshot installs, failed journal writes (off in the random runs unless journal_fail_rate,
+  which a sweep of its own sets); a node that stops itself (the protocol's StopNode) is started again
+  `restart_ms` later, as by its supervisor.
 What is not: raft elections and log repair (pysyncobj's), the leader's own crash (the log outlives
 any node), network partitions (unreachable = down), member registration, mark_down and owner
 failover, clock skew between nodes, a failed write's bytes surviving in the file until the next
@@ -48,7 +47,7 @@ accepted message was delivered and accepted by a consumer (nothing lost).
 Definitions the invariants use:
 - accepted: the producer heard "accepted" (its message was durable here or in the outbound store);
 - refused: the producer heard a refusal (no route decided in time, a failed journal write); unknown:
-  neither (its node crashed first);
+  neither (its node crashed first), or told so (a failed journal write after a consumer had it);
 - confirmed acceptance: a consumer's accept whose removal reached the journal (the server settles
   the delivery only then);
 - allowed duplicate: a forwarded message recovered by its owner from a torn journal tail that kept
@@ -220,7 +219,7 @@ class Simulation:
         self._next_client = 1
         # what clients saw
         self.sent: dict[str, tuple] = {}  # message id -> (producer, queue, group, seq)
-        self.outcome: dict[str, str] = {}  # message id -> "accepted" | "refused"
+        self.outcome: dict[str, str] = {}  # message id -> "accepted" | "refused" | "unknown" (told so)
         self.delivered_once: set[str] = set()
         self.last_first_delivery: dict[tuple, int] = {}  # (producer, queue, group) -> seq
         self.accepted_by_consumer: set[str] = set()
@@ -338,6 +337,8 @@ class Simulation:
                 self.stats["leader_outages"] += 1
                 self._set_leader(False)
                 self.schedule(down_ms, lambda: self._set_leader(True), "leader up")
+        elif not self._alive_nodes():
+            return  # every node stopped itself (StopNode after failed writes): wait for the supervisor
         elif roll < config.crash_rate + config.leader_down_rate + config.snapshot_rate:
             node = rng.choice(self._alive_nodes())
             self.trace(f"{node.node_id} installs a snapshot at index {self.raft.commit_index}")
@@ -540,6 +541,13 @@ class Simulation:
     def producer_outcome(self, mid: str, error) -> None:
         if mid in self.outcome:
             self.violation(f"{mid} got a second outcome ({error or 'accepted'}) after {self.outcome[mid]}")
+        if error is not None and getattr(error, "outcome_unknown", False):
+            # a failed journal write after a consumer had it: the refusal says so, and nothing else is promised
+            self.outcome[mid] = "unknown"
+            self.trace(f"  {mid} outcome unknown: {error}")
+            if mid not in self.delivered_once:
+                self.violation(f"{mid} was refused as 'outcome unknown' but no consumer ever had it")
+            return
         self.outcome[mid] = "accepted" if error is None else "refused"
         if error is not None:
             self.trace(f"  {mid} refused: {error}")
@@ -703,5 +711,6 @@ class Simulation:
     def summary(self) -> dict:
         outcomes = collections.Counter(self.outcome.values())
         return {"sent": len(self.sent), "accepted": outcomes["accepted"], "refused": outcomes["refused"],
+                "outcome_unknown": outcomes["unknown"],
                 "delivered": len(self.delivered_once), "log_entries": self.raft.commit_index,
                 **self.stats}

@@ -2,8 +2,8 @@
 
 Every invariant is checked after every step (tests/sim/simulation.py says which). A failure raises
 `SimulationFailure` naming the seed, the config and the last steps; the line it prints replays it.
-The scenarios under "fixed" pin the fixes of bugs the simulation found; the xfail tests pin bugs it
-still finds, each reason saying where the bug is and what happens.
+The scenarios under "fixed" pin the fixes of bugs the simulation found; a bug it still finds is pinned
+by a strict xfail test whose reason says where the bug is and what happens (none at present).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import collections
 
 import pytest
 
+from node.core.message import Outcome
 from node.core.settings import QueueSettings
 from tests.sim.simulation import Simulation, SimulationFailure
 
@@ -20,6 +21,8 @@ SWEEP_STEPS = 300
 NODES_BY_SEED = (3, 3, 2, 5)  # most seeds run three nodes
 ROUTES_MAX_EVERY_SEEDS = 8  # one seed in this many runs with routes_max=4: claims are refused
 LEASE_SWEEP_SEEDS = 60
+JOURNAL_FAIL_SWEEP_SEEDS = 100
+JOURNAL_FAIL_RATE = 0.05  # per journal write
 
 
 def scripted(seed: int, **overrides) -> Simulation:
@@ -58,6 +61,19 @@ def test_every_invariant_holds_over_many_seeds_with_every_fault_injected():
                     "calls_lost", "acks_lost", "resends_skipped", "redeliveries", "duplicates_accepted"):
         assert totals[counted] > 0, (counted, totals)
     assert totals["accepted"] > 20_000
+
+
+def test_every_invariant_holds_over_many_seeds_with_failed_journal_writes_too():
+    # a failed write refuses its producers: what no consumer has seen is taken back, what one has is
+    # refused as "outcome unknown"; a forwarded batch's failed write stops its owner (StopNode)
+    totals: collections.Counter = collections.Counter()
+    for seed in range(JOURNAL_FAIL_SWEEP_SEEDS):
+        sim = Simulation(seed, nodes=NODES_BY_SEED[seed % len(NODES_BY_SEED)],
+                         journal_fail_rate=JOURNAL_FAIL_RATE).run(SWEEP_STEPS)
+        totals.update(sim.summary())
+    for counted in ("journal_failures", "refused", "outcome_unknown", "stops", "forwards_forgotten"):
+        assert totals[counted] > 0, (counted, totals)
+    assert totals["accepted"] > 5_000
 
 
 def test_with_a_group_timeout_routes_expire_and_return_without_splitting_a_group_through_crashes_leader_outages_and_snapshots():
@@ -499,37 +515,54 @@ def test_two_calls_in_one_failed_journal_batch_at_the_owner_stop_it_once_and_it_
     assert sim.confirmed[stalled] == 1
 
 
-# ---- bugs the simulation still finds -----------------------------------------------------------------
-
-def fails_with(fragment: str, scenario) -> None:
-    """Run `scenario`, which must fail with a SimulationFailure saying `fragment` (else not the known bug)."""
-    try:
-        scenario()
-    except SimulationFailure as failure:
-        if fragment not in str(failure):
-            raise AssertionError(f"expected a failure saying {fragment!r}, got: {failure}") from None
-        raise
-
-
-@pytest.mark.xfail(strict=True, raises=SimulationFailure, reason=(
-    "node/amqp/loop.py: enqueue_local applies a message to the Broker (which may deliver it at once) "
-    "before its journal batch is written; journal_failed then refuses the producer but leaves the message "
-    "queued or delivered, so a consumer gets a message its producer was told was refused (and will send "
-    "again). Not the cluster protocol, but the same failed-batch rule: what a failed batch refused must not "
-    "be delivered, or the refusal must say the outcome is unknown."))
-def test_a_message_refused_by_a_failed_journal_write_is_delivered_anyway():
-    sim = scripted(0)
-    sim.consumer("n1", "q1")  # n1 serves q1: the groups its producers send are placed on n1
+def a_group_placed_on_n1(sim: Simulation, *, accept_all: bool):
+    """g1 of q1 is routed to n1, which has a consumer on q1 (keeping what it gets unless `accept_all`)."""
+    consumer = sim.consumer("n1", "q1", accept_all=accept_all)
+    n1 = sim.nodes["n1"]
+    n1.apply(n1.broker.set_credit(consumer.id, 10, sim.now_ms))  # accept_all consumers get theirs each step
     sim.advance(50)
     producer = sim.producer("n1", "q1")
-    sim.send(producer, "g1")
+    first = sim.send(producer, "g1")
     sim.advance(50)
-    assert sim.route("q1", "g1") == "n1"
+    assert sim.route("q1", "g1") == "n1" and first in sim.delivered_once
+    return consumer, producer
+
+
+def test_a_queued_message_whose_journal_write_failed_is_taken_back_and_never_delivered():
+    # was a strict xfail: enqueue_local put the message in the Broker before its batch was written, and a
+    # failed write refused the producer but left the message queued: a consumer attached later got it,
+    # while its producer had been told to send it again
+    sim = scripted(0)
+    consumer, producer = a_group_placed_on_n1(sim, accept_all=True)
+    sim.detach(consumer)  # nobody can take g1 on n1: the next send waits in the queue
     sim.fail_journal("n1", True)
     refused = sim.send(producer, "g1")
+    while refused not in sim.outcome:
+        sim.step()
+    queue = sim.nodes["n1"].broker.queues["q1"]
+    assert sim.outcome[refused] == "refused"
+    assert queue.depth_messages == 0 and "g1" not in queue.groups  # nothing left of it, not even its group
+    sim.consumer("n1", "q1")  # attached while the disk is still failing
+    sim.advance(30)
+    sim.fail_journal("n1", False)
+    sim.drain()  # invariants: a refused message is never delivered
+    assert refused not in sim.delivered_once
 
-    def scenario():
-        sim.advance(30)
-        sim.fail_journal("n1", False)
-        sim.drain()
-    fails_with(f"{refused} was refused", scenario)
+
+def test_a_message_delivered_before_its_journal_write_failed_is_refused_as_outcome_unknown():
+    sim = scripted(0)
+    consumer, producer = a_group_placed_on_n1(sim, accept_all=False)
+    sim.fail_journal("n1", True)
+    delivered = sim.send(producer, "g1")  # n1's consumer has it at once, before the batch is written
+    while delivered not in sim.outcome:
+        sim.step()
+    assert sim.outcome[delivered] == "unknown" and delivered in sim.delivered_once
+    sim.fail_journal("n1", False)
+    # it stays its consumer's: released, it comes again from memory; accepted, its removal is journalled
+    # for a seq the journal never stored, which recovery ignores
+    [delivery_id] = [d for d, mid in consumer.unsettled.items() if mid == delivered]
+    sim._settle(consumer, delivery_id, Outcome.RELEASED)
+    sim.advance(10)
+    assert delivered in consumer.unsettled.values()
+    sim.drain()
+    assert sim.nodes["n1"].live == {} and sim.nodes["n1"].store.recovered()[1]["q1"] == {}

@@ -15,7 +15,10 @@ What it holds the core to:
 - nothing is lost: each message sent is accepted, rejected, dead-lettered, expired, or still queued;
   nothing is duplicated: a message is delivered again only after its last delivery came back;
 - journal effects: one `Stored` per message sent, one `Removed` per message gone, and a dead letter
-  is `Stored` in the dead-letter queue before it is `Removed` from its source.
+  is `Stored` in the dead-letter queue before it is `Removed` from its source;
+- a failed journal batch (`taken_back`): each of its messages that no consumer or browser has seen
+  and that is still queued is withdrawn (a `Withdrawn`, no `Removed`: it was never stored) and never
+  delivered; a seen one is reported as handed out and left where it is.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import zlib
 from collections import Counter
 
-from node.core.effects import Deliver, DetachConsumer, Dropped, Removed, Stored
+from node.core.effects import Deliver, DetachConsumer, Dropped, Removed, Stored, Withdrawn
 from node.core.message import Outcome
 from node.core.settings import QueueSettings
 
@@ -52,6 +55,7 @@ class ModelMessage:
         self.delivery_count = 0
         self.state = AVAILABLE
         self.holder = None  # consumer id while acquired
+        self.seen = False  # a consumer or a browser has had it: a failed write cannot take it back
 
     def expired(self, now_ms: int) -> bool:
         return bool(self.expires_at_ms) and self.expires_at_ms <= now_ms
@@ -194,6 +198,7 @@ class Model:
         self._expect_dropped_ttl: set[int] = set()  # expired while acquired, dropped on return
         self._dead_this_step: set[int] = set()
         self._dead_stored: set[int] = set()
+        self._expect_withdrawn: set[int] = set()
         self._delivered_this_step = False
 
     def begin(self, now_ms: int, *, dispatches: bool = True) -> None:
@@ -211,6 +216,17 @@ class Model:
         self.by_payload[payload] = seq
         if self.settings.durable:
             self._expect_stored.add(seq)
+
+    def taken_back(self, seqs: list[int], handed_out: list[bool]) -> None:
+        """The journal batch holding `seqs` failed; `handed_out` is what the core reported for each."""
+        expect(len(handed_out) == len(seqs), f"take_back answered {handed_out} for {seqs}")
+        for seq, out in zip(seqs, handed_out):
+            message = self.messages[seq]
+            expect(out == message.seen, f"{message}: handed_out={out}, but seen={message.seen}")
+            if not message.seen and message.state == AVAILABLE:
+                message.state = GONE
+                self.outcomes["withdrawn"] += 1
+                self._expect_withdrawn.add(seq)
 
     def attached(self, consumer_id, browse: bool) -> None:
         self.consumers[consumer_id] = ModelConsumer(browse)
@@ -277,6 +293,9 @@ class Model:
                 self._removed(effect)
             elif isinstance(effect, Dropped):
                 self._dropped(effect)
+            elif isinstance(effect, Withdrawn):
+                expect(effect.queue == self.name and effect.seq in self._expect_withdrawn, f"unexpected {effect}")
+                self._expect_withdrawn.discard(effect.seq)
             elif isinstance(effect, DetachConsumer):
                 raise ModelError(f"unexpected {effect}")
             else:
@@ -319,6 +338,7 @@ class Model:
                 self.held.add(key)
         message.state = ACQUIRED
         message.holder = cid
+        message.seen = True
         consumer.unsettled[effect.delivery_id] = message.seq
         consumer.next_delivery_id += 1
         consumer.credit -= 1
@@ -339,6 +359,7 @@ class Model:
         consumer.cursor_seq = message.seq
         consumer.next_delivery_id += 1
         consumer.credit -= 1
+        message.seen = True
 
     def _stored(self, effect: Stored) -> None:
         if effect.queue == self.name:
@@ -397,6 +418,7 @@ class Model:
         expect(not self._unexplained_removed, f"Removed without a reason for {sorted(self._unexplained_removed)}")
         expect(not self._expect_dropped_max, f"no Dropped for {sorted(self._expect_dropped_max)}")
         expect(not self._expect_dropped_ttl, f"expired {sorted(self._expect_dropped_ttl)} came back undropped")
+        expect(not self._expect_withdrawn, f"no Withdrawn for {sorted(self._expect_withdrawn)}")
         if ticked:
             stale = [m for m in self._live(AVAILABLE) if m.expired(self.now_ms)]
             expect(not stale, f"{stale} expired and still queued after tick({self.now_ms})")

@@ -1,7 +1,8 @@
 """Hypothesis drives the Broker with random steps and `model.Model` judges every effect it returns.
 
 Steps: sends (a few groups, some without group, some closing, some with a TTL), consumer and browser
-arrivals, credit, the four outcomes, detaches, group resets, ticks, and time passing without a tick.
+arrivals, credit, the four outcomes, detaches, group resets, failed journal batches (Broker.take_back
+of the latest sends), ticks, and time passing without a tick.
 One machine per queue variant, so a failure names the settings it broke. Deterministic by default;
 GROUPER_MODEL_EXPLORE=1 searches with fresh randomness, GROUPER_MODEL_SCALE=5 runs 5x the examples.
 """
@@ -42,6 +43,8 @@ class DispatchMachine(RuleBasedStateMachine):
         self.model = Model(self.queue_settings)
         self.now_ms = 0
         self.consumers_made = 0
+        self.sent: dict[int, Message] = {}  # seq -> the Message the broker took, in send order
+        self.batch_failed: set[int] = set()  # seqs of failed journal batches (each fails at most once)
 
     def step(self, call, tell_model, *, dispatches: bool = True, ticked: bool = False) -> None:
         """Call the core, tell the model what was asked, then let it judge the effects."""
@@ -63,6 +66,7 @@ class DispatchMachine(RuleBasedStateMachine):
         message = Message(payload, group, expires_at_ms=expires_at_ms, closes_group=closes)
         self.step(lambda: self.broker.enqueue("q", message, self.now_ms),
                   lambda: self.model.sent(seq, payload, group, expires_at_ms, closes))
+        self.sent[seq] = message
 
     @rule(group=st.sampled_from(GROUPS), closes=st.sampled_from(CLOSES), ttl_ms=TTLS_MS)
     def send(self, group, closes, ttl_ms):
@@ -139,6 +143,22 @@ class DispatchMachine(RuleBasedStateMachine):
         credit = self.model.consumers[cid].credit + 1
         self.step(lambda: self.broker.set_credit(cid, credit, self.now_ms),
                   lambda: self.model.credited(cid, credit))
+
+    # ---- a failed journal batch ----------------------------------------------------------------
+
+    @precondition(lambda self: len(self.sent) > len(self.batch_failed))
+    @rule(count=st.integers(1, 4))
+    def journal_batch_fails(self, count):
+        """The journal batch holding the latest `count` sends not in a failed batch yet was not written."""
+        seqs = [seq for seq in self.sent if seq not in self.batch_failed][-count:]
+        self.batch_failed.update(seqs)
+        answer: list = []
+
+        def call():
+            handed_out, effects = self.broker.take_back([("q", self.sent[seq]) for seq in seqs], self.now_ms)
+            answer.append(handed_out)
+            return effects
+        self.step(call, lambda: self.model.taken_back(seqs, answer[0]))
 
     # ---- management and time -----------------------------------------------------------------
 

@@ -36,7 +36,7 @@ def test_a_failed_write_releases_its_waiters_for_refusal_and_refuses_durable_sen
     durability = Durability(RETRY_INTERVAL_MS)
     durability.wait("send", PRODUCER)
     durability.batch_ended(1)
-    assert durability.failed(1, "disk full", now_ms=10_000) == [("send", PRODUCER)]
+    assert durability.failed(1, "disk full", now_ms=10_000) == [("send", PRODUCER, None)]
     assert durability.refusing(10_000 + RETRY_INTERVAL_MS - 1) == "disk full"
     assert durability.refusing(10_000 + RETRY_INTERVAL_MS) is None
 
@@ -65,7 +65,7 @@ def test_every_waiter_is_released_once_in_registration_order(steps):
         released += [target for target, _ in durability.batch_ended(ticket)]
         if report_now:
             report = durability.durable(ticket) if ticket % 2 else durability.failed(ticket, "x", ticket)
-            assert all(ticket_of[target] <= ticket for target, _ in report)
-            released += [target for target, _ in report]
+            assert all(ticket_of[waiter[0]] <= ticket for waiter in report)
+            released += [waiter[0] for waiter in report]
     released += [target for target, _ in durability.durable(len(steps))]
     assert released == registered
