@@ -47,6 +47,9 @@ class RaftStatus:
     reachable: tuple[str, ...]  # the other members this one is connected to
     unreachable: tuple[str, ...]  # the other members it is not connected to
     down: frozenset[str] = frozenset()  # members the replicated table has marked down
+    # what the replicated table says, for following consumers (empty when route_follow_ms is 0):
+    consumers: tuple[tuple[str, str, int], ...] = ()  # (node, queue, consumers), consumers > 0
+    routed: tuple[tuple[str, str, int], ...] = ()  # (node, queue, routes), routes > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +77,27 @@ class MarkUp:
     now_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class FollowConsumers:
+    """Propose RouteTable.follow_consumers(queue, from_node, now_ms)."""
+
+    queue: str
+    from_node: str
+    now_ms: int
+
+
 class LeaderDuties:
     def __init__(self, group_timeout_ms: int = 0, owner_failover_ms: int = 0,
-                 reaper_interval_ms: int = REAPER_INTERVAL_MS):
-        if group_timeout_ms < 0 or owner_failover_ms < 0 or reaper_interval_ms <= 0:
+                 reaper_interval_ms: int = REAPER_INTERVAL_MS, route_follow_ms: int = 0):
+        if group_timeout_ms < 0 or owner_failover_ms < 0 or reaper_interval_ms <= 0 or route_follow_ms < 0:
             raise ValueError(f"leader duties need group_timeout_ms >= 0 (got {group_timeout_ms}), "
-                             f"owner_failover_ms >= 0 (got {owner_failover_ms}) and reaper_interval_ms > 0 "
-                             f"(got {reaper_interval_ms})")
+                             f"owner_failover_ms >= 0 (got {owner_failover_ms}), reaper_interval_ms > 0 "
+                             f"(got {reaper_interval_ms}) and route_follow_ms >= 0 (got {route_follow_ms})")
         self.group_timeout_ms = group_timeout_ms
         self.owner_failover_ms = owner_failover_ms
+        self.route_follow_ms = route_follow_ms
+        self.stranded_since_ms: dict[tuple[str, str], int] = {}  # (node, queue) -> first seen stranded
+        self.follow_due_ms: dict[tuple[str, str], int] = {}  # (node, queue) -> when to propose again
         self.reaper_interval_ms = reaper_interval_ms
         self.leader_since_ms: int | None = None  # when this leadership began, as first seen by tick
         self.leader_term: int | None = None
@@ -93,7 +108,7 @@ class LeaderDuties:
     @property
     def active(self) -> bool:
         """False when there is nothing to do: the caller need not run a thread for it."""
-        return bool(self.group_timeout_ms or self.owner_failover_ms)
+        return bool(self.group_timeout_ms or self.owner_failover_ms or self.route_follow_ms)
 
     def tick(self, now_ms: int, status: RaftStatus) -> list:
         if not status.leader:
@@ -108,10 +123,14 @@ class LeaderDuties:
             commands += self._reap(now_ms, status)
         if self.owner_failover_ms:
             commands += self._fail_over(now_ms, status)
+        if self.route_follow_ms:
+            commands += self._follow(now_ms, status)
         return commands
 
     def _step_down(self) -> None:
         self.leader_since_ms = self.leader_term = None
+        self.stranded_since_ms.clear()
+        self.follow_due_ms.clear()
         self.unreachable_since_ms.clear()
         self.returned_ms.clear()
 
@@ -155,4 +174,23 @@ class LeaderDuties:
             unreachable_ms = now_ms - self.unreachable_since_ms[member]
             if member not in status.down and unreachable_ms >= self.owner_failover_ms:
                 commands.append(FailOver(member, now_ms, unreachable_ms))
+        return commands
+
+    def _follow(self, now_ms: int, status: RaftStatus) -> list:
+        serving = {(node, queue) for node, queue, count in status.consumers
+                   if count > 0 and node not in status.down}
+        served = {queue for _, queue in serving}
+        stranded = {(node, queue) for node, queue, routes in status.routed
+                    if routes > 0 and queue in served and (node, queue) not in serving}
+        for pair in [pair for pair in self.stranded_since_ms if pair not in stranded]:
+            del self.stranded_since_ms[pair]
+            self.follow_due_ms.pop(pair, None)
+        if any(member not in status.down for member in status.unreachable):
+            return []  # it may hold what it sent toward the old owners: every move would wait for it
+        commands = []
+        for node, queue in sorted(stranded):
+            since_ms = self.stranded_since_ms.setdefault((node, queue), now_ms)
+            if now_ms - since_ms >= self.route_follow_ms and now_ms >= self.follow_due_ms.get((node, queue), 0):
+                self.follow_due_ms[(node, queue)] = now_ms + self.route_follow_ms
+                commands.append(FollowConsumers(queue, node, now_ms))
         return commands

@@ -65,6 +65,8 @@ class RouteTable:
         self.consumers: dict[str, dict[str, int]] = {}  # node -> queue -> consumers; no zero entries
         self.nodes: dict[str, dict] = {}  # node -> {"peer_address", "amqp_address", "admin_address"}
         self.down: dict[str, int] = {}  # node -> now_ms when marked down; absent means up
+        # (queue, group) -> [from_node, to_node, started_ms, waiting (sorted nodes)]: moves in progress
+        self.moves: dict[tuple[str, str], list] = {}
         self.revision = 0  # bumped once by every command that changed something
 
     # ---- commands: replicated, so deterministic and never raising -----------------------------
@@ -94,6 +96,66 @@ class RouteTable:
         self.routes[(queue, group)] = [node, now_ms]
         self.route_counts[(node, queue)] = self.route_counts.get((node, queue), 0) + 1
         return node
+
+    def follow_consumers(self, queue: str, from_node: str, now_ms: int) -> list:
+        """Move the routes of `queue` on `from_node` to the nodes consuming it (see the header).
+        Returns the moves begun, [(queue, group, from_node, to_node, waiting)], sorted."""
+        if not (_is_str(queue) and _is_str(from_node) and _is_int(now_ms)) or self._serves(from_node, queue):
+            return []
+        targets = sorted(node for node in self.consumers if node != from_node and self._serves(node, queue))
+        if not targets:
+            return []
+        keys = sorted(key for key, route in self.routes.items()
+                      if key[0] == queue and route[0] == from_node and key not in self.moves)
+        members = set(node for node in self.nodes if node not in self.down)
+        begun = []
+        for key in keys[:MOVES_PER_COMMAND_MAX]:
+            to_node = min(targets, key=lambda node: (self.route_counts.get((node, queue), 0), node))
+            self._count(from_node, queue, -1)
+            self._count(to_node, queue, 1)
+            self.routes[key] = [to_node, now_ms]
+            waiting = sorted(members | {from_node, to_node})
+            self.moves[key] = [from_node, to_node, now_ms, waiting]
+            begun.append((key[0], key[1], from_node, to_node, tuple(waiting)))
+        if begun:
+            self.revision += 1
+        return begun
+
+    def move_clear(self, entries: list, node: str) -> list:
+        """`node` holds and sends nothing more of each moving group toward its old owner: entries are
+        [queue, group, from_node, to_node]. Returns the moves that changed, as follow_consumers does
+        (waiting () for a move that ended)."""
+        if not (isinstance(entries, (list, tuple)) and _is_str(node)):
+            return []
+        changed = []
+        for entry in entries:
+            if not (isinstance(entry, (list, tuple)) and len(entry) == 4 and _is_key(entry[:2])
+                    and _is_str(entry[2]) and _is_str(entry[3])):
+                continue
+            key = (entry[0], entry[1])
+            move = self.moves.get(key)
+            if move is None or move[0] != entry[2] or move[1] != entry[3] or node not in move[3]:
+                continue  # another move of the group, or cleared already: a retry
+            if node == move[0] and len(move[3]) > 1:
+                continue  # the old owner clears last: what the others still send it, it relays
+            changed.append(self._clear(key, move, node))
+        if changed:
+            self.revision += 1
+        return changed
+
+    def _clear(self, key: tuple, move: list, node: str) -> tuple:
+        move[3].remove(node)
+        if not move[3]:
+            del self.moves[key]
+        return (key[0], key[1], move[0], move[1], tuple(move[3]))
+
+    def _count(self, node: str, queue: str, delta: int) -> None:
+        count_key = (node, queue)
+        count = self.route_counts.get(count_key, 0) + delta
+        if count:
+            self.route_counts[count_key] = count
+        else:
+            del self.route_counts[count_key]
 
     def touch(self, entries: list, now_ms: int) -> list:
         """Refresh routes a node relies on: entries are [queue, group, node], the node it routes to.
@@ -168,6 +230,10 @@ class RouteTable:
         if not (_is_str(node) and _is_int(now_ms)):
             return []
         self.mark_down(node, now_ms)
+        for key in sorted(self.moves):  # it sends nothing more: nobody waits for it
+            move = self.moves[key]
+            if node in move[3]:
+                self._clear(key, move, node)
         return self._remove(sorted(key for key, route in self.routes.items() if route[0] == node))
 
     def expire_idle(self, cutoff_ms: int, spared_nodes: list = ()) -> list:
@@ -193,11 +259,8 @@ class RouteTable:
     def _remove(self, keys: list) -> list:
         for key in keys:
             node = self.routes.pop(key)[0]
-            count_key = (node, key[0])
-            if self.route_counts[count_key] == 1:
-                del self.route_counts[count_key]
-            else:
-                self.route_counts[count_key] -= 1
+            self._count(node, key[0], -1)
+            self.moves.pop(key, None)  # a removed route ends its move (the ROUTES feed says so)
         if keys:
             self.revision += 1
         return keys
@@ -221,6 +284,10 @@ class RouteTable:
         route = self.routes.get((queue, group))
         return None if route is None else route[0]
 
+    def moves_all(self) -> list:
+        """Every move in progress, as the MOVES_ALL feed carries them, sorted."""
+        return [(queue, group, move[0], move[1], tuple(move[3])) for (queue, group), move in sorted(self.moves.items())]
+
     def routes_of(self, queue: str) -> list:
         return sorted((group, node, touched_ms)
                       for (routed_queue, group), (node, touched_ms) in self.routes.items()
@@ -238,4 +305,5 @@ class RouteTable:
             "consumers": {node: dict(sorted(held.items())) for node, held in sorted(self.consumers.items())},
             "nodes": {node: dict(member) for node, member in sorted(self.nodes.items())},
             "down": dict(sorted(self.down.items())),
+            "moving": len(self.moves),
         }

@@ -13,7 +13,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handler.leader_duties import ExpireIdle, FailOver, LeaderDuties, MarkUp, RaftStatus
+from handler.leader_duties import ExpireIdle, FailOver, FollowConsumers, LeaderDuties, MarkUp, RaftStatus
 
 GROUP_TIMEOUT_MS = 1000
 FAILOVER_MS = 500
@@ -253,3 +253,57 @@ def test_every_command_follows_from_the_readings_before_it_and_the_reaper_runs_w
             else:
                 assert isinstance(command, MarkUp)
                 assert command.node in down and command.node not in unreachable
+
+
+# ---- groups follow their consumers -------------------------------------------------------------------
+
+FOLLOW_MS = 300
+
+
+def stranded(term: int = 1, unreachable=(), down=(), n1_consumers: int = 0) -> RaftStatus:
+    """n1 holds 2 routes of q and n2 consumes q; n1 has `n1_consumers` on it."""
+    consumers = (("n1", "q", n1_consumers),) if n1_consumers else ()
+    status = leading(term, unreachable=unreachable, down=down)
+    return RaftStatus(status.leader, status.term, status.reachable, status.unreachable, status.down,
+                      consumers=consumers + (("n2", "q", 1),), routed=(("n1", "q", 2), ("n2", "p", 1)))
+
+
+def follower() -> LeaderDuties:
+    return LeaderDuties(route_follow_ms=FOLLOW_MS)
+
+
+def test_routes_follow_consumers_after_route_follow_ms_without_any_on_their_node():
+    duties = follower()
+    assert duties.active
+    assert duties.tick(0, stranded()) == []
+    assert duties.tick(FOLLOW_MS - 1, stranded()) == []
+    assert duties.tick(FOLLOW_MS, stranded()) == [FollowConsumers("q", "n1", FOLLOW_MS)]
+    assert duties.tick(FOLLOW_MS + 1, stranded()) == []  # proposed again only a route_follow_ms later
+    assert duties.tick(2 * FOLLOW_MS, stranded()) == [FollowConsumers("q", "n1", 2 * FOLLOW_MS)]
+
+
+def test_a_consumer_back_on_the_node_starts_the_wait_again():
+    duties = follower()
+    duties.tick(0, stranded())
+    duties.tick(200, stranded(n1_consumers=1))
+    assert duties.tick(FOLLOW_MS, stranded()) == []  # stranded again from here
+    assert duties.tick(2 * FOLLOW_MS - 1, stranded()) == []
+    assert duties.tick(2 * FOLLOW_MS, stranded()) == [FollowConsumers("q", "n1", 2 * FOLLOW_MS)]
+
+
+def test_no_move_while_a_member_is_out_of_reach_and_a_new_leader_waits_afresh():
+    duties = follower()
+    duties.tick(0, stranded())
+    assert duties.tick(FOLLOW_MS, stranded(unreachable=("n3",))) == []
+    assert duties.tick(FOLLOW_MS + 1, stranded(unreachable=("n3",), down=("n3",))) != []  # down: not waited for
+    duties = follower()
+    duties.tick(0, stranded())
+    duties.tick(10, FOLLOWING)
+    assert duties.tick(FOLLOW_MS, stranded(term=2)) == []
+    assert duties.tick(FOLLOW_MS + 10 + FOLLOW_MS, stranded(term=2)) != []
+
+
+def test_no_duty_without_route_follow_ms():
+    duties = LeaderDuties()
+    assert not duties.active
+    assert duties.tick(FOLLOW_MS * 10, stranded()) == []

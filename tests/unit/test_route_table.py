@@ -269,6 +269,71 @@ def test_revision_bumps_once_per_command_that_changes_something():
         assert table.revision == before + bump, f"step {index}"
 
 
+# ---- moves: groups follow their consumers --------------------------------------------------------
+
+def moving_table() -> RouteTable:
+    """q's groups a, b and c on n1, whose consumers left for n2 and n3."""
+    table = table_with_consumers(n1={"q": 1})
+    for node in ("n1", "n2", "n3"):
+        table.register_node(node, "p", "a", "m", 0)
+    table.claim([("q", "a"), ("q", "b"), ("q", "c"), ("p", "a")], "n1", 0)
+    table.report_consumers("n1", {}, 5)
+    table.report_consumers("n2", {"q": 1}, 5)
+    table.report_consumers("n3", {"q": 2}, 5)
+    return table
+
+
+def test_follow_consumers_moves_the_queues_routes_to_its_consumers_fewest_routes_first():
+    table = moving_table()
+    begun = table.follow_consumers("q", "n1", 10)
+    everyone = ("n1", "n2", "n3")
+    assert begun == [("q", "a", "n1", "n2", everyone), ("q", "b", "n1", "n3", everyone),
+                     ("q", "c", "n1", "n2", everyone)]
+    assert table.route("q", "a") == "n2" and table.route("p", "a") == "n1"  # another queue stays
+    assert table.routes[("q", "a")] == ["n2", 10]
+    assert_consistent(table)
+
+
+def test_follow_consumers_moves_nothing_while_the_old_owner_has_consumers_or_nobody_else_has():
+    table = moving_table()
+    table.report_consumers("n1", {"q": 1}, 6)
+    assert table.follow_consumers("q", "n1", 10) == []
+    table.report_consumers("n1", {}, 7)
+    table.report_consumers("n2", {}, 7)
+    table.report_consumers("n3", {}, 7)
+    assert table.follow_consumers("q", "n1", 10) == []
+
+
+def test_a_moving_route_is_not_moved_again_until_its_move_ended():
+    table = moving_table()
+    table.follow_consumers("q", "n1", 10)
+    table.report_consumers("n2", {}, 11)  # n2's consumers leave too: its moving groups stay put
+    assert table.follow_consumers("q", "n2", 12) == []
+
+
+def test_a_move_ends_when_every_member_cleared_and_the_old_owner_clears_last():
+    table = moving_table()
+    table.follow_consumers("q", "n1", 10)
+    entry = ["q", "a", "n1", "n2"]
+    assert table.move_clear([entry], "n1") == []  # the others may still send it messages to relay
+    assert table.move_clear([entry], "n2") == [("q", "a", "n1", "n2", ("n1", "n3"))]
+    assert table.move_clear([entry], "n2") == []  # a retry
+    assert table.move_clear([["q", "a", "n3", "n2"]], "n3") == []  # names another move
+    assert table.move_clear([entry], "n3") == [("q", "a", "n1", "n2", ("n1",))]
+    assert table.move_clear([entry], "n1") == [("q", "a", "n1", "n2", ())]
+    assert ("q", "a") not in table.moves and table.route("q", "a") == "n2"
+
+
+def test_a_removed_route_ends_its_move_and_a_failed_over_member_is_waited_for_no_more():
+    table = moving_table()
+    table.follow_consumers("q", "n1", 10)
+    table.unroute([("q", "a")])
+    assert ("q", "a") not in table.moves
+    table.fail_over("n3", 20)
+    assert ("q", "b") not in table.moves and ("q", "b") not in table.routes  # moving to n3: placed afresh
+    assert table.moves[("q", "c")] == ["n1", "n2", 10, ["n1", "n2"]]  # n3 sends nothing more
+
+
 def test_snapshot_is_a_plain_summary():
     table = table_with_consumers(n2={"q": 1})
     table.register_node("n1", "p1", "a1", "m1", 0)
@@ -279,7 +344,7 @@ def test_snapshot_is_a_plain_summary():
         "revision": table.revision, "routes": 2, "routes_max": ROUTES_MAX_DEFAULT,
         "routes_by_node": {"n1": 1, "n2": 1}, "consumers": {"n2": {"q": 1}},
         "nodes": {"n1": {"peer_address": "p1", "amqp_address": "a1", "admin_address": "m1"}},
-        "down": {"n3": 7},
+        "down": {"n3": 7}, "moving": 0,
     }
     snapshot["nodes"]["n1"]["peer_address"] = "changed"
     assert table.nodes["n1"]["peer_address"] == "p1"
@@ -307,7 +372,12 @@ COMMANDS = st.one_of(
     st.tuples(st.just("expire_idle"), TIMES_MS),
     st.tuples(st.just("unroute"), KEYS),
     st.tuples(st.just("drop_queue"), st.sampled_from(QUEUES)),
+    st.tuples(st.just("follow_consumers"), st.sampled_from(QUEUES + [3]), st.sampled_from(NODES), TIMES_MS),
+    st.tuples(st.just("fail_over"), st.sampled_from(NODES), TIMES_MS),
 )
+CLEARS = st.lists(st.tuples(st.sampled_from(QUEUES), st.sampled_from(GROUPS), st.sampled_from(NODES),
+                            st.sampled_from(NODES)).map(list) | BAD_KEYS, max_size=3)
+COMMANDS = COMMANDS | st.tuples(st.just("move_clear"), CLEARS, st.sampled_from(NODES + [None]))
 ROUTES_MAX = 6  # small, so refusals happen
 
 
@@ -390,8 +460,31 @@ class RouteTableMachine(RuleBasedStateMachine):
         self.forget(self.table.drop_queue(queue))
         assert self.table.routes_of(queue) == []
 
+    @rule(queue=st.sampled_from(QUEUES), from_node=st.sampled_from(NODES), now_ms=TIMES_MS)
+    def follow_consumers(self, queue, from_node, now_ms):
+        begun = self.table.follow_consumers(queue, from_node, now_ms)
+        assert begun == sorted(begun)
+        for moved_queue, group, moved_from, to_node, waiting in begun:
+            assert self.owner[(moved_queue, group)] == moved_from == from_node != to_node
+            assert self.table.consumers[to_node][queue] > 0 and to_node not in self.table.down
+            assert from_node in waiting and to_node in waiting
+            self.owner[(moved_queue, group)] = to_node
+        if begun:
+            assert self.table.follow_consumers(queue, from_node, now_ms) == []  # a retry moves nothing more
+
+    @rule(entries=CLEARS, node=st.sampled_from(NODES))
+    def move_clear(self, entries, node):
+        before = {key: list(move[3]) for key, move in self.table.moves.items()}
+        for queue, group, from_node, to_node, waiting in self.table.move_clear(entries, node):
+            assert node not in waiting and node in before[(queue, group)]
+            assert node != from_node or waiting == ()  # the old owner clears last
+        assert self.table.move_clear(entries, node) == []  # a retry changes nothing
+
     @invariant()
     def routes_match_what_claims_answered(self):
+        for key, (from_node, to_node, _started_ms, waiting) in self.table.moves.items():
+            assert self.table.routes[key][0] == to_node != from_node and waiting == sorted(set(waiting))
+            assert waiting, "an ended move is forgotten"
         assert {key: route[0] for key, route in self.table.routes.items()} == self.owner
         assert_consistent(self.table)
         assert self.table.revision >= self.revision
