@@ -24,29 +24,37 @@ acknowledged or received, a raft entry is applied, a proposal failed, a tick, re
   disk: an earlier failed batch would have stopped the owner before a later one's reply.
 Groups follow their consumers (`follows_consumers`, the node's route_follow_ms > 0; every node of a
 cluster must agree). The leader moves a route from O (no consumer on the queue for route_follow_ms)
-to N (handler/route_table.py: follow_consumers); the log then feeds MOVES, and the handover never
-reorders a (producer, group) nor lets two consumers hold the group:
+to N (handler/route_table.py: follow_consumers); the log feeds MOVES, then the new ROUTES, and the
+handover never reorders a (producer, group) nor lets two consumers hold the group:
 - Every node routes the group to N from the moment its replica applies the move. What it routed to
   O before is in its outbound channel to O, in order. It proposes its move_clear once that channel
   holds no entry of the group (O acknowledged them: O has them stored).
-- O holds the group in its queue (no new delivery) and waits until nothing of it is in flight: a
+- O holds the group in its queue (delivers none of it) and waits until nothing of it is in flight: a
   consumer on O settles, or releases (detach, crash) what it was given. Then it hands the group's
   available messages to N through its outbound channel to N, in queue order (new forward seqs,
   journalled as outbound STOREs before the queue's REMOVEs, in one journal batch: a torn tail may
-  duplicate one, never lose one). Forwarded entries of the group that reach O during the move (sent
-  before their source applied it) are relayed the same way instead of enqueued. O proposes its clear
-  last: once every other member has cleared (no more relays can come), the group is empty here and
-  its channel to N holds no entry of the group (N stored them all).
-- N holds the group (enqueues, delivers none) from the moment it enqueues any of its messages before
-  the log makes the group its own and not moving (a handover can reach N before N's replica applied
-  the move), and releases it when the move ends. So N delivers only after every message sent before
-  the move is stored at N behind nothing later, and after O's consumers settled.
+  duplicate one, never lose one; a failed write stops the node, StopNode, as memory and journal
+  differ). A message of the group reaching O meanwhile (its producers here, forwards sent before
+  their source saw the move) goes behind the rest: into O's queue while the group has anything
+  there, else straight into the channel to N (relayed). O proposes its clear last: once every
+  other member has cleared (nothing more can reach it), the group is empty here and N acknowledged
+  everything O handed over or relayed (what O's producers send later is the group's next anyway).
+- N holds the group from the move (or from the first handover, which can reach N before N's replica
+  applied the move: a forward from the group's owner as N knows it) until the move ends. Meanwhile
+  it queues what O sends, and parks everything else of the group (its producers, other sources):
+  journalled under PARK_PREFIX, outside the queue, in arrival order. When the move ends, the parked
+  messages go into the queue behind O's, then the group is released. So N delivers only after
+  every message sent before the move is in its queue ahead of everything sent after, and after O's
+  consumers settled. A forward of a group whose route N does not know yet is refused (retriable):
+  a handover and what must wait behind it look alike until it does.
 - Moves are driven at `tick` and only while the replica is current (`ready`): a replaying replica
-  may see a move the log already ended. Clears are proposed again every MOVE_CLEAR_RETRY_INTERVAL_MS
-  while this node is still waited for (a lost proposal, a leader change; the command is idempotent).
+  may see a move the log already ended, and forwarded batches are refused (retriable) until then.
+  Clears are proposed again every MOVE_CLEAR_RETRY_INTERVAL_MS while this node is still waited for
+  (a lost proposal, a leader change; the command is idempotent).
 - A crash: everything above is journalled or in the log. A restarted node holds every group it
   recovers messages of until its replica is current (it may no longer own them, or be receiving
-  them); then the rules above resume (O hands over again whatever its journal still held).
+  them); then the rules above resume (O hands over again whatever its journal still held, N parks
+  again what it had parked).
 - A member that is down holds a move up (its channel to O may hold the group) until it is back or
   failed over; the leader proposes no move while a member is out of reach. Consumers moving again
   mid-handover change nothing: a moving route is not moved again until its move ended.
@@ -59,11 +67,11 @@ import collections
 import logging
 from typing import NamedTuple
 
-from handler.route_table import MEMBERS, REFUSED, ROUTES, SNAPSHOT
+from handler.route_table import MEMBERS, MOVES, MOVES_ALL, REFUSED, ROUTES, SNAPSHOT
 from node.core.broker import Broker
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
-                               JournalRemove, JournalStore, ProposeClaim, ProposeTouch, Refuse, Register,
-                               Reply, ReportConsumers, StopNode, SubmitForward)
+                               JournalRemove, JournalStore, ProposeClaim, ProposeMoveClear, ProposeTouch,
+                               Refuse, Register, Reply, ReportConsumers, StopNode, SubmitForward)
 from node.core.errors import GrouperError, HandlerUnavailable, ResourceLimitExceeded
 from node.core.message import Message
 from node.core.routing import Inbound, Outbound, Router
@@ -71,6 +79,7 @@ from node.core.routing import Inbound, Outbound, Router
 log = logging.getLogger("grouper.cluster")
 
 OUTBOUND_PREFIX = "\x00out\x00"  # journal name of an outbound channel: prefix, owner, NUL, queue
+PARK_PREFIX = "\x00park\x00"  # journal name of the messages a new owner parks during a move: prefix, queue
 MARK_PREFIX = "\x00mark\x00"  # journal declaration holding a source's high-water forward seq
 SEQ_RESERVATION = "\x00seq"  # journal declaration: node seqs below "reserved" may have been used
 SEQ_RESERVE_BLOCK = 1 << 20  # seqs reserved per journal record
@@ -79,12 +88,20 @@ CLAIM_RETRY_INTERVAL_MS = 100  # a failed proposal (no leader yet) is retried at
 TOUCH_RETRY_INTERVAL_MS = CLAIM_RETRY_INTERVAL_MS * 10  # a failed refresh is tried again this soon
 CONSUMER_REPORT_INTERVAL_MS = 5000  # consumer counts are re-reported this often even unchanged
 REGISTER_RETRY_INTERVAL_MS = 1000  # until this node's addresses are in the table
+MOVE_CLEAR_RETRY_INTERVAL_MS = 1000  # a clear the log still waits for is proposed again this often
 STORED = "stored"  # outcome of a journal batch written to disk
 
 # what an AfterFlush hands back to `flushed`
 _BATCH = "batch"  # (_BATCH, _Flushing): a batch of new outbound entries
 _RESERVATION = "reservation"  # (_RESERVATION, reserved): a seq reservation journalled again on its own
 _INBOUND = "inbound"  # (_INBOUND, source, high_water, reply_to, enqueued): a forwarded batch taken here
+_PARKED = "parked"  # (_PARKED, key, message): a message parked behind a move
+_HANDED = "handed"  # (_HANDED, what): a handover or an unpark, whose memory and journal must agree
+
+# where a message of a moving group goes (_place_arrival)
+_QUEUE = "queue"
+_PARK = "park"
+_RELAY = "relay"
 
 
 class Entry(NamedTuple):
@@ -122,7 +139,7 @@ class _Flushing:
 class ClusterProtocol:
     def __init__(self, node_id: str, broker: Broker, *, handler_timeout_ms: int, group_timeout_ms: int = 0,
                  routes_max: int = 0, journalled: bool = True, seq_reserve_block: int = SEQ_RESERVE_BLOCK,
-                 counts: collections.Counter | None = None):
+                 counts: collections.Counter | None = None, follows_consumers: bool = False):
         self.node_id = node_id
         self.broker = broker
         self.handler_timeout_ms = handler_timeout_ms
@@ -151,6 +168,19 @@ class ClusterProtocol:
         self._report_due_ms = 0
         self._register_due_ms = 0
         self.refresh_due_ms = 0  # when the routes this node relies on are refreshed next (lease only)
+        # groups follow their consumers (see the header)
+        self.follows_consumers = follows_consumers
+        self.moves: dict[tuple[str, str], tuple] = {}  # key -> (from_node, to_node, waiting frozenset)
+        self.held: set[tuple[str, str]] = set()  # keys this node holds in its broker for the cluster
+        self._restored: set[tuple[str, str]] = set()  # held since recovery until the replica is current
+        self.parked: dict[tuple[str, str], list] = {}  # key -> [Message] in arrival order (new owner)
+        self._parking: set[int] = set()  # park seqs whose journal write is not known good yet
+        # key -> the highest forward seq of what this old owner handed over or relayed: the new owner must
+        # hold all that before the move may end (what its producers send after is the group's next, and
+        # may still be on its way: the channel keeps its order)
+        self._owed: dict[tuple[str, str], int] = {}
+        self._recovered_top: dict[str, int] = {}  # owner -> the highest forward seq recovered for it
+        self._clear_due_ms: dict[tuple[str, str], int] = {}  # key -> when its clear may be proposed again
 
     @property
     def batch_due(self) -> bool:
@@ -176,6 +206,9 @@ class ClusterProtocol:
         """Put journalled outbound messages back in their channels, in seq order."""
         entries = []
         for name, messages in messages_by_name.items():
+            if name.startswith(PARK_PREFIX):
+                self._recover_parked(name[len(PARK_PREFIX):], messages)
+                continue
             owner, queue = parse_outbound_name(name)
             for message in messages:
                 entries.append((message.seq, owner, queue, name, message))
@@ -185,7 +218,27 @@ class ClusterProtocol:
             route_key = known.route_key(message.group_id) if known is not None else message.group_id
             self.outbound.add(owner, seq, (queue, route_key), name)
             self._recovered.setdefault(owner, []).append(_entry(queue, message))
+            # perhaps a handover or a relay before a restart: owed until acknowledged
+            self._recovered_top[owner] = max(self._recovered_top.get(owner, 0), seq)
         return len(entries)
+
+    def _recover_parked(self, queue_name: str, messages: list) -> None:
+        known = self.broker.queues.get(queue_name)
+        for message in sorted(messages, key=lambda message: message.seq):
+            self.broker.next_seq = max(self.broker.next_seq, message.seq + 1)
+            route_key = known.route_key(message.group_id) if known is not None else message.group_id
+            self.parked.setdefault((queue_name, route_key), []).append(message)
+
+    def hold_recovered(self) -> None:
+        """After recovery, before any consumer: hold every group recovered here until the replica is
+        current; this node may no longer own it, or be the new owner of a move still in progress."""
+        if not self.follows_consumers:
+            return
+        for name, queue in self.broker.queues.items():
+            if queue.settings.grouping:
+                for route_key in queue.busy_route_keys():
+                    self._hold((name, route_key))
+                    self._restored.add((name, route_key))
 
     # ---- arrivals ----------------------------------------------------------------------------
 
@@ -201,19 +254,33 @@ class ClusterProtocol:
 
     def _send(self, owner: str, item, now_ms: int, effects: list) -> None:
         incoming, queue, route_key, message, durable, producer_settled = item
+        if self.moves or self.parked:
+            key = (queue, route_key)
+            move = self.moves.get(key)
+            if (move[1] == self.node_id) if move is not None else (owner == self.node_id and key in self.parked):
+                self._park(key, message, durable, now_ms, effects)  # behind the move's handover
+                effects.append(AcceptWhenStored(incoming, durable, producer_settled))
+                return
+            if move is not None and move[0] == self.node_id and self._busy(key):
+                owner = self.node_id  # behind what the group still has here, handed over after it
         if owner == self.node_id:
             effects.append(EnqueueLocal(incoming, queue, message, durable, producer_settled, now_ms))
             return
+        self._forward_message(owner, queue, route_key, message, durable, now_ms, effects)
+        effects.append(AcceptWhenStored(incoming, durable, producer_settled))
+
+    def _forward_message(self, owner: str, queue: str, route_key: str, message: Message, durable: bool,
+                         now_ms: int, effects: list, origin: tuple | None = None) -> None:
+        """Into the outbound channel of `owner`, with a new forward seq; `origin` of a relayed one."""
         message.seq = self.broker.allocate_seq()
         message.enqueued_at_ms = message.enqueued_at_ms or now_ms
         journal_name = None
         if durable and self.journalled:
             self._reserve_seq(message.seq, effects)
             journal_name = outbound_name(owner, queue)
-            effects.append(JournalStore(journal_name, message))
+            effects.append(JournalStore(journal_name, message, origin))
         self.outbound.add(owner, message.seq, (queue, route_key), journal_name)
         self._unsubmitted.setdefault(owner, []).append(_entry(queue, message))
-        effects.append(AcceptWhenStored(incoming, durable, producer_settled))
 
     def _reserve_seq(self, seq: int, effects: list) -> None:
         if seq < self.seq_reserved:
@@ -256,6 +323,20 @@ class ClusterProtocol:
         elif kind == _RESERVATION:
             self._reserving = False
             self._reservation_flushed(what[1], reason, effects)
+        elif kind == _PARKED:
+            _, key, message = what
+            parked = self.parked.get(key, [])
+            self._parking.discard(message.seq)  # known on disk (or refused): it may be unparked
+            if reason is not None and message in parked:  # its producer is refused (or its source stopped us): never deliver it
+                parked.remove(message)
+                if not parked:
+                    del self.parked[key]
+        elif kind == _HANDED:
+            if reason is not None and not self.closed:
+                # the queue forgot what the journal still holds (or holds what it never wrote): only a
+                # restart from the journal makes the two agree, and the move goes on from there
+                self.closed = True
+                effects.append(StopNode(f"{what[1]} was not journalled ({reason})"))
         elif kind == _INBOUND:
             _, source, high_water, reply_to, enqueued = what
             if reason is None:
@@ -327,6 +408,12 @@ class ClusterProtocol:
             # of it: a node replaying an old log must not think old routes fresh
             released = self.router.learn(payload, now_ms if at_ms is None else at_ms, now_ms)
             self._release(released, now_ms, effects)
+            if self.moves:
+                for queue, group, owner in payload:
+                    if owner is None and (queue, group) in self.moves:  # a removed route ends its move
+                        self._moves_changed([(queue, group, "", "", ())])
+            if self.held:
+                self._review_holds(now_ms, effects)
         elif kind == SNAPSHOT:
             fresh = {(queue, group) for queue, group, _, _ in payload}
             gone = [(queue, group, None) for queue, group in self.router.routes if (queue, group) not in fresh]
@@ -340,6 +427,14 @@ class ClusterProtocol:
                     effects.append(Refuse(item[0], ResourceLimitExceeded(
                         f"the cluster routes at most {self.routes_max} groups (routes_max); group "
                         f"{key[1]!r} of queue {key[0]!r} has no route; retry once groups drain")))
+        elif kind == MOVES:
+            self._moves_changed(payload)
+            self._review_holds(now_ms, effects)
+        elif kind == MOVES_ALL:
+            fresh = {(entry[0], entry[1]) for entry in payload}
+            ended = [(queue, group, "", "", ()) for queue, group in sorted(self.moves) if (queue, group) not in fresh]
+            self._moves_changed(ended + list(payload))
+            self._review_holds(now_ms, effects)
         elif kind == MEMBERS:
             down = payload.get("down", {})
             for node in sorted(set(down) - set(self.members.get("down", {}))):
@@ -354,6 +449,8 @@ class ClusterProtocol:
         """The replica has caught up with the log."""
         effects: list = []
         self._release(self.router.become_ready(now_ms), now_ms, effects)
+        if self.held:
+            self._review_holds(now_ms, effects)
         return effects
 
     # ---- timers ------------------------------------------------------------------------------
@@ -382,6 +479,8 @@ class ClusterProtocol:
         if self.router.lease_ms and now_ms >= self.refresh_due_ms:
             self.refresh_due_ms = now_ms + self.router.lease_ms // 2
             self._refresh_leases(now_ms, effects)
+        if self.moves or self.held:
+            self._drive_moves(now_ms, effects)
         if self.router.to_claim:
             effects.extend(self.quiesced(now_ms))
         return effects
@@ -424,6 +523,10 @@ class ClusterProtocol:
         """Returns the source's high water here and whether this batch enqueued anything."""
         inbound = self.inbound
         advanced = False
+        if self.follows_consumers and not self.router.ready:
+            # which of a moving group's messages go first depends on what the log says: not yet known
+            raise HandlerUnavailable(f"node {self.node_id} is catching up with the raft log and takes no "
+                                     f"forwarded messages until then; retry shortly")
         for entry in entries:
             if not inbound.fresh(source, entry.forward_seq):
                 self.counts["resends_skipped"] += 1
@@ -431,6 +534,11 @@ class ClusterProtocol:
             message = Message(entry.payload, entry.group_id, expires_at_ms=entry.expires_at_ms,
                               closes_group=entry.closes_group, enqueued_at_ms=entry.enqueued_at_ms)
             try:
+                if self.follows_consumers and entry.group_id is not None and self._parked_or_relayed(
+                        source, entry, message, now_ms, effects):
+                    inbound.advance(source, entry.forward_seq)
+                    advanced = True
+                    continue
                 enqueued = self.broker.enqueue(entry.queue, message, now_ms)
             except GrouperError as error:
                 if not advanced:
@@ -446,6 +554,202 @@ class ClusterProtocol:
             effects.append(JournalDeclare({"name": MARK_PREFIX + source, "high_water": high_water}))
         return high_water, advanced
 
+    # ---- groups follow their consumers: the handover (see the header) ----------------------------
+
+    def _moves_changed(self, moves) -> None:
+        for queue, group, from_node, to_node, waiting in moves:
+            key = (queue, group)
+            if waiting:
+                self.moves[key] = (from_node, to_node, frozenset(waiting))
+                if self.node_id in (from_node, to_node) and key not in self.held:
+                    self._hold(key)
+            elif self.moves.pop(key, None) is not None:
+                self._clear_due_ms.pop(key, None)
+                self._owed.pop(key, None)
+                self.counts["moves_ended"] += 1
+
+    def _place_arrival(self, source: str | None, key: tuple[str, str]) -> str:
+        """Where a message of group `key` from `source` (None: a producer here) goes: _QUEUE (this
+        node's queue, held if it must be), _PARK (behind a move's handover) or _RELAY (on to the new
+        owner, behind what this node sent it already)."""
+        me = self.node_id
+        move = self.moves.get(key)
+        if move is not None:
+            from_node, to_node, _ = move
+            if from_node == me:
+                return _QUEUE if self._busy(key) else _RELAY
+            if to_node == me:
+                return _QUEUE if source == from_node else _PARK
+            return _QUEUE
+        owner = self.router.routes.get(key)
+        if source is not None and owner is not None and owner != me:
+            # another node's group sent here: a move this replica has not seen yet. The old owner's
+            # handover goes first; anything else waits behind it
+            return _QUEUE if source == owner else _PARK
+        return _PARK if key in self.parked else _QUEUE
+
+    def _holding(self, key: tuple[str, str], arriving: bool = False) -> bool:
+        """Whether this node must deliver nothing of the group now; `arriving`: a message of it is
+        about to be enqueued here."""
+        if not self.router.ready or key in self.parked:
+            return True
+        move = self.moves.get(key)
+        if move is not None:
+            return self.node_id in (move[0], move[1])
+        owner = self.router.routes.get(key)
+        return owner is not None and owner != self.node_id and (arriving or self._busy(key))
+
+    def _review_holds(self, now_ms: int, effects: list) -> None:
+        if self.router.ready:
+            for key in sorted(self.parked):
+                if key not in self.moves and self.router.routes.get(key) == self.node_id:
+                    self._unpark(key, now_ms, effects)
+        for key in sorted(self.held):
+            if key in self._restored and self.router.ready:
+                self._restored.discard(key)  # what the journal held stays here unless it is moving
+                move = self.moves.get(key)
+                holding = key in self.parked or (move is not None and self.node_id in (move[0], move[1]))
+            else:
+                holding = self._holding(key)
+            if not holding:
+                self._unhold(key, now_ms, effects)
+
+    def _busy(self, key: tuple[str, str]) -> bool:
+        queue = self.broker.queues.get(key[0])
+        if queue is None:
+            return False
+        group_key = queue.group_key_of_route(key[1])
+        return bool(queue.group_available(group_key) or queue.group_in_flight(group_key))
+
+    def _hold(self, key: tuple[str, str]) -> None:
+        try:
+            queue = self.broker.queue(key[0], create=True)
+        except GrouperError:
+            return  # no such queue and none may be made: nothing of the group can be enqueued here
+        self.held.add(key)
+        queue.hold_group(queue.group_key_of_route(key[1]))
+
+    def _unhold(self, key: tuple[str, str], now_ms: int, effects: list) -> None:
+        self.held.discard(key)
+        self._restored.discard(key)
+        queue = self.broker.queues.get(key[0])
+        if queue is not None:
+            broker_effects: list = []
+            queue.release_group(queue.group_key_of_route(key[1]), now_ms, broker_effects)
+            if broker_effects:
+                effects.append(ApplyBroker(broker_effects, None))
+
+    def _durable(self, queue_name: str) -> bool:
+        queue = self.broker.queues.get(queue_name)
+        return queue.settings.durable if queue is not None else self.broker.template.durable
+
+    def _park(self, key: tuple[str, str], message: Message, durable: bool, now_ms: int, effects: list,
+              origin: tuple | None = None) -> None:
+        message.seq = self.broker.allocate_seq()
+        message.enqueued_at_ms = message.enqueued_at_ms or now_ms
+        self._parking.add(message.seq)
+        if durable and self.journalled:
+            effects.append(JournalStore(PARK_PREFIX + key[0], message, origin))
+        self.parked.setdefault(key, []).append(message)
+        effects.append(AfterFlush((_PARKED, key, message)))
+        self.counts["messages_parked"] += 1
+
+    def _unpark(self, key: tuple[str, str], now_ms: int, effects: list) -> None:
+        """The move ended: what waited behind its handover goes in the queue, in arrival order."""
+        parked = self.parked[key]
+        journalled = self._durable(key[0]) and self.journalled
+        unparked = False
+        while parked:
+            old = parked[0]
+            if old.seq in self._parking:
+                break  # its journal write is not known good yet: its producer may still be refused
+            message = Message(old.payload, old.group_id, expires_at_ms=old.expires_at_ms,
+                              closes_group=old.closes_group, enqueued_at_ms=old.enqueued_at_ms)
+            try:
+                enqueued = self.broker.enqueue(key[0], message, now_ms)
+            except GrouperError as error:
+                log.warning("parked messages of group %r of queue %r wait: %s", key[1], key[0], error.description)
+                break  # held until a later tick takes them
+            effects.append(ApplyBroker(enqueued, None))
+            if journalled:
+                effects.append(JournalRemove(PARK_PREFIX + key[0], old.seq))  # after the STORE: a torn tail duplicates
+            parked.pop(0)
+            unparked = True
+        if unparked:
+            effects.append(AfterFlush((_HANDED, f"unparking messages of group {key[1]!r} of queue {key[0]!r}")))
+        if not parked:
+            del self.parked[key]
+
+    def _parked_or_relayed(self, source: str, entry: Entry, message: Message, now_ms: int, effects: list) -> bool:
+        """A forwarded message parked behind a move or relayed to a group's new owner (True), or to be
+        enqueued here, its group held first if it must be (False)."""
+        queue = self.broker.queues.get(entry.queue)
+        route_key = queue.route_key(entry.group_id) if queue is not None else entry.group_id
+        key = (entry.queue, route_key)
+        if key not in self.moves and key not in self.parked and self.router.routes.get(key) is None:
+            # a handover and what must wait behind it look alike until the replica knows the group
+            raise HandlerUnavailable(f"node {self.node_id} does not know the route of group {key[1]!r} of "
+                                     f"queue {key[0]!r} yet (its replica lags the raft log); retry shortly")
+        place = self._place_arrival(source, key)
+        if place == _PARK:
+            self._park(key, message, self._durable(entry.queue), now_ms, effects, origin=(source, entry.forward_seq))
+            return True
+        if place == _RELAY:
+            self._forward_message(self.moves[key][1], entry.queue, route_key, message, self._durable(entry.queue),
+                                  now_ms, effects, origin=(source, entry.forward_seq))
+            self._owed[key] = message.seq
+            self.counts["messages_relayed"] += 1
+            return True
+        if key not in self.held and self._holding(key, arriving=True):
+            self._hold(key)
+        return False
+
+    def _drive_moves(self, now_ms: int, effects: list) -> None:
+        self._review_holds(now_ms, effects)
+        if not self.router.ready:
+            return  # a replaying replica may see moves the log has ended since
+        clears = []
+        for key, (from_node, to_node, waiting) in sorted(self.moves.items()):
+            if from_node == self.node_id:
+                self._hand_over(key, to_node, now_ms, effects)
+            if self.node_id not in waiting or now_ms < self._clear_due_ms.get(key, 0):
+                continue
+            if from_node == self.node_id:
+                clear = waiting == {self.node_id} and not self._busy(key) and self._paid(key, to_node)
+            else:
+                clear = not self.outbound.count(from_node, key)
+            if clear:
+                clears.append((key[0], key[1], from_node, to_node))
+                self._clear_due_ms[key] = now_ms + MOVE_CLEAR_RETRY_INTERVAL_MS
+        if clears:
+            effects.extend(ProposeMoveClear(chunk) for chunk in _chunks(clears))
+
+    def _paid(self, key: tuple[str, str], to_node: str) -> bool:
+        """The new owner acknowledged everything this old owner handed over or relayed to it."""
+        owed = max(self._owed.get(key, 0), self._recovered_top.get(to_node, 0))
+        channel = self.outbound.channels.get(to_node)
+        return not channel or next(iter(channel)) > owed  # a channel is in forward seq order
+
+    def _hand_over(self, key: tuple[str, str], to_node: str, now_ms: int, effects: list) -> None:
+        """The old owner sends the group's backlog on, once nothing of it is in flight here."""
+        queue = self.broker.queues.get(key[0])
+        if queue is None:
+            return
+        if key not in self.held:
+            self._hold(key)
+        group_key = queue.group_key_of_route(key[1])
+        if not queue.group_available(group_key) or queue.group_in_flight(group_key):
+            return
+        removed: list = []
+        for old in queue.hand_over_group(group_key, removed):
+            message = Message(old.payload, old.group_id, expires_at_ms=old.expires_at_ms,
+                              closes_group=old.closes_group, enqueued_at_ms=old.enqueued_at_ms)
+            self._forward_message(to_node, key[0], key[1], message, queue.settings.durable, now_ms, effects)
+            self._owed[key] = message.seq
+            self.counts["messages_handed_over"] += 1
+        effects.append(ApplyBroker(removed, None))  # the REMOVEs after the outbound STOREs: a torn tail duplicates
+        effects.append(AfterFlush((_HANDED, f"handing group {key[1]!r} of queue {key[0]!r} over to {to_node}")))
+
     # ---- status and shutdown -----------------------------------------------------------------
 
     def status(self) -> dict:
@@ -453,6 +757,9 @@ class ClusterProtocol:
             "routes": len(self.router.routes),
             "waiting_for_route": self.router.waiting_count(),
             "outbound": self.outbound.depths(),
+            "moving": len(self.moves),
+            "held": len(self.held),
+            "parked": sum(len(messages) for messages in self.parked.values()),
             "members": self.members,
         }
 

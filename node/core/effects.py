@@ -97,10 +97,12 @@ class Refuse(NamedTuple):
 
 
 class JournalStore(NamedTuple):
-    """Journal `message` under `name` (an outbound channel's journal name)."""
+    """Journal `message` under `name` (an outbound channel's journal name). `origin` (source, forward
+    seq) of a relayed message, for the simulation's invariants only."""
 
     name: str
     message: Message
+    origin: tuple | None = None
 
 
 class JournalRemove(NamedTuple):
@@ -147,6 +149,13 @@ class ProposeTouch(NamedTuple):
 
     entries: list
     now_ms: int
+
+
+class ProposeMoveClear(NamedTuple):
+    """Propose RouteTable.move_clear(entries, this node): [(queue, group, from_node, to_node)]. A lost
+    proposal is made again at a later tick while the log still waits for this node."""
+
+    entries: list
 
 
 class ReportConsumers(NamedTuple):

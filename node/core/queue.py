@@ -95,6 +95,7 @@ class Queue:
         self.default_group = default
         self._grouping = settings.grouping
         self.groups: dict[object, Group] = {}
+        self.held_keys: set = set()  # group keys held for the cluster (a move): never dispatched, kept
         self.consumers: dict[object, Consumer] = {}
         self._takers: list[Consumer] = []  # acquiring consumers with credit > 0
         self._browsers: list[Consumer] = []
@@ -435,7 +436,7 @@ class Queue:
 
     def _place_or_forget(self, group: Group) -> None:
         head = group.head()
-        if head is None or group.held:
+        if head is None or group.held or group.key in self.held_keys:
             group.placed_in = None
             if group.idle:
                 del self.groups[group.key]
@@ -583,6 +584,57 @@ class Queue:
             if message.state == AVAILABLE:
                 head.append(message)
         return head
+
+    # ---- the cluster's holds (node/core/cluster_protocol.py: groups follow their consumers) ---------
+
+    def group_key_of_route(self, route_key: str):
+        """The group key a route key names here (queue.route_key's inverse)."""
+        if self.settings.group_buckets > 0 and route_key.startswith("bucket-"):
+            try:
+                return int(route_key[len("bucket-"):])
+            except ValueError:
+                return route_key
+        return route_key
+
+    def hold_group(self, group_key) -> None:
+        """Deliver nothing more of the group until release_group; what is in flight stays in flight."""
+        self.held_keys.add(group_key)
+        group = self.groups.get(group_key)
+        if group is not None:
+            group.placed_in = None  # its heap entries are stale from now on
+
+    def release_group(self, group_key, now_ms: int, effects: list) -> None:
+        self.held_keys.discard(group_key)
+        group = self.groups.get(group_key)
+        if group is not None:
+            self._place_or_forget(group)
+        self._dispatch(now_ms, effects)
+
+    def group_in_flight(self, group_key) -> int:
+        group = self.groups.get(group_key)
+        return 0 if group is None else group.acquired
+
+    def group_available(self, group_key) -> int:
+        group = self.groups.get(group_key)
+        return 0 if group is None else group.available_count
+
+    def hand_over_group(self, group_key, effects: list) -> list[Message]:
+        """Remove a held group's available messages, in order, for another node; its owner is freed.
+        Only once nothing of it is in flight: a message delivered here must be settled (or released)
+        before another node may deliver the next."""
+        group = self.groups.get(group_key)
+        if group is None or group.acquired or group_key not in self.held_keys:
+            return []
+        taken = [message for message in group.available if message.state == AVAILABLE]
+        for message in taken:
+            self._remove(message, effects)
+        group.available.clear()
+        group.available_count = 0
+        if group.owner is not None:
+            group.owner.owned.discard(group)
+            group.owner = None
+        self._place_or_forget(group)  # idle now: forgotten
+        return taken
 
     def group_rows(self) -> list[dict]:
         rows = []

@@ -151,9 +151,26 @@ class Outbound:
     def __init__(self):
         # owner node -> forward seq -> (route key, journal name or None); dicts keep seq order
         self.channels: dict[str, dict[int, tuple]] = {}
+        self.key_counts: dict[tuple, int] = {}  # (owner, route key) -> entries in its channel; no zeros
 
     def add(self, owner: str, seq: int, key: tuple[str, str], journal_name: str | None) -> None:
         self.channels.setdefault(owner, {})[seq] = (key, journal_name)
+        count_key = (owner, key)
+        self.key_counts[count_key] = self.key_counts.get(count_key, 0) + 1
+
+    def count(self, owner: str, key: tuple[str, str]) -> int:
+        """Entries of group `key` on their way to `owner` (not acknowledged yet)."""
+        return self.key_counts.get((owner, key), 0)
+
+    def _drop(self, owner: str, channel: dict, seq: int):
+        entry = channel.pop(seq)
+        count_key = (owner, entry[0])
+        count = self.key_counts[count_key] - 1
+        if count:
+            self.key_counts[count_key] = count
+        else:
+            del self.key_counts[count_key]
+        return entry
 
     def acknowledge(self, owner: str, high_water: int) -> list[tuple[str, int]]:
         """Drop what `owner` now holds; returns (journal name, seq) of the journalled ones."""
@@ -167,7 +184,7 @@ class Outbound:
             done.append(seq)
         journalled = []
         for seq in done:
-            journal_name = channel.pop(seq)[1]
+            journal_name = self._drop(owner, channel, seq)[1]
             if journal_name is not None:
                 journalled.append((journal_name, seq))
         return journalled
@@ -176,7 +193,8 @@ class Outbound:
         """Drop entries that must not be forwarded (their producers were refused)."""
         channel = self.channels.get(owner, {})
         for seq in seqs:
-            channel.pop(seq, None)
+            if seq in channel:
+                self._drop(owner, channel, seq)
 
     def owners_by_key(self) -> dict[tuple[str, str], str]:
         return {key: owner for owner, channel in self.channels.items() for key, _ in channel.values()}

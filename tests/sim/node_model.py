@@ -17,7 +17,7 @@ keeping only what the simulation exercises. Every decision of the cluster protoc
   oldest pending entries, drop up to the owner's high water on a reply, back off on failure or
   timeout, resend from the oldest.
 - the raft member is the simulation's `RaftLog`; its feed arrives through `catch_up`; registration
-  is not modelled (it succeeds at once).
+  goes through the log (moves wait for every registered member), without addresses.
 Never imports proton, grpc, pysyncobj, threading or time.
 """
 
@@ -25,12 +25,12 @@ from __future__ import annotations
 
 from collections import deque
 
-from handler.route_table import SNAPSHOT
+from handler.route_table import MOVES_ALL, SNAPSHOT
 from node.core.broker import Broker
-from node.core.cluster_protocol import MARK_PREFIX, ClusterProtocol, Entry, parse_outbound_name
+from node.core.cluster_protocol import MARK_PREFIX, PARK_PREFIX, ClusterProtocol, Entry, parse_outbound_name
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, DetachConsumer, Dropped,
                                EnqueueLocal, JournalDeclare, JournalRemove, JournalStore, ProposeClaim,
-                               ProposeTouch, Refuse, Register, Removed, Reply, ReportConsumers, StopNode,
+                               ProposeMoveClear, ProposeTouch, Refuse, Register, Removed, Reply, ReportConsumers, StopNode,
                                Stored, SubmitForward, Withdrawn)
 from node.core.errors import GrouperError, StoreFailed
 from node.core.message import Message
@@ -190,7 +190,8 @@ class SimNode:
         self.protocol = ClusterProtocol(
             self.node_id, self.broker, handler_timeout_ms=config.handler_timeout_ms,
             group_timeout_ms=config.group_timeout_ms, routes_max=config.routes_max,
-            seq_reserve_block=config.seq_reserve_block, counts=sim.stats)
+            seq_reserve_block=config.seq_reserve_block, counts=sim.stats,
+            follows_consumers=config.route_follow_ms > 0)
         self._forwarders: dict[str, ForwarderModel] = {}
         self._awaiting_flush: list = []  # callbacks for when everything journalled so far is durable
         self._writer_due = False
@@ -230,7 +231,10 @@ class SimNode:
                            for name, values in declarations.items() if name.startswith(MARK_PREFIX)}
         for name, by_seq in messages.items():
             for record in by_seq.values():
-                if _reserved_name(name):
+                if name.startswith(PARK_PREFIX):  # parked behind a move: this node holds them
+                    self.down_holdings.add((name[len(PARK_PREFIX):], record[4]))
+                    self.down_mids.append(mid_of(record[3]))
+                elif _reserved_name(name):
                     owner, queue = parse_outbound_name(name)
                     self.down_outbound.append(((queue, record[4]), owner, record[2]))
                 else:
@@ -279,6 +283,7 @@ class SimNode:
             for seq in sorted(by_seq):
                 self.broker.restore(name, self._message(by_seq[seq]))
                 self.live[(name, seq)] = mid_of(by_seq[seq][3])
+        self.protocol.hold_recovered()
 
     @staticmethod
     def _message(record: tuple) -> Message:
@@ -483,6 +488,7 @@ class SimNode:
         self.applied_index = index
         self.apply_due_ms = {i: due for i, due in self.apply_due_ms.items() if i > index}
         self.carry_out(self.protocol.applied(SNAPSHOT, self.sim.raft.routes_at(index), None, self.sim.now_ms))
+        self.carry_out(self.protocol.applied(MOVES_ALL, self.sim.raft.moves_at(index), None, self.sim.now_ms))
 
     def tick(self, now_ms: int) -> None:
         """AmqpServer._tick: the broker's timers, then the cluster's."""
@@ -512,7 +518,7 @@ class SimNode:
             elif kind is Refuse:
                 self.refuse(*effect)
             elif kind is JournalStore:
-                self.journal_store(effect.name, effect.message)
+                self.journal_store(effect.name, effect.message, effect.origin)
             elif kind is JournalRemove:
                 self.journal_remove(effect.name, effect.seq)
             elif kind is JournalDeclare:
@@ -533,8 +539,10 @@ class SimNode:
                                  self.guarded(lambda reason: protocol.touch_failed(sim.now_ms)))
             elif kind is ReportConsumers:
                 sim.raft.propose(("report_consumers", self.node_id, effect.counts, effect.now_ms))
+            elif kind is ProposeMoveClear:
+                sim.raft.propose(("move_clear", tuple(tuple(entry) for entry in effect.entries), self.node_id))
             elif kind is Register:
-                protocol.registered_now()
+                sim.raft.propose(("register_node", self.node_id, effect.now_ms))
             elif kind is Reply:
                 effect.reply_to(effect.high_water, effect.error)
             elif kind is StopNode:

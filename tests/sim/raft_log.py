@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 
-from handler.route_table import MEMBERS, REFUSED, ROUTES, RouteTable  # the feed's kinds
+from handler.route_table import MEMBERS, MOVES, REFUSED, ROUTES, RouteTable  # the feed's kinds
 
 
 class RaftLog:
@@ -30,6 +30,7 @@ class RaftLog:
         # key -> (indexes, [(owner or None, touched_ms or None)]): a new element whenever either changed
         self.route_history: dict[tuple[str, str], tuple[list[int], list[tuple]]] = {}
         self.current: dict[tuple[str, str], str] = {}  # the routes at the commit index, by the log alone
+        self.moves_history: list[tuple[int, list]] = [(0, [])]  # (index, table.moves_all()) at each change
         self.leader_up = True
         self._in_flight: dict[int, tuple] = {}  # proposal number -> (command, on_failed)
         self._next_proposal = 1
@@ -112,6 +113,27 @@ class RaftLog:
             self.sim.stats["routes_expired"] += len(keys)
             if keys:
                 feed.append((ROUTES, [(queue, group, None) for queue, group in keys], None))
+        elif kind == "register_node":
+            _, node, now_ms = command
+            table.register_node(node, "", "", "", now_ms)
+            feed.append((MEMBERS, {"nodes": {n: dict(info) for n, info in table.nodes.items()},
+                                   "consumers": {n: dict(c) for n, c in table.consumers.items()},
+                                   "down": dict(table.down)}, None))
+            self.sim.registered(node)
+        elif kind == "follow_consumers":
+            _, queue, from_node, now_ms = command
+            begun = table.follow_consumers(queue, from_node, now_ms)
+            keys = [(entry[0], entry[1]) for entry in begun]
+            self.sim.stats["moves_begun"] += len(begun)
+            if begun:  # the moves first: a new owner must hold the group before the route names it
+                feed.append((MOVES, begun, None))
+                feed.append((ROUTES, [(entry[0], entry[1], entry[3]) for entry in begun], now_ms))
+        elif kind == "move_clear":
+            _, entries, node = command
+            changed = table.move_clear([list(entry) for entry in entries], node)
+            self.sim.stats["moves_done"] += sum(1 for entry in changed if not entry[4])
+            if changed:
+                feed.append((MOVES, changed, None))
         elif kind == "report_consumers":
             _, node, counts, now_ms = command
             table.report_consumers(node, counts, now_ms)
@@ -120,6 +142,11 @@ class RaftLog:
             raise AssertionError(f"unknown command {command!r}")
         self.entries.append((command, feed, self.sim.now_ms))
         index = len(self.entries)
+        if kind in ("follow_consumers", "move_clear", "expire_idle") and table.moves_all() != self.moves_history[-1][1]:
+            before = {(move[0], move[1]) for move in self.moves_history[-1][1]}
+            self.moves_history.append((index, table.moves_all()))
+            for key in sorted(before - set(table.moves)):
+                self.sim.move_ended(key)
         changes = []
         for key in keys:
             route = table.routes.get(key)
@@ -168,6 +195,11 @@ class RaftLog:
             if owner is not None:
                 routes.append((key[0], key[1], owner, touched_ms))
         return routes
+
+    def moves_at(self, index: int) -> list[tuple]:
+        """The MOVES_ALL payload of a replica restored to `index`: every move then in progress."""
+        position = bisect.bisect_right([at for at, _ in self.moves_history], index)
+        return self.moves_history[position - 1][1]
 
     def feed(self, index: int) -> list[tuple]:
         return self.entries[index - 1][1]

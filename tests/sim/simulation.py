@@ -63,7 +63,7 @@ import heapq
 import random
 from dataclasses import dataclass
 
-from handler.leader_duties import ExpireIdle, LeaderDuties, RaftStatus
+from handler.leader_duties import ExpireIdle, FollowConsumers, LeaderDuties, RaftStatus
 from node.core.effects import Removed
 from node.core.message import Outcome
 from tests.sim.node_model import MARK_PREFIX, SimNode, mid_of
@@ -81,6 +81,7 @@ class SimConfig:
     handler_timeout_ms: int = 300  # a message waits this long for a route before it is refused
     group_timeout_ms: int = 0  # routes idle this long are expired by the leader; 0: never (no leases)
     reaper_interval_ms: int = 100  # the leader's duties and expire_idle cadence (with a group timeout)
+    route_follow_ms: int = 0  # groups follow their consumers after this long; 0: off (and no migrations)
     routes_max: int = 1_000_000
     net_delay_ms_max: int = 20  # one way, forwarding calls and replies
     forward_loss: float = 0.05  # a forwarding call never reaches the owner
@@ -225,12 +226,14 @@ class Simulation:
         self.accepted_by_consumer: set[str] = set()
         self.confirmed: collections.Counter = collections.Counter()
         self.allowed_duplicates: set[str] = set()
+        self.moved: dict[tuple[str, str], int] = {}  # (queue, group) -> moves ended, for the invariants
         self._checked: dict = {}  # what the last invariant check saw, to skip unchanged parts
         self._replay = "<the scenario's own calls>"
         for node in self.nodes.values():
             node.boot()
         self.raft_term = 1  # a new term at every leader outage: the next leader is new
-        self.duties = LeaderDuties(config.group_timeout_ms, reaper_interval_ms=config.reaper_interval_ms)
+        self.duties = LeaderDuties(config.group_timeout_ms, reaper_interval_ms=config.reaper_interval_ms,
+                                   route_follow_ms=config.route_follow_ms)
         if self.duties.active:
             self.schedule(0, self._leader_duties, None)  # the first leader leads from t=0
 
@@ -308,10 +311,29 @@ class Simulation:
         self.schedule(self.config.reaper_interval_ms, self._leader_duties, None)
         alive = tuple(sorted(node.node_id for node in self.nodes.values() if node.alive))
         down = tuple(sorted(node.node_id for node in self.nodes.values() if not node.alive))
-        status = RaftStatus(leader=self.raft.leader_up, term=self.raft_term, reachable=alive, unreachable=down)
+        table = self.raft.table
+        status = RaftStatus(leader=self.raft.leader_up, term=self.raft_term, reachable=alive, unreachable=down,
+                            consumers=tuple((node, queue, count) for node, held in sorted(table.consumers.items())
+                                            for queue, count in sorted(held.items())),
+                            routed=tuple((node, queue, count) for (node, queue), count
+                                         in sorted(table.route_counts.items())))
         for command in self.duties.tick(self.now_ms, status):
+            if isinstance(command, FollowConsumers):
+                self.trace(f"leader: groups of {command.queue} follow their consumers away from {command.from_node}")
+                self.raft.propose(("follow_consumers", command.queue, command.from_node, command.now_ms))
+                continue
             assert isinstance(command, ExpireIdle), command  # no owner failover here
             self.raft.propose(("expire_idle", command.cutoff_ms, command.spared_nodes))
+
+    def registered(self, node_id: str) -> None:
+        """The log holds `node_id`'s registration (RaftLog.commit)."""
+        node = self.nodes[node_id]
+        if node.alive:
+            node.protocol.registered_now()
+
+    def move_ended(self, key: tuple[str, str]) -> None:
+        self.moved[key] = self.moved.get(key, 0) + 1
+        self.trace(f"  move of {key} ended: its messages are at {self.raft.current.get(key)} only from now on")
 
     def _set_leader(self, up: bool) -> None:
         self.raft.set_leader(up)
@@ -345,11 +367,12 @@ class Simulation:
             node.install_snapshot(self.raft.commit_index)
             self.stats["snapshots"] += 1
         else:
-            action = rng.choices(
-                (self._send, self._attach, self._credit, self._accept, self._release, self._detach,
-                 self._new_producer),
-                weights=(40, 4, 10, 16, 2, 2, 3))[0]
-            action()
+            actions = (self._send, self._attach, self._credit, self._accept, self._release, self._detach,
+                       self._new_producer)
+            weights = (40, 4, 10, 16, 2, 2, 3)
+            if config.route_follow_ms:  # consumers move between nodes, and their groups after them
+                actions, weights = actions + (self._migrate,), weights + (2,)
+            rng.choices(actions, weights=weights)[0]()
 
     def _alive_producers(self) -> list[Producer]:
         self.producers = [producer for producer in self.producers if producer.alive]
@@ -392,6 +415,22 @@ class Simulation:
     def _pick_consumer(self) -> Consumer | None:
         consumers = self._alive_consumers()
         return self.rng.choice(consumers) if consumers else self._attach()
+
+    def _migrate(self) -> None:
+        """Every consumer of one queue on one node leaves it for another node."""
+        consumers = self._alive_consumers()
+        alive = self._alive_nodes()
+        if not consumers or len(alive) < 2:
+            return
+        leaving = self.rng.choice(consumers)
+        source, queue = leaving.node, leaving.queue
+        target = self.rng.choice([node for node in alive if node is not source])
+        self.trace(f"consumers of {queue} move from {source.node_id} to {target.node_id}")
+        self.stats["migrations"] += 1
+        for consumer in [consumer for consumer in consumers if consumer.node is source and consumer.queue == queue]:
+            self._detach(consumer)
+            moved = self._attach(target, queue)
+            moved.node.apply(moved.node.broker.set_credit(moved.id, self.rng.randint(1, 5), self.now_ms))
 
     def _credit(self) -> None:
         consumer = self._pick_consumer()
@@ -461,12 +500,17 @@ class Simulation:
         declarations, messages = node.store.recovered()
         marks = {name[len(MARK_PREFIX):]: int(values["high_water"])
                  for name, values in declarations.items() if name.startswith(MARK_PREFIX)}
+        queued, outbound = set(), set()
         for name, by_seq in messages.items():
             for record in by_seq.values():
-                origin = record[6]
+                (outbound if name.startswith("\x00") else queued).add(mid_of(record[3]))
+                origin = record[6]  # a forwarded message enqueued or relayed here
                 if origin is not None and origin[1] > marks.get(origin[0], 0):
                     self.allowed_duplicates.add(mid_of(record[3]))
                     self.trace(f"  {node.node_id} keeps {mid_of(record[3])} past its mark: may be held twice")
+        for mid in sorted(queued & outbound):  # a handover's STORE kept, its queue's REMOVE torn off
+            self.allowed_duplicates.add(mid)
+            self.trace(f"  {node.node_id} keeps {mid} in a queue and handed over: may be held twice")
 
     def restart(self, node: SimNode, config_queues=()) -> None:
         if node.alive:
@@ -564,9 +608,18 @@ class Simulation:
         if self.outcome.get(mid) == "refused":
             self.violation(f"{mid} was refused but {node.node_id} delivered it")
         if mid not in self.allowed_duplicates:
+            _, queue, group, _ = self.sent[mid]
             for other in self._alive_consumers():
                 if mid in other.unsettled.values():
                     self.violation(f"{mid} delivered to {consumer.id} while {other.id} holds it unsettled")
+                if other is not consumer and any(self.sent[held][1:3] == (queue, group) for held in other.unsettled.values()
+                                                 if held not in self.allowed_duplicates):
+                    self.violation(f"{mid} delivered to {consumer.id} on {node.node_id} while {other.id} on "
+                                   f"{other.node.node_id} holds a message of group {(queue, group)} unsettled")
+            move = self.raft.table.moves.get((queue, group))
+            if move is not None and node.node_id == move[1]:
+                self.violation(f"{node.node_id} delivered {mid} while group {(queue, group)} is still moving "
+                               f"there from {move[0]} (waiting for {move[3]})")
         consumer.unsettled[deliver.delivery_id] = mid
         self.trace(f"  {node.node_id} delivers {mid} to {consumer.id}")
         if mid in self.delivered_once:
@@ -632,6 +685,9 @@ class Simulation:
             if depth != len(node.live):
                 self.violation(f"{node.node_id} holds {depth} messages but journalled {len(node.live)}")
             held.extend(node.live.values())
+            for key, parked in node.protocol.parked.items():  # behind a move's handover, journalled
+                holders[key].add(node.node_id)
+                held.extend(mid_of(message) for message in parked)
             for owner, channel in node.outbound.channels.items():
                 taken = self.nodes[owner].taken_from(node.node_id)  # a resend of these is skipped
                 for key in {key for seq, (key, _) in channel.items() if seq > taken}:
@@ -642,6 +698,14 @@ class Simulation:
                 holders[key].add(owner)
         for key, nodes in holders.items():
             where = f" ({'; '.join(sorted(via[key]))})" if key in via else ""
+            move = table.moves.get(key)
+            if move is not None:  # the old and the new owner both hold it until the move ends
+                if not nodes <= {move[0], move[1]}:
+                    self.violation(f"group {key} moving from {move[0]} to {move[1]} is held at {sorted(nodes)}{where}")
+                continue
+            if key in self.moved and nodes != {raft.current.get(key)}:
+                self.violation(f"group {key} moved to {raft.current.get(key)} (move ended) but its messages are "
+                               f"at {sorted(nodes)}{where}")
             if len(nodes) > 1:
                 self.violation(f"group {key} is split across {sorted(nodes)}{where}")
             if len(nodes) != 1 or raft.current.get(key) not in nodes:
@@ -700,12 +764,16 @@ class Simulation:
                 left[f"{node.node_id} holds"] = sorted(node.live.values())[:5]
             if node.outbound.channels and any(node.outbound.channels.values()):
                 left[f"{node.node_id} outbound"] = node.outbound.depths()
+            if node.protocol.parked:
+                left[f"{node.node_id} parked"] = sorted(node.protocol.parked)[:5]
             if node.router.waiting:
                 left[f"{node.node_id} waiting"] = node.router.waiting_count()
             if node.store.waiters or node._awaiting_flush:
                 left[f"{node.node_id} unflushed"] = len(node.store.waiters)
         if self.network.in_flight:
             left["network"] = len(self.network.in_flight)
+        if self.raft.table.moves:
+            left["moves"] = self.raft.table.moves_all()[:5]
         return left
 
     def summary(self) -> dict:

@@ -1,0 +1,106 @@
+"""Groups follow their consumers, simulated: the leader moves a group whose owner lost its consumers,
+and the handover (node/core/cluster_protocol.py) keeps every invariant through every fault.
+
+Beyond the invariants every simulation checks after every step (tests/sim/simulation.py), a moving
+group's new owner delivers none of it until the move ends, no two consumers anywhere hold a group at
+once, and once a move ended the group's messages are on its new owner only.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from tests.sim.simulation import Simulation
+
+FOLLOW_SWEEP_SEEDS = 60
+FOLLOW_JOURNAL_FAIL_SEEDS = 20
+SWEEP_STEPS = 300
+NODES_BY_SEED = (3, 3, 2, 5)
+ROUTE_FOLLOW_MS = 100
+
+
+def scripted(seed: int, **overrides) -> Simulation:
+    settings = {"scripted": True, "forward_loss": 0.0, "ack_loss": 0.0, "duplicate": 0.0,
+                "route_follow_ms": ROUTE_FOLLOW_MS, **overrides}
+    return Simulation(seed, **settings)
+
+
+def test_groups_follow_consumers_that_move_between_nodes_through_every_fault():
+    totals: collections.Counter = collections.Counter()
+    for seed in range(FOLLOW_SWEEP_SEEDS):
+        sim = Simulation(seed, nodes=NODES_BY_SEED[seed % len(NODES_BY_SEED)],
+                         route_follow_ms=ROUTE_FOLLOW_MS).run(SWEEP_STEPS)
+        totals.update(sim.summary())
+    for counted in ("migrations", "moves_begun", "moves_done", "messages_handed_over", "messages_relayed",
+                    "messages_parked", "crashes", "torn_tails", "leader_outages", "snapshots", "redeliveries"):
+        assert totals[counted] > 0, (counted, totals)
+    assert totals["moves_done"] == totals["moves_begun"]  # the drain ends every move
+
+
+def test_groups_follow_consumers_with_failed_journal_writes_too():
+    totals: collections.Counter = collections.Counter()
+    for seed in range(FOLLOW_JOURNAL_FAIL_SEEDS):
+        sim = Simulation(seed, nodes=NODES_BY_SEED[seed % len(NODES_BY_SEED)], route_follow_ms=ROUTE_FOLLOW_MS,
+                         journal_fail_rate=0.02).run(SWEEP_STEPS)
+        totals.update(sim.summary())
+    for counted in ("moves_done", "journal_failures", "stops"):
+        assert totals[counted] > 0, (counted, totals)
+
+
+SEND_INTERVAL_MS = 15  # each producer sends this often: well within what one simulated forwarder carries
+
+
+def send_for(sim: Simulation, producers: list, duration_ms: int, sent: list) -> None:
+    for _ in range(max(1, duration_ms // SEND_INTERVAL_MS)):
+        for producer in producers:
+            sent.append(sim.send(producer, "g1"))
+        sim.advance(SEND_INTERVAL_MS)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_consumers_leaving_a_node_take_its_groups_backlog_with_them_in_order_while_producers_keep_sending(seed):
+    sim = scripted(seed)
+    leaving = sim.consumer("n1", "q1", accept_all=False)  # no credit: the group's messages queue on n1
+    sim.advance(50)
+    producers = [sim.producer("n1", "q1"), sim.producer("n3", "q1"), sim.producer("n2", "q1")]
+    sent: list = []
+    send_for(sim, producers, 100, sent)
+    assert sim.route("q1", "g1") == "n1"
+    sim.detach(leaving)
+    arriving = sim.consumer("n2", "q1", accept_all=False)
+    send_for(sim, producers, 800, sent)  # the leader moves g1 meanwhile; nobody stops sending
+    assert sim.route("q1", "g1") == "n2" and sim.raft.table.moves == {}
+    assert sim.moved[("q1", "g1")] == 1 and sim.stats["messages_handed_over"] > 0
+    assert not sim.nodes["n1"].live  # the backlog left n1
+    arriving.accept_all = True
+    sim.advance(300)
+    assert all(sim.outcome[mid] == "accepted" for mid in sent)
+    assert set(sent) <= sim.accepted_by_consumer  # every one, in order per producer (checked at each delivery)
+    sim.drain()
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("crashing", ["n1", "n2"])
+def test_a_crash_of_the_old_or_the_new_owner_mid_handover_loses_and_reorders_nothing(seed, crashing):
+    sim = scripted(seed)
+    leaving = sim.consumer("n1", "q1", accept_all=False)
+    sim.advance(50)
+    producers = [sim.producer("n3", "q1")]
+    sent: list = []
+    send_for(sim, producers, 100, sent)
+    sim.detach(leaving)
+    arriving = sim.consumer("n2", "q1", accept_all=True)
+    while not sim.raft.table.moves:  # until the leader's follow_consumers is in the log
+        send_for(sim, producers, SEND_INTERVAL_MS, sent)
+    sim.crash_node(crashing)
+    send_for(sim, producers, 50, sent)
+    sim.restart_node(crashing)
+    if crashing == "n2":
+        arriving = sim.consumer("n2", "q1", accept_all=True)  # its consumer died with it
+    send_for(sim, producers, 800, sent)
+    assert sim.route("q1", "g1") == "n2" and sim.raft.table.moves == {}
+    assert arriving.alive
+    sim.drain()
+    assert {mid for mid in sent if sim.outcome.get(mid) == "accepted"} <= sim.accepted_by_consumer
