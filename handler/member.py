@@ -20,6 +20,7 @@ Rules:
 - Only the node ends this process: ("stop",), or the channel closing (the node died, even by
   SIGKILL). SIGINT, SIGTERM and SIGHUP sent to the node's process group are ignored here, so a
   Ctrl-C or a supervisor's SIGTERM stops the node, which then stops its member in order.
+- It runs at nice MEMBER_NICE when it may, so its heartbeats are not queued behind busy nodes.
 - The raft secrets arrive over the channel, never on the command line (ps shows argv).
 - Everything raft reports goes out in the order pysyncobj's tick thread reported it.
 """
@@ -39,6 +40,11 @@ from handler.channel import Channel
 log = logging.getLogger("grouper.handler")
 
 PR_SET_PDEATHSIG = 1  # prctl(2): a signal for this process when its parent dies
+# the member's nice value: below the node's 0, so that when the node's busy threads (and its
+# neighbours) fill every core the kernel still runs a heartbeat as soon as it is due; it uses little
+# CPU, so it takes little from them. Lowering it needs CAP_SYS_NICE (a node run as root has it);
+# without that it runs at the node's priority, and says so
+MEMBER_NICE = -10
 
 
 class Member:
@@ -49,6 +55,7 @@ class Member:
         self._requests = {
             "claim": self._claim, "touch": self._touch, "report_consumers": self._report_consumers,
             "register": self._register, "unroute": self._unroute, "drop_queue": self._drop_queue,
+            "move_clear": self._move_clear,
             "add_member": self._add_member, "remove_member": self._remove_member,
             "status": self._status, "stop": self._stop,
         }
@@ -79,7 +86,8 @@ class Member:
                 election_timeout_min_ms=settings["election_timeout_min_ms"],
                 election_timeout_max_ms=settings["election_timeout_max_ms"],
                 routes_max=settings["routes_max"], group_timeout_ms=settings["group_timeout_ms"],
-                owner_failover_ms=settings["owner_failover_ms"], bind_host=settings["bind_host"],
+                owner_failover_ms=settings["owner_failover_ms"], route_follow_ms=settings["route_follow_ms"],
+                bind_host=settings["bind_host"],
                 raft_secrets=tuple(settings["raft_secrets"]))
         except Exception as error:  # reported to the node, which says what to fix
             send(("start_failed", f"{type(error).__name__}: {error}"))
@@ -100,6 +108,9 @@ class Member:
     def _register(self, request_id, peer_address, amqp_address, admin_address, now_ms) -> None:
         self.handler.register(peer_address, amqp_address, admin_address, now_ms,
                               on_done=lambda reason: self._done(request_id, reason))
+
+    def _move_clear(self, entries) -> None:
+        self.handler.move_clear(entries)
 
     def _unroute(self, keys) -> None:
         self.handler.unroute(keys)
@@ -144,12 +155,23 @@ def _die_with_parent() -> None:
         pass  # not Linux: the channel's EOF alone ends this process
 
 
+def _raise_priority() -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, MEMBER_NICE)
+    except OSError as error:
+        # the usual case for a non-root node (a container): said once, not a fault
+        log.info("raft member: runs at the node's scheduling priority (nice %d needs CAP_SYS_NICE: %s); "
+                 "on a host whose cores the nodes keep busy, the raft leadership may move", MEMBER_NICE,
+                 error.strerror)
+
+
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     _die_with_parent()
+    _raise_priority()
     if os.getppid() == 1:
         return 0  # the node died before this process could ask to die with it
     channel_socket = socket.socket(fileno=int(argv[0]))
