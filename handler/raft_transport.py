@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from cryptography.fernet import InvalidToken, MultiFernet
@@ -47,6 +47,9 @@ REFUSALS_REMEMBERED_MAX = 1000  # (source, reason) pairs already logged; the old
 EXCERPT_CHARS_MAX = 80  # of a first message that is not a hello, quoted in the warning
 HANDSHAKE_TIMEOUT_S = 10.0  # an incoming connection that has not named itself by then is closed
 HANDSHAKE_BYTES_MAX = 64 << 10  # buffered from an incoming connection before it named itself (a hello is ~300 B)
+TICK_PAUSE_NOTED_MS = 100  # a longer gap between two ticks of this member is remembered for the election log
+TICK_PAUSES_KEPT = 64
+TICK_PAUSES_WINDOW_S = 10.0  # the election log line reports the tick pauses of this last stretch
 HANDSHAKES_MAX = 32  # incoming connections that have not named themselves yet; more are closed at once
 # dialled connections a member closes in a row during the key exchange before that is logged: a member
 # that is going down may close one or two, one with another secret closes every connectionRetryTime
@@ -136,6 +139,11 @@ class RaftTransport(TCPTransport):
         self._refusals_logged: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._exchanging_keys: set = set()  # outgoing connections between connect and the peer's key
         self._key_exchanges_closed: dict[str, int] = {}  # member -> in a row; members are few
+        # why an election started, for its log line: when each member was last heard from, and the
+        # recent pauses of this member's own tick loop (a starved member cannot hear its leader)
+        self.heard_at_s: dict[str, float] = {}  # member address -> monotonic time of its last message
+        self.tick_pauses: deque = deque(maxlen=TICK_PAUSES_KEPT)  # (monotonic end, pause ms), long ones only
+        self._last_tick_s: float | None = None
         super().__init__(syncObj, selfNode, otherNodes)
 
     @classmethod
@@ -202,7 +210,24 @@ class RaftTransport(TCPTransport):
             return
         super()._onIncomingMessageReceived(conn, verdict.dialer_address)  # pysyncobj's: unknown dialers are closed
 
+    def _onMessageReceived(self, node, message):
+        self.heard_at_s[node.address] = time.monotonic()
+        super()._onMessageReceived(node, message)
+
+    def pulse(self, now_s: float) -> str:
+        """Why this member may have lost its leader: whom it heard from when, and its own tick pauses."""
+        heard = ", ".join(f"{member} {(now_s - at_s) * 1000:.0f} ms ago" for member, at_s in sorted(self.heard_at_s.items()))
+        recent = [pause_ms for at_s, pause_ms in self.tick_pauses if now_s - at_s <= TICK_PAUSES_WINDOW_S]
+        pauses = (f"its tick loop paused up to {max(recent):.0f} ms ({len(recent)} pauses over "
+                  f"{TICK_PAUSE_NOTED_MS} ms) in the last {TICK_PAUSES_WINDOW_S:.0f} s" if recent else
+                  f"its tick loop never paused over {TICK_PAUSE_NOTED_MS} ms in the last {TICK_PAUSES_WINDOW_S:.0f} s")
+        return f"last heard from: {heard or 'nobody'}; {pauses}"
+
     def _onTick(self):
+        now_s = time.monotonic()
+        if self._last_tick_s is not None and (now_s - self._last_tick_s) * 1000 > TICK_PAUSE_NOTED_MS:
+            self.tick_pauses.append((now_s, (now_s - self._last_tick_s) * 1000))
+        self._last_tick_s = now_s
         super()._onTick()
         if self._unknownConnections:
             self._sweep_handshakes(time.monotonic())

@@ -24,7 +24,7 @@ import time
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 
-from handler.leader_duties import ExpireIdle, FailOver, LeaderDuties, MarkUp, RaftStatus
+from handler.leader_duties import ExpireIdle, FailOver, FollowConsumers, LeaderDuties, MarkUp, RaftStatus
 from handler.raft_transport import RaftTransport
 from handler.replicated import RouteTableReplica
 
@@ -33,18 +33,26 @@ log = logging.getLogger("grouper.handler")
 DUTIES_INTERVAL_MS = 200  # how often the leader checks members' reachability (owner failover)
 DESTROY_WAIT_S = 2.0  # how long stop() waits for the tick thread
 STATUS_TRIES = 5  # reads of the raft status before giving up
+# the raft code version of the commands moves need (handler/replicated.py's ver=1 commands): pysyncobj
+# proposes them only once a setCodeVersion entry in the log enabled it (and forgets it when a restart
+# loads a compacted log), so a member proposes that entry the first time it would propose one of
+# them, and drops that proposal (the leader's duties and the node propose again later). Every member
+# must run this code by then (route_follow_ms on all)
+MOVES_CODE_VERSION = 1
 
 
 class GroupingHandler:
     def __init__(self, node_id: str, partners: list[str], raft_dir: str, *, on_applied, on_ready,
                  election_timeout_min_ms: int, election_timeout_max_ms: int, routes_max: int,
-                 group_timeout_ms: int = 0, owner_failover_ms: int = 0, bind_host: str = "",
+                 group_timeout_ms: int = 0, owner_failover_ms: int = 0, route_follow_ms: int = 0, bind_host: str = "",
                  raft_secrets: tuple[str, ...] = ()):
         os.makedirs(raft_dir, exist_ok=True)
         self.node_id = node_id
         self.group_timeout_ms = group_timeout_ms
         self.owner_failover_ms = owner_failover_ms
         self._on_ready = on_ready
+        self._election_timeout_ms = (election_timeout_min_ms, election_timeout_max_ms)
+        self._had_leader = False  # tick thread: a leader was known once (an election after that is news)
         self.replica = RouteTableReplica(on_applied, routes_max)
         conf = SyncObjConf(
             appendEntriesUseBatch=False,  # a follower's proposal waits ~200 ms for a batch otherwise
@@ -71,7 +79,8 @@ class GroupingHandler:
         self._syncobj = SyncObj(node_id, list(partners), conf=conf, consumers=[self.replica],
                                 transportClass=RaftTransport.with_secrets(raft_secrets) if raft_secrets
                                 else RaftTransport)
-        self.duties = LeaderDuties(group_timeout_ms, owner_failover_ms)
+        self.duties = LeaderDuties(group_timeout_ms, owner_failover_ms, route_follow_ms=route_follow_ms)
+        self._code_version_proposed = False
         self._stopped = threading.Event()
         self._duties = None
         if self.duties.active:
@@ -97,6 +106,13 @@ class GroupingHandler:
     def register(self, peer_address: str, amqp_address: str, admin_address: str, now_ms: int, on_done) -> None:
         self.replica.register_node(self.node_id, peer_address, amqp_address, admin_address, now_ms,
                                    callback=self._callback(on_done, on_success=lambda: on_done(None)))
+
+    def move_clear(self, entries: list) -> None:
+        """This node holds and sends nothing more of these moving groups toward their old owners: entries
+        are [queue, group, from_node, to_node] (see RouteTable.move_clear); a lost one is proposed again."""
+        if self._moves_enabled():
+            self.replica.move_clear([list(entry) for entry in entries], self.node_id,
+                                    callback=self._logged("move_clear"))
 
     def unroute(self, keys: list) -> None:
         self.replica.unroute([list(key) for key in keys], callback=self._logged("unroute"))
@@ -153,11 +169,20 @@ class GroupingHandler:
     # ---- internals (tick thread) -------------------------------------------------------------
 
     def _ready(self):
+        self._had_leader = True
         log.info("grouping handler ready: replica caught up with the raft log")
         self._on_ready()
 
     def _state_changed(self, old_state, new_state):
+        if new_state == 1 and old_state == 0:  # a follower's election timeout fired: say what it saw
+            transport = self._syncobj._SyncObj__transport  # pysyncobj keeps it private; ours is a RaftTransport
+            # a member that never had a leader (a cluster forming) elects as a matter of course
+            log.log(logging.WARNING if self._had_leader else logging.INFO,
+                    "raft election started by this member: it heard from no leader within its election "
+                    "timeout (%d-%d ms); %s", self._election_timeout_ms[0], self._election_timeout_ms[1],
+                    transport.pulse(time.monotonic()))
         if new_state == 2:
+            self._had_leader = True
             log.info("this node is now the raft leader: the LOCAL grouping handler")
 
     def _callback(self, on_failed, on_success=None):
@@ -193,7 +218,39 @@ class GroupingHandler:
             leader=status["state"] == "leader", term=status["term"],
             reachable=tuple(member for member in others if member in status["connected"]),
             unreachable=tuple(member for member in others if member not in status["connected"]),
-            down=frozenset(self.replica.table.down))  # a read-only look; decisions go through the log
+            down=frozenset(self.replica.table.down),  # a read-only look; decisions go through the log
+            **(self._placement() if self.duties.route_follow_ms else {}))
+
+    def _moves_enabled(self) -> bool:
+        if self._syncobj.getCodeVersion() >= MOVES_CODE_VERSION:
+            return True
+        if not self._code_version_proposed:
+            self._code_version_proposed = True
+            log.info("enabling raft code version %d (groups follow their consumers)", MOVES_CODE_VERSION)
+
+            def failed(reason):
+                self._code_version_proposed = False
+                log.warning("grouping handler: enabling raft code version %d failed: %s; retrying",
+                            MOVES_CODE_VERSION, reason)
+            self._syncobj.setCodeVersion(MOVES_CODE_VERSION, callback=self._callback(failed))
+        return False
+
+    def _placement(self) -> dict:
+        """The table's consumers and routes per node and queue, for following consumers: a read-only
+        look from this thread while the tick thread applies commands, so a read may meet a dict
+        changing size and is tried again."""
+        table = self.replica.table
+        for _ in range(STATUS_TRIES):
+            try:
+                return {
+                    "consumers": tuple((node, queue, count) for node, held in sorted(dict(table.consumers).items())
+                                       for queue, count in sorted(dict(held).items())),
+                    "routed": tuple((node, queue, count) for (node, queue), count
+                                    in sorted(dict(table.route_counts).items())),
+                }
+            except RuntimeError:
+                continue
+        raise TimeoutError("the route table kept changing while being read; try again")
 
     def _propose_duty(self, command) -> None:
         if isinstance(command, ExpireIdle):
@@ -205,6 +262,13 @@ class GroupingHandler:
                         "processed out of order if it returns", command.node, command.unreachable_ms,
                         self.owner_failover_ms)
             self.replica.fail_over(command.node, command.now_ms, callback=self._logged("fail_over"))
+        elif isinstance(command, FollowConsumers):
+            if not self._moves_enabled():
+                return  # the duties propose it again a route_follow_ms later
+            log.info("groups of queue %r follow their consumers away from %s (no consumer there for %d ms, "
+                     "route_follow_ms)", command.queue, command.from_node, self.duties.route_follow_ms)
+            self.replica.follow_consumers(command.queue, command.from_node, command.now_ms,
+                                          callback=self._logged("follow_consumers"))
         elif isinstance(command, MarkUp):
             log.warning("member %s is reachable again: marking it up; groups moved away while it was "
                         "down stay where they are now", command.node)

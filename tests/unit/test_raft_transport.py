@@ -90,6 +90,14 @@ def test_members_connect_and_pysyncobjs_utility_and_read_only_connections_are_st
         made.append(read_only)
         wait_until(lambda: read_only._getLeader() is not None, "the read-only node learning the leader")
         assert str(read_only._getLeader()) in addresses
+        # what an election's log line says: whom this member heard from when, and its own tick pauses
+        transport = made[0]._SyncObj__transport
+        wait_until(lambda: addresses[1] in transport.heard_at_s, "the first member hearing from the second")
+        now_s = time.monotonic()
+        assert f"last heard from: {addresses[1]} " in transport.pulse(now_s)
+        transport.tick_pauses.append((now_s, 340.0))  # as if the process had been starved of CPU for 340 ms
+        assert "its tick loop paused up to 340 ms" in transport.pulse(now_s)
+        assert "never paused" in transport.pulse(now_s + 60)  # only the last 10 s count
     finally:
         for member in made:
             member.destroy()
