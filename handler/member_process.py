@@ -37,7 +37,7 @@ LOST = "the raft member process ended"
 class MemberProcess:
     def __init__(self, node_id: str, partners: list[str], raft_dir: str, *, on_applied, on_ready, on_lost,
                  election_timeout_min_ms: int, election_timeout_max_ms: int, routes_max: int,
-                 group_timeout_ms: int = 0, owner_failover_ms: int = 0, bind_host: str = "",
+                 group_timeout_ms: int = 0, owner_failover_ms: int = 0, route_follow_ms: int = 0, bind_host: str = "",
                  raft_secrets: tuple[str, ...] = ()):
         self.node_id = node_id
         self._on_applied = on_applied
@@ -65,7 +65,7 @@ class MemberProcess:
             "node_id": node_id, "partners": list(partners), "raft_dir": raft_dir,
             "election_timeout_min_ms": election_timeout_min_ms, "election_timeout_max_ms": election_timeout_max_ms,
             "routes_max": routes_max, "group_timeout_ms": group_timeout_ms,
-            "owner_failover_ms": owner_failover_ms, "bind_host": bind_host, "raft_secrets": list(raft_secrets)}))
+            "owner_failover_ms": owner_failover_ms, "route_follow_ms": route_follow_ms, "bind_host": bind_host, "raft_secrets": list(raft_secrets)}))
         if not self._started.wait(START_TIMEOUT_MS / 1000):
             self.stop()
             raise RuntimeError(f"the raft member process did not start within {START_TIMEOUT_MS} ms")
@@ -93,6 +93,10 @@ class MemberProcess:
 
     def register(self, peer_address: str, amqp_address: str, admin_address: str, now_ms: int, on_done) -> None:
         self._request("register", on_done, peer_address, amqp_address, admin_address, now_ms)
+
+    def move_clear(self, entries: list) -> None:
+        """This node holds and sends nothing more of these moving groups toward their old owners."""
+        self._channel.send(("move_clear", [list(entry) for entry in entries]))
 
     def unroute(self, keys: list) -> None:
         self._channel.send(("unroute", [list(key) for key in keys]))

@@ -12,7 +12,8 @@ import logging
 
 from pysyncobj import SyncObjConsumer, replicated
 
-from handler.route_table import MEMBERS, REFUSED, ROUTES, SNAPSHOT, RouteTable  # the feed's kinds: see there
+from handler.route_table import (MEMBERS, MOVES, MOVES_ALL, REFUSED, ROUTES, SNAPSHOT,  # the feed's kinds: see there
+                                 RouteTable)
 
 log = logging.getLogger("grouper.handler")
 
@@ -36,6 +37,7 @@ class RouteTableReplica(SyncObjConsumer):
         self.table = table
         self._on_applied(SNAPSHOT, [(queue, group, route[0], route[1])
                                     for (queue, group), route in sorted(table.routes.items())], None)
+        self._on_applied(MOVES_ALL, table.moves_all(), None)
         self._publish_members()
 
     # ---- replicated commands -----------------------------------------------------------------
@@ -75,6 +77,23 @@ class RouteTableReplica(SyncObjConsumer):
     def drop_queue(self, queue):
         return self._removed(self.table.drop_queue(queue))
 
+    # ver=1: numbered after every command of ver 0, which old raft journals name by number
+    @replicated(ver=1)
+    def follow_consumers(self, queue, from_node, now_ms):
+        begun = self.table.follow_consumers(queue, from_node, now_ms)
+        if begun:  # the moves first: a new owner holds the group before the route names it
+            self._on_applied(MOVES, begun, None)
+            self._on_applied(ROUTES, [(moved_queue, group, to_node) for moved_queue, group, _, to_node, _ in begun],
+                             now_ms)
+        return len(begun)
+
+    @replicated(ver=1)
+    def move_clear(self, entries, node):
+        changed = self.table.move_clear(entries, node)
+        if changed:
+            self._on_applied(MOVES, changed, None)
+        return len(changed)
+
     @replicated
     def report_consumers(self, node, counts, now_ms):
         self.table.report_consumers(node, counts, now_ms)
@@ -92,7 +111,10 @@ class RouteTableReplica(SyncObjConsumer):
 
     @replicated
     def fail_over(self, node, now_ms):
+        moves = self.table.moves_all()
         dropped = self._removed(self.table.fail_over(node, now_ms))
+        if self.table.moves_all() != moves:  # it is waited for no more
+            self._on_applied(MOVES_ALL, self.table.moves_all(), None)
         self._publish_members()
         return dropped
 

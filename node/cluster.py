@@ -17,8 +17,8 @@ import threading
 
 from node.core.cluster_protocol import TOUCH_RETRY_INTERVAL_MS, ClusterProtocol, Entry
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
-                               JournalRemove, JournalStore, ProposeClaim, ProposeTouch, Refuse, Register,
-                               Reply, ReportConsumers, StopNode, SubmitForward)
+                               JournalRemove, JournalStore, ProposeClaim, ProposeMoveClear, ProposeTouch, Refuse,
+                               Register, Reply, ReportConsumers, StopNode, SubmitForward)
 from node.peer.forwarder import Forwarder
 
 log = logging.getLogger("grouper.cluster")
@@ -39,7 +39,7 @@ class ClusterLink:
         self.protocol = ClusterProtocol(
             node_id, broker, handler_timeout_ms=config.handler_timeout_ms,
             group_timeout_ms=config.group_timeout_ms, routes_max=config.routes_max,
-            journalled=journal is not None)
+            journalled=journal is not None, follows_consumers=config.route_follow_ms > 0)
         self._forwarders: dict[str, Forwarder] = {}
         self._carry = {
             EnqueueLocal: self._enqueue_local, AcceptWhenStored: self._accept_when_stored,
@@ -47,6 +47,7 @@ class ClusterLink:
             JournalDeclare: self._journal_declare, ApplyBroker: self._apply_broker,
             AfterFlush: self._after_flush, SubmitForward: self._submit_forward,
             ProposeClaim: self._propose_claim, ProposeTouch: self._propose_touch,
+            ProposeMoveClear: self._propose_move_clear,
             ReportConsumers: self._report_consumers, Register: self._register, Reply: self._reply,
             StopNode: self._stop_node,
         }
@@ -82,6 +83,9 @@ class ClusterLink:
 
     def recover_outbound(self, messages_by_name: dict) -> int:
         return self.protocol.recover_outbound(messages_by_name)
+
+    def hold_recovered(self) -> None:
+        self.protocol.hold_recovered()
 
     def arrive(self, incoming, queue: str, route_key: str, message, durable: bool,
                producer_settled: bool, now_ms: int) -> None:
@@ -172,6 +176,9 @@ class ClusterLink:
         log.info("refreshing %d routes failed (%s); retrying in %d ms", len(entries), reason,
                  TOUCH_RETRY_INTERVAL_MS)
         self.bridge.post(lambda: self.protocol.touch_failed(self.clock_ms()))
+
+    def _propose_move_clear(self, effect: ProposeMoveClear) -> None:
+        self.handler.move_clear(effect.entries)  # a lost one is proposed again at a later tick
 
     def _report_consumers(self, effect: ReportConsumers) -> None:
         self.handler.report_consumers(effect.counts, effect.now_ms)

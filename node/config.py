@@ -16,6 +16,7 @@ from node.core.errors import InvalidConfig
 from node.core.settings import QueueSettings
 
 ENV_PREFIX = "GROUPER_"
+ROUTE_FOLLOW_MIN_MS = 1000  # the shortest route_follow_ms other than 0
 CONNECTIONS_MAX_CEILING = 900  # each connection is a file descriptor; many systems cap a process at 1024 by default
 
 
@@ -65,6 +66,10 @@ class NodeConfig:
     group_timeout_ms: int = 0  # routes unused this long are expired by the leader; 0 = never
     forward_timeout_ms: int = 5000  # deadline of one forwarded batch to its owner node
     owner_failover_ms: int = 0  # a member unreachable this long loses its groups to live nodes; 0 = never (order first)
+    # a group whose node has had no consumer on its queue this long moves, with its queued messages and
+    # in order, to a node that has some; 0 = never (a group stays where it was first placed). Every node
+    # of a cluster must have the same value
+    route_follow_ms: int = 0
     election_timeout_min_ms: int = 200  # raft: a follower hearing no leader for this long (randomised
     election_timeout_max_ms: int = 500  # up to the max) starts an election
     routes_max: int = 1_000_000  # routes (queue, group) the cluster holds; more are refused
@@ -125,6 +130,10 @@ class NodeConfig:
             raise InvalidConfig("group_timeout_ms", "must be >= 0 (0 = routes never expire)")
         if self.owner_failover_ms < 0:
             raise InvalidConfig("owner_failover_ms", "must be >= 0 (0 = a dead owner keeps its groups)")
+        if self.route_follow_ms and self.route_follow_ms < ROUTE_FOLLOW_MIN_MS:
+            raise InvalidConfig("route_follow_ms", f"must be 0 (groups stay where they were placed) or at least "
+                                f"{ROUTE_FOLLOW_MIN_MS}: consumer counts reach the raft log a tick or more late, "
+                                f"and a shorter wait would move groups away from consumers that are reconnecting")
         if self.election_timeout_max_ms <= self.election_timeout_min_ms:
             raise InvalidConfig("election_timeout_max_ms", "must be greater than election_timeout_min_ms")
         for peer in self.peer_list():

@@ -255,6 +255,8 @@ class Node:
             for message in messages:
                 self.broker.restore(name, message)
                 restored += 1
+        if self.cluster is not None:
+            self.cluster.hold_recovered()  # with route_follow_ms: until the replica is current
         log.info("recovered %d queues and %d messages from %s", len(self.broker.queues), restored,
                  self.config.data_dir)
 
@@ -386,7 +388,7 @@ class Node:
                 election_timeout_min_ms=config.election_timeout_min_ms,
                 election_timeout_max_ms=config.election_timeout_max_ms,
                 routes_max=config.routes_max, group_timeout_ms=config.group_timeout_ms,
-                owner_failover_ms=config.owner_failover_ms,
+                owner_failover_ms=config.owner_failover_ms, route_follow_ms=config.route_follow_ms,
                 bind_host=config.host, raft_secrets=self.raft_secrets)
         except Exception as error:
             raise GrouperError(f"cannot start the grouping handler on raft port {config.raft_port}: {error}; "

@@ -602,7 +602,10 @@ class ClusterProtocol:
     def _review_holds(self, now_ms: int, effects: list) -> None:
         if self.router.ready:
             for key in sorted(self.parked):
-                if key not in self.moves and self.router.routes.get(key) == self.node_id:
+                move = self.moves.get(key)
+                # the move it waited behind ended; or the group moves on from here before it did (it
+                # goes behind the rest, which this node holds and hands over)
+                if (self.router.routes.get(key) == self.node_id) if move is None else move[0] == self.node_id:
                     self._unpark(key, now_ms, effects)
         for key in sorted(self.held):
             if key in self._restored and self.router.ready:
@@ -615,6 +618,9 @@ class ClusterProtocol:
                 self._unhold(key, now_ms, effects)
 
     def _busy(self, key: tuple[str, str]) -> bool:
+        """This node has messages of the group: queued, in flight or parked."""
+        if key in self.parked:
+            return True
         queue = self.broker.queues.get(key[0])
         if queue is None:
             return False

@@ -101,7 +101,8 @@ def test_a_snapshot_round_trip_restores_the_table_and_replaces_every_route_the_n
     restored._deserialize(data)
     assert vars(restored.table) == vars(replica.table)
     assert heard[0] == (replicated.SNAPSHOT, [("q", "a", "n1", 10)])
-    assert heard[1][0] == replicated.MEMBERS
+    assert heard[1] == (replicated.MOVES_ALL, [])  # every move in progress, replacing what the node knew
+    assert heard[2][0] == replicated.MEMBERS
 
 
 def test_the_numbering_of_replicated_commands_is_frozen_so_old_raft_journals_replay_right():
@@ -112,7 +113,8 @@ def test_the_numbering_of_replicated_commands_is_frozen_so_old_raft_journals_rep
                       and name != getattr(RouteTableReplica, name).origName)
     assert [name for _, name in commands] == [
         "claim_v0", "drop_queue_v0", "expire_idle_v0", "fail_over_v0", "mark_down_v0", "mark_up_v0",
-        "register_node_v0", "report_consumers_v0", "touch_v0", "unroute_v0"]
+        "register_node_v0", "report_consumers_v0", "touch_v0", "unroute_v0",
+        "follow_consumers_v1", "move_clear_v1"]
 
 
 def test_a_founding_node_must_find_itself_in_the_peer_list():
@@ -126,3 +128,32 @@ def test_a_joining_node_may_name_only_the_members_to_ask():
     config = load(environ={"GROUPER_PEERS": "h1:7000", "GROUPER_JOIN": "true"},
                   overrides={"advertise_host": "h3", "raft_port": 7000})
     assert config.join and config.peer_list() == ["h1:7000"]
+
+
+@pytest.mark.parametrize("route_follow_ms", [-1, 1, 999])
+def test_route_follow_ms_is_off_or_at_least_a_second_and_a_bad_value_is_named(route_follow_ms):
+    with pytest.raises(InvalidConfig) as raised:
+        load(environ={}, overrides={"route_follow_ms": route_follow_ms})
+    assert raised.value.key == "route_follow_ms" and "at least 1000" in raised.value.description
+
+
+def test_route_follow_ms_is_off_by_default():
+    assert load(environ={}).route_follow_ms == 0
+    assert load(environ={"GROUPER_ROUTE_FOLLOW_MS": "1500"}).route_follow_ms == 1500
+
+
+def test_a_move_is_fed_before_its_route_and_a_clear_as_a_move_that_ends():
+    replica, heard = make_replica()
+    for node in ("n1", "n2"):
+        replica.register_node(node, "h:1", "h:2", "h:3", 5, _doApply=True)
+    replica.claim([["q", "a"]], "n1", 10, _doApply=True)
+    replica.report_consumers("n2", {"q": 1}, 11, _doApply=True)
+    heard.clear()
+    replica.follow_consumers("q", "n1", 12, _doApply=True)
+    assert heard == [(replicated.MOVES, [("q", "a", "n1", "n2", ("n1", "n2"))]),
+                     (replicated.ROUTES, [("q", "a", "n2")])]
+    heard.clear()
+    replica.move_clear([["q", "a", "n1", "n2"]], "n2", _doApply=True)
+    replica.move_clear([["q", "a", "n1", "n2"]], "n1", _doApply=True)
+    assert heard == [(replicated.MOVES, [("q", "a", "n1", "n2", ("n1",))]),
+                     (replicated.MOVES, [("q", "a", "n1", "n2", ())])]
