@@ -9,7 +9,8 @@ a 4-byte big-endian length in front. Rules:
   messages per write. The engine loop proposes through it and must not wait for the other process.
 - One reader thread hands each message to `on_message` in arrival order, so the order in which the
   member applied raft entries is the order in which the node hears of them. When the other end is
-  gone (EOF, a reset, a message longer than MESSAGE_BYTES_MAX) it calls `on_closed(reason)` once.
+  gone (EOF, a reset, a message longer than MESSAGE_BYTES_MAX), or `on_message` raised (a bug: it is
+  logged), it stops reading and calls `on_closed(reason)` once.
 Never imports pysyncobj, grpc or proton.
 """
 
@@ -106,7 +107,12 @@ class Channel:
                         break
                     message = pickle.loads(buffer[start:start + length])
                     position = start + length
-                    self._on_message(message)
+                    try:
+                        self._on_message(message)
+                    except Exception as error:  # a bug here: say so and end, never go on deaf
+                        log.exception("%s: handling %r failed", self._name, message[:1] if isinstance(message, tuple) else message)
+                        self._closed(f"handling a message failed: {type(error).__name__}: {error}")
+                        return
                 del buffer[:position]
         except OSError as error:
             self._closed(f"reading failed: {error}")

@@ -73,12 +73,13 @@ class Member:
     def _on_closed(self, reason: str) -> None:
         if not self.stopped.is_set():
             log.warning("raft member: the node's channel closed (%s); stopping", reason)
-            os._exit(0)  # the node is gone: nobody would hear what this member decides
+            logging.shutdown()
+            os._exit(1)  # the node is gone or this member broke: nobody would hear what it decides
 
     def _start(self, settings: dict) -> None:
-        from handler.service import GroupingHandler  # here: the node process never imports pysyncobj
         send = self.channel.send
         try:
+            from handler.service import GroupingHandler  # here: the node process never imports pysyncobj
             self.handler = GroupingHandler(
                 settings["node_id"], settings["partners"], settings["raft_dir"],
                 on_applied=lambda kind, payload, at_ms: send(("applied", kind, payload, at_ms)),

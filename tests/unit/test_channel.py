@@ -88,3 +88,23 @@ def test_a_length_beyond_the_limit_closes_the_channel_instead_of_waiting_for_a_g
     finally:
         channel.close()
         raw.close()
+
+
+def test_a_handler_that_raises_ends_the_channel_with_the_error_instead_of_leaving_it_deaf():
+    left_socket, right_socket = socket.socketpair()
+    inbox = Inbox()
+
+    def broken(message):
+        raise KeyError(message[0])
+
+    left = Channel(left_socket, "left", lambda message: None, lambda reason: None)
+    right = Channel(right_socket, "right", broken, inbox.on_closed)
+    left.start()
+    right.start()
+    try:
+        left.send(("no-such-request", 1))
+        assert inbox.gone.wait(WAIT_S)
+        assert inbox.closed == ["handling a message failed: KeyError: 'no-such-request'"]
+    finally:
+        left.close()
+        right.close()
