@@ -54,7 +54,9 @@ handover never reorders a (producer, group) nor lets two consumers hold the grou
 - A crash: everything above is journalled or in the log. A restarted node holds every group it
   recovers messages of until its replica is current (it may no longer own them, or be receiving
   them); then the rules above resume (O hands over again whatever its journal still held, N parks
-  again what it had parked).
+  again what it had parked), and what it recovered of a group that is neither its own nor moving
+  (an accepted message whose REMOVE a failed journal write lost after its group moved on) goes to
+  the group's owner the same way.
 - A member that is down holds a move up (its channel to O may hold the group) until it is back or
   failed over; the leader proposes no move while a member is out of reach. Consumers moving again
   mid-handover change nothing: a moving route is not moved again until its move ended.
@@ -609,8 +611,15 @@ class ClusterProtocol:
                     self._unpark(key, now_ms, effects)
         for key in sorted(self.held):
             if key in self._restored and self.router.ready:
-                self._restored.discard(key)  # what the journal held stays here unless it is moving
+                self._restored.discard(key)  # what the journal held stays here unless it is moving...
                 move = self.moves.get(key)
+                owner = self.router.routes.get(key)
+                if move is None and owner is not None and owner != self.node_id:
+                    # ...or its group lives elsewhere now: a consumer's accept whose journal write failed
+                    # after the group moved on, a group failed over. Its owner delivers it, not this node
+                    self._hand_over(key, owner, now_ms, effects)
+                    self._owed.pop(key, None)
+                    self.counts["restored_handed_over"] += 1
                 holding = key in self.parked or (move is not None and self.node_id in (move[0], move[1]))
             else:
                 holding = self._holding(key)

@@ -238,7 +238,8 @@ class SimNode:
                     owner, queue = parse_outbound_name(name)
                     self.down_outbound.append(((queue, record[4]), owner, record[2]))
                 else:
-                    self.down_holdings.add((name, record[4]))
+                    if mid_of(record[3]) not in self.sim.accepted_by_consumer:  # else a ghost: see Simulation.crash
+                        self.down_holdings.add((name, record[4]))
                     self.down_mids.append(mid_of(record[3]))
 
     def taken_from(self, source: str) -> int:

@@ -200,3 +200,20 @@ def test_forwarded_messages_wait_for_a_current_replica_and_a_known_route():
     cluster.ready(0)
     [reply] = cluster.forward_received("n1", [entry], None, 0)
     assert "does not know the route" in reply.error.description
+
+
+def test_a_restarted_node_sends_what_it_recovered_of_a_group_living_elsewhere_now_to_its_owner():
+    # an accepted message whose REMOVE a failed journal write lost, after its group moved on to n2
+    broker = Broker()
+    broker.declare_queue(QueueSettings(name="q", durable=True))
+    broker.restore("q", Message(b"ghost", "g", seq=5))
+    cluster = ClusterProtocol("n1", broker, handler_timeout_ms=300, follows_consumers=True)
+    cluster.hold_recovered()
+    broker.attach_consumer("q", "c", False, 0)
+    assert of(Deliver, broker.set_credit("c", 5, 0)) == []
+    cluster.applied(ROUTES, [("q", "g", "n2")], 0, 0)
+    effects = cluster.ready(1)
+    [store] = of(JournalStore, effects)
+    assert store.name == outbound_name("n2", "q") and store.message.payload == b"ghost"
+    assert not [effect for batch in of(ApplyBroker, effects) for effect in of(Deliver, batch.effects)]
+    assert broker.queues["q"].depth_messages == 0 and cluster.held == set()
