@@ -11,18 +11,22 @@ What is modelled (the production classes where they exist):
   that can be down and per-replica apply lag, replays and snapshot installs; the leader's duties
   (the production LeaderDuties of handler/leader_duties.py): with a group timeout, expire_idle after
   half a group timeout of leadership, and none while a node is down (a member it cannot reach) or
-  back for less than half a group timeout;
+  back for less than half a group timeout; with route_follow_ms, follow_consumers for a node whose
+  consumers of a queue all left (moves, their clears and their ends are in the log, and snapshots
+  carry the moves in progress); member registration goes through the log (a move waits for every
+  registered member);
 - the network between nodes: forwarding calls and their replies, with seeded delay, loss and
   duplicated (late) requests; a call to a down node is never answered;
 - clients: producers bound to one node for their lifetime (a link), sending grouped messages with a
-  sequence per (producer, group); consumers that attach, grant credit, accept, release, detach;
+  sequence per (producer, group); consumers that attach, grant credit, accept, release, detach, and
+  (with route_follow_ms) all of a queue's consumers on a node leaving it for another node;
 - faults: node crash and restart, leader unavailability, forwarded-batch and ack loss, consumer
   detach, snapshot installs, failed journal writes (off in the random runs unless journal_fail_rate,
   which a sweep of its own sets); a node that stops itself (the protocol's StopNode) is started again
   `restart_ms` later, as by its supervisor.
 What is not: raft elections and log repair (pysyncobj's), the leader's own crash (the log outlives
-any node), network partitions (unreachable = down), member registration, mark_down and owner
-failover, clock skew between nodes, a failed write's bytes surviving in the file until the next
+any node), network partitions (unreachable = down), member addresses, mark_down and owner
+failover (so neither their interplay with moves), pysyncobj's code versions, clock skew between nodes, a failed write's bytes surviving in the file until the next
 batch cuts them, the bridge between threads (the applied feed, acks and failed proposals reach the
 node at once, in order), gRPC status codes beyond "no reply", the owner's own deadline on a
 forwarded batch, AMQP framing and flow control, ungrouped messages, presettled consumers and
@@ -36,7 +40,11 @@ Invariants, after every step:
 - every (queue, group) with messages anywhere (a broker's queue, in flight to a consumer, an
   outbound channel or a forwarding call counting for its owner unless the owner has taken that
   forward seq already, a crashed node's journal, its outbound store included) is held by exactly one
-  node, and that node is its route in the table: a group is never split;
+  node, and that node is its route in the table: a group is never split. While the table moves the
+  group, its old and new owner may both hold it (a parked message counts for the node parking it);
+  once the move ended, the group's messages are on the new owner only;
+- no two consumers anywhere hold unsettled messages of one group at once, and the new owner of a
+  moving group delivers none of it until the move ended;
 - no message is held twice, delivered to two consumers at once, or accepted (durably) twice, beyond
   the allowed duplicates below; no refused or never-sent message is ever delivered; every producer
   hears at most one outcome;
@@ -52,7 +60,11 @@ Definitions the invariants use:
   the delivery only then);
 - allowed duplicate: a forwarded message recovered by its owner from a torn journal tail that kept
   its STORE but not the high-water MARK journalled after it; the sender was never acked and sends it
-  again, so the owner holds it twice. Nothing else may be held twice or confirmed twice; redelivery
+  again, so the owner holds it twice. Likewise a message relayed by a group's old owner past its
+  mark, one a torn tail kept both in a queue and in the outbound store it was handed over through
+  (or in the queue and the park it was unparked from), and a ghost: a message a consumer accepted
+  whose REMOVE never reached the disk, recovered by a restart (it holds no group: it goes to the
+  group's owner). Nothing else may be held twice or confirmed twice; redelivery
   after a release, a detach or a crash before the accept was durable is ordinary at-least-once.
 """
 
