@@ -144,6 +144,7 @@ class RaftTransport(TCPTransport):
         self.heard_at_s: dict[str, float] = {}  # member address -> monotonic time of its last message
         self.tick_pauses: deque = deque(maxlen=TICK_PAUSES_KEPT)  # (monotonic end, pause ms), long ones only
         self._last_tick_s: float | None = None
+        self.on_member_lost = None  # fn(node), tick thread: a member's connection closed
         super().__init__(syncObj, selfNode, otherNodes)
 
     @classmethod
@@ -209,6 +210,11 @@ class RaftTransport(TCPTransport):
             self._refuse(conn, verdict.refusal)  # the rest of what the dialer sent is dropped with the connection
             return
         super()._onIncomingMessageReceived(conn, verdict.dialer_address)  # pysyncobj's: unknown dialers are closed
+
+    def _onNodeDisconnected(self, node):
+        super()._onNodeDisconnected(node)
+        if self.on_member_lost is not None:
+            self.on_member_lost(node)
 
     def _onMessageReceived(self, node, message):
         self.heard_at_s[node.address] = time.monotonic()

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 import time
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
+from pysyncobj.monotonic import monotonic as raft_clock
 
 from handler.leader_duties import ExpireIdle, FailOver, FollowConsumers, LeaderDuties, MarkUp, RaftStatus
 from handler.raft_transport import RaftTransport
@@ -33,6 +35,10 @@ log = logging.getLogger("grouper.handler")
 DUTIES_INTERVAL_MS = 200  # how often the leader checks members' reachability (owner failover)
 DESTROY_WAIT_S = 2.0  # how long stop() waits for the tick thread
 STATUS_TRIES = 5  # reads of the raft status before giving up
+# a follower whose connection to the leader closed (its process died: the kernel closes its sockets)
+# elects after a random wait in this range instead of its election timeout (200-500 ms by default);
+# the randomness keeps two followers from splitting the vote, the floor lets a mere reconnect win
+LEADER_LOST_ELECTION_MS = (40, 140)
 # the raft code version of the commands moves need (handler/replicated.py's ver=1 commands): pysyncobj
 # proposes them only once a setCodeVersion entry in the log enabled it (and forgets it when a restart
 # loads a compacted log), so a member proposes that entry the first time it would propose one of
@@ -79,6 +85,7 @@ class GroupingHandler:
         self._syncobj = SyncObj(node_id, list(partners), conf=conf, consumers=[self.replica],
                                 transportClass=RaftTransport.with_secrets(raft_secrets) if raft_secrets
                                 else RaftTransport)
+        self._syncobj._SyncObj__transport.on_member_lost = self._member_lost  # pysyncobj keeps it private
         self.duties = LeaderDuties(group_timeout_ms, owner_failover_ms, route_follow_ms=route_follow_ms)
         self._code_version_proposed = False
         self._stopped = threading.Event()
@@ -178,12 +185,26 @@ class GroupingHandler:
             transport = self._syncobj._SyncObj__transport  # pysyncobj keeps it private; ours is a RaftTransport
             # a member that never had a leader (a cluster forming) elects as a matter of course
             log.log(logging.WARNING if self._had_leader else logging.INFO,
-                    "raft election started by this member: it heard from no leader within its election "
-                    "timeout (%d-%d ms); %s", self._election_timeout_ms[0], self._election_timeout_ms[1],
+                    "raft election started by this member: its leader's connection closed, or no message "
+                    "came from a leader within the election timeout (%d-%d ms); %s",
+                    self._election_timeout_ms[0], self._election_timeout_ms[1],
                     transport.pulse(time.monotonic()))
         if new_state == 2:
             self._had_leader = True
             log.info("this node is now the raft leader: the LOCAL grouping handler")
+
+    def _member_lost(self, node):
+        leader = self._syncobj._getLeader()
+        if leader is None or self._syncobj._isLeader() or str(leader.id) != str(node.id):
+            return
+        wait_ms = random.uniform(*LEADER_LOST_ELECTION_MS)
+        # pysyncobj keeps the deadline private, on its own clock (not time.monotonic: they differ by a
+        # constant here); earlier only, so a vote already due is not put off
+        deadline_s = raft_clock() + wait_ms / 1000
+        if deadline_s < self._syncobj._SyncObj__raftElectionDeadline:
+            self._syncobj._SyncObj__raftElectionDeadline = deadline_s
+            log.info("raft leader %s closed its connection: electing a new one in %.0f ms unless it is back",
+                     node.id, wait_ms)
 
     def _callback(self, on_failed, on_success=None):
         def done(result, error):

@@ -6,7 +6,9 @@ What is promised:
   SIGTERM, SIGHUP): only the node stops it, in order, when it stops;
 - kill -9 of the node ends the member too, and its raft port is free for the node's restart;
 - if the member dies while the node runs, the node stops at once with status 70 and says why, and a
-  restart serves again.
+  restart serves again;
+- when the leader's process dies, its followers see its connection close and elect at once instead
+  of waiting out their election timeout (how fast: bench/cluster.py's leader-kill phase).
 """
 
 from __future__ import annotations
@@ -109,3 +111,14 @@ def test_the_members_death_stops_the_node_with_status_70_saying_why_and_a_restar
     cluster.wait_leader()
     with Client(node) as client:
         client.producer("jobs").send(group_message("g1", 1))
+
+
+def test_the_followers_of_a_killed_leader_elect_as_soon_as_its_connection_closes(cluster):
+    leader = cluster.wait_leader()
+    cluster.nodes[leader].kill()
+    cluster.wait_leader(excluding=cluster.node_ids[leader])
+    followers = [node for index, node in enumerate(cluster.nodes) if index != leader]
+    said = [line for node in followers for line in node.output
+            if f"raft leader {cluster.node_ids[leader]} closed its connection: electing a new one" in line]
+    assert said, "no follower elected on the closed connection:\n" + "\n".join(
+        line for node in followers for line in node.output[-15:])
