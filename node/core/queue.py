@@ -627,6 +627,7 @@ class Queue:
             return []
         taken = [message for message in group.available if message.state == AVAILABLE]
         for message in taken:
+            message.handed_out = True  # a copy lives on at the new owner: a failed write cannot take it back
             self._remove(message, effects)
         group.available.clear()
         group.available_count = 0
