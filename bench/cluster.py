@@ -58,7 +58,6 @@ DEFAULT_OUT = REPO_ROOT / "docs" / "benchmarks.md"
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "cluster-last-run.json"
 SECTION_HEADING = "## Cluster (3 nodes)"
 HOST = "127.0.0.1"
-CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 # ---- limits and workload (units last) ---------------------------------------------------------
 NODE_READY_TIMEOUT_S = 60.0  # a node prints "ready"
@@ -70,6 +69,8 @@ LOAD_WAIT_BUDGET_S = 300.0  # all the waits for a quiet machine together, in one
 LOAD_WAIT_PHASE_MAX_S = 120.0  # one phase's wait
 LOAD_POLL_INTERVAL_S = 2.0
 GROUPS = 1000
+# messages of the decision-ceiling row (c): at most this many routes it creates (routes_max is 1,000,000)
+CEILING_MESSAGES_MAX = 100_000
 PREFETCH = 100
 # Every row has 4 consumers that receive, like bench/run.py: broker CPU per message grows with the
 # number of consumer connections sharing a flow (measured here: 2 instead of 4 consumers on one node
@@ -196,11 +197,8 @@ class NodeProcess:
         return self.process is not None and self.process.poll() is None
 
     def cpu_seconds(self) -> float:
-        """utime + stime of the node process, from /proc/PID/stat."""
-        with open(f"/proc/{self.process.pid}/stat") as handle:
-            stat = handle.read()
-        fields = stat[stat.rindex(")") + 2:].split()  # from the state field on
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S
+        """utime + stime of the node process and its raft member child (a process of its own)."""
+        return peers.tree_cpu_seconds(self.process.pid)
 
     def kill(self) -> None:
         if self.alive():
@@ -316,6 +314,7 @@ class FlowRow:
     producer_node: int
     consumers_by_node: dict  # node index -> consumers there
     messages: int
+    groups: int = GROUPS  # each message's group is drawn from this many (seeded, with replacement)
 
 
 def measure_flow(nodes: list[NodeProcess], row: FlowRow, scratch_dir: Path, before_go=None, on_go=None) -> dict:
@@ -324,7 +323,7 @@ def measure_flow(nodes: list[NodeProcess], row: FlowRow, scratch_dir: Path, befo
     One consumer process per consuming node (its consumers share it, one connection each)."""
     context = multiprocessing.get_context("fork")
     total = sum(row.consumers_by_node.values())
-    workload = clients.Workload(messages=row.messages, groups=GROUPS, prefetch=PREFETCH, durable=True,
+    workload = clients.Workload(messages=row.messages, groups=row.groups, prefetch=PREFETCH, durable=True,
                                 consumers=total)
     scratch_dir.mkdir(parents=True, exist_ok=True)
     go, stop = context.Event(), context.Event()
@@ -378,7 +377,12 @@ def measure_flow(nodes: list[NodeProcess], row: FlowRow, scratch_dir: Path, befo
     clients._summarize(outcome, workload, sum(cpu_used), clients._load(producer_path),
                        [clients._load(Path(path)) for path in consumer_paths])
     unique = max(outcome.unique, 1)
-    return {"key": row.key, "label": row.label, "messages": row.messages, "groups": GROUPS, "prefetch": PREFETCH,
+    # every group's first message waits for a route decision in the raft log; the row sends its
+    # groups' first messages spread over the run, so decisions/s is the row's rate times their share
+    distinct_groups = len(set(clients.plan(workload)[0]))
+    decisions_per_s = round(outcome.throughput_per_s * distinct_groups / row.messages) if row.messages else 0
+    return {"key": row.key, "label": row.label, "messages": row.messages, "groups": row.groups,
+            "distinct_groups": distinct_groups, "decisions_per_s": decisions_per_s, "prefetch": PREFETCH,
             "durable": True, "producer_node": row.producer_node + 1,
             "consumers_by_node": {str(i + 1): n for i, n in sorted(row.consumers_by_node.items())},
             "node_cpu_us_per_msg": [round(used / unique * 1e6, 1) for used in cpu_used],
@@ -723,6 +727,10 @@ def run_flows(cluster: Cluster, work_dir: Path, messages: int, gate: LoadGate) -
                     "(all local to node 1)", "b1", 0, everywhere, messages),
             FlowRow("b2", "3 nodes, producer on node 1; consumers: 2 on node 2, 2 on node 3 (all forwarded)", "b2", 0,
                     remote, messages)]
+    ceiling = min(messages, CEILING_MESSAGES_MAX)
+    rows.append(FlowRow("c", f"decision ceiling: as (b1), but each message's group drawn from {ceiling:,} groups, "
+                        "so most messages open a new group and wait for its route decision", "c", 0, everywhere,
+                        ceiling, groups=ceiling))
     results = []
     for row in rows:
         result = phase(gate, row.key, lambda row=row: measure_flow(
@@ -1240,7 +1248,8 @@ def variation_note(report: dict) -> str:
 def render_flows(report: dict) -> list[str]:
     lines = ["### 1. Throughput and broker CPU per message", "",
              f"{GROUPS:,} groups, prefetch {PREFETCH}, durable queue and messages, 1 producer (the `bench/run.py` "
-             "client), consumers accept at once. Broker CPU = utime+stime of every node process ÷ messages; the "
+             "client), consumers accept at once. Broker CPU = utime+stime of every node process and its raft "
+             "member process ÷ messages; the "
              "per-node column shows where it went (node 1 receives from the producer).", "",
              "| row | msgs/s | broker CPU µs/msg | per node µs/msg (1 / 2 / 3) | ×(a) CPU | p50 ms | p99 ms "
              "| client CPU µs/msg | groups split | lost / dup | load start → end | CPU steal % | raft elections |",
@@ -1263,6 +1272,13 @@ def render_flows(report: dict) -> list[str]:
                      f"| {_n(row.get('steal_pct'), 1)} | {row.get('elections', '—')} |")
     lines += ["", "p50/p99 here are saturation latencies (the producer runs flat out, see the main table's "
               "method); idle latencies are in section 2."]
+    ceiling = next((row for row in flows if row.get("key") == "c" and row.get("unique")), None)
+    if ceiling is not None:
+        lines += ["", f"**Decision ceiling** (row c): {ceiling['decisions_per_s']:,} new-group route decisions per "
+                  f"second through one raft group ({ceiling['distinct_groups']:,} distinct groups among "
+                  f"{ceiling['messages']:,} messages at {_n(ceiling['throughput_per_s'])} msgs/s). Each engine "
+                  "batch proposes the new groups it met as one raft entry, so decisions per entry grow with the "
+                  "load."]
     if "idle_cpu_pct_cluster" in report:
         idle = " / ".join(f"{pct:.1f}" for pct in report["idle_cpu_pct_cluster"])
         lines += ["", f"With no clients at all a cluster node uses {idle} % of a core (nodes 1 / 2 / 3: raft "
