@@ -170,6 +170,7 @@ class LoopControl:
         local = self._call(node.cluster.status)
         members = local["members"]
         routes_by_node = self._call(lambda: _routes_by_node(node.cluster.router.routes))
+        routes_digest = self._call(node.cluster.router.digest)
         rows = []
         for member in sorted(set(raft["members"]) | set(members["nodes"])):
             info = members["nodes"].get(member, {})
@@ -181,6 +182,8 @@ class LoopControl:
                          "consumers": members["consumers"].get(member, {})})
         return {"clustered": True, "node": raft["node"], "leader": raft["leader"], "term": raft["term"],
                 "has_quorum": raft["has_quorum"], "routes": local["routes"],
+                "routes_digest": routes_digest, "last_applied": raft.get("last_applied", 0),
+                "commit_index": raft.get("commit_index", 0),
                 "waiting_for_route": local["waiting_for_route"], "outbound": local["outbound"], "members": rows}
 
 

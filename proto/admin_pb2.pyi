@@ -212,7 +212,7 @@ class ClusterMember(_message.Message):
     def __init__(self, node: _Optional[str] = ..., amqp_address: _Optional[str] = ..., admin_address: _Optional[str] = ..., down: _Optional[bool] = ..., connected: _Optional[bool] = ..., routes: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., error: _Optional[str] = ..., consumers: _Optional[_Mapping[str, int]] = ..., raft_member: _Optional[bool] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("node", "leader", "term", "has_quorum", "routes", "members", "waiting_for_route", "outbound", "clustered")
+    __slots__ = ("node", "leader", "term", "has_quorum", "routes", "members", "waiting_for_route", "outbound", "clustered", "routes_digest", "last_applied", "commit_index")
     class OutboundEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -229,6 +229,9 @@ class ClusterStatusResponse(_message.Message):
     WAITING_FOR_ROUTE_FIELD_NUMBER: _ClassVar[int]
     OUTBOUND_FIELD_NUMBER: _ClassVar[int]
     CLUSTERED_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    LAST_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
     node: str
     leader: str
     term: int
@@ -238,7 +241,10 @@ class ClusterStatusResponse(_message.Message):
     waiting_for_route: int
     outbound: _containers.ScalarMap[str, int]
     clustered: bool
-    def __init__(self, node: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., has_quorum: _Optional[bool] = ..., routes: _Optional[int] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., waiting_for_route: _Optional[int] = ..., outbound: _Optional[_Mapping[str, int]] = ..., clustered: _Optional[bool] = ...) -> None: ...
+    routes_digest: str
+    last_applied: int
+    commit_index: int
+    def __init__(self, node: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., has_quorum: _Optional[bool] = ..., routes: _Optional[int] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., waiting_for_route: _Optional[int] = ..., outbound: _Optional[_Mapping[str, int]] = ..., clustered: _Optional[bool] = ..., routes_digest: _Optional[str] = ..., last_applied: _Optional[int] = ..., commit_index: _Optional[int] = ...) -> None: ...
 
 class MoveGroupResponse(_message.Message):
     __slots__ = ("messages_moved",)

@@ -152,6 +152,8 @@ class AdminClient:
             "clustered": response.clustered, "node": response.node, "leader": response.leader,
             "term": response.term, "has_quorum": response.has_quorum, "routes": response.routes,
             "waiting_for_route": response.waiting_for_route, "outbound": dict(response.outbound),
+            "routes_digest": response.routes_digest, "last_applied": response.last_applied,
+            "commit_index": response.commit_index,
             "members": [{"node": member.node, "amqp_address": member.amqp_address,
                          "admin_address": member.admin_address, "down": member.down,
                          "connected": member.connected, "raft_member": member.raft_member,

@@ -271,7 +271,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 clustered=status["clustered"], node=status.get("node", ""), leader=status.get("leader", ""),
                 term=status.get("term", 0), has_quorum=status.get("has_quorum", False),
                 routes=status.get("routes", 0), waiting_for_route=status.get("waiting_for_route", 0),
-                outbound=status.get("outbound", {}))
+                outbound=status.get("outbound", {}), routes_digest=status.get("routes_digest", ""),
+                last_applied=status.get("last_applied", 0), commit_index=status.get("commit_index", 0))
             for member in status.get("members", []):
                 row = response.members.add(node=member["node"], amqp_address=member.get("amqp_address", ""),
                                            admin_address=member.get("admin_address", ""),

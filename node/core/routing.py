@@ -17,6 +17,7 @@ Pure, owned by the engine loop thread. Three parts:
 from __future__ import annotations
 
 import collections
+import hashlib
 
 from node.core.tally import LatencyTally
 
@@ -43,6 +44,14 @@ class Router:
         # False while the handler replays its log after a start: routes seen then may be superseded
         # later in the log, so messages wait (their timeout running) until the replica is current
         self.ready = False
+
+    def digest(self) -> str:
+        """sha256 (hex) of the routes, sorted: replicas that applied the same log report the same digest,
+        so comparing digests across nodes is how drills tell diverged replicas from lagging ones."""
+        hasher = hashlib.sha256()
+        for (queue, group), owner in sorted(self.routes.items()):
+            hasher.update(f"{len(queue)}:{queue}{len(group)}:{group}{len(owner)}:{owner}\n".encode())
+        return hasher.hexdigest()
 
     def route(self, key: tuple[str, str], item, now_ms: int) -> str | None:
         """The owner of `key`, or None when `item` now waits for a route (or behind others that do)."""

@@ -218,6 +218,33 @@ def test_routes_without_a_group_timeout_never_go_stale():
     assert router.take_used() == set()
 
 
+# ---- Router: the digest drills compare across replicas ----------------------------------------------
+
+def test_the_routes_digest_depends_on_the_routes_not_on_the_order_they_were_learned():
+    first, second = ready_router(), ready_router()
+    first.learn([("q", "a", "n1"), ("q", "b", "n2")], 0)
+    second.learn([("q", "b", "n2"), ("q", "a", "n1")], 0)
+    assert first.digest() == second.digest()
+    assert first.digest() != ready_router().digest()
+
+
+def test_the_routes_digest_changes_when_one_owner_differs_or_a_route_is_dropped():
+    router = ready_router()
+    router.learn([("q", "a", "n1"), ("q", "b", "n2")], 0)
+    before = router.digest()
+    router.learn([("q", "b", "n3")], 1)
+    moved = router.digest()
+    router.learn([("q", "b", None)], 2)
+    assert len({before, moved, router.digest()}) == 3
+
+
+def test_the_routes_digest_keeps_queue_group_and_owner_apart():
+    joined, split = ready_router(), ready_router()
+    joined.learn([("q", "ab", "n1")], 0)
+    split.learn([("qa", "b", "n1")], 0)
+    assert joined.digest() != split.digest()
+
+
 # ---- Outbound ----------------------------------------------------------------------------------------
 
 def test_acknowledge_drops_up_to_the_high_water_in_seq_order_and_returns_journalled_names_only():
