@@ -5,7 +5,8 @@ The logs are JSON lines, one object a line, written by tests/drills/load.py (any
   send, one line per send outcome:
     {"kind": "send", "producer": str, "node": str (the AMQP url sent to), "queue": str, "group": str,
      "sequence": int (per producer and group, from 1), "sent_ms": int, "settled_ms": int,
-     "outcome": "accepted" | "rejected" | "released" | "modified" | "timeout", "condition": str | null}
+     "outcome": "accepted" | "rejected" | "released" | "modified" | "timeout", "condition": str | null,
+     "description": str (optional: the refusal's condition description)}
   delivery, one line per delivery to a consumer, written once its fate is known:
     {"kind": "delivery", "consumer": str, "node": str, "queue": str, "group": str, "producer": str,
      "sequence": int, "received_ms": int, "settled_ms": int, "confirmed_ms": int | null,
@@ -44,7 +45,9 @@ Verdicts (each a list of examples, sorted; `ok` needs all but the last to be emp
 - refused_delivered: identities delivered although the node refused their send.
 - unexpected: identities delivered that no producer logged a send for.
 - unconfirmed_delivered (legal, reported only): identities delivered whose send timed out; the
-  node may well have taken them before the connection died.
+  node may well have taken them before the connection died. A refusal whose description starts
+  with "outcome unknown" (a consumer had the message before the node's journal write failed) counts
+  as such a timeout, not as a refusal: the node said it may be delivered.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from typing import Iterable, NamedTuple
 
 EXAMPLES_MAX = 5  # examples of each verdict named by summary()
 REFUSED_OUTCOMES = ("rejected", "released", "modified")
+OUTCOME_UNKNOWN_PREFIX = "outcome unknown"  # a refusal saying this may be delivered: judged as a timeout
 
 Identity = tuple  # (producer, group, sequence)
 
@@ -158,9 +162,16 @@ def _confirmed_acceptance(line: dict) -> bool:
     return line["outcome"] == "accepted" and _confirmed(line)
 
 
+def _outcome(line: dict) -> str:
+    if line["outcome"] in REFUSED_OUTCOMES and (line.get("description") or "").startswith(OUTCOME_UNKNOWN_PREFIX):
+        return "timeout"
+    return line["outcome"]
+
+
 def check(sends: list[dict], deliveries: list[dict]) -> Report:
     _expect_kind(sends, "send")
     _expect_kind(deliveries, "delivery")
+    sends = [{**line, "outcome": _outcome(line)} for line in sends]
     send_outcomes = _send_outcomes(sends)
     accepted_sends = {key for key, outcome in send_outcomes.items() if outcome == "accepted"}
     by_identity: dict[Identity, list[dict]] = defaultdict(list)

@@ -264,15 +264,19 @@ class _ProducerClient(_Client):
             return
         condition = delivery.remote.condition
         self._log_outcome(self._in_flight.pop(delivery.tag), OUTCOMES.get(delivery.remote_state, "unknown"),
-                          condition.name if condition is not None else None)
+                          condition.name if condition is not None else None,
+                          condition.description if condition is not None else None)
         if self._sending:
             self._send_some()
         elif not self._in_flight:
             self._finish()
 
-    def _log_outcome(self, record: dict, outcome: str, condition: str | None) -> None:
+    def _log_outcome(self, record: dict, outcome: str, condition: str | None, description: str | None = None) -> None:
         self.outcomes[outcome] += 1
-        self._write({**record, "settled_ms": self._now_ms(), "outcome": outcome, "condition": condition})
+        line = {**record, "settled_ms": self._now_ms(), "outcome": outcome, "condition": condition}
+        if description:  # a refusal may say its outcome is unknown (the checker reads that)
+            line["description"] = description
+        self._write(line)
 
     def _time_out_in_flight(self, condition: str) -> None:
         for record in self._in_flight.values():

@@ -217,3 +217,11 @@ def test_the_command_line_prints_the_summary_and_exits_0_or_1(tmp_path, capsys):
     assert "lost: 1" in capsys.readouterr().out
     assert main(["--sends", str(tmp_path / "missing.jsonl"), "--deliveries", delivery_path]) == 2
     assert main(["--sends", *send_paths]) == 2
+
+
+def test_a_refusal_whose_outcome_is_unknown_may_be_delivered_and_counts_as_a_timeout():
+    unknown = {**send("p", "g", 1, "rejected"), "description": "outcome unknown: the node could not store it"}
+    report = check([unknown, send("p", "g", 2, "rejected")], [delivery("c", "p", "g", 1, 10)])
+    assert report.ok, report.summary()
+    assert (report.refused, report.timed_out) == (1, 1)
+    assert report.unconfirmed_delivered == [("p", "g", 1)]

@@ -46,6 +46,9 @@ class NodeProcess:
         self.config_path = self.data_dir.parent / f"{self.data_dir.name}.toml"
         self.config_path.write_text(textwrap.dedent(config_text))
         self.args = tuple(args)
+        # words run before the node's own command, e.g. a launcher that puts it in a cgroup and execs it
+        # (tests/drills/nemesis.py): the process keeps its pid, so signals and kill() still reach the node
+        self.command_prefix: tuple = ()
         self.process: subprocess.Popen | None = None
         self.amqp_address = ""
         self.amqps_address = ""  # AMQP over TLS, when the node is given a certificate
@@ -61,7 +64,7 @@ class NodeProcess:
         return f"amqp://{self.amqp_address}"
 
     def start(self) -> "NodeProcess":
-        command = [sys.executable, "-m", "node.cli", "node", "--config", str(self.config_path),
+        command = [*self.command_prefix, sys.executable, "-m", "node.cli", "node", "--config", str(self.config_path),
                    "--data-dir", str(self.data_dir), "--amqp-port", str(self._amqp_port),
                    "--admin-port", str(self._admin_port), "--http-port", str(self._http_port), *self.args]
         self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -1,0 +1,698 @@
+"""A nemesis campaign in the style of Jepsen: rounds of ONE fault each under grouped load, each judged alone.
+
+One 3-node cluster serves every round. A round: two consumers at the owner of the busy groups (a node
+that is not the leader, as the failover drills place them), a producer on EVERY node over the round's
+own groups, and a probe at the victim that sends a new group with every message (its consumer is there
+too, so each new group is routed to the victim by the raft cluster). Load, then one fault on the victim,
+healed in a `finally`, then the cluster settles, load again, the producers stop, everything drains and
+the drill checker judges the round's logs: no accepted message lost, no order violation, no group held
+by two consumers at once, no refused send delivered. Then the replicated route tables are compared: each
+node's `cluster status` carries a sha256 of its routes, and after every round the three must be equal.
+
+Faults (`KINDS`):
+- kill: SIGKILL of the leader, of the busy groups' owner, or of the remote node (the round's seed picks
+  the role); restarted on its data directory after the hold.
+- pause: SIGSTOP of the node and of its raft member child, SIGCONT after the hold.
+- partition: the node is cut off from the other two nodes, not from the test's clients: every TCP
+  connection between its processes and theirs (raft, admin/peer and AMQP ports, either direction) is
+  dropped by iptables in a chain of its own, by connection mark. Each node runs in its own cgroup (v2)
+  from its start, so its outgoing connections are told apart from the test's; the minority side goes
+  on answering its clients, which is where refusals must be heard.
+- disk: the node's data directory (its own tmpfs) is filled to the last byte, freed after the hold.
+
+Rules:
+- The round's seed decides everything random in it (roles, victim, hold); a failure names it, and
+  `python -m tests.drills.nemesis --kinds KIND --seed SEED --rounds 1` replays that round's choices.
+- Everything a round names (producers, groups) is its own: its logs are judged alone.
+- Every wait is bounded; every fault is healed in a `finally`; iptables rules, cgroups and mounts are
+  removed when the campaign closes, failed or not.
+- Times are wall-clock ms of this machine (the clients' log stamps), measured from the heal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from node.admin.client import AdminClient, AdminError
+from tests.drills.checker import OUTCOME_UNKNOWN_PREFIX, check_files, load_jsonl
+from tests.drills.load import GroupedProducer, Load, LoggingConsumer, now_ms, wait_accepted
+from tests.integration.cluster import Cluster, in_transit
+from tests.integration.clients import queue_toml
+from tests.integration.test_journal_disk_full import fill
+
+KINDS = ("kill", "pause", "partition", "disk")
+ROLES = ("leader", "owner", "remote")
+QUEUE = "nemesis"
+PROBE_QUEUE = "nemesis-probe"
+GROUPS_PER_ROUND = 12
+HOLD_S = (2.0, 10.0)  # a fault lasts this long (uniform, by the round's seed)
+LOAD_S = 1.5  # load before the fault and after the recovery
+IN_FLIGHT_MAX = 5
+CONSUMER_CREDIT = 30
+RECONNECT_DELAY_MAX_S = 0.25
+PROGRESS_TIMEOUT_S = 20.0  # bound of every wait for the load to make progress
+RECOVERY_TIMEOUT_S = 30.0  # bound of the waits after a heal: a leader everywhere, a new group, equal digests
+SETTLE_TIMEOUT_S = 40.0  # bound of the wait for outbound stores and queues to empty
+MEMBER_EXIT_TIMEOUT_S = 5.0  # a killed node's raft member child must be gone within this
+ADMIN_TIMEOUT_MS = 2000
+POLL_S = 0.05
+HANDLER_TIMEOUT_MS = 2000  # refusals of new groups without a majority come this soon
+DISK_BYTES = 128 << 20  # each node's tmpfs
+JOURNAL_COMPACT_MIN_BYTES = 8 << 20  # well below the tmpfs, so a long campaign does not fill it by itself
+TRUNCATION_MARK = "truncating already-applied log entries"  # pysyncobj's CRITICAL line (syncobj.py)
+CONNECTION_MARK_BASE = 0x4E000000  # | a counter: each partition marks its connections with its own value
+
+
+class Unavailable(Exception):
+    """A fault cannot be made on this machine (no root, no iptables, no cgroup v2): skip, with the reason."""
+
+
+def run(*command: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    if check and result.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}): {result.stderr.strip()}")
+    return result
+
+
+# ---- the machinery of the faults -------------------------------------------------------------------
+
+def cgroup2_root() -> Path | None:
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 2 and fields[2] == "cgroup2":
+            return Path(fields[1])
+    return None
+
+
+def partition_unavailable() -> str | None:
+    """Why partitions cannot be made here, or None: needs root, iptables with the cgroup and connmark
+    matches, and a writable cgroup v2 hierarchy. Probes with a chain of its own, removed at once."""
+    if os.geteuid() != 0:
+        return "iptables and cgroups need root"
+    if shutil.which("iptables") is None:
+        return "iptables is not installed (apt-get install iptables)"
+    root = cgroup2_root()
+    if root is None:
+        return "no cgroup v2 hierarchy is mounted"
+    probe = root / f"grouper-nemesis-probe-{os.getpid()}"
+    chain = f"nemesis-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+        run("iptables", "-N", chain)
+        run("iptables", "-A", chain, "-m", "cgroup", "--path", probe.name, "-j", "CONNMARK", "--set-xmark",
+            f"{CONNECTION_MARK_BASE:#x}/0xffffffff")
+        run("iptables", "-A", chain, "-m", "connmark", "--mark", f"{CONNECTION_MARK_BASE:#x}", "-j", "DROP")
+    except (OSError, RuntimeError) as error:
+        return f"iptables or cgroups do not work here: {error}"
+    finally:
+        run("iptables", "-F", chain, check=False)
+        run("iptables", "-X", chain, check=False)
+        if probe.exists():
+            probe.rmdir()
+    return None
+
+
+def disk_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "mounting a tmpfs needs root"
+    probe = Path(tempfile.mkdtemp(prefix="nemesis-mount-"))
+    try:
+        mounted = run("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe), check=False)
+        if mounted.returncode:
+            return f"cannot mount a tmpfs here: {mounted.stderr.strip()}"
+        run("umount", str(probe), check=False)
+        return None
+    finally:
+        probe.rmdir()
+
+
+def member_children(pid: int) -> list[int]:
+    """The node's child processes (its raft member), from /proc."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return sorted(set(children))
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+class Partitions:
+    """The iptables chain named after this campaign, jumped to from INPUT and OUTPUT while a partition
+    is in force; `cut(index)` marks and drops every connection between node `index` and the other nodes."""
+
+    def __init__(self, cgroups: list[str], ports: list[list[int]]):
+        self.chain = f"grouper-nemesis-{os.getpid()}"[:28]
+        self.cgroups = cgroups  # per node: its cgroup's path below the cgroup2 root
+        self.ports = ports  # per node: the ports it listens on (raft, admin/peer, AMQP)
+        self.count = 0
+
+    def cut(self, index: int) -> None:
+        self.count += 1
+        mark = f"{CONNECTION_MARK_BASE | (self.count & 0xFFFFFF):#x}"
+        run("iptables", "-N", self.chain)
+        others = [other for other in range(len(self.ports)) if other != index]
+        rules = [[*self._from(other), *self._to([index])] for other in others]
+        rules.append([*self._from(index), *self._to(others)])
+        for rule in rules:  # a connection is marked by the first packet either side sends after the cut
+            run("iptables", "-A", self.chain, *rule, "-j", "CONNMARK", "--set-xmark", f"{mark}/0xffffffff")
+        run("iptables", "-A", self.chain, "-m", "connmark", "--mark", mark, "-j", "DROP")
+        for hook in ("OUTPUT", "INPUT"):
+            run("iptables", "-I", hook, "1", "-j", self.chain)
+
+    def heal(self) -> None:
+        """Remove the chain and the jumps to it; each step tried whatever the others did."""
+        for hook in ("OUTPUT", "INPUT"):
+            while run("iptables", "-D", hook, "-j", self.chain, check=False).returncode == 0:
+                pass
+        run("iptables", "-F", self.chain, check=False)
+        run("iptables", "-X", self.chain, check=False)
+
+    def _from(self, index: int) -> list[str]:
+        return ["-m", "cgroup", "--path", self.cgroups[index]]
+
+    def _to(self, indexes: list[int]) -> list[str]:
+        ports = sorted(port for index in indexes for port in self.ports[index])
+        return ["-p", "tcp", "-m", "multiport", "--dports", ",".join(map(str, ports))]
+
+
+# ---- what a round measured -------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class RoundResult:
+    kind: str
+    seed: int
+    number: int
+    role: str = ""  # what the victim was when the fault began: leader, owner or remote
+    victim: str = ""
+    hold_ms: int = 0
+    sends: int = 0
+    accepted: int = 0
+    refused: int = 0
+    refused_conditions: dict = dataclasses.field(default_factory=dict)
+    timed_out: int = 0
+    delivered: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    order_violations: int = 0
+    double_held: int = 0
+    refused_delivered: int = 0
+    unexpected: int = 0
+    heal_to_new_group_ms: int | None = None  # heal -> first accepted new group (sent after the heal)
+    heal_to_equal_digests_ms: int | None = None  # heal -> every node reports the same routes digest
+    truncation_lines: int = 0  # pysyncobj's CRITICAL "truncating already-applied log entries" in the round
+    # nodes that stopped themselves in the round (node id, exit code), restarted after the heal as a
+    # supervisor would: a node whose journal cannot take a forwarded batch stops with 70 by design
+    exits: list = dataclasses.field(default_factory=list)
+    digests_equal: bool = False  # after the round settled
+    digests: dict = dataclasses.field(default_factory=dict)
+    checker: str = ""
+    failure: str = ""  # an assertion or error that ended the round early
+
+    @property
+    def ok(self) -> bool:
+        return (not self.failure and self.digests_equal and not (
+            self.lost or self.duplicates or self.order_violations or self.double_held or self.refused_delivered
+            or self.unexpected))
+
+    def describe(self) -> str:
+        verdict = "ok" if self.ok else "FAILED"
+        return (f"round {self.number} {self.kind} seed {self.seed} ({self.role} {self.victim}, hold {self.hold_ms} ms):"
+                f" {verdict}; {self.accepted} accepted, {self.refused} refused {self.refused_conditions}, "
+                f"{self.timed_out} timed out, lost {self.lost}, order {self.order_violations}, double-held "
+                f"{self.double_held}, refused-delivered {self.refused_delivered}, new group after "
+                f"{self.heal_to_new_group_ms} ms, equal digests after {self.heal_to_equal_digests_ms} ms, "
+                f"digests equal {self.digests_equal}, truncations {self.truncation_lines}"
+                + (f", node exits {self.exits}" if self.exits else "")
+                + (f"; failure: {self.failure}" if self.failure else "")
+                + (f"\n{self.checker}" if not self.ok and self.checker else ""))
+
+
+# ---- the campaign ----------------------------------------------------------------------------------
+
+class Campaign:
+    """The cluster and the machinery of the faults; `play(kind, seed)` runs one round. Close it (or use it
+    as a context manager): that kills the nodes and removes the rules, cgroups and mounts."""
+
+    def __init__(self, directory: Path, kinds: tuple[str, ...] = KINDS, hold_s: tuple[float, float] = HOLD_S):
+        self.directory = Path(directory)
+        self.kinds = kinds
+        self.hold_s = hold_s
+        self.rounds = 0
+        self.cluster: Cluster | None = None
+        self.partitions: Partitions | None = None
+        self.cgroup_dir: Path | None = None
+        self.mounts: list[Path] = []
+
+    # ---- set-up and tear-down ------------------------------------------------------------------
+
+    def start(self) -> "Campaign":
+        config = (f"[node]\njournal_compact_min_bytes = {JOURNAL_COMPACT_MIN_BYTES}\n"
+                  + queue_toml(QUEUE, durable=True) + queue_toml(PROBE_QUEUE, durable=True))
+        self.cluster = Cluster(self.directory, 3, config, ("--handler-timeout-ms", str(HANDLER_TIMEOUT_MS)))
+        if "disk" in self.kinds:
+            for node in self.cluster.nodes:  # the data directory itself is the mount point
+                run("mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(node.data_dir))
+                self.mounts.append(node.data_dir)
+        cgroups = []
+        if "partition" in self.kinds:
+            root = cgroup2_root()
+            self.cgroup_dir = root / f"grouper-nemesis-{os.getpid()}"
+            self.cgroup_dir.mkdir()
+            for index, node in enumerate(self.cluster.nodes):
+                leaf = self.cgroup_dir / f"node{index}"
+                leaf.mkdir()
+                cgroups.append(str(leaf.relative_to(root)))
+                # the node enters its cgroup before it opens a socket: sockets carry their creator's cgroup
+                node.command_prefix = ("sh", "-c", 'echo $$ > "$0" && exec "$@"', str(leaf / "cgroup.procs"))
+        self.cluster.start()
+        if cgroups:
+            ports = [[self.cluster.raft_ports[index], node._admin_port, node._amqp_port]
+                     for index, node in enumerate(self.cluster.nodes)]
+            self.partitions = Partitions(cgroups, ports)
+        return self
+
+    def close(self) -> None:
+        errors = []
+        if self.partitions is not None:
+            self.partitions.heal()
+        if self.cluster is not None:
+            for node in self.cluster.nodes:
+                for pid in self._pids(node):
+                    self._signal(pid, signal.SIGCONT)
+            self.cluster.kill_all()
+            for index, node in enumerate(self.cluster.nodes):
+                (self.directory / f"node{index}.log").write_text("\n".join(node.output) + "\n")
+        for mount in self.mounts:
+            result = run("umount", "--lazy", str(mount), check=False)
+            if result.returncode:
+                errors.append(result.stderr.strip())
+        if self.cgroup_dir is not None and self.cgroup_dir.exists():
+            for leaf in sorted(self.cgroup_dir.iterdir()):
+                if leaf.is_dir():
+                    self._rmdir_cgroup(leaf, errors)
+            self._rmdir_cgroup(self.cgroup_dir, errors)
+        if errors:
+            raise RuntimeError("; ".join(errors))
+
+    @staticmethod
+    def _rmdir_cgroup(path: Path, errors: list) -> None:
+        deadline = time.monotonic() + MEMBER_EXIT_TIMEOUT_S  # a killed process leaves its cgroup a moment later
+        while True:
+            try:
+                path.rmdir()
+                return
+            except OSError as error:
+                if time.monotonic() > deadline:
+                    errors.append(f"cannot remove {path}: {error}")
+                    return
+                time.sleep(POLL_S)
+
+    def __enter__(self) -> "Campaign":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- the cluster as the admin API shows it -------------------------------------------------
+
+    def status(self, index: int) -> dict | None:
+        node = self.cluster.nodes[index]
+        if node.process is None or node.process.poll() is not None:
+            return None
+        try:
+            with AdminClient(node.admin_address, timeout_ms=ADMIN_TIMEOUT_MS) as client:
+                return client.cluster_status()
+        except AdminError:
+            return None
+
+    def statuses(self) -> list[dict | None]:
+        return [self.status(index) for index in range(3)]
+
+    def wait(self, predicate, what: str, timeout_s: float) -> list[dict]:
+        deadline = time.monotonic() + timeout_s
+        statuses: list = []
+        while time.monotonic() < deadline:
+            statuses = self.statuses()
+            if all(statuses) and predicate(statuses):
+                return statuses
+            time.sleep(POLL_S)
+        raise AssertionError(f"not reached within {timeout_s} s: {what}; last statuses: "
+                             f"{[_brief(status) for status in statuses]}")
+
+    def wait_settled(self, timeout_s: float = RECOVERY_TIMEOUT_S) -> list[dict]:
+        """Until every node answers, names the same leader and has a quorum."""
+        return self.wait(lambda statuses: len({status["leader"] for status in statuses}) == 1
+                         and statuses[0]["leader"] and all(status["has_quorum"] for status in statuses),
+                         "the same leader on every node, with a quorum", timeout_s)
+
+    def wait_consumers(self, counts: dict[tuple[str, int], int]) -> None:
+        """Until the route table knows exactly `counts`: (queue, node index) -> consumers there."""
+        ids = self.cluster.node_ids
+
+        def known(statuses):
+            by_node = {member["node"]: member["consumers"] for member in statuses[0]["members"]}
+            return all(by_node.get(ids[index], {}).get(queue, 0) == count
+                       for (queue, index), count in counts.items())
+        self.wait(known, f"consumers known: {counts}", PROGRESS_TIMEOUT_S)
+
+    def truncation_lines(self) -> list[int]:
+        return [sum(1 for line in node.output if TRUNCATION_MARK in line) for node in self.cluster.nodes]
+
+    # ---- one round -----------------------------------------------------------------------------
+
+    def play(self, kind: str, seed: int) -> RoundResult:
+        """One round of `kind` chosen by `seed`; never raises for what the round found (see `failure`)."""
+        self.rounds += 1
+        result = RoundResult(kind, seed, self.rounds)
+        truncations_before = self.truncation_lines()
+        logs = self.directory / f"round{self.rounds:03d}-{kind}-{seed}"
+        logs.mkdir(parents=True)
+        load = Load([], [])
+        try:
+            with load:
+                self._round(kind, random.Random(seed), result, load, logs)
+            report = check_files(load.send_paths, load.delivery_paths)
+            result.checker = report.summary()
+            result.sends, result.accepted, result.refused = report.sends, report.accepted, report.refused
+            result.timed_out, result.delivered = report.timed_out, report.delivered
+            result.lost, result.duplicates = len(report.lost), len(report.duplicates)
+            result.order_violations, result.double_held = len(report.order_violations), len(
+                report.exclusivity_violations)
+            result.refused_delivered, result.unexpected = len(report.refused_delivered), len(report.unexpected)
+            conditions: dict[str, int] = {}
+            for line in load_jsonl(load.send_paths):
+                if line["outcome"] not in ("accepted", "timeout"):
+                    unknown = (line.get("description") or "").startswith(OUTCOME_UNKNOWN_PREFIX)
+                    key = f"{line['outcome']} {line['condition']}" + (" (outcome unknown)" if unknown else "")
+                    conditions[key] = conditions.get(key, 0) + 1
+            result.refused_conditions = conditions
+            self._compare_digests(result)
+        except Exception as error:  # the round's verdict, with its seed; the campaign goes on
+            result.failure = f"{type(error).__name__}: {error}"
+        finally:
+            self._revive()
+        result.truncation_lines = sum(self.truncation_lines()) - sum(truncations_before)
+        (logs / "result.json").write_text(json.dumps(dataclasses.asdict(result), indent=1) + "\n")
+        return result
+
+    def _round(self, kind: str, rng: random.Random, result: RoundResult, load: Load, logs: Path) -> None:
+        cluster = self.cluster
+        leader = cluster.index_of(self.wait_settled()[0]["leader"])
+        owner = rng.choice([index for index in range(3) if index != leader])
+        remote = next(index for index in range(3) if index not in (leader, owner))
+        roles = {"leader": leader, "owner": owner, "remote": remote}
+        result.role = rng.choice(ROLES)
+        victim = roles[result.role]
+        result.victim = cluster.node_ids[victim]
+        hold_s = rng.uniform(*self.hold_s)
+        result.hold_ms = round(hold_s * 1000)
+        tag = f"r{self.rounds}"
+
+        def consumer(index: int, queue: str, name: str) -> LoggingConsumer:
+            made = LoggingConsumer(cluster.nodes[index].url, queue, logs / f"{name}.jsonl", name=name,
+                                   credit=CONSUMER_CREDIT, reconnect_delay_max_s=RECONNECT_DELAY_MAX_S)
+            made.start()
+            load.consumers.append(made)
+            return made
+
+        def producer(index: int, queue: str, groups: list[str], name: str,
+                     in_flight_max: int = IN_FLIGHT_MAX) -> GroupedProducer:
+            made = GroupedProducer(cluster.nodes[index].url, queue, groups, logs / f"{name}.jsonl", name=name,
+                                   in_flight_max=in_flight_max, reconnect_delay_max_s=RECONNECT_DELAY_MAX_S)
+            made.start()
+            load.producers.append(made)
+            return made
+
+        consumer(owner, QUEUE, f"{tag}-c0")
+        consumer(owner, QUEUE, f"{tag}-c1")
+        consumer(victim, PROBE_QUEUE, f"{tag}-probe-c")
+        self.wait_consumers({(QUEUE, owner): 2, (QUEUE, leader): 0, (QUEUE, remote): 0,
+                             (PROBE_QUEUE, victim): 1, **{(PROBE_QUEUE, other): 0 for other in range(3)
+                                                          if other != victim}})
+        groups = [f"{tag}-g{index:02d}" for index in range(GROUPS_PER_ROUND)]
+        producers = [producer(index, QUEUE, groups, f"{tag}-p{index}") for index in range(3)]
+        # one new group at a time: its first acceptance after the heal is the recovery time
+        probe = producer(victim, PROBE_QUEUE, [f"{tag}-new{index:06d}" for index in range(100_000)], f"{tag}-probe",
+                         in_flight_max=1)
+        self._load(LOAD_S, [*producers, probe], "before the fault")
+
+        healed_ms = getattr(self, f"_{kind}")(victim, hold_s)
+        result.exits += self._restart_exited()
+
+        self.wait_settled()
+        wait_accepted([probe], 2, RECOVERY_TIMEOUT_S, f"seed {result.seed}: a new group after the heal")
+        first = min((line["settled_ms"] for line in load_jsonl(probe.log_path)
+                     if line["outcome"] == "accepted" and line["sent_ms"] >= healed_ms), default=None)
+        result.heal_to_new_group_ms = None if first is None else first - healed_ms
+        probe.stop()  # no more new routes: the digests can now agree
+        self.wait(lambda statuses: len({status["routes_digest"] for status in statuses}) == 1,
+                  "the same routes digest on every node", RECOVERY_TIMEOUT_S)
+        result.heal_to_equal_digests_ms = now_ms() - healed_ms
+        self._load(LOAD_S, producers, "after the recovery")
+        for made in producers:
+            made.stop()
+        started_s = time.monotonic()
+        while left := in_transit(self.statuses()):
+            assert time.monotonic() - started_s < SETTLE_TIMEOUT_S, \
+                f"still in transit after {SETTLE_TIMEOUT_S} s: {left}"
+            time.sleep(0.2)
+        load.finish(quiet_s=0.5, timeout_s=PROGRESS_TIMEOUT_S)
+
+    def _load(self, seconds: float, producers: list[GroupedProducer], what: str) -> None:
+        deadline = time.monotonic() + seconds
+        wait_accepted(producers, 10, PROGRESS_TIMEOUT_S, what)
+        time.sleep(max(0.0, deadline - time.monotonic()))
+
+    def _compare_digests(self, result: RoundResult) -> None:
+        """After the round: equal digests at an equal applied index (bounded wait), else the digests seen."""
+        try:
+            statuses = self.wait(lambda statuses: len({status["routes_digest"] for status in statuses}) == 1
+                                 and len({status["last_applied"] for status in statuses}) == 1,
+                                 "equal routes digests at an equal applied index", RECOVERY_TIMEOUT_S)
+        except AssertionError:
+            statuses = self.statuses()
+            result.digests_equal = False
+        else:
+            result.digests_equal = True
+        result.digests = {self.cluster.node_ids[index]: None if status is None else
+                          [status["routes_digest"][:16], status["routes"], status["last_applied"]]
+                          for index, status in enumerate(statuses)}
+
+    # ---- the faults: each returns the wall-clock ms its heal was done -----------------------------
+
+    def _kill(self, victim: int, hold_s: float) -> int:
+        node = self.cluster.nodes[victim]
+        children = member_children(node.process.pid)
+        node.kill()
+        deadline = time.monotonic() + MEMBER_EXIT_TIMEOUT_S
+        while any(alive(child) for child in children):
+            if time.monotonic() > deadline:
+                for child in children:
+                    self._signal(child, signal.SIGKILL)
+                raise AssertionError(f"the raft member {children} outlived its killed node")
+            time.sleep(POLL_S)
+        time.sleep(hold_s)
+        healed_ms = now_ms()
+        node.start()
+        return healed_ms
+
+    def _pause(self, victim: int, hold_s: float) -> int:
+        pids = self._pids(self.cluster.nodes[victim])
+        try:
+            for pid in pids:
+                self._signal(pid, signal.SIGSTOP)
+            time.sleep(hold_s)
+        finally:
+            for pid in pids:
+                self._signal(pid, signal.SIGCONT)
+        return now_ms()
+
+    def _partition(self, victim: int, hold_s: float) -> int:
+        try:
+            self.partitions.cut(victim)
+            time.sleep(hold_s)
+        finally:
+            self.partitions.heal()
+        return now_ms()
+
+    def _disk(self, victim: int, hold_s: float) -> int:
+        filler = None
+        try:
+            filler = fill(self.cluster.nodes[victim].data_dir)
+            time.sleep(hold_s)
+        finally:
+            if filler is not None:
+                filler.unlink()
+        return now_ms()
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _pids(node) -> list[int]:
+        if node.process is None or node.process.poll() is not None:
+            return []
+        return [node.process.pid, *member_children(node.process.pid)]
+
+    @staticmethod
+    def _signal(pid: int, signal_number: int) -> None:
+        try:
+            os.kill(pid, signal_number)
+        except ProcessLookupError:
+            pass
+
+    def _restart_exited(self) -> list:
+        exited = []
+        for index, node in enumerate(self.cluster.nodes):
+            if node.process is not None and node.process.poll() is not None:
+                exited.append([self.cluster.node_ids[index], node.process.returncode])
+                node.output.append(f"nemesis: node exited with {node.process.returncode}; restarting it")
+                node.start()
+        return exited
+
+    def _revive(self) -> None:
+        """After a round, failed or not: no rules, no stopped process, every node running."""
+        if self.partitions is not None:
+            self.partitions.heal()
+        for node in self.cluster.nodes:
+            for pid in self._pids(node):
+                self._signal(pid, signal.SIGCONT)
+            if node.process is None or node.process.poll() is not None:
+                node.output.append(f"nemesis: node found dead after a round (exit {node.process.returncode}); "
+                                   "restarting it")
+                node.start()
+
+
+def _brief(status: dict | None) -> dict | None:
+    if status is None:
+        return None
+    return {key: status.get(key) for key in ("node", "leader", "term", "has_quorum", "routes", "last_applied")} | {
+        "digest": status.get("routes_digest", "")[:12]}
+
+
+# ---- the report ------------------------------------------------------------------------------------
+
+def table(results: list[dict]) -> str:
+    """A markdown table, one row per kind, from RoundResult dicts."""
+    rows = ["| kind | rounds | failed rounds (seeds) | accepted | lost | order violations | double-held groups "
+            "| refusals (conditions) | timeouts | heal → new group ms (median / max) | heal → equal digests ms "
+            "(median / max) | CRITICAL truncations (rounds with one) | digest mismatches | node exits (codes) |",
+            "|" + " --- |" * 14]
+    for kind in KINDS:
+        rounds = [result for result in results if result["kind"] == kind]
+        if not rounds:
+            continue
+        failed = [r for r in rounds if not RoundResult(**r).ok]
+        conditions: dict[str, int] = {}
+        for r in rounds:
+            for condition, count in r["refused_conditions"].items():
+                conditions[condition] = conditions.get(condition, 0) + count
+        rows.append("| " + " | ".join([
+            kind, str(len(rounds)),
+            f"{len(failed)}" + (f" ({', '.join(str(r['seed']) for r in failed)})" if failed else ""),
+            str(sum(r["accepted"] for r in rounds)),
+            str(sum(r["lost"] for r in rounds)), str(sum(r["order_violations"] for r in rounds)),
+            str(sum(r["double_held"] for r in rounds)),
+            f"{sum(r['refused'] for r in rounds)}"
+            + (f" ({'; '.join(f'{key}: {value}' for key, value in sorted(conditions.items()))})" if conditions else ""),
+            str(sum(r["timed_out"] for r in rounds)),
+            _median_max([r["heal_to_new_group_ms"] for r in rounds]),
+            _median_max([r["heal_to_equal_digests_ms"] for r in rounds]),
+            f"{sum(r['truncation_lines'] for r in rounds)} ({sum(1 for r in rounds if r['truncation_lines'])})",
+            str(sum(1 for r in rounds if not r["digests_equal"])),
+            _exits([exit_ for r in rounds for exit_ in r.get("exits", [])]),
+        ]) + " |")
+    return "\n".join(rows)
+
+
+def _exits(exits: list) -> str:
+    codes: dict[int, int] = {}
+    for _, code in exits:
+        codes[code] = codes.get(code, 0) + 1
+    return f"{len(exits)}" + (f" ({', '.join(f'{count}× {code}' for code, count in sorted(codes.items()))})"
+                              if exits else "")
+
+
+def _median_max(values: list) -> str:
+    present = [value for value in values if value is not None]
+    if not present:
+        return "-"
+    return f"{round(statistics.median(present))} / {max(present)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a campaign; one JSON line per round goes to --results as it ends, and the table is appended to
+    --out at the end (or, with --table-only, made from --results alone). Exit 1 if a round failed."""
+    parser = argparse.ArgumentParser(prog="python -m tests.drills.nemesis", description=main.__doc__)
+    parser.add_argument("--rounds", type=int, default=len(KINDS), help="rounds in all, kinds taken in turn")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {','.join(KINDS)}")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the first round (then +1 each round)")
+    parser.add_argument("--hold-s", default=f"{HOLD_S[0]:g},{HOLD_S[1]:g}", help="MIN,MAX seconds a fault lasts")
+    parser.add_argument("--directory", default=None, help="cluster data and logs (default: a new temp directory)")
+    parser.add_argument("--results", default=None, help="JSON lines, one per round (default: DIRECTORY/results.jsonl)")
+    parser.add_argument("--out", default=None, help="markdown file to append the table to")
+    parser.add_argument("--table-only", action="store_true", help="only make the table from --results")
+    arguments = parser.parse_args(argv)
+    kinds = tuple(kind for kind in arguments.kinds.split(",") if kind)
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        parser.error(f"unknown kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+    if arguments.table_only:
+        results = [json.loads(line) for line in Path(arguments.results).read_text().splitlines() if line.strip()]
+        _write_table(results, arguments.out)
+        return 0 if all(RoundResult(**result).ok for result in results) else 1
+    reasons = {kind: reason for kind, reason in (("partition", partition_unavailable()), ("disk", disk_unavailable()))
+               if kind in kinds and reason}
+    if reasons:
+        print(f"nemesis: cannot run {reasons}", file=sys.stderr)
+        return 2
+    directory = Path(arguments.directory or tempfile.mkdtemp(prefix="grouper-nemesis-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    results_path = Path(arguments.results or directory / "results.jsonl")
+    seed = arguments.seed if arguments.seed is not None else random.randrange(1 << 31)
+    hold_s = tuple(float(value) for value in arguments.hold_s.split(","))
+    print(f"nemesis: {arguments.rounds} rounds of {kinds} from seed {seed}; logs in {directory}, results in "
+          f"{results_path}", flush=True)
+    results = []
+    with Campaign(directory, kinds, hold_s) as campaign:
+        for number in range(arguments.rounds):
+            result = campaign.play(kinds[number % len(kinds)], seed + number)
+            results.append(dataclasses.asdict(result))
+            with open(results_path, "a") as out:
+                out.write(json.dumps(results[-1]) + "\n")
+            print(result.describe(), flush=True)
+    _write_table(results, arguments.out)
+    return 0 if all(RoundResult(**result).ok for result in results) else 1
+
+
+def _write_table(results: list[dict], out: str | None) -> None:
+    text = table(results)
+    print(text)
+    if out:
+        counts = ", ".join(f"{kind}: {sum(1 for result in results if result['kind'] == kind)}" for kind in KINDS)
+        with open(out, "a") as document:
+            document.write(f"\n{len(results)} rounds ({counts}):\n\n{text}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
