@@ -86,6 +86,13 @@ class GroupingHandler:
                                 transportClass=RaftTransport.with_secrets(raft_secrets) if raft_secrets
                                 else RaftTransport)
         self._syncobj._SyncObj__transport.on_member_lost = self._member_lost  # pysyncobj keeps it private
+        # pysyncobj rewrites its meta file once a second just to keep the commit index, which raft keeps
+        # in memory only (a restarted member learns it from the leader's next heartbeat): the write
+        # replaces the file by a rename, and ext4 makes a rename over a file wait for the new file's
+        # data to reach the disk, so under the node's journal load it stalled this tick thread for
+        # 100+ ms at a time (0.43 s of one 10 s profile) and heartbeats with it. The term and vote are
+        # still written at once on every change, as raft requires.
+        self._syncobj._SyncObj__raftLog.onOneSecondTimer = lambda: None
         self.duties = LeaderDuties(group_timeout_ms, owner_failover_ms, route_follow_ms=route_follow_ms)
         self._code_version_proposed = False
         self._stopped = threading.Event()

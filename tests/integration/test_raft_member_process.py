@@ -65,8 +65,10 @@ def port_free(port: int) -> bool:
 @pytest.fixture
 def cluster(tmp_path):
     cluster = Cluster(tmp_path, size=3, config_text=queue_toml("jobs", durable=True))
-    yield cluster.start()
-    cluster.kill_all()
+    try:
+        yield cluster.start()
+    finally:  # a start that failed half way leaves nodes running too
+        cluster.kill_all()
 
 
 def member_of(node) -> int:
