@@ -16,6 +16,9 @@ Engine loop thread only (other threads enter through `bridge`). Rules:
 - A durable send is in the broker (and may be delivered) before its batch is on disk. If the batch
   fails, the core takes back what no consumer has seen (Broker.take_back) and the producer is refused;
   a send a consumer already has is refused with a description saying its outcome is unknown.
+- A consumer's outcome that removes a message is settled only once the removal is on disk: settling
+  promises the message is gone for good. If the batch fails, the delivery is left unsettled and the
+  consumer's link is detached with the failure's condition (a restart would deliver it again).
 - A queue at its depth limit rejects with amqp:resource-limit-exceeded rather than withholding
   credit: a link may carry messages for several queues (anonymous relay), and a rejection tells
   the producer at once which message failed and why.
@@ -305,6 +308,7 @@ class AmqpServer:
                   "told the outcome is unknown); durable sends are refused for %d ms, then tried again",
                   reason, handed_out.count(False), handed_out.count(True), JOURNAL_RETRY_INTERVAL_MS)
         outcome_unknown = iter(handed_out)
+        unstored: list[Consumer] = []  # consumers whose settlements' removals were in the failed batch
         for target, kind, stored in refused:
             if kind == CALL:
                 target(reason)
@@ -316,10 +320,16 @@ class AmqpServer:
             if kind == PRODUCER:
                 error = StoreFailed(reason, outcome_unknown=unknown)
                 self._reject(link, delivery, failure_condition(reason), error.description)
-            else:
-                lib.pn_delivery_settle(delivery)
-                self._dirty.add(link.connection)
+            elif link not in unstored:
+                unstored.append(link)
         self.apply(effects)
+        for consumer in unstored:
+            if consumer.alive:  # not settled: the removal is not on disk, and a restart would deliver it again
+                self._forget_link(consumer)
+                self._close_link(consumer.link, (
+                    failure_condition(reason), f"the node could not store this link's settlements ({reason}); "
+                    f"a message whose acceptance it did not settle may be delivered again: attach again"))
+                self._dirty.add(consumer.connection)
 
     def _confirm(self, target, kind) -> None:
         if kind == CALL:
