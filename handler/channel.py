@@ -5,8 +5,9 @@ a 4-byte big-endian length in front. Rules:
 - Only the node and the member process it started hold the two ends: the socketpair is made by the
   node and handed to the child as an inherited descriptor, never bound to an address, so nothing
   else can connect, read or write; that is why unpickling what arrives is safe here and nowhere else.
-- `send` never blocks its caller: it appends to a queue that one writer thread drains, many
-  messages per write. The engine loop proposes through it and must not wait for the other process.
+- `send` never blocks its caller: with nothing queued ahead it writes what the socket takes at
+  once, and queues the rest for one writer thread, which drains it many messages per write. The
+  engine loop proposes through it and must not wait for the other process.
 - One reader thread hands each message to `on_message` in arrival order, so the order in which the
   member applied raft entries is the order in which the node hears of them. When the other end is
   gone (EOF, a reset, a message longer than MESSAGE_BYTES_MAX), or `on_message` raised (a bug: it is
@@ -39,6 +40,7 @@ class Channel:
         self._outbox: deque = deque()
         self._wake = threading.Condition()
         self._closing = False
+        self._writing = False  # the writer thread is writing frames it took from the outbox
         self._closed_reported = threading.Lock()
         self._reported = False
         self._writer = threading.Thread(target=self._write_loop, name=f"{name}-writer", daemon=True)
@@ -50,10 +52,21 @@ class Channel:
 
     def send(self, message) -> None:
         frame = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        data = _LENGTH.pack(len(frame)) + frame
         with self._wake:
             if self._closing:
                 return  # the other end is gone or going: what the caller wanted is reported lost there
-            self._outbox.append(_LENGTH.pack(len(frame)) + frame)
+            if not self._outbox and not self._writing:
+                # nothing queued ahead: write here, without waking the writer thread, which in a busy
+                # node waits up to a GIL switch interval (5 ms) to run; what does not fit now goes to it
+                try:
+                    sent = self._sock.send(data, socket.MSG_DONTWAIT)
+                except OSError:  # full (BlockingIOError) or broken: the writer thread finds out which
+                    sent = 0
+                if sent == len(data):
+                    return
+                data = data[sent:]
+            self._outbox.append(data)
             self._wake.notify()
 
     def close(self, flush_timeout_s: float = 1.0) -> None:
@@ -80,11 +93,14 @@ class Channel:
                     return
                 frames = list(self._outbox)
                 self._outbox.clear()
+                self._writing = True  # send() must not write past these
             try:
                 self._sock.sendall(b"".join(frames))
             except OSError as error:
                 self._closed(f"writing failed: {error}")
                 return
+            with self._wake:
+                self._writing = False
 
     def _read_loop(self) -> None:
         buffer = bytearray()
