@@ -28,7 +28,6 @@ import datetime
 import json
 import multiprocessing
 import os
-import platform
 import shutil
 import subprocess
 import sys

@@ -24,7 +24,6 @@ import json
 import platform
 import shlex
 import signal
-import subprocess
 import sys
 import tempfile
 import time
