@@ -94,6 +94,16 @@ def send_once_the_disk_takes_it(sender, body) -> None:
         time.sleep(0.1)
 
 
+def served_after_restart(node: NodeProcess) -> list:
+    """Restart the node and return the bodies a fresh consumer of QUEUE gets, in order."""
+    node.restart()
+    connection = connect(node)
+    try:
+        return [held.body for held in ManualReceiver(connection, QUEUE, "after-restart").poll_all()]
+    finally:
+        connection.close()
+
+
 def test_a_send_refused_by_a_full_disk_is_never_delivered_to_a_consumer_attached_while_the_disk_is_full(
         full_disk_node, small_disk):
     connection = connect(full_disk_node)
@@ -142,13 +152,7 @@ def test_a_send_a_consumer_had_before_the_disk_filled_is_refused_as_outcome_unkn
         assert consumer.fetch().body == "later"  # left unsettled: it comes back after the restart
     finally:
         connection.close()
-    full_disk_node.restart()
-    connection = connect(full_disk_node)
-    try:
-        consumer = ManualReceiver(connection, QUEUE, "after-restart")
-        assert [h.body for h in consumer.poll_all()] == ["later"]  # unsettled before: back; nothing else
-    finally:
-        connection.close()
+    assert served_after_restart(full_disk_node) == ["later"]  # unsettled before: back; nothing else
 
 
 ACCEPTED_AT_ONCE = 300  # their removals (32 bytes each) need more than the slack in the journal's last page
@@ -180,13 +184,7 @@ def test_an_acceptance_whose_removal_the_full_disk_refused_is_not_settled_and_th
         os.remove(filler)
     finally:
         connection.close()
-    full_disk_node.restart()
-    connection = connect(full_disk_node)
-    try:
-        consumer = ManualReceiver(connection, QUEUE, "after-restart")
-        back = [held.body for held in consumer.poll_all()]
-        # what the node settled is gone for good; what it left unsettled may come back, and here it does
-        assert not set(back) & settled, sorted(set(back) & settled)[:5]
-        assert back == unsettled
-    finally:
-        connection.close()
+    back = served_after_restart(full_disk_node)
+    # what the node settled is gone for good; what it left unsettled may come back, and here it does
+    assert not set(back) & settled, sorted(set(back) & settled)[:5]
+    assert back == unsettled
