@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 from node.admin.client import AdminClient, AdminError
-from tests.drills.checker import OUTCOME_UNKNOWN_PREFIX, check_files, load_jsonl
+from tests.drills.checker import OUTCOME_UNKNOWN_PREFIX, check, load_jsonl
 from tests.drills.load import GroupedProducer, Load, LoggingConsumer, now_ms, wait_accepted
 from tests.integration.cluster import Cluster, in_transit
 from tests.integration.clients import queue_toml
@@ -217,7 +217,12 @@ class RoundResult:
     order_violations: int = 0
     double_held: int = 0
     refused_delivered: int = 0
-    unexpected: int = 0
+    unexpected: int = 0  # delivered, sent by no round of this campaign
+    # delivered here, sent in an EARLIER round (a node restarted from a journal that still held them):
+    # legal when no consumer of that round was told the message was gone (an unconfirmed acceptance,
+    # an outcome-unknown refusal), a violation (a late duplicate) when one was
+    late_redeliveries: int = 0
+    late_duplicates: int = 0
     heal_to_new_group_ms: int | None = None  # heal -> first accepted new group (sent after the heal)
     heal_to_equal_digests_ms: int | None = None  # heal -> every node reports the same routes digest
     truncation_lines: int = 0  # pysyncobj's CRITICAL "truncating already-applied log entries" in the round
@@ -233,14 +238,15 @@ class RoundResult:
     def ok(self) -> bool:
         return (not self.failure and self.digests_equal and not (
             self.lost or self.duplicates or self.order_violations or self.double_held or self.refused_delivered
-            or self.unexpected))
+            or self.unexpected or self.late_duplicates))
 
     def describe(self) -> str:
         verdict = "ok" if self.ok else "FAILED"
         return (f"round {self.number} {self.kind} seed {self.seed} ({self.role} {self.victim}, hold {self.hold_ms} ms):"
                 f" {verdict}; {self.accepted} accepted, {self.refused} refused {self.refused_conditions}, "
                 f"{self.timed_out} timed out, lost {self.lost}, order {self.order_violations}, double-held "
-                f"{self.double_held}, refused-delivered {self.refused_delivered}, new group after "
+                f"{self.double_held}, refused-delivered {self.refused_delivered}, late redeliveries "
+                f"{self.late_redeliveries}, late duplicates {self.late_duplicates}, new group after "
                 f"{self.heal_to_new_group_ms} ms, equal digests after {self.heal_to_equal_digests_ms} ms, "
                 f"digests equal {self.digests_equal}, truncations {self.truncation_lines}"
                 + (f", node exits {self.exits}" if self.exits else "")
@@ -392,21 +398,7 @@ class Campaign:
         try:
             with load:
                 self._round(kind, random.Random(seed), result, load, logs)
-            report = check_files(load.send_paths, load.delivery_paths)
-            result.checker = report.summary()
-            result.sends, result.accepted, result.refused = report.sends, report.accepted, report.refused
-            result.timed_out, result.delivered = report.timed_out, report.delivered
-            result.lost, result.duplicates = len(report.lost), len(report.duplicates)
-            result.order_violations, result.double_held = len(report.order_violations), len(
-                report.exclusivity_violations)
-            result.refused_delivered, result.unexpected = len(report.refused_delivered), len(report.unexpected)
-            conditions: dict[str, int] = {}
-            for line in load_jsonl(load.send_paths):
-                if line["outcome"] not in ("accepted", "timeout"):
-                    unknown = (line.get("description") or "").startswith(OUTCOME_UNKNOWN_PREFIX)
-                    key = f"{line['outcome']} {line['condition']}" + (" (outcome unknown)" if unknown else "")
-                    conditions[key] = conditions.get(key, 0) + 1
-            result.refused_conditions = conditions
+            judge(result, logs)
             self._compare_digests(result)
         except Exception as error:  # the round's verdict, with its seed; the campaign goes on
             result.failure = f"{type(error).__name__}: {error}"
@@ -583,6 +575,85 @@ class Campaign:
                 node.start()
 
 
+# ---- judging a round's logs ------------------------------------------------------------------------
+
+def round_lines(logs: Path) -> tuple[list[dict], list[dict]]:
+    """(sends, deliveries) of every client log of the round in `logs`."""
+    lines = load_jsonl(sorted(logs.glob("*.jsonl")))
+    return ([line for line in lines if line.get("kind") == "send"],
+            [line for line in lines if line.get("kind") == "delivery"])
+
+
+def judge(result: RoundResult, logs: Path) -> None:
+    """The checker's verdict on the round's logs into `result`; deliveries of earlier rounds' messages
+    (producers are named r<round>-...) are judged against that round's logs, found next to `logs`."""
+    sends, deliveries = round_lines(logs)
+    tag = f"r{result.number}-"
+    late = [line for line in deliveries if not str(line.get("producer")).startswith(tag)]
+    report = check(sends, [line for line in deliveries if str(line.get("producer")).startswith(tag)])
+    result.checker = report.summary()
+    result.sends, result.accepted, result.refused = report.sends, report.accepted, report.refused
+    result.timed_out, result.delivered = report.timed_out, report.delivered
+    result.lost, result.duplicates = len(report.lost), len(report.duplicates)
+    result.order_violations, result.double_held = len(report.order_violations), len(report.exclusivity_violations)
+    result.refused_delivered, result.unexpected = len(report.refused_delivered), len(report.unexpected)
+    result.late_redeliveries = result.late_duplicates = 0
+    for line in late:
+        verdict = _late_verdict(line, logs.parent)
+        if verdict is None:
+            result.unexpected += 1
+        elif verdict:
+            result.late_redeliveries += 1
+        else:
+            result.late_duplicates += 1
+            result.checker += f"\nlate duplicate: {line['producer']}/{line['group']}#{line['sequence']}"
+    conditions: dict[str, int] = {}
+    for line in sends:
+        if line["outcome"] not in ("accepted", "timeout"):
+            unknown = (line.get("description") or "").startswith(OUTCOME_UNKNOWN_PREFIX)
+            key = f"{line['outcome']} {line['condition']}" + (" (outcome unknown)" if unknown else "")
+            conditions[key] = conditions.get(key, 0) + 1
+    result.refused_conditions = conditions
+
+
+def _late_verdict(delivery: dict, campaign: Path) -> bool | None:
+    """For a delivery of an earlier round's message: True if legal (no consumer of that round was told it
+    was gone, and its send was not refused outright), False if a violation, None if no round sent it."""
+    producer = str(delivery.get("producer"))
+    number = producer[1:].split("-", 1)[0]
+    if not (producer.startswith("r") and number.isdigit()):
+        return None
+    earlier = sorted(campaign.glob(f"round{int(number):03d}-*"))
+    if not earlier:
+        return None
+    sends, deliveries = round_lines(earlier[0])
+    key = (delivery["producer"], delivery["group"], delivery["sequence"])
+    sent = [line for line in sends if (line["producer"], line["group"], line["sequence"]) == key]
+    if not sent:
+        return None
+    refused = all(line["outcome"] not in ("accepted", "timeout")
+                  and not (line.get("description") or "").startswith(OUTCOME_UNKNOWN_PREFIX) for line in sent)
+    confirmed = any((line["producer"], line["group"], line["sequence"]) == key and line["outcome"] == "accepted"
+                    and line.get("settle_confirmed", True) for line in deliveries)
+    return not (refused or confirmed)
+
+
+def rejudge(campaign: Path) -> list[dict]:
+    """Judge every round of a campaign's directory again from its logs (each round's result.json gives
+    what the logs cannot: digests, recovery times, exits)."""
+    results = []
+    for logs in sorted(campaign.glob("round*-*")):
+        stored = logs / "result.json"
+        if not stored.exists():
+            continue  # a round cut short by an interrupt
+        result = RoundResult(**{key: value for key, value in json.loads(stored.read_text()).items()
+                                if key in {field.name for field in dataclasses.fields(RoundResult)}})
+        if not result.failure:
+            judge(result, logs)
+        results.append(dataclasses.asdict(result))
+    return results
+
+
 def _brief(status: dict | None) -> dict | None:
     if status is None:
         return None
@@ -595,9 +666,9 @@ def _brief(status: dict | None) -> dict | None:
 def table(results: list[dict]) -> str:
     """A markdown table, one row per kind, from RoundResult dicts."""
     rows = ["| kind | rounds | failed rounds (seeds) | accepted | lost | order violations | double-held groups "
-            "| refusals (conditions) | timeouts | heal → new group ms (median / max) | heal → equal digests ms "
+            "| duplicates / legal late redeliveries | refusals (conditions) | timeouts | heal → new group ms (median / max) | heal → equal digests ms "
             "(median / max) | CRITICAL truncations (rounds with one) | digest mismatches | node exits (codes) |",
-            "|" + " --- |" * 14]
+            "|" + " --- |" * 15]
     for kind in KINDS:
         rounds = [result for result in results if result["kind"] == kind]
         if not rounds:
@@ -613,6 +684,8 @@ def table(results: list[dict]) -> str:
             str(sum(r["accepted"] for r in rounds)),
             str(sum(r["lost"] for r in rounds)), str(sum(r["order_violations"] for r in rounds)),
             str(sum(r["double_held"] for r in rounds)),
+            f"{sum(r['duplicates'] + r.get('late_duplicates', 0) for r in rounds)}"
+            f" / {sum(r.get('late_redeliveries', 0) for r in rounds)}",
             f"{sum(r['refused'] for r in rounds)}"
             + (f" ({'; '.join(f'{key}: {value}' for key, value in sorted(conditions.items()))})" if conditions else ""),
             str(sum(r["timed_out"] for r in rounds)),
@@ -652,11 +725,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=None, help="JSON lines, one per round (default: DIRECTORY/results.jsonl)")
     parser.add_argument("--out", default=None, help="markdown file to append the table to")
     parser.add_argument("--table-only", action="store_true", help="only make the table from --results")
+    parser.add_argument("--rejudge", default=None, metavar="DIRECTORY",
+                        help="judge a campaign's round logs again (writes --results and the table)")
     arguments = parser.parse_args(argv)
     kinds = tuple(kind for kind in arguments.kinds.split(",") if kind)
     unknown = set(kinds) - set(KINDS)
     if unknown:
         parser.error(f"unknown kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+    if arguments.rejudge:
+        results = rejudge(Path(arguments.rejudge))
+        if arguments.results:
+            Path(arguments.results).write_text("".join(json.dumps(result) + "\n" for result in results))
+        for result in results:
+            print(RoundResult(**result).describe())
+        _write_table(results, arguments.out)
+        return 0 if all(RoundResult(**result).ok for result in results) else 1
     if arguments.table_only:
         results = [json.loads(line) for line in Path(arguments.results).read_text().splitlines() if line.strip()]
         _write_table(results, arguments.out)
