@@ -369,6 +369,7 @@ class Node:
 
     def _start_cluster(self) -> None:
         from handler.member_process import MemberProcess
+        from node.membership import refuse_lost_identity
 
         config = self.config
         advertised = config.advertise_host or config.host
@@ -381,9 +382,11 @@ class Node:
                 config.host, config.peer_port, self.cluster.handle_forward, self.cluster_tls,
                 config.forward_timeout_ms)
             peer_port = self.peer_port
+        raft_dir = os.path.join(config.data_dir, "raft")
+        refuse_lost_identity(config.node_id, config.peer_list(), self.admin_port, raft_dir)
         try:
             self.handler = MemberProcess(
-                config.node_id, config.peer_list(), os.path.join(config.data_dir, "raft"),
+                config.node_id, config.peer_list(), raft_dir,
                 on_applied=lambda kind, payload, at_ms: self.bridge.post(
                     lambda: self.cluster.applied(kind, payload, at_ms)),
                 on_ready=lambda: self.bridge.post(self.cluster.ready),

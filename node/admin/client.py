@@ -146,8 +146,10 @@ class AdminClient:
     def remove_member(self, node: str) -> int:
         return self._call(self._stub.RemoveMember, admin_pb2.MemberRequest(node=node)).routes_dropped
 
-    def cluster_status(self) -> dict:
-        response = self._call(self._stub.ClusterStatus, admin_pb2.ClusterStatusRequest())
+    def cluster_status(self, local_only: bool = False) -> dict:
+        """local_only: the answering node's view, without the other members' queues (never waits for
+        a member that is down)."""
+        response = self._call(self._stub.ClusterStatus, admin_pb2.ClusterStatusRequest(local_only=local_only))
         return {
             "clustered": response.clustered, "node": response.node, "leader": response.leader,
             "term": response.term, "has_quorum": response.has_quorum, "routes": response.routes,

@@ -281,6 +281,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                                            routes=member.get("routes", 0), consumers=member.get("consumers", {}))
                 if member["node"] == status.get("node") or not status["clustered"]:
                     queues = self._control.list_queues()
+                elif request.local_only:
+                    continue
                 elif not member.get("admin_address"):
                     row.error = "not registered yet: its addresses are not in the route table"
                     continue
