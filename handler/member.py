@@ -88,7 +88,7 @@ class Member:
                 election_timeout_max_ms=settings["election_timeout_max_ms"],
                 routes_max=settings["routes_max"], group_timeout_ms=settings["group_timeout_ms"],
                 owner_failover_ms=settings["owner_failover_ms"], route_follow_ms=settings["route_follow_ms"],
-                bind_host=settings["bind_host"],
+                placement=settings["placement"], bind_host=settings["bind_host"],
                 raft_secrets=tuple(settings["raft_secrets"]))
         except Exception as error:  # reported to the node, which says what to fix
             send(("start_failed", f"{type(error).__name__}: {error}"))

@@ -12,8 +12,8 @@ import logging
 
 from pysyncobj import SyncObjConsumer, replicated
 
-from handler.route_table import (MEMBERS, MOVES, MOVES_ALL, REFUSED, ROUTES, SNAPSHOT,  # the feed's kinds: see there
-                                 RouteTable)
+from handler.route_table import (MEMBERS, MOVES, MOVES_ALL, PLACEMENT_LOCAL, REFUSED, ROUTES,  # the feed's kinds: see there
+                                 SNAPSHOT, RouteTable)
 
 log = logging.getLogger("grouper.handler")
 
@@ -42,9 +42,12 @@ class RouteTableReplica(SyncObjConsumer):
 
     # ---- replicated commands -----------------------------------------------------------------
 
+    # placement: the proposer's mode travels in the command, so every replica places alike. pysyncobj
+    # journals (number, args) and numbers commands by (ver, name), so an argument with a default keeps
+    # claim_v0; claims journalled before it existed replay with the rule they were decided by (local)
     @replicated
-    def claim(self, keys, proposer, now_ms):
-        nodes = self.table.claim(keys, proposer, now_ms)
+    def claim(self, keys, proposer, now_ms, placement=PLACEMENT_LOCAL):
+        nodes = self.table.claim(keys, proposer, now_ms, placement)
         decided = [(key[0], key[1], node) for key, node in zip(keys, nodes) if node is not None]
         if decided:
             self._on_applied(ROUTES, decided, now_ms)

@@ -10,6 +10,19 @@ order, so the rules are:
   the table by pickling them.
 - Never raises for input from the cluster: a malformed entry gets None or is ignored, because an
   exception inside an applied command would kill the raft tick thread.
+Placement of a new group (`choose_node`), by the claim's `placement`, which the proposer puts into
+the claim command itself: a mode read from each replica's own settings could differ between replicas
+and split their tables, a mode in the log cannot.
+- PLACEMENT_BALANCED: the node whose consumers on the queue hold the fewest groups per consumer,
+  counting the new group (routes of the queue / its consumers there, cluster-wide, down nodes
+  excluded); ties go to the smallest node name. The proposer's node saves a forwarding hop, so it
+  keeps the group while its groups per consumer, counting the new one, are at most
+  LOCAL_TOLERANCE_RATIO above the best node's: a tie within 10%, never a standing lead.
+- PLACEMENT_LOCAL (the rule before placement was an argument, so the default for claims journalled
+  then): the proposer's node whenever it has a consumer on the queue, else the node with consumers
+  and the fewest routes of the queue.
+- Either way, with no consumer on the queue anywhere: the proposer's node (messages wait where they
+  were sent). A claim naming an unknown placement is malformed: None for every key.
 Moves (groups follow their consumers; node/core/cluster_protocol.py has the handover itself):
 - `follow_consumers(queue, from_node, now_ms)`, proposed by the leader's duties, moves the routes of
   `queue` that name `from_node` to the nodes that consume the queue (fewest routes of the queue
@@ -29,6 +42,8 @@ Never imports pysyncobj, threading, time, random, socket, grpc or proton.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 ROUTES_MAX_DEFAULT = 1_000_000  # routes (queue, group) held cluster-wide; more are refused
 
 # the kinds of the applied-command feed each replica reports to its node (handler/replicated.py sends
@@ -39,6 +54,13 @@ SNAPSHOT = "snapshot"  # every route [(queue, group, node, touched_ms)], replaci
 MEMBERS = "members"  # {"nodes": ..., "consumers": ..., "down": ...}, copies
 MOVES = "moves"  # [(queue, group, from_node, to_node, waiting)] moves begun or cleared; waiting () = ended
 MOVES_ALL = "moves_all"  # every move in progress, same shape, replacing all known before (after SNAPSHOT)
+
+PLACEMENT_BALANCED = "balanced"  # fewest groups per consumer cluster-wide; the proposer wins near-ties
+PLACEMENT_LOCAL = "local"  # the proposer's node whenever it has consumers on the queue
+PLACEMENTS = (PLACEMENT_BALANCED, PLACEMENT_LOCAL)
+# balanced: the proposer's node keeps a new group while its groups per consumer (the new one counted)
+# are at most this many times the best node's. Exact (a Fraction, not a float), the same on every replica
+LOCAL_TOLERANCE_RATIO = Fraction(11, 10)
 
 MOVES_PER_COMMAND_MAX = 1000  # routes one follow_consumers moves; the leader proposes again for the rest
 
@@ -71,26 +93,26 @@ class RouteTable:
 
     # ---- commands: replicated, so deterministic and never raising -----------------------------
 
-    def claim(self, keys: list, proposer: str, now_ms: int) -> list:
+    def claim(self, keys: list, proposer: str, now_ms: int, placement: str = PLACEMENT_LOCAL) -> list:
         if not isinstance(keys, (list, tuple)):
             return []
-        if not (_is_str(proposer) and _is_int(now_ms)):
+        if not (_is_str(proposer) and _is_int(now_ms) and _is_str(placement) and placement in PLACEMENTS):
             return [None] * len(keys)
-        nodes = [self._claim_one(key[0], key[1], proposer, now_ms) if _is_key(key) else None
+        nodes = [self._claim_one(key[0], key[1], proposer, now_ms, placement) if _is_key(key) else None
                  for key in keys]
         # A refresh counts as a change: touched_ms decides expiry, so the revision must move with it.
         if any(node is not None for node in nodes):
             self.revision += 1
         return nodes
 
-    def _claim_one(self, queue: str, group: str, proposer: str, now_ms: int) -> str | None:
+    def _claim_one(self, queue: str, group: str, proposer: str, now_ms: int, placement: str) -> str | None:
         route = self.routes.get((queue, group))
         if route is not None:
             route[1] = max(route[1], now_ms)  # a late proposal never makes a route look older
             return route[0]
         if len(self.routes) >= self.routes_max:
             return None
-        return self._create(queue, group, self.choose_node(queue, proposer), now_ms)
+        return self._create(queue, group, self.choose_node(queue, proposer, placement), now_ms)
 
     def _create(self, queue: str, group: str, node: str, now_ms: int) -> str:
         self.routes[(queue, group)] = [node, now_ms]
@@ -267,13 +289,25 @@ class RouteTable:
 
     # ---- policy and reads: pure, never change state ------------------------------------------
 
-    def choose_node(self, queue: str, proposer: str) -> str:
-        if self._serves(proposer, queue):
-            return proposer  # keeps the group on the node its producer is on: no forwarding hop
-        candidates = [node for node in self.consumers if self._serves(node, queue)]
+    def choose_node(self, queue: str, proposer: str, placement: str = PLACEMENT_LOCAL) -> str:
+        candidates = sorted(node for node in self.consumers if self._serves(node, queue))
         if not candidates:
             return proposer  # nobody consumes yet: messages wait where they were sent
-        return min(candidates, key=lambda node: (self.route_counts.get((node, queue), 0), node))
+        if placement == PLACEMENT_LOCAL:
+            if self._serves(proposer, queue):
+                return proposer  # keeps the group on the node its producer is on: no forwarding hop
+            return min(candidates, key=lambda node: (self.route_counts.get((node, queue), 0), node))
+        best = min(candidates, key=lambda node: (self.groups_per_consumer_after(node, queue), node))
+        if proposer != best and self._serves(proposer, queue) and \
+                self.groups_per_consumer_after(proposer, queue) <= \
+                self.groups_per_consumer_after(best, queue) * LOCAL_TOLERANCE_RATIO:
+            return proposer  # near enough to the best: saving the forwarding hop is worth more
+        return best
+
+    def groups_per_consumer_after(self, node: str, queue: str) -> Fraction:
+        """The groups of `queue` per consumer of it on `node` once one more group is placed there;
+        counting the new group makes a node with more consumers the better choice at equal load."""
+        return Fraction(self.route_counts.get((node, queue), 0) + 1, self.consumers[node][queue])
 
     def _serves(self, node: str, queue: str) -> bool:
         return node not in self.down and self.consumers.get(node, {}).get(queue, 0) > 0

@@ -29,6 +29,7 @@ from pysyncobj.monotonic import monotonic as raft_clock
 from handler.leader_duties import ExpireIdle, FailOver, FollowConsumers, LeaderDuties, MarkUp, RaftStatus
 from handler.raft_transport import RaftTransport
 from handler.replicated import RouteTableReplica
+from handler.route_table import PLACEMENT_BALANCED
 
 log = logging.getLogger("grouper.handler")
 
@@ -50,10 +51,11 @@ MOVES_CODE_VERSION = 1
 class GroupingHandler:
     def __init__(self, node_id: str, partners: list[str], raft_dir: str, *, on_applied, on_ready,
                  election_timeout_min_ms: int, election_timeout_max_ms: int, routes_max: int,
-                 group_timeout_ms: int = 0, owner_failover_ms: int = 0, route_follow_ms: int = 0, bind_host: str = "",
-                 raft_secrets: tuple[str, ...] = ()):
+                 group_timeout_ms: int = 0, owner_failover_ms: int = 0, route_follow_ms: int = 0,
+                 placement: str = PLACEMENT_BALANCED, bind_host: str = "", raft_secrets: tuple[str, ...] = ()):
         os.makedirs(raft_dir, exist_ok=True)
         self.node_id = node_id
+        self.placement = placement  # goes into every claim: replicas place by the proposer's mode, never their own
         self.group_timeout_ms = group_timeout_ms
         self.owner_failover_ms = owner_failover_ms
         self._on_ready = on_ready
@@ -106,7 +108,7 @@ class GroupingHandler:
     def claim(self, keys: list, now_ms: int, on_failed, on_committed=None) -> None:
         """Propose routes for `keys`; decided ones arrive through on_applied; on_failed(keys, reason),
         else on_committed() once the proposal is in the log."""
-        self.replica.claim([list(key) for key in keys], self.node_id, now_ms,
+        self.replica.claim([list(key) for key in keys], self.node_id, now_ms, self.placement,
                            callback=self._callback(lambda reason: on_failed(keys, reason), on_committed))
 
     def touch(self, entries: list, now_ms: int, on_failed, on_committed=None) -> None:

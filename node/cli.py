@@ -110,6 +110,10 @@ def _add_node_command(subparsers) -> None:
     cluster.add_argument("--route-follow-ms", type=int, metavar="MS",
                          help="move a group, with its queued messages, to a node with consumers once its node has "
                               "had none on its queue this long (default 0: never; at least 1000)")
+    cluster.add_argument("--placement", choices=["balanced", "local"],
+                         help="where a new group goes: balanced (default), the node whose consumers of the queue "
+                              "hold the fewest groups per consumer, this node on a near tie; local, this node "
+                              "whenever it has a consumer of the queue")
     cluster.add_argument("--owner-failover-ms", type=int, metavar="MS",
                          help="move an unreachable node's groups to live nodes after this (default 0: never, "
                               "order first)")
@@ -137,7 +141,7 @@ def _add_node_command(subparsers) -> None:
 
 NODE_FLAG_KEYS = ("host", "amqp_port", "admin_port", "http_port", "data_dir", "auto_create", "default_group", "journal_fsync",
                   "peers", "raft_port", "advertise_host", "handler_timeout_ms", "group_timeout_ms",
-                  "owner_failover_ms", "route_follow_ms", "join", "users_file", "allow_anonymous", "sasl_plain_on_loopback",
+                  "owner_failover_ms", "route_follow_ms", "placement", "join", "users_file", "allow_anonymous", "sasl_plain_on_loopback",
                   "tls_cert_file", "tls_key_file", "tls_ca_file", "amqps_port", "admin_tls_cert_file",
                   "admin_tls_key_file", "admin_tls_ca_file", "metrics_auth", "http_tls_cert_file", "http_tls_key_file")
 

@@ -12,6 +12,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 
+from handler.route_table import PLACEMENT_BALANCED, PLACEMENTS
 from node.core.errors import InvalidConfig
 from node.core.settings import QueueSettings
 
@@ -70,6 +71,11 @@ class NodeConfig:
     # in order, to a node that has some; 0 = never (a group stays where it was first placed). Every node
     # of a cluster must have the same value
     route_follow_ms: int = 0
+    # where a new group goes (README "Placement of new groups"): "balanced", the node whose consumers of
+    # the queue hold the fewest groups per consumer (this node on a near tie), or "local", this node
+    # whenever it has a consumer of the queue. Each claim carries its proposer's mode through the raft
+    # log, so replicas always agree; nodes with different modes only place their own groups differently
+    placement: str = PLACEMENT_BALANCED
     election_timeout_min_ms: int = 200  # raft: a follower hearing no leader for this long (randomised
     election_timeout_max_ms: int = 500  # up to the max) starts an election
     routes_max: int = 1_000_000  # routes (queue, group) the cluster holds; more are refused
@@ -134,6 +140,8 @@ class NodeConfig:
             raise InvalidConfig("route_follow_ms", f"must be 0 (groups stay where they were placed) or at least "
                                 f"{ROUTE_FOLLOW_MIN_MS}: consumer counts reach the raft log a tick or more late, "
                                 f"and a shorter wait would move groups away from consumers that are reconnecting")
+        if self.placement not in PLACEMENTS:
+            raise InvalidConfig("placement", f"must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
         if self.election_timeout_max_ms <= self.election_timeout_min_ms:
             raise InvalidConfig("election_timeout_max_ms", "must be greater than election_timeout_min_ms")
         for peer in self.peer_list():

@@ -533,7 +533,7 @@ class SimNode:
                 self._forwarder(effect.owner).submit(effect.entries)
             elif kind is ProposeClaim:
                 keys = effect.keys
-                sim.raft.propose(("claim", tuple(keys), self.node_id, effect.now_ms),
+                sim.raft.propose(("claim", tuple(keys), self.node_id, effect.now_ms, sim.config.placement),
                                  self.guarded(lambda reason, keys=keys: protocol.claim_failed(keys, reason)))
             elif kind is ProposeTouch:
                 sim.raft.propose(("touch", tuple(effect.entries), effect.now_ms),

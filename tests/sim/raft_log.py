@@ -81,10 +81,12 @@ class RaftLog:
         feed: list[tuple] = []
         keys: list[tuple[str, str]] = []  # whose route the command may have made, moved or refreshed
         if kind == "claim":
-            _, keys, proposer, now_ms = command
+            _, keys, proposer, now_ms, placement = command
             before = [table.route(queue, group) for queue, group in keys]
-            nodes = table.claim([list(key) for key in keys], proposer, now_ms)
+            nodes = table.claim([list(key) for key in keys], proposer, now_ms, placement)
             self._check_kept(keys, before, nodes, kind)
+            self.sim.stats["groups_placed_away"] += sum(  # new routes on a node other than the proposer's
+                1 for old, node in zip(before, nodes) if old is None and node is not None and node != proposer)
             decided = [(key[0], key[1], node) for key, node in zip(keys, nodes) if node is not None]
             if decided:
                 feed.append((ROUTES, decided, now_ms))

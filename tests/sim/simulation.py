@@ -8,7 +8,8 @@ What is modelled (the production classes where they exist):
 - each node: `SimNode` (tests/sim/node_model.py) = the node's own ClusterProtocol and Broker, with a
   journal that survives crashes (torn tails optional) and forwarders;
 - the raft cluster: `RaftLog`, one linearizable log applied to a real `RouteTable`, with a leader
-  that can be down and per-replica apply lag, replays and snapshot installs; the leader's duties
+  that can be down and per-replica apply lag, replays and snapshot installs; every claim carries the
+  config's placement (balanced, as a node's default, or local); the leader's duties
   (the production LeaderDuties of handler/leader_duties.py): with a group timeout, expire_idle after
   half a group timeout of leadership, and none while a node is down (a member it cannot reach) or
   back for less than half a group timeout; with route_follow_ms, follow_consumers for a node whose
@@ -94,6 +95,7 @@ class SimConfig:
     group_timeout_ms: int = 0  # routes idle this long are expired by the leader; 0: never (no leases)
     reaper_interval_ms: int = 100  # the leader's duties and expire_idle cadence (with a group timeout)
     route_follow_ms: int = 0  # groups follow their consumers after this long; 0: off (and no migrations)
+    placement: str = "balanced"  # every node's claims carry it (handler/route_table.py's PLACEMENT_*)
     routes_max: int = 1_000_000
     net_delay_ms_max: int = 20  # one way, forwarding calls and replies
     forward_loss: float = 0.05  # a forwarding call never reaches the owner

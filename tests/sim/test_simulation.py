@@ -22,6 +22,7 @@ NODES_BY_SEED = (3, 3, 2, 5)  # most seeds run three nodes
 ROUTES_MAX_EVERY_SEEDS = 8  # one seed in this many runs with routes_max=4: claims are refused
 LEASE_SWEEP_SEEDS = 60
 JOURNAL_FAIL_SWEEP_SEEDS = 100
+PLACEMENT_SWEEP_SEEDS = 40  # per placement mode
 JOURNAL_FAIL_RATE = 0.05  # per journal write
 
 
@@ -61,6 +62,17 @@ def test_every_invariant_holds_over_many_seeds_with_every_fault_injected():
                     "calls_lost", "acks_lost", "resends_skipped", "redeliveries", "duplicates_accepted"):
         assert totals[counted] > 0, (counted, totals)
     assert totals["accepted"] > 20_000
+
+
+def test_every_invariant_holds_with_local_placement_too_and_balanced_placement_forwards_more_groups():
+    # the two placement modes differ only in where a new group goes; both must keep every invariant
+    placed_away = {}
+    for placement in ("local", "balanced"):
+        totals: collections.Counter = collections.Counter()
+        for seed in range(PLACEMENT_SWEEP_SEEDS):
+            totals.update(Simulation(seed, placement=placement).run(SWEEP_STEPS).summary())
+        placed_away[placement] = totals["groups_placed_away"]
+    assert placed_away["balanced"] > placed_away["local"], placed_away
 
 
 def test_every_invariant_holds_over_many_seeds_with_failed_journal_writes_too():

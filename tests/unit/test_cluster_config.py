@@ -6,6 +6,8 @@ import pytest
 
 from handler import replicated
 from handler.replicated import RouteTableReplica
+from handler.service import GroupingHandler
+from node.cli import NODE_FLAG_KEYS, build_parser
 from node.config import load
 from node.core.errors import InvalidConfig
 from node.core.settings import QueueSettings
@@ -140,6 +142,40 @@ def test_route_follow_ms_is_off_or_at_least_a_second_and_a_bad_value_is_named(ro
 def test_route_follow_ms_is_off_by_default():
     assert load(environ={}).route_follow_ms == 0
     assert load(environ={"GROUPER_ROUTE_FOLLOW_MS": "1500"}).route_follow_ms == 1500
+
+
+def test_placement_is_balanced_by_default_local_on_request_and_a_bad_value_is_named():
+    assert load(environ={}).placement == "balanced"
+    assert load(environ={"GROUPER_PLACEMENT": "local"}).placement == "local"
+    args = build_parser().parse_args(["node", "--placement", "local"])
+    assert args.placement == "local" and "placement" in NODE_FLAG_KEYS
+    with pytest.raises(InvalidConfig) as raised:
+        load(environ={"GROUPER_PLACEMENT": "spread"})
+    assert raised.value.key == "placement" and "balanced, local" in raised.value.description
+
+
+def test_a_claim_carries_its_proposers_placement_and_one_journalled_without_it_replays_as_local():
+    replica = RouteTableReplica(lambda kind, payload, at_ms: None, routes_max=10)
+    replica.report_consumers("n1", {"q": 1}, 5, _doApply=True)
+    replica.report_consumers("n2", {"q": 1}, 5, _doApply=True)
+    replica.claim([["q", "a"]], "n1", 10, _doApply=True)  # a claim journalled before placement existed
+    replica.claim([["q", "b"]], "n1", 10, "local", _doApply=True)
+    assert replica.table.route_counts == {("n1", "q"): 2}
+    replica.claim([["q", "c"]], "n1", 10, "balanced", _doApply=True)  # 3 on n1 vs 1 on n2: beyond the tie
+    assert replica.table.route("q", "c") == "n2"
+
+
+def test_the_grouping_handler_puts_its_placement_into_every_claim_it_proposes():
+    proposed = []
+
+    class Replica:
+        def claim(self, *args, callback):
+            proposed.append(args)
+
+    handler = GroupingHandler.__new__(GroupingHandler)  # no raft: only the proposal's arguments matter
+    handler.replica, handler.node_id, handler.placement = Replica(), "n1", "local"
+    handler.claim([("q", "a")], 10, on_failed=lambda keys, reason: None)
+    assert proposed == [([["q", "a"]], "n1", 10, "local")]
 
 
 def test_a_move_is_fed_before_its_route_and_a_clear_as_a_move_that_ends():

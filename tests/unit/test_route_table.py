@@ -8,12 +8,14 @@ answer and end alike. A stateful machine checks the invariants after every comma
 from __future__ import annotations
 
 import pickle
+from fractions import Fraction
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from handler.route_table import ROUTES_MAX_DEFAULT, RouteTable
+from handler.route_table import (LOCAL_TOLERANCE_RATIO, PLACEMENT_BALANCED, PLACEMENT_LOCAL, PLACEMENTS,
+                                 ROUTES_MAX_DEFAULT, RouteTable)
 
 
 def assert_consistent(table: RouteTable) -> None:
@@ -66,19 +68,64 @@ def test_a_retried_claim_returns_the_existing_route_and_refreshes_it():
     assert_consistent(table)
 
 
-def test_placement_prefers_the_proposer_when_it_has_consumers():
+def test_local_placement_prefers_the_proposer_when_it_has_consumers():
     table = table_with_consumers(n1={"q": 1}, n2={"q": 5})
-    table.claim([("q", "a"), ("q", "b")], "n2", 0)
-    assert table.claim([("q", "c")], "n1", 0) == ["n1"]
+    table.claim([("q", "a"), ("q", "b")], "n2", 0, PLACEMENT_LOCAL)
+    assert table.claim([("q", "c")], "n1", 0, PLACEMENT_LOCAL) == ["n1"]
+    assert table.claim([("q", "d")], "n1", 0) == ["n1"]  # local is the rule of claims that name none
 
 
-def test_else_the_node_with_consumers_and_the_fewest_routes_of_the_queue():
+def test_local_placement_else_picks_the_node_with_consumers_and_the_fewest_routes_of_the_queue():
     table = table_with_consumers(n1={"q": 1}, n2={"q": 1}, n3={"other": 1})
-    table.claim([("q", "a"), ("q", "b")], "n1", 0)
-    table.claim([("q", "c")], "n2", 0)
-    table.claim([("other", "x"), ("other", "y")], "n2", 0)  # another queue's routes do not count
-    assert table.claim([("q", "d")], "n3", 0) == ["n2"]
-    assert table.claim([("q", "e")], "n3", 0) == ["n1"]  # now 2 each: the tie goes to n1
+    table.claim([("q", "a"), ("q", "b")], "n1", 0, PLACEMENT_LOCAL)
+    table.claim([("q", "c")], "n2", 0, PLACEMENT_LOCAL)
+    table.claim([("other", "x"), ("other", "y")], "n2", 0, PLACEMENT_LOCAL)  # another queue's routes do not count
+    assert table.claim([("q", "d")], "n3", 0, PLACEMENT_LOCAL) == ["n2"]
+    assert table.claim([("q", "e")], "n3", 0, PLACEMENT_LOCAL) == ["n1"]  # now 2 each: the tie goes to n1
+
+
+def test_balanced_placement_spreads_one_producers_groups_over_every_node_with_consumers():
+    table = table_with_consumers(n1={"q": 1}, n2={"q": 1}, n3={"q": 1})
+    nodes = table.claim([("q", f"g{index}") for index in range(30)], "n1", 0, PLACEMENT_BALANCED)
+    # the proposer keeps its near-ties (within 10%), so it holds one more than even
+    assert {node: nodes.count(node) for node in set(nodes)} == {"n1": 11, "n2": 10, "n3": 9}
+
+
+def test_balanced_placement_counts_groups_per_consumer_not_per_node():
+    table = table_with_consumers(n1={"q": 1}, n2={"q": 3})
+    nodes = table.claim([("q", f"g{index}") for index in range(40)], "n1", 0, PLACEMENT_BALANCED)
+    assert nodes.count("n1") == 11 and nodes.count("n2") == 29  # 11 and 9.7 per consumer: a near-tie kept local
+
+
+def test_balanced_placement_keeps_a_group_local_on_a_tie_within_the_tolerance_and_not_beyond():
+    table = table_with_consumers(n1={"q": 1}, n2={"q": 1})
+    table.claim([("q", f"a{index}") for index in range(10)], "n2", 0, PLACEMENT_LOCAL)  # n2: 10 groups
+    table.claim([("q", f"b{index}") for index in range(10)], "n1", 0, PLACEMENT_LOCAL)  # n1: 10 groups
+    # n1 would hold 11 per consumer, n2 11: a tie, the proposer keeps it; then 12 vs 11 is within 10%
+    assert table.claim([("q", "c1"), ("q", "c2")], "n1", 0, PLACEMENT_BALANCED) == ["n1", "n1"]
+    assert table.claim([("q", "c3")], "n1", 0, PLACEMENT_BALANCED) == ["n2"]  # 13 vs 11: beyond 10%
+    assert table.claim([("q", "c4")], "n2", 0, PLACEMENT_BALANCED) == ["n2"]  # 12 vs 13: n2 is the best anyway
+
+
+def test_balanced_placement_without_consumers_anywhere_keeps_the_proposers_node():
+    table = table_with_consumers(n1={"other": 3})
+    assert table.claim([("q", "a")], "n2", 0, PLACEMENT_BALANCED) == ["n2"]
+    table.mark_down("n2", 0)
+    assert table.choose_node("other", "n2", PLACEMENT_BALANCED) == "n1"  # the proposer has no consumer of it
+
+
+def test_balanced_placement_breaks_ties_by_node_name_and_skips_down_nodes():
+    table = table_with_consumers(n9={"q": 1}, n10={"q": 1}, n2={"q": 1})
+    assert table.choose_node("q", "proposer", PLACEMENT_BALANCED) == "n10"
+    table.mark_down("n10", 5)
+    assert table.choose_node("q", "n10", PLACEMENT_BALANCED) == "n2"
+
+
+def test_a_claim_with_an_unknown_placement_gives_none_for_every_key_and_changes_nothing():
+    table = table_with_consumers(n1={"q": 1})
+    for placement in ("spread", None, 1):
+        assert table.claim([("q", "a")], "n1", 0, placement) == [None]
+    assert table.routes == {}
 
 
 def test_ties_go_to_the_smallest_node_id():
@@ -365,6 +412,7 @@ COUNTS = st.dictionaries(st.sampled_from(QUEUES + [7]), st.integers(-1, 3) | st.
 ADDRESSES = st.sampled_from(["h1:1", "h2:2"])
 COMMANDS = st.one_of(
     st.tuples(st.just("claim"), KEYS, st.sampled_from(NODES), TIMES_MS),
+    st.tuples(st.just("claim"), KEYS, st.sampled_from(NODES), TIMES_MS, st.sampled_from(PLACEMENTS + ("bad",))),
     st.tuples(st.just("report_consumers"), st.sampled_from(NODES), COUNTS, TIMES_MS),
     st.tuples(st.just("register_node"), st.sampled_from(NODES), ADDRESSES, ADDRESSES, ADDRESSES, TIMES_MS),
     st.tuples(st.just("mark_down"), st.sampled_from(NODES), TIMES_MS),
@@ -379,6 +427,22 @@ CLEARS = st.lists(st.tuples(st.sampled_from(QUEUES), st.sampled_from(GROUPS), st
                             st.sampled_from(NODES)).map(list) | BAD_KEYS, max_size=3)
 COMMANDS = COMMANDS | st.tuples(st.just("move_clear"), CLEARS, st.sampled_from(NODES + [None]))
 ROUTES_MAX = 6  # small, so refusals happen
+
+
+def reference_choice(table: RouteTable, queue: str, proposer: str, placement: str) -> str:
+    """The placement rule, naively: where a new group of `queue` proposed by `proposer` must go."""
+    serving = {node: held[queue] for node, held in table.consumers.items()
+               if held.get(queue, 0) > 0 and node not in table.down}
+    if not serving:
+        return proposer
+    routes = {node: table.route_counts.get((node, queue), 0) for node in serving}
+    if placement == PLACEMENT_LOCAL:
+        return proposer if proposer in serving else sorted(serving, key=lambda node: (routes[node], node))[0]
+    after = {node: Fraction(routes[node] + 1, serving[node]) for node in serving}
+    best = sorted(serving, key=lambda node: (after[node], node))[0]
+    if proposer in serving and after[proposer] <= after[best] * Fraction(11, 10):
+        return proposer
+    return best
 
 
 def restored(table: RouteTable) -> RouteTable:
@@ -417,9 +481,17 @@ class RouteTableMachine(RuleBasedStateMachine):
             assert key in self.owner
             del self.owner[key]
 
-    @rule(keys=KEYS, proposer=st.sampled_from(NODES), now_ms=TIMES_MS)
-    def claim(self, keys, proposer, now_ms):
-        nodes = self.table.claim(keys, proposer, now_ms)
+    @rule(keys=KEYS, proposer=st.sampled_from(NODES), now_ms=TIMES_MS, placement=st.sampled_from(PLACEMENTS))
+    def claim(self, keys, proposer, now_ms, placement):
+        nodes = []
+        for key in keys:  # one at a time, so the model sees the counts each new route was placed by
+            expected = None
+            if isinstance(key, (list, tuple)) and len(key) == 2 and tuple(key) not in self.table.routes \
+                    and all(type(part) is str for part in key):
+                expected = reference_choice(self.table, key[0], proposer, placement)
+            nodes += self.table.claim([key], proposer, now_ms, placement)
+            if expected is not None and nodes[-1] is not None:
+                assert nodes[-1] == expected, f"{key} placed on {nodes[-1]}, the model says {expected}"
         assert len(nodes) == len(keys)
         for key, node in zip(keys, nodes):
             if node is None:
@@ -428,7 +500,7 @@ class RouteTableMachine(RuleBasedStateMachine):
             assert self.owner.setdefault(key, node) == node, f"{key} moved"
             assert self.table.routes[key][1] >= now_ms
         state = repr({name: value for name, value in vars(self.table).items() if name != "revision"})
-        assert self.table.claim(keys, proposer, now_ms) == nodes  # a retry answers alike...
+        assert self.table.claim(keys, proposer, now_ms, placement) == nodes  # a retry answers alike...
         assert repr({name: value for name, value in vars(self.table).items()
                      if name != "revision"}) == state  # ...and changes nothing but the revision
 
@@ -495,6 +567,29 @@ RouteTableMachine.TestCase.settings = settings(
     max_examples=50, stateful_step_count=30, deadline=None, database=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow])
 TestRouteTableMachine = RouteTableMachine.TestCase
+
+
+@settings(max_examples=200, deadline=None, database=None, derandomize=True)
+@given(consumers=st.lists(st.integers(1, 5), min_size=2, max_size=5), groups_per_consumer=st.integers(10, 30),
+       proposer_index=st.integers(0, 4), batch=st.integers(1, 7))
+def test_balanced_groups_from_one_node_stay_within_20_percent_of_even_per_consumer(
+        consumers, groups_per_consumer, proposer_index, batch):
+    nodes = [f"n{index}" for index in range(len(consumers))]
+    table = table_with_consumers(**{node: {"q": count, "other": 1} for node, count in zip(nodes, consumers)})
+    proposer = nodes[proposer_index % len(nodes)]
+    table.claim([("other", f"g{index}") for index in range(50)], proposer, 0, PLACEMENT_BALANCED)  # no effect on q
+    keys = [("q", f"g{index}") for index in range(groups_per_consumer * sum(consumers))]
+    for start in range(0, len(keys), batch):
+        table.claim(keys[start:start + batch], proposer, 0, PLACEMENT_BALANCED)
+    even = Fraction(len(keys), sum(consumers))
+    for node, count in zip(nodes, consumers):
+        per_consumer = Fraction(table.route_counts.get((node, "q"), 0), count)
+        assert even * Fraction(8, 10) <= per_consumer <= even * Fraction(12, 10), (node, per_consumer, even)
+    assert_consistent(table)
+
+
+def test_the_local_tolerance_is_the_documented_ten_percent():
+    assert LOCAL_TOLERANCE_RATIO == Fraction(11, 10)
 
 
 def test_fail_over_marks_the_node_down_and_drops_only_its_routes():
