@@ -122,6 +122,48 @@ def test_groups_spread_over_consumers_on_different_nodes(cluster, clients):
     assert {row["node"] for row in rows} <= {cluster.node_ids[1], cluster.node_ids[2]}
 
 
+def drain(consumers: dict, count: int) -> dict:
+    """Accept from every consumer until `count` messages came in all together: node index -> bodies."""
+    received = {i: [] for i in consumers}
+    while sum(len(r) for r in received.values()) < count:
+        progressed = False
+        for i, consumer in consumers.items():
+            held = consumer.poll()
+            if held is not None:
+                received[i].append(held.body)
+                held.accept()
+                progressed = True
+        if not progressed:
+            for i, consumer in consumers.items():
+                received[i].extend(bodies(consumer.fetch_many(1)))
+    return received
+
+
+def test_balanced_placement_spreads_one_producers_new_groups_over_every_nodes_consumers(cluster, clients):
+    consumers = {i: clients.consumer(node, QUEUE, f"c{i}") for i, node in enumerate(cluster.nodes)}
+    cluster.wait_consumers(QUEUE, {0: 1, 1: 1, 2: 1})
+    groups = [f"g{n}" for n in range(30)]
+    clients.send(cluster.nodes[0], QUEUE, [grouped(f"{g}:{seq}", g) for seq in range(3) for g in groups])
+    seen = {i: by_group(r) for i, r in drain(consumers, 90).items()}
+    # fewest groups per consumer, node 0 keeping near-ties: 11, 10, 9; at least 5 each cannot flake
+    assert all(len(seen[i]) >= 5 for i in seen), {i: len(seen[i]) for i in seen}
+    assert sum(len(seen[i]) for i in seen) == 30  # no group at two nodes
+    for groups_of_node in seen.values():
+        assert all(seqs == [0, 1, 2] for seqs in groups_of_node.values())
+    nodes = {row["group"]: row["node"] for row in cluster.groups(QUEUE)}
+    for i, groups_of_node in seen.items():
+        assert all(nodes[group] == cluster.node_ids[i] for group in groups_of_node)
+
+
+def test_local_placement_keeps_a_producers_new_groups_on_its_node_while_it_has_a_consumer(cluster_factory, clients):
+    cluster = cluster_factory("", "--placement", "local")
+    consumers = {i: clients.consumer(node, QUEUE, f"c{i}") for i, node in enumerate(cluster.nodes)}
+    cluster.wait_consumers(QUEUE, {0: 1, 1: 1, 2: 1})
+    clients.send(cluster.nodes[0], QUEUE, [grouped(f"g{n}:0", f"g{n}") for n in range(6)])
+    assert sorted(bodies(consumers[0].fetch_many(6))) == sorted(f"g{n}:0" for n in range(6))
+    assert consumers[1].poll() is None and consumers[2].poll() is None
+
+
 def test_a_node_without_consumers_is_not_chosen_while_another_has_one(cluster, clients):
     consumer = clients.consumer(cluster.nodes[2], QUEUE, "c2")
     idle = clients.consumer(cluster.nodes[1], "elsewhere", "c1")  # a consumer, but on another queue
