@@ -724,7 +724,8 @@ def run_flows(cluster: Cluster, work_dir: Path, messages: int, gate: LoadGate) -
                         before_go=lambda: cluster.wait_consumers("warmup", remote))
     log(f"[cluster] warm-up (forwarded): {warm['throughput_per_s']:.0f} msgs/s {warm['errors'] or ''}")
     rows = [FlowRow("b1", "3 nodes, producer on node 1; consumers: 4 on node 1, 2 on node 2, 2 on node 3 "
-                    "(all local to node 1)", "b1", 0, everywhere, messages),
+                    "(placement balanced: groups spread by groups per consumer, so about half are forwarded)",
+                    "b1", 0, everywhere, messages),
             FlowRow("b2", "3 nodes, producer on node 1; consumers: 2 on node 2, 2 on node 3 (all forwarded)", "b2", 0,
                     remote, messages)]
     ceiling = min(messages, CEILING_MESSAGES_MAX)
@@ -738,6 +739,7 @@ def run_flows(cluster: Cluster, work_dir: Path, messages: int, gate: LoadGate) -
             before_go=lambda: cluster.wait_consumers(row.queue, row.consumers_by_node)), cluster)
         if "failed" not in result:
             result["leader_node"] = cluster.leader() + 1
+            result["routes_by_node"] = routes_by_node(cluster)  # where placement put the row's groups (all queues)
             log(f"[{row.key}] {flow_summary(result)}; leader node {result['leader_node']}")
         results.append(result)
     return results
@@ -1245,6 +1247,13 @@ def variation_note(report: dict) -> str:
     return " ".join(parts)
 
 
+def routes_by_node(cluster: Cluster) -> list:
+    """Routes each node owns, in node order (every queue's: the rows' queues differ only by name)."""
+    status = cluster.status() or {}
+    owned = {member.get("node"): member.get("routes") for member in status.get("members", [])}
+    return [owned.get(node_id) for node_id in cluster.node_ids]
+
+
 def render_flows(report: dict) -> list[str]:
     lines = ["### 1. Throughput and broker CPU per message", "",
              f"{GROUPS:,} groups, prefetch {PREFETCH}, durable queue and messages, 1 producer (the `bench/run.py` "
@@ -1265,6 +1274,8 @@ def render_flows(report: dict) -> list[str]:
         ratio = row["broker_cpu_us_per_msg"] / base["broker_cpu_us_per_msg"] if base else None
         per_node = " / ".join(_n(value) for value in row["node_cpu_us_per_msg"])
         notes = f" ({'; '.join(row['errors'])[:120]})" if row["errors"] else ""
+        if row.get("routes_by_node"):  # cumulative over the rows run so far: placement's spread
+            notes += f" [routes per node so far: {' / '.join(str(count) for count in row['routes_by_node'])}]"
         lines.append(f"| {label}{notes} | {_n(row['throughput_per_s'])} | {_n(row['broker_cpu_us_per_msg'])} "
                      f"| {per_node} | {_n(ratio, 2)} | {_n(row['latency_p50_ms'], 1)} | {_n(row['latency_p99_ms'], 1)} "
                      f"| {_n(row['client_cpu_us_per_msg'])} | {row['groups_split']} / {row['groups_seen']} "
