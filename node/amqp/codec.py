@@ -10,6 +10,9 @@ Rules:
   InvalidField with a description.
 - Bytes are re-encoded only when a delivery must differ from what the producer sent: a
   redelivery's header, or the first-for-consumer property.
+- A dead letter's copy is rewritten once, when it moves, to carry its original queue and the reason
+  (`x-opt-original-queue`, `x-opt-dead-letter-reason`); that copy is what the dead-letter queue
+  stores and journals, so the record survives a restart. Dead letters are rare: proton encodes them.
 - Every delivery carries the node's enqueue time as the message annotation `x-opt-enqueued-time`
   (a timestamp, ms). It is spliced into the bytes: a message-annotations section is added, or the
   producer's map gains (or replaces) that one entry. What the splice cannot read goes through
@@ -30,6 +33,9 @@ GROUP_SEQUENCE_CLOSE = 0xFFFFFFFF  # AMQP group-sequence that closes a group (Ar
 _HEADER, _DELIVERY_ANNOTATIONS, _MESSAGE_ANNOTATIONS = 0x70, 0x71, 0x72
 _PROPERTIES, _APPLICATION_PROPERTIES, _FIRST_BODY_SECTION = 0x73, 0x74, 0x75
 ENQUEUED_TIME_ANNOTATION = "x-opt-enqueued-time"
+# what a dead letter records (message annotations, strings): where it was and why it left
+ORIGINAL_QUEUE_ANNOTATION = "x-opt-original-queue"
+DEAD_LETTER_REASON_ANNOTATION = "x-opt-dead-letter-reason"
 _ENQUEUED_TIME_KEY = b"\xa3" + bytes([len(ENQUEUED_TIME_ANNOTATION)]) + ENQUEUED_TIME_ANNOTATION.encode()  # sym8
 _MAP8_CONTENT_BYTES_MAX = 255  # a map8's size and count are one byte each
 _FIXED_WIDTH_BYTES = {0x4: 0, 0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}  # by the format code's high nibble
@@ -288,3 +294,18 @@ def rewrite_for_delivery(payload: bytes, delivery_count: int, first_key: str) ->
         properties[first_key] = True
         message.properties = properties
     return bytes(message.encode())  # as in stamp_enqueued_time
+
+
+def stamp_dead_letter(payload: bytes, original_queue: str, reason: str) -> bytes:
+    """The dead-letter copy of a message: the producer's message plus where it was and why it left.
+    A payload proton cannot read is kept as it is: a dead letter must never be lost to its stamp."""
+    message = AmqpMessage()
+    try:
+        message.decode(payload)
+    except Exception:  # noqa: BLE001 - proton raises several types; the copy goes unstamped
+        return payload
+    annotations = dict(message.annotations or {})
+    annotations[symbol(ORIGINAL_QUEUE_ANNOTATION)] = original_queue
+    annotations[symbol(DEAD_LETTER_REASON_ANNOTATION)] = reason
+    message.annotations = annotations
+    return bytes(message.encode())

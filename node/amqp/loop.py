@@ -50,14 +50,16 @@ from node.amqp.engine import (ACCEPTED, CONNECTION_REMOTE_CLOSE, CONNECTION_REMO
 from node.amqp.links import Consumer, Producer
 from node.core.durability import CALL, CONSUMER, PRODUCER, Durability
 from node.core.access import Permission
-from node.core.effects import Deliver, DetachConsumer, Dropped, Removed, Stored
+from node.core.effects import DeadLettered, Delayed, Deliver, DetachConsumer, Dropped, Kept, Removed, Stored
 from node.core.errors import GrouperError, NotFound, ResourceLimitExceeded, StoreFailed
 from node.core.message import Message, Outcome
 from node.store.journal import failure_condition
 
 log = logging.getLogger("grouper.amqp")
 
-TICK_INTERVAL_S = 0.1  # TTL expiry, delayed dispatch and heartbeats run at least this often
+# TTL expiry, delayed dispatch and heartbeats run at least this often; redelivery delays do not wait
+# for it: each Delayed effect sets a timer at its deadline (_redelivery_due), so they resolve to ~1 ms
+TICK_INTERVAL_S = 0.1
 JOURNAL_RETRY_INTERVAL_MS = 1000  # after a failed journal write, durable sends are refused this long
 MESSAGE_SIZE_MAX_BYTES = 16 << 20  # larger incoming messages are rejected with amqp:resource-limit-exceeded
 # bytes proton buffers per session before the node reads them: the session's incoming window is this
@@ -84,6 +86,9 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 class AmqpServer:
     def __init__(self, broker, journal, config, clock_ms, security, tls_context=None):
         self.broker = broker
+        if broker.dead_letter_stamp is None:  # dead letters record their original queue and why, in AMQP
+            broker.dead_letter_stamp = codec.stamp_dead_letter
+        self._redelivery_timer_ms: int | None = None  # the earliest redelivery deadline a timer is set for
         self.journal = journal  # None: no journal (every queue behaves as non-durable)
         self.config = config
         self.clock_ms = clock_ms
@@ -755,6 +760,31 @@ class AmqpServer:
                 self._detach(effect)
             elif kind is Dropped:
                 log.info("queue %s dropped message %d: %s", effect.queue, effect.seq, effect.reason)
+            elif kind is Delayed:
+                self._redeliver_at(effect.until_ms)
+            elif kind is DeadLettered:
+                log.info("queue %s dead-lettered message %d to %s (as message %d): %s", effect.queue,
+                         effect.seq, effect.dead_letter_queue, effect.dead_letter_seq, effect.reason)
+            elif kind is Kept:
+                log.warning("queue %s keeps message %d and will deliver it again: %s", effect.queue,
+                            effect.seq, effect.reason)
+
+    def _redeliver_at(self, until_ms: int) -> None:
+        if self._redelivery_timer_ms is not None and self._redelivery_timer_ms <= until_ms:
+            return  # an earlier timer is set; when it fires it sets the next one
+        self._redelivery_timer_ms = until_ms
+        self.loop.call_later(max(0, until_ms - self.clock_ms()) / 1000, self._redelivery_due, until_ms)
+
+    def _redelivery_due(self, until_ms: int) -> None:
+        if self.stopping or self._redelivery_timer_ms != until_ms:
+            return  # superseded by an earlier timer, which took over
+        self._redelivery_timer_ms = None
+        now_ms = self.clock_ms()
+        self.apply(self.broker.tick(now_ms))
+        next_ms = self.broker.next_deadline_ms()  # later delays, and any other deadline: harmless
+        if next_ms is not None and next_ms > now_ms:
+            self._redeliver_at(next_ms)
+        self.wake()
 
     def _journal_declarations(self) -> None:
         # queues declared since the last call, auto-created ones too: journalled before their messages

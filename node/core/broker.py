@@ -11,22 +11,31 @@ Rules:
   producer is told the outcome is unknown. Such a message is in no journal: settled, it is removed
   with a REMOVE record for a seq the journal never stored, which recovery and compaction ignore;
   released, it is delivered again from memory; a restart forgets it.
+- Dead letters (rejected, or past `delivery_count_max`) go to the source's `dead_letter_queue_name`
+  (`<queue>.DLQ` by default), created from the template when missing if the source's
+  `dead_letter_queue_auto_create` allows. A queue auto-created under a `.DLQ` name is a dead-letter
+  queue: unlimited deliveries and no dead-letter queue of its own, since an operator drains it.
+- A dead letter is never dropped silently: when no dead-letter queue can take it (none may be
+  created, or it is full), an over-delivered message stays in its queue (`Kept`) and a rejected one
+  is dropped with a `Dropped` saying why (its consumer refused it for good).
+- A dead letter keeps its group id and delivery count; `dead_letter_stamp` (the adapter's codec)
+  may rewrite its payload to record the original queue and the reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from node.core.effects import DetachConsumer, Dropped, Removed, Stored
+from node.core.effects import DeadLettered, DetachConsumer, Removed, Stored
 from node.core.errors import AlreadyExists, GrouperError, NotFound
 from node.core.message import AVAILABLE, Message, Outcome
 from node.core.queue import Queue
-from node.core.settings import QueueSettings
+from node.core.settings import DEAD_LETTER_SUFFIX, QueueSettings
 
 
 class Broker:
     def __init__(self, *, auto_create: bool = True, template: QueueSettings | None = None,
-                 default_group: str = ""):
+                 default_group: str = "", dead_letter_stamp=None):
         self.auto_create = auto_create
         self.template = template or QueueSettings(name="template")  # settings of auto-created queues
         self.default_group = default_group  # node-wide name of the default group of shared queues
@@ -34,6 +43,9 @@ class Broker:
         self._consumer_queue: dict[object, Queue] = {}
         self.next_seq = 1
         self.declared: list[QueueSettings] = []  # declarations (auto-creates too) the adapter has not journalled yet
+        # (payload, original queue, reason) -> payload of the dead-letter copy; None: the payload as it was
+        self.dead_letter_stamp = dead_letter_stamp
+        self._dead_letter_reserved: dict[str, tuple[int, int]] = {}  # DLQ -> (messages, bytes) promised this call
 
     # ---- queues ------------------------------------------------------------------------------
 
@@ -45,6 +57,7 @@ class Broker:
                 return existing
             raise AlreadyExists(f"queue {settings.name!r} exists with other settings; delete it first")
         queue = Queue(settings, fallback_default_group=self.default_group)
+        queue.dead_letter_refusal = lambda message: self._dead_letter_refusal(queue, message)
         self.queues[settings.name] = queue
         self.declared.append(settings)
         return queue
@@ -55,11 +68,16 @@ class Broker:
             if not (create and self.auto_create):
                 raise NotFound(f"no queue {name!r} on this node (auto-create is "
                                f"{'on' if self.auto_create else 'off'}); declare it with 'grouper queue add'")
-            settings = dataclasses.replace(self.template, name=name)
-            if settings.dead_letter_queue == name:  # the template's own dead-letter queue
-                settings = dataclasses.replace(settings, dead_letter_queue="")
-            queue = self.declare_queue(settings)
+            queue = self.declare_queue(self._auto_settings(name))
         return queue
+
+    def _auto_settings(self, name: str) -> QueueSettings:
+        settings = dataclasses.replace(self.template, name=name)
+        if name.endswith(DEAD_LETTER_SUFFIX) or settings.dead_letter_queue == name:
+            # a dead-letter queue keeps what it holds for an operator: no limit, no dead-letter queue of its own
+            settings = dataclasses.replace(settings, delivery_count_max=0, dead_letter_queue="",
+                                           dead_letter_queue_auto_create=False)
+        return settings
 
     def delete_queue(self, name: str) -> list:
         queue = self.queue(name)
@@ -130,6 +148,7 @@ class Broker:
     def detach_consumer(self, consumer_id, now_ms: int) -> list:
         queue = self._consumer_queue.pop(consumer_id, None)
         effects: list = []
+        self._dead_letter_reserved.clear()
         if queue is not None:
             dead = queue.detach(consumer_id, now_ms, effects)
             self._dead_letter(queue, dead, now_ms, effects)
@@ -146,49 +165,63 @@ class Broker:
                delivery_failed: bool = False) -> list:
         effects: list = []
         queue = self._consumer_queue.get(consumer_id)
+        self._dead_letter_reserved.clear()
         if queue is not None:
             dead = queue.settle(consumer_id, delivery_id, outcome, delivery_failed, now_ms, effects)
             self._dead_letter(queue, dead, now_ms, effects)
         return effects
 
-    def _dead_letter(self, source: Queue, dead: list[Message], now_ms: int, effects: list) -> None:
-        target_name = source.settings.dead_letter_queue
-        if not dead or not target_name:
-            return
-        try:
-            target = self.queue(target_name, create=True)
-        except GrouperError as error:
-            # The source has already removed them and dispatched on; raising now would lose these
-            # effects. Discard them as if no dead-letter queue were set, and say why.
-            for message in dead:
-                effects.append(Dropped(source.settings.name, message.seq,
-                                       f"dead-letter queue {target_name!r} unavailable: {error.description}"))
-            return
-        room: list[Message] = []
-        room_bytes = 0
-        for message in dead:
+    def _dead_letter_refusal(self, source: Queue, message: Message) -> str | None:
+        """None when `message` of `source` can be dead-lettered now (creating the dead-letter queue if
+        allowed, and reserving room in it); else why not, for a log line."""
+        name = source.settings.dead_letter_queue_name
+        if name == source.settings.name:
+            return "a queue cannot be its own dead-letter queue"
+        target = self.queues.get(name)
+        if target is None:
+            if not source.settings.dead_letter_queue_auto_create:
+                return (f"dead-letter queue {name!r} does not exist and dead_letter_queue_auto_create is off "
+                        f"for {source.settings.name!r}; declare it with 'grouper queue add {name}'")
             try:
-                target.check_capacity(room_bytes + message.size_bytes, len(room) + 1)
+                target = self.declare_queue(self._auto_settings(name))
             except GrouperError as error:
-                effects.append(Dropped(source.settings.name, message.seq,
-                                       f"dead-letter queue {target_name!r} is full: {error.description}"))
-            else:
-                room.append(message)
-                room_bytes += message.size_bytes
-        self._transfer(source, target, room, now_ms, effects)
+                return f"dead-letter queue {name!r} cannot be created: {error.description}"
+        count, size_bytes = self._dead_letter_reserved.get(name, (0, 0))
+        try:
+            target.check_capacity(size_bytes + message.size_bytes, count + 1)
+        except GrouperError as error:
+            return f"dead-letter queue {name!r} is full: {error.description}"
+        self._dead_letter_reserved[name] = (count + 1, size_bytes + message.size_bytes)
+        return None
+
+    def _dead_letter(self, source: Queue, dead: list[tuple[Message, str]], now_ms: int, effects: list) -> None:
+        if not dead:
+            return
+        target = self.queues[source.settings.dead_letter_queue_name]  # created by _dead_letter_refusal
+        copies = self._transfer(source, target, [message for message, _ in dead], now_ms, effects,
+                                [reason for _, reason in dead])
+        for (message, reason), copy in zip(dead, copies):
+            effects.append(DeadLettered(source.settings.name, message.seq, target.settings.name, copy.seq, reason))
 
     def _transfer(self, source: Queue, target: Queue, messages: list[Message], now_ms: int,
-                  effects: list) -> None:
-        """Copy already-removed messages into `target`, journalling them before their removal."""
+                  effects: list, dead_letter_reasons: list[str] | None = None) -> list[Message]:
+        """Copy already-removed messages into `target`, journalling them before their removal.
+        With `dead_letter_reasons` the copies are dead letters, stamped (`dead_letter_stamp`) with why."""
         stored: list = []
+        copies: list[Message] = []
         seqs = {m.seq for m in messages}
-        for old in messages:
+        stamp = self.dead_letter_stamp if dead_letter_reasons is not None else None
+        for index, old in enumerate(messages):
             old.handed_out = True  # its copy lives on in `target`: a failed write cannot take it back
-            message = Message(old.payload, old.group_id, expires_at_ms=old.expires_at_ms,
+            payload = old.payload
+            if stamp is not None:
+                payload = stamp(payload, source.settings.name, dead_letter_reasons[index])
+            message = Message(payload, old.group_id, expires_at_ms=old.expires_at_ms,
                               closes_group=old.closes_group, delivery_count=old.delivery_count,
                               enqueued_at_ms=old.enqueued_at_ms, seq=self.next_seq)
             self.next_seq += 1
             target.restore(message)
+            copies.append(message)
             target.enqueued_total += 1
             if target.settings.durable:
                 stored.append(Stored(target.settings.name, message))
@@ -197,6 +230,7 @@ class Broker:
                               and e.seq in seqs), len(effects))
         effects[first_removal:first_removal] = stored
         target.tick(now_ms, effects)
+        return copies
 
     # ---- time --------------------------------------------------------------------------------
 

@@ -65,6 +65,35 @@ class Dropped:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class DeadLettered:
+    """A message left `queue` for its dead-letter queue (stored there as `dead_letter_seq`); for logs."""
+
+    queue: str
+    seq: int
+    dead_letter_queue: str
+    dead_letter_seq: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """A message that should have been dead-lettered stays in `queue`: no dead-letter queue could take it."""
+
+    queue: str
+    seq: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Delayed:
+    """A failed delivery waits out its redelivery delay: the adapter ticks the core at `until_ms`."""
+
+    queue: str
+    seq: int
+    until_ms: int
+
+
 # ---- what the cluster protocol (node/core/cluster_protocol.py) asks its adapter to do -----------------
 # Named tuples: built once per message on the hot path, where a frozen dataclass costs twice as much.
 # `incoming` is the server's handle on a producer's delivery and `reply_to` the gRPC call waiting for a

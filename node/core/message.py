@@ -17,7 +17,7 @@ REMOVED = 2
 class Message:
     __slots__ = (
         "seq", "group_id", "payload", "size_bytes", "expires_at_ms", "closes_group",
-        "delivery_count", "enqueued_at_ms", "state", "group_key", "handed_out",
+        "delivery_count", "enqueued_at_ms", "state", "group_key", "handed_out", "available_at_ms",
     )
 
     def __init__(self, payload: bytes, group_id: str | None = None, *, expires_at_ms: int = 0,
@@ -36,6 +36,8 @@ class Message:
         # delivered to a consumer or shown to a browser, or copied to another queue (move, dead-letter):
         # from then on a failed journal write can no longer take it back (Broker.take_back)
         self.handed_out = False
+        # a failed delivery's redelivery delay: not dispatched (nor is its group) before this; 0 = now
+        self.available_at_ms = 0
 
     def __repr__(self) -> str:
         return f"Message(seq={self.seq}, group={self.group_id!r}, state={self.state})"

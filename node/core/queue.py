@@ -11,6 +11,11 @@ Rules this module keeps:
 - Heap entries are validated lazily: a group records where it was last placed (`placed_in`,
   `placed_seq`); any other entry for it is stale and dropped when met.
 - Nothing grows silently: depth in messages and bytes is bounded by the settings.
+- A failed delivery (modified with delivery-failed, or unsettled at its consumer's detach) counts
+  in `delivery_count`. It comes back after `redelivery_delay_for_ms`; while it waits at its group's
+  head the group is not placed in any heap, so no later message of the group overtakes it; other
+  groups flow. At `delivery_count_max` it is dead-lettered if `dead_letter_refusal` (the broker)
+  says a dead-letter queue can take it, else it stays (a `Kept` effect says so once) and is retried.
 - A durable send whose journal write failed is taken back (`withdraw`) only while no consumer or
   browser has seen it; once handed out (`Message.handed_out`) it stays the consumer's.
 """
@@ -23,7 +28,7 @@ import zlib
 from bisect import bisect_right
 from collections import deque
 
-from node.core.effects import Deliver, DetachConsumer, Dropped, Removed, Stored, Withdrawn
+from node.core.effects import Deliver, Delayed, DetachConsumer, Dropped, Kept, Removed, Stored, Withdrawn
 from node.core.errors import GrouperError, InvalidField, NotFound, ResourceDeleted, ResourceLimitExceeded
 from node.core.message import ACQUIRED, AVAILABLE, REMOVED, Message, Outcome
 from node.core.settings import QueueSettings
@@ -105,6 +110,9 @@ class Queue:
         self._log_removed = 0
         self._log_removed_bytes = 0
         self._expiry: list = []  # heap of (expires_at_ms, seq, Message)
+        self._delayed: list = []  # heap of (available_at_ms, seq, Message): failed deliveries waiting out their delay
+        # the broker's answer to "can this message be dead-lettered now?": None yes, else why not
+        self.dead_letter_refusal = _no_refusal
         self._tiebreak = itertools.count()
         self._use_counter = itertools.count(1)
         self.depth_messages = 0
@@ -203,7 +211,8 @@ class Queue:
         self._dispatch(now_ms, effects)
 
     def detach(self, consumer_id, now_ms: int, effects: list) -> list[Message]:
-        """Release the consumer's unsettled messages in order; returns messages to dead-letter."""
+        """Release the consumer's unsettled messages in order (each a failed delivery); returns
+        (message, reason) pairs to dead-letter."""
         consumer = self.consumers.pop(consumer_id, None)
         if consumer is None:
             return []
@@ -212,7 +221,7 @@ class Queue:
             return []
         if consumer in self._takers:
             self._takers.remove(consumer)
-        dead: list[Message] = []
+        dead: list[tuple[Message, str]] = []
         touched: set[Group] = set(consumer.owned)
         for message in consumer.unsettled.values():
             group = self._settle_one(message, Outcome.MODIFIED, True, now_ms, effects, dead)
@@ -250,12 +259,12 @@ class Queue:
 
     def settle(self, consumer_id, delivery_id: int, outcome: Outcome, delivery_failed: bool,
                now_ms: int, effects: list) -> list[Message]:
-        """Apply a consumer's disposition; returns messages to dead-letter."""
+        """Apply a consumer's disposition; returns (message, reason) pairs to dead-letter."""
         consumer = self._consumer(consumer_id)
         message = consumer.unsettled.pop(delivery_id, None)
         if message is None:
             return []  # a duplicate or late disposition: already settled, nothing to do
-        dead: list[Message] = []
+        dead: list[tuple[Message, str]] = []
         group = self._settle_one(message, outcome, delivery_failed, now_ms, effects, dead)
         if group is not None:
             self._after_settle(group)
@@ -279,22 +288,38 @@ class Queue:
         if outcome is Outcome.ACCEPTED:
             self._remove(message, effects)
         elif outcome is Outcome.REJECTED:
+            refusal = self.dead_letter_refusal(message)
             self._remove(message, effects)
-            dead.append(message)
+            if refusal is None:
+                dead.append((message, "rejected"))
+            else:  # the consumer refused it for good: redelivering it would only be refused again
+                effects.append(Dropped(self.settings.name, message.seq, f"rejected; {refusal}"))
         else:
-            if outcome is Outcome.MODIFIED and delivery_failed:
+            failed = outcome is Outcome.MODIFIED and delivery_failed
+            if failed:
                 message.delivery_count += 1
             limit = self.settings.delivery_count_max
+            refusal = None
             if limit and message.delivery_count >= limit:
-                self._remove(message, effects)
-                effects.append(Dropped(self.settings.name, message.seq, "delivery_count_max reached"))
-                dead.append(message)
-            elif message.expires_at_ms and message.expires_at_ms <= now_ms:
+                refusal = self.dead_letter_refusal(message)
+                if refusal is None:
+                    self._remove(message, effects)
+                    dead.append((message, f"delivery_count_max={limit} reached"))
+                    return group
+                if message.delivery_count == limit:  # said once: it stays, and is retried at every failure
+                    effects.append(Kept(self.settings.name, message.seq,
+                                        f"delivery_count_max={limit} reached; {refusal}"))
+            if message.expires_at_ms and message.expires_at_ms <= now_ms:
                 # tick() spent its expiry entry while it was acquired: drop it here, not in its group
                 self._remove(message, effects)
                 effects.append(Dropped(self.settings.name, message.seq, "ttl expired"))
             else:
                 message.state = AVAILABLE
+                delay_ms = self.settings.redelivery_delay_for_ms(message.delivery_count) if failed else 0
+                if delay_ms:
+                    message.available_at_ms = now_ms + delay_ms
+                    heapq.heappush(self._delayed, (message.available_at_ms, message.seq, message))
+                    effects.append(Delayed(self.settings.name, message.seq, message.available_at_ms))
                 self._make_available(message, returning=True)
         return group
 
@@ -328,7 +353,21 @@ class Queue:
             self._dispatch_started = True
         return self._dispatch_started
 
+    def _release_delayed(self, now_ms: int) -> None:
+        delayed = self._delayed
+        while delayed and delayed[0][0] <= now_ms:
+            _, _, message = heapq.heappop(delayed)
+            message.available_at_ms = 0
+            if message.state != AVAILABLE:
+                continue  # expired, purged or moved while it waited
+            if message.group_key is None:
+                _insert_in_order(self._ungrouped, message, True)
+            else:
+                self._place_or_forget(self.groups[message.group_key])
+
     def _dispatch(self, now_ms: int, effects: list) -> None:
+        if self._delayed and self._delayed[0][0] <= now_ms:  # whichever call comes first past a delay
+            self._release_delayed(now_ms)
         if self._browsers:
             self._dispatch_browsers(now_ms, effects)
         takers = self._takers
@@ -436,7 +475,8 @@ class Queue:
 
     def _place_or_forget(self, group: Group) -> None:
         head = group.head()
-        if head is None or group.held or group.key in self.held_keys:
+        # a head waiting out its redelivery delay holds its whole group: tick() places it when due
+        if head is None or group.held or group.key in self.held_keys or head.available_at_ms:
             group.placed_in = None
             if group.idle:
                 del self.groups[group.key]
@@ -452,7 +492,8 @@ class Queue:
     def _make_available(self, message: Message, returning: bool = False) -> None:
         key = message.group_key
         if key is None:
-            _insert_in_order(self._ungrouped, message, returning)
+            if not message.available_at_ms:  # a delayed one joins the lane when tick() finds it due
+                _insert_in_order(self._ungrouped, message, returning)
             return
         group = self.groups.get(key)
         if group is None:
@@ -516,6 +557,8 @@ class Queue:
         deadlines = []
         if self._expiry:
             deadlines.append(self._expiry[0][0])
+        if self._delayed:
+            deadlines.append(self._delayed[0][0])
         if not self._dispatch_started and self._first_attach_ms is not None and \
                 self.settings.time_before_dispatch_ms > 0:
             deadlines.append(self._first_attach_ms + self.settings.time_before_dispatch_ms)
@@ -667,6 +710,7 @@ class Queue:
         self._ungrouped.clear()
         self._unowned.clear()
         self._expiry.clear()
+        self._delayed.clear()
         self.depth_messages = self.depth_bytes = self.acquired_messages = 0
 
     def stats(self) -> dict:
@@ -682,6 +726,10 @@ class Queue:
             "enqueued_total": self.enqueued_total,
             "delivered_total": self.delivered_total,
         }
+
+
+def _no_refusal(message: Message) -> None:
+    return None  # a queue on its own hands every dead letter to its caller
 
 
 def _least_recently_used(consumer: Consumer) -> int:

@@ -14,6 +14,8 @@ from node.core.errors import InvalidConfig
 POLICIES = ("exclusive", "shared", "none")
 QPID_DEFAULT_GROUP = "qpid.no-group"
 GROUP_ID_LENGTH_MAX_CHARS = 4096  # hard ceiling for group_id_length_max_chars
+REDELIVERY_DELAY_MULTIPLIER_MAX = 100.0  # hard ceiling for redelivery_delay_multiplier
+DEAD_LETTER_SUFFIX = ".DLQ"  # the default dead-letter queue of queue Q is Q.DLQ (as Artemis names them)
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,12 @@ class QueueSettings:
     depth_max_bytes: int = 1 << 30  # queued + in-flight encoded bytes; 0 = unlimited
     groups_max: int = 1_000_000  # groups tracked at once (with messages or an owner); new ones beyond are refused; 0 = unlimited
     group_id_length_max_chars: int = 255  # longer group ids are rejected with amqp:invalid-field
-    delivery_count_max: int = 0  # failed deliveries before dead-lettering; 0 = unlimited
-    dead_letter_queue: str = ""  # where rejected and over-delivered messages go; "" = discard
+    delivery_count_max: int = 10  # failed deliveries before dead-lettering (Artemis's default); 0 = unlimited
+    redelivery_delay_ms: int = 0  # wait before a failed delivery is redelivered (its group waits too); 0 = none
+    redelivery_delay_multiplier: float = 1.0  # each further failure multiplies the delay by this (>= 1.0)
+    redelivery_delay_max_ms: int = 0  # the delay never grows past this; 0 = 10 x redelivery_delay_ms (Artemis's rule)
+    dead_letter_queue: str = ""  # where rejected and over-delivered messages go; "" = "<queue>.DLQ"
+    dead_letter_queue_auto_create: bool = True  # create the dead-letter queue when it does not exist yet
 
     def validate(self) -> "QueueSettings":
         if not self.name or len(self.name) > 255:
@@ -46,16 +52,37 @@ class QueueSettings:
         if self.group_buckets < -1:
             raise InvalidConfig("group_buckets", "must be -1 (every group), 0 (off) or a positive bucket count")
         for key in ("consumers_before_dispatch", "time_before_dispatch_ms", "depth_max_messages",
-                    "depth_max_bytes", "delivery_count_max", "groups_max"):
+                    "depth_max_bytes", "delivery_count_max", "groups_max", "redelivery_delay_ms",
+                    "redelivery_delay_max_ms"):
             if getattr(self, key) < 0:
                 raise InvalidConfig(key, "must be >= 0")
+        if not 1.0 <= self.redelivery_delay_multiplier <= REDELIVERY_DELAY_MULTIPLIER_MAX:
+            raise InvalidConfig("redelivery_delay_multiplier",
+                                f"must be 1.0..{REDELIVERY_DELAY_MULTIPLIER_MAX} (1.0 = the same delay every time)")
+        if self.redelivery_delay_max_ms and self.redelivery_delay_max_ms < self.redelivery_delay_ms:
+            raise InvalidConfig("redelivery_delay_max_ms",
+                                f"{self.redelivery_delay_max_ms} ms is below redelivery_delay_ms="
+                                f"{self.redelivery_delay_ms} ms; raise it or set 0 (10 x the delay)")
         if not 1 <= self.group_id_length_max_chars <= GROUP_ID_LENGTH_MAX_CHARS:
             raise InvalidConfig("group_id_length_max_chars", f"must be 1..{GROUP_ID_LENGTH_MAX_CHARS}")
         if self.group_rebalance_pause_dispatch and not self.group_rebalance:
             raise InvalidConfig("group_rebalance_pause_dispatch", "needs group_rebalance")
-        if self.dead_letter_queue == self.name:
+        if self.dead_letter_queue_name == self.name:
             raise InvalidConfig("dead_letter_queue", "a queue cannot be its own dead-letter queue")
         return self
+
+    @property
+    def dead_letter_queue_name(self) -> str:
+        return self.dead_letter_queue or self.name + DEAD_LETTER_SUFFIX
+
+    def redelivery_delay_for_ms(self, delivery_count: int) -> int:
+        """The wait before redelivering a message that failed `delivery_count` times (>= 1)."""
+        delay_ms = self.redelivery_delay_ms
+        if not delay_ms:
+            return 0
+        cap_ms = self.redelivery_delay_max_ms or delay_ms * 10
+        exponent = min(delivery_count - 1, 64)  # past 64 doublings any delay is at its cap
+        return int(min(delay_ms * self.redelivery_delay_multiplier ** exponent, cap_ms))
 
     @property
     def grouping(self) -> bool:
@@ -88,6 +115,10 @@ class QueueSettings:
                 raise InvalidConfig(f"{where}.{key}", f"expected true or false, got {value!r}")
             if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
                 raise InvalidConfig(f"{where}.{key}", f"expected an integer, got {value!r}")
+            if expected is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise InvalidConfig(f"{where}.{key}", f"expected a number, got {value!r}")
+            if expected is float:
+                value = float(value)
             if expected is str and not isinstance(value, str):
                 raise InvalidConfig(f"{where}.{key}", f"expected a string, got {value!r}")
             clean[norm] = value

@@ -12,6 +12,9 @@ What it holds the core to:
   held (closing, or paused by a reset) nor while another consumer holds a message of G;
 - a group has at most one owner, the one the core reports; `first_for_consumer` is set exactly when
   a consumer takes a group it did not own;
+- a failed delivery waits out its redelivery delay (`redelivery_delay_for_ms`): it is not delivered
+  before, and since it is still available no later message of its group overtakes it; past
+  `delivery_count_max` it goes to the dead-letter queue (always there: auto-created or declared);
 - nothing is lost: each message sent is accepted, rejected, dead-lettered, expired, or still queued;
   nothing is duplicated: a message is delivered again only after its last delivery came back;
 - journal effects: one `Stored` per message sent, one `Removed` per message gone, and a dead letter
@@ -26,7 +29,7 @@ from __future__ import annotations
 import zlib
 from collections import Counter
 
-from node.core.effects import Deliver, DetachConsumer, Dropped, Removed, Stored, Withdrawn
+from node.core.effects import DeadLettered, Delayed, Deliver, DetachConsumer, Dropped, Kept, Removed, Stored, Withdrawn
 from node.core.message import Outcome
 from node.core.settings import QueueSettings
 
@@ -53,6 +56,7 @@ class ModelMessage:
         self.expires_at_ms = expires_at_ms
         self.closes_group = closes_group
         self.delivery_count = 0
+        self.available_at_ms = 0  # a failed delivery waits until then
         self.state = AVAILABLE
         self.holder = None  # consumer id while acquired
         self.seen = False  # a consumer or a browser has had it: a failed write cannot take it back
@@ -78,7 +82,7 @@ class Model:
     def __init__(self, settings: QueueSettings, *, broker_default_group: str = ""):
         self.settings = settings
         self.name = settings.name
-        self.dead_letter_queue = settings.dead_letter_queue
+        self.dead_letter_queue = settings.dead_letter_queue_name
         self.grouping = settings.grouping
         # Rebalancing without a pause hands a group over with messages in flight: documented as
         # unordered, so only the rules that do not depend on owners are checked then.
@@ -167,7 +171,7 @@ class Model:
         limit = self.settings.delivery_count_max
         if limit and message.delivery_count >= limit:
             self._gone(message, "dead")
-            self._expect_dropped_max.add(message.seq)
+            self._expect_dead_lettered.add(message.seq)  # its DeadLettered
             self._dead_letter(message)
         elif message.expired(self.now_ms):
             self._gone(message, "expired")
@@ -175,6 +179,8 @@ class Model:
         else:
             message.state = AVAILABLE
             message.holder = None
+            if delivery_failed and self.settings.redelivery_delay_ms:
+                message.available_at_ms = self.now_ms + self.settings.redelivery_delay_for_ms(message.delivery_count)
 
     def _reset(self, keys, pause: bool) -> None:
         if not self.ordered:
@@ -194,7 +200,7 @@ class Model:
         self._expect_stored: set[int] = set()
         self._expect_removed: set[int] = set()
         self._unexplained_removed: set[int] = set()
-        self._expect_dropped_max: set[int] = set()
+        self._expect_dead_lettered: set[int] = set()
         self._expect_dropped_ttl: set[int] = set()  # expired while acquired, dropped on return
         self._dead_this_step: set[int] = set()
         self._dead_stored: set[int] = set()
@@ -254,6 +260,7 @@ class Model:
             self._gone(message, "accepted")
         elif outcome is Outcome.REJECTED:
             self._gone(message, "rejected")
+            self._expect_dead_lettered.add(message.seq)
             self._dead_letter(message)
         else:
             self._return(message, outcome is Outcome.MODIFIED and delivery_failed)
@@ -296,7 +303,14 @@ class Model:
             elif isinstance(effect, Withdrawn):
                 expect(effect.queue == self.name and effect.seq in self._expect_withdrawn, f"unexpected {effect}")
                 self._expect_withdrawn.discard(effect.seq)
-            elif isinstance(effect, DetachConsumer):
+            elif isinstance(effect, DeadLettered):
+                expect(effect.queue == self.name and effect.seq in self._expect_dead_lettered
+                       and effect.dead_letter_queue == self.dead_letter_queue, f"unexpected {effect}")
+                self._expect_dead_lettered.discard(effect.seq)
+            elif isinstance(effect, Delayed):
+                message = self.messages.get(effect.seq)
+                expect(message is not None and message.available_at_ms == effect.until_ms, f"unexpected {effect}")
+            elif isinstance(effect, (DetachConsumer, Kept)):
                 raise ModelError(f"unexpected {effect}")
             else:
                 raise ModelError(f"unknown effect {effect!r}")
@@ -314,13 +328,17 @@ class Model:
         expect(message.state == AVAILABLE, f"{message} delivered to {cid!r} while not available "
                                            f"(duplicate or lost-then-found)")
         expect(not message.expired(self.now_ms), f"{message} delivered after it expired")
+        expect(message.available_at_ms <= self.now_ms,
+               f"{message} delivered at {self.now_ms}, before its redelivery delay ends at {message.available_at_ms}")
         expect(effect.message.delivery_count == message.delivery_count,
                f"{message} delivered with delivery_count {effect.message.delivery_count}, "
                f"expected {message.delivery_count}")
         expect(effect.delivery_id == consumer.next_delivery_id,
                f"delivery id {effect.delivery_id} to {cid!r}, expected {consumer.next_delivery_id}")
         key = message.key
-        earlier = [m for m in self._live(AVAILABLE) if m.key == key and m.seq < message.seq]
+        # a delayed message holds back its group, but never the lane of messages without a group
+        earlier = [m for m in self._live(AVAILABLE) if m.key == key and m.seq < message.seq
+                   and not (key is None and m.available_at_ms > self.now_ms)]
         expect(not earlier, f"{message} delivered to {cid!r} while earlier {earlier} of its "
                             f"{'group' if key is not None else 'lane'} were available")
         if key is None:
@@ -404,9 +422,6 @@ class Model:
                 self._unexplained_removed.discard(effect.seq)
             self._gone(message, "expired")
             self._expect_removed.discard(effect.seq)  # an expiry frees no group: only settling does
-        elif effect.reason == "delivery_count_max reached":
-            expect(effect.seq in self._expect_dropped_max, f"unexpected {effect}")
-            self._expect_dropped_max.discard(effect.seq)
         else:
             raise ModelError(f"unexpected {effect}")
 
@@ -416,7 +431,7 @@ class Model:
         expect(not self._expect_stored, f"no Stored for {sorted(self._expect_stored)}")
         expect(not self._expect_removed, f"no Removed for {sorted(self._expect_removed)}")
         expect(not self._unexplained_removed, f"Removed without a reason for {sorted(self._unexplained_removed)}")
-        expect(not self._expect_dropped_max, f"no Dropped for {sorted(self._expect_dropped_max)}")
+        expect(not self._expect_dead_lettered, f"no DeadLettered for {sorted(self._expect_dead_lettered)}")
         expect(not self._expect_dropped_ttl, f"expired {sorted(self._expect_dropped_ttl)} came back undropped")
         expect(not self._expect_withdrawn, f"no Withdrawn for {sorted(self._expect_withdrawn)}")
         if ticked:
@@ -476,10 +491,15 @@ class Model:
         takers = self._takers()
         if not takers or not self.started:
             return
+        waiting: set = set()  # groups whose head waits out a redelivery delay
         for message in sorted(self._live(AVAILABLE), key=lambda m: m.seq):
             if message.expired(self.now_ms):
                 continue
             key = message.key
+            if message.available_at_ms > self.now_ms or key in waiting:
+                if key is not None:
+                    waiting.add(key)
+                continue
             if key is None:
                 raise ModelError(f"{message} without group waits while {takers} have credit")
             if not self.ordered or key in self.held:

@@ -94,12 +94,22 @@ def test_a_rejected_message_is_stored_in_the_dead_letter_queue_before_it_is_remo
     assert [(m.payload, m.group_id, m.seq) for m in dead] == [(b"a1", "a", 2)]
 
 
-def test_a_rejected_message_without_a_dead_letter_queue_is_discarded(make):
+def test_a_rejected_message_goes_to_the_auto_created_dead_letter_queue_by_default(make):
     h = make(durable=True)
     h.attach("c1", 1)
     h.send("a", "a1")
     h.reject("a1")
+    assert h.journal() == [("stored", "q.DLQ", "a1"), ("removed", "q", 1)]
+    assert sorted(h.broker.queues) == ["q", "q.DLQ"]
+
+
+def test_a_rejected_message_with_no_dead_letter_queue_allowed_is_dropped_with_a_reason(make):
+    h = make(durable=True, dead_letter_queue_auto_create=False)
+    h.attach("c1", 1)
+    h.send("a", "a1")
+    h.reject("a1")
     assert h.journal() == [("removed", "q", 1)]
+    assert [reason.split(";")[0] for _, _, reason in h.dropped()] == ["rejected"]
     assert sorted(h.broker.queues) == ["q"]
 
 
@@ -147,7 +157,8 @@ def test_an_auto_created_dead_letter_queue_does_not_inherit_itself_as_dead_lette
 
 def test_dead_lettering_to_a_missing_queue_drops_the_message_and_keeps_dispatching():
     broker = Broker(auto_create=False)
-    broker.declare_queue(QueueSettings(name="q", group_policy="shared", dead_letter_queue="dlq"))
+    broker.declare_queue(QueueSettings(name="q", group_policy="shared", dead_letter_queue="dlq",
+                                       dead_letter_queue_auto_create=False))
     broker.enqueue("q", Message(b"a1", "a"), 0)
     broker.enqueue("q", Message(b"a2", "a"), 0)
     broker.attach_consumer("q", "c1", False, 0)
@@ -156,8 +167,8 @@ def test_dead_lettering_to_a_missing_queue_drops_the_message_and_keeps_dispatchi
     broker.set_credit("c2", 1, 0)
     effects = broker.settle("c1", 0, Outcome.REJECTED, 0)
     assert Removed("q", 1) in effects
-    assert [e.reason.split(":")[0] for e in effects if isinstance(e, Dropped)] == \
-        ["dead-letter queue 'dlq' unavailable"]
+    assert [e.reason.split(" and ")[0] for e in effects if isinstance(e, Dropped)] == \
+        ["rejected; dead-letter queue 'dlq' does not exist"]
     assert [(e.consumer_id, e.message.payload) for e in effects if isinstance(e, Deliver)] == [("c2", b"a2")]
 
 

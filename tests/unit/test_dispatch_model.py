@@ -37,9 +37,8 @@ class DispatchMachine(RuleBasedStateMachine):
         super().__init__()
         self.broker = Broker()
         self.queue = self.broker.declare_queue(self.queue_settings)
-        dead_letter_name = self.queue_settings.dead_letter_queue
-        self.dead_letter_queue = self.broker.declare_queue(QueueSettings(name=dead_letter_name)) \
-            if dead_letter_name else None
+        if self.queue_settings.dead_letter_queue:  # else the broker creates q.DLQ at the first dead letter
+            self.broker.declare_queue(QueueSettings(name=self.queue_settings.dead_letter_queue))
         self.model = Model(self.queue_settings)
         self.now_ms = 0
         self.consumers_made = 0
@@ -52,7 +51,7 @@ class DispatchMachine(RuleBasedStateMachine):
         effects = call()
         tell_model()
         self.model.apply(effects)
-        self.model.end(self.queue, self.dead_letter_queue, ticked=ticked)
+        self.model.end(self.queue, self.broker.queues.get(self.queue_settings.dead_letter_queue_name), ticked=ticked)
 
     def attached(self, browse: bool) -> list:
         return sorted((cid for cid, c in self.model.consumers.items() if c.browse == browse), key=str)
@@ -211,3 +210,9 @@ TestSharedRebalancePausedHeldDispatch = machine_for(
 TestExclusiveRebalanceUnpaused = machine_for(
     "ExclusiveRebalanceUnpaused", 60, group_policy="exclusive", group_rebalance=True)
 TestBucketsZero = machine_for("BucketsZero", 50, group_policy="exclusive", group_buckets=0)
+# poison messages: a growing redelivery delay, a low limit and the auto-created q.DLQ
+TestSharedRedeliveryDelay = machine_for(
+    "SharedRedeliveryDelay", 100, group_policy="shared", delivery_count_max=3, redelivery_delay_ms=5,
+    redelivery_delay_multiplier=2.0)
+TestExclusiveRedeliveryDelay = machine_for(
+    "ExclusiveRedeliveryDelay", 100, group_policy="exclusive", redelivery_delay_ms=7)

@@ -28,7 +28,7 @@ def test_dead_letters_beyond_the_dead_letter_queues_depth_are_dropped_with_a_rea
     h.reject("a1")
     assert h.dropped() == []
     h.reject("a2")
-    assert [reason.split(":")[0] for _, _, reason in h.dropped()] == ["dead-letter queue 'dlq' is full"]
+    assert [reason.split(":")[0] for _, _, reason in h.dropped()] == ["rejected; dead-letter queue 'dlq' is full"]
     assert broker.queues["dlq"].depth_messages == 1
 
 
