@@ -20,6 +20,7 @@ Rules:
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -83,6 +84,11 @@ class _Client(MessagingHandler):
         self._last_ms = 0
         self._container: Container | None = None
         self._injector = EventInjector()
+        # proton never closes the injector's pipe; run_container does, under this lock, so that a late
+        # request_stop() never writes into a descriptor number the process has given to something else
+        # (a long campaign of clients otherwise runs past select()'s 1024 descriptors)
+        self._injector_lock = threading.Lock()
+        self._injector_closed = False
         self._connection = None
         self.link = None
         self._reconnect_delay_s = RECONNECT_DELAY_MIN_S
@@ -104,9 +110,15 @@ class _Client(MessagingHandler):
             self.error = error
         finally:
             self._log.close()
+            with self._injector_lock:
+                self._injector_closed = True
+                for descriptor in self._injector.pipe:
+                    os.close(descriptor)
 
     def request_stop(self) -> None:
-        self._injector.trigger(ApplicationEvent(STOP_EVENT))
+        with self._injector_lock:
+            if not self._injector_closed:
+                self._injector.trigger(ApplicationEvent(STOP_EVENT))
 
     # ---- reactor thread ----------------------------------------------------------------------
 

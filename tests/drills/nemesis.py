@@ -757,8 +757,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"nemesis: {arguments.rounds} rounds of {kinds} from seed {seed}; logs in {directory}, results in "
           f"{results_path}", flush=True)
     results = []
+    stop_requested = []  # SIGINT/SIGTERM end the campaign after the round in progress (bounded), cleanly
+
+    def request_stop(signal_number, frame) -> None:
+        stop_requested.append(signal_number)
+        print(f"nemesis: signal {signal_number}: stopping after the round in progress", flush=True)
+    for signal_number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signal_number, request_stop)
     with Campaign(directory, kinds, hold_s) as campaign:
         for number in range(arguments.rounds):
+            if stop_requested:
+                break
             result = campaign.play(kinds[number % len(kinds)], seed + number)
             results.append(dataclasses.asdict(result))
             with open(results_path, "a") as out:
