@@ -5,7 +5,7 @@ Why a process: pysyncobj's tick thread must answer heartbeats within the electio
 pools, and under load it went unscheduled long enough for the followers to elect a new leader with
 nobody down. Here only raft runs, and the kernel schedules it against the node like any process.
 
-`python -m handler.member FD`: FD is the child's end of a socketpair the node made (see
+`python -m handler.member FD NODE_PID`: FD is the child's end of a socketpair the node made (see
 handler/channel.py for why that channel needs no further authentication). The first message is
 ("start", settings); then the node sends requests, and this process sends back what raft did:
     node -> member                                   member -> node
@@ -173,8 +173,9 @@ def main(argv: list[str]) -> int:
         signal.signal(signum, signal.SIG_IGN)
     _die_with_parent()
     _raise_priority()
-    if os.getppid() == 1:
-        return 0  # the node died before this process could ask to die with it
+    if os.getppid() != int(argv[1]):
+        return 0  # the node died before this process could ask to die with it (in a container the
+        # node is often PID 1, so its death shows as another parent, not as PID 1)
     channel_socket = socket.socket(fileno=int(argv[0]))
     return Member(channel_socket).run()
 

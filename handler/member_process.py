@@ -56,7 +56,8 @@ class MemberProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH", "")]))
         try:
-            self._process = subprocess.Popen([sys.executable, "-m", "handler.member", str(child_end.fileno())],
+            self._process = subprocess.Popen([sys.executable, "-m", "handler.member", str(child_end.fileno()),
+                                              str(os.getpid())],
                                              pass_fds=(child_end.fileno(),), env=env, stdin=subprocess.DEVNULL)
         finally:
             child_end.close()

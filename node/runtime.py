@@ -166,6 +166,9 @@ class LoopControl:
         node = self._node
         if node.cluster is None:
             return {"clustered": False, "members": [{"node": "", "connected": True}]}
+        if node.handler is None:  # between the admin API's start and the raft member's
+            raise HandlerUnavailable("this node is starting: its raft member is not running yet; ask again "
+                                     "in a moment")
         raft = node.handler.status()
         local = self._call(node.cluster.status)
         members = local["members"]

@@ -81,7 +81,9 @@ def test_the_member_is_a_child_without_secrets_on_its_command_line_and_ignores_s
     node = cluster.nodes[0]
     member = member_of(node)
     argv = Path(f"/proc/{member}/cmdline").read_bytes().split(b"\0")
-    assert argv[1:4] == [b"-m", b"handler.member", argv[3]] and argv[3].isdigit(), argv  # only its channel fd
+    # only its channel's descriptor and its node's pid
+    assert argv[1:-1] == [b"-m", b"handler.member", argv[3], str(node.process.pid).encode()], argv
+    assert argv[3].isdigit() and argv[-1] == b"", argv
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         os.kill(member, signum)
     with Client(node) as client:  # raft still decides routes: a new group is accepted
