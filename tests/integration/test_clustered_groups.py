@@ -101,18 +101,7 @@ def test_groups_spread_over_consumers_on_different_nodes(cluster, clients):
     cluster.wait_consumers(QUEUE, {1: 1, 2: 1})
     groups = [f"g{n}" for n in range(10)]
     clients.send(cluster.nodes[0], QUEUE, [grouped(f"{g}:{seq}", g) for seq in range(3) for g in groups])
-    received = {i: [] for i in consumers}
-    while sum(len(r) for r in received.values()) < 30:
-        progressed = False
-        for i, consumer in consumers.items():
-            held = consumer.poll()
-            if held is not None:
-                received[i].append(held.body)
-                held.accept()
-                progressed = True
-        if not progressed:
-            for i, consumer in consumers.items():
-                received[i].extend(bodies(consumer.fetch_many(1)))
+    received = drain(consumers, 30)
     seen = {i: by_group(r) for i, r in received.items()}
     assert len(seen[1]) == len(seen[2]) == 5  # fewest routes first: an even spread
     assert not set(seen[1]) & set(seen[2])  # no group at both
