@@ -19,7 +19,6 @@ import os
 import shutil
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -35,34 +34,20 @@ from node.admin.credentials import basic_metadata
 from node.admin.tls import channel_credentials
 from node.core.settings import QueueSettings
 from proto import admin_pb2, admin_pb2_grpc
+from tests.integration.cli import grouper, grouper_ok, write_users_file
 from tests.integration.cluster import Cluster
-from tests.integration.harness import REPO, WAIT_S, NodeProcess, grouped
+from tests.integration.harness import WAIT_S, NodeProcess, grouped
 
 PASSWORD = "correct horse battery"
 ROLES = {"orders-manager": "manage:orders.*", "sender": "send:orders.#", "payments-browser": "browse:payments"}
 USERS = {"admin": "administrator", "manager": "orders-manager", "sender": "sender", "viewer": "payments-browser"}
 QUEUES = ("orders.x", "orders.y", "payments")
 QUEUES_CONFIG = "".join(f'[[queue]]\nname = "{name}"\n\n' for name in QUEUES)
-CLI_TIMEOUT_S = 60.0
 RELOAD_WAIT_S = 20.0  # the node reads a changed users file within about a second
 RETRY_INTERVAL_S = 0.2
-CREDENTIAL_ENV = ("GROUPER_USER", "GROUPER_PASSWORD", "GROUPER_CA", "GROUPER_CERT", "GROUPER_KEY", "GROUPER_NODE")
 
 
 # ---- the CLI, users and certificates -----------------------------------------------------------
-
-def grouper(*args: str, stdin: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run `grouper ARGS` with no credentials in its environment but `env`."""
-    environment = {key: value for key, value in os.environ.items() if key not in CREDENTIAL_ENV}
-    return subprocess.run([sys.executable, "-m", "node.cli", *args], cwd=REPO, input=stdin, capture_output=True,
-                          text=True, timeout=CLI_TIMEOUT_S, env={**environment, **(env or {})})
-
-
-def grouper_ok(*args: str, stdin: str = "") -> str:
-    result = grouper(*args, stdin=stdin)
-    assert result.returncode == 0, f"grouper {' '.join(args)} exited {result.returncode}:\n{result.stderr}"
-    return result.stdout
-
 
 def as_user(node: NodeProcess, user: str, *args: str, password: str = PASSWORD) -> subprocess.CompletedProcess:
     """`grouper ARGS` as `user`, with the CA of the environment if it gives one (a node with admin TLS)."""
@@ -73,13 +58,7 @@ def as_user(node: NodeProcess, user: str, *args: str, password: str = PASSWORD) 
 
 @pytest.fixture(scope="module")
 def users_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("users") / "users.json"
-    for role, allow in ROLES.items():
-        grouper_ok("role", "set", role, "--allow", allow, "--users-file", str(path))
-    for name, role in USERS.items():
-        grouper_ok("user", "add", name, "--role", role, "--password-stdin", "--users-file", str(path),
-                   stdin=PASSWORD + "\n")
-    return path
+    return write_users_file(tmp_path_factory.mktemp("users") / "users.json", ROLES, USERS, PASSWORD)
 
 
 @pytest.fixture(scope="module")

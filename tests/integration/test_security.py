@@ -21,8 +21,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +30,8 @@ from proton import ConnectionException, Delivery, Endpoint, Message, SSLDomain
 from proton.utils import BlockingConnection, LinkDetached
 
 from node import certs
-from tests.integration.harness import REPO, WAIT_S, ManualReceiver, NodeProcess, send_outcome
+from tests.integration.cli import grouper, grouper_ok, write_users_file
+from tests.integration.harness import WAIT_S, ManualReceiver, NodeProcess, send_outcome
 from tests.integration.sasl_socket import (AMQP_HEADER, OUTCOME_AUTH, OUTCOME_OK, OUTCOME_SYS, SASL_HEADER,
                                            SaslSocket, plain_response, sasl_init)
 from tests.interop.rhea_client import RheaClient, ensure_rhea_installed
@@ -43,7 +42,6 @@ ROLES = {"writer": "send:orders.*", "reader": "consume:orders.#", "browser": "br
 USERS = {"writer": "writer", "reader": "reader", "browser": "browser", "admin": "administrator"}
 QUEUES = ("orders.x", "orders.y", "orders.a.b", "billing")  # declared; auto-create stays on, so create is checked
 QUEUES_CONFIG = "".join(f'[[queue]]\nname = "{name}"\n\n' for name in QUEUES)
-CLI_TIMEOUT_S = 60.0
 RETRY_INTERVAL_S = 0.2  # between attempts while waiting for a reload; failed logins are throttled after 3
 THROTTLE_DELAY_MIN_S = 0.25  # node/core/admission.py: the 4th failure in a row is held 250 ms, doubling
 
@@ -51,27 +49,9 @@ THROTTLE_DELAY_MIN_S = 0.25  # node/core/admission.py: the 4th failure in a row 
 # ---- the CLI, users and certificates -----------------------------------------------------------
 
 
-def grouper(*args: str, stdin: str = "") -> str:
-    """Run `grouper ARGS` (no node needed); its stdout. Fails the test on a non-zero exit."""
-    result = subprocess.run([sys.executable, "-m", "node.cli", *args], cwd=REPO, input=stdin,
-                            capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
-    assert result.returncode == 0, f"grouper {' '.join(args)} exited {result.returncode}:\n{result.stderr}"
-    return result.stdout
-
-
-def add_user(users_file: Path, name: str, role: str) -> None:
-    grouper("user", "add", name, "--role", role, "--password-stdin", "--users-file", str(users_file),
-            stdin=PASSWORD + "\n")
-
-
 @pytest.fixture(scope="module")
 def users_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("users") / "users.json"
-    for role, allow in ROLES.items():
-        grouper("role", "set", role, "--allow", allow, "--users-file", str(path))
-    for name, role in USERS.items():
-        add_user(path, name, role)
-    return path
+    return write_users_file(tmp_path_factory.mktemp("users") / "users.json", ROLES, USERS, PASSWORD)
 
 
 @pytest.fixture
@@ -217,11 +197,9 @@ def relay_outcome(sender, to: str):
 def queue_names(node: NodeProcess) -> list[str]:
     """`grouper queue list` against the node, as the administrator (the environment carries the credentials
     for a management API that asks for them)."""
-    result = subprocess.run([sys.executable, "-m", "node.cli", "queue", "list", "--json", "--node", node.admin_address],
-                            cwd=REPO, capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
-                            env={**os.environ, "GROUPER_USER": "admin", "GROUPER_PASSWORD": PASSWORD})
-    assert result.returncode == 0, result.stderr
-    return [queue["name"] for queue in json.loads(result.stdout)]
+    listed = grouper_ok("queue", "list", "--json", "--node", node.admin_address,
+                        env={"GROUPER_USER": "admin", "GROUPER_PASSWORD": PASSWORD})
+    return [queue["name"] for queue in json.loads(listed)]
 
 
 def log_after_one_more_refusal(node: NodeProcess) -> list[str]:
@@ -268,9 +246,8 @@ def test_a_node_without_users_on_loopback_is_open_and_anonymous_clients_send_and
 
 
 def test_a_node_without_users_refuses_to_start_on_a_non_loopback_host_and_names_the_fixes(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "node.cli", "node", "--host", "0.0.0.0", "--data-dir",
-                             str(tmp_path / "data"), "--amqp-port", "0", "--admin-port", "0", "--http-port", "0"],
-                            cwd=REPO, capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+    result = grouper("node", "--host", "0.0.0.0", "--data-dir", str(tmp_path / "data"), "--amqp-port", "0",
+                     "--admin-port", "0", "--http-port", "0")
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "--allow-anonymous" in output and "grouper user add" in output, output
@@ -366,7 +343,7 @@ def test_scram_sha_256_with_a_wrong_password_or_unknown_user_fails(node_factory,
 
 def test_with_allow_anonymous_anonymous_clients_get_the_anonymous_roles_of_the_users_file(node_factory,
                                                                                           own_users_file):
-    grouper("user", "roles", "anonymous", "--role", "browser", "--users-file", str(own_users_file))
+    grouper_ok("user", "roles", "anonymous", "--role", "browser", "--users-file", str(own_users_file))
     node = start_secured(node_factory, own_users_file, "--allow-anonymous")
 
     connection = login(node.amqp_address, None, mechanism="ANONYMOUS")
@@ -468,13 +445,13 @@ def test_a_user_added_while_the_node_runs_gets_in_and_once_deleted_no_longer_doe
             return None
 
     assert carol_gets_in() is None
-    add_user(own_users_file, "carol", "writer")
+    write_users_file(own_users_file, {}, {"carol": "writer"}, PASSWORD)
     carol = wait_until(carol_gets_in, "the node taking in the added user carol")
     try:
         sender = carol.create_sender("orders.x")
         assert send_outcome(sender, Message(body="by carol", group_id="g")) == (Delivery.ACCEPTED, None)
 
-        grouper("user", "delete", "carol", "--users-file", str(own_users_file))
+        grouper_ok("user", "delete", "carol", "--users-file", str(own_users_file))
 
         def carol_refused():
             connection = carol_gets_in()
