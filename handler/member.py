@@ -7,7 +7,8 @@ nobody down. Here only raft runs, and the kernel schedules it against the node l
 
 `python -m handler.member FD NODE_PID`: FD is the child's end of a socketpair the node made (see
 handler/channel.py for why that channel needs no further authentication). The first message is
-("start", settings); then the node sends requests, and this process sends back what raft did:
+("start", node_id, partners, raft_dir, settings), settings being GroupingHandler's keyword settings;
+then the node sends requests, and this process sends back what raft did:
     node -> member                                   member -> node
     ("claim", id, keys, now_ms)                      ("started",) or ("start_failed", reason)
     ("touch", id, entries, now_ms)                   ("ready",)
@@ -64,7 +65,7 @@ class Member:
 
     def _on_message(self, message) -> None:
         if message[0] == "start":
-            self._start(message[1])
+            self._start(*message[1:])
         elif self.handler is None:
             log.error("raft member: %r before start; ignored", message[0])
         else:
@@ -76,20 +77,14 @@ class Member:
             logging.shutdown()
             os._exit(1)  # the node is gone or this member broke: nobody would hear what it decides
 
-    def _start(self, settings: dict) -> None:
+    def _start(self, node_id: str, partners: list[str], raft_dir: str, settings: dict) -> None:
         send = self.channel.send
         try:
             from handler.service import GroupingHandler  # here: the node process never imports pysyncobj
             self.handler = GroupingHandler(
-                settings["node_id"], settings["partners"], settings["raft_dir"],
+                node_id, partners, raft_dir,
                 on_applied=lambda kind, payload, at_ms: send(("applied", kind, payload, at_ms)),
-                on_ready=lambda: send(("ready",)),
-                election_timeout_min_ms=settings["election_timeout_min_ms"],
-                election_timeout_max_ms=settings["election_timeout_max_ms"],
-                routes_max=settings["routes_max"], group_timeout_ms=settings["group_timeout_ms"],
-                owner_failover_ms=settings["owner_failover_ms"], route_follow_ms=settings["route_follow_ms"],
-                placement=settings["placement"], bind_host=settings["bind_host"],
-                raft_secrets=tuple(settings["raft_secrets"]))
+                on_ready=lambda: send(("ready",)), **settings)
         except Exception as error:  # reported to the node, which says what to fix
             send(("start_failed", f"{type(error).__name__}: {error}"))
             return

@@ -25,7 +25,6 @@ import sys
 import threading
 
 from handler.channel import Channel
-from handler.route_table import PLACEMENT_BALANCED
 
 log = logging.getLogger("grouper.handler")
 
@@ -37,9 +36,8 @@ LOST = "the raft member process ended"
 
 class MemberProcess:
     def __init__(self, node_id: str, partners: list[str], raft_dir: str, *, on_applied, on_ready, on_lost,
-                 election_timeout_min_ms: int, election_timeout_max_ms: int, routes_max: int,
-                 group_timeout_ms: int = 0, owner_failover_ms: int = 0, route_follow_ms: int = 0,
-                 placement: str = PLACEMENT_BALANCED, bind_host: str = "", raft_secrets: tuple[str, ...] = ()):
+                 **settings):
+        """`settings`: GroupingHandler's keyword settings (plain data), passed to it in the child as they are."""
         self.node_id = node_id
         self._on_applied = on_applied
         self._on_ready = on_ready
@@ -63,11 +61,7 @@ class MemberProcess:
             child_end.close()
         self._channel = Channel(node_end, "raft-member", self._on_message, self._on_closed)
         self._channel.start()
-        self._channel.send(("start", {
-            "node_id": node_id, "partners": list(partners), "raft_dir": raft_dir,
-            "election_timeout_min_ms": election_timeout_min_ms, "election_timeout_max_ms": election_timeout_max_ms,
-            "routes_max": routes_max, "group_timeout_ms": group_timeout_ms,
-            "owner_failover_ms": owner_failover_ms, "route_follow_ms": route_follow_ms, "placement": placement, "bind_host": bind_host, "raft_secrets": list(raft_secrets)}))
+        self._channel.send(("start", node_id, list(partners), raft_dir, settings))
         if not self._started.wait(START_TIMEOUT_MS / 1000):
             self.stop()
             raise RuntimeError(f"the raft member process did not start within {START_TIMEOUT_MS} ms")
