@@ -126,7 +126,8 @@ class Channel:
                     try:
                         self._on_message(message)
                     except Exception as error:  # a bug here: say so and end, never go on deaf
-                        log.exception("%s: handling %r failed", self._name, message[:1] if isinstance(message, tuple) else message)
+                        kind = message[0] if isinstance(message, tuple) and message else message
+                        log.exception("%s: handling a %r message failed", self._name, kind)
                         self._closed(f"handling a message failed: {type(error).__name__}: {error}")
                         return
                 del buffer[:position]

@@ -222,7 +222,8 @@ class RaftTransport(TCPTransport):
 
     def pulse(self, now_s: float) -> str:
         """Why this member may have lost its leader: whom it heard from when, and its own tick pauses."""
-        heard = ", ".join(f"{member} {(now_s - at_s) * 1000:.0f} ms ago" for member, at_s in sorted(self.heard_at_s.items()))
+        heard = ", ".join(f"{member} {(now_s - at_s) * 1000:.0f} ms ago"
+                          for member, at_s in sorted(self.heard_at_s.items()))
         recent = [pause_ms for at_s, pause_ms in self.tick_pauses if now_s - at_s <= TICK_PAUSES_WINDOW_S]
         pauses = (f"its tick loop paused up to {max(recent):.0f} ms ({len(recent)} pauses over "
                   f"{TICK_PAUSE_NOTED_MS} ms) in the last {TICK_PAUSES_WINDOW_S:.0f} s" if recent else

@@ -35,7 +35,7 @@ log = logging.getLogger("grouper.handler")
 
 DUTIES_INTERVAL_MS = 200  # how often the leader checks members' reachability (owner failover)
 DESTROY_WAIT_S = 2.0  # how long stop() waits for the tick thread
-STATUS_TRIES = 5  # reads of the raft status before giving up
+STATUS_TRIES = 5  # reads of state the tick thread is changing (the raft status, the table) before giving up
 # a follower whose connection to the leader closed (its process died: the kernel closes its sockets)
 # elects after a random wait in this range instead of its election timeout (200-500 ms by default);
 # the randomness keeps two followers from splitting the vote, the floor lets a mere reconnect win
@@ -145,14 +145,7 @@ class GroupingHandler:
     # ---- state -------------------------------------------------------------------------------
 
     def status(self) -> dict:
-        for _ in range(STATUS_TRIES):
-            try:  # getStatus reads the tick thread's dicts; one may change size under it
-                raw = self._syncobj.getStatus()
-                break
-            except RuntimeError:
-                continue
-        else:
-            raise TimeoutError("the raft status kept changing while being read; try again")
+        raw = _read_while_applying(self._syncobj.getStatus, "the raft status")
         leader = raw.get("leader")
         partners = sorted(key[len("partner_node_status_server_"):] for key in raw
                           if key.startswith("partner_node_status_server_"))
@@ -168,13 +161,6 @@ class GroupingHandler:
             "last_applied": int(raw["last_applied"]),
             "ready": self._syncobj.isReady(),
         }
-
-    def leader(self) -> str:
-        leader = self._syncobj._getLeader()
-        return str(leader.id) if leader is not None else ""
-
-    def is_leader(self) -> bool:
-        return self._syncobj._isLeader()
 
     def stop(self) -> None:
         self._stopped.set()
@@ -267,20 +253,13 @@ class GroupingHandler:
 
     def _placement(self) -> dict:
         """The table's consumers and routes per node and queue, for following consumers: a read-only
-        look from this thread while the tick thread applies commands, so a read may meet a dict
-        changing size and is tried again."""
+        look from this thread while the tick thread applies commands."""
         table = self.replica.table
-        for _ in range(STATUS_TRIES):
-            try:
-                return {
-                    "consumers": tuple((node, queue, count) for node, held in sorted(dict(table.consumers).items())
-                                       for queue, count in sorted(dict(held).items())),
-                    "routed": tuple((node, queue, count) for (node, queue), count
-                                    in sorted(dict(table.route_counts).items())),
-                }
-            except RuntimeError:
-                continue
-        raise TimeoutError("the route table kept changing while being read; try again")
+        return _read_while_applying(lambda: {
+            "consumers": tuple((node, queue, count) for node, held in sorted(dict(table.consumers).items())
+                               for queue, count in sorted(dict(held).items())),
+            "routed": tuple((node, queue, count) for (node, queue), count in sorted(dict(table.route_counts).items())),
+        }, "the route table")
 
     def _propose_duty(self, command) -> None:
         if isinstance(command, ExpireIdle):
@@ -305,6 +284,17 @@ class GroupingHandler:
             self.replica.mark_up(command.node, command.now_ms, callback=self._logged("mark_up"))
         else:
             raise AssertionError(f"leader duties returned an unknown command {command!r}")
+
+
+def _read_while_applying(read, what: str):
+    """read() state the tick thread may change meanwhile: a read that meets a dict changing size is
+    tried again, up to STATUS_TRIES times."""
+    for _ in range(STATUS_TRIES):
+        try:
+            return read()
+        except RuntimeError:
+            continue
+    raise TimeoutError(f"{what} kept changing while being read; try again")
 
 
 _REASONS = {
