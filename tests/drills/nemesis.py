@@ -50,6 +50,7 @@ from tests.drills.checker import OUTCOME_UNKNOWN_PREFIX, check, load_jsonl
 from tests.drills.load import GroupedProducer, Load, LoggingConsumer, now_ms, wait_accepted
 from tests.integration.cluster import Cluster, in_transit
 from tests.integration.clients import queue_toml
+from tests.integration.faults import mount_tmpfs, tmpfs_unavailable, unmount
 from tests.integration.test_journal_disk_full import fill
 
 KINDS = ("kill", "pause", "partition", "disk")
@@ -122,20 +123,6 @@ def partition_unavailable() -> str | None:
         if probe.exists():
             probe.rmdir()
     return None
-
-
-def disk_unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "mounting a tmpfs needs root"
-    probe = Path(tempfile.mkdtemp(prefix="nemesis-mount-"))
-    try:
-        mounted = run("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe), check=False)
-        if mounted.returncode:
-            return f"cannot mount a tmpfs here: {mounted.stderr.strip()}"
-        run("umount", str(probe), check=False)
-        return None
-    finally:
-        probe.rmdir()
 
 
 def member_children(pid: int) -> list[int]:
@@ -278,7 +265,9 @@ class Campaign:
         self.cluster = Cluster(self.directory, 3, config, ("--handler-timeout-ms", str(HANDLER_TIMEOUT_MS)))
         if "disk" in self.kinds:
             for node in self.cluster.nodes:  # the data directory itself is the mount point
-                run("mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(node.data_dir))
+                reason = mount_tmpfs(node.data_dir, DISK_BYTES)
+                if reason:
+                    raise RuntimeError(f"the disk rounds need a tmpfs per node: {reason}")
                 self.mounts.append(node.data_dir)
         cgroups = []
         if "partition" in self.kinds:
@@ -310,9 +299,9 @@ class Campaign:
             for index, node in enumerate(self.cluster.nodes):
                 (self.directory / f"node{index}.log").write_text("\n".join(node.output) + "\n")
         for mount in self.mounts:
-            result = run("umount", "--lazy", str(mount), check=False)
-            if result.returncode:
-                errors.append(result.stderr.strip())
+            error = unmount(mount)
+            if error:
+                errors.append(error)
         if self.cgroup_dir is not None and self.cgroup_dir.exists():
             for leaf in sorted(self.cgroup_dir.iterdir()):
                 if leaf.is_dir():
@@ -744,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
         results = [json.loads(line) for line in Path(arguments.results).read_text().splitlines() if line.strip()]
         _write_table(results, arguments.out)
         return 0 if all(RoundResult(**result).ok for result in results) else 1
-    reasons = {kind: reason for kind, reason in (("partition", partition_unavailable()), ("disk", disk_unavailable()))
+    reasons = {kind: reason for kind, reason in (("partition", partition_unavailable()), ("disk", tmpfs_unavailable()))
                if kind in kinds and reason}
     if reasons:
         print(f"nemesis: cannot run {reasons}", file=sys.stderr)

@@ -5,8 +5,9 @@ campaign's 2-10 s, so the file stays within a few minutes). The round seeds star
 GROUPER_NEMESIS_SEED is set; a failure names each failed round's seed and how to replay it.
 
 Partitions need iptables (with the cgroup and connmark matches) and a cgroup v2 hierarchy, the full disk
-a tmpfs mount; without them the kind is skipped with the reason, unless GROUPER_NEMESIS_REQUIRED=1 (.ci/run
-sets it after installing iptables), where a missing piece fails the test instead of hiding it.
+a tmpfs mount; without them the kind is skipped with the reason, unless GROUPER_FAULTS_REQUIRED=1 (.ci/run
+sets it after installing iptables), where a missing piece fails the test instead of hiding it
+(tests/integration/faults.py).
 """
 
 from __future__ import annotations
@@ -17,18 +18,18 @@ import random
 import pytest
 
 from tests.drills import nemesis
+from tests.integration.faults import cannot_run, tmpfs_unavailable
 
 ROUNDS_PER_KIND = 2
 HOLD_S = (2.0, 5.0)
 BASE_SEED = int(os.environ.get("GROUPER_NEMESIS_SEED", random.randrange(1 << 31)))
-REQUIRED = os.environ.get("GROUPER_NEMESIS_REQUIRED") == "1"
 
 
 def unavailable(kind: str) -> str | None:
     if kind == "partition":
         return nemesis.partition_unavailable()
     if kind == "disk":
-        return nemesis.disk_unavailable()
+        return tmpfs_unavailable()
     return None  # kill and pause signal our own children
 
 
@@ -36,9 +37,7 @@ def unavailable(kind: str) -> str | None:
 def test_a_few_rounds_of_one_fault_each_lose_reorder_and_split_nothing_and_leave_equal_route_tables(kind, tmp_path):
     reason = unavailable(kind)
     if reason:
-        if REQUIRED:
-            pytest.fail(f"{kind} rounds cannot run although GROUPER_NEMESIS_REQUIRED=1: {reason}")
-        pytest.skip(f"{kind} rounds cannot run here: {reason}")
+        cannot_run(f"{kind} rounds", reason)
     seeds = [BASE_SEED + nemesis.KINDS.index(kind) * ROUNDS_PER_KIND + number for number in range(ROUNDS_PER_KIND)]
     with nemesis.Campaign(tmp_path, (kind,), HOLD_S) as campaign:
         results = [campaign.play(kind, seed) for seed in seeds]

@@ -1,7 +1,7 @@
 """A real node whose disk is full: a send its journal could not store is refused, and never delivered.
 
 The node's data directory is on a small tmpfs that the test fills to the last byte, so the journal's
-write fails with ENOSPC as on a real disk (mounting needs root: the tests are skipped without it).
+write fails with ENOSPC as on a real disk (mounting needs root: see tests/integration/faults.py).
 What is checked, per the rules of node/amqp/loop.py: a send refused because its batch failed is taken
 back and never reaches a consumer, not even one attached while the disk is full; a send a consumer
 had before the write failed is refused as "outcome unknown", and once the disk has room its removal
@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from proton import Delivery, Message
 
+from tests.integration.faults import cannot_run, mount_tmpfs, unmount
 from tests.integration.harness import ManualReceiver, NodeProcess, connect
 
 DISK_BYTES = 4 << 20  # the tmpfs the node's data directory is on
@@ -34,16 +34,13 @@ QUEUE = "orders"
 
 @pytest.fixture
 def small_disk(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
     mount_point = tmp_path / "disk"
     mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    reason = mount_tmpfs(mount_point, DISK_BYTES)
+    if reason:
+        cannot_run("a full-disk test", reason)
     yield mount_point
-    subprocess.run(["umount", "--lazy", str(mount_point)], capture_output=True)
+    unmount(mount_point)
 
 
 @pytest.fixture
