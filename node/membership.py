@@ -42,7 +42,7 @@ def join(node_id: str, members: list[str], admin_port: int, timeout_ms: int) -> 
     last = "no member answered"
     while True:
         for member in members:
-            address = f"{member.rpartition(':')[0]}:{admin_port}"
+            address = _admin_address(member, admin_port)
             try:
                 with AdminClient(address, timeout_ms=JOIN_CALL_TIMEOUT_MS) as client:
                     status = client.cluster_status(local_only=True)
@@ -71,7 +71,7 @@ def refuse_lost_identity(node_id: str, members: list[str], admin_port: int, raft
     for member in members:
         if member == node_id:
             continue
-        address = f"{member.rpartition(':')[0]}:{admin_port}"
+        address = _admin_address(member, admin_port)
         try:
             with AdminClient(address, timeout_ms=IDENTITY_CALL_TIMEOUT_MS) as client:
                 status = client.cluster_status(local_only=True)
@@ -89,3 +89,8 @@ def refuse_lost_identity(node_id: str, members: list[str], admin_port: int, raft
                 f"its old identity could vote twice in one term and break the cluster's agreement. To make it "
                 f"a new member: run `grouper cluster remove-node {node_id} --node {address}`, then start this "
                 f"node again with --join")
+
+
+def _admin_address(member: str, admin_port: int) -> str:
+    """Where a member's admin API is asked: the host of its raft address, this node's admin port."""
+    return f"{member.rpartition(':')[0]}:{admin_port}"
