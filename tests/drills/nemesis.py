@@ -51,6 +51,7 @@ from tests.drills.load import GroupedProducer, Load, LoggingConsumer, now_ms, wa
 from tests.integration.cluster import Cluster, in_transit
 from tests.integration.clients import queue_toml
 from tests.integration.faults import mount_tmpfs, tmpfs_unavailable, unmount
+from tests.integration.harness import MEMBER_EXIT_TIMEOUT_S, member_children
 from tests.integration.test_journal_disk_full import fill
 
 KINDS = ("kill", "pause", "partition", "disk")
@@ -66,7 +67,6 @@ RECONNECT_DELAY_MAX_S = 0.25
 PROGRESS_TIMEOUT_S = 20.0  # bound of every wait for the load to make progress
 RECOVERY_TIMEOUT_S = 30.0  # bound of the waits after a heal: a leader everywhere, a new group, equal digests
 SETTLE_TIMEOUT_S = 40.0  # bound of the wait for outbound stores and queues to empty
-MEMBER_EXIT_TIMEOUT_S = 5.0  # a killed node's raft member child must be gone within this
 ADMIN_TIMEOUT_MS = 2000
 POLL_S = 0.05
 HANDLER_TIMEOUT_MS = 2000  # refusals of new groups without a majority come this soon
@@ -123,25 +123,6 @@ def partition_unavailable() -> str | None:
         if probe.exists():
             probe.rmdir()
     return None
-
-
-def member_children(pid: int) -> list[int]:
-    """The node's child processes (its raft member), from /proc."""
-    children = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            children += [int(child) for child in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return sorted(set(children))
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 class Partitions:
@@ -484,15 +465,7 @@ class Campaign:
 
     def _kill(self, victim: int, hold_s: float) -> int:
         node = self.cluster.nodes[victim]
-        children = member_children(node.process.pid)
-        node.kill()
-        deadline = time.monotonic() + MEMBER_EXIT_TIMEOUT_S
-        while any(alive(child) for child in children):
-            if time.monotonic() > deadline:
-                for child in children:
-                    self._signal(child, signal.SIGKILL)
-                raise AssertionError(f"the raft member {children} outlived its killed node")
-            time.sleep(POLL_S)
+        node.kill()  # returns once its raft member is gone too
         time.sleep(hold_s)
         healed_ms = now_ms()
         node.start()

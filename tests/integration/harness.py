@@ -23,6 +23,7 @@ from proton.utils import BlockingConnection, BlockingReceiver, LinkDetached
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 90.0  # a node is ready in about 0.6 s; CI once saw no output at all for 30 s under Spark load
 STOP_TIMEOUT_S = 15.0
+MEMBER_EXIT_TIMEOUT_S = 5.0  # a killed node's raft member child must be gone within this (PR_SET_PDEATHSIG)
 
 
 def _process_state(pid: int) -> str:
@@ -35,6 +36,26 @@ def _process_state(pid: int) -> str:
     fields = dict(line.split(":", 1) for line in status if ":" in line)
     return (f"state {fields.get('State', '?').strip()}, threads {fields.get('Threads', '?').strip()}, "
             f"waiting in {wchan or '?'}")
+
+
+def member_children(pid: int) -> list[int]:
+    """A node's child processes (its raft member), from /proc."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return sorted(set(children))
+
+
+def alive(pid: int) -> bool:
+    """Running or stopped, not gone and not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 class NodeProcess:
@@ -113,9 +134,25 @@ class NodeProcess:
             raise RuntimeError("node did not stop on SIGTERM:\n" + "\n".join(self.output))
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(STOP_TIMEOUT_S)
+        """SIGKILL the node; returns once it and its raft member child are gone.
+
+        The kernel ends the member when its node dies, but a moment later: until then it still votes
+        and commits, so a test that counts on the node's raft vote being gone must wait for both."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        children = member_children(self.process.pid)
+        self.process.kill()
+        self.process.wait(STOP_TIMEOUT_S)
+        deadline = time.monotonic() + MEMBER_EXIT_TIMEOUT_S
+        while any(alive(child) for child in children):
+            if time.monotonic() > deadline:
+                for child in children:
+                    try:
+                        os.kill(child, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                raise AssertionError(f"the raft member {children} outlived its killed node")
+            time.sleep(0.005)
 
     def restart(self) -> "NodeProcess":
         self.stop()
