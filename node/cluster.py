@@ -14,16 +14,26 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
+from handler.route_table import REFUSED, ROUTES, SNAPSHOT
 from node.core.cluster_protocol import TOUCH_RETRY_INTERVAL_MS, ClusterProtocol, Entry
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
                                JournalRemove, JournalStore, ProposeClaim, ProposeMoveClear, ProposeTouch, Refuse,
                                Register, Reply, ReportConsumers, StopNode, SubmitForward)
+from node.core.tally import LatencyTally
 from node.peer.forwarder import Forwarder
 
 log = logging.getLogger("grouper.cluster")
 
 EXIT_STOPPED = 70  # the exit status of a StopNode, as of the engine loop's stop on a broken invariant
+# raft decisions are timed per group from this node's claim to its route arriving here, in
+# nanoseconds (the pure core's clock counts whole ms, too coarse for a 5 ms target); at most this
+# many claims are timed at once, the rest pass untimed
+DECISIONS_TIMED_MAX = 100_000
+# milliseconds: fine around the 5 ms a decision should take, coarse beyond
+DECISION_BOUNDS_MS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 10.0, 15.0, 20.0, 25.0,
+                      50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0)
 
 
 class ClusterLink:
@@ -41,6 +51,8 @@ class ClusterLink:
             group_timeout_ms=config.group_timeout_ms, routes_max=config.routes_max,
             journalled=journal is not None, follows_consumers=config.route_follow_ms > 0)
         self._forwarders: dict[str, Forwarder] = {}
+        self._claimed_ns: dict[tuple, int] = {}  # (queue, group) -> when this node proposed its claim
+        self.raft_decision_latency = LatencyTally(DECISION_BOUNDS_MS)
         self._carry = {
             EnqueueLocal: self._enqueue_local, AcceptWhenStored: self._accept_when_stored,
             Refuse: self._refuse, JournalStore: self._journal_store, JournalRemove: self._journal_remove,
@@ -98,6 +110,8 @@ class ClusterLink:
             self.carry_out(self.protocol.quiesced(self.clock_ms()))
 
     def applied(self, kind: str, payload, at_ms) -> None:
+        if self._claimed_ns and kind in (ROUTES, REFUSED, SNAPSHOT):
+            self._decided(kind, payload)
         self.carry_out(self.protocol.applied(kind, payload, at_ms, self.clock_ms()))
 
     def ready(self) -> None:
@@ -164,10 +178,29 @@ class ClusterLink:
         self._forwarder(effect.owner).submit(effect.entries)
 
     def _propose_claim(self, effect: ProposeClaim) -> None:
+        if len(self._claimed_ns) < DECISIONS_TIMED_MAX:
+            claimed_ns = time.monotonic_ns()
+            for queue, group in effect.keys:
+                self._claimed_ns.setdefault((queue, group), claimed_ns)
         self.handler.claim(effect.keys, effect.now_ms, on_failed=self._claim_failed_elsewhere)
 
     def _claim_failed_elsewhere(self, keys, reason: str) -> None:  # raft member channel thread
-        self.bridge.post(lambda: self.protocol.claim_failed(keys, reason))
+        self.bridge.post(lambda: self._claim_failed(keys, reason))
+
+    def _claim_failed(self, keys, reason: str) -> None:
+        for queue, group in keys:
+            self._claimed_ns.pop((queue, group), None)
+        self.protocol.claim_failed(keys, reason)
+
+    def _decided(self, kind: str, payload) -> None:
+        """Time the claims this node made whose routes arrived; forget those refused or caught up on
+        by a snapshot (no decision of theirs was seen here)."""
+        decided_ns = time.monotonic_ns()
+        claimed_ns, tally = self._claimed_ns, self.raft_decision_latency
+        for entry in payload:
+            since_ns = claimed_ns.pop((entry[0], entry[1]), None)
+            if since_ns is not None and kind == ROUTES and entry[2] is not None:
+                tally.observe((decided_ns - since_ns) / 1e6)
 
     def _propose_touch(self, effect: ProposeTouch) -> None:
         self.handler.touch(effect.entries, effect.now_ms, on_failed=self._touch_failed_elsewhere)

@@ -214,8 +214,9 @@ class GrouperCollector:
     queues: [Queue.stats() rows]; consumers: [(queue, consumer label, owned groups)];
     journal: Journal.stats() or None; cluster: None alone, else {routes, waiting_for_route,
     outbound: {owner: messages}, decisions: {outcome: count}, decision_latency: tally,
-    raft: {term, leader, state, has_quorum}}; ready: bool; engine: AmqpServer.engine_objects()
-    (connections, links, unsettled_deliveries); resident_bytes: int or None (not Linux).
+    raft_decision_latency: tally, raft: {term, leader, state, has_quorum}}; ready: bool; engine:
+    AmqpServer.engine_objects() (connections, links, unsettled_deliveries); resident_bytes: int or
+    None (not Linux).
     """
 
     def __init__(self, probe):
@@ -291,6 +292,9 @@ class GrouperCollector:
         yield _histogram("grouper_route_decision_latency_seconds",
                          "from a message of an unrouted group arriving to its route being known here",
                          cluster["decision_latency"])
+        yield _histogram("grouper_raft_decision_latency_seconds",
+                         "from this node proposing a new group's route to raft to the decided route arriving here",
+                         cluster["raft_decision_latency"])
         backlog = GaugeMetricFamily("grouper_forward_backlog_messages",
                                     "messages accepted here waiting for their owner node to take them",
                                     labels=["owner"])

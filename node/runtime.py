@@ -351,6 +351,7 @@ class Node:
                 router = self.cluster.router
                 cluster = {**self.cluster.status(), "decisions": dict(router.decisions),
                            "decision_latency": router.decision_latency.snapshot(),
+                           "raft_decision_latency": self.cluster.raft_decision_latency.snapshot(),
                            "caught_up": router.ready, "registered": self.cluster.registered}
             return (self.broker.list_queues(), consumers, cluster, self.serving and not self.server.stopping,
                     self.server.engine_objects())
