@@ -16,6 +16,9 @@ then the node sends requests, and this process sends back what raft did:
     ("register", id, peer, amqp, admin, now_ms)      ("done", id, reason or None)
     ("unroute", keys)   ("drop_queue", queue)        ("status", id, status dict or None, error)
     ("add_member", id, node)  ("remove_member", id, node)
+    ("define_queue", id, values, seed)               ("answer", id, reason or None, result)
+    ("update_queue", id, name, changes)
+    ("delete_queue", id, name, seen_revision)
     ("status", id)   ("stop",)
 Rules:
 - Only the node ends this process: ("stop",), or the channel closing (the node died, even by
@@ -57,6 +60,8 @@ class Member:
             "claim": self._claim, "touch": self._touch, "report_consumers": self._report_consumers,
             "register": self._register, "unroute": self._unroute, "drop_queue": self._drop_queue,
             "move_clear": self._move_clear,
+            "define_queue": self._answered("define_queue"), "update_queue": self._answered("update_queue"),
+            "delete_queue": self._answered("delete_queue"),
             "add_member": self._add_member, "remove_member": self._remove_member,
             "status": self._status, "stop": self._stop,
         }
@@ -113,6 +118,13 @@ class Member:
 
     def _drop_queue(self, queue) -> None:
         self.handler.drop_queue(queue)
+
+    def _answered(self, name: str):
+        """A request whose command's result goes back to the node: ("answer", id, reason, result)."""
+        def request(request_id, *args) -> None:
+            getattr(self.handler, name)(*args, on_result=lambda reason, result: self.channel.send(
+                ("answer", request_id, reason, result)))
+        return request
 
     def _add_member(self, request_id, node) -> None:
         self.handler.add_member(node, on_done=lambda reason: self._done(request_id, reason))

@@ -34,6 +34,11 @@ STOP_TIMEOUT_MS = 5_000  # for the child to stop its raft member before it is ki
 LOST = "the raft member process ended"
 
 
+def _with_result(on_result):
+    """An outcome that a lost member reports without a result."""
+    return lambda reason, result=None: on_result(reason, result)
+
+
 class MemberProcess:
     def __init__(self, node_id: str, partners: list[str], raft_dir: str, *, on_applied, on_ready, on_lost,
                  **settings):
@@ -100,6 +105,16 @@ class MemberProcess:
     def drop_queue(self, queue: str) -> None:
         self._channel.send(("drop_queue", queue))
 
+    def define_queue(self, values: dict, seed: bool, on_result) -> None:
+        """on_result(reason or None, result): the command's result once applied (handler/queue_definitions.py)."""
+        self._request("define_queue", _with_result(on_result), values, seed)
+
+    def update_queue(self, name: str, changes: dict, on_result) -> None:
+        self._request("update_queue", _with_result(on_result), name, changes)
+
+    def delete_queue(self, name: str, seen_revision: int, on_result) -> None:
+        self._request("delete_queue", _with_result(on_result), name, seen_revision)
+
     def add_member(self, node: str, on_done) -> None:
         self._request("add_member", on_done, node)
 
@@ -149,11 +164,11 @@ class MemberProcess:
         kind = message[0]
         if kind == "applied":
             self._on_applied(*message[1:])
-        elif kind == "done":
+        elif kind in ("done", "answer"):  # an answer carries the command's result too
             with self._lock:
                 on_outcome = self._outcomes.pop(message[1], None)
             if on_outcome is not None:
-                on_outcome(message[2])
+                on_outcome(*message[2:])
         elif kind == "status":
             with self._lock:
                 slot = self._statuses.get(message[1])

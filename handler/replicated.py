@@ -1,9 +1,12 @@
-"""The route table as a pysyncobj consumer: one-line replicated delegates and an applied-command feed.
+"""The route table and the queue definitions as a pysyncobj consumer: replicated delegates and a feed.
 
 Runs on pysyncobj's tick thread only. Every replicated method delegates to `RouteTable`, whose
 commands are deterministic and idempotent. After each applied command the replica reports what
 changed through `on_applied(kind, payload)`, still on the tick thread, in log order; the runtime
-forwards that to the engine loop. Snapshots hold the table's attributes, which are plain data.
+forwards that to the engine loop. Snapshots hold the table's and the definitions' attributes, which
+are plain data (a snapshot taken before definitions existed restores none).
+The queue definition commands (handler/queue_definitions.py) are ver=2: numbered after every older
+command, so journals written before them replay unchanged.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import logging
 
 from pysyncobj import SyncObjConsumer, replicated
 
+from handler.queue_definitions import ADDED, QUEUES, QUEUES_ALL, UPDATED, QueueDefinitions
 from handler.route_table import (MEMBERS, MOVES, MOVES_ALL, PLACEMENT_LOCAL, REFUSED, ROUTES,  # the feed's kinds: see there
                                  SNAPSHOT, RouteTable)
 
@@ -25,13 +29,18 @@ class RouteTableReplica(SyncObjConsumer):
         self._routes_max = routes_max
         super().__init__()
         self.table = RouteTable(routes_max)
+        self.queues = QueueDefinitions()
 
     # ---- snapshots: the table's attributes, as plain data ------------------------------------
 
     def _serialize(self):
-        return {"route_table": dict(vars(self.table))}
+        return {"route_table": dict(vars(self.table)), "queue_definitions": dict(vars(self.queues))}
 
     def _deserialize(self, data):
+        queues = QueueDefinitions()
+        vars(queues).update(data.get("queue_definitions", {}))
+        self.queues = queues
+        self._on_applied(QUEUES_ALL, (queues.revision, queues.all(), dict(queues.deleted)), None)
         table = RouteTable(self._routes_max)
         vars(table).update(data["route_table"])
         self.table = table
@@ -96,6 +105,34 @@ class RouteTableReplica(SyncObjConsumer):
         if changed:
             self._on_applied(MOVES, changed, None)
         return len(changed)
+
+    # ---- queue definitions (ver=2: see the header) ----------------------------------------------
+
+    @replicated(ver=2)
+    def define_queue(self, values, seed):
+        outcome, held = self.queues.define(values, seed)
+        if outcome == ADDED:
+            self._on_applied(QUEUES, [(self.queues.revision, values["name"], held)], None)
+        return [outcome, held]
+
+    @replicated(ver=2)
+    def update_queue(self, name, changes):
+        outcome, detail = self.queues.update(name, changes)
+        if outcome == UPDATED:
+            self._on_applied(QUEUES, [(self.queues.revision, name, detail)], None)
+        return [outcome, detail]
+
+    @replicated(ver=2)
+    def delete_queue(self, name, seen_revision):
+        revision = self.queues.revision
+        outcome, held = self.queues.delete(name, seen_revision)
+        dropped = 0
+        if self.queues.revision != revision:
+            # the routes go first: a message arriving between the two waits for a new route, which the
+            # log decides after this entry, so every node has dropped the old queue by then
+            dropped = self._removed(self.table.drop_queue(name))
+            self._on_applied(QUEUES, [(self.queues.revision, name, None)], None)
+        return [outcome, held, dropped]
 
     @replicated
     def report_consumers(self, node, counts, now_ms):

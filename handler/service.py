@@ -46,6 +46,9 @@ LEADER_LOST_ELECTION_MS = (40, 140)
 # them, and drops that proposal (the leader's duties and the node propose again later). Every member
 # must run this code by then (route_follow_ms on all)
 MOVES_CODE_VERSION = 1
+# the raft code version of the queue definition commands (ver=2 in handler/replicated.py), enabled the
+# same way; a definition proposed before it is enabled waits for that entry, then goes (an admin waits)
+QUEUES_CODE_VERSION = 2
 
 
 class GroupingHandler:
@@ -137,6 +140,36 @@ class GroupingHandler:
 
     def drop_queue(self, queue: str) -> None:
         self.replica.drop_queue(queue, callback=self._logged("drop_queue"))
+
+    def define_queue(self, values: dict, seed: bool, on_result) -> None:
+        """Propose a queue definition (handler/queue_definitions.py); on_result(reason, result): reason
+        None once applied, with the command's result [outcome, definition]."""
+        self._with_queues_enabled(on_result, lambda callback: self.replica.define_queue(
+            values, seed, callback=callback))
+
+    def update_queue(self, name: str, changes: dict, on_result) -> None:
+        self._with_queues_enabled(on_result, lambda callback: self.replica.update_queue(
+            name, changes, callback=callback))
+
+    def delete_queue(self, name: str, seen_revision: int, on_result) -> None:
+        self._with_queues_enabled(on_result, lambda callback: self.replica.delete_queue(
+            name, seen_revision, callback=callback))
+
+    def _with_queues_enabled(self, on_result, propose) -> None:
+        def callback(result, error):
+            on_result(None if error == FAIL_REASON.SUCCESS else _REASONS.get(error, f"raft error {error}"), result)
+        if self._syncobj.getCodeVersion() >= QUEUES_CODE_VERSION:
+            propose(callback)
+            return
+
+        def enabled(_result, error):  # tick thread; proposing from here only enqueues
+            if error != FAIL_REASON.SUCCESS:
+                on_result(f"enabling raft code version {QUEUES_CODE_VERSION} failed: "
+                          f"{_REASONS.get(error, f'raft error {error}')}", None)
+            else:
+                propose(callback)
+        log.info("enabling raft code version %d (cluster-wide queue definitions)", QUEUES_CODE_VERSION)
+        self._syncobj.setCodeVersion(QUEUES_CODE_VERSION, callback=enabled)
 
     def add_member(self, node: str, on_done) -> None:
         self._syncobj.addNodeToCluster(node, callback=self._callback(on_done, on_success=lambda: on_done(None)))

@@ -19,8 +19,9 @@ import time
 from handler.route_table import REFUSED, ROUTES, SNAPSHOT
 from node.core.cluster_protocol import TOUCH_RETRY_INTERVAL_MS, ClusterProtocol, Entry
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
-                               JournalRemove, JournalStore, ProposeClaim, ProposeMoveClear, ProposeTouch, Refuse,
-                               Register, Reply, ReportConsumers, StopNode, SubmitForward)
+                               JournalRemove, JournalStore, ProposeClaim, ProposeMoveClear, ProposeQueueSeeds,
+                               ProposeTouch, QueueDeleted, Refuse, Register, Reply, ReportConsumers, StopNode,
+                               SubmitForward)
 from node.core.tally import LatencyTally
 from node.peer.forwarder import Forwarder
 
@@ -49,7 +50,8 @@ class ClusterLink:
         self.protocol = ClusterProtocol(
             node_id, broker, handler_timeout_ms=config.handler_timeout_ms,
             group_timeout_ms=config.group_timeout_ms, routes_max=config.routes_max,
-            journalled=journal is not None, follows_consumers=config.route_follow_ms > 0)
+            journalled=journal is not None, follows_consumers=config.route_follow_ms > 0,
+            queue_seeds=tuple(settings.to_dict() for settings in config.queues))
         self._forwarders: dict[str, Forwarder] = {}
         self._claimed_ns: dict[tuple, int] = {}  # (queue, group) -> when this node proposed its claim
         self.raft_decision_latency = LatencyTally(DECISION_BOUNDS_MS)
@@ -60,6 +62,7 @@ class ClusterLink:
             AfterFlush: self._after_flush, SubmitForward: self._submit_forward,
             ProposeClaim: self._propose_claim, ProposeTouch: self._propose_touch,
             ProposeMoveClear: self._propose_move_clear,
+            ProposeQueueSeeds: self._propose_queue_seeds, QueueDeleted: self._queue_deleted,
             ReportConsumers: self._report_consumers, Register: self._register, Reply: self._reply,
             StopNode: self._stop_node,
         }
@@ -212,6 +215,29 @@ class ClusterLink:
 
     def _propose_move_clear(self, effect: ProposeMoveClear) -> None:
         self.handler.move_clear(effect.entries)  # a lost one is proposed again at a later tick
+
+    def _propose_queue_seeds(self, effect: ProposeQueueSeeds) -> None:
+        waiting = [len(effect.seeds)]
+        failures: list = []
+
+        def done(reason, _result, name):  # raft member channel thread
+            if reason is not None:
+                failures.append(f"{name}: {reason}")
+            waiting[0] -= 1
+            if waiting[0] == 0:
+                if failures:
+                    log.info("proposing config-file queues as cluster-wide definitions failed (%s); retrying",
+                             "; ".join(failures))
+                    self.bridge.post(lambda: self.protocol.queue_seeds_failed(self.clock_ms()))
+                else:
+                    self.bridge.post(self.protocol.queues_seeded)
+        for values in effect.seeds:
+            self.handler.define_queue(values, True, lambda reason, result, name=values["name"]: done(reason, result, name))
+
+    def _queue_deleted(self, effect: QueueDeleted) -> None:
+        self.server.detach_producers_of(effect.queue)
+        if effect.durable and self.journal is not None:
+            self.journal.delete(effect.queue)
 
     def _report_consumers(self, effect: ReportConsumers) -> None:
         self.handler.report_consumers(effect.counts, effect.now_ms)

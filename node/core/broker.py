@@ -62,6 +62,13 @@ class Broker:
         self.declared.append(settings)
         return queue
 
+    def redefine_queue(self, settings: QueueSettings) -> None:
+        """Give a live queue new settings that leave its groups as they are (the caller checked that
+        only fields the queue reads at each use differ: handler/queue_definitions.py)."""
+        settings.validate()
+        self.queues[settings.name].settings = settings
+        self.declared.append(settings)
+
     def queue(self, name: str, *, create: bool = False) -> Queue:
         queue = self.queues.get(name)
         if queue is None:

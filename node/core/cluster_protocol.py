@@ -60,6 +60,17 @@ handover never reorders a (producer, group) nor lets two consumers hold the grou
 - A member that is down holds a move up (its channel to O may hold the group) until it is back or
   failed over; the leader proposes no move while a member is out of reach. Consumers moving again
   mid-handover change nothing: a moving route is not moved again until its move ended.
+Cluster-wide queue definitions (handler/queue_definitions.py) reach every node through the feed:
+- A definition is applied to the broker: the queue is declared, or given the new settings when only
+  fields a live queue may change differ. A queue here that differs in a fixed field is declared
+  again if it is empty and has no consumer; otherwise it keeps its settings (logged: delete it and
+  add it again), since regrouping held messages would split their groups.
+- A deletion drops the queue here, messages and consumers included, once: the revision of the last
+  deletion applied is journalled (QUEUES_MARK), so replaying the log after a restart never deletes
+  a queue made again since. The route table dropped the queue's routes in the same raft entry.
+- The config file's queues are seeds: proposed once the replica is current (ProposeQueueSeeds), each
+  defined only where the cluster knows neither a definition nor a deletion of its name, and proposed
+  again every SEED_RETRY_INTERVAL_MS until the proposals commit. So the cluster's definition wins.
 Never imports threading, grpc, pysyncobj, socket or time.
 """
 
@@ -69,20 +80,25 @@ import collections
 import logging
 from typing import NamedTuple
 
+from handler.queue_definitions import QUEUES, QUEUES_ALL, fixed_changes
 from handler.route_table import MEMBERS, MOVES, MOVES_ALL, REFUSED, ROUTES, SNAPSHOT
 from node.core.broker import Broker
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
-                               JournalRemove, JournalStore, ProposeClaim, ProposeMoveClear, ProposeTouch,
-                               Refuse, Register, Reply, ReportConsumers, StopNode, SubmitForward)
+                               JournalRemove, JournalStore, ProposeClaim, ProposeMoveClear, ProposeQueueSeeds,
+                               ProposeTouch, QueueDeleted, Refuse, Register, Reply, ReportConsumers, StopNode,
+                               SubmitForward)
 from node.core.errors import GrouperError, HandlerUnavailable, ResourceLimitExceeded
 from node.core.message import Message
 from node.core.routing import Inbound, Outbound, Router
+from node.core.settings import QueueSettings
 
 log = logging.getLogger("grouper.cluster")
 
 OUTBOUND_PREFIX = "\x00out\x00"  # journal name of an outbound channel: prefix, owner, NUL, queue
 PARK_PREFIX = "\x00park\x00"  # journal name of the messages a new owner parks during a move: prefix, queue
 MARK_PREFIX = "\x00mark\x00"  # journal declaration holding a source's high-water forward seq
+QUEUES_MARK = "\x00queues"  # journal declaration: "revision" of the last cluster-wide queue deletion applied here
+SEED_RETRY_INTERVAL_MS = 1000  # config-file queues not yet proposed as definitions are proposed again this often
 SEQ_RESERVATION = "\x00seq"  # journal declaration: node seqs below "reserved" may have been used
 SEQ_RESERVE_BLOCK = 1 << 20  # seqs reserved per journal record
 CLAIM_KEYS_MAX = 1000  # keys per raft command; a larger batch is split
@@ -141,7 +157,9 @@ class _Flushing:
 class ClusterProtocol:
     def __init__(self, node_id: str, broker: Broker, *, handler_timeout_ms: int, group_timeout_ms: int = 0,
                  routes_max: int = 0, journalled: bool = True, seq_reserve_block: int = SEQ_RESERVE_BLOCK,
-                 counts: collections.Counter | None = None, follows_consumers: bool = False):
+                 counts: collections.Counter | None = None, follows_consumers: bool = False,
+                 queue_seeds: tuple = ()):
+        """`queue_seeds`: the config file's queues, as settings dicts (see the header)."""
         self.node_id = node_id
         self.broker = broker
         self.handler_timeout_ms = handler_timeout_ms
@@ -183,6 +201,15 @@ class ClusterProtocol:
         self._owed: dict[tuple[str, str], int] = {}
         self._recovered_top: dict[str, int] = {}  # owner -> the highest forward seq recovered for it
         self._clear_due_ms: dict[tuple[str, str], int] = {}  # key -> when its clear may be proposed again
+        # cluster-wide queue definitions (see the header)
+        self.queue_seeds = tuple(queue_seeds)
+        self.definitions: dict[str, dict] = {}  # name -> settings dict, as the replica holds them
+        self.definitions_revision = 0  # the highest revision the feed carried
+        self.deletions_applied = 0  # revision of the last deletion applied here (journalled)
+        self.seeded = not self.queue_seeds
+        self._seeding = False
+        self._seed_due_ms = 0
+        self._replica_ready = False
 
     @property
     def batch_due(self) -> bool:
@@ -197,6 +224,9 @@ class ClusterProtocol:
         if name == SEQ_RESERVATION:
             self.seq_reserved = self.reserved_durable = int(values["reserved"])
             self.broker.next_seq = max(self.broker.next_seq, self.seq_reserved)
+            return True
+        if name == QUEUES_MARK:
+            self.deletions_applied = int(values["revision"])
             return True
         if name.startswith(MARK_PREFIX):
             source, high_water = name[len(MARK_PREFIX):], int(values["high_water"])
@@ -437,6 +467,17 @@ class ClusterProtocol:
             ended = [(queue, group, "", "", ()) for queue, group in sorted(self.moves) if (queue, group) not in fresh]
             self._moves_changed(ended + list(payload))
             self._review_holds(now_ms, effects)
+        elif kind == QUEUES:
+            for revision, name, values in payload:
+                self._definition(revision, name, values, effects)
+        elif kind == QUEUES_ALL:  # a snapshot: deletions first (a name deleted then defined again is in both)
+            revision, definitions, deleted = payload
+            for name, deleted_revision in sorted(deleted.items(), key=lambda item: item[1]):
+                if name not in definitions:
+                    self._definition(deleted_revision, name, None, effects)
+            self.definitions = {}
+            for name in sorted(definitions):
+                self._definition(revision, name, definitions[name], effects)
         elif kind == MEMBERS:
             down = payload.get("down", {})
             for node in sorted(set(down) - set(self.members.get("down", {}))):
@@ -447,9 +488,67 @@ class ClusterProtocol:
                                    for node, info in payload.get("nodes", {}).items()}
         return effects
 
+    def _definition(self, revision: int, name: str, values: dict | None, effects: list) -> None:
+        self.definitions_revision = max(self.definitions_revision, revision)
+        if values is None:
+            self.definitions.pop(name, None)
+            if revision <= self.deletions_applied:
+                return  # applied before a restart: the log is being replayed
+            self.deletions_applied = revision
+            queue = self.broker.queues.get(name)
+            if queue is not None:
+                durable = queue.settings.durable
+                effects.append(ApplyBroker(self.broker.delete_queue(name), None))
+                effects.append(QueueDeleted(name, durable))
+                log.info("queue %r deleted cluster-wide (definition revision %d)", name, revision)
+            if self.journalled:
+                effects.append(JournalDeclare({"name": QUEUES_MARK, "revision": revision}))
+            return
+        self.definitions[name] = values
+        try:
+            settings = QueueSettings.from_dict(values, where=f"cluster definition of queue {name!r}")
+        except GrouperError as error:  # a newer node's setting this one cannot read: keep what is here
+            log.error("cannot apply the cluster's definition of queue %r here: %s; upgrade this node", name, error)
+            return
+        queue = self.broker.queues.get(name)
+        if queue is not None and queue.settings == settings:
+            return
+        if queue is not None:
+            fixed = fixed_changes(queue.settings.to_dict(), settings.to_dict())
+            if not fixed:
+                self.broker.redefine_queue(settings)
+                effects.append(ApplyBroker([], None))  # journals the new declaration
+                return
+            stats = queue.stats()
+            if stats["depth_messages"] or stats["consumers"]:
+                log.warning("queue %r here differs from its cluster-wide definition in %s and holds %d messages "
+                            "and %d consumers: it keeps its settings, since regrouping them would split groups; "
+                            "delete the queue and add it again to apply the definition", name, ", ".join(fixed),
+                            stats["depth_messages"], stats["consumers"])
+                return
+            effects.append(ApplyBroker(self.broker.delete_queue(name), None))
+        self.broker.declare_queue(settings)
+        effects.append(ApplyBroker([], None))  # journals the declaration
+
+    def queues_seeded(self) -> None:
+        """Every config-file queue was proposed as a seed, and the proposals committed."""
+        self.seeded, self._seeding = True, False
+
+    def queue_seeds_failed(self, now_ms: int) -> None:
+        self._seeding = False
+        self._seed_due_ms = now_ms + SEED_RETRY_INTERVAL_MS
+
+    def _propose_seeds(self, now_ms: int, effects: list) -> None:
+        if self.seeded or self._seeding or not self._replica_ready or now_ms < self._seed_due_ms:
+            return
+        self._seeding = True
+        effects.append(ProposeQueueSeeds(self.queue_seeds))
+
     def ready(self, now_ms: int) -> list:
         """The replica has caught up with the log."""
         effects: list = []
+        self._replica_ready = True
+        self._propose_seeds(now_ms, effects)
         self._release(self.router.become_ready(now_ms), now_ms, effects)
         if self.held:
             self._review_holds(now_ms, effects)
@@ -467,6 +566,7 @@ class ClusterProtocol:
                 f"no route for this message's group could be decided within {self.handler_timeout_ms} ms "
                 f"(handler_timeout_ms): the grouping handler (the raft leader) is unavailable, is a majority "
                 f"of the cluster's nodes up? The message was not enqueued; send it again later")))
+        self._propose_seeds(now_ms, effects)
         if self._retry_claims and now_ms >= self._retry_due_ms:
             self.router.claim_failed(self._retry_claims)
             self._retry_claims = []

@@ -212,3 +212,18 @@ class StopNode(NamedTuple):
     supervisor restarts it; recovery and the peers' resends bring back everything that was promised."""
 
     reason: str
+
+
+class ProposeQueueSeeds(NamedTuple):
+    """Propose the config file's queues as cluster-wide definitions where none is known (seed=True):
+    settings dicts; the adapter reports back through queues_seeded / queue_seeds_failed."""
+
+    seeds: tuple
+
+
+class QueueDeleted(NamedTuple):
+    """The cluster deleted `queue` and the broker dropped it here: detach its producers, and forget its
+    journalled messages when it was durable."""
+
+    queue: str
+    durable: bool

@@ -1,0 +1,113 @@
+"""How one node applies the cluster-wide queue definitions the raft feed brings (node/core/cluster_protocol.py)."""
+
+from __future__ import annotations
+
+from handler.queue_definitions import QUEUES, QUEUES_ALL
+from node.core.broker import Broker
+from node.core.cluster_protocol import QUEUES_MARK, ClusterProtocol
+from node.core.effects import ApplyBroker, JournalDeclare, ProposeQueueSeeds, QueueDeleted
+from node.core.message import Message
+from node.core.settings import QueueSettings
+
+
+def protocol(**settings) -> ClusterProtocol:
+    return ClusterProtocol("n1", Broker(), handler_timeout_ms=1000, **settings)
+
+
+def values(name: str = "orders", **fields) -> dict:
+    return QueueSettings(name=name, **fields).to_dict()
+
+
+def of(kind, effects: list) -> list:
+    return [effect for effect in effects if isinstance(effect, kind)]
+
+
+def fill(cluster: ClusterProtocol, name: str = "orders", count: int = 1) -> None:
+    for number in range(count):
+        cluster.broker.enqueue(name, Message(payload=b"x", group_id=f"g{number}"), 0)
+
+
+def test_a_definition_declares_the_queue_here_and_journals_it():
+    cluster = protocol()
+    effects = cluster.applied(QUEUES, [(1, "orders", values(group_buckets=8))], None, 0)
+    assert cluster.broker.queues["orders"].settings.group_buckets == 8
+    assert of(ApplyBroker, effects) and cluster.broker.declared[-1].name == "orders"
+    assert cluster.definitions == {"orders": values(group_buckets=8)}
+
+
+def test_an_update_gives_a_live_queue_its_new_limits_and_keeps_its_messages():
+    cluster = protocol()
+    cluster.applied(QUEUES, [(1, "orders", values())], None, 0)
+    fill(cluster, count=2)
+    cluster.applied(QUEUES, [(2, "orders", values(depth_max_messages=5))], None, 0)
+    queue = cluster.broker.queues["orders"]
+    assert queue.settings.depth_max_messages == 5 and queue.stats()["depth_messages"] == 2
+
+
+def test_a_queue_here_differing_in_a_grouping_field_keeps_its_settings_while_it_holds_messages():
+    cluster = protocol()
+    cluster.broker.declare_queue(QueueSettings(name="orders"))
+    fill(cluster)
+    cluster.applied(QUEUES, [(1, "orders", values(group_buckets=8))], None, 0)
+    assert cluster.broker.queues["orders"].settings.group_buckets == -1
+    assert cluster.broker.queues["orders"].stats()["depth_messages"] == 1
+
+
+def test_an_empty_queue_here_differing_in_a_grouping_field_is_declared_again():
+    cluster = protocol()
+    cluster.broker.declare_queue(QueueSettings(name="orders"))
+    cluster.applied(QUEUES, [(1, "orders", values(group_buckets=8))], None, 0)
+    assert cluster.broker.queues["orders"].settings.group_buckets == 8
+
+
+def test_a_deletion_drops_the_queue_and_its_messages_once_and_journals_its_revision():
+    cluster = protocol()
+    cluster.applied(QUEUES, [(1, "orders", values())], None, 0)
+    fill(cluster, count=3)
+    effects = cluster.applied(QUEUES, [(2, "orders", None)], None, 0)
+    assert "orders" not in cluster.broker.queues
+    assert of(QueueDeleted, effects) == [QueueDeleted("orders", True)]
+    assert of(JournalDeclare, effects) == [JournalDeclare({"name": QUEUES_MARK, "revision": 2})]
+
+
+def test_a_replayed_deletion_already_applied_before_a_restart_deletes_nothing():
+    cluster = protocol()
+    assert cluster.recover_declaration({"name": QUEUES_MARK, "revision": 2})
+    cluster.broker.declare_queue(QueueSettings(name="orders"))  # made again after the deletion, journalled
+    fill(cluster)
+    assert cluster.applied(QUEUES, [(2, "orders", None)], None, 0) == []
+    assert cluster.broker.queues["orders"].stats()["depth_messages"] == 1
+
+
+def test_a_snapshot_applies_deletions_unseen_here_and_every_definition():
+    cluster = protocol()
+    cluster.broker.declare_queue(QueueSettings(name="gone"))
+    cluster.broker.declare_queue(QueueSettings(name="again"))
+    cluster.applied(QUEUES_ALL, (5, {"again": values("again", groups_max=3), "new": values("new")},
+                                 {"gone": 4, "again": 2}), None, 0)
+    assert sorted(cluster.broker.queues) == ["again", "new"]
+    assert cluster.broker.queues["again"].settings.groups_max == 3
+    assert cluster.deletions_applied == 4
+
+
+def test_a_definition_this_node_cannot_read_leaves_its_queue_alone():
+    cluster = protocol()
+    assert cluster.applied(QUEUES, [(1, "orders", {**values(), "group_buckets": "many"})], None, 0) == []
+    assert "orders" not in cluster.broker.queues
+
+
+def test_config_file_queues_are_proposed_as_seeds_once_the_replica_is_current_until_they_commit():
+    cluster = protocol(queue_seeds=(values("jobs"),))
+    assert of(ProposeQueueSeeds, cluster.tick(0, {})) == []  # the replica is not current yet
+    assert of(ProposeQueueSeeds, cluster.ready(0)) == [ProposeQueueSeeds((values("jobs"),))]
+    assert of(ProposeQueueSeeds, cluster.tick(10, {})) == []  # one proposal at a time
+    cluster.queue_seeds_failed(10)
+    assert of(ProposeQueueSeeds, cluster.tick(500, {})) == []
+    assert of(ProposeQueueSeeds, cluster.tick(1010, {})) == [ProposeQueueSeeds((values("jobs"),))]
+    cluster.queues_seeded()
+    assert of(ProposeQueueSeeds, cluster.tick(5000, {})) == []
+
+
+def test_a_node_without_config_file_queues_proposes_no_seeds():
+    cluster = protocol()
+    assert of(ProposeQueueSeeds, cluster.ready(0) + cluster.tick(5000, {})) == []
