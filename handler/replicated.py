@@ -37,10 +37,6 @@ class RouteTableReplica(SyncObjConsumer):
         return {"route_table": dict(vars(self.table)), "queue_definitions": dict(vars(self.queues))}
 
     def _deserialize(self, data):
-        queues = QueueDefinitions()
-        vars(queues).update(data.get("queue_definitions", {}))
-        self.queues = queues
-        self._on_applied(QUEUES_ALL, (queues.revision, queues.all(), dict(queues.deleted)), None)
         table = RouteTable(self._routes_max)
         vars(table).update(data["route_table"])
         self.table = table
@@ -48,6 +44,10 @@ class RouteTableReplica(SyncObjConsumer):
                                     for (queue, group), route in sorted(table.routes.items())], None)
         self._on_applied(MOVES_ALL, table.moves_all(), None)
         self._publish_members()
+        queues = QueueDefinitions()
+        vars(queues).update(data.get("queue_definitions", {}))
+        self.queues = queues
+        self._on_applied(QUEUES_ALL, (queues.revision, queues.all(), dict(queues.deleted)), None)
 
     # ---- replicated commands -----------------------------------------------------------------
 

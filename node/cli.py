@@ -65,6 +65,16 @@ def queue_settings_from_args(name: str, args: argparse.Namespace) -> QueueSettin
         raise InvalidConfig(error.key.replace("--.", "--").replace("_", "-"), str(error).split(": ", 1)[1]) from None
 
 
+def queue_changes_from_args(args: argparse.Namespace) -> dict:
+    """The queue flags given, as QueueSettings fields (`grouper queue update`: the node checks the values)."""
+    changes = {key: getattr(args, key) for key in _QUEUE_FLAG_KEYS if getattr(args, key, None) is not None}
+    if getattr(args, "shared_groups", False):
+        if changes.get("group_policy", "shared") != "shared":
+            raise InvalidConfig("--shared-groups", "conflicts with --group-policy")
+        changes["group_policy"] = "shared"
+    return changes
+
+
 def _add_node_command(subparsers) -> None:
     parser = subparsers.add_parser("node", help="run one broker node in the foreground")
     parser.add_argument("--config", metavar="FILE", help="TOML file with [node], [template] and [[queue]] tables")

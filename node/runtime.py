@@ -23,7 +23,9 @@ from node.amqp import tls
 from node.amqp.loop import AmqpServer
 from node.config import NodeConfig
 from node.core.broker import Broker
-from node.core.errors import GrouperError, HandlerUnavailable, NotAllowed, NotFound
+from handler import queue_definitions as definitions
+from node.admin.definitions import fixed_refusal, updated_settings
+from node.core.errors import AlreadyExists, GrouperError, HandlerUnavailable, NotAllowed, NotFound
 from node.core.settings import QueueSettings
 from node.health import PROBE_TIMEOUT_MS
 from node.security import Security
@@ -61,13 +63,80 @@ class LoopControl:
         return self._call(self._node.broker.list_queues)
 
     def add_queue(self, settings: QueueSettings):
+        if self._node.handler is not None:  # a cluster: defined on every node (handler/queue_definitions.py)
+            outcome, held = self._decide(lambda on_result: self._node.handler.define_queue(
+                settings.to_dict(), False, on_result))
+            if outcome == definitions.CONFLICT:
+                differing = sorted(key for key, value in settings.to_dict().items() if held.get(key) != value)
+                raise AlreadyExists(f"queue {settings.name!r} is defined cluster-wide with other settings "
+                                    f"({', '.join(differing)} differ); change what may change with 'grouper "
+                                    f"queue update', or delete it first")
+            return self._stats_of(settings.name)
+
         def add():
             queue = self._node.broker.declare_queue(settings)
             self._node.server.apply([])  # journals the declaration
             return queue.stats()
         return self._call(add)
 
+    def update_queue(self, name: str, changes: dict):
+        node = self._node
+        if node.handler is None:
+            def update():
+                settings = updated_settings(node.broker.queue(name).settings.to_dict(), changes)
+                node.broker.redefine_queue(settings)
+                node.server.apply([])  # journals the new declaration
+                return node.broker.queues[name].stats()
+            return self._call(update)
+        current = self._call(lambda: dict(node.cluster.protocol.definitions.get(name, {})))
+        if not current:
+            raise NotFound(f"queue {name!r} has no cluster-wide definition (unknown, or auto-created on some nodes); "
+                           f"define it with 'grouper queue add' first")
+        updated_settings(current, changes)  # a bad value or a fixed field fails here, before any proposal
+        outcome, detail = self._decide(lambda on_result: node.handler.update_queue(name, changes, on_result))
+        if outcome == definitions.NOT_FOUND:
+            raise NotFound(f"queue {name!r} was deleted cluster-wide meanwhile")
+        if outcome == definitions.REFUSED:
+            raise fixed_refusal(name, detail)
+        return self._stats_of(name)
+
+    def queue_defined(self, name: str) -> bool:
+        """In a cluster: whether `name` has a cluster-wide definition, as this node's replica last heard."""
+        cluster = self._node.cluster
+        return cluster is not None and self._call(lambda: name in cluster.protocol.definitions)
+
+    def _stats_of(self, name: str) -> dict:
+        queue = self._call(lambda: self._node.broker.queues.get(name))
+        return self._call(queue.stats) if queue is not None else {"name": name}
+
+    def _decide(self, propose):
+        """Propose a queue definition command and wait for its result, as applied by this node's replica
+        (the feed reached the engine loop before the answer: both come through the member's channel)."""
+        done = threading.Event()
+        answer: list = []
+
+        def on_result(reason, result):  # the raft member channel's reader thread
+            answer.extend((reason, result))
+            done.set()
+        propose(on_result)
+        timeout_ms = self._node.config.admin_timeout_ms
+        if not done.wait(timeout_ms / 1000):
+            raise TimeoutError(f"the raft cluster did not apply the queue change within {timeout_ms} ms "
+                               f"(admin_timeout_ms); check 'grouper cluster status' and 'grouper queue list'")
+        reason, result = answer
+        if reason is not None:
+            raise HandlerUnavailable(f"the raft cluster did not take the queue change: {reason}; retry")
+        if result[0] == definitions.MALFORMED:
+            raise AssertionError(f"the raft cluster found a queue command malformed: {result!r}")
+        return result[0], result[1]
+
     def delete_queue(self, name: str):
+        node = self._node
+        if node.handler is not None:  # a cluster: one raft entry drops the queue and its routes everywhere
+            seen_revision = self._call(lambda: node.cluster.protocol.definitions_revision)
+            self._decide(lambda on_result: node.handler.delete_queue(name, seen_revision, on_result))
+            return
+
         def delete():
             node = self._node
             durable = node.broker.queue(name).settings.durable
@@ -75,8 +144,6 @@ class LoopControl:
             node.server.detach_producers_of(name)
             if durable and node.journal is not None:
                 node.journal.delete(name)
-            if node.handler is not None:  # its routes go too: a queue made again is routed afresh
-                node.handler.drop_queue(name)
         return self._call(delete)
 
     def list_groups(self, queue: str):

@@ -113,10 +113,24 @@ class AddQueueResponse(_message.Message):
     def __init__(self, queue: _Optional[_Union[QueueStats, _Mapping]] = ...) -> None: ...
 
 class DeleteQueueRequest(_message.Message):
+    __slots__ = ("queue", "force")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    force: bool
+    def __init__(self, queue: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class UpdateQueueRequest(_message.Message):
+    __slots__ = ("settings",)
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    settings: QueueSettings
+    def __init__(self, settings: _Optional[_Union[QueueSettings, _Mapping]] = ...) -> None: ...
+
+class UpdateQueueResponse(_message.Message):
     __slots__ = ("queue",)
     QUEUE_FIELD_NUMBER: _ClassVar[int]
-    queue: str
-    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+    queue: QueueStats
+    def __init__(self, queue: _Optional[_Union[QueueStats, _Mapping]] = ...) -> None: ...
 
 class DeleteQueueResponse(_message.Message):
     __slots__ = ()

@@ -49,6 +49,11 @@ class AdminServiceStub:
                 request_serializer=proto_dot_admin__pb2.DeleteQueueRequest.SerializeToString,
                 response_deserializer=proto_dot_admin__pb2.DeleteQueueResponse.FromString,
                 _registered_method=True)
+        self.UpdateQueue = channel.unary_unary(
+                '/grouper.admin.v1.AdminService/UpdateQueue',
+                request_serializer=proto_dot_admin__pb2.UpdateQueueRequest.SerializeToString,
+                response_deserializer=proto_dot_admin__pb2.UpdateQueueResponse.FromString,
+                _registered_method=True)
         self.ListGroups = channel.unary_unary(
                 '/grouper.admin.v1.AdminService/ListGroups',
                 request_serializer=proto_dot_admin__pb2.ListGroupsRequest.SerializeToString,
@@ -106,6 +111,16 @@ class AdminServiceServicer:
 
     def DeleteQueue(self, request, context):
         """Delete a queue and its messages; its consumers are detached with amqp:resource-deleted.
+        In a cluster, on every node in one raft entry; refused (FAILED_PRECONDITION, naming the nodes
+        and depths) while the queue holds messages anywhere, unless `force`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateQueue(self, request, context):
+        """Change a queue's settings: only the fields set change, and only those a live queue can take
+        (others fail with FAILED_PRECONDITION naming them). In a cluster, on every node.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -178,6 +193,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DeleteQueue,
                     request_deserializer=proto_dot_admin__pb2.DeleteQueueRequest.FromString,
                     response_serializer=proto_dot_admin__pb2.DeleteQueueResponse.SerializeToString,
+            ),
+            'UpdateQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateQueue,
+                    request_deserializer=proto_dot_admin__pb2.UpdateQueueRequest.FromString,
+                    response_serializer=proto_dot_admin__pb2.UpdateQueueResponse.SerializeToString,
             ),
             'ListGroups': grpc.unary_unary_rpc_method_handler(
                     servicer.ListGroups,
@@ -296,6 +316,33 @@ class AdminService:
             '/grouper.admin.v1.AdminService/DeleteQueue',
             proto_dot_admin__pb2.DeleteQueueRequest.SerializeToString,
             proto_dot_admin__pb2.DeleteQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grouper.admin.v1.AdminService/UpdateQueue',
+            proto_dot_admin__pb2.UpdateQueueRequest.SerializeToString,
+            proto_dot_admin__pb2.UpdateQueueResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -118,8 +118,13 @@ class AdminClient:
         request = admin_pb2.AddQueueRequest(settings=_settings_to_pb(settings))
         return _stats_from_pb(self._call(self._stub.AddQueue, request).queue)
 
-    def delete_queue(self, name: str) -> None:
-        self._call(self._stub.DeleteQueue, admin_pb2.DeleteQueueRequest(queue=name))
+    def delete_queue(self, name: str, force: bool = False) -> None:
+        self._call(self._stub.DeleteQueue, admin_pb2.DeleteQueueRequest(queue=name, force=force))
+
+    def update_queue(self, name: str, changes: dict) -> dict:
+        """Change only the fields in `changes` (QueueSettings field names); the stats afterwards."""
+        request = admin_pb2.UpdateQueueRequest(settings=admin_pb2.QueueSettings(name=name, **changes))
+        return _stats_from_pb(self._call(self._stub.UpdateQueue, request).queue)
 
     def list_groups(self, queue: str, local_only: bool = False) -> list[dict]:
         request = admin_pb2.ListGroupsRequest(queue=queue, local_only=local_only)

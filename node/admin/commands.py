@@ -24,7 +24,8 @@ import sys
 from node.admin.client import (DEFAULT_NODE_ADDRESS, TIMEOUT_MS_DEFAULT, AccessDenied, AdminClient, AdminError,
                                InvalidRequest, NodeFailure, NodeUnreachable)
 from node.admin.credentials import basic_metadata
-from node.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_queue_flags, queue_settings_from_args
+from node.cli import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_queue_flags, queue_changes_from_args,
+                      queue_settings_from_args)
 from node.core.errors import InvalidConfig
 
 EXIT_UNREACHABLE = 3
@@ -153,13 +154,23 @@ def register(subparsers) -> None:
         parser.set_defaults(run=lambda args: _run(action, args))
         return parser
 
-    queue = subparsers.add_parser("queue", help="add, delete or list the node's queues")
-    queue_commands = queue.add_subparsers(dest="queue_command", required=True, metavar="{add,delete,list}")
-    add = command(queue_commands, "add", _queue_add, "declare a queue")
+    queue = subparsers.add_parser("queue", help="add, update, delete or list queues (in a cluster: on every node)")
+    queue_commands = queue.add_subparsers(dest="queue_command", required=True,
+                                          metavar="{add,update,delete,list}")
+    add = command(queue_commands, "add", _queue_add, "declare a queue (in a cluster: on every node)")
     add.add_argument("name", metavar="NAME")
     add_queue_flags(add)
-    command(queue_commands, "delete", _queue_delete, "delete a queue and its messages"
-            ).add_argument("name", metavar="NAME")
+    update = command(queue_commands, "update", _queue_update,
+                     "change settings of a queue (in a cluster: on every node); only limits, dispatch and "
+                     "dead-letter settings can change on a live queue, not how messages are grouped or durability")
+    update.add_argument("name", metavar="NAME")
+    add_queue_flags(update)
+    delete = command(queue_commands, "delete", _queue_delete,
+                     "delete a queue and its messages (in a cluster: on every node at once, refused while any "
+                     "node holds messages of it unless --force)")
+    delete.add_argument("name", metavar="NAME")
+    delete.add_argument("--force", action="store_true",
+                        help="in a cluster: delete even if nodes hold messages of the queue, dropping them")
     command(queue_commands, "list", _queue_list, "list queues with depth, consumers and group counts"
             ).add_argument("--json", action="store_true", help="print a JSON list")
 
@@ -240,8 +251,15 @@ def _queue_add(client: AdminClient, args) -> None:
     print(f"added queue {settings.name} (group policy {settings.group_policy})")
 
 
+def _queue_update(client: AdminClient, args) -> None:
+    changes = queue_changes_from_args(args)  # the node checks the values and which may change
+    client.update_queue(args.name, changes)
+    print(f"updated queue {args.name}: " + (", ".join(f"{key}={value}" for key, value in sorted(changes.items()))
+                                            or "nothing given"))
+
+
 def _queue_delete(client: AdminClient, args) -> None:
-    client.delete_queue(args.name)
+    client.delete_queue(args.name, force=args.force)
     print(f"deleted queue {args.name}")
 
 

@@ -1,5 +1,8 @@
 """What the admin API may ask of a running node. Thread-safe: callable from gRPC pool threads.
 
+In a cluster, adding, updating and deleting a queue act on every node through the raft cluster's
+queue definitions (handler/queue_definitions.py); alone, on the node.
+
 The runtime implements it by posting each call into the engine loop thread through the bridge and
 waiting with a deadline; tests implement it over a plain `Broker`. Failures are `GrouperError`s.
 """
@@ -16,7 +19,11 @@ class NodeControl(Protocol):
 
     def add_queue(self, settings: QueueSettings) -> dict: ...  # stats of the new queue
 
-    def delete_queue(self, name: str) -> None: ...
+    def delete_queue(self, name: str) -> None: ...  # in a cluster: on every node, in one raft entry
+
+    def update_queue(self, name: str, changes: dict) -> dict: ...  # only the fields given; stats after
+
+    def queue_defined(self, name: str) -> bool: ...  # in a cluster: it has a cluster-wide definition
 
     def list_groups(self, queue: str) -> list[dict]: ...  # rows: group, messages, acquired, consumer
 

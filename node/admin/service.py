@@ -68,6 +68,7 @@ QUEUES_MANAGED: dict[str, Callable[[object], tuple[str, ...]]] = {
     "ListQueues": lambda request: (),  # every caller; the answer holds only the queues it may see (may_see)
     "AddQueue": lambda request: (request.settings.name,),
     "DeleteQueue": lambda request: (request.queue,),
+    "UpdateQueue": lambda request: (request.settings.name,),
     "ListGroups": lambda request: (request.queue,),
     "ResetGroups": lambda request: (request.queue,),
     "PurgeGroup": lambda request: (request.queue,),
@@ -175,9 +176,48 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     def DeleteQueue(self, request, context):
         def work(caller):
+            if self._control.node_id():  # a cluster: what every member holds decides (see _depths)
+                depths = self._depths(request.queue, caller, request.force)
+                if not depths and not self._control.queue_defined(request.queue):
+                    raise NotFound(f"no queue {request.queue!r} on any node of the cluster, nor defined cluster-wide")
+                holding = {node: depth for node, depth in depths.items() if depth}
+                if holding and not request.force:
+                    raise NotAllowed(f"queue {request.queue!r} still holds messages: "
+                                     + ", ".join(f"node {node}: {depth}" for node, depth in sorted(holding.items()))
+                                     + "; consume or purge them, or delete with --force to drop them on every node")
             self._control.delete_queue(request.queue)
             return admin_pb2.DeleteQueueResponse()
         return self._answer("DeleteQueue", request, context, work)
+
+    def _depths(self, queue: str, caller: Caller, force: bool) -> dict[str, int]:
+        """The messages of `queue` (queued and in flight) on each member that has it. A member that does
+        not answer may hold some: the delete is refused, naming it, unless forced."""
+        depths = {self._control.node_id(): stats["depth_messages"] for stats in self._control.list_queues()
+                  if stats["name"] == queue}
+        peers = self._control.peers()
+        if peers and caller.by_certificate and not force:
+            raise NotAllowed(f"user {caller.user!r} is known here by a client certificate, which this node cannot "
+                             f"pass on to the other members to ask their depths; give --user and a password, or "
+                             f"--force")
+        for node, address in peers if not caller.by_certificate else ():
+            try:
+                with self._member_client(address, caller) as client:
+                    depths.update({node: stats["depth_messages"] for stats in client.list_queues()
+                                   if stats["name"] == queue})
+            except AdminError as error:
+                if not force:
+                    raise NodeUnavailable(f"cannot tell whether node {node} ({address}) holds messages of queue "
+                                          f"{queue!r}: {error.message}; retry once it answers, or delete with "
+                                          f"--force") from None
+        return depths
+
+    def UpdateQueue(self, request, context):
+        def work(caller):
+            changes = {field.name: getattr(request.settings, field.name) for field in request.settings.DESCRIPTOR.fields
+                       if field.name != "name" and request.settings.HasField(field.name)}
+            stats = self._control.update_queue(request.settings.name, changes)
+            return admin_pb2.UpdateQueueResponse(queue=queue_stats_to_pb(stats))
+        return self._answer("UpdateQueue", request, context, work)
 
     def _member_client(self, address: str, caller: Caller) -> AdminClient:
         return AdminClient(address, timeout_ms=PEER_CALL_TIMEOUT_MS, credentials=self._peer_credentials,

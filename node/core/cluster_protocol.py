@@ -65,9 +65,13 @@ Cluster-wide queue definitions (handler/queue_definitions.py) reach every node t
   fields a live queue may change differ. A queue here that differs in a fixed field is declared
   again if it is empty and has no consumer; otherwise it keeps its settings (logged: delete it and
   add it again), since regrouping held messages would split their groups.
-- A deletion drops the queue here, messages and consumers included, once: the revision of the last
-  deletion applied is journalled (QUEUES_MARK), so replaying the log after a restart never deletes
-  a queue made again since. The route table dropped the queue's routes in the same raft entry.
+- A deletion drops the queue here, messages and consumers included. The route table dropped the
+  queue's routes in the same raft entry.
+- Each change is applied once: the revision of the last one applied is journalled (QUEUES_MARK), and
+  a restarted node replaying the log skips what it applied before (replayed, an old definition would
+  bring back a queue deleted since, an old deletion drop a queue made again). Once the replica is
+  current (`ready`), every definition is applied again where this node differs (a config-file queue
+  declared at recovery with the file's settings takes the cluster's).
 - The config file's queues are seeds: proposed once the replica is current (ProposeQueueSeeds), each
   defined only where the cluster knows neither a definition nor a deletion of its name, and proposed
   again every SEED_RETRY_INTERVAL_MS until the proposals commit. So the cluster's definition wins.
@@ -97,7 +101,7 @@ log = logging.getLogger("grouper.cluster")
 OUTBOUND_PREFIX = "\x00out\x00"  # journal name of an outbound channel: prefix, owner, NUL, queue
 PARK_PREFIX = "\x00park\x00"  # journal name of the messages a new owner parks during a move: prefix, queue
 MARK_PREFIX = "\x00mark\x00"  # journal declaration holding a source's high-water forward seq
-QUEUES_MARK = "\x00queues"  # journal declaration: "revision" of the last cluster-wide queue deletion applied here
+QUEUES_MARK = "\x00queues"  # journal declaration: "revision" of the last queue definition change applied here
 SEED_RETRY_INTERVAL_MS = 1000  # config-file queues not yet proposed as definitions are proposed again this often
 SEQ_RESERVATION = "\x00seq"  # journal declaration: node seqs below "reserved" may have been used
 SEQ_RESERVE_BLOCK = 1 << 20  # seqs reserved per journal record
@@ -205,7 +209,7 @@ class ClusterProtocol:
         self.queue_seeds = tuple(queue_seeds)
         self.definitions: dict[str, dict] = {}  # name -> settings dict, as the replica holds them
         self.definitions_revision = 0  # the highest revision the feed carried
-        self.deletions_applied = 0  # revision of the last deletion applied here (journalled)
+        self.definitions_applied = 0  # revision of the last definition change applied here (journalled)
         self.seeded = not self.queue_seeds
         self._seeding = False
         self._seed_due_ms = 0
@@ -226,7 +230,7 @@ class ClusterProtocol:
             self.broker.next_seq = max(self.broker.next_seq, self.seq_reserved)
             return True
         if name == QUEUES_MARK:
-            self.deletions_applied = int(values["revision"])
+            self.definitions_applied = int(values["revision"])
             return True
         if name.startswith(MARK_PREFIX):
             source, high_water = name[len(MARK_PREFIX):], int(values["high_water"])
@@ -470,14 +474,20 @@ class ClusterProtocol:
         elif kind == QUEUES:
             for revision, name, values in payload:
                 self._definition(revision, name, values, effects)
-        elif kind == QUEUES_ALL:  # a snapshot: deletions first (a name deleted then defined again is in both)
+        elif kind == QUEUES_ALL:  # a snapshot replaces what was known
             revision, definitions, deleted = payload
-            for name, deleted_revision in sorted(deleted.items(), key=lambda item: item[1]):
-                if name not in definitions:
-                    self._definition(deleted_revision, name, None, effects)
-            self.definitions = {}
-            for name in sorted(definitions):
-                self._definition(revision, name, definitions[name], effects)
+            self.definitions = dict(definitions)
+            self.definitions_revision = max(self.definitions_revision, revision)
+            if revision > self.definitions_applied:
+                # deletions this node has not applied (a name deleted, then defined again, is not one)
+                for name, deleted_revision in sorted(deleted.items(), key=lambda item: (item[1], item[0])):
+                    if name not in definitions and deleted_revision > self.definitions_applied:
+                        self._definition(deleted_revision, name, None, effects)
+                for name in sorted(definitions):
+                    self._apply_definition(name, definitions[name], effects)
+                self.definitions_applied = revision
+                if self.journalled:
+                    effects.append(JournalDeclare({"name": QUEUES_MARK, "revision": revision}))
         elif kind == MEMBERS:
             down = payload.get("down", {})
             for node in sorted(set(down) - set(self.members.get("down", {}))):
@@ -492,19 +502,24 @@ class ClusterProtocol:
         self.definitions_revision = max(self.definitions_revision, revision)
         if values is None:
             self.definitions.pop(name, None)
-            if revision <= self.deletions_applied:
-                return  # applied before a restart: the log is being replayed
-            self.deletions_applied = revision
-            queue = self.broker.queues.get(name)
-            if queue is not None:
-                durable = queue.settings.durable
-                effects.append(ApplyBroker(self.broker.delete_queue(name), None))
-                effects.append(QueueDeleted(name, durable))
-                log.info("queue %r deleted cluster-wide (definition revision %d)", name, revision)
-            if self.journalled:
-                effects.append(JournalDeclare({"name": QUEUES_MARK, "revision": revision}))
+        else:
+            self.definitions[name] = values
+        if revision <= self.definitions_applied:
+            return  # applied before a restart (the log is being replayed); `ready` reconciles the rest
+        self.definitions_applied = revision
+        if self.journalled:
+            effects.append(JournalDeclare({"name": QUEUES_MARK, "revision": revision}))
+        if values is not None:
+            self._apply_definition(name, values, effects)
             return
-        self.definitions[name] = values
+        queue = self.broker.queues.get(name)
+        if queue is not None:
+            durable = queue.settings.durable
+            effects.append(ApplyBroker(self.broker.delete_queue(name), None))
+            effects.append(QueueDeleted(name, durable))
+            log.info("queue %r deleted cluster-wide (definition revision %d)", name, revision)
+
+    def _apply_definition(self, name: str, values: dict, effects: list) -> None:
         try:
             settings = QueueSettings.from_dict(values, where=f"cluster definition of queue {name!r}")
         except GrouperError as error:  # a newer node's setting this one cannot read: keep what is here
@@ -548,6 +563,8 @@ class ClusterProtocol:
         """The replica has caught up with the log."""
         effects: list = []
         self._replica_ready = True
+        for name in sorted(self.definitions):  # what a replay skipped: the config file may have said otherwise
+            self._apply_definition(name, self.definitions[name], effects)
         self._propose_seeds(now_ms, effects)
         self._release(self.router.become_ready(now_ms), now_ms, effects)
         if self.held:

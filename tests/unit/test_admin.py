@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from node import cli
+from node.admin.definitions import updated_settings
 from node.admin.client import AdminClient, AdminError, InvalidRequest, NodeFailure
 from node.admin.service import STATUS_BY_ERROR, serve, settings_from_pb
 from node.core.broker import Broker
@@ -44,6 +45,11 @@ class BrokerControl:
     def delete_queue(self, name: str) -> None:
         with self.lock:
             self.broker.delete_queue(name)
+
+    def update_queue(self, name: str, changes: dict) -> dict:  # the rule a node alone follows (LoopControl)
+        with self.lock:
+            self.broker.redefine_queue(updated_settings(self.broker.queue(name).settings.to_dict(), changes))
+            return self.broker.queues[name].stats()
 
     def list_groups(self, queue: str) -> list[dict]:
         with self.lock:
@@ -184,6 +190,34 @@ def test_adding_an_existing_queue_with_other_settings_is_refused(node, broker, c
     broker.declare_queue(QueueSettings(name="q"))
     code, _, err = node.grouper(capsys, "queue", "add", "q", "--group-policy", "none")
     assert code == 1 and "ALREADY_EXISTS" in err and "delete it first" in err
+
+
+def test_update_changes_only_the_limits_given_and_keeps_the_queues_messages(node, broker, capsys):
+    broker.declare_queue(QueueSettings(name="q", group_buckets=8))
+    enqueue(broker, "q", "a", "b")
+    code, out, _ = node.grouper(capsys, "queue", "update", "q", "--depth-max-messages", "5", "--delivery-count-max", "3")
+    assert code == 0 and "updated queue q: delivery_count_max=3, depth_max_messages=5" in out
+    assert broker.queues["q"].settings == QueueSettings(name="q", group_buckets=8, depth_max_messages=5,
+                                                        delivery_count_max=3)
+    assert broker.queues["q"].stats()["depth_messages"] == 2
+
+
+def test_update_of_how_messages_are_grouped_exits_1_naming_the_fields_and_changes_nothing(node, broker, capsys):
+    broker.declare_queue(QueueSettings(name="q"))
+    code, _, err = node.grouper(capsys, "queue", "update", "q", "--group-buckets", "4", "--no-durable",
+                                "--groups-max", "7")
+    assert code == 1 and "FAILED_PRECONDITION" in err and "durable, group_buckets cannot change on a live queue" in err
+    assert broker.queues["q"].settings == QueueSettings(name="q")
+
+
+def test_update_with_a_bad_value_or_nothing_to_change_exits_2(node, broker, capsys):
+    broker.declare_queue(QueueSettings(name="q"))
+    code, _, err = node.grouper(capsys, "queue", "update", "q", "--depth-max-messages", "-1")
+    assert code == 2 and "depth_max_messages" in err
+    code, _, err = node.grouper(capsys, "queue", "update", "q")
+    assert code == 2 and "nothing to update" in err
+    code, _, err = node.grouper(capsys, "queue", "update", "nope", "--groups-max", "3")
+    assert code == 1 and "NOT_FOUND" in err
 
 
 def test_deleted_queue_is_gone(node, broker, capsys):

@@ -60,7 +60,7 @@ def test_an_empty_queue_here_differing_in_a_grouping_field_is_declared_again():
     assert cluster.broker.queues["orders"].settings.group_buckets == 8
 
 
-def test_a_deletion_drops_the_queue_and_its_messages_once_and_journals_its_revision():
+def test_a_deletion_drops_the_queue_and_its_messages_and_journals_its_revision():
     cluster = protocol()
     cluster.applied(QUEUES, [(1, "orders", values())], None, 0)
     fill(cluster, count=3)
@@ -87,12 +87,44 @@ def test_a_snapshot_applies_deletions_unseen_here_and_every_definition():
                                  {"gone": 4, "again": 2}), None, 0)
     assert sorted(cluster.broker.queues) == ["again", "new"]
     assert cluster.broker.queues["again"].settings.groups_max == 3
-    assert cluster.deletions_applied == 4
+    assert cluster.definitions_applied == 5
+
+
+def test_a_snapshot_this_node_applied_before_a_restart_changes_nothing_until_ready():
+    cluster = protocol()
+    cluster.recover_declaration({"name": QUEUES_MARK, "revision": 5})
+    assert cluster.applied(QUEUES_ALL, (5, {"new": values("new")}, {}), None, 0) == []
+    assert "new" not in cluster.broker.queues
+    cluster.ready(0)
+    assert "new" in cluster.broker.queues
+
+
+def test_a_replayed_old_definition_does_not_bring_back_a_queue_deleted_since():
+    cluster = protocol()
+    cluster.recover_declaration({"name": QUEUES_MARK, "revision": 2})
+    cluster.applied(QUEUES, [(1, "orders", values())], None, 0)
+    cluster.applied(QUEUES, [(2, "orders", None)], None, 0)
+    cluster.ready(0)
+    assert "orders" not in cluster.broker.queues and cluster.definitions == {}
+
+
+def test_once_current_a_config_file_queue_takes_the_cluster_definition_a_replay_skipped():
+    cluster = protocol()
+    cluster.recover_declaration({"name": QUEUES_MARK, "revision": 2})
+    cluster.broker.declare_queue(QueueSettings(name="seeded", groups_max=50))  # the config file's settings
+    fill(cluster, "seeded")
+    cluster.applied(QUEUES, [(1, "seeded", values("seeded", groups_max=50))], None, 0)
+    cluster.applied(QUEUES, [(2, "seeded", values("seeded", groups_max=60))], None, 0)
+    assert cluster.broker.queues["seeded"].settings.groups_max == 50  # replaying: not yet
+    cluster.ready(0)
+    assert cluster.broker.queues["seeded"].settings.groups_max == 60
+    assert cluster.broker.queues["seeded"].stats()["depth_messages"] == 1
 
 
 def test_a_definition_this_node_cannot_read_leaves_its_queue_alone():
     cluster = protocol()
-    assert cluster.applied(QUEUES, [(1, "orders", {**values(), "group_buckets": "many"})], None, 0) == []
+    effects = cluster.applied(QUEUES, [(1, "orders", {**values(), "group_buckets": "many"})], None, 0)
+    assert of(ApplyBroker, effects) == []
     assert "orders" not in cluster.broker.queues
 
 

@@ -191,3 +191,46 @@ def test_replicas_answer_and_end_alike_and_as_the_model_says(log: list, snapshot
         assert run(second, command) == expected
     assert vars(first) == vars(second)
     assert first.definitions == model.held and first.deleted == model.deleted and first.revision == model.revision
+
+
+# ---- the pysyncobj consumer: what the feed says and what a snapshot keeps ------------------------
+
+def make_replica():
+    from handler.replicated import RouteTableReplica
+
+    heard = []
+    return RouteTableReplica(lambda kind, payload, at_ms: heard.append((kind, payload)), routes_max=10), heard
+
+
+def test_the_replica_feeds_each_change_with_its_revision_and_a_delete_drops_the_routes_first():
+    from handler.queue_definitions import QUEUES
+    from handler.route_table import ROUTES
+
+    replica, heard = make_replica()
+    assert replica.define_queue(values(), False, _doApply=True) == [ADDED, values()]
+    assert heard == [(QUEUES, [(1, "orders", values())])]
+    assert replica.define_queue(values(), False, _doApply=True) == [UNCHANGED, values()]
+    assert replica.update_queue("orders", {"groups_max": 4}, _doApply=True)[0] == UPDATED
+    replica.claim([["orders", "g"]], "n1", 10, _doApply=True)
+    heard.clear()
+    assert replica.delete_queue("orders", 2, _doApply=True) == [DELETED, values(groups_max=4), 1]
+    assert heard == [(ROUTES, [("orders", "g", None)]), (QUEUES, [(3, "orders", None)])]
+    heard.clear()
+    assert replica.delete_queue("orders", 2, _doApply=True) == [DELETED, None, 0]  # the retry
+    assert heard == []
+
+
+def test_a_snapshot_keeps_the_definitions_and_an_old_snapshot_restores_none():
+    from handler.queue_definitions import QUEUES_ALL
+
+    replica, _ = make_replica()
+    replica.define_queue(values(), False, _doApply=True)
+    replica.delete_queue("gone", 1, _doApply=True)
+    data = pickle.loads(pickle.dumps(replica._serialize()))
+    restored, heard = make_replica()
+    restored._deserialize(data)
+    assert vars(restored.queues) == vars(replica.queues)
+    assert heard[-1] == (QUEUES_ALL, (2, {"orders": values()}, {"gone": 2}))
+    old = {"route_table": data["route_table"]}  # written before definitions existed
+    restored._deserialize(old)
+    assert restored.queues.definitions == {} and restored.queues.revision == 0
