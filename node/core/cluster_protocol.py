@@ -71,7 +71,8 @@ Cluster-wide queue definitions (handler/queue_definitions.py) reach every node t
   a restarted node replaying the log skips what it applied before (replayed, an old definition would
   bring back a queue deleted since, an old deletion drop a queue made again). Once the replica is
   current (`ready`), every definition is applied again where this node differs (a config-file queue
-  declared at recovery with the file's settings takes the cluster's).
+  declared at recovery with the file's settings takes the cluster's), and a config-file queue deleted
+  cluster-wide is dropped again if it is empty (a queue holding messages is never dropped unasked).
 - The config file's queues are seeds: proposed once the replica is current (ProposeQueueSeeds), each
   defined only where the cluster knows neither a definition nor a deletion of its name, and proposed
   again every SEED_RETRY_INTERVAL_MS until the proposals commit. So the cluster's definition wins.
@@ -208,6 +209,7 @@ class ClusterProtocol:
         # cluster-wide queue definitions (see the header)
         self.queue_seeds = tuple(queue_seeds)
         self.definitions: dict[str, dict] = {}  # name -> settings dict, as the replica holds them
+        self.deleted_names: set[str] = set()  # deleted cluster-wide and not defined again, as the replica knows
         self.definitions_revision = 0  # the highest revision the feed carried
         self.definitions_applied = 0  # revision of the last definition change applied here (journalled)
         self.seeded = not self.queue_seeds
@@ -477,6 +479,7 @@ class ClusterProtocol:
         elif kind == QUEUES_ALL:  # a snapshot replaces what was known
             revision, definitions, deleted = payload
             self.definitions = dict(definitions)
+            self.deleted_names = set(deleted) - set(definitions)
             self.definitions_revision = max(self.definitions_revision, revision)
             if revision > self.definitions_applied:
                 # deletions this node has not applied (a name deleted, then defined again, is not one)
@@ -502,8 +505,10 @@ class ClusterProtocol:
         self.definitions_revision = max(self.definitions_revision, revision)
         if values is None:
             self.definitions.pop(name, None)
+            self.deleted_names.add(name)
         else:
             self.definitions[name] = values
+            self.deleted_names.discard(name)
         if revision <= self.definitions_applied:
             return  # applied before a restart (the log is being replayed); `ready` reconciles the rest
         self.definitions_applied = revision
@@ -565,6 +570,12 @@ class ClusterProtocol:
         self._replica_ready = True
         for name in sorted(self.definitions):  # what a replay skipped: the config file may have said otherwise
             self._apply_definition(name, self.definitions[name], effects)
+        for values in self.queue_seeds:  # declared from the config file at recovery, deleted cluster-wide
+            queue = self.broker.queues.get(values["name"])
+            if values["name"] in self.deleted_names and queue is not None and not queue.stats()["depth_messages"] \
+                    and not queue.stats()["consumers"]:
+                effects.append(ApplyBroker(self.broker.delete_queue(values["name"]), None))
+                effects.append(QueueDeleted(values["name"], queue.settings.durable))
         self._propose_seeds(now_ms, effects)
         self._release(self.router.become_ready(now_ms), now_ms, effects)
         if self.held:
@@ -773,7 +784,12 @@ class ClusterProtocol:
 
     def _durable(self, queue_name: str) -> bool:
         queue = self.broker.queues.get(queue_name)
-        return queue.settings.durable if queue is not None else self.broker.template.durable
+        if queue is not None:
+            return queue.settings.durable
+        try:  # the settings this queue gets when it is auto-created here
+            return self.broker.address_settings.settings_for(queue_name).durable
+        except GrouperError:  # a name no queue can have: refused where it is created, journalled till then
+            return True
 
     def _park(self, key: tuple[str, str], message: Message, durable: bool, now_ms: int, effects: list,
               origin: tuple | None = None) -> None:

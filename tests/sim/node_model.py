@@ -25,13 +25,14 @@ from __future__ import annotations
 
 from collections import deque
 
+from handler.queue_definitions import QUEUES_ALL
 from handler.route_table import MOVES_ALL, SNAPSHOT
 from node.core.broker import Broker
 from node.core.cluster_protocol import MARK_PREFIX, PARK_PREFIX, ClusterProtocol, Entry, parse_outbound_name
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, DetachConsumer, Dropped,
                                EnqueueLocal, JournalDeclare, JournalRemove, JournalStore, ProposeClaim,
-                               ProposeMoveClear, ProposeTouch, Refuse, Register, Removed, Reply, ReportConsumers, StopNode,
-                               Stored, SubmitForward, Withdrawn)
+                               ProposeMoveClear, ProposeQueueSeeds, ProposeTouch, QueueDeleted, Refuse, Register,
+                               Removed, Reply, ReportConsumers, StopNode, Stored, SubmitForward, Withdrawn)
 from node.core.errors import GrouperError, StoreFailed
 from node.core.message import Message
 from node.core.settings import QueueSettings
@@ -74,6 +75,9 @@ class Store:
                 messages.setdefault(record[1], {})[record[2]] = record
             elif kind == "remove":
                 messages.get(record[1], {}).pop(record[2], None)
+            elif kind == "delete":  # Journal.delete: the queue and its messages
+                declarations.pop(record[1], None)
+                messages.pop(record[1], None)
             else:
                 declarations[record[1]] = record[2]
                 messages.setdefault(record[1], {})
@@ -183,6 +187,7 @@ class SimNode:
         """Start a new incarnation from the journal; `config_queues`: QueueSettings of the config file."""
         sim = self.sim
         config = sim.config
+        config_queues = config_queues or config.config_queues
         self.incarnation += 1
         self.alive = True
         self.down_holdings, self.down_outbound, self.down_marks, self.down_mids = set(), [], {}, []
@@ -191,7 +196,8 @@ class SimNode:
             self.node_id, self.broker, handler_timeout_ms=config.handler_timeout_ms,
             group_timeout_ms=config.group_timeout_ms, routes_max=config.routes_max,
             seq_reserve_block=config.seq_reserve_block, counts=sim.stats,
-            follows_consumers=config.route_follow_ms > 0)
+            follows_consumers=config.route_follow_ms > 0,
+            queue_seeds=tuple(settings.to_dict() for settings in config_queues))
         self._forwarders: dict[str, ForwarderModel] = {}
         self._awaiting_flush: list = []  # callbacks for when everything journalled so far is durable
         self._writer_due = False
@@ -490,6 +496,9 @@ class SimNode:
         self.apply_due_ms = {i: due for i, due in self.apply_due_ms.items() if i > index}
         self.carry_out(self.protocol.applied(SNAPSHOT, self.sim.raft.routes_at(index), None, self.sim.now_ms))
         self.carry_out(self.protocol.applied(MOVES_ALL, self.sim.raft.moves_at(index), None, self.sim.now_ms))
+        if self.sim.config.queue_definitions or self.sim.config.config_queues:  # the log holds definitions
+            self.carry_out(self.protocol.applied(QUEUES_ALL, self.sim.raft.definitions_at(index), None,
+                                                 self.sim.now_ms))
 
     def tick(self, now_ms: int) -> None:
         """AmqpServer._tick: the broker's timers, then the cluster's."""
@@ -544,6 +553,11 @@ class SimNode:
                 sim.raft.propose(("move_clear", tuple(tuple(entry) for entry in effect.entries), self.node_id))
             elif kind is Register:
                 sim.raft.propose(("register_node", self.node_id, effect.now_ms))
+            elif kind is ProposeQueueSeeds:
+                self._propose_seeds(effect.seeds)
+            elif kind is QueueDeleted:
+                self.store.records.append(("delete", effect.queue))
+                self.live = {key: mid for key, mid in self.live.items() if key[0] != effect.queue}
             elif kind is Reply:
                 effect.reply_to(effect.high_water, effect.error)
             elif kind is StopNode:
@@ -552,6 +566,21 @@ class SimNode:
             else:
                 raise AssertionError(f"{self.node_id}: the protocol asked for {effect!r}, which the simulation "
                                      f"does not carry out")
+
+    def _propose_seeds(self, seeds: tuple) -> None:
+        """ClusterLink._propose_queue_seeds: one proposal per seed; the protocol hears once all committed,
+        or that one failed."""
+        sim, protocol = self.sim, self.protocol
+        waiting = [len(seeds), False]
+
+        def done(failed: bool) -> None:
+            waiting[0] -= 1
+            waiting[1] = waiting[1] or failed
+            if waiting[0] == 0:
+                protocol.queue_seeds_failed(sim.now_ms) if waiting[1] else protocol.queues_seeded()
+        for values in seeds:
+            sim.raft.propose(("define_queue", values, True), self.guarded(lambda reason: done(True)),
+                             self.guarded(lambda: done(False)))
 
     def stop(self, reason: str) -> None:
         """ClusterLink._stop_node: the process exits at once (its journal keeps what is durable) and the

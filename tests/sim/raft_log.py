@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 
+from handler.queue_definitions import ADDED, QUEUES, UPDATED, QueueDefinitions
 from handler.route_table import MEMBERS, MOVES, REFUSED, ROUTES, RouteTable  # the feed's kinds
 
 
@@ -31,8 +32,11 @@ class RaftLog:
         self.route_history: dict[tuple[str, str], tuple[list[int], list[tuple]]] = {}
         self.current: dict[tuple[str, str], str] = {}  # the routes at the commit index, by the log alone
         self.moves_history: list[tuple[int, list]] = [(0, [])]  # (index, table.moves_all()) at each change
+        self.queues = QueueDefinitions()  # the queue definitions, replicated beside the table
+        self.definitions_history: list[tuple[int, tuple]] = [(0, (0, {}, {}))]  # (index, QUEUES_ALL payload)
         self.leader_up = True
         self._in_flight: dict[int, tuple] = {}  # proposal number -> (command, on_failed)
+        self._on_committed: dict[int, object] = {}  # proposal number -> told once committed (queue commands)
         self._next_proposal = 1
 
     @property
@@ -41,7 +45,7 @@ class RaftLog:
 
     # ---- proposals ---------------------------------------------------------------------------
 
-    def propose(self, command: tuple, on_failed=None) -> None:
+    def propose(self, command: tuple, on_failed=None, on_committed=None) -> None:
         sim = self.sim
         if not self.leader_up:
             if on_failed is not None:
@@ -51,12 +55,17 @@ class RaftLog:
         number = self._next_proposal
         self._next_proposal += 1
         self._in_flight[number] = (command, on_failed)
+        if on_committed is not None:
+            self._on_committed[number] = on_committed
         sim.schedule(sim.rng.randint(1, sim.config.commit_ms_max), lambda: self._commit_proposal(number), None)
 
     def _commit_proposal(self, number: int) -> None:
         proposal = self._in_flight.pop(number, None)
+        on_committed = self._on_committed.pop(number, None)
         if proposal is not None:
             self.commit(proposal[0])
+            if on_committed is not None:
+                self.sim.schedule(1, on_committed, None)
 
     def set_leader(self, up: bool) -> None:
         if up == self.leader_up:
@@ -72,6 +81,7 @@ class RaftLog:
             if on_failed is not None:
                 sim.schedule(1, lambda on_failed=on_failed: on_failed("leader changed"), None)
         self._in_flight.clear()
+        self._on_committed.clear()  # an unknown outcome: the proposers heard "failed"
 
     # ---- the log: each command as RouteTableReplica (handler/replicated.py) applies it -------
 
@@ -136,6 +146,25 @@ class RaftLog:
             self.sim.stats["moves_done"] += sum(1 for entry in changed if not entry[4])
             if changed:
                 feed.append((MOVES, changed, None))
+        elif kind == "define_queue":
+            _, values, seed = command
+            outcome, held = self.queues.define(dict(values), seed)
+            if outcome == ADDED:
+                feed.append((QUEUES, [(self.queues.revision, values["name"], held)], None))
+        elif kind == "update_queue":
+            _, name, changes = command
+            outcome, detail = self.queues.update(name, dict(changes))
+            if outcome == UPDATED:
+                feed.append((QUEUES, [(self.queues.revision, name, detail)], None))
+        elif kind == "delete_queue":
+            _, name, seen_revision = command
+            revision = self.queues.revision
+            self.queues.delete(name, seen_revision)
+            if self.queues.revision != revision:  # the routes first, as handler/replicated.py does
+                keys = table.drop_queue(name)
+                if keys:
+                    feed.append((ROUTES, [(queue, group, None) for queue, group in keys], None))
+                feed.append((QUEUES, [(self.queues.revision, name, None)], None))
         elif kind == "report_consumers":
             _, node, counts, now_ms = command
             table.report_consumers(node, counts, now_ms)
@@ -144,7 +173,10 @@ class RaftLog:
             raise AssertionError(f"unknown command {command!r}")
         self.entries.append((command, feed, self.sim.now_ms))
         index = len(self.entries)
-        if kind in ("follow_consumers", "move_clear", "expire_idle") and table.moves_all() != self.moves_history[-1][1]:
+        if self.queues.revision != self.definitions_history[-1][1][0]:
+            self.definitions_history.append(
+                (index, (self.queues.revision, self.queues.all(), dict(self.queues.deleted))))
+        if kind in ("follow_consumers", "move_clear", "expire_idle", "delete_queue") and table.moves_all() != self.moves_history[-1][1]:
             before = {(move[0], move[1]) for move in self.moves_history[-1][1]}
             self.moves_history.append((index, table.moves_all()))
             for key in sorted(before - set(table.moves)):
@@ -202,6 +234,11 @@ class RaftLog:
         """The MOVES_ALL payload of a replica restored to `index`: every move then in progress."""
         position = bisect.bisect_right([at for at, _ in self.moves_history], index)
         return self.moves_history[position - 1][1]
+
+    def definitions_at(self, index: int) -> tuple:
+        """The QUEUES_ALL payload of a replica restored to `index`."""
+        position = bisect.bisect_right([at for at, _ in self.definitions_history], index)
+        return self.definitions_history[position - 1][1]
 
     def feed(self, index: int) -> list[tuple]:
         return self.entries[index - 1][1]

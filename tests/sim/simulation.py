@@ -79,8 +79,11 @@ from dataclasses import dataclass
 from handler.leader_duties import ExpireIdle, FollowConsumers, LeaderDuties, RaftStatus
 from node.core.effects import Removed
 from node.core.message import Outcome
+from node.core.settings import QueueSettings
 from tests.sim.node_model import MARK_PREFIX, SimNode, mid_of
 from tests.sim.raft_log import RaftLog
+
+DEFINED_QUEUES = ("d1", "d2", "c1")  # the queues operators define at random (queue_definitions); c1 may be a seed
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,10 @@ class SimConfig:
     snapshot_rate: float = 0.005  # per step: a replica installs a snapshot instead of entries
     drain_steps_max: int = 3000
     scripted: bool = False  # no random actions: a test drives clients and faults itself
+    # queues defined, updated and deleted through the raft log at random (DEFINED_QUEUES, no traffic), and
+    # these config-file queues (QueueSettings) seeded by every node at every start
+    queue_definitions: bool = False
+    config_queues: tuple = ()
     trace_lines: int = 40
 
 
@@ -224,7 +231,7 @@ class Simulation:
         self._call_number = 0
         self._trace: collections.deque = collections.deque(maxlen=config.trace_lines)
         self.stats: collections.Counter = collections.Counter()
-        self.raft = RaftLog(self, config.routes_max)
+        self.raft = self._make_raft()
         self.network = Network(self)
         self.queue_names = [f"q{i}" for i in range(1, config.queues + 1)]
         self.group_names = [f"g{i}" for i in range(1, config.groups + 1)]
@@ -251,6 +258,10 @@ class Simulation:
                                    route_follow_ms=config.route_follow_ms)
         if self.duties.active:
             self.schedule(0, self._leader_duties, None)  # the first leader leads from t=0
+
+    def _make_raft(self):
+        """The raft cluster the nodes propose to (tests/sim/sharding.py makes several raft groups)."""
+        return RaftLog(self, self.config.routes_max)
 
     # ---- events ------------------------------------------------------------------------------
 
@@ -387,7 +398,26 @@ class Simulation:
             weights = (40, 4, 10, 16, 2, 2, 3)
             if config.route_follow_ms:  # consumers move between nodes, and their groups after them
                 actions, weights = actions + (self._migrate,), weights + (2,)
+            if config.queue_definitions:
+                actions, weights = actions + (self._change_definition,), weights + (4,)
             rng.choices(actions, weights=weights)[0]()
+
+    def _change_definition(self) -> None:
+        """An operator's `grouper queue add / update / delete` through a random node (LoopControl)."""
+        rng = self.rng
+        node = rng.choice(self._alive_nodes())
+        name = rng.choice(DEFINED_QUEUES)
+        verb = rng.choice(("add", "add", "update", "delete"))
+        if verb == "add":
+            command = ("define_queue", QueueSettings(name=name, group_buckets=rng.choice((-1, 8)),
+                                                     durable=rng.random() < 0.5).to_dict(), False)
+        elif verb == "update":
+            command = ("update_queue", name, {"depth_max_messages": rng.randint(1, 5)})
+        else:
+            command = ("delete_queue", name, node.protocol.definitions_revision)
+        self.trace(f"operator at {node.node_id}: {command}")
+        self.stats[f"queue_{verb}s"] += 1
+        self.raft.propose(command)
 
     def _alive_producers(self) -> list[Producer]:
         self.producers = [producer for producer in self.producers if producer.alive]
@@ -654,8 +684,30 @@ class Simulation:
 
     # ---- invariants, after every step --------------------------------------------------------
 
+    def _check_definitions(self) -> None:
+        """A node whose replica is current and has applied the whole log holds every defined queue with
+        the definition's settings, and no queue deleted since (these queues carry no messages, so no
+        node keeps other settings to spare a group). The definitions are the log's, never a node's."""
+        queues = self.raft.queues
+        for node in self._alive_nodes():
+            if not node.router.ready or node.applied_index != self.raft.commit_index:
+                continue
+            if node.protocol.definitions != queues.definitions:
+                self.violation(f"{node.node_id} knows definitions {node.protocol.definitions}, the log "
+                               f"{queues.definitions}")
+            for name in sorted(set(queues.definitions) | set(queues.deleted)):
+                queue = node.broker.queues.get(name)
+                values = queues.definitions.get(name)
+                if values is None and queue is not None:
+                    self.violation(f"{node.node_id} holds queue {name}, deleted cluster-wide")
+                elif values is not None and (queue is None or queue.settings != QueueSettings.from_dict(values)):
+                    self.violation(f"{node.node_id} holds queue {name} as "
+                                   f"{None if queue is None else queue.settings}, defined as {values}")
+
     def check_invariants(self) -> None:
         raft, table = self.raft, self.raft.table
+        if self.config.queue_definitions or self.config.config_queues:
+            self._check_definitions()
         if self._checked.get("table") != (table.revision, raft.commit_index):  # else nothing changed
             self._checked["table"] = (table.revision, raft.commit_index)
             recount: dict = {}

@@ -143,3 +143,15 @@ def test_config_file_queues_are_proposed_as_seeds_once_the_replica_is_current_un
 def test_a_node_without_config_file_queues_proposes_no_seeds():
     cluster = protocol()
     assert of(ProposeQueueSeeds, cluster.ready(0) + cluster.tick(5000, {})) == []
+
+
+def test_once_current_a_config_file_queue_deleted_cluster_wide_is_dropped_again_unless_it_holds_messages():
+    cluster = protocol(queue_seeds=(values("seeded"), values("busy")))
+    cluster.recover_declaration({"name": QUEUES_MARK, "revision": 4})
+    for name in ("seeded", "busy"):  # declared from the config file at recovery
+        cluster.broker.declare_queue(QueueSettings(name=name))
+    fill(cluster, "busy")  # accepted after the deletion, into a queue made again
+    cluster.applied(QUEUES_ALL, (4, {}, {"seeded": 3, "busy": 4}), None, 0)
+    effects = cluster.ready(0)
+    assert of(QueueDeleted, effects) == [QueueDeleted("seeded", True)]
+    assert sorted(cluster.broker.queues) == ["busy"]
