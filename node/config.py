@@ -1,7 +1,8 @@
 """The node's one configuration object: built from defaults, a TOML file, environment, then flags.
 
 Later sources win. Every field has a default, a unit in its name where it has one, and a comment.
-Queue declarations live in the same TOML file as `[[queue]]` tables (see README). A bad key or value
+Queue declarations live in the same TOML file as `[[queue]]` tables, and the settings of auto-created
+queues in `[[address-setting]]` tables over one `[template]` (see README). A bad key or value
 raises `InvalidConfig` naming it; `grouper node` turns that into a non-zero exit.
 """
 
@@ -13,6 +14,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 from handler.route_table import PLACEMENT_BALANCED, PLACEMENTS
+from node.core.address_settings import AddressSettings
 from node.core.errors import InvalidConfig
 from node.core.settings import QueueSettings
 
@@ -88,7 +90,8 @@ class NodeConfig:
     raft_secret_file: str = ""  # raft secrets, one a line: the first encrypts raft traffic, every one is accepted
     allow_insecure_cluster: bool = False  # a node with users on a non-loopback host may cluster without TLS and secret
     queues: tuple = field(default_factory=tuple)  # QueueSettings declared at start
-    template: dict = field(default_factory=dict)  # settings applied to auto-created queues
+    template: dict = field(default_factory=dict)  # settings of auto-created queues no address setting gives
+    address_settings: tuple = field(default_factory=tuple)  # [[address-setting]] tables (dicts with match)
 
     def validate(self) -> "NodeConfig":
         for key in ("amqp_port", "admin_port", "raft_port", "http_port", "amqps_port", "peer_port"):
@@ -162,7 +165,7 @@ class NodeConfig:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise InvalidConfig("queue.name", f"declared more than once: {', '.join(duplicates)}")
-        self.template_settings()
+        self.auto_create_settings()
         return self
 
     @property
@@ -180,8 +183,12 @@ class NodeConfig:
     def template_settings(self) -> QueueSettings:
         return QueueSettings.from_dict({"name": "template", **self.template}, where="template")
 
+    def auto_create_settings(self) -> AddressSettings:
+        return AddressSettings.from_config(self.address_settings, self.template)
+
 
 _FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
+_TABLES = ("queues", "template", "address_settings")  # fields only a config file's tables give
 
 
 def files_stamp(paths) -> tuple:
@@ -236,7 +243,7 @@ def load(config_file: str | None = None, environ: dict | None = None, overrides:
             raise InvalidConfig("config", f"{config_file} is not valid TOML: {error}") from None
         for key, value in document.get("node", {}).items():
             norm = key.replace("-", "_")
-            if norm not in _FIELDS or norm in ("queues", "template"):
+            if norm not in _FIELDS or norm in _TABLES:
                 raise InvalidConfig(f"node.{key}", "unknown setting")
             values[norm] = _coerce(norm, value, "node.")
         for index, table in enumerate(document.get("queue", [])):
@@ -247,16 +254,20 @@ def load(config_file: str | None = None, environ: dict | None = None, overrides:
         if not isinstance(template, dict):
             raise InvalidConfig("template", "must be a table")
         values["template"] = template
-        unknown = set(document) - {"node", "queue", "template"}
+        address_settings = document.get("address-setting", [])
+        if not isinstance(address_settings, list):
+            raise InvalidConfig("address-setting", "must be an array of tables: write [[address-setting]]")
+        values["address_settings"] = tuple(address_settings)
+        unknown = set(document) - {"node", "queue", "template", "address-setting"}
         if unknown:
             raise InvalidConfig(sorted(unknown)[0], "unknown section")
     environ = os.environ if environ is None else environ
     for key in _FIELDS:
         env_key = ENV_PREFIX + key.upper()
-        if key not in ("queues", "template") and env_key in environ:
+        if key not in _TABLES and env_key in environ:
             values[key] = _coerce(key, environ[env_key], ENV_PREFIX)
     for key, value in (overrides or {}).items():
         if value is not None:
-            values[key] = _coerce(key, value, "--") if key not in ("queues", "template") else value
+            values[key] = _coerce(key, value, "--") if key not in _TABLES else value
     values["queues"] = tuple(queues) + tuple(values.get("queues", ()))
     return NodeConfig(**values).validate()

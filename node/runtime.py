@@ -268,7 +268,7 @@ class Node:
     def __init__(self, config: NodeConfig, clock_ms=wall_clock_ms):
         self.config = config
         self.clock_ms = clock_ms
-        self.broker = Broker(auto_create=config.auto_create, template=config.template_settings(),
+        self.broker = Broker(auto_create=config.auto_create, address_settings=config.auto_create_settings(),
                              default_group=config.default_group)
         self.journal = Journal(config.data_dir, fsync=config.journal_fsync,
                                compact_min_bytes=config.journal_compact_min_bytes)
@@ -322,7 +322,7 @@ class Node:
             if _reserved_name(name):
                 continue
             if name not in self.broker.queues:
-                log.warning("journal holds %d messages of undeclared queue %r; declaring it from the template",
+                log.warning("journal holds %d messages of undeclared queue %r; declaring it from the address settings",
                             len(messages), name)
                 self.broker.queue(name, create=True)
             for message in messages:
@@ -440,7 +440,7 @@ class Node:
 
     def _start_cluster(self) -> None:
         from handler.member_process import MemberProcess
-        from node.membership import refuse_lost_identity
+        from node.membership import call_options, refuse_lost_identity
 
         config = self.config
         advertised = config.advertise_host or config.host
@@ -454,7 +454,8 @@ class Node:
                 config.forward_timeout_ms)
             peer_port = self.peer_port
         raft_dir = os.path.join(config.data_dir, "raft")
-        refuse_lost_identity(config.node_id, config.peer_list(), self.admin_port, raft_dir)
+        refuse_lost_identity(config.node_id, config.peer_list(), self.admin_port, raft_dir,
+                             call_options(config, config.peer_list()))
         try:
             self.handler = MemberProcess(
                 config.node_id, config.peer_list(), raft_dir,
@@ -561,8 +562,9 @@ def run(config: NodeConfig) -> int:
         node.start()
         node.start_health()
         if config.join:
-            from node.membership import join
-            join(config.node_id, config.peer_list(), node.admin_port, config.join_timeout_ms)
+            from node.membership import call_options, join
+            join(config.node_id, config.peer_list(), node.admin_port, config.join_timeout_ms,
+                 call_options(config, config.peer_list()))
     except GrouperError as error:
         print(f"grouper node: cannot start: {error.description}", file=sys.stderr)
         if node is not None:

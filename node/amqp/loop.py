@@ -50,6 +50,7 @@ from node.amqp.engine import (ACCEPTED, CONNECTION_REMOTE_CLOSE, CONNECTION_REMO
 from node.amqp.links import Consumer, Producer
 from node.core.durability import CALL, CONSUMER, PRODUCER, Durability
 from node.core.access import Permission
+from node.core.address_settings import split_address
 from node.core.effects import DeadLettered, Delayed, Deliver, DetachConsumer, Dropped, Kept, Removed, Stored
 from node.core.errors import GrouperError, NotFound, ResourceLimitExceeded, StoreFailed
 from node.core.message import Message, Outcome
@@ -470,6 +471,7 @@ class AmqpServer:
         now_ms = self.clock_ms()
         browse = lib.pn_terminus_get_distribution_mode(source) == DIST_MODE_COPY
         queue = self._authorized_queue(connection, address, Permission.BROWSE if browse else Permission.CONSUME)
+        address = queue.settings.name  # without the address's parameters
         consumer_id = self._next_id()
         presettled = lib.pn_link_remote_snd_settle_mode(link) == SND_SETTLED
         effects = self.broker.attach_consumer(address, consumer_id, browse, now_ms, self.config.link_unsettled_max)
@@ -489,8 +491,8 @@ class AmqpServer:
 
     def _open_producer(self, link, connection: Connection) -> None:
         address = text(lib.pn_terminus_get_address(lib.pn_link_remote_target(link)))
-        if address:
-            self._authorized_queue(connection, address, Permission.SEND)
+        if address:  # messages to 'orders?group-buckets=8' go to orders
+            address = self._authorized_queue(connection, address, Permission.SEND).settings.name
         state = Producer(self._next_id(), link, connection, address or None)
         self.producers[state.id] = state
         self._links[link] = state
@@ -502,12 +504,15 @@ class AmqpServer:
 
     def _authorized_queue(self, connection: Connection, address: str, permission: Permission):
         """The queue `address` names, if the connection's user holds `permission` on it, and may create
-        it when it does not exist yet; raises Unauthorized (or NotFound) otherwise."""
+        it when it does not exist yet; raises Unauthorized (or NotFound) otherwise. The address's
+        parameters ('orders?group-buckets=1024') shape a queue created here, and must match an existing
+        one; permissions are decided on the queue name alone, so parameters never widen them."""
+        name, parameters = split_address(address)
         access = self.gate.security.access
-        access.check(connection.user, permission, address)
-        if address not in self.broker.queues and self.broker.auto_create:
-            access.check(connection.user, Permission.CREATE, address)
-        return self.broker.queue(address, create=True)
+        access.check(connection.user, permission, name)
+        if name not in self.broker.queues and self.broker.auto_create:
+            access.check(connection.user, Permission.CREATE, name)
+        return self.broker.queue(name, create=True, parameters=parameters)
 
     def _next_id(self) -> int:
         link_id = self._next_link_id

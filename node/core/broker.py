@@ -12,7 +12,7 @@ Rules:
   with a REMOVE record for a seq the journal never stored, which recovery and compaction ignore;
   released, it is delivered again from memory; a restart forgets it.
 - Dead letters (rejected, or past `delivery_count_max`) go to the source's `dead_letter_queue_name`
-  (`<queue>.DLQ` by default), created from the template when missing if the source's
+  (`<queue>.DLQ` by default), created from the address settings when missing if the source's
   `dead_letter_queue_auto_create` allows. A queue auto-created under a `.DLQ` name is a dead-letter
   queue: unlimited deliveries and no dead-letter queue of its own, since an operator drains it.
 - A dead letter is never dropped silently: when no dead-letter queue can take it (none may be
@@ -24,20 +24,21 @@ Rules:
 
 from __future__ import annotations
 
-import dataclasses
-
+from node.core.address_settings import AddressSettings, check_parameters
 from node.core.effects import DeadLettered, DetachConsumer, Removed, Stored
 from node.core.errors import AlreadyExists, GrouperError, NotFound
 from node.core.message import AVAILABLE, Message, Outcome
 from node.core.queue import Queue
-from node.core.settings import DEAD_LETTER_SUFFIX, QueueSettings
+from node.core.settings import QueueSettings
 
 
 class Broker:
     def __init__(self, *, auto_create: bool = True, template: QueueSettings | None = None,
-                 default_group: str = "", dead_letter_stamp=None):
+                 default_group: str = "", dead_letter_stamp=None, address_settings: AddressSettings | None = None):
         self.auto_create = auto_create
-        self.template = template or QueueSettings(name="template")  # settings of auto-created queues
+        # settings of auto-created queues: [[address-setting]] tables over the [template]
+        self.address_settings = address_settings or AddressSettings((), template)
+        self.template = self.address_settings.template
         self.default_group = default_group  # node-wide name of the default group of shared queues
         self.queues: dict[str, Queue] = {}
         self._consumer_queue: dict[object, Queue] = {}
@@ -69,22 +70,22 @@ class Broker:
         self.queues[settings.name].settings = settings
         self.declared.append(settings)
 
-    def queue(self, name: str, *, create: bool = False) -> Queue:
+    def queue(self, name: str, *, create: bool = False, parameters: dict | None = None) -> Queue:
+        """The queue `name`, auto-created when allowed. `parameters` (an attach address's, as
+        node.core.address_settings.split_address reads them) shape a queue created here and must
+        equal an existing queue's settings."""
         queue = self.queues.get(name)
         if queue is None:
             if not (create and self.auto_create):
                 raise NotFound(f"no queue {name!r} on this node (auto-create is "
                                f"{'on' if self.auto_create else 'off'}); declare it with 'grouper queue add'")
-            queue = self.declare_queue(self._auto_settings(name))
+            queue = self.declare_queue(self._auto_settings(name, parameters))
+        elif parameters:
+            check_parameters(queue.settings, parameters)
         return queue
 
-    def _auto_settings(self, name: str) -> QueueSettings:
-        settings = dataclasses.replace(self.template, name=name)
-        if name.endswith(DEAD_LETTER_SUFFIX) or settings.dead_letter_queue == name:
-            # a dead-letter queue keeps what it holds for an operator: no limit, no dead-letter queue of its own
-            settings = dataclasses.replace(settings, delivery_count_max=0, dead_letter_queue="",
-                                           dead_letter_queue_auto_create=False)
-        return settings
+    def _auto_settings(self, name: str, parameters: dict | None = None) -> QueueSettings:
+        return self.address_settings.settings_for(name, parameters)
 
     def delete_queue(self, name: str) -> list:
         queue = self.queue(name)

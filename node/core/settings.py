@@ -100,6 +100,18 @@ class QueueSettings:
     @classmethod
     def from_dict(cls, values: dict, *, where: str = "queue") -> "QueueSettings":
         """Build from a config-file table or admin request; unknown or mistyped keys are named."""
+        clean = cls.check_values(values, where=where)
+        if "name" not in clean:
+            raise InvalidConfig(f"{where}.name", "missing")
+        try:
+            return cls(**clean).validate()
+        except InvalidConfig as error:
+            raise InvalidConfig(f"{where}.{error.key}", str(error).split(": ", 1)[1]) from None
+
+    @classmethod
+    def check_values(cls, values: dict, *, where: str = "queue") -> dict:
+        """Some settings by field name (dashes or underscores), each known and of its field's type;
+        the cross-field rules wait for `validate()` on a whole record."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
         clean = {}
         for key, value in values.items():
@@ -122,9 +134,4 @@ class QueueSettings:
             if expected is str and not isinstance(value, str):
                 raise InvalidConfig(f"{where}.{key}", f"expected a string, got {value!r}")
             clean[norm] = value
-        if "name" not in clean:
-            raise InvalidConfig(f"{where}.name", "missing")
-        try:
-            return cls(**clean).validate()
-        except InvalidConfig as error:
-            raise InvalidConfig(f"{where}.{error.key}", str(error).split(": ", 1)[1]) from None
+        return clean
