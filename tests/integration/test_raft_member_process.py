@@ -8,7 +8,9 @@ What is promised:
 - if the member dies while the node runs, the node stops at once with status 70 and says why, and a
   restart serves again;
 - when the leader's process dies, its followers see its connection close and elect at once instead
-  of waiting out their election timeout (how fast: bench/cluster.py's leader-kill phase).
+  of waiting out their election timeout (how fast: bench/cluster.py's leader-kill phase);
+- it runs under the real-time round-robin policy where the node may set it (root here), and says so;
+  without CAP_SYS_NICE it says what it runs at instead.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,23 +27,13 @@ import pytest
 
 from tests.integration.cluster import Cluster
 from tests.integration.clients import Client, group_message, queue_toml
+from tests.integration.harness import REPO, alive, member_children
 
 WAIT_S = 20.0  # bound of every wait for a process to appear or go
 
 
-def children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(child) for child in (task / "children").read_text().split()]
-    return found
-
-
 def gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state == "Z"  # a zombie has ended; its parent (the killed node) will never reap it
+    return not alive(pid)  # a zombie has ended; its parent (the killed node) will never reap it
 
 
 def wait_until(predicate, what: str) -> None:
@@ -72,7 +66,7 @@ def cluster(tmp_path):
 
 
 def member_of(node) -> int:
-    found = children(node.process.pid)
+    found = member_children(node.process.pid)
     assert len(found) == 1, f"expected one child process (the raft member) of the node, found {found}"
     return found[0]
 
@@ -126,3 +120,21 @@ def test_the_followers_of_a_killed_leader_elect_as_soon_as_its_connection_closes
             if f"raft leader {cluster.node_ids[leader]} closed its connection: electing a new one" in line]
     assert said, "no follower elected on the closed connection:\n" + "\n".join(
         line for node in followers for line in node.output[-15:])
+
+
+def test_the_member_runs_real_time_where_it_may_and_says_so(cluster):
+    assert os.geteuid() == 0, "the test suite runs as root (CI does): a node may then set real-time scheduling"
+    for node in cluster.nodes:
+        member = member_of(node)
+        assert os.sched_getscheduler(member) == os.SCHED_RR
+        assert any(f"raft member process {member} runs at real-time (SCHED_RR 1)" in line for line in node.output)
+
+
+def test_without_cap_sys_nice_the_member_says_what_it_runs_at_instead():
+    # setpriv drops CAP_SYS_NICE from a root process, as a container's default capabilities do
+    result = subprocess.run(["setpriv", "--bounding-set", "-sys_nice", "--inh-caps", "-sys_nice", sys.executable,
+                             "-c", "from handler.member import _raise_priority; print(_raise_priority())"],
+                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("the node's priority (real-time scheduling and nice -10 need CAP_SYS_NICE"), \
+        result.stdout
