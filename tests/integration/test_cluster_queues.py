@@ -13,9 +13,9 @@ import time
 
 from proton import Delivery
 
-from tests.integration.cluster import WAIT_S
+from tests.integration.cluster import WAIT_S, free_ports
 from tests.integration.clients import queue_toml
-from tests.integration.harness import grouped, send_outcome
+from tests.integration.harness import NodeProcess, grouped, send_outcome
 from tests.integration.test_clustered_groups import cluster_factory, clients  # noqa: F401
 
 QUEUE = "orders"
@@ -96,3 +96,28 @@ def test_add_update_and_delete_act_on_every_node_and_a_restarted_node_catches_up
     cluster.wait_leader()
     assert QUEUE not in queues_of(second)
     assert "late" in queues_of(second) and "seeded" in queues_of(second)
+
+
+def test_a_node_that_joins_later_gets_every_definition_and_none_deleted(cluster_factory, clients, tmp_path):
+    cluster = cluster_factory()
+    first = cluster.nodes[0]
+    for command in (("queue", "add", "early", "--groups-max", "7"), ("queue", "add", "gone"),
+                    ("queue", "delete", "gone")):
+        result = first.cli(*command)
+        assert result.returncode == 0, (command, result.stderr)
+    # --join asks a member at its host and this node's admin port: on one machine, the joiner takes
+    # another loopback address and node 0's admin port number (as tests/integration/test_rejoin.py)
+    [port] = free_ports(1)
+    joiner = NodeProcess(tmp_path / "joiner", "", ("--host", "127.0.0.2", "--raft-port", str(port),
+                                                  "--peers", cluster.node_ids[0], "--join"))
+    joiner._admin_port = int(first.admin_address.rsplit(":", 1)[1])
+    try:
+        joiner.start()
+        wait_until(lambda: "early" in queues_of(joiner), "the definition on the node that joined")
+        assert "gone" not in queues_of(joiner)
+        # and the joiner's own commands act on the founders
+        assert joiner.cli("queue", "add", "from-joiner").returncode == 0
+        for node in cluster.nodes:
+            wait_until(lambda: "from-joiner" in queues_of(node), f"from-joiner on {node.admin_address}")
+    finally:
+        joiner.kill()
