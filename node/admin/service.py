@@ -179,7 +179,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             if self._control.node_id():  # a cluster: what every member holds decides (see _depths)
                 depths = self._depths(request.queue, caller, request.force)
                 if not depths and not self._control.queue_defined(request.queue):
-                    raise NotFound(f"no queue {request.queue!r} on any node of the cluster, nor defined cluster-wide")
+                    raise NotFound(f"no queue {request.queue!r} on any node of the cluster, nor defined cluster-wide "
+                                   f"(an earlier try whose answer was lost may have deleted it)")
                 holding = {node: depth for node, depth in depths.items() if depth}
                 if holding and not request.force:
                     raise NotAllowed(f"queue {request.queue!r} still holds messages: "
