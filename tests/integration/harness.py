@@ -70,6 +70,8 @@ class NodeProcess:
         # words run before the node's own command, e.g. a launcher that puts it in a cgroup and execs it
         # (tests/drills/nemesis.py): the process keeps its pid, so signals and kill() still reach the node
         self.command_prefix: tuple = ()
+        # the process's environment (None: this one's), e.g. without the credentials a test set here
+        self.environment: dict | None = None
         self.process: subprocess.Popen | None = None
         self.amqp_address = ""
         self.amqps_address = ""  # AMQP over TLS, when the node is given a certificate
@@ -88,8 +90,9 @@ class NodeProcess:
         command = [*self.command_prefix, sys.executable, "-m", "node.cli", "node", "--config", str(self.config_path),
                    "--data-dir", str(self.data_dir), "--amqp-port", str(self._amqp_port),
                    "--admin-port", str(self._admin_port), "--http-port", str(self._http_port), *self.args]
+        environment = os.environ if self.environment is None else self.environment
         self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                        text=True, env={**environment, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + START_TIMEOUT_S
         ready = threading.Event()
 

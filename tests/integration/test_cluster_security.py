@@ -11,6 +11,8 @@ per source and reason. Every wait is bounded.
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -25,7 +27,8 @@ import pytest
 from proton import Delivery
 
 from node import certs
-from tests.integration.cluster import Cluster
+from tests.integration.cli import write_users_file
+from tests.integration.cluster import Cluster, free_ports
 from tests.integration.harness import REPO, ManualReceiver, NodeProcess, connect, grouped, send_outcome
 from proto import peer_pb2, peer_pb2_grpc
 
@@ -224,3 +227,63 @@ def test_a_node_with_users_on_a_routable_host_refuses_to_cluster_without_tls_and
     output = str(raised.value)
     assert "cannot start: this node has users and serves a cluster on 0.0.0.0" in output
     assert "cluster TLS" in output and "raft secret" in output and "--allow-insecure-cluster" in output
+
+
+def test_a_node_joins_a_cluster_with_users_and_admin_tls_with_the_cli_credentials(tmp_path, monkeypatch):
+    """--join and the lost-identity check ask a secured cluster as the CLI would: admin TLS and
+    $GROUPER_USER/$GROUPER_PASSWORD. Without the credentials the join is refused, naming them."""
+    cert_dir = make_certs(tmp_path / "certs", 3)
+    certs.make_leaf(cert_dir, "node3", ips=["127.0.0.2"])
+    secret_file = tmp_path / "raft.secret"
+    secret_file.write_text(SECRET + "\n")
+    password = "join-test-password"
+    users = write_users_file(tmp_path / "users.json", {}, {"admin": "administrator"}, password)
+
+    def admin_tls(node: NodeProcess, name: str) -> None:
+        node.args += ("--admin-tls-cert-file", str(cert_dir / f"{name}.pem"),
+                      "--admin-tls-key-file", str(cert_dir / f"{name}-key.pem"), "--users-file", str(users))
+
+    cluster = Cluster(tmp_path, 3)
+    for index, node in enumerate(cluster.nodes):
+        secure(node, index, cert_dir, secret_file)
+        admin_tls(node, f"node{index}")
+    # the nodes, the joiner and the harness's CLI calls (cluster status) all take the CLI's variables
+    for key, value in {"GROUPER_USER": "admin", "GROUPER_PASSWORD": password,
+                       "GROUPER_CA": str(cert_dir / "ca.pem")}.items():
+        monkeypatch.setenv(key, value)
+    [raft_port] = free_ports(1)
+    node_id = f"127.0.0.2:{raft_port}"
+    # --join asks a member at the member's host and this node's admin port: node 0's port number
+    joiner = NodeProcess(tmp_path / "member", "[node]\njoin_timeout_ms = 3000\n",
+                         ("--host", "127.0.0.2", "--raft-port", str(raft_port), "--peers", cluster.node_ids[0],
+                          "--join"))
+    secure(joiner, 3, cert_dir, secret_file)
+    admin_tls(joiner, "node3")
+    try:
+        cluster.start()
+        joiner._admin_port = int(cluster.nodes[0].admin_address.rsplit(":", 1)[1])
+        joiner.environment = {key: value for key, value in os.environ.items()
+                              if key not in ("GROUPER_USER", "GROUPER_PASSWORD")}
+        with pytest.raises(RuntimeError, match="exited with 1") as refused:
+            joiner.start()
+        assert "could not join" in str(refused.value) and "refused this node" in str(refused.value) \
+            and "GROUPER_USER" in str(refused.value), refused.value
+
+        joiner.environment = None
+        seen = len(joiner.output)
+        joiner.start()
+        assert any("joined the cluster" in line for line in joiner.output[seen:]), joiner.output[seen:]
+        cluster.wait_for(lambda s: node_id in [m["node"] for m in s["members"] if m["raft_member"]
+                                               and m["amqp_address"]], "the joined member registered")
+
+        joiner.kill()  # its volume is replaced: the secured members still tell it apart from a founder
+        shutil.rmtree(joiner.data_dir)
+        joiner.data_dir.mkdir()
+        seen = len(joiner.output)
+        with pytest.raises(RuntimeError, match="exited with 1"):
+            joiner.start()
+        said = "\n".join(joiner.output[seen:])
+        assert "raft state is missing" in said and f"grouper cluster remove-node {node_id}" in said, said
+    finally:
+        joiner.kill()
+        cluster.kill_all()
