@@ -38,18 +38,18 @@ RUN pip install --no-index --no-cache-dir --disable-pip-version-check --no-deps 
 
 # require_data_volume: the node refuses to start unless /var/lib/grouper is a mounted volume (VOLUME
 # below gives an anonymous one to a plain `docker run`), so a journal never lives in a container layer.
-# allow_anonymous: a node on 0.0.0.0 without a user database refuses to start unless told to let
-# anyone in. The image says so until its nodes talk TLS to each other (README, Security: what is not
-# protected yet); bootstrap a user (GROUPER_DEFAULT_USER) and clients must authenticate on AMQP.
+# Secure by default: nothing here lets anyone in. A node on 0.0.0.0 refuses to start without users
+# (GROUPER_DEFAULT_USER and GROUPER_DEFAULT_PASSWORD_FILE make the first administrator), and a
+# clustered one without cluster TLS and a raft secret; docker-compose.yml and deploy/k8s give both.
+# GROUPER_ALLOW_ANONYMOUS=true opens a throw-away node to everyone who reaches its ports.
 ENV GROUPER_HOST=0.0.0.0 \
     GROUPER_DATA_DIR=/var/lib/grouper \
-    GROUPER_REQUIRE_DATA_VOLUME=true \
-    GROUPER_ALLOW_ANONYMOUS=true
+    GROUPER_REQUIRE_DATA_VOLUME=true
 USER 10001:10001
 WORKDIR /var/lib/grouper
 VOLUME ["/var/lib/grouper"]
-# AMQP, admin gRPC (also node-to-node forwarding), raft, HTTP health and metrics
-EXPOSE 5672 5673 5674 5675
+# AMQP, amqps, admin gRPC, raft, HTTP health and metrics, node-to-node forwarding (with cluster TLS)
+EXPOSE 5672 5671 5673 5674 5675 5676
 HEALTHCHECK --interval=5s --timeout=3s --start-period=10s --retries=3 CMD ["grouper-healthcheck"]
 ENTRYPOINT ["grouper-entrypoint"]
 CMD []

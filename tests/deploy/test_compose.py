@@ -3,7 +3,9 @@
 The cluster is the compose file itself, started with `docker-compose up -d` under a project name of
 its own, with the host ports, the image and the queue definitions passed in through the variables
 the file documents. Clients run on the host and reach the nodes through the ports published on
-127.0.0.1, as a user's would. The load is tests/drills/load.py's producers and consumers; the
+127.0.0.1, as a user's would. The cluster is the file's secured one: deploy/docker/dev_secrets.py
+makes its certificates and passwords in the test's directory, AMQP clients log in as the bootstrapped
+administrator over amqps (PLAIN) and the admin API is called over TLS with the same credentials. The load is tests/drills/load.py's producers and consumers; the
 verdict is tests/drills/checker.py's (nothing accepted lost, no duplicate among confirmed
 acceptances, per-group order, one consumer per group at a time).
 
@@ -22,6 +24,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -29,16 +32,23 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import pytest
+from proton import ConnectionException, SSLDomain
+from proton.utils import BlockingConnection
 from prometheus_client.parser import text_string_to_metric_families
 
-from node.admin.client import AdminClient, AdminError
+from node.admin.client import AccessDenied, AdminClient, AdminError
+from node.admin.credentials import basic_metadata
 from tests.deploy.conftest import REPO
 from tests.drills.checker import Report, check_files
 from tests.drills.load import GroupedProducer, Load, LoggingConsumer, now_ms, wait_accepted
 from tests.integration.cluster import free_ports, in_transit
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
+DEV_SECRETS = REPO / "deploy" / "docker" / "dev_secrets.py"
+ADMIN_USER = "admin"  # GROUPER_DEFAULT_USER in the compose file
+CERTIFICATE_NAME = "localhost"  # in every node certificate dev_secrets.py makes; the hosts dial 127.0.0.1
 SERVICES = ("node0", "node1", "node2")
 RAFT_PORT = 5674
 QUEUE = "compose-drill"
@@ -98,15 +108,23 @@ class ComposeCluster:
         self.docker = docker_client
         self.directory = directory
         self.project = f"grouper-test-{uuid.uuid4().hex[:10]}"
-        ports = free_ports(3 * len(SERVICES))
+        ports = free_ports(4 * len(SERVICES))
         self.amqp_ports = ports[0:3]
         self.admin_ports = ports[3:6]
         self.http_ports = ports[6:9]
+        self.amqps_ports = ports[9:12]
+        self.secrets = directory / "secrets"
+        made = subprocess.run([sys.executable, str(DEV_SECRETS), "--dir", str(self.secrets)], capture_output=True,
+                              text=True, timeout=60)
+        assert made.returncode == 0, f"{DEV_SECRETS} failed: {made.stdout}{made.stderr}"
+        self.password = (self.secrets / "admin.password").read_text().strip()
         config_file = directory / "grouper.toml"
         config_file.write_text(CONFIG_TOML)
         config_file.chmod(0o644)  # read by uid 10001 inside the containers
-        self.environment = {**os.environ, "GROUPER_IMAGE": image, "GROUPER_CONFIG_FILE": str(config_file)}
+        self.environment = {**os.environ, "GROUPER_IMAGE": image, "GROUPER_CONFIG_FILE": str(config_file),
+                            "GROUPER_SECRETS_DIR": str(self.secrets)}
         for index in range(len(SERVICES)):
+            self.environment[f"GROUPER_NODE{index}_AMQPS_PORT"] = str(self.amqps_ports[index])
             self.environment[f"GROUPER_NODE{index}_AMQP_PORT"] = str(self.amqp_ports[index])
             self.environment[f"GROUPER_NODE{index}_ADMIN_PORT"] = str(self.admin_ports[index])
             self.environment[f"GROUPER_NODE{index}_HTTP_PORT"] = str(self.http_ports[index])
@@ -163,11 +181,25 @@ class ComposeCluster:
     # ---- the nodes -----------------------------------------------------------------------------
 
     def url(self, index: int) -> str:
-        return f"amqp://127.0.0.1:{self.amqp_ports[index]}"
+        return f"amqps://{ADMIN_USER}:{self.password}@127.0.0.1:{self.amqps_ports[index]}"
+
+    def secure(self, client) -> None:
+        """TLS for a load client (GroupedProducer, LoggingConsumer) before its start: trust the
+        development CA, check the node's certificate names `localhost`."""
+        domain = SSLDomain(SSLDomain.MODE_CLIENT)
+        domain.set_trusted_ca_db(str(self.secrets / "ca.pem"))
+        domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+        client.client.connect_options = {"ssl_domain": domain, "sni": CERTIFICATE_NAME}
+
+    def admin(self, index: int) -> AdminClient:
+        """The node's admin API over TLS, as the administrator."""
+        credentials = grpc.ssl_channel_credentials(root_certificates=(self.secrets / "ca.pem").read_bytes())
+        return AdminClient(f"127.0.0.1:{self.admin_ports[index]}", timeout_ms=ADMIN_TIMEOUT_MS,
+                           credentials=credentials, metadata=basic_metadata(ADMIN_USER, self.password))
 
     def status(self, index: int) -> dict | None:
         try:
-            with AdminClient(f"127.0.0.1:{self.admin_ports[index]}", timeout_ms=ADMIN_TIMEOUT_MS) as client:
+            with self.admin(index) as client:
                 return client.cluster_status()
         except AdminError:
             return None
@@ -253,6 +285,7 @@ class Traffic:
                 name = f"c{len(self.load.consumers)}-node{index}"
                 consumer = LoggingConsumer(self.cluster.url(index), QUEUE, self.logs / f"{name}.jsonl", name=name,
                                            credit=CONSUMER_CREDIT, reconnect_delay_max_s=RECONNECT_DELAY_MAX_S)
+                self.cluster.secure(consumer)
                 consumer.start()
                 self.load.consumers.append(consumer)
         self.wait_consumers(placement)
@@ -275,6 +308,7 @@ class Traffic:
     def producer(self, index: int, name: str, groups: list[str], in_flight_max: int = IN_FLIGHT_MAX) -> GroupedProducer:
         producer = GroupedProducer(self.cluster.url(index), QUEUE, groups, self.logs / f"{name}.jsonl", name=name,
                                    in_flight_max=in_flight_max, reconnect_delay_max_s=RECONNECT_DELAY_MAX_S)
+        self.cluster.secure(producer)
         producer.start()
         self.load.producers.append(producer)
         return producer
@@ -374,7 +408,8 @@ def test_the_nodes_reach_each_other_and_the_host_reaches_them_on_127_0_0_1_but_t
         assert container.attrs["Config"]["User"] == "10001:10001", container.attrs["Config"]["User"]
         published = container.attrs["NetworkSettings"]["Ports"]
         assert published.get(f"{RAFT_PORT}/tcp") is None, f"the raft port is published: {published}"
-        for port in ("5672/tcp", "5673/tcp", "5675/tcp"):
+        assert published.get("5676/tcp") is None, f"the peer port is published: {published}"
+        for port in ("5671/tcp", "5672/tcp", "5673/tcp", "5675/tcp"):
             assert [binding["HostIp"] for binding in published[port]] == ["127.0.0.1"], published
         with urllib.request.urlopen(f"http://127.0.0.1:{cluster.http_ports[index]}/readyz",
                                     timeout=HTTP_TIMEOUT_S) as response:  # the host reaches the published port
@@ -383,6 +418,23 @@ def test_the_nodes_reach_each_other_and_the_host_reaches_them_on_127_0_0_1_but_t
         assert status is not None and status["has_quorum"] and status["leader"], status
         assert sorted(member["node"] for member in status["members"] if member["connected"]) == \
             [f"{service}:{RAFT_PORT}" for service in SERVICES], status["members"]
+
+    # secured: no AMQP client without an identity, no admin call without credentials, no plain admin
+    with pytest.raises(ConnectionException):
+        BlockingConnection(f"amqp://127.0.0.1:{cluster.amqp_ports[0]}", timeout=HTTP_TIMEOUT_S * 5,
+                           allowed_mechs="ANONYMOUS").close()
+    ca = grpc.ssl_channel_credentials(root_certificates=(cluster.secrets / "ca.pem").read_bytes())
+    with pytest.raises(AccessDenied) as refused:
+        with AdminClient(f"127.0.0.1:{cluster.admin_ports[0]}", timeout_ms=ADMIN_TIMEOUT_MS, credentials=ca) as admin:
+            admin.cluster_status()
+    assert refused.value.status == "UNAUTHENTICATED", refused.value
+    with pytest.raises(AdminError):  # a plain channel to the TLS port: the handshake never completes
+        with AdminClient(f"127.0.0.1:{cluster.admin_ports[0]}", timeout_ms=ADMIN_TIMEOUT_MS,
+                         metadata=basic_metadata(ADMIN_USER, cluster.password)) as admin:
+            admin.cluster_status()
+    logs = cluster.container(0).logs().decode(errors="replace")
+    for line in ("security: secured", "forwarding over mutual TLS", "raft encrypted"):
+        assert line in logs, f"{line!r} not in node0's banner:\n{logs[-2000:]}"
 
     with Outside() as outside:
         # the control: a container on Docker's default (masqueraded) bridge reaches the outside
@@ -408,7 +460,7 @@ def test_grouped_traffic_through_every_node_keeps_order_and_exclusivity(compose_
         traffic.consumers({0: 2, 1: 2, 2: 2})
         traffic.producers_on_every_node(groups("spread"))
         traffic.wait_accepted(list(traffic.producers.values()), 150, "grouped load through every node")
-        with AdminClient(f"127.0.0.1:{cluster.admin_ports[0]}", timeout_ms=ADMIN_TIMEOUT_MS) as admin:
+        with cluster.admin(0) as admin:
             owners = {row["group"]: (row["node"], row["consumer"]) for row in admin.list_groups(QUEUE)}
         report = traffic.check()
     print(f"\ngrouped traffic in {time.monotonic() - started_s:.1f} s:\n{report.summary()}")

@@ -19,6 +19,9 @@ EXIT_WAIT_S = 60.0  # a refused start exits within a second or two; the engine m
 HEALTHY_WAIT_S = 60.0
 LOG_TAIL_CHARS = 2000
 
+# the first administrator, made at the first start (a literal password: these containers are throw-away)
+ADMIN_ENVIRONMENT = {"GROUPER_DEFAULT_USER": "admin", "GROUPER_DEFAULT_PASSWORD": "image-test-password"}
+
 # name -> (environment, extra args, extra run options, a fragment the node's stderr must contain)
 REFUSED_STARTS = {
     "peer list without this node": (
@@ -30,7 +33,9 @@ REFUSED_STARTS = {
                                               "not a mounted volume"),
     "data volume the node cannot write": (
         {}, [], {"tmpfs": {"/var/lib/grouper": "mode=0755,uid=0,gid=0"}}, "not usable"),
-    "port in use": ({}, ["--amqp-port", "5673"], {}, "5673"),
+    "port in use": ({**ADMIN_ENVIRONMENT}, ["--amqp-port", "5673"], {}, "5673"),
+    # secure by default: the image lets nobody in until it has users
+    "no users on 0.0.0.0": ({}, [], {}, "--allow-anonymous"),
 }
 
 
@@ -65,8 +70,10 @@ def test_the_image_runs_a_single_node_as_uid_10001_on_its_volume_and_reports_hea
     config = image.attrs["Config"]
     assert config["User"] == "10001:10001", config["User"]
     assert "/var/lib/grouper" in (config.get("Volumes") or {}), config.get("Volumes")
-    assert sorted(config["ExposedPorts"]) == ["5672/tcp", "5673/tcp", "5674/tcp", "5675/tcp"], config["ExposedPorts"]
-    container = docker_client.containers.run(grouper_image, detach=True)
+    assert sorted(config["ExposedPorts"]) == ["5671/tcp", "5672/tcp", "5673/tcp", "5674/tcp", "5675/tcp",
+                                              "5676/tcp"], config["ExposedPorts"]
+    assert "GROUPER_ALLOW_ANONYMOUS=true" not in config["Env"], config["Env"]
+    container = docker_client.containers.run(grouper_image, environment=ADMIN_ENVIRONMENT, detach=True)
     try:
         deadline = time.monotonic() + HEALTHY_WAIT_S
         while True:
@@ -83,8 +90,12 @@ def test_the_image_runs_a_single_node_as_uid_10001_on_its_volume_and_reports_hea
         uid, data_dir_owner, *files = output.decode().splitlines()
         assert exit_code == 0 and uid == "10001" and data_dir_owner == "10001 750", output.decode()
         assert files, f"the node wrote nothing to its data volume: {output.decode()}"
-        # the management CLI in the image reaches the node's admin port (default 127.0.0.1:5673)
+        # the management CLI in the image reaches the node's admin port (default 127.0.0.1:5673), with
+        # the bootstrapped administrator's credentials; without them it is refused (exit 4)
         exit_code, output = container.exec_run(["grouper", "queue", "list"])
+        assert exit_code == 4, output.decode()
+        exit_code, output = container.exec_run(["grouper", "queue", "list"], environment={
+            "GROUPER_USER": "admin", "GROUPER_PASSWORD": ADMIN_ENVIRONMENT["GROUPER_DEFAULT_PASSWORD"]})
         assert exit_code == 0, output.decode()
     finally:
         try:

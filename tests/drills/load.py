@@ -90,6 +90,9 @@ class _Client(MessagingHandler):
         self._injector_lock = threading.Lock()
         self._injector_closed = False
         self._connection = None
+        # more Container.connect keywords for every (re)connection, set before start(): TLS (ssl_domain,
+        # sni) for a secured node; each client needs its own SSLDomain (one per container thread)
+        self.connect_options: dict = {}
         self.link = None
         self._reconnect_delay_s = RECONNECT_DELAY_MIN_S
         self._finishing = False
@@ -142,7 +145,8 @@ class _Client(MessagingHandler):
             return
         self._transport_condition = None
         self._ending_since_ms = None
-        self._connection = self._container.connect(self.url, reconnect=False, heartbeat=self.heartbeat_s)
+        self._connection = self._container.connect(self.url, reconnect=False, heartbeat=self.heartbeat_s,
+                                                   **self.connect_options)
         self.link = self._open_link(self._connection)
 
     def on_connection_opened(self, event) -> None:
