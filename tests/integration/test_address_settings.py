@@ -138,3 +138,38 @@ def test_parameters_never_let_a_user_create_a_queue_its_roles_do_not_allow(node_
     assert send_link("writer", "orders.new") is None
     refusal = send_link("writer", "orders.new?group-buckets=16")
     assert refusal is not None and refusal.name == "amqp:precondition-failed", refusal
+
+
+def test_an_anonymous_relay_message_to_an_address_with_parameters_reaches_its_queue(node_factory):
+    node = node_factory(CONFIG)
+    connection = connect(node)
+    try:
+        relay = connection.create_sender(None)
+        message = grouped("relayed", "g1")
+        message.address = "orders.eu?group-first-key=Param"
+        state, condition = send_outcome(relay, message)
+        assert state == Delivery.ACCEPTED, condition
+        receiver = ManualReceiver(connection, "orders.eu", "reader")
+        held = receiver.fetch()
+        assert held.body == "relayed" and held.message.properties.get("Param") is True
+        held.accept()
+    finally:
+        connection.close()
+
+
+def test_a_queue_made_by_parameters_keeps_its_settings_across_a_restart(node_factory):
+    node = node_factory(CONFIG)
+    connection = connect(node)
+    try:
+        assert first_key_seen(connection, "orders.eu?group-first-key=Param&group-buckets=64", "orders.eu") == "Param"
+    finally:
+        connection.close()
+    node.restart()
+    connection = connect(node)
+    try:
+        assert link_outcome(connection, "send", "orders.eu?group-buckets=64") is None
+        refusal = link_outcome(connection, "consume", "orders.eu?group-first-key=Exact")
+        assert refusal is not None and "group-first-key=Param" in refusal.description, refusal
+        assert first_key_seen(connection, "orders.eu", "orders.eu") == "Param"
+    finally:
+        connection.close()
