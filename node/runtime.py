@@ -254,7 +254,8 @@ class LoopControl:
                 "has_quorum": raft["has_quorum"], "routes": local["routes"],
                 "routes_digest": routes_digest, "last_applied": raft.get("last_applied", 0),
                 "commit_index": raft.get("commit_index", 0),
-                "waiting_for_route": local["waiting_for_route"], "outbound": local["outbound"], "members": rows}
+                "waiting_for_route": local["waiting_for_route"], "outbound": local["outbound"],
+                "in_transit": local["in_transit"], "members": rows}
 
 
 def _routes_by_node(routes: dict) -> dict[str, int]:

@@ -160,7 +160,7 @@ class AdminClient:
             "term": response.term, "has_quorum": response.has_quorum, "routes": response.routes,
             "waiting_for_route": response.waiting_for_route, "outbound": dict(response.outbound),
             "routes_digest": response.routes_digest, "last_applied": response.last_applied,
-            "commit_index": response.commit_index,
+            "commit_index": response.commit_index, "in_transit": dict(response.in_transit),
             "members": [{"node": member.node, "amqp_address": member.amqp_address,
                          "admin_address": member.admin_address, "down": member.down,
                          "connected": member.connected, "raft_member": member.raft_member,

@@ -121,6 +121,13 @@ def _messages_max(request) -> int | None:
     return request.messages_max
 
 
+def _add_in_transit(depths: dict[str, int], node: str, status: dict, queue: str) -> None:
+    """Count what `node` accepted for `queue` but holds in no queue yet (see ClusterStatusResponse.in_transit)."""
+    count = status.get("in_transit", {}).get(queue, 0)
+    if count:
+        depths[node] = depths.get(node, 0) + count
+
+
 def _raft_address(node: str) -> str:
     host, _, port = node.rpartition(":")
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
@@ -195,6 +202,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         not answer may hold some: the delete is refused, naming it, unless forced."""
         depths = {self._control.node_id(): stats["depth_messages"] for stats in self._control.list_queues()
                   if stats["name"] == queue}
+        _add_in_transit(depths, self._control.node_id(), self._control.cluster_status(), queue)
         peers = self._control.peers()
         if peers and caller.by_certificate and not force:
             raise NotAllowed(f"user {caller.user!r} is known here by a client certificate, which this node cannot "
@@ -205,6 +213,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 with self._member_client(address, caller) as client:
                     depths.update({node: stats["depth_messages"] for stats in client.list_queues()
                                    if stats["name"] == queue})
+                    _add_in_transit(depths, node, client.cluster_status(local_only=True), queue)
             except AdminError as error:
                 if not force:
                     raise NodeUnavailable(f"cannot tell whether node {node} ({address}) holds messages of queue "
@@ -313,7 +322,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 term=status.get("term", 0), has_quorum=status.get("has_quorum", False),
                 routes=status.get("routes", 0), waiting_for_route=status.get("waiting_for_route", 0),
                 outbound=status.get("outbound", {}), routes_digest=status.get("routes_digest", ""),
-                last_applied=status.get("last_applied", 0), commit_index=status.get("commit_index", 0))
+                last_applied=status.get("last_applied", 0), commit_index=status.get("commit_index", 0),
+                in_transit=status.get("in_transit", {}))
             for member in status.get("members", []):
                 row = response.members.add(node=member["node"], amqp_address=member.get("amqp_address", ""),
                                            admin_address=member.get("admin_address", ""),

@@ -900,6 +900,18 @@ class ClusterProtocol:
 
     # ---- status and shutdown -----------------------------------------------------------------
 
+    def in_transit(self) -> dict[str, int]:
+        """Messages accepted here that no queue holds yet, per queue (no zeros): to forward (until their
+        owner acknowledges them), waiting for a route, or parked behind a move."""
+        counts: collections.Counter = collections.Counter()
+        for (_owner, key), count in self.outbound.key_counts.items():
+            counts[key[0]] += count
+        for key, items in self.router.waiting.items():
+            counts[key[0]] += len(items)
+        for key, messages in self.parked.items():
+            counts[key[0]] += len(messages)
+        return {queue: count for queue, count in sorted(counts.items()) if count}
+
     def status(self) -> dict:
         return {
             "routes": len(self.router.routes),
@@ -908,6 +920,7 @@ class ClusterProtocol:
             "moving": len(self.moves),
             "held": len(self.held),
             "parked": sum(len(messages) for messages in self.parked.values()),
+            "in_transit": self.in_transit(),
             "members": self.members,
         }
 

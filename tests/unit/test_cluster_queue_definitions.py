@@ -155,3 +155,13 @@ def test_once_current_a_config_file_queue_deleted_cluster_wide_is_dropped_again_
     effects = cluster.ready(0)
     assert of(QueueDeleted, effects) == [QueueDeleted("seeded", True)]
     assert sorted(cluster.broker.queues) == ["busy"]
+
+
+def test_in_transit_counts_per_queue_what_is_accepted_here_but_in_no_queue_yet():
+    cluster = protocol()
+    cluster.applied(QUEUES, [(1, "orders", values()), (2, "jobs", values("jobs"))], None, 0)
+    for number, queue in enumerate(("orders", "orders", "jobs")):
+        cluster.arrive(f"delivery{number}", queue, f"g{number}", Message(payload=b"x", group_id=f"g{number}"),
+                       True, False, 0)
+    assert cluster.in_transit() == {"jobs": 1, "orders": 2}  # waiting for their routes
+    assert cluster.status()["in_transit"] == {"jobs": 1, "orders": 2}
