@@ -77,7 +77,8 @@ def queue_changes_from_args(args: argparse.Namespace) -> dict:
 
 def _add_node_command(subparsers) -> None:
     parser = subparsers.add_parser("node", help="run one broker node in the foreground")
-    parser.add_argument("--config", metavar="FILE", help="TOML file with [node], [template] and [[queue]] tables")
+    parser.add_argument("--config", metavar="FILE",
+                        help="TOML file with [node], [template], [[address-setting]] and [[queue]] tables")
     parser.add_argument("--host")
     parser.add_argument("--amqp-port", type=int)
     parser.add_argument("--admin-port", type=int)
