@@ -12,6 +12,8 @@ Rules:
   3. if one pattern's kinds are a prefix of the other's, the one with fewer words wins (the longer
      one can only match the same names through trailing '#'s matching nothing);
   4. otherwise the pattern text, in code point order, decides, so the order never depends on the file.
+- A table's keys are QueueSettings' (dashes or underscores), or Artemis's `default-<parameter>` for the
+  parameters below (`default-group-buckets` is group_buckets).
 - Merging, as Artemis does: a setting comes from the most specific matching table that gives it,
   else from `[template]` (below every table, even `match = "#"`), else QueueSettings' default.
 - Address parameters (`orders?group-buckets=1024&group-first-key=K`) name seed 002's group
@@ -44,6 +46,8 @@ PARAMETERS = {
     "consumers-before-dispatch": "consumers_before_dispatch",
     "delay-before-dispatch": "time_before_dispatch_ms",
 }
+
+ARTEMIS_DEFAULT_PREFIX = "default-"  # address-setting keys as Artemis spells them: default-<parameter>
 
 _KIND_LITERAL, _KIND_ONE_WORD, _KIND_ANY_WORDS = 2, 1, 0
 
@@ -86,7 +90,17 @@ def parse_table(table: dict, index: int) -> AddressSetting:
         QueuePattern(match)
     except InvalidConfig as error:
         raise InvalidConfig(f"{where}.match", str(error).split(": ", 1)[1]) from None
-    values = {key: value for key, value in table.items() if key != "match"}
+    values, fields_given = {}, set()
+    for key, value in table.items():
+        if key == "match":
+            continue
+        # Artemis's spelling, default-group-buckets and the like, for the parameters' settings
+        alias = PARAMETERS.get(key[len(ARTEMIS_DEFAULT_PREFIX):]) if key.startswith(ARTEMIS_DEFAULT_PREFIX) else None
+        field = alias or key.replace("-", "_")
+        if field in fields_given:
+            raise InvalidConfig(f"{where}.{key}", f"gives {field} a second time (keys may use '-' or '_')")
+        fields_given.add(field)
+        values[alias or key] = value
     if any(key.replace("-", "_") == "name" for key in values):
         raise InvalidConfig(f"{where}.name", "an address setting applies to many queues; 'match' chooses them")
     return AddressSetting(match, QueueSettings.check_values(values, where=where), index)

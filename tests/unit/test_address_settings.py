@@ -138,11 +138,26 @@ def test_a_config_file_gives_auto_created_queues_their_address_settings(tmp_path
     ('[[address-setting]]\nmatch = "a"\ngroup_rebalance_pause_dispatch = true\n',
      "address-setting[0].group_rebalance_pause_dispatch"),
     ('address-setting = 3\n', "address-setting"),
+    ('[[address-setting]]\nmatch = "a"\ngroup_buckets = 1\ndefault-group-buckets = 2\n',
+     "address-setting[0].default-group-buckets"),
+    ('[[address-setting]]\nmatch = "a"\ngroup_buckets = 1\ngroup-buckets = 2\n', "address-setting[0].group-buckets"),
+    ('[[address-setting]]\nmatch = "a"\ndefault-group-bucket = 2\n', "address-setting[0].default-group-bucket"),
 ])
 def test_a_bad_address_setting_stops_the_node_naming_the_table_and_key(tmp_path, text, key):
     with pytest.raises(InvalidConfig) as caught:
         load(write(tmp_path, text), environ={})
     assert caught.value.key == key
+
+
+def test_an_address_setting_takes_artemis_default_keys_for_the_group_parameters(tmp_path):
+    config = load(write(tmp_path, '[[address-setting]]\nmatch = "my.address"\ndefault-group-buckets = 1024\n'
+                                  'default-group-first-key = "JMSXGroupFirstForConsumer"\n'
+                                  'default-group-rebalance = true\ndefault-group-rebalance-pause-dispatch = true\n'
+                                  'default-delay-before-dispatch = 500\n'), environ={})
+    settings_ = config.auto_create_settings().settings_for("my.address")
+    assert (settings_.group_buckets, settings_.group_first_key, settings_.group_rebalance,
+            settings_.group_rebalance_pause_dispatch, settings_.time_before_dispatch_ms) == (
+        1024, "JMSXGroupFirstForConsumer", True, True, 500)
 
 
 def test_a_pause_without_rebalance_is_fine_when_a_wider_match_turns_rebalance_on(tmp_path):
