@@ -507,7 +507,8 @@ class AmqpServer:
         it when it does not exist yet; raises Unauthorized (or NotFound) otherwise. The address's
         parameters ('orders?group-buckets=1024') shape a queue created here, and must match an existing
         one; permissions are decided on the queue name alone, so parameters never widen them."""
-        name, parameters = split_address(address)
+        # a queue declared with a '?' in its name is still reached by that name
+        name, parameters = (address, {}) if address in self.broker.queues else split_address(address)
         access = self.gate.security.access
         access.check(connection.user, permission, name)
         if name not in self.broker.queues and self.broker.auto_create:

@@ -173,3 +173,12 @@ def test_a_queue_made_by_parameters_keeps_its_settings_across_a_restart(node_fac
         assert first_key_seen(connection, "orders.eu", "orders.eu") == "Param"
     finally:
         connection.close()
+
+
+def test_a_declared_queue_with_a_question_mark_in_its_name_is_reached_by_that_name(node_factory):
+    node = node_factory(CONFIG + '\n[[queue]]\nname = "odd?name"\ngroup_first_key = "Param"\n')
+    connection = connect(node)
+    try:
+        assert first_key_seen(connection, "odd?name", "odd?name") == "Param"
+    finally:
+        connection.close()
