@@ -3,7 +3,7 @@
 It owns one translation: pod `<set>-<ordinal>` of the StatefulSet -> the container the kubelet would
 run, on a Docker engine. Everything comes from the manifests as `kubectl apply -k` would apply them:
 image, command, args, environment (fieldRef values substituted for the pod, `$(VAR)` expanded as
-Kubernetes expands it), volume mounts (claims, ConfigMaps, emptyDirs), user, groups and security
+Kubernetes expands it), volume mounts (claims, ConfigMaps, Secrets, emptyDirs), user, groups and security
 context, memory and CPU limits, and the pod's DNS names (hostname, subdomain, network aliases).
 
 Rules:
@@ -13,8 +13,12 @@ Rules:
   the only part that touches the Docker engine or the file system.
 - Volumes are host directories bind-mounted into the container, prepared as the kubelet prepares
   them: a fresh claim is root-owned and gets the pod's fsGroup (group-owned, setgid, group-writable),
-  an emptyDir is world-writable, a ConfigMap is read-only files. Without the manifest's fsGroup the
-  node cannot write its data dir, exactly as on a real cluster.
+  an emptyDir is world-writable, a ConfigMap or a Secret is read-only files (a Secret's group-owned
+  by the fsGroup, with its defaultMode). Without the manifest's fsGroup the node cannot write its
+  data dir, exactly as on a real cluster. Secrets are not in the manifests: the caller passes them
+  (name -> {"data": {key: text}}, the shape of a ConfigMap), as `kubectl create secret` would have
+  made them; one the pod names but the caller did not pass is a LookupError, as a pod that waits for
+  a missing Secret never starts.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ CLUSTER_DOMAIN = "cluster.local"
 NAMESPACE = "default"
 TEST_LABEL = "grouper.test"  # every container and network made here carries it, for cleanup
 TEST_LABEL_VALUE = "k8s-pod-template"
-CONFIG_MAP_DEFAULT_MODE = 0o644  # the kubelet's defaultMode of ConfigMap files
+CONFIG_MAP_DEFAULT_MODE = 0o644  # the kubelet's defaultMode of ConfigMap and Secret files
 CLAIM_MODE = 0o2775  # a claim after the kubelet applied fsGroup: group-owned, setgid, group-writable
 EMPTY_DIR_MODE = 0o777  # the kubelet makes emptyDir volumes world-writable
 
@@ -122,9 +126,10 @@ def pod_fields(statefulset: dict, ordinal: int, namespace: str) -> dict[str, str
     return fields
 
 
-def environment(container: dict, fields: dict[str, str], config_maps: dict[str, dict], where: str) -> dict[str, str]:
+def environment(container: dict, fields: dict[str, str], config_maps: dict[str, dict], where: str,
+                secrets: dict[str, dict] | None = None) -> dict[str, str]:
     """The container's environment in Kubernetes' order: each value is expanded against the variables
-    defined before it; fieldRef and configMapKeyRef are looked up."""
+    defined before it; fieldRef, configMapKeyRef and secretKeyRef are looked up."""
     if container.get("envFrom"):
         raise Unsupported(f"{where}.envFrom is not emulated")
     variables: dict[str, str] = {}
@@ -141,8 +146,11 @@ def environment(container: dict, fields: dict[str, str], config_maps: dict[str, 
         elif "configMapKeyRef" in entry.get("valueFrom", {}):
             ref = entry["valueFrom"]["configMapKeyRef"]
             variables[entry["name"]] = config_maps[ref["name"]]["data"][ref["key"]]
+        elif "secretKeyRef" in entry.get("valueFrom", {}):
+            ref = entry["valueFrom"]["secretKeyRef"]
+            variables[entry["name"]] = _secret(secrets, ref["name"], at)["data"][ref["key"]]
         else:
-            raise Unsupported(f"{at}: only value, fieldRef and configMapKeyRef are emulated")
+            raise Unsupported(f"{at}: only value, fieldRef, configMapKeyRef and secretKeyRef are emulated")
     return variables
 
 
@@ -151,10 +159,10 @@ def environment(container: dict, fields: dict[str, str], config_maps: dict[str, 
 @dataclass(frozen=True)
 class VolumeMount:
     target: str  # mount path in the container
-    kind: str  # "claim" | "config" | "empty"
+    kind: str  # "claim" | "config" | "secret" | "empty"
     volume: str  # the volume's (or claim template's) name
     read_only: bool
-    files: dict = field(default_factory=dict)  # kind "config": file name -> text
+    files: dict = field(default_factory=dict)  # kinds "config", "secret": file name -> text
     file_mode: int = CONFIG_MAP_DEFAULT_MODE
 
 
@@ -207,7 +215,7 @@ def _check_known(section: dict, known: set, where: str) -> None:
 
 
 def pod_container(statefulset: dict, config_maps: dict[str, dict], ordinal: int,
-                  namespace: str = NAMESPACE) -> PodContainer:
+                  namespace: str = NAMESPACE, secrets: dict[str, dict] | None = None) -> PodContainer:
     spec = statefulset["spec"]
     pod_spec = spec["template"]["spec"]
     _check_known(pod_spec, _POD_KEYS, "spec.template.spec")
@@ -230,7 +238,7 @@ def pod_container(statefulset: dict, config_maps: dict[str, dict], ordinal: int,
     user = f"{merged['runAsUser']}:{merged.get('runAsGroup', merged['runAsUser'])}" if "runAsUser" in merged else None
     capabilities = security.get("capabilities", {})
     fields = pod_fields(statefulset, ordinal, namespace)
-    variables = environment(container, fields, config_maps, where)
+    variables = environment(container, fields, config_maps, where, secrets)
     limits = container.get("resources", {}).get("limits", {})
     fs_group = pod_security.get("fsGroup")
     return PodContainer(
@@ -250,12 +258,20 @@ def pod_container(statefulset: dict, config_maps: dict[str, dict], ordinal: int,
         no_new_privileges=security.get("allowPrivilegeEscalation", True) is False,
         memory_limit_bytes=int(quantity(limits["memory"], f"{where}.resources.limits.memory")) if "memory" in limits else None,
         nano_cpus=int(quantity(limits["cpu"], f"{where}.resources.limits.cpu") * 1e9) if "cpu" in limits else None,
-        mounts=_mounts(statefulset, container, config_maps, where),
+        mounts=_mounts(statefulset, container, config_maps, where, secrets),
         ports={port["name"]: port["containerPort"] for port in container.get("ports", []) if "name" in port},
     )
 
 
-def _mounts(statefulset: dict, container: dict, config_maps: dict[str, dict], where: str) -> list[VolumeMount]:
+def _secret(secrets: dict[str, dict] | None, name: str, at: str) -> dict:
+    if not secrets or name not in secrets:
+        raise LookupError(f"{at}: Secret {name!r} was not given (the pod would wait for it); given: "
+                          f"{sorted(secrets or {})}")
+    return secrets[name]
+
+
+def _mounts(statefulset: dict, container: dict, config_maps: dict[str, dict], where: str,
+            secrets: dict[str, dict] | None = None) -> list[VolumeMount]:
     volumes = {volume["name"]: volume for volume in statefulset["spec"]["template"]["spec"].get("volumes", [])}
     claims = {claim["metadata"]["name"] for claim in statefulset["spec"].get("volumeClaimTemplates", [])}
     mounts = []
@@ -275,12 +291,21 @@ def _mounts(statefulset: dict, container: dict, config_maps: dict[str, dict], wh
             mounts.append(VolumeMount(entry["mountPath"], "config", name, True,
                                       {item["path"]: data[item["key"]] for item in items},
                                       source.get("defaultMode", CONFIG_MAP_DEFAULT_MODE)))
+        elif "secret" in volumes[name]:
+            source = volumes[name]["secret"]
+            _check_known(source, {"secretName", "defaultMode", "items"}, f"volumes[{name}].secret")
+            data = _secret(secrets, source["secretName"], f"volumes[{name}]")["data"]
+            items = source.get("items") or [{"key": key, "path": key} for key in data]
+            mounts.append(VolumeMount(entry["mountPath"], "secret", name, True,
+                                      {item["path"]: data[item["key"]] for item in items},
+                                      source.get("defaultMode", CONFIG_MAP_DEFAULT_MODE)))
         elif "emptyDir" in volumes[name]:
             if volumes[name]["emptyDir"].get("medium"):
                 raise Unsupported(f"volumes[{name}].emptyDir.medium is not emulated")
             mounts.append(VolumeMount(entry["mountPath"], "empty", name, read_only))
         else:
-            raise Unsupported(f"volumes[{name}]: only configMap and emptyDir volumes (and claims) are emulated")
+            raise Unsupported(f"volumes[{name}]: only configMap, secret and emptyDir volumes (and claims) are "
+                              "emulated")
     return mounts
 
 
@@ -303,10 +328,11 @@ class PodRunner:
     `close()` removes every container, the network and the volumes' directories."""
 
     def __init__(self, client, statefulset: dict, config_maps: dict[str, dict], volumes_dir: Path,
-                 namespace: str = NAMESPACE):
+                 namespace: str = NAMESPACE, secrets: dict[str, dict] | None = None):
         self.client = client
         self.statefulset = statefulset
         self.config_maps = config_maps
+        self.secrets = secrets
         self.volumes_dir = Path(volumes_dir)
         self.namespace = namespace
         self.containers: dict[str, object] = {}
@@ -329,7 +355,7 @@ class PodRunner:
         of a Parallel StatefulSet do)."""
         from docker.types import EndpointConfig, Mount
 
-        pod = pod_container(self.statefulset, self.config_maps, ordinal, self.namespace)
+        pod = pod_container(self.statefulset, self.config_maps, ordinal, self.namespace, self.secrets)
         mounts = [Mount(mount.target, str(self._prepare(pod, mount)), type="bind", read_only=mount.read_only)
                   for mount in pod.mounts]
         endpoint = EndpointConfig(self.client.api.api_version, aliases=pod.aliases)

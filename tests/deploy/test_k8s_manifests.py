@@ -85,7 +85,7 @@ def test_pods_start_together_with_stable_dns_names_from_a_headless_service_that_
 def test_the_advertised_host_is_the_pods_name_under_the_headless_service(statefulset, container):
     env = env_values(container)
     fields = {entry["name"]: entry["valueFrom"]["fieldRef"]["fieldPath"] for entry in container["env"]
-              if "valueFrom" in entry}
+              if "fieldRef" in entry.get("valueFrom", {})}
     assert fields == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
     advertised = expand(env["GROUPER_ADVERTISE_HOST"], {"POD_NAME": "grouper-4", "POD_NAMESPACE": "shop"})
     assert advertised == f"grouper-4.{statefulset['spec']['serviceName']}.shop.svc"
@@ -101,7 +101,8 @@ def test_probes_ask_the_nodes_http_port_for_readyz_and_healthz(documents, contai
     headless = resource(documents, "Service", "grouper-headless")
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert ports == {"amqp": int(env["GROUPER_AMQP_PORT"]), "admin": int(env["GROUPER_ADMIN_PORT"]),
-                     "raft": int(env["GROUPER_RAFT_PORT"]), "http": http_port}
+                     "raft": int(env["GROUPER_RAFT_PORT"]), "http": http_port,
+                     "amqps": int(env["GROUPER_AMQPS_PORT"]), "peer": int(env["GROUPER_PEER_PORT"])}
     assert {p["name"]: p["port"] for p in headless["spec"]["ports"]}["raft"] == ports["raft"]
 
 
@@ -110,7 +111,7 @@ def test_the_client_service_offers_amqp_and_admin_of_ready_pods_only(documents, 
     assert service["spec"].get("publishNotReadyAddresses", False) is False
     assert service["spec"]["selector"].items() <= statefulset["spec"]["template"]["metadata"]["labels"].items()
     assert {(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
-        ("amqp", 5672, "amqp"), ("admin", 5673, "admin")}
+        ("amqp", 5672, "amqp"), ("amqps", 5671, "amqps"), ("admin", 5673, "admin")}
 
 
 def test_the_disruption_budget_keeps_a_raft_majority_for_every_size_from_three(documents, statefulset):
@@ -182,7 +183,8 @@ def run_pod_command(tmp_path_factory, container):
     settings it was started with instead of starting a node."""
     bin_dir = tmp_path_factory.mktemp("bin")
     fake = bin_dir / "grouper"
-    fake.write_text('#!/bin/sh\necho "args=$*"\necho "peers=$GROUPER_PEERS"\necho "join=${GROUPER_JOIN:-}"\n')
+    fake.write_text('#!/bin/sh\necho "args=$*"\necho "peers=$GROUPER_PEERS"\necho "join=${GROUPER_JOIN:-}"\n'
+                    'echo "certificates=$GROUPER_TLS_CERT_FILE $GROUPER_ADMIN_TLS_KEY_FILE $GROUPER_CLUSTER_TLS_CERT_FILE"\n')
     fake.chmod(0o755)
     shell = shutil.which("dash") or "/bin/sh"
 
@@ -207,20 +209,23 @@ def bootstrap_peers(count: int) -> str:
 def test_a_bootstrap_pod_starts_the_node_with_the_bootstrap_members_as_peers(run_pod_command, pod_name):
     result = run_pod_command(pod_name)
     assert result.returncode == 0, result.stderr
+    tls = "/run/secrets/grouper/tls"  # the Secret grouper-tls; each pod its own files
     assert result.stdout.splitlines() == ["args=node --config /etc/grouper/grouper.toml",
-                                          f"peers={bootstrap_peers(3)}", "join="]
+                                          f"peers={bootstrap_peers(3)}", "join=",
+                                          f"certificates={tls}/{pod_name}.pem {tls}/{pod_name}-key.pem "
+                                          f"{tls}/{pod_name}.pem"]
 
 
 @pytest.mark.parametrize("pod_name", ["grouper-3", "grouper-11"])
 def test_a_pod_beyond_the_bootstrap_size_joins_the_existing_members(run_pod_command, pod_name):
     result = run_pod_command(pod_name)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[1:] == [f"peers={bootstrap_peers(3)}", "join=true"]
+    assert result.stdout.splitlines()[1:3] == [f"peers={bootstrap_peers(3)}", "join=true"]
 
 
 def test_the_bootstrap_size_decides_who_joins(run_pod_command):
     result = run_pod_command("grouper-3", GROUPER_BOOTSTRAP_NODES="5")
-    assert result.stdout.splitlines()[1:] == [f"peers={bootstrap_peers(5)}", "join="]
+    assert result.stdout.splitlines()[1:3] == [f"peers={bootstrap_peers(5)}", "join="]
 
 
 @pytest.mark.parametrize("bootstrap, complaint", [("0", "GROUPER_BOOTSTRAP_NODES must be a positive integer"),
@@ -262,8 +267,12 @@ def config_maps_of(documents: list[dict]) -> dict:
     return {d["metadata"]["name"]: d for d in documents if d["kind"] == "ConfigMap"}
 
 
+SECRETS = {"grouper-tls": {"data": {"ca.pem": "CA", "grouper-3.pem": "CERT", "grouper-3-key.pem": "KEY"}},
+           "grouper-auth": {"data": {"users.json": "{}", "admin-password": "pw", "raft.secret": "s" * 16}}}
+
+
 def test_pod_three_translates_to_its_names_environment_mounts_and_limits(documents, statefulset):
-    pod = pod_container(statefulset, config_maps_of(documents), 3, "shop")
+    pod = pod_container(statefulset, config_maps_of(documents), 3, "shop", SECRETS)
     assert (pod.pod, pod.domainname) == ("grouper-3", "grouper-headless.shop.svc.cluster.local")
     assert "grouper-3.grouper-headless.shop.svc" in pod.aliases and "grouper-3.grouper-headless" in pod.aliases
     assert pod.environment["GROUPER_ADVERTISE_HOST"] == "grouper-3.grouper-headless.shop.svc"
@@ -272,7 +281,14 @@ def test_pod_three_translates_to_its_names_environment_mounts_and_limits(documen
     assert (pod.memory_limit_bytes, pod.nano_cpus) == (1 << 30, 1_000_000_000)
     kinds = {mount.target: (mount.kind, mount.volume, mount.read_only) for mount in pod.mounts}
     assert kinds == {"/var/lib/grouper": ("claim", "data", False), "/etc/grouper": ("config", "config", True),
-                     "/tmp": ("empty", "tmp", False)}
+                     "/tmp": ("empty", "tmp", False), "/run/secrets/grouper/tls": ("secret", "tls", True),
+                     "/run/secrets/grouper/auth": ("secret", "auth", True)}
+    secrets = {mount.volume: mount for mount in pod.mounts if mount.kind == "secret"}
+    assert secrets["auth"].files["raft.secret"] == "s" * 16 and secrets["auth"].file_mode == 0o440
+    assert pod.environment["GROUPER_PASSWORD"] == "pw" and pod.environment["GROUPER_USER"] == "admin"
+    assert "GROUPER_ALLOW_ANONYMOUS" not in pod.environment  # secure by default
+    with pytest.raises(LookupError, match="grouper-auth"):  # a pod without its Secret never starts
+        pod_container(statefulset, config_maps_of(documents), 3, "shop", {"grouper-tls": SECRETS["grouper-tls"]})
     (config,) = [mount for mount in pod.mounts if mount.kind == "config"]
     assert "[[queue]]" in config.files["grouper.toml"]
 
@@ -281,12 +297,12 @@ def test_a_pod_field_the_translation_does_not_know_is_an_error_naming_it(documen
     changed = copy.deepcopy(statefulset)
     changed["spec"]["template"]["spec"]["hostNetwork"] = True
     with pytest.raises(Unsupported, match="hostNetwork"):
-        pod_container(changed, config_maps_of(documents), 0)
+        pod_container(changed, config_maps_of(documents), 0, secrets=SECRETS)
     changed = copy.deepcopy(statefulset)
     changed["spec"]["template"]["spec"]["containers"][0]["env"].append(
         {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}})
     with pytest.raises(Unsupported, match="status.hostIP"):
-        pod_container(changed, config_maps_of(documents), 0)
+        pod_container(changed, config_maps_of(documents), 0, secrets=SECRETS)
 
 
 def test_quantities_read_as_kubernetes_writes_them():

@@ -11,7 +11,10 @@ cut off from the outside. The test then plays the kubelet and the StatefulSet co
   period) while scaling up: grouper-3 from the same template joins by itself and takes grouper-1's
   old address, so grouper-1 comes back on a new one; every member must reach every other again by
   name, and both serve grouped traffic.
-So a manifest change that would break a real deployment fails here. Every wait has a deadline; the
+The pods run secured, as the manifests demand: the Secrets grouper-tls and grouper-auth hold what
+deploy/k8s-secrets/make_secrets.py makes (the README's commands), clients use amqps with PLAIN as
+`admin`, the test's admin calls use TLS and the same credentials, and grouper-3 joins a cluster that
+takes none without them. So a manifest change that would break a real deployment fails here. Every wait has a deadline; the
 containers, the network and the volumes are removed even when the test fails (their logs are kept
 in the test's tmp directory).
 """
@@ -19,20 +22,27 @@ in the test's tmp directory).
 from __future__ import annotations
 
 import http.client
+import importlib.util
 import time
 from concurrent.futures import ThreadPoolExecutor
 import tomllib
 from pathlib import Path
 
+import grpc
 import pytest
+from proton import SSLDomain
 
 from node.admin.client import AdminClient, AdminError
+from node.admin.credentials import basic_metadata
 from tests.deploy.podtemplate import PodRunner, http_probe, render, resource
 from tests.drills.checker import check_files
 from tests.drills.load import start_load
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
+MAKE_SECRETS = REPO / "deploy" / "k8s-secrets" / "make_secrets.py"
+ADMIN_USER = "admin"  # GROUPER_USER in the StatefulSet
+CERTIFICATE_NAME = "localhost"  # in every pod's certificate; the test dials the pods' addresses
 READY_TIMEOUT_S = 90.0  # from container start to every pod ready (2 cores shared by four interpreters)
 CONNECT_TIMEOUT_S = 15.0  # a restarted member is redialled every 0.2 s, its name re-resolved every 1 s
 POLL_S = 0.25  # faster than the probe's period: the test only wants to know sooner
@@ -54,7 +64,8 @@ def statefulset_pods(docker_client, grouper_image, tmp_path):
     image = statefulset["spec"]["template"]["spec"]["containers"][0]["image"]
     repository, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
     docker_client.images.get(grouper_image).tag(repository, tag)
-    runner = PodRunner(docker_client, statefulset, config_maps, tmp_path / "volumes")
+    runner = PodRunner(docker_client, statefulset, config_maps, tmp_path / "volumes",
+                       secrets=make_secrets(tmp_path / "secrets", statefulset["spec"]["replicas"] + 1))
     try:
         yield runner
     finally:
@@ -67,6 +78,43 @@ def statefulset_pods(docker_client, grouper_image, tmp_path):
         if image != grouper_image:
             docker_client.images.remove(image, noprune=True)  # only the tag: the built image stays
         assert not errors, f"cleanup failed: {errors}"
+
+
+def make_secrets(directory: Path, replicas: int) -> dict[str, dict]:
+    """The Secrets as `kubectl create secret` would make them from make_secrets.py's files."""
+    spec = importlib.util.spec_from_file_location("make_secrets", MAKE_SECRETS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.make(directory, "default", replicas)
+    return {name: {"data": {key: path.read_text() for key, path in files.items()}, "directory": directory}
+            for name, files in module.secret_files(directory, replicas).items()}
+
+
+def password(runner: PodRunner) -> str:
+    return runner.secrets["grouper-auth"]["data"]["admin-password"]
+
+
+def admin_client(runner: PodRunner, address: str) -> AdminClient:
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=runner.secrets["grouper-tls"]["data"]["ca.pem"].encode())
+    return AdminClient(address, timeout_ms=ADMIN_TIMEOUT_MS, credentials=credentials, server_name=CERTIFICATE_NAME,
+                       metadata=basic_metadata(ADMIN_USER, password(runner)))
+
+
+def amqps_url(runner: PodRunner, pod: str, port: int) -> str:
+    return f"amqps://{ADMIN_USER}:{password(runner)}@{runner.address(pod)}:{port}"
+
+
+def tls_options(runner: PodRunner):
+    """start_load's connect_options: each client its own SSLDomain trusting the Secret's CA."""
+    ca_file = str(runner.secrets["grouper-tls"]["directory"] / "ca.pem")
+
+    def options(url: str) -> dict:
+        domain = SSLDomain(SSLDomain.MODE_CLIENT)
+        domain.set_trusted_ca_db(ca_file)
+        domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+        return {"ssl_domain": domain, "sni": CERTIFICATE_NAME}
+    return options
 
 
 def readiness(address: str, path: str, port: int, timeout_s: float) -> tuple[bool, str]:
@@ -118,8 +166,8 @@ def node_id(pod) -> str:
     return f"{pod.environment['GROUPER_ADVERTISE_HOST']}:{pod.environment['GROUPER_RAFT_PORT']}"
 
 
-def cluster_status(address: str) -> dict:
-    with AdminClient(address, timeout_ms=ADMIN_TIMEOUT_MS) as admin:
+def cluster_status(runner: PodRunner, address: str) -> dict:
+    with admin_client(runner, address) as admin:
         return admin.cluster_status()
 
 
@@ -142,7 +190,7 @@ def wait_all_connected(runner: PodRunner, pods: list[str], admin_port: int, memb
     while True:
         for pod in pods:
             try:
-                status = cluster_status(f"{runner.address(pod)}:{admin_port}")
+                status = cluster_status(runner, f"{runner.address(pod)}:{admin_port}")
                 views[pod] = sorted((m["node"], m["connected"]) for m in status["members"])
             except AdminError as error:
                 views[pod] = str(error)
@@ -152,14 +200,14 @@ def wait_all_connected(runner: PodRunner, pods: list[str], admin_port: int, memb
         time.sleep(POLL_S)
 
 
-def send_grouped_round(directory: Path, queue: str, groups: list[str], producer_urls: list[str],
+def send_grouped_round(runner: PodRunner, directory: Path, queue: str, groups: list[str], producer_urls: list[str],
                        consumer_urls: list[str]) -> dict:
     """Producers and consumers over `groups` until ACCEPTED_PER_ROUND sends were accepted, then until
     the consumers have had every accepted message; the checker's verdict over their logs must be
     clean. Returns the report's counts."""
     load = start_load([(url, queue, groups) for url in producer_urls],
                       [(url, queue, CONSUMER_CREDIT) for url in consumer_urls], directory,
-                      in_flight_max=IN_FLIGHT_MAX, reconnect_delay_max_s=0.25)
+                      in_flight_max=IN_FLIGHT_MAX, reconnect_delay_max_s=0.25, connect_options=tls_options(runner))
     with load:
         deadline_s = time.monotonic() + TRAFFIC_TIMEOUT_S
         while load.accepted() < ACCEPTED_PER_ROUND and time.monotonic() < deadline_s:
@@ -196,20 +244,23 @@ def test_the_statefulset_pod_template_forms_a_cluster_serves_groups_survives_a_r
     timings["ready_s"] = wait_ready(runner, pods, container)
 
     node_ids = {pod.pod: node_id(pod) for pod in started}
-    status = cluster_status(f"{runner.address(pods[0])}:{ports['admin']}")
+    status = cluster_status(runner, f"{runner.address(pods[0])}:{ports['admin']}")
     assert sorted(member["node"] for member in status["members"]) == sorted(node_ids.values())
     assert status["leader"] in node_ids.values() and status["has_quorum"]
     (config_mount,) = [mount for mount in started[0].mounts if mount.kind == "config"]
     config_file = container["args"][container["args"].index("--config") + 1]
     config = tomllib.loads(config_mount.files[config_file.removeprefix(config_mount.target + "/")])
     declared = [queue["name"] for queue in config["queue"]]  # the ConfigMap's queues, read by --config
-    with AdminClient(f"{runner.address(pods[-1])}:{ports['admin']}", timeout_ms=ADMIN_TIMEOUT_MS) as admin:
+    with pytest.raises(AdminError):  # secured: no admin answer without credentials
+        with AdminClient(f"{runner.address(pods[-1])}:{ports['admin']}", timeout_ms=ADMIN_TIMEOUT_MS) as admin:
+            admin.list_queues()
+    with admin_client(runner, f"{runner.address(pods[-1])}:{ports['admin']}") as admin:
         assert set(declared) <= {queue["name"] for queue in admin.list_queues()}
     queue = declared[0]
 
-    urls = [f"amqp://{runner.address(pod)}:{ports['amqp']}" for pod in pods]
+    urls = [amqps_url(runner, pod, ports["amqps"]) for pod in pods]
     started_s = time.monotonic()
-    first = send_grouped_round(tmp_path / "round1", queue, groups("a"), urls, urls)
+    first = send_grouped_round(runner, tmp_path / "round1", queue, groups("a"), urls, urls)
     timings["traffic_round1_s"] = time.monotonic() - started_s
     journal_owner = (runner.volumes_dir / f"data-{pods[0]}" / "journal.dat").stat().st_uid
     assert journal_owner == 10001, "the journal is written on the claim by the manifest's user"
@@ -239,10 +290,10 @@ def test_the_statefulset_pod_template_forms_a_cluster_serves_groups_survives_a_r
     all_ids = sorted([*node_ids.values(), node_id(joining)])
     timings["all_connected_s"] = wait_all_connected(runner, [*pods, joiner], ports["admin"], all_ids)
 
-    joiner_url = f"amqp://{runner.address(joiner)}:{ports['amqp']}"
-    restarted_url = f"amqp://{runner.address(restarted)}:{ports['amqp']}"
+    joiner_url = amqps_url(runner, joiner, ports["amqps"])
+    restarted_url = amqps_url(runner, restarted, ports["amqps"])
     started_s = time.monotonic()
-    second = send_grouped_round(tmp_path / "round2", queue, groups("b"), [joiner_url, restarted_url],
+    second = send_grouped_round(runner, tmp_path / "round2", queue, groups("b"), [joiner_url, restarted_url],
                                 [joiner_url, restarted_url, urls[0], urls[2]])
     timings["traffic_round2_s"] = time.monotonic() - started_s
 

@@ -604,10 +604,11 @@ def _stopped(thread: _ClientThread) -> list[str]:
 
 
 def start_load(producers: list[tuple], consumers: list[tuple], directory: str | Path, *, in_flight_max: int = 20,
-               seed: int | None = None, reconnect_delay_max_s: float = 1.0) -> Load:
+               seed: int | None = None, reconnect_delay_max_s: float = 1.0, connect_options=None) -> Load:
     """Start producers `(url, queue, groups)` named p0, p1, ... and consumers `(url, queue, credit)`
     or `(url, queue, credit, delay_ms)` named c0, c1, ...; logs go to `directory`/NAME.jsonl.
-    With `seed`, producer i picks groups at random with seed + i; without, round-robin."""
+    With `seed`, producer i picks groups at random with seed + i; without, round-robin.
+    `connect_options(url)`, if given, makes each client's Container.connect keywords (TLS)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     started_producers = [
@@ -620,6 +621,9 @@ def start_load(producers: list[tuple], consumers: list[tuple], directory: str | 
                         delay_ms=spec[3] if len(spec) > 3 else 0, reconnect_delay_max_s=reconnect_delay_max_s,
                         events_path=directory / f"c{index}.events.jsonl")
         for index, spec in enumerate(consumers)]
+    if connect_options is not None:
+        for client in [*started_producers, *started_consumers]:
+            client.client.connect_options = connect_options(client.client.url)
     return Load(started_producers, started_consumers).start()
 
 
