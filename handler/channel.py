@@ -8,10 +8,14 @@ a 4-byte big-endian length in front. Rules:
 - `send` never blocks its caller: with nothing queued ahead it writes what the socket takes at
   once, and queues the rest for one writer thread, which drains it many messages per write. The
   engine loop proposes through it and must not wait for the other process.
-- One reader thread hands each message to `on_message` in arrival order, so the order in which the
-  member applied raft entries is the order in which the node hears of them. When the other end is
-  gone (EOF, a reset, a message longer than MESSAGE_BYTES_MAX), or `on_message` raised (a bug: it is
-  logged), it stops reading and calls `on_closed(reason)` once.
+- One reader hands each message to `on_message` in arrival order, so the order in which the member
+  applied raft entries is the order in which the node hears of them. The reader is a thread
+  (`start`), or an asyncio loop's reader callback (`start_on(loop)`): the node reads on its engine
+  loop, since a thread of its own would wait for the busy loop's GIL (up to a switch interval, 5 ms)
+  and then hand each message to the loop again. `read_until` reads on the calling thread before
+  either, for what must arrive before a loop runs. When the other end is gone (EOF, a reset, a
+  message longer than MESSAGE_BYTES_MAX), or `on_message` raised (a bug: it is logged), it stops
+  reading and calls `on_closed(reason)` once.
 Never imports pysyncobj, grpc or proton.
 """
 
@@ -19,9 +23,11 @@ from __future__ import annotations
 
 import logging
 import pickle
+import select
 import socket
 import struct
 import threading
+import time
 from collections import deque
 
 log = logging.getLogger("grouper.handler")
@@ -45,10 +51,37 @@ class Channel:
         self._reported = False
         self._writer = threading.Thread(target=self._write_loop, name=f"{name}-writer", daemon=True)
         self._reader = threading.Thread(target=self._read_loop, name=f"{name}-reader", daemon=True)
+        self._buffer = bytearray()  # received bytes not yet a whole message
+        self._loop = None  # the asyncio loop that reads, after start_on
 
     def start(self) -> None:
-        self._writer.start()
+        """Read on a thread of this channel's own."""
+        self._start_writer()
         self._reader.start()
+
+    def start_on(self, loop) -> None:
+        """Read on `loop` (asyncio), from the loop's thread or before the loop runs."""
+        self._start_writer()
+        self._loop = loop
+        loop.add_reader(self._sock.fileno(), self._readable)
+
+    def read_until(self, wanted, timeout_s: float) -> bool:
+        """Before `start_on`: read and hand over messages on the calling thread until `wanted(message)`
+        was true of one (True), or `timeout_s` passed or the channel closed (False)."""
+        self._start_writer()
+        deadline = time.monotonic() + timeout_s
+        seen = []
+        while not seen:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0 or not select.select([self._sock], [], [], remaining_s)[0]:
+                return False
+            if not self._receive(lambda message: seen.append(True) if wanted(message) else None):
+                return False
+        return True
+
+    def _start_writer(self) -> None:
+        if not self._writer.is_alive() and self._writer.ident is None:
+            self._writer.start()
 
     def send(self, message) -> None:
         frame = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -76,6 +109,11 @@ class Channel:
             self._wake.notify()
         if self._writer.is_alive() and self._writer is not threading.current_thread():
             self._writer.join(flush_timeout_s)
+        if self._loop is not None and not self._loop.is_closed():
+            if self._loop.is_running():
+                self._loop.call_soon_threadsafe(self._loop.remove_reader, self._sock.fileno())
+            else:
+                self._loop.remove_reader(self._sock.fileno())
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -103,36 +141,52 @@ class Channel:
                 self._writing = False
 
     def _read_loop(self) -> None:
-        buffer = bytearray()
-        recv = self._sock.recv
+        while self._receive():
+            pass
+
+    def _readable(self) -> None:  # the loop's reader callback
+        if not self._receive(flags=socket.MSG_DONTWAIT):
+            self._loop.remove_reader(self._sock.fileno())
+
+    def _receive(self, then=None, flags: int = 0) -> bool:
+        """One read (blocking unless `flags` say otherwise) and every whole message it completes,
+        each handed to on_message (then to `then`); False once the channel is closed."""
         try:
-            while True:
-                chunk = recv(READ_CHUNK_BYTES)
-                if not chunk:
-                    self._closed("the other end closed the channel")
-                    return
-                buffer += chunk
-                position = 0  # of the next message's length in `buffer`
-                while len(buffer) - position >= _LENGTH.size:
-                    (length,) = _LENGTH.unpack_from(buffer, position)
-                    if length > MESSAGE_BYTES_MAX:
-                        self._closed(f"a message claims {length} bytes, more than {MESSAGE_BYTES_MAX}")
-                        return
-                    start = position + _LENGTH.size
-                    if len(buffer) < start + length:
-                        break
-                    message = pickle.loads(buffer[start:start + length])
-                    position = start + length
-                    try:
-                        self._on_message(message)
-                    except Exception as error:  # a bug here: say so and end, never go on deaf
-                        kind = message[0] if isinstance(message, tuple) and message else message
-                        log.exception("%s: handling a %r message failed", self._name, kind)
-                        self._closed(f"handling a message failed: {type(error).__name__}: {error}")
-                        return
-                del buffer[:position]
+            chunk = self._sock.recv(READ_CHUNK_BYTES, flags)
+        except BlockingIOError:
+            return True
         except OSError as error:
             self._closed(f"reading failed: {error}")
+            return False
+        if not chunk:
+            self._closed("the other end closed the channel")
+            return False
+        buffer = self._buffer
+        buffer += chunk
+        position = 0  # of the next message's length in `buffer`
+        try:
+            while len(buffer) - position >= _LENGTH.size:
+                (length,) = _LENGTH.unpack_from(buffer, position)
+                if length > MESSAGE_BYTES_MAX:
+                    self._closed(f"a message claims {length} bytes, more than {MESSAGE_BYTES_MAX}")
+                    return False
+                start = position + _LENGTH.size
+                if len(buffer) < start + length:
+                    break
+                message = pickle.loads(buffer[start:start + length])
+                position = start + length
+                try:
+                    self._on_message(message)
+                    if then is not None:
+                        then(message)
+                except Exception as error:  # a bug here: say so and end, never go on deaf
+                    kind = message[0] if isinstance(message, tuple) and message else message
+                    log.exception("%s: handling a %r message failed", self._name, kind)
+                    self._closed(f"handling a message failed: {type(error).__name__}: {error}")
+                    return False
+        finally:
+            del buffer[:position]
+        return True
 
     def _closed(self, reason: str) -> None:
         with self._closed_reported:

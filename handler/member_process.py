@@ -2,10 +2,11 @@
 
 `MemberProcess` has the calls of handler/service.py's GroupingHandler, which runs in the child
 (handler/member.py; why a process: see there). Threads: any thread may call; none of the calls
-blocks on raft except `status` (a round trip to the child, bounded by STATUS_TIMEOUT_MS). The
-callbacks (on_applied, on_ready, a proposal's outcome) run on the channel's reader thread, in the
-order the child's raft member reported them, and must only hand work over (to the engine loop's
-bridge), as they did on pysyncobj's tick thread.
+blocks on raft except `status` (a round trip to the child, bounded by STATUS_TIMEOUT_MS; never
+on the loop that reads the channel). The callbacks (on_applied, on_ready, a proposal's outcome)
+run where the channel is read, in the order the child's raft member reported them: on the node's
+engine loop once it runs (`loop`; until then, on the thread that starts the member), else on the
+channel's reader thread. They must only hand work over (to the engine loop's bridge).
 Rules:
 - The child lives and dies with the node: it ends on ("stop",) or when the channel closes; the
   kernel kills it if the node dies (PR_SET_PDEATHSIG).
@@ -16,6 +17,7 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -41,8 +43,10 @@ def _with_result(on_result):
 
 class MemberProcess:
     def __init__(self, node_id: str, partners: list[str], raft_dir: str, *, on_applied, on_ready, on_lost,
-                 **settings):
-        """`settings`: GroupingHandler's keyword settings (plain data), passed to it in the child as they are."""
+                 loop=None, **settings):
+        """`settings`: GroupingHandler's keyword settings (plain data), passed to it in the child as they are.
+        `loop`: an asyncio loop not yet running (the node's engine loop), which then reads the channel
+        and runs the callbacks; without it a thread of the channel's own does."""
         self.node_id = node_id
         self._on_applied = on_applied
         self._on_ready = on_ready
@@ -65,9 +69,14 @@ class MemberProcess:
         finally:
             child_end.close()
         self._channel = Channel(node_end, "raft-member", self._on_message, self._on_closed)
-        self._channel.start()
+        self._loop = loop
         self._channel.send(("start", node_id, list(partners), raft_dir, settings))
-        if not self._started.wait(START_TIMEOUT_MS / 1000):
+        if loop is None:
+            self._channel.start()
+            self._started.wait(START_TIMEOUT_MS / 1000)
+        elif self._channel.read_until(lambda message: self._started.is_set(), START_TIMEOUT_MS / 1000):
+            self._channel.start_on(loop)
+        if not self._started.is_set():
             self.stop()
             raise RuntimeError(f"the raft member process did not start within {START_TIMEOUT_MS} ms")
         if self._start_failure is not None:
@@ -122,6 +131,9 @@ class MemberProcess:
         self._request("remove_member", on_done, node)
 
     def status(self) -> dict:
+        if self._loop is not None and _running_loop() is self._loop:
+            raise RuntimeError("the raft status was asked for on the loop that reads its answer: it would "
+                               "wait for itself; ask from another thread")
         request_id = next(self._ids)
         slot = [threading.Event(), None, LOST]
         with self._lock:
@@ -204,3 +216,10 @@ class MemberProcess:
 
     def _channel_open(self) -> bool:
         return self._process.poll() is None
+
+
+def _running_loop():
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

@@ -463,7 +463,7 @@ class Node:
                 on_applied=lambda kind, payload, at_ms: self.bridge.post(
                     lambda: self.cluster.applied(kind, payload, at_ms)),
                 on_ready=lambda: self.bridge.post(self.cluster.ready),
-                on_lost=self.cluster.stop_node,
+                on_lost=self.cluster.stop_node, loop=self.server.loop,
                 election_timeout_min_ms=config.election_timeout_min_ms,
                 election_timeout_max_ms=config.election_timeout_max_ms,
                 routes_max=config.routes_max, group_timeout_ms=config.group_timeout_ms,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 import threading
@@ -107,4 +108,56 @@ def test_a_handler_that_raises_ends_the_channel_with_the_error_instead_of_leavin
         assert inbox.closed == ["handling a message failed: KeyError: 'no-such-request'"]
     finally:
         left.close()
+        right.close()
+
+
+def run_until(loop, event: threading.Event) -> None:
+    """Run `loop` until `event` is set (looked at every 10 ms), at most WAIT_S."""
+    def look():
+        if event.is_set():
+            loop.stop()
+        else:
+            loop.call_later(0.01, look)
+    deadline = loop.call_later(WAIT_S, loop.stop)
+    loop.call_soon(look)
+    loop.run_forever()
+    deadline.cancel()
+
+
+def test_on_an_asyncio_loop_messages_read_before_it_runs_and_after_arrive_in_order():
+    left_socket, right_socket = socket.socketpair()
+    sent = [("applied", "routes", [("q", f"g{i}", "n1")], i) for i in range(2000)]
+    inbox = Inbox(len(sent) + 2)
+    left = Channel(left_socket, "left", Inbox().on_message, Inbox().on_closed)
+    right = Channel(right_socket, "right", inbox.on_message, inbox.on_closed)
+    left.start()
+    loop = asyncio.new_event_loop()
+    try:
+        left.send(("applied", "snapshot", [], None))  # what a member reports before it says it started
+        left.send(("started",))
+        left.send(sent[0])  # may come in the same read as "started": handed over in order all the same
+        assert right.read_until(lambda message: message == ("started",), WAIT_S)
+        right.start_on(loop)
+        for message in sent[1:]:
+            left.send(message)
+        run_until(loop, inbox.all_in)
+        assert inbox.messages == [("applied", "snapshot", [], None), ("started",), *sent]
+        left.close()  # the other end going is reported on the loop too
+        run_until(loop, inbox.gone)
+        assert inbox.closed == ["the other end closed the channel"]
+    finally:
+        right.close()
+        loop.close()
+
+
+def test_read_until_gives_up_when_the_other_end_closes_before_the_message_comes():
+    left_socket, right_socket = socket.socketpair()
+    inbox = Inbox()
+    right = Channel(right_socket, "right", inbox.on_message, inbox.on_closed)
+    left_socket.sendall(struct.pack(">I", 3))  # a length, then the end: no whole message
+    left_socket.close()
+    try:
+        assert not right.read_until(lambda message: True, WAIT_S)
+        assert inbox.closed == ["the other end closed the channel"]
+    finally:
         right.close()
