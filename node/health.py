@@ -89,15 +89,16 @@ class HealthServer:
     def scheme(self) -> str:
         return "https" if self._tls is not None else "http"
 
-    def answer(self, path: str, authorization: str | None = None) -> tuple[int, str, bytes, dict]:
-        """(status, content type, body, extra headers) for a GET of `path` with that Authorization header."""
+    def answer(self, path: str, authorization: str | None = None, source: str = "") -> tuple[int, str, bytes, dict]:
+        """(status, content type, body, extra headers) for a GET of `path` with that Authorization header
+        from address `source` (failed logins are throttled per source)."""
         if path == "/healthz":
             return 200, TEXT, b"ok\n", {}
         if path == "/readyz":
             ready, reason = self._probe.readiness()
             return (200, TEXT, b"ready\n", {}) if ready else (503, TEXT, f"not ready: {reason}\n".encode(), {})
         if path == "/metrics":
-            refusal = self._refusal(authorization)
+            refusal = self._refusal(authorization, source)
             if refusal is not None:
                 return refusal
             try:
@@ -106,14 +107,14 @@ class HealthServer:
                 return 503, TEXT, f"metrics unavailable: {error}\n".encode(), {}
         return 404, TEXT, b"not found: try /healthz, /readyz or /metrics\n", {}
 
-    def _refusal(self, authorization: str | None) -> tuple[int, str, bytes, dict] | None:
+    def _refusal(self, authorization: str | None, source: str) -> tuple[int, str, bytes, dict] | None:
         if self._metrics_auth == METRICS_AUTH_OPEN:
             return None
         if authorization is None:
             return (401, TEXT, b"metrics need HTTP basic auth (metrics_auth is basic): give the name and password "
                                b"of a user with manage on '#'\n", {"WWW-Authenticate": CHALLENGE})
         try:
-            caller = self._authenticator.identify(authorization, None, self._clock_ms())
+            caller = self._authenticator.identify(authorization, None, self._clock_ms(), source)
         except Unauthenticated as error:
             return 401, TEXT, f"{error.description}\n".encode(), {"WWW-Authenticate": CHALLENGE}
         if not self._security.access.allows(caller.user, Permission.MANAGE, EVERY_QUEUE):
@@ -136,8 +137,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.do_handshake()
 
     def do_GET(self):  # noqa: N802 (the standard library's name)
-        status, content_type, body, headers = self.server_owner.answer(self.path.split("?", 1)[0],
-                                                                       self.headers.get("Authorization"))
+        status, content_type, body, headers = self.server_owner.answer(
+            self.path.split("?", 1)[0], self.headers.get("Authorization"), self.client_address[0])
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         for name, value in headers.items():

@@ -17,6 +17,16 @@ Rules:
   changed password or a deleted user is refused from the file's next reload on. Failures are never
   remembered: each one costs the caller a full derivation.
 - Refusals (`Unauthenticated`) say that the caller is at fault and what to give instead.
+- Failed password checks are throttled per source address with the AMQP gate's rule
+  (node.core.admission): from failure number FAILURES_BEFORE_THROTTLE + 1 of a streak (failures
+  less than FAILURE_WINDOW_MS apart), a call with credentials from that address is refused
+  unchecked until THROTTLE_DELAY_MIN_MS after the failure, doubled per further failure up to
+  THROTTLE_DELAY_MAX_MS. An attempt refused that way counts as a failure too, so guessing in
+  parallel or without pause only keeps the address out longer: it is checked again only after a
+  whole delay without attempts. Refusing rather than holding an answer back spends neither a pool
+  thread nor a PBKDF2 derivation on a guesser. A success (a password this node verified within
+  VERIFIED_TTL_MS still succeeds while held) ends the streak; callers with no source address
+  (tests of the API alone) are not throttled.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from node.core.access import ANONYMOUS, Access, Permission
+from node.core.admission import Admission
 from node.core.errors import GrouperError, InvalidConfig, Unauthorized
 
 AUTHORIZATION_KEY = "authorization"  # gRPC metadata key (lower case, as gRPC requires); HTTP's header name
@@ -39,6 +50,11 @@ HEADER_LENGTH_MAX_CHARS = 4096  # a longer authorization value is refused unread
 VERIFIED_TTL_MS = 60_000  # how long a successful password check is remembered
 VERIFIED_MAX = 1000  # password checks remembered at once; the oldest goes first
 EVERY_QUEUE = "#"  # cluster-wide methods and /metrics need `manage` on this pattern
+FAILURES_BEFORE_THROTTLE = 3  # failed password checks in a row from one address before the throttle starts
+THROTTLE_DELAY_MIN_MS = 250  # the first throttled failure holds its address back this long, doubling after
+THROTTLE_DELAY_MAX_MS = 10_000  # at most this long after each failure
+FAILURE_WINDOW_MS = 60_000  # failures further apart than this start a new streak
+ADDRESSES_TRACKED_MAX = 10_000  # source addresses with a failure streak remembered at once, the idlest dropped
 CREDENTIALS_HINT = ("give --user NAME and a password (--password-stdin, $GROUPER_PASSWORD or the prompt), "
                     "or a client certificate with --cert and --key")
 
@@ -52,6 +68,7 @@ class Unauthenticated(GrouperError):
 
 class Verifier(Protocol):
     database: object  # the users file in force; None: an open node
+    login_throttle: "LoginThrottle"  # optional: shared by every Authenticator of one node
 
     def verify_plain(self, user: str, password: str) -> bool: ...
 
@@ -149,6 +166,42 @@ class VerifiedCache:
         return len(self._verified_until_ms)
 
 
+class LoginThrottle:
+    """Failed password checks per source address (node.core.admission's rule), for pool threads."""
+
+    def __init__(self):
+        self._lock = threading.Lock()  # Admission is plain, single-threaded code
+        self._admission = Admission(failures_before_throttle=FAILURES_BEFORE_THROTTLE,
+                                    throttle_delay_min_ms=THROTTLE_DELAY_MIN_MS,
+                                    throttle_delay_max_ms=THROTTLE_DELAY_MAX_MS, failure_window_ms=FAILURE_WINDOW_MS,
+                                    addresses_tracked_max=ADDRESSES_TRACKED_MAX)
+
+    def refuse_if_held(self, source: str, now_ms: int) -> None:
+        """Unauthenticated if `source` is held back; the refusal counts as a failure."""
+        if not source:
+            return
+        with self._lock:
+            held_ms = self._admission.held_ms(source, now_ms)
+            if held_ms > 0:  # counts: the hold starts again from now, and longer
+                self._admission.failed(source, now_ms)
+                held_ms = self._admission.held_ms(source, now_ms)
+        if held_ms > 0:
+            raise Unauthenticated(f"too many failed logins in a row from {source}: credentials from there are not "
+                                  f"checked for another {held_ms} ms (after {FAILURES_BEFORE_THROTTLE} failures "
+                                  f"each one holds the address back {THROTTLE_DELAY_MIN_MS} ms, doubling up to "
+                                  f"{THROTTLE_DELAY_MAX_MS} ms); wait without retrying, then give the right password")
+
+    def failed(self, source: str, now_ms: int) -> None:
+        if source:
+            with self._lock:
+                self._admission.failed(source, now_ms)
+
+    def succeeded(self, source: str) -> None:
+        if source:
+            with self._lock:
+                self._admission.succeeded(source)
+
+
 class Authenticator:
     """Turns what a call carries into a `Caller`, or raises Unauthenticated. Called from gRPC and HTTP
     pool threads at once: it reads the verifier's database once per call and the cache is locked."""
@@ -156,23 +209,31 @@ class Authenticator:
     def __init__(self, verifier: Verifier | None, cache: VerifiedCache | None = None):
         self._verifier = verifier
         self._cache = cache if cache is not None else VerifiedCache()
+        # one per node, shared by the admin port and /metrics (node.security.Security has it), so a
+        # guesser gains nothing by switching ports
+        self._throttle = getattr(verifier, "login_throttle", None) or LoginThrottle()
 
     @property
     def open(self) -> bool:
         return self._verifier is None or self._verifier.database is None
 
-    def identify(self, authorization: str | None, certificate_user: str | None, now_ms: int) -> Caller:
+    def identify(self, authorization: str | None, certificate_user: str | None, now_ms: int,
+                 source: str = "") -> Caller:
+        """`source`: the caller's address, for the throttle ("" for none)."""
         if self.open:  # credentials given are not checked, only passed on to the other members
             return OPEN_CALLER if authorization is None else Caller(ANONYMOUS, ((AUTHORIZATION_KEY, authorization),))
         if authorization is not None:
             user, password = parse_basic(authorization)
             database = self._verifier.database
             if not self._cache.verified(database, user, password, now_ms):
+                self._throttle.refuse_if_held(source, now_ms)
                 if not self._verifier.verify_plain(user, password):
+                    self._throttle.failed(source, now_ms)
                     raise Unauthenticated(f"user {user!r}: unknown user or wrong password; check --user and the "
                                           f"password, or have an administrator set it with "
                                           f"`grouper user passwd {user}`")
                 self._cache.remember(database, user, password, now_ms)
+            self._throttle.succeeded(source)
             return Caller(user, forwarded=((AUTHORIZATION_KEY, authorization),))
         if certificate_user == ANONYMOUS:  # its roles are for clients that did not log in
             raise Unauthenticated(f"a client certificate named {ANONYMOUS!r} identifies nobody; {CREDENTIALS_HINT}")

@@ -32,6 +32,7 @@ from node.core.access import Access
 from node.core.errors import (AlreadyExists, GrouperError, HandlerUnavailable, InvalidConfig, InvalidField,
                               NotAllowed, NotFound, ResourceDeleted, ResourceLimitExceeded, Unauthorized)
 from node.core.settings import QueueSettings
+from node.peer.service import source_host
 from proto import admin_pb2, admin_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     def _identify(self, context: grpc.ServicerContext) -> Caller:
         return self._authenticator.identify(authorization_of(context.invocation_metadata() or ()),
-                                            certificate_user(context.auth_context() or {}), self._clock_ms())
+                                            certificate_user(context.auth_context() or {}), self._clock_ms(),
+                                            source_host(context.peer() or ""))
 
     def _answer(self, method: str, request, context: grpc.ServicerContext, work: Callable[[Caller], object]):
         caller = None

@@ -99,6 +99,15 @@ class Admission:
             return 0
         return min(self.throttle_delay_max_ms, self.throttle_delay_min_ms << min(excess - 1, 62))
 
+    def held_ms(self, address: str, now_ms: int) -> int:
+        """How much longer an attempt from `address` is held back: the delay its last failure asked for
+        (`delay_ms` at that failure), counted from that failure; 0 when not throttled. For adapters
+        that refuse attempts unchecked while held rather than hold each answer back."""
+        record = self._addresses.get(address)
+        if record is None or self._streak(record, now_ms) == 0:
+            return 0
+        return max(0, record.last_failure_ms + self.delay_ms(address, record.last_failure_ms) - now_ms)
+
     def refusal_should_be_logged(self, address: str, reason: str) -> bool:
         key = (address, reason)
         if key in self._refusals_logged:

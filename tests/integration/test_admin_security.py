@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import ssl
 import subprocess
@@ -433,3 +434,42 @@ def test_in_a_cluster_the_callers_own_credentials_reach_every_member(tmp_path, u
         assert as_user(first, "manager", "cluster", "status").returncode == 4
     finally:
         cluster.kill_all()
+
+
+# ---- throttling failed logins ------------------------------------------------------------------
+
+FAILURES_BEFORE_THROTTLE = 3  # node/admin/credentials.py
+
+
+def test_failed_logins_hold_their_address_back_on_the_admin_port_and_for_metrics(node_factory, users_file):
+    node = start_secured(node_factory, users_file, "--metrics-auth", "basic")
+    url = f"http://{node.http_address}"
+    wait_ready(url)
+
+    def list_as(user: str, password: str) -> str:
+        """'' when the call succeeds, else the node's message."""
+        try:
+            with client(node, user, password) as admin:
+                admin.list_queues()
+            return ""
+        except AccessDenied as error:
+            assert error.status == "UNAUTHENTICATED", error
+            return error.message
+
+    for _ in range(FAILURES_BEFORE_THROTTLE + 1):  # checked and refused; the last one starts the throttle
+        assert "wrong password" in list_as("admin", "guess")
+    # held: every attempt is refused unchecked and holds the address twice as long from then, so a
+    # few more make the hold far longer than the calls below take
+    for _ in range(4):
+        said = list_as("admin", "guess")
+        assert "too many failed logins in a row from 127.0.0.1" in said, said
+    # the right (not yet verified) password is refused too while held, on both ports
+    assert "too many failed logins in a row from 127.0.0.1" in list_as("manager", PASSWORD)
+    status, headers, body = http_get(f"{url}/metrics", ("admin", PASSWORD))
+    assert status == 401 and "too many failed logins" in body and headers["WWW-Authenticate"], body
+    # after the hold the node announced, without attempts meanwhile, the right password works again
+    held_ms = int(re.search(r"another (\d+) ms", body).group(1))
+    time.sleep(held_ms / 1000)
+    assert http_get(f"{url}/metrics", ("admin", PASSWORD))[0] == 200  # and ends the streak
+    assert list_as("manager", PASSWORD) == ""
+    assert "wrong password" in list_as("admin", "guess")  # a new streak: checked again

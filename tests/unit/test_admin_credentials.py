@@ -18,7 +18,8 @@ import pytest
 from node import certs, cli, config
 from node.admin import commands
 from node.admin.client import AccessDenied, AdminClient
-from node.admin.credentials import (ANONYMOUS, AUTHORIZATION_KEY, EVERY_QUEUE, HEADER_LENGTH_MAX_CHARS,
+from node.admin.credentials import (ANONYMOUS, AUTHORIZATION_KEY, EVERY_QUEUE, FAILURES_BEFORE_THROTTLE,
+                                    HEADER_LENGTH_MAX_CHARS, THROTTLE_DELAY_MIN_MS,
                                     Authenticator, Caller, Unauthenticated, VerifiedCache, authorization_of,
                                     basic_metadata, basic_value, check_manage, may_see, parse_basic)
 from node.admin.service import QUEUES_MANAGED, serve, status_for
@@ -170,6 +171,43 @@ def test_several_calls_of_one_command_pay_one_password_check_and_failures_are_no
         with pytest.raises(Unauthenticated):
             authenticator.identify(basic_value("admin", "wrong"), None, now_ms=60_001)
     assert security.checks == 4
+
+
+def test_failed_logins_from_one_address_are_refused_unchecked_while_it_is_held(users):
+    security = CountingSecurity(users)
+    authenticator = Authenticator(security)
+    authenticator.identify(basic_value("admin", PASSWORD), None, 0, "10.0.0.1")  # checked, then remembered
+    for now_ms in range(1, FAILURES_BEFORE_THROTTLE + 2):
+        with pytest.raises(Unauthenticated, match="wrong password"):
+            authenticator.identify(basic_value("admin", "guess"), None, now_ms, "10.0.0.1")
+    checks = security.checks
+    last_failure_ms = FAILURES_BEFORE_THROTTLE + 1
+    # held: refused unchecked, and each refusal counts, holding the address twice as long from then
+    for attempt, password in enumerate(("guess", PASSWORD, "another guess")):
+        now_ms = last_failure_ms + THROTTLE_DELAY_MIN_MS - 1
+        with pytest.raises(Unauthenticated, match=r"too many failed logins in a row from 10\.0\.0\.1: .* another "
+                                                  rf"{THROTTLE_DELAY_MIN_MS << (attempt + 1)} ms"):
+            authenticator.identify(basic_value("viewer", password), None, now_ms, "10.0.0.1")
+        last_failure_ms = now_ms
+    assert security.checks == checks  # no derivation spent on a held address
+    # other addresses and sourceless calls are not held
+    assert authenticator.identify(basic_value("viewer", PASSWORD), None, last_failure_ms, "10.0.0.2").user == "viewer"
+    assert authenticator.identify(basic_value("manager", PASSWORD), None, last_failure_ms).user == "manager"
+    # once a whole delay passed without attempts, the next one is checked again
+    now_ms = last_failure_ms + (THROTTLE_DELAY_MIN_MS << 3)
+    assert authenticator.identify(basic_value("sender", PASSWORD), None, now_ms, "10.0.0.1").user == "sender"
+    # that success ended the streak: the next failures are checked, the throttle starts over
+    with pytest.raises(Unauthenticated, match="wrong password"):
+        authenticator.identify(basic_value("viewer", "guess"), None, now_ms + 1, "10.0.0.1")
+
+
+def test_a_password_verified_before_still_works_from_a_held_address(users):
+    authenticator = Authenticator(CountingSecurity(users))
+    authenticator.identify(basic_value("admin", PASSWORD), None, 0, "10.0.0.1")
+    for now_ms in range(1, FAILURES_BEFORE_THROTTLE + 3):
+        with pytest.raises(Unauthenticated):
+            authenticator.identify(basic_value("admin", "guess"), None, now_ms, "10.0.0.1")
+    assert authenticator.identify(basic_value("admin", PASSWORD), None, 10, "10.0.0.1").user == "admin"
 
 
 def test_a_certificate_names_the_user_unless_credentials_are_given(users):

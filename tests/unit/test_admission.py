@@ -169,3 +169,33 @@ def test_admission_agrees_with_a_model_that_forgets_nothing(operations):
             assert admission.delay_ms(each, now_ms) == model.delay_ms(each, now_ms)
         tracked_max = sum(1 for each in ADDRESSES if model.open.get(each) or model.failures.get(each))
         assert admission.stats()["addresses_tracked"] <= tracked_max
+
+
+def test_an_address_is_held_from_its_last_failure_for_the_delay_that_failure_asked_for():
+    admission = Admission(**LIMITS)
+    for now_ms in (0, 10, 20):  # within the free failures nothing is held
+        admission.failed("10.0.0.1", now_ms)
+        assert admission.held_ms("10.0.0.1", now_ms) == 0
+    admission.failed("10.0.0.1", 100)  # the 4th: 250 ms from 100
+    assert [admission.held_ms("10.0.0.1", now_ms) for now_ms in (100, 200, 349, 350, 10_000)] == [250, 150, 1, 0, 0]
+    admission.failed("10.0.0.1", 400)  # the 5th: 500 ms from 400
+    assert admission.held_ms("10.0.0.1", 400) == 500 and admission.held_ms("10.0.0.2", 400) == 0
+    admission.succeeded("10.0.0.1")
+    assert admission.held_ms("10.0.0.1", 401) == 0
+    admission.failed("10.0.0.3", 0)
+    for now_ms in (1, 2, 3, 4):
+        admission.failed("10.0.0.3", now_ms)
+    assert admission.held_ms("10.0.0.3", 60_004) == 0  # a quiet window ends the streak and its hold
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 5_000)), max_size=40))
+@settings(max_examples=200, deadline=None)
+def test_held_is_never_longer_than_the_max_delay_and_ends_by_the_last_failure_plus_its_delay(failures):
+    admission = Admission(**LIMITS)
+    now_ms = 0
+    for address, step_ms in failures:
+        now_ms += step_ms
+        admission.failed(address, now_ms)
+        delay_ms = admission.delay_ms(address, now_ms)
+        assert admission.held_ms(address, now_ms) == delay_ms <= LIMITS["throttle_delay_max_ms"]
+        assert admission.held_ms(address, now_ms + delay_ms) == 0
