@@ -226,6 +226,7 @@ class RowOutcome:
     groups_split: int = 0
     groups_seen: int = 0
     per_consumer: list = field(default_factory=list)
+    groups_per_consumer: list = field(default_factory=list)  # groups each consumer received (first holder counts)
     errors: list = field(default_factory=list)
 
 
@@ -325,6 +326,8 @@ def _summarize(outcome: RowOutcome, workload: Workload, broker_cpu_s: float, pro
     latencies, last_accept_ns, client_cpu_s = [], 0, producer.get("cpu_s", 0.0)
     events: dict[str, list] = {}
     owners: dict[str, set] = {}
+    first_ns: dict[str, int] = {}  # group -> its first receipt, and who had it: where placement put it
+    first_holder: dict[str, int] = {}
     seen: set = set()
     for index, record in enumerate(consumers):
         if record is None:
@@ -340,6 +343,8 @@ def _summarize(outcome: RowOutcome, workload: Workload, broker_cpu_s: float, pro
         for group, seq, received_ns in zip(record["groups"], record["seqs"], record["received_ns"]):
             events.setdefault(group, []).append((received_ns, seq))
             owners.setdefault(group, set()).add(index)
+            if received_ns < first_ns.get(group, received_ns + 1):
+                first_ns[group], first_holder[group] = received_ns, index
             seen.add((group, seq))
     outcome.unique = len(seen)
     outcome.duplicates = outcome.received - outcome.unique
@@ -354,6 +359,9 @@ def _summarize(outcome: RowOutcome, workload: Workload, broker_cpu_s: float, pro
             else:
                 highest = seq
     outcome.groups_seen = len(owners)
+    outcome.groups_per_consumer = [0] * len(consumers)
+    for holder in first_holder.values():
+        outcome.groups_per_consumer[holder] += 1
     outcome.groups_split = sum(1 for consumers_of_group in owners.values() if len(consumers_of_group) > 1)
     latencies.sort()
     outcome.latency_p50_ms = _percentile(latencies, 0.50) / 1e6
