@@ -8,27 +8,30 @@ RouteTables. Rules of the model:
 - a node proposes each claim, touch or move clear split by `node/core/shards.py`'s shard_of, one
   proposal per shard; membership and consumer reports go to every shard (each shard places its own
   groups and needs them); any other command goes to shard 0;
-- each node applies every shard's entries in that shard's order, after its own lag; the shards'
-  entries reach it merged in commit order (one real node applies its shards independently: the
-  merge is one of the interleavings that allows, and every entry still reaches the node through the
-  production ClusterProtocol.applied, which takes routes per group and needs no shard seam);
-- a node is ready once it has applied what was committed when any shard had a leader (in the
-  design each shard's replica is ready on its own; the node's Router has one ready flag, which is a
-  seam the running node would need: see the doc);
+- each node keeps one replica per shard: its applied index is a tuple, one index per shard, and
+  each shard's entries reach it in that shard's order after their own seeded lag, whatever the
+  other shards do; every entry goes through the production ClusterProtocol.applied, which takes
+  routes per group and needs no shard seam. A snapshot install (a lagging or restarted member)
+  restores every shard at once, each to its own index: the node's Router replaces all its routes
+  on a snapshot, and a per-shard snapshot is a seam the running node would need (see the doc);
+- a node is ready once every shard's replica has applied what that shard had committed when the
+  node started while any shard had a leader (in the design each shard's replica is ready on its
+  own; the node's Router has one ready flag, another seam the running node would need);
 - not modelled: per-shard leader duties (group timeouts, route following: refused below), a change
   of the shard count.
 Invariants, on top of the simulation's own after every step (no split group, per-group order,
 nothing lost, a router never ahead of its log):
 - a route lives only in the table of its group's shard;
 - fail closed per shard: a refused message's group belongs to a shard that had no leader at some
-  moment between the send and the refusal; groups of the other shards are never refused.
+  moment while that group waited (from the send, or from handler_timeout_ms and a step before the
+  refusal if that is earlier: a message waits behind its group's older ones and is refused with
+  them); groups of the other shards are never refused.
 """
 
 from __future__ import annotations
 
-import bisect
-
 from node.core.shards import shard_of, split_by_shard
+from tests.sim.node_model import SimNode
 from tests.sim.raft_log import RaftLog
 from tests.sim.simulation import Simulation
 
@@ -37,17 +40,17 @@ TO_EVERY_SHARD = {"register_node", "report_consumers"}
 
 
 class _ShardView:
-    """What one shard's RaftLog sees as its simulation: the real one, except that its commits join the
-    merged order of the nodes' feed."""
+    """What one shard's RaftLog sees as its simulation: the real one, except that a commit is told
+    with its shard, so the nodes' replicas of that shard apply it."""
 
-    def __init__(self, sim, raft: "ShardedRaft", shard: int):
-        self._sim, self._raft, self._shard = sim, raft, shard
+    def __init__(self, sim, shard: int):
+        self._sim, self._shard = sim, shard
 
     def __getattr__(self, name):
         return getattr(self._sim, name)
 
-    def committed(self, local_index: int) -> None:
-        self._raft.committed(self._shard, local_index)
+    def committed(self, index: int) -> None:
+        self._sim.shard_committed(self._shard, index)
 
 
 class _MergedTable:
@@ -84,15 +87,14 @@ class _MergedTable:
 
 
 class ShardedRaft:
-    """S raft groups behind the one interface the nodes and the invariants use (RaftLog's)."""
+    """S raft groups behind the interface the nodes and the invariants use (RaftLog's), where an index
+    is a tuple: one index per shard."""
 
     def __init__(self, sim, shard_count: int, routes_max: int):
         self.sim = sim
         self.shard_count = shard_count
-        self.shards = [RaftLog(_ShardView(sim, self, shard), routes_max) for shard in range(shard_count)]
+        self.shards = [RaftLog(_ShardView(sim, shard), routes_max) for shard in range(shard_count)]
         self.table = _MergedTable(self.shards)
-        self.order: list[tuple[int, int]] = []  # merged index - 1 -> (shard, the shard's own index)
-        self._merged_at: list[list[int]] = [[] for _ in range(shard_count)]  # per shard: each entry's merged index
 
     # ---- proposals: one per shard ------------------------------------------------------------
 
@@ -122,50 +124,36 @@ class ShardedRaft:
     def leader_up(self) -> bool:
         return any(shard.leader_up for shard in self.shards)
 
-    # ---- the merged feed -----------------------------------------------------------------------
-
-    def committed(self, shard: int, local_index: int) -> None:
-        assert local_index == len(self._merged_at[shard]) + 1, (shard, local_index)
-        self.order.append((shard, local_index))
-        self._merged_at[shard].append(len(self.order))
-        self.sim.committed(len(self.order))
+    # ---- the logs, read at a tuple of indexes ------------------------------------------------
 
     @property
-    def commit_index(self) -> int:
-        return len(self.order)
-
-    def feed(self, index: int) -> list[tuple]:
-        shard, local_index = self.order[index - 1]
-        return self.shards[shard].feed(local_index)
-
-    def _local(self, shard: int, index: int) -> int:
-        """How many of `shard`'s entries are among the first `index` merged ones."""
-        return bisect.bisect_right(self._merged_at[shard], index)
+    def commit_index(self) -> tuple:
+        return tuple(shard.commit_index for shard in self.shards)
 
     def _shard(self, key: tuple[str, str]) -> int:
         return shard_of(key[0], key[1], self.shard_count)
 
-    def owner_at(self, key: tuple[str, str], index: int):
+    def owner_at(self, key: tuple[str, str], index: tuple):
         shard = self._shard(key)
-        return self.shards[shard].owner_at(key, self._local(shard, index))
+        return self.shards[shard].owner_at(key, index[shard])
 
-    def touched_at(self, key: tuple[str, str], index: int):
+    def touched_at(self, key: tuple[str, str], index: tuple):
         shard = self._shard(key)
-        return self.shards[shard].touched_at(key, self._local(shard, index))
+        return self.shards[shard].touched_at(key, index[shard])
 
-    def routes_at(self, index: int) -> list:
-        return sorted(route for shard, log in enumerate(self.shards) for route in log.routes_at(self._local(shard, index)))
+    def routes_at(self, index: tuple) -> list:
+        return sorted(route for shard, log in enumerate(self.shards) for route in log.routes_at(index[shard]))
 
-    def moves_at(self, index: int) -> list:
-        return sorted(move for shard, log in enumerate(self.shards) for move in log.moves_at(self._local(shard, index)))
+    def moves_at(self, index: tuple) -> list:
+        return sorted(move for shard, log in enumerate(self.shards) for move in log.moves_at(index[shard]))
 
     @property
     def queues(self):
         """The queue definitions: cluster-wide metadata, replicated in shard 0 only."""
         return self.shards[0].queues
 
-    def definitions_at(self, index: int):
-        return self.shards[0].definitions_at(self._local(0, index))
+    def definitions_at(self, index: tuple):
+        return self.shards[0].definitions_at(index[0])
 
     @property
     def route_history(self) -> dict:
@@ -176,11 +164,46 @@ class ShardedRaft:
         return {key: owner for shard in self.shards for key, owner in shard.current.items()}
 
 
+class ShardedSimNode(SimNode):
+    """A node with one replica per shard: `applied_index` is a tuple, and `apply_due_ms` is keyed by
+    (shard, index). Everything else is the simulation's node, so the node's own ClusterProtocol."""
+
+    def boot(self, config_queues=()) -> None:
+        super().boot(config_queues)
+        self.applied_index = (0,) * self.sim.shard_count
+
+    def catch_up(self) -> None:
+        """Each shard's replica applies what its log committed and its lag allows, on its own."""
+        now_ms = self.sim.now_ms
+        applied = list(self.applied_index)
+        for shard, log in enumerate(self.sim.raft.shards):
+            while applied[shard] < log.commit_index:
+                index = applied[shard] + 1
+                if self.apply_due_ms.get((shard, index), self.replay_due_ms) > now_ms:
+                    break
+                self.apply_due_ms.pop((shard, index), None)
+                applied[shard] = index
+                self.applied_index = tuple(applied)
+                for kind, payload, at_ms in log.feed(index):
+                    self.carry_out(self.protocol.applied(kind, payload, at_ms, now_ms))
+                    if not self.alive:
+                        return  # it stopped itself (StopNode): the rest dies with the process
+        if (not self.router.ready and self.ready_target is not None
+                and all(done >= target for done, target in zip(self.applied_index, self.ready_target))):
+            self.carry_out(self.protocol.ready(now_ms))
+
+    def install_snapshot(self, index: tuple) -> None:
+        due = self.apply_due_ms
+        super().install_snapshot(index)
+        self.apply_due_ms = {key: due_ms for key, due_ms in due.items() if key[1] > index[key[0]]}
+
+
 class ShardedSimulation(Simulation):
-    """The cluster simulation over `shard_count` raft groups, with outages that hit one shard at a time.
+    """The cluster simulation over `shard_count` raft groups, with outages that hit shards one by one.
 
     `shard_down_rate`: per step, one shard that has a leader loses it for 10..`shard_down_ms_max` ms
-    (long enough, past handler_timeout_ms, for its new groups to be refused)."""
+    (long enough, past handler_timeout_ms, for its new groups to be refused), unless it is the last
+    shard with a leader: there is always a shard whose groups must keep flowing."""
 
     def __init__(self, seed: int, nodes: int = 3, *, shard_count: int = 4, shard_down_rate: float = 0.01,
                  shard_down_ms_max: int = 800, **overrides):
@@ -203,6 +226,28 @@ class ShardedSimulation(Simulation):
 
     def _make_raft(self):
         return ShardedRaft(self, self.shard_count, self.config.routes_max)
+
+    def _make_node(self, node_id: str) -> ShardedSimNode:
+        return ShardedSimNode(self, node_id)
+
+    def shard_committed(self, shard: int, index: int) -> None:
+        """Shard `shard` committed its entry `index`: each live node's replica of it applies it after a lag."""
+        for node in self._alive_nodes():
+            due_ms = max(self.now_ms + self.rng.randint(0, self.config.apply_lag_ms_max), node.replay_due_ms)
+            node.apply_due_ms[(shard, index)] = due_ms
+            self.schedule(due_ms - self.now_ms, node.guarded(node.catch_up), None)
+
+    def committed(self, index) -> None:
+        raise AssertionError("a sharded log commits through shard_committed")
+
+    def restart(self, node, config_queues=()) -> None:
+        """Simulation.restart with one replica per shard: maybe a snapshot, each shard at its own index."""
+        if node.alive:
+            return
+        previous = node.applied_index
+        node.boot(config_queues)
+        if any(previous) and self.rng.random() < 0.5:
+            node.install_snapshot(tuple(self.rng.randint(0, index) for index in previous))
 
     # ---- faults on one shard -----------------------------------------------------------------
 
@@ -264,12 +309,15 @@ class ShardedSimulation(Simulation):
                 self.accepted_while_another_shard_down += 1
         elif self.outcome[mid] == "refused":
             self.refused_by_shard[shard] += 1
-            sent_ms = self.sent_ms[mid]
-            if not any(end_ms is None or end_ms >= sent_ms for start_ms, end_ms in self.outages[shard]
+            # it may have waited behind older messages of its group: the oldest, refused with it, waited
+            # handler_timeout_ms (plus up to a step until a tick saw it)
+            waited_from_ms = min(self.sent_ms[mid], self.now_ms - self.config.handler_timeout_ms
+                                 - self.config.step_ms_max)
+            if not any(end_ms is None or end_ms >= waited_from_ms for start_ms, end_ms in self.outages[shard]
                        if start_ms <= self.now_ms):
                 self.violation(f"{mid} was refused but its group's shard {shard} had a leader all the time "
-                               f"from its send at t={sent_ms} (outages {self.outages[shard]}): a refusal "
-                               f"must stay with the shard that failed")
+                               f"its group waited, from t={waited_from_ms} (outages {self.outages[shard]}): a "
+                               f"refusal must stay with the shard that failed")
 
     def check_invariants(self) -> None:
         super().check_invariants()
@@ -298,7 +346,7 @@ def main(argv: list[str]) -> int:
     counted = ("sent", "accepted", "refused", "delivered", "shard_outages", "crashes", "snapshots",
                "accepted_while_another_shard_down")
     for seed in range(seeds):
-        summary = ShardedSimulation(seed, shard_count=shard_count, groups=12).run(steps).summary()
+        summary = ShardedSimulation(seed, shard_count=shard_count, groups=40).run(steps).summary()
         for key in counted:
             totals[key] = totals.get(key, 0) + summary.get(key, 0)
         for key in ("refused_by_shard", "accepted_by_shard"):

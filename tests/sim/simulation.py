@@ -235,7 +235,7 @@ class Simulation:
         self.network = Network(self)
         self.queue_names = [f"q{i}" for i in range(1, config.queues + 1)]
         self.group_names = [f"g{i}" for i in range(1, config.groups + 1)]
-        self.nodes = {f"n{i}": SimNode(self, f"n{i}") for i in range(1, config.nodes + 1)}
+        self.nodes = {f"n{i}": self._make_node(f"n{i}") for i in range(1, config.nodes + 1)}
         self.producers: list[Producer] = []
         self.consumers: list[Consumer] = []
         self._next_client = 1
@@ -262,6 +262,10 @@ class Simulation:
     def _make_raft(self):
         """The raft cluster the nodes propose to (tests/sim/sharding.py makes several raft groups)."""
         return RaftLog(self, self.config.routes_max)
+
+    def _make_node(self, node_id: str) -> SimNode:
+        """One node (tests/sim/sharding.py's nodes keep one replica per raft group)."""
+        return SimNode(self, node_id)
 
     # ---- events ------------------------------------------------------------------------------
 

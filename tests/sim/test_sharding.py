@@ -14,6 +14,7 @@ from tests.sim.simulation import SimulationFailure
 
 SWEEP_SEEDS = 4
 SWEEP_STEPS = 1200
+SWEEP_GROUPS = 40  # per queue: enough that new groups keep arriving, so outages meet claims
 SHARD_COUNT = 4
 C = decision_capacity.CAPACITY_PER_S_MEASURED
 
@@ -40,7 +41,7 @@ def test_random_runs_with_one_shard_at_a_time_losing_its_majority_keep_every_inv
     totals: collections.Counter = collections.Counter()
     refused_by_shard = [0] * SHARD_COUNT
     for seed in range(SWEEP_SEEDS):
-        sim = ShardedSimulation(seed, shard_count=SHARD_COUNT, groups=12).run(SWEEP_STEPS)
+        sim = ShardedSimulation(seed, shard_count=SHARD_COUNT, groups=SWEEP_GROUPS).run(SWEEP_STEPS)
         summary = sim.summary()
         totals.update({key: value for key, value in summary.items() if isinstance(value, int)})
         refused_by_shard = [total + count for total, count in zip(refused_by_shard, summary["refused_by_shard"])]
