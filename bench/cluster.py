@@ -1498,6 +1498,8 @@ def render_flows(report: dict) -> list[str]:
                   f"{ceiling['messages']:,} messages at {_n(ceiling['throughput_per_s'])} msgs/s). Each engine "
                   "batch proposes the new groups it met as one raft entry, so decisions per entry grow with the "
                   "load."]
+        lines += ["", "Above the decision ceiling (row c): what one raft group does, and routes sharded over several "
+                  "raft groups, backed by the simulation: [docs/cluster-ceiling.md](cluster-ceiling.md)."]
     if "idle_cpu_pct_cluster" in report:
         idle = " / ".join(f"{pct:.1f}" for pct in report["idle_cpu_pct_cluster"])
         lines += ["", f"With no clients at all a cluster node uses {idle} % of a core (nodes 1 / 2 / 3: raft "
