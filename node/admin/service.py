@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 WORKERS_DEFAULT = 8  # gRPC pool threads; each admin or forwarded-batch call blocks one while the engine loop answers
 CONCURRENT_RPCS_MAX_PER_WORKER = 16  # calls admitted per worker; beyond it RESOURCE_EXHAUSTED
 PEER_CALL_TIMEOUT_MS = 3000  # deadline of each call to another member when an answer spans the cluster
+# deadline of each member's queue depths in `cluster status`, asked of every member at once: the
+# depths are for the operator's eye, and during a partition the cut-off member's would otherwise
+# hold the whole answer (an operator asks then most of all)
+STATUS_MEMBER_TIMEOUT_MS = 1000
 MESSAGE_LENGTH_MAX_BYTES = 64 << 20  # gRPC messages this listener accepts: forwarded batches carry whole messages
 SETTINGS_FIELD_PATH = "settings"  # prefix of field names in settings errors: AddQueueRequest.settings
 
@@ -148,6 +152,9 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self._peer_credentials = peer_credentials
         self._peer_server_name = peer_server_name
         self._clock_ms = clock_ms
+        # threads that ask the other members for their queue depths at once (cluster status); a
+        # cluster with more members asks this many at a time
+        self._status_pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="status-members")
 
     def _access(self) -> Access:
         return self._security.access if self._security is not None else _OPEN_ACCESS
@@ -231,8 +238,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             return admin_pb2.UpdateQueueResponse(queue=queue_stats_to_pb(stats))
         return self._answer("UpdateQueue", request, context, work)
 
-    def _member_client(self, address: str, caller: Caller) -> AdminClient:
-        return AdminClient(address, timeout_ms=PEER_CALL_TIMEOUT_MS, credentials=self._peer_credentials,
+    def _member_client(self, address: str, caller: Caller, timeout_ms: int = PEER_CALL_TIMEOUT_MS) -> AdminClient:
+        return AdminClient(address, timeout_ms=timeout_ms, credentials=self._peer_credentials,
                            metadata=caller.forwarded, server_name=self._peer_server_name)
 
     def _everywhere(self, request, caller: Caller, local, remote):
@@ -316,7 +323,19 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         return self._answer("RemoveMember", request, context, lambda caller: admin_pb2.MemberResponse(
             routes_dropped=self._control.remove_member(_raft_address(request.node))))
 
+    def _member_queues(self, address: str, caller: Caller) -> tuple[str, list]:
+        """(error or "", queue stats) of another member, within STATUS_MEMBER_TIMEOUT_MS."""
+        try:
+            with self._member_client(address, caller, STATUS_MEMBER_TIMEOUT_MS) as client:
+                return "", client.list_queues()
+        except AccessDenied as error:
+            return f"refused: {error.message}", []
+        except AdminError as error:
+            return f"unreachable: {error.message}", []
+
     def ClusterStatus(self, request, context):
+        pool = self._status_pool
+
         def work(caller):
             status = self._control.cluster_status()
             response = admin_pb2.ClusterStatusResponse(
@@ -326,6 +345,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 outbound=status.get("outbound", {}), routes_digest=status.get("routes_digest", ""),
                 last_applied=status.get("last_applied", 0), commit_index=status.get("commit_index", 0),
                 in_transit=status.get("in_transit", {}))
+            asked = []  # (row, future): the other members' queue depths, asked of all at once
             for member in status.get("members", []):
                 row = response.members.add(node=member["node"], amqp_address=member.get("amqp_address", ""),
                                            admin_address=member.get("admin_address", ""),
@@ -343,16 +363,15 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                     row.error = "not asked: a client certificate cannot be passed on; log in with --user to see it"
                     continue
                 else:
-                    try:
-                        with self._member_client(member["admin_address"], caller) as client:
-                            queues = client.list_queues()
-                    except AccessDenied as error:
-                        row.error = f"refused: {error.message}"
-                        continue
-                    except AdminError as error:
-                        row.error = f"unreachable: {error.message}"
-                        continue
+                    asked.append((row, pool.submit(self._member_queues, member["admin_address"], caller)))
+                    continue
                 row.queues.extend(queue_stats_to_pb(stats) for stats in queues)
+            for row, answer in asked:
+                error, queues = answer.result()
+                if error:
+                    row.error = error
+                else:
+                    row.queues.extend(queue_stats_to_pb(stats) for stats in queues)
             return response
         return self._answer("ClusterStatus", request, context, work)
 

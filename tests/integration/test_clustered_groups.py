@@ -7,6 +7,9 @@ through any node and checks where each group went, in what order, and that no gr
 
 from __future__ import annotations
 
+import json
+import signal
+
 import pytest
 from proton import Delivery
 
@@ -320,3 +323,17 @@ def test_a_node_started_with_join_adds_itself_and_rejoins_after_a_restart(cluste
         assert any("already a member" in line for line in joiner.output), joiner.output
     finally:
         joiner.kill()
+
+
+def test_cluster_status_answers_while_a_member_hangs_naming_it_unreachable(cluster):
+    # a stopped process neither answers nor closes its connections: as a partition looks to the others
+    hung = cluster.nodes[2]
+    hung.process.send_signal(signal.SIGSTOP)
+    try:
+        result = cluster.nodes[0].cli("cluster", "status", "--json", "--timeout-ms", "2500")
+    finally:
+        hung.process.send_signal(signal.SIGCONT)
+    assert result.returncode == 0, result.stderr
+    rows = {row["node"]: row for row in json.loads(result.stdout)["members"]}
+    assert rows[cluster.node_ids[2]]["error"].startswith("unreachable"), rows[cluster.node_ids[2]]
+    assert not rows[cluster.node_ids[1]]["error"], rows[cluster.node_ids[1]]
