@@ -1796,9 +1796,20 @@ METHOD = """
   table knows each node's consumer count (so placement is what the policy says), after an unreported
   2,000-message warm-up per system. Broker CPU is read from `/proc/PID/stat` (utime+stime) of each node
   just before the producer starts and just after the last message is received.
-- **Placement.** A new group goes to the receiving node if it has consumers on the queue, else to the
-  consuming node with the fewest routes. So in (b1) every group stays on node 1 and the consumers on
-  nodes 2 and 3 stay idle; in (b2) node 1 has no consumers and every message is forwarded.
+- **Placement.** Balanced (the default): a new group goes to the node whose consumers on the queue
+  hold the fewest groups per consumer, cluster-wide; the receiving node wins only a tie. So in (b1)
+  about half the groups go to nodes 2 and 3 and their messages are forwarded; in (b2) node 1 has no
+  consumers and every message is forwarded. The placement rows repeat (b1) on a second cluster whose
+  nodes run `--placement local` (a new group stays on the receiving node while it has a consumer).
+- **Raft members.** Each node's raft member is a child process (`handler/member.py`) at real-time
+  round-robin priority (the benchmark runs as root); its CPU is counted in its node's column.
+- **Half load** (section 2): a lean producer per node sending at a fixed rate to its own queue (half
+  of row b1's throughput in all), 1,000 groups, and a lean consumer per node; the probes run on
+  another queue meanwhile. Decisions are read from each node's
+  `grouper_raft_decision_latency_seconds` histogram before and after each producer node's probes.
+- **Leadership under full load** (section 5): the same three producers and consumers as fast as
+  credit allows, for `--stability-s` seconds; elections are counted from the node logs, terms from
+  `cluster status`.
 - **Probe clients** (sections 2-4) are proton clients in this script: a producer that sends one
   durable message every interval from a timer and records send and settle times and outcomes per
   message; consumers that accept at once and redial a dropped node every 50 ms. All times are
