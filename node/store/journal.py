@@ -19,6 +19,9 @@ Rules:
 - Compaction writes only live records to a new file and fsyncs it before the rename, even with
   fsync=False: renaming an unsynced file can lose everything on power loss, not just the last batch.
 - Recovery trusts nothing after the first bad frame: it cuts the file there with a warning and goes on.
+  A whole frame in a format this build does not read (node/store/records.py) is no bad frame: the node
+  refuses to start, naming the file and the versions, and cuts nothing.
+- A new file, and every compacted one, starts with the FORMAT marker of records.FORMAT_VERSION.
 """
 
 from __future__ import annotations
@@ -137,6 +140,20 @@ class Journal:
                     messages.pop(record, None)
                     self._index_delete(record)
         size_bytes = os.fstat(self._fd).st_size
+        if scan.refusal is not None:
+            self.close()
+            raise JournalError(f"journal {self.path} was written by a newer build of grouper: "
+                               f"{scan.refusal}; run a build that reads it (upgrade one version step "
+                               f"at a time), or move data_dir aside to start empty")
+        if size_bytes == 0:
+            marker = records.encode_format()
+            try:
+                _write_all(self._fd, marker, 0)
+                os.fsync(self._fd)
+            except OSError as error:
+                raise JournalError(f"cannot write the format marker of {self.path}: {error}; "
+                                   f"free space or fix permissions on {self.directory}") from error
+            scan.end_offset = size_bytes = len(marker)
         cut_bytes = size_bytes - scan.end_offset
         if cut_bytes:
             log.warning("journal %s: %s at offset %d; cutting %d bytes (file was %d bytes), "
@@ -404,7 +421,7 @@ class Journal:
         """Copy live frames into `temporary`, fsync it and rename it over the journal."""
         fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            copier = _FrameCopier(self._fd, fd)
+            copier = _FrameCopier(self._fd, fd, _write_all(fd, records.encode_format(), 0))
             declares = {queue: copier.copy(offset, length)
                         for queue, (offset, length) in self._declares.items()}
             live = sorted((seq, queue, offset, length) for queue, by_seq in self._stores.items()
@@ -468,12 +485,12 @@ class Journal:
 class _FrameCopier:
     """Copies frames from one file to the end of another, merging runs that are adjacent."""
 
-    def __init__(self, source_fd: int, target_fd: int):
+    def __init__(self, source_fd: int, target_fd: int, start_offset: int):
         self._source = source_fd
         self._target = target_fd
         self._run_offset = 0
         self._run_bytes = 0
-        self._written = 0  # bytes copied so far, which is the target offset of the next frame
+        self._written = start_offset  # the target offset of the next frame
 
     def copy(self, offset: int, length: int) -> tuple[int, int]:
         target_offset = self._written + self._run_bytes

@@ -12,6 +12,14 @@ Format (little-endian throughout; kinds are never renumbered, a changed layout g
                 flags: bit 0 group_id present (so "" and None differ), bit 1 closes_group
     REMOVE   4: u16 queue_length | u64 seq | queue
 
+Format version: a file's first frame may be a FORMAT marker, a DELETE whose name is FORMAT_MARKER_PREFIX
+and the version in decimal. Only the frame at offset 0 is read as one (a queue of that odd name deleted
+later is just a delete); a file without it is version 1, as every file before versions was. It is a
+DELETE so the release before versions reads it as the delete of a queue it never had and keeps the
+data (a rollback by one step). A version this build does not read, or a record kind it does not know
+in a frame whose crc holds (a newer build wrote it, not a torn write), is refused by name, never
+cut as corruption and never misread.
+
 Rules:
 - A reader stops at the first frame that is short (a torn write) or fails its length, crc or decode
   checks (corruption). Everything before it is good and nothing after it is trusted.
@@ -45,6 +53,14 @@ _REMOVE = struct.Struct("<BHQ")  # kind, queue_length, seq
 _GROUP_PRESENT = 1
 _CLOSES_GROUP = 2
 
+FORMAT_VERSION = 1  # what this build writes
+FORMAT_VERSIONS_READ = (1,)  # what this build reads; a newer build keeps reading the one before it
+FORMAT_MARKER_PREFIX = "\x00grouper journal format "
+
+
+class NewerFormat(Exception):
+    """A frame that is whole but written in a format this build does not read."""
+
 
 class StoreRecord(NamedTuple):
     queue: str
@@ -66,6 +82,21 @@ def encode_declare(settings: dict) -> bytes:
     if not isinstance(settings.get("name"), str):
         raise ValueError(f"queue settings to journal need a string 'name', got {settings!r}")
     return _frame(bytes((DECLARE,)) + json.dumps(settings, separators=(",", ":")).encode())
+
+
+def encode_format(version: int = FORMAT_VERSION) -> bytes:
+    return encode_delete(f"{FORMAT_MARKER_PREFIX}{version}")
+
+
+def format_version(body: bytes | memoryview) -> int | None:
+    """The version a FORMAT marker's body names, None when the body is no marker."""
+    prefix = FORMAT_MARKER_PREFIX.encode()
+    if body[0] != DELETE or bytes(body[1:1 + len(prefix)]) != prefix:
+        return None
+    digits = bytes(body[1 + len(prefix):])
+    if not digits.isdigit() or len(digits) > 9:
+        raise ValueError(f"journal format marker with a version that is no number: {digits!r}")
+    return int(digits)
 
 
 def encode_delete(queue: str) -> bytes:
@@ -134,7 +165,7 @@ def decode_body(body: bytes | memoryview) -> tuple[int, object]:
         return kind, settings
     if kind == DELETE:
         return kind, str(body[1:], "utf-8")
-    raise ValueError(f"unknown record kind {kind}")
+    raise NewerFormat(f"record kind {kind}, which this build does not know")
 
 
 class Scan:
@@ -155,6 +186,8 @@ class Scan:
         source.seek(start)
         self.end_offset = 0
         self.stop_reason: str | None = None
+        self.format_version = 1  # the FORMAT marker's, or 1 for a file without one
+        self.refusal: str | None = None  # why reading stopped at a whole frame this build cannot read
 
     def __iter__(self):
         read = self._file.read
@@ -191,13 +224,25 @@ class Scan:
                 self.stop_reason = f"crc mismatch in a frame of {body_length} body bytes"
                 return
             try:
-                kind, record = decode_body(body)
+                version = format_version(body) if offset == 0 else None
+                if version is None:
+                    kind, record = decode_body(body)
+                elif version not in FORMAT_VERSIONS_READ:
+                    raise NewerFormat(f"format version {version}")
+            except NewerFormat as error:
+                self.stop_reason = self.refusal = (
+                    f"{error} at offset {offset}; this build reads journal format versions "
+                    f"{', '.join(map(str, FORMAT_VERSIONS_READ))}")
+                return
             except (ValueError, struct.error) as error:  # UnicodeDecodeError is a ValueError
                 self.stop_reason = f"undecodable record ({error})"
                 return
             position = body_start + body_length
             self.end_offset = offset + FRAME_HEADER_BYTES + body_length
-            yield offset, kind, record
+            if version is None:
+                yield offset, kind, record
+            else:
+                self.format_version = version
             offset = self.end_offset
 
 

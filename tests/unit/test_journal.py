@@ -235,17 +235,18 @@ def test_a_corrupt_crc_in_the_middle_stops_recovery_at_that_frame_with_a_warning
     path = tmp_path / JOURNAL_FILE
     data = bytearray(path.read_bytes())
     frame_bytes = len(records.encode_store("q", message(1)))
-    data[2 * frame_bytes + 20] ^= 0x01  # a bit flip inside the third frame's body
+    marker_bytes = len(records.encode_format())
+    data[marker_bytes + 2 * frame_bytes + 20] ^= 0x01  # a bit flip inside the third frame's body
     path.write_bytes(bytes(data))
 
     with caplog.at_level(logging.WARNING, logger="node.store.journal"):
         recovery = recovered(tmp_path)
 
     assert [m.seq for m in recovery.messages["q"]] == [1, 2]
-    assert path.stat().st_size == 2 * frame_bytes
+    assert path.stat().st_size == marker_bytes + 2 * frame_bytes
     [warning] = caplog.records
     assert "crc mismatch" in warning.getMessage()
-    assert f"offset {2 * frame_bytes}" in warning.getMessage()
+    assert f"offset {marker_bytes + 2 * frame_bytes}" in warning.getMessage()
     assert f"cutting {3 * frame_bytes} bytes" in warning.getMessage()
     assert [m.seq for m in recovered(tmp_path).messages["q"]] == [1, 2]  # once cut, stays quiet
 
@@ -569,3 +570,73 @@ def test_a_killed_process_keeps_every_confirmed_message_in_order_and_no_removed_
         elif unit + 1 <= durable:
             assert seq not in present, f"seq {seq} removed in durable ticket {unit + 1} came back"
     assert [m.payload for m in recovered(tmp_path).messages["q"][:3]] == [b"m1", b"m2", b"m3"]
+
+
+# ---- format versions ----------------------------------------------------------------------------
+
+def test_a_new_journal_starts_with_the_format_marker_of_this_build(tmp_path):
+    write_and_close(tmp_path, [lambda j: j.store("q", message(1))])
+    data = (tmp_path / JOURNAL_FILE).read_bytes()
+    assert data.startswith(records.encode_format(records.FORMAT_VERSION))
+    scan = records.scan(data)
+    assert [kind for _, kind, _ in scan] == [records.STORE]
+    assert scan.format_version == records.FORMAT_VERSION and scan.refusal is None
+
+
+def test_a_journal_without_a_marker_is_version_1_and_recovers_as_before(tmp_path):
+    # what every node wrote before format versions: the upgrade path for an existing data dir
+    (tmp_path / JOURNAL_FILE).write_bytes(records.encode_declare(queue_settings("q"))
+                                          + records.encode_store("q", message(1)))
+    recovery = recovered(tmp_path)
+    assert [q["name"] for q in recovery.queues] == ["q"]
+    assert [m.seq for m in recovery.messages["q"]] == [1]
+    assert recovery.cut_bytes == 0
+    assert records.scan((tmp_path / JOURNAL_FILE).read_bytes()).format_version == 1
+
+
+def test_a_marker_after_the_first_frame_is_an_ordinary_delete(tmp_path):
+    odd_name = records.FORMAT_MARKER_PREFIX + "7"
+    data = records.encode_store("q", message(1)) + records.encode_delete(odd_name)
+    assert [(kind, record) for _, kind, record in records.scan(data)][1] == (records.DELETE, odd_name)
+
+
+def test_compaction_keeps_the_format_marker_first(tmp_path):
+    journal, callbacks = started(tmp_path, compact_min_bytes=1)
+    for seq in range(1, 40):
+        journal.store("q", message(seq, payload=b"x" * 100))
+        journal.remove("q", seq)
+    callbacks.wait_reported(journal.flush())
+    journal.close()
+    assert journal.stats()["compactions"] >= 1
+    assert (tmp_path / JOURNAL_FILE).read_bytes().startswith(records.encode_format())
+
+
+@hypothesis_settings(max_examples=60, deadline=None)
+@given(version=st.integers(min_value=0, max_value=999_999_999).filter(
+    lambda v: v not in records.FORMAT_VERSIONS_READ))
+def test_a_journal_of_a_version_this_build_does_not_read_is_refused_and_left_whole(tmp_path_factory, version):
+    directory = tmp_path_factory.mktemp("newer")
+    data = records.encode_format(version) + records.encode_store("q", message(1))
+    (directory / JOURNAL_FILE).write_bytes(data)
+    with pytest.raises(JournalError) as refused:
+        recovered(directory)
+    text = str(refused.value)
+    assert str(directory / JOURNAL_FILE) in text and f"format version {version}" in text
+    assert "reads journal format versions 1" in text and "one version step" in text
+    assert (directory / JOURNAL_FILE).read_bytes() == data  # nothing cut
+
+
+@hypothesis_settings(max_examples=60, deadline=None)
+@given(kind=st.integers(min_value=0, max_value=255).filter(
+    lambda k: k not in (records.DECLARE, records.DELETE, records.STORE, records.REMOVE)),
+    rest=st.binary(max_size=40), before=st.integers(min_value=0, max_value=3))
+def test_a_whole_record_of_an_unknown_kind_is_refused_never_misread_or_cut(tmp_path_factory, kind, rest, before):
+    directory = tmp_path_factory.mktemp("kind")
+    data = records.encode_format() + b"".join(records.encode_store("q", message(seq))
+                                              for seq in range(1, before + 1))
+    body = bytes((kind,)) + rest
+    data += records._frame(body)
+    (directory / JOURNAL_FILE).write_bytes(data)
+    with pytest.raises(JournalError, match=f"record kind {kind}, which this build does not know"):
+        recovered(directory)
+    assert (directory / JOURNAL_FILE).read_bytes() == data
