@@ -19,6 +19,7 @@ Rules:
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import logging
 import sys
 import threading
@@ -91,6 +92,27 @@ def read_tls_material(cert_file: str, key_file: str, ca_file: str, now: datetime
     names = leaf.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     return TlsMaterial(certificate_chain, private_key, ca_certificates,
                        str(names[0].value) if names else leaf.subject.rfc4514_string(), leaf.not_valid_after_utc)
+
+
+def certificate_hosts(certificate: x509.Certificate) -> frozenset[str]:
+    """The hosts a certificate names, as a TLS client checks them: its DNS names (lower case) and IP
+    addresses (canonical text); its subject CN only when it has no subjectAltName (RFC 6125)."""
+    try:
+        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        common = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        return frozenset(canonical_host(str(common[0].value)) for _ in common[:1])
+    return frozenset([name.lower() for name in names.get_values_for_type(x509.DNSName)]
+                     + [str(address) for address in names.get_values_for_type(x509.IPAddress)])
+
+
+def canonical_host(host: str) -> str:
+    """A host as certificate_hosts writes it: an IP address in canonical text, a name in lower case."""
+    host = host.strip("[]")
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host.lower()
 
 
 def node_usages(certificate: x509.Certificate) -> set[str]:

@@ -14,6 +14,13 @@ Rules:
   certificate (`MembersOnly`, on the peer listener, whose handshake already demands a certificate
   the cluster CA signed), and nobody on the admin port (`refuse_all`). A refused caller gets
   UNAUTHENTICATED or PERMISSION_DENIED, and is logged once per source address and reason.
+- A batch names the node it comes from (source_node, a node id HOST:RAFT_PORT), and the owner keeps
+  per-source state (forward_seq dedup, acknowledgements) by it. Over mutual TLS the claim is bound
+  to the certificate: HOST must be one the caller's certificate names (a DNS name or IP address of
+  its subjectAltName, as a TLS client would check it), so a node with a valid cluster certificate
+  cannot forward as another node and disturb that node's sequence. Nodes that share one host (one
+  machine) cannot be told apart this way. With cluster_tls_server_name the certificates name a
+  common name, not the nodes' hosts, so the claim is not bound then (the README says so).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import grpc
 from cryptography import x509
 
 from node.core.errors import GrouperError, InvalidField, NotFound, ResourceLimitExceeded
-from node.peer.credentials import ClusterTls, node_usages
+from node.peer.credentials import ClusterTls, canonical_host, certificate_hosts, node_usages
 from node.peer.forwarder import MESSAGE_BYTES_MAX, Entry
 from proto import peer_pb2, peer_pb2_grpc
 
@@ -100,11 +107,13 @@ def entries_from_pb(batch: peer_pb2.ForwardBatch) -> list[Entry]:
 
 # ---- who may forward ------------------------------------------------------------------------------
 
-def caller_refusal(auth: Mapping[str, Sequence[bytes]], usages_of: Callable[[bytes], set[str]]) -> Refusal:
+def caller_refusal(auth: Mapping[str, Sequence[bytes]], usages_of: Callable[[bytes], set[str]],
+                   source_node: str = "", hosts_of: Callable[[bytes], frozenset[str]] | None = None) -> Refusal:
     """The peer listener's verdict from a call's auth context (grpc's `context.auth_context()`).
 
     The handshake verified the certificate against the cluster CA; here it must also be a node's
-    (serverAuth and clientAuth), so a client's certificate from the same CA cannot forward."""
+    (serverAuth and clientAuth), so a client's certificate from the same CA cannot forward. With
+    `hosts_of`, the host of `source_node` (the batch's claimed origin) must be one it names."""
     if list(auth.get("transport_security_type", ())) != [b"ssl"]:
         return grpc.StatusCode.UNAUTHENTICATED, "the call did not come over TLS; forwarding takes mutual TLS"
     certificates = auth.get("x509_pem_cert") or ()
@@ -116,42 +125,61 @@ def caller_refusal(auth: Mapping[str, Sequence[bytes]], usages_of: Callable[[byt
         names = b", ".join(auth.get("x509_common_name") or [b"?"]).decode(errors="replace")
         return grpc.StatusCode.PERMISSION_DENIED, (f"the caller's certificate (CN {names}) lacks {', '.join(missing)}: "
                                                    f"it is no node certificate (a client's?), and only nodes forward")
+    if hosts_of is not None:
+        host = canonical_host(source_node.rpartition(":")[0] if ":" in source_node else source_node)  # HOST[:PORT]
+        hosts = hosts_of(certificates[0])
+        if host not in hosts:
+            names = b", ".join(auth.get("x509_common_name") or [b"?"]).decode(errors="replace")
+            return grpc.StatusCode.PERMISSION_DENIED, (
+                f"the batch claims to come from node {source_node!r}, but the caller's certificate (CN {names}) "
+                f"names {', '.join(sorted(hosts)) or 'no host'}, not {host!r}: a node forwards only as itself (its "
+                f"certificate must name the host of its node id, its advertise host)")
     return ADMITTED
 
 
-def open_to_all(context: grpc.ServicerContext) -> Refusal:
+def open_to_all(context: grpc.ServicerContext, source_node: str = "") -> Refusal:
     return ADMITTED
 
 
-def refuse_all(reason: str) -> Callable[[grpc.ServicerContext], Refusal]:
-    def check(context: grpc.ServicerContext) -> Refusal:
+def refuse_all(reason: str) -> Callable[..., Refusal]:
+    def check(context: grpc.ServicerContext, source_node: str = "") -> Refusal:
         return grpc.StatusCode.UNAUTHENTICATED, reason
     return check
 
 
 class MembersOnly:
-    """The peer listener's check: `caller_refusal`, with the usages of recent certificates kept."""
+    """The peer listener's check: `caller_refusal`, with the usages and hosts of recent certificates
+    kept. `bind_source`: the batch's source node must be a host the certificate names."""
 
-    def __init__(self):
+    def __init__(self, bind_source: bool = True):
         self._lock = threading.Lock()
-        self._usages: dict[bytes, set[str]] = {}
+        self._read: dict[bytes, tuple[set[str], frozenset[str]]] = {}
+        self._bind_source = bind_source
 
-    def __call__(self, context: grpc.ServicerContext) -> Refusal:
-        return caller_refusal(context.auth_context() or {}, self._usages_of)
+    def __call__(self, context: grpc.ServicerContext, source_node: str = "") -> Refusal:
+        return caller_refusal(context.auth_context() or {}, self._usages_of, source_node,
+                              self._hosts_of if self._bind_source else None)
 
     def _usages_of(self, pem: bytes) -> set[str]:
+        return self._certificate(pem)[0]
+
+    def _hosts_of(self, pem: bytes) -> frozenset[str]:
+        return self._certificate(pem)[1]
+
+    def _certificate(self, pem: bytes) -> tuple[set[str], frozenset[str]]:
         with self._lock:
-            usages = self._usages.get(pem)
-        if usages is None:
+            read = self._read.get(pem)
+        if read is None:
             try:
-                usages = node_usages(x509.load_pem_x509_certificate(pem))
+                certificate = x509.load_pem_x509_certificate(pem)
+                read = node_usages(certificate), certificate_hosts(certificate)
             except ValueError:
-                usages = set()
+                read = set(), frozenset()
             with self._lock:
-                if len(self._usages) >= CERTIFICATES_REMEMBERED_MAX:
-                    self._usages.clear()
-                self._usages[pem] = usages
-        return usages
+                if len(self._read) >= CERTIFICATES_REMEMBERED_MAX:
+                    self._read.clear()
+                self._read[pem] = read
+        return read
 
 
 class RefusalLog:
@@ -188,7 +216,8 @@ def source_host(peer: str) -> str:
 
 class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
     def __init__(self, handle_forward: HandleForward, timeout_ms: int = TIMEOUT_MS_DEFAULT,
-                 check: Callable[[grpc.ServicerContext], Refusal] = open_to_all):
+                 check: Callable[..., Refusal] = open_to_all):
+        """`check(context, source_node)`: who may forward (open_to_all, refuse_all, MembersOnly)."""
         if timeout_ms < 1:
             raise ValueError(f"timeout_ms must be >= 1, got {timeout_ms}")
         self._handle_forward = handle_forward
@@ -197,7 +226,7 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         self.refusals = RefusalLog()
 
     def Forward(self, request, context):
-        code, reason = self._check(context)
+        code, reason = self._check(context, request.source_node)
         if code is not None:
             source = source_host(context.peer() or "")
             if self.refusals.first(source, reason):
@@ -239,7 +268,8 @@ def bind_peer_listener(host: str, port: int, handle_forward: HandleForward, tls:
         futures.ThreadPoolExecutor(max_workers=PEER_WORKERS, thread_name_prefix="peer-grpc"),
         maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX,
         options=[("grpc.so_reuseport", 0), *SERVER_OPTIONS])  # no second node silently sharing the port
-    add_peer_service(server, handle_forward, timeout_ms, MembersOnly())
+    # with cluster_tls_server_name the certificates name a common name, not each node's host
+    add_peer_service(server, handle_forward, timeout_ms, MembersOnly(bind_source=not tls.server_name))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound_port = server.add_secure_port(address, tls.server_credentials())

@@ -131,8 +131,8 @@ def test_a_secured_cluster_forwards_each_group_to_its_owner_in_order(secured, co
     assert all(member["connected"] for member in status["members"]) and not status["outbound"]
 
 
-def forward(channel: grpc.Channel, queue: str) -> grpc.RpcError:
-    batch = peer_pb2.ForwardBatch(source_node="stranger:1", messages=[
+def forward(channel: grpc.Channel, queue: str, source_node: str = "stranger:1") -> grpc.RpcError:
+    batch = peer_pb2.ForwardBatch(source_node=source_node, messages=[
         peer_pb2.Forwarded(forward_seq=1, queue=queue, has_group=True, group_id="g", payload=b"stolen")])
     with channel:
         with pytest.raises(grpc.RpcError) as raised:
@@ -158,13 +158,24 @@ def test_strangers_calling_the_peer_service_are_refused_and_forward_nothing(secu
     for _ in range(2):
         error = forward(grpc.secure_channel(peer_address, alice), "stolen-3")
         assert error.code() is grpc.StatusCode.PERMISSION_DENIED and "CN alice" in error.details()
+    # a node certificate of the cluster's CA forwards only as the node whose host it names: node9's (which names
+    # node9) not as a member at 127.0.0.1, node0's (which names 127.0.0.1) not as a node elsewhere
+    certs.make_leaf(cert_dir, "node9", dns=["node9"], force=True)
+    for name, claimed in (("node9", cluster.node_ids[0]), ("node0", "node9:5674")):
+        node_certificate = grpc.ssl_channel_credentials(ca, (cert_dir / f"{name}-key.pem").read_bytes(),
+                                                        (cert_dir / f"{name}.pem").read_bytes())
+        error = forward(grpc.secure_channel(peer_address, node_certificate, options=[
+            ("grpc.ssl_target_name_override", "localhost")]), "stolen-5", claimed)
+        assert error.code() is grpc.StatusCode.PERMISSION_DENIED and "forwards only as itself" in error.details() \
+            and f"(CN {name})" in error.details(), error.details()
     # where forwarding used to be, the admin port, it is refused too, saying where it went
     for _ in range(2):
         error = forward(grpc.insecure_channel(admin_address), "stolen-4")
         assert error.code() is grpc.StatusCode.UNAUTHENTICATED and "peer port" in error.details()
-    refused = wait_lines(owner, "forwarding from 127.0.0.1 refused", count=2)
-    assert len(refused) == 2  # once per source and reason, though each was tried twice
+    refused = wait_lines(owner, "forwarding from 127.0.0.1 refused", count=4)
+    assert len(refused) == 4  # once per source and reason, though some were tried twice
     assert any("CN alice" in line for line in refused) and any("peer port" in line for line in refused)
+    assert sum("forwards only as itself" in line for line in refused) == 2
     listed = owner.cli("queue", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     assert "stolen" not in listed.stdout

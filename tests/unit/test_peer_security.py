@@ -15,12 +15,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+from cryptography import x509
 
 from node import certs
 from node.config import NodeConfig, files_stamp
 from node.core.errors import InvalidConfig
 from node.peer import credentials
-from node.peer.credentials import (RAFT_SECRET_CHARS_MIN, RAFT_SECRETS_MAX, ClusterTls, describe,
+from node.peer.credentials import (RAFT_SECRET_CHARS_MIN, RAFT_SECRETS_MAX, ClusterTls, certificate_hosts, describe,
                                    insecure_cluster_refusal, parse_raft_secrets, read_raft_secrets,
                                    read_tls_material)
 from node.peer.forwarder import Forwarder
@@ -254,6 +255,40 @@ def test_a_client_certificate_is_refused_by_its_common_name():
     assert reason.startswith("the caller's certificate (CN alice) lacks serverAuth")
 
 
+NODE_AUTH = {"transport_security_type": [b"ssl"], "x509_pem_cert": [b"node"], "x509_common_name": [b"node1"]}
+
+
+def hosts_of(pem: bytes) -> frozenset[str]:
+    return {"node": frozenset({"node1", "localhost", "127.0.0.1", "::1"})}[pem.decode()]
+
+
+@pytest.mark.parametrize("source_node", ["node1:5674", "NODE1:5674", "127.0.0.1:40000", "[::1]:5674",
+                                         "[0:0:0:0:0:0:0:1]:5674", "node1"])
+def test_a_node_may_forward_as_a_node_id_whose_host_its_certificate_names(source_node):
+    assert caller_refusal(NODE_AUTH, usages_of, source_node, hosts_of) == ADMITTED
+
+
+@pytest.mark.parametrize("source_node", ["node2:5674", "10.0.0.1:5674", "node1.evil:5674", ":5674", ""])
+def test_a_node_cannot_forward_as_another_node(source_node):
+    code, reason = caller_refusal(NODE_AUTH, usages_of, source_node, hosts_of)
+    assert code is grpc.StatusCode.PERMISSION_DENIED
+    assert f"claims to come from node {source_node!r}" in reason and "forwards only as itself" in reason
+    assert "(CN node1) names 127.0.0.1, ::1, localhost, node1" in reason
+
+
+def test_without_binding_the_claim_is_not_looked_at():  # cluster_tls_server_name: certificates name no node
+    assert caller_refusal(NODE_AUTH, usages_of, "node2:5674") == ADMITTED
+
+
+def test_the_hosts_a_certificate_names_are_its_alternative_names_or_else_its_common_name(cluster_ca):
+    certs.make_leaf(cluster_ca, "Node7", dns=["Node7.Example", "localhost"], ips=["127.0.0.1", "::1"])
+    node7 = x509.load_pem_x509_certificate((cluster_ca / "Node7.pem").read_bytes())
+    assert certificate_hosts(node7) == {"node7", "node7.example", "localhost", "127.0.0.1", "::1"}
+    certs.make_leaf(cluster_ca, "Carol", client_only=True)  # no subjectAltName
+    carol = x509.load_pem_x509_certificate((cluster_ca / "Carol.pem").read_bytes())
+    assert certificate_hosts(carol) == {"carol"}
+
+
 def test_each_source_and_reason_is_logged_once_and_the_memory_is_bounded():
     refusals = RefusalLog(remembered_max=2)
     assert refusals.first("10.0.0.1", "a") and not refusals.first("10.0.0.1", "a")
@@ -435,7 +470,10 @@ def test_the_target_name_override_checks_every_peer_for_one_shared_name(tmp_path
     certs.make_ca(tmp_path)
     certs.make_leaf(tmp_path, "grouper-cluster")  # no 127.0.0.1 among its names
     owner = Owner()
-    server, port = bind_peer_listener("127.0.0.1", 0, owner.handle, ClusterTls(*files(tmp_path, "grouper-cluster")))
+    # the owner has the cluster's name override too (every node has): its certificates name no node, so the
+    # batches' source node is not bound to them
+    server, port = bind_peer_listener("127.0.0.1", 0, owner.handle,
+                                      ClusterTls(*files(tmp_path, "grouper-cluster"), server_name="grouper-cluster"))
     server.start()
     try:
         for server_name, expected in (("", 0), ("grouper-cluster", 2)):
