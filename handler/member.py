@@ -7,7 +7,9 @@ nobody down. Here only raft runs, and the kernel schedules it against the node l
 
 `python -m handler.member FD NODE_PID`: FD is the child's end of a socketpair the node made (see
 handler/channel.py for why that channel needs no further authentication). The first message is
-("start", node_id, partners, raft_dir, settings), settings being GroupingHandler's keyword settings;
+("start", node_id, partners, raft_dir, settings, version), settings being GroupingHandler's keyword
+settings and version the channel's CHANNEL_VERSION (absent: 1; one this member does not speak gets
+("start_failed", reason) naming both, though node and member normally run from one tree);
 then the node sends requests, and this process sends back what raft did:
     node -> member                                   member -> node
     ("claim", id, keys, now_ms)                      ("started",) or ("start_failed", reason)
@@ -43,6 +45,9 @@ import threading
 from handler.channel import Channel
 
 log = logging.getLogger("grouper.handler")
+
+CHANNEL_VERSION = 1  # of the messages below; the node sends it in "start"
+CHANNEL_VERSIONS_SPOKEN = (1,)
 
 PR_SET_PDEATHSIG = 1  # prctl(2): a signal for this process when its parent dies
 # Scheduling. When the nodes (and their neighbours) keep every core busy, a member at the nodes'
@@ -87,8 +92,14 @@ class Member:
             logging.shutdown()
             os._exit(1)  # the node is gone or this member broke: nobody would hear what it decides
 
-    def _start(self, node_id: str, partners: list[str], raft_dir: str, settings: dict) -> None:
+    def _start(self, node_id: str, partners: list[str], raft_dir: str, settings: dict,
+               version: int = 1) -> None:
         send = self.channel.send
+        if version not in CHANNEL_VERSIONS_SPOKEN:
+            send(("start_failed", f"the node speaks raft member channel version {version!r}, this member "
+                                  f"(python -m handler.member from {os.path.dirname(os.path.dirname(__file__))}) "
+                                  f"speaks {CHANNEL_VERSIONS_SPOKEN}: run node and member from one install"))
+            return
         try:
             from handler.service import GroupingHandler  # here: the node process never imports pysyncobj
             self.handler = GroupingHandler(

@@ -27,6 +27,7 @@ import sys
 import threading
 
 from handler.channel import Channel
+from handler.member import CHANNEL_VERSION
 
 log = logging.getLogger("grouper.handler")
 
@@ -70,7 +71,7 @@ class MemberProcess:
             child_end.close()
         self._channel = Channel(node_end, "raft-member", self._on_message, self._on_closed)
         self._loop = loop
-        self._channel.send(("start", node_id, list(partners), raft_dir, settings))
+        self._channel.send(("start", node_id, list(partners), raft_dir, settings, CHANNEL_VERSION))
         if loop is None:
             self._channel.start()
             self._started.wait(START_TIMEOUT_MS / 1000)

@@ -7,11 +7,22 @@ forwards that to the engine loop. Snapshots hold the table's and the definitions
 are plain data (a snapshot taken before definitions existed restores none).
 The queue definition commands (handler/queue_definitions.py) are ver=2: numbered after every older
 command, so journals written before them replay unchanged.
+
+Format versions:
+- Commands: a command's version is its pysyncobj `ver`. pysyncobj numbers commands by (ver, name), so
+  a new command gets a higher ver and every older number keeps its meaning; a member proposes one only
+  after a setCodeVersion entry enabled that ver, and a member whose code is older than an enabled ver
+  logs "request to switch to unsupported code version" (handler/service.py enables them). A changed
+  command is a new name or a new keyword argument with a default, never a changed meaning.
+- Snapshots carry SNAPSHOT_FORMAT_VERSION under "format_version" (absent: 1, as every snapshot before
+  versions). One this build does not read is refused by name: pysyncobj swallows exceptions from
+  `_deserialize` and would go on with an empty table, so `on_refused` stops the member instead.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 from pysyncobj import SyncObjConsumer, replicated
 
@@ -21,12 +32,27 @@ from handler.route_table import (MEMBERS, MOVES, MOVES_ALL, PLACEMENT_LOCAL, REF
 
 log = logging.getLogger("grouper.handler")
 
+SNAPSHOT_FORMAT_VERSION = 1  # what this build writes
+SNAPSHOT_FORMAT_VERSIONS_READ = (1,)  # what it reads; a newer build keeps reading the one before it
+EXIT_UNREADABLE_SNAPSHOT = 3  # the member's exit status after refusing a snapshot
+
+
+class SnapshotRefused(Exception):
+    """A raft snapshot in a format this build does not read (a newer member wrote it)."""
+
+
+def _exit_refused(reason: str) -> None:
+    log.critical("%s", reason)
+    logging.shutdown()
+    os._exit(EXIT_UNREADABLE_SNAPSHOT)  # an exception would be swallowed by pysyncobj: see the header
+
 
 class RouteTableReplica(SyncObjConsumer):
-    def __init__(self, on_applied, routes_max: int):
+    def __init__(self, on_applied, routes_max: int, on_refused=_exit_refused):
         # set before SyncObjConsumer.__init__, so pysyncobj leaves them out of snapshots
         self._on_applied = on_applied
         self._routes_max = routes_max
+        self._on_refused = on_refused  # (reason): a snapshot this build cannot read arrived
         super().__init__()
         self.table = RouteTable(routes_max)
         self.queues = QueueDefinitions()
@@ -34,9 +60,18 @@ class RouteTableReplica(SyncObjConsumer):
     # ---- snapshots: the table's attributes, as plain data ------------------------------------
 
     def _serialize(self):
-        return {"route_table": dict(vars(self.table)), "queue_definitions": dict(vars(self.queues))}
+        return {"format_version": SNAPSHOT_FORMAT_VERSION, "route_table": dict(vars(self.table)),
+                "queue_definitions": dict(vars(self.queues))}
 
     def _deserialize(self, data):
+        version = data.get("format_version", 1) if isinstance(data, dict) else None
+        if version not in SNAPSHOT_FORMAT_VERSIONS_READ:
+            reason = (f"raft snapshot of format version {version!r} (from this member's raft dump or its "
+                      f"leader) cannot be read by this build, which reads versions "
+                      f"{', '.join(map(str, SNAPSHOT_FORMAT_VERSIONS_READ))}: a newer build wrote it. Run "
+                      f"that build (upgrade one version step at a time), never an older one after it")
+            self._on_refused(reason)
+            raise SnapshotRefused(reason)
         table = RouteTable(self._routes_max)
         vars(table).update(data["route_table"])
         self.table = table

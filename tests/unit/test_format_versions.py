@@ -1,0 +1,87 @@
+"""Format versions of the raft side: snapshots and the member channel's start message.
+
+A version this build does not read is refused by name, never misread; a version absent is 1, which is
+what every snapshot and start message before versions was (the upgrade path). The journal's versions
+are tested in test_journal.py, the peer and admin ones in test_peer_forwarding.py and test_admin.py.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from hypothesis import given, settings as hypothesis_settings, strategies as st
+
+from handler import replicated
+from handler.member import CHANNEL_VERSION, CHANNEL_VERSIONS_SPOKEN, Member
+from handler.replicated import (SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSIONS_READ, RouteTableReplica,
+                                SnapshotRefused)
+
+
+def make_replica():
+    heard, refused = [], []
+    replica = RouteTableReplica(lambda kind, payload, at_ms: heard.append((kind, payload)), routes_max=10,
+                                on_refused=refused.append)
+    return replica, heard, refused
+
+
+def filled_replica():
+    replica, _, _ = make_replica()
+    replica.claim([["q", "a"]], "n1", 10, _doApply=True)
+    replica.define_queue({"name": "orders"}, False, _doApply=True)
+    return replica
+
+
+def test_a_snapshot_names_the_format_version_it_was_written_in():
+    assert filled_replica()._serialize()["format_version"] == SNAPSHOT_FORMAT_VERSION
+    assert SNAPSHOT_FORMAT_VERSION in SNAPSHOT_FORMAT_VERSIONS_READ
+
+
+def test_a_snapshot_without_a_version_is_version_1_and_restores_as_before():
+    data = filled_replica()._serialize()
+    del data["format_version"]  # as every snapshot before versions
+    restored, heard, refused = make_replica()
+    restored._deserialize(data)
+    assert refused == []
+    assert restored.table.routes == filled_replica().table.routes
+    assert restored.queues.all() == filled_replica().queues.all()
+    assert heard[0] == (replicated.SNAPSHOT, [("q", "a", "n1", 10)])
+
+
+@hypothesis_settings(max_examples=100, deadline=None)
+@given(version=st.one_of(st.integers(), st.text(max_size=5), st.none()).filter(
+    lambda v: v not in SNAPSHOT_FORMAT_VERSIONS_READ))
+def test_a_snapshot_of_a_version_this_build_does_not_read_is_refused_by_name_and_nothing_restored(version):
+    data = filled_replica()._serialize()
+    data["format_version"] = version
+    restored, heard, refused = make_replica()
+    with pytest.raises(SnapshotRefused):
+        restored._deserialize(data)
+    [reason] = refused
+    assert f"format version {version!r}" in reason and "reads versions 1" in reason
+    assert "one version step" in reason
+    assert heard == [] and restored.table.routes == {} and restored.queues.all() == {}
+
+
+def started_member(start_message):
+    node_end, member_end = socket.socketpair()
+    member = Member(member_end)
+    sent = []
+    member.channel.send = sent.append  # what the member answers the node
+    member._on_message(start_message)
+    node_end.close()
+    member_end.close()
+    return member, sent
+
+
+@given(version=st.integers().filter(lambda v: v not in CHANNEL_VERSIONS_SPOKEN))
+def test_a_start_message_of_a_channel_version_the_member_does_not_speak_is_refused_naming_both(version):
+    member, sent = started_member(("start", "127.0.0.1:1", [], "/nonexistent", {}, version))
+    [(kind, reason)] = sent
+    assert kind == "start_failed" and member.handler is None
+    assert f"version {version!r}" in reason and str(CHANNEL_VERSIONS_SPOKEN) in reason
+    assert "one install" in reason
+
+
+def test_the_node_sends_the_channel_version_this_member_speaks():
+    assert CHANNEL_VERSION in CHANNEL_VERSIONS_SPOKEN
