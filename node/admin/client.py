@@ -7,6 +7,9 @@ Rules:
   message and gRPC status travel with the error, so callers never see a `grpc.RpcError`.
 - TLS and credentials are given, never looked up here: `credentials` (node.admin.tls) make the
   channel TLS, `metadata` (node.admin.credentials.basic_metadata) travels with every call.
+- Every call names the API version it speaks in API_VERSION_KEY metadata (absent: 1, as before
+  versions). A node reads its own version and the one before, so an old CLI keeps working against
+  a node one version step newer; a version it does not read is refused (FAILED_PRECONDITION) by name.
 """
 
 from __future__ import annotations
@@ -18,6 +21,20 @@ from proto import admin_pb2, admin_pb2_grpc
 
 DEFAULT_NODE_ADDRESS = "127.0.0.1:5673"
 TIMEOUT_MS_DEFAULT = 5000
+API_VERSION_KEY = "grouper-admin-version"  # gRPC metadata: the admin API version a call speaks
+API_VERSION = 1  # what this build sends
+API_VERSIONS_READ = (1,)  # what a node of this build answers
+
+
+def api_version_refusal(metadata) -> str | None:
+    """Why a node of this build does not answer a call with this gRPC metadata, or None."""
+    sent = [value for key, value in metadata if key == API_VERSION_KEY]
+    version = sent[-1] if sent else "1"
+    if version.isdigit() and int(version) in API_VERSIONS_READ:
+        return None
+    return (f"the caller speaks admin API version {version!r}; this node reads versions "
+            f"{', '.join(map(str, API_VERSIONS_READ))}: use a grouper CLI of this node's release or the "
+            f"one before it, or upgrade the node first")
 
 
 class AdminError(Exception):
@@ -84,7 +101,7 @@ class AdminClient:
             raise ValueError(f"timeout_ms must be >= 1, got {timeout_ms}")
         self.address = address
         self.timeout_ms = timeout_ms
-        self._metadata = tuple(metadata)
+        self._metadata = tuple(metadata) + ((API_VERSION_KEY, str(API_VERSION)),)
         # the admin API is always dialled directly: an http_proxy meant for web traffic must not apply
         options = [("grpc.enable_http_proxy", 0)]
         if server_name:
@@ -104,7 +121,7 @@ class AdminClient:
 
     def _call(self, method, request):
         try:
-            return method(request, timeout=self.timeout_ms / 1000, metadata=self._metadata or None)
+            return method(request, timeout=self.timeout_ms / 1000, metadata=self._metadata)
         except grpc.RpcError as error:
             code = error.code()
             error_type = ERROR_BY_STATUS.get(code, NodeFailure)

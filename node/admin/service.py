@@ -23,7 +23,7 @@ from typing import Callable
 
 import grpc
 
-from node.admin.client import AccessDenied, AdminClient, AdminError, NodeFailure
+from node.admin.client import AccessDenied, AdminClient, AdminError, NodeFailure, api_version_refusal
 from node.admin.control import NodeControl
 from node.admin.credentials import (EVERY_QUEUE, Authenticator, Caller, Unauthenticated, authorization_of,
                                     check_manage, may_see)
@@ -167,6 +167,9 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     def _answer(self, method: str, request, context: grpc.ServicerContext, work: Callable[[Caller], object]):
         caller = None
         try:
+            refusal = api_version_refusal(context.invocation_metadata() or ())
+            if refusal is not None:
+                raise NotAllowed(refusal)
             caller = self._identify(context)
             check_manage(self._access(), caller, QUEUES_MANAGED[method](request))
             return work(caller)

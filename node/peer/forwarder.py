@@ -52,8 +52,14 @@ CHANNEL_OPTIONS = (
 )
 
 
+# ForwardBatch.format_version (proto/peer.proto): what this build sends, and what its owner's end reads
+# (the one before it too, once there is one, so a cluster upgraded one step at a time keeps forwarding)
+FORMAT_VERSION = 1
+FORMAT_VERSIONS_READ = (1,)
+
+
 def batch_to_pb(source_node: str, entries: list[Entry]) -> peer_pb2.ForwardBatch:
-    batch = peer_pb2.ForwardBatch(source_node=source_node)
+    batch = peer_pb2.ForwardBatch(source_node=source_node, format_version=FORMAT_VERSION)
     add = batch.messages.add  # builds in place: half the cost of Forwarded(...) then a copy
     for entry in entries:
         add(forward_seq=entry.forward_seq, queue=entry.queue, has_group=entry.group_id is not None,

@@ -34,9 +34,9 @@ from typing import Callable, Mapping, Sequence
 import grpc
 from cryptography import x509
 
-from node.core.errors import GrouperError, InvalidField, NotFound, ResourceLimitExceeded
+from node.core.errors import GrouperError, InvalidField, NotAllowed, NotFound, ResourceLimitExceeded
 from node.peer.credentials import ClusterTls, canonical_host, certificate_hosts, node_usages
-from node.peer.forwarder import MESSAGE_BYTES_MAX, Entry
+from node.peer.forwarder import FORMAT_VERSIONS_READ, MESSAGE_BYTES_MAX, Entry
 from proto import peer_pb2, peer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,13 @@ def _message_for(error: BaseException, code: grpc.StatusCode) -> str:
 
 
 def entries_from_pb(batch: peer_pb2.ForwardBatch) -> list[Entry]:
-    """Raises InvalidField naming the field when the batch is malformed."""
+    """Raises InvalidField naming the field when the batch is malformed, NotAllowed (FAILED_PRECONDITION:
+    the source keeps the batch and retries) when it is in a format version this build does not read."""
+    version = batch.format_version or 1  # 0: sent before versions, which is version 1
+    if version not in FORMAT_VERSIONS_READ:
+        raise NotAllowed(f"forwarded batch from {batch.source_node!r} is in peer format version {version}; "
+                         f"this node reads {', '.join(map(str, FORMAT_VERSIONS_READ))}: upgrade this node "
+                         f"(one version step at a time), it will then take the batch the source keeps resending")
     if not batch.source_node:
         raise InvalidField("source_node: must not be empty")
     if not batch.messages:

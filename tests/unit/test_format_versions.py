@@ -85,3 +85,57 @@ def test_a_start_message_of_a_channel_version_the_member_does_not_speak_is_refus
 
 def test_the_node_sends_the_channel_version_this_member_speaks():
     assert CHANNEL_VERSION in CHANNEL_VERSIONS_SPOKEN
+
+
+# ---- peer forwarding: ForwardBatch.format_version ------------------------------------------------
+
+def forward_batch(version: int):
+    from node.peer.forwarder import Entry, batch_to_pb
+    batch = batch_to_pb("10.0.0.1:5675", [Entry(1, "q", "g", b"payload", 0, False, 5)])
+    batch.format_version = version
+    return batch
+
+
+def test_a_batch_names_the_peer_format_version_and_one_without_it_is_version_1():
+    from node.peer.forwarder import FORMAT_VERSION, FORMAT_VERSIONS_READ
+    from node.peer.service import entries_from_pb
+    from proto import peer_pb2
+    assert forward_batch(FORMAT_VERSION).format_version == FORMAT_VERSION in FORMAT_VERSIONS_READ
+    old = peer_pb2.ForwardBatch.FromString(forward_batch(0).SerializeToString())  # as sources before versions
+    assert [entry.payload for entry in entries_from_pb(old)] == [b"payload"]
+
+
+@given(version=st.integers(min_value=2, max_value=2**32 - 1))
+def test_a_batch_of_a_peer_format_version_this_node_does_not_read_is_refused_so_the_source_keeps_it(version):
+    import grpc
+    from node.core.errors import NotAllowed
+    from node.peer.service import entries_from_pb, status_for
+    with pytest.raises(NotAllowed) as refused:
+        entries_from_pb(forward_batch(version))
+    text = str(refused.value)
+    assert f"peer format version {version}" in text and "'10.0.0.1:5675'" in text and "reads 1" in text
+    # not retriable by its own word, yet the forwarder keeps every unacked entry and retries any failure
+    assert status_for(refused.value) is grpc.StatusCode.FAILED_PRECONDITION
+
+
+# ---- admin API: the version in gRPC metadata -----------------------------------------------------
+
+def test_an_admin_call_without_a_version_is_version_1_and_this_clients_version_is_read():
+    from node.admin.client import API_VERSION, API_VERSION_KEY, api_version_refusal
+    assert api_version_refusal(()) is None  # a CLI from before versions
+    assert api_version_refusal((("authorization", "Basic x"),)) is None
+    assert api_version_refusal(((API_VERSION_KEY, str(API_VERSION)),)) is None
+
+
+@given(version=st.text(max_size=6).filter(lambda v: not (v.isdigit() and int(v) == 1)))
+def test_an_admin_call_of_a_version_the_node_does_not_read_is_refused_naming_it(version):
+    from node.admin.client import API_VERSION_KEY, api_version_refusal
+    refusal = api_version_refusal(((API_VERSION_KEY, version),))
+    assert refusal is not None and f"admin API version {version!r}" in refusal
+    assert "reads versions 1" in refusal and "upgrade the node" in refusal
+
+
+def test_the_admin_client_sends_its_version_with_every_call():
+    from node.admin.client import API_VERSION, API_VERSION_KEY, AdminClient
+    with AdminClient("127.0.0.1:1", metadata=(("authorization", "Basic x"),)) as client:
+        assert client._metadata == (("authorization", "Basic x"), (API_VERSION_KEY, str(API_VERSION)))
