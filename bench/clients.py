@@ -24,6 +24,8 @@ from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from node.tools.lean import SENT_KEY, SEQ_KEY  # the application properties lean.py encodes
+
 try:
     import stomp
 except ImportError:  # only the ActiveMQ rows need it; they fail with this reason if it is missing
@@ -34,8 +36,6 @@ STALL_TIMEOUT_S = 30  # no message accepted anywhere for this long ends the row 
 JOIN_TIMEOUT_S = 20
 POLL_INTERVAL_S = 0.02
 
-SENT_KEY = "bench_sent_ns"
-SEQ_KEY = "bench_seq"
 GROUP_KEY = "bench_group"  # STOMP only: ActiveMQ does not hand JMSXGroupID back to STOMP consumers
 
 
