@@ -17,8 +17,10 @@ RouteTables. Rules of the model:
 - a node is ready once every shard's replica has applied what that shard had committed when the
   node started while any shard had a leader (in the design each shard's replica is ready on its
   own; the node's Router has one ready flag, another seam the running node would need);
-- not modelled: per-shard leader duties (group timeouts, route following: refused below), a change
-  of the shard count.
+- leader duties per shard: each shard's leader runs its own production LeaderDuties over its own
+  table (expire_idle with a group timeout, follow_consumers with route_follow_ms) and proposes to its
+  own log; a new term per shard at each of its outages;
+- not modelled: owner failover (as in the simulation itself), a change of the shard count.
 Invariants, on top of the simulation's own after every step (no split group, per-group order,
 nothing lost, a router never ahead of its log):
 - a route lives only in the table of its group's shard;
@@ -30,6 +32,7 @@ nothing lost, a router never ahead of its log):
 
 from __future__ import annotations
 
+from handler.leader_duties import ExpireIdle, FollowConsumers, LeaderDuties, RaftStatus
 from node.core.shards import shard_of, split_by_shard
 from tests.sim.node_model import SimNode
 from tests.sim.raft_log import RaftLog
@@ -109,7 +112,7 @@ class ShardedRaft:
             for shard in self.shards:
                 shard.propose(command, on_failed)
         elif kind in ("expire_idle", "follow_consumers"):
-            raise AssertionError(f"{kind}: per-shard leader duties are not simulated")
+            raise AssertionError(f"{kind}: a shard's leader proposes it to its own log, never through the nodes")
         else:  # cluster-wide metadata (queue definitions): shard 0 holds it
             self.shards[0].propose(command, on_failed, **callbacks)
 
@@ -207,9 +210,6 @@ class ShardedSimulation(Simulation):
 
     def __init__(self, seed: int, nodes: int = 3, *, shard_count: int = 4, shard_down_rate: float = 0.01,
                  shard_down_ms_max: int = 800, **overrides):
-        if overrides.get("group_timeout_ms", 0) or overrides.get("route_follow_ms", 0):
-            raise ValueError("the sharded simulation has no per-shard leader duties: leave group_timeout_ms "
-                             "and route_follow_ms at 0")
         overrides.setdefault("leader_down_rate", 0.0)  # outages hit one shard (set_shard_leader), not all
         self.shard_count = shard_count
         self.shard_down_rate = shard_down_rate
@@ -219,7 +219,10 @@ class ShardedSimulation(Simulation):
         self.refused_by_shard: list[int] = [0] * shard_count
         self.accepted_by_shard: list[int] = [0] * shard_count
         self.accepted_while_another_shard_down = 0
+        self.shard_terms = [1] * shard_count  # a new term at each of the shard's outages: its next leader is new
         super().__init__(seed, nodes, **overrides)
+        self.shard_duties = [LeaderDuties(self.config.group_timeout_ms, reaper_interval_ms=self.config.reaper_interval_ms,
+                                          route_follow_ms=self.config.route_follow_ms) for _ in range(shard_count)]
         self.overrides.update(shard_count=shard_count, shard_down_rate=shard_down_rate,
                               shard_down_ms_max=shard_down_ms_max)
         self._checked_shards = None
@@ -263,6 +266,7 @@ class ShardedSimulation(Simulation):
         if not up:
             self.outages[shard].append([self.now_ms, None])
             self.stats["shard_outages"] += 1
+            self.shard_terms[shard] += 1
         else:
             self.outages[shard][-1][1] = self.now_ms
         self.raft.set_shard_leader(shard, up)
@@ -275,6 +279,28 @@ class ShardedSimulation(Simulation):
     def _set_leader(self, up: bool) -> None:
         for shard in range(self.shard_count):
             self._set_shard_leader(shard, up)
+
+    def _leader_duties(self) -> None:
+        """Each shard's leader's duties thread (Simulation._leader_duties, once per shard): the production
+        LeaderDuties over that shard's table, its commands proposed to that shard's log."""
+        self.schedule(self.config.reaper_interval_ms, self._leader_duties, None)
+        alive = tuple(sorted(node.node_id for node in self.nodes.values() if node.alive))
+        down = tuple(sorted(node.node_id for node in self.nodes.values() if not node.alive))
+        for shard, log in enumerate(self.raft.shards):
+            table = log.table
+            status = RaftStatus(leader=log.leader_up, term=self.shard_terms[shard], reachable=alive, unreachable=down,
+                                consumers=tuple((node, queue, count) for node, held in sorted(table.consumers.items())
+                                                for queue, count in sorted(held.items())),
+                                routed=tuple((node, queue, count) for (node, queue), count
+                                             in sorted(table.route_counts.items())))
+            for command in self.shard_duties[shard].tick(self.now_ms, status):
+                if isinstance(command, FollowConsumers):
+                    self.trace(f"shard {shard} leader: groups of {command.queue} follow their consumers away "
+                               f"from {command.from_node}")
+                    log.propose(("follow_consumers", command.queue, command.from_node, command.now_ms))
+                    continue
+                assert isinstance(command, ExpireIdle), command  # no owner failover here
+                log.propose(("expire_idle", command.cutoff_ms, command.spared_nodes))
 
     def shard_down(self, shard: int) -> bool:
         return not self.raft.shards[shard].leader_up
@@ -338,21 +364,24 @@ class ShardedSimulation(Simulation):
 
 
 def main(argv: list[str]) -> int:
-    """python3 -m tests.sim.sharding [SEEDS [STEPS [SHARDS]]]: a longer sweep than CI's, totals per shard."""
+    """python3 -m tests.sim.sharding [SEEDS [STEPS [SHARDS [GROUP_TIMEOUT_MS [ROUTE_FOLLOW_MS]]]]]: a longer
+    sweep than CI's, totals per shard."""
     seeds = int(argv[0]) if argv else 50
     steps = int(argv[1]) if len(argv) > 1 else 3000
     shard_count = int(argv[2]) if len(argv) > 2 else 4
+    duties = {"group_timeout_ms": int(argv[3]) if len(argv) > 3 else 0,
+              "route_follow_ms": int(argv[4]) if len(argv) > 4 else 0}
     totals: dict = {"refused_by_shard": [0] * shard_count, "accepted_by_shard": [0] * shard_count}
     counted = ("sent", "accepted", "refused", "delivered", "shard_outages", "crashes", "snapshots",
-               "accepted_while_another_shard_down")
+               "accepted_while_another_shard_down", "routes_expired", "moves_begun", "moves_done")
     for seed in range(seeds):
-        summary = ShardedSimulation(seed, shard_count=shard_count, groups=40).run(steps).summary()
+        summary = ShardedSimulation(seed, shard_count=shard_count, groups=40, **duties).run(steps).summary()
         for key in counted:
             totals[key] = totals.get(key, 0) + summary.get(key, 0)
         for key in ("refused_by_shard", "accepted_by_shard"):
             totals[key] = [total + count for total, count in zip(totals[key], summary[key])]
-    print(f"{seeds} seeds (0..{seeds - 1}) x {steps} steps, {shard_count} shards, every invariant held after "
-          f"every step: {totals}")
+    print(f"{seeds} seeds (0..{seeds - 1}) x {steps} steps, {shard_count} shards, {duties}, every invariant held "
+          f"after every step: {totals}")
     return 0
 
 

@@ -37,7 +37,7 @@ def groups_of_shard(shard: int, count: int, queue: str = "q1", avoid: bool = Fal
     return found
 
 
-def test_random_runs_with_one_shard_at_a_time_losing_its_majority_keep_every_invariant():
+def test_random_runs_with_shards_losing_their_majority_keep_every_invariant():
     totals: collections.Counter = collections.Counter()
     refused_by_shard = [0] * SHARD_COUNT
     for seed in range(SWEEP_SEEDS):
@@ -49,6 +49,23 @@ def test_random_runs_with_one_shard_at_a_time_losing_its_majority_keep_every_inv
     for counted in ("shard_outages", "crashes", "snapshots", "refused", "accepted_while_another_shard_down"):
         assert totals[counted] > 0, (counted, totals)
     assert sum(1 for refused in refused_by_shard if refused) >= 2, refused_by_shard  # not one unlucky shard
+
+
+DUTIES_SEEDS = 2
+DUTIES_STEPS = 800
+
+
+@pytest.mark.parametrize("setting", [{"group_timeout_ms": 400}, {"route_follow_ms": 100}])
+def test_each_shards_leader_runs_its_own_duties_expiring_and_moving_only_its_groups(setting):
+    totals: collections.Counter = collections.Counter()
+    for seed in range(DUTIES_SEEDS):
+        sim = ShardedSimulation(seed, shard_count=SHARD_COUNT, groups=SWEEP_GROUPS, **setting).run(DUTIES_STEPS)
+        totals.update({key: value for key, value in sim.summary().items() if isinstance(value, int)})
+    assert totals["shard_outages"] > 0 and totals["crashes"] > 0, totals
+    if "group_timeout_ms" in setting:
+        assert totals["routes_expired"] > 0, totals
+    else:
+        assert totals["moves_begun"] > 0 and totals["moves_done"] == totals["moves_begun"], totals
 
 
 @pytest.mark.parametrize("seed", range(3))
