@@ -309,3 +309,18 @@ def test_quantities_read_as_kubernetes_writes_them():
     assert [quantity(v, "x") for v in ("250m", "1", "256Mi", "1Gi", "2k")] == [0.25, 1, 256 << 20, 1 << 30, 2000]
     with pytest.raises(Unsupported, match="1 GB"):
         quantity("1 GB", "x")
+
+
+def test_updates_roll_one_ready_pod_at_a_time_as_the_readme_says(statefulset, container):
+    strategy = statefulset["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate"
+    # every pod is updated, one at a time: no maxUnavailable above 1 (a beta field off by default)
+    assert strategy.get("rollingUpdate", {}).get("partition", 0) == 0
+    assert strategy.get("rollingUpdate", {}).get("maxUnavailable", 1) == 1
+    assert http_probe(container, "readinessProbe")[0] == "/readyz"  # what "ready" waits for
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### Upgrades"):]
+    section = section[:section.index("\n## ")]
+    for promise in ("`RollingUpdate`", "one pod at a time", "`/readyz`", "one version step at a time",
+                    "tests/drills/test_rolling_upgrade.py"):
+        assert promise in " ".join(section.split()), promise
