@@ -173,10 +173,29 @@ def build_project_wheel(into: Path) -> None:
             shutil.copytree(REPO / package, Path(source) / package,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         environment = {**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
-        # no build isolation: setuptools is installed here, and an isolated build would reach PyPI every time
+        # No build isolation when this Python's setuptools can build the wheel (an isolated build reaches PyPI
+        # every time); else pip fetches a setuptools that can, rather than failing on "invalid command
+        # 'bdist_wheel'" (Python 3.11 ships setuptools 65.5, below pyproject.toml's >= 68).
+        isolation = [] if _setuptools_builds_wheels() else ["--use-pep517"]  # isolated: pip's default
+        if isolation:
+            print("this Python's setuptools cannot build the wheel (needs >= 70.1, or >= 68 with wheel): "
+                  "pip builds it with setuptools from PyPI")
         run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
-             "--no-build-isolation", "--wheel-dir", str(into), source], "pip wheel of the project", env=environment,
-            stdout=subprocess.DEVNULL)
+             *(isolation or ["--no-build-isolation"]), "--wheel-dir", str(into), source], "pip wheel of the project",
+            env=environment, stdout=subprocess.DEVNULL)
+
+
+def _setuptools_builds_wheels() -> bool:
+    from importlib import metadata
+
+    def version(name: str) -> tuple:
+        try:
+            return tuple(int(part) for part in metadata.version(name).split(".")[:2] if part.isdigit())
+        except metadata.PackageNotFoundError:
+            return ()
+
+    setuptools = version("setuptools")
+    return setuptools >= (70, 1) or (setuptools >= (68,) and bool(version("wheel")))
 
 
 def stage_wheels(dependency_wheels: Path) -> None:
