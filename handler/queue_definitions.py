@@ -51,7 +51,8 @@ UPDATABLE_FIELDS = frozenset({
     "redelivery_delay_max_ms", "dead_letter_queue", "dead_letter_queue_auto_create",
 })
 # decide a message's group (policy, header, default group, buckets) or whether it is journalled
-FIXED_FIELDS = frozenset({"name", "group_policy", "group_header", "default_group", "group_buckets", "durable"})
+FIXED_FIELDS = frozenset({"name", "group_policy", "group_header", "default_group", "group_buckets", "durable",
+                          "address"})  # a queue changes address only by being deleted and added again
 
 DELETED_NAMES_MAX = 10_000  # deleted names remembered so seeds do not bring them back
 

@@ -2,7 +2,8 @@
 
 Later sources win. Every field has a default, a unit in its name where it has one, and a comment.
 Queue declarations live in the same TOML file as `[[queue]]` tables, and the settings of auto-created
-queues in `[[address-setting]]` tables over one `[template]` (see README). A bad key or value
+queues in `[[address-setting]]` tables over one `[template]`, multicast addresses in `[[address]]`
+tables with their subscription queues as `[[address.queue]]` (see README). A bad key or value
 raises `InvalidConfig` naming it; `grouper node` turns that into a non-zero exit.
 """
 
@@ -92,6 +93,7 @@ class NodeConfig:
     queues: tuple = field(default_factory=tuple)  # QueueSettings declared at start
     template: dict = field(default_factory=dict)  # settings of auto-created queues no address setting gives
     address_settings: tuple = field(default_factory=tuple)  # [[address-setting]] tables (dicts with match)
+    multicast_addresses: tuple = field(default_factory=tuple)  # names of [[address]] tables (their queues: queues)
 
     def validate(self) -> "NodeConfig":
         for key in ("amqp_port", "admin_port", "raft_port", "http_port", "amqps_port", "peer_port"):
@@ -165,6 +167,15 @@ class NodeConfig:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise InvalidConfig("queue.name", f"declared more than once: {', '.join(duplicates)}")
+        clashes = sorted(set(names) & (set(self.multicast_addresses) | {q.address for q in self.queues}))
+        if clashes:
+            raise InvalidConfig("address.name", f"{clashes[0]!r} is both a multicast address and a queue: a name "
+                                f"is one or the other; rename the queue and give it address = {clashes[0]!r}")
+        for where, table in [("template", self.template)] + [
+                (f"address-setting[{index}]", table) for index, table in enumerate(self.address_settings)]:
+            if isinstance(table, dict) and "address" in table:
+                raise InvalidConfig(f"{where}.address", "subscriptions are declared, not matched: put the queue "
+                                    "under its [[address]] table")
         self.auto_create_settings()
         return self
 
@@ -188,7 +199,7 @@ class NodeConfig:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
-_TABLES = ("queues", "template", "address_settings")  # fields only a config file's tables give
+_TABLES = ("queues", "template", "address_settings", "multicast_addresses")  # fields only a config file's tables give
 
 
 def files_stamp(paths) -> tuple:
@@ -258,7 +269,10 @@ def load(config_file: str | None = None, environ: dict | None = None, overrides:
         if not isinstance(address_settings, list):
             raise InvalidConfig("address-setting", "must be an array of tables: write [[address-setting]]")
         values["address_settings"] = tuple(address_settings)
-        unknown = set(document) - {"node", "queue", "template", "address-setting"}
+        addresses, subscriptions = _addresses(document.get("address", []))
+        values["multicast_addresses"] = addresses
+        queues.extend(subscriptions)
+        unknown = set(document) - {"node", "queue", "template", "address-setting", "address"}
         if unknown:
             raise InvalidConfig(sorted(unknown)[0], "unknown section")
     environ = os.environ if environ is None else environ
@@ -271,3 +285,45 @@ def load(config_file: str | None = None, environ: dict | None = None, overrides:
             values[key] = _coerce(key, value, "--") if key not in _TABLES else value
     values["queues"] = tuple(queues) + tuple(values.get("queues", ()))
     return NodeConfig(**values).validate()
+
+
+ADDRESS_KEYS = ("name", "routing", "queue")  # the keys of an [[address]] table
+
+
+def _addresses(tables) -> tuple[tuple, list[QueueSettings]]:
+    """[[address]] tables, as Artemis's <address name="..."><multicast><queue name="..."/>: the multicast
+    address names and their subscription queues (each a queue table bound to its address)."""
+    if not isinstance(tables, list):
+        raise InvalidConfig("address", "must be an array of tables: write [[address]]")
+    names: list[str] = []
+    queues: list[QueueSettings] = []
+    for index, table in enumerate(tables):
+        where = f"address[{index}]"
+        if not isinstance(table, dict):
+            raise InvalidConfig(where, "must be a table")
+        unknown = sorted(set(table) - set(ADDRESS_KEYS))
+        if unknown:
+            raise InvalidConfig(f"{where}.{unknown[0]}", f"unknown key; an [[address]] has {', '.join(ADDRESS_KEYS)}")
+        name = table.get("name")
+        if not isinstance(name, str) or not name or len(name) > 255 or "::" in name \
+                or any(ord(char) < 32 for char in name):
+            raise InvalidConfig(f"{where}.name", "an address name is 1..255 characters, without '::' or control "
+                                "characters")
+        if name in names:
+            raise InvalidConfig(f"{where}.name", f"{name!r} is declared by an earlier [[address]] table too")
+        routing = table.get("routing", "multicast")
+        if routing != "multicast":
+            raise InvalidConfig(f"{where}.routing", f"{routing!r}: only multicast addresses are declared here; an "
+                                "anycast address is a queue of its name: declare it as [[queue]]")
+        subscriptions = table.get("queue", [])
+        if not isinstance(subscriptions, list):
+            raise InvalidConfig(f"{where}.queue", "must be an array of tables: write [[address.queue]]")
+        for position, values in enumerate(subscriptions):
+            queue_where = f"{where}.queue[{position}]"
+            if not isinstance(values, dict):
+                raise InvalidConfig(queue_where, "must be a table")
+            if values.get("address", name) != name:
+                raise InvalidConfig(f"{queue_where}.address", f"a queue under [[address]] {name!r} subscribes to it")
+            queues.append(QueueSettings.from_dict({**values, "address": name}, where=queue_where))
+        names.append(name)
+    return tuple(names), queues

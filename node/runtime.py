@@ -270,7 +270,7 @@ class Node:
         self.config = config
         self.clock_ms = clock_ms
         self.broker = Broker(auto_create=config.auto_create, address_settings=config.auto_create_settings(),
-                             default_group=config.default_group)
+                             default_group=config.default_group, multicast_addresses=config.multicast_addresses)
         self.journal = Journal(config.data_dir, fsync=config.journal_fsync,
                                compact_min_bytes=config.journal_compact_min_bytes)
         self.bridge = None

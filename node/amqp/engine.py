@@ -79,3 +79,28 @@ def delivery_tag(value: int):
 def tag_value(delivery) -> bytes:
     tag = lib.pn_delivery_tag(delivery)
     return ffi.unpack(tag.start, tag.size)
+
+
+SYMBOLS_READ_MAX = 64  # symbols read from one terminus's capabilities; a longer list is read no further
+
+
+def symbols(data) -> list[str]:
+    """The symbols of a pn_data_t holding one symbol or an array of them (a terminus's capabilities)."""
+    found: list[str] = []
+    lib.pn_data_rewind(data)
+    if not lib.pn_data_next(data):
+        return found
+    kind = lib.pn_data_type(data)
+    if kind == lib.PN_SYMBOL:
+        found.append(_symbol(data))
+    elif kind == lib.PN_ARRAY and lib.pn_data_get_array_type(data) == lib.PN_SYMBOL:
+        lib.pn_data_enter(data)
+        while len(found) < SYMBOLS_READ_MAX and lib.pn_data_next(data):
+            found.append(_symbol(data))
+        lib.pn_data_exit(data)
+    return found
+
+
+def _symbol(data) -> str:
+    value = lib.pn_data_get_symbol(data)
+    return ffi.unpack(value.start, value.size).decode("utf-8", "replace")

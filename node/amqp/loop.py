@@ -27,6 +27,12 @@ Engine loop thread only (other threads enter through `bridge`). Rules:
 - A link the client detaches without closing it (closed=false, a suspended link) ends its consumer
   at once, as a closed one does: its unsettled messages are released in order and its groups freed.
   The node keeps no suspended link to resume; a client that attaches again is a new consumer.
+- A send to a multicast address is copied to each of its subscription queues (node/core/addresses.py)
+  after every copy passed the checks that refuse a send (group id, depth, journal), and is settled once,
+  after its last copy. A copy refused later (at its group's node) rejects the send; the other copies stay.
+  With no subscription it is accepted and discarded, as Artemis does.
+- A subscription a topic attach made is deleted when its link ends, unless the link asked for a durable
+  one (expiry policy never): that one goes only when the client closes the link (unsubscribes).
 """
 
 from __future__ import annotations
@@ -46,13 +52,14 @@ from node.amqp.engine import (ACCEPTED, CONNECTION_REMOTE_CLOSE, CONNECTION_REMO
                               LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH, LINK_REMOTE_OPEN, LOCAL_ACTIVE, LOCAL_UNINIT,
                               MODIFIED, REJECTED, RELEASED, SESSION_REMOTE_CLOSE, SESSION_REMOTE_OPEN,
                               TRANSPORT, TRANSPORT_CLOSED, TRANSPORT_ERROR, condition_text, delivery_tag, ffi, lib,
-                              set_condition, text)
-from node.amqp.links import Consumer, Producer
+                              set_condition, symbols, text)
+from node.amqp.links import DURABLE, TEMPORARY, Consumer, FanOut, Producer
 from node.core.durability import CALL, CONSUMER, PRODUCER, Durability
 from node.core.access import Permission
 from node.core.address_settings import split_address
+from node.core.addresses import TOPIC_CAPABILITY, SendTally, split_fqqn, subscription_name
 from node.core.effects import DeadLettered, Delayed, Deliver, DetachConsumer, Dropped, Kept, Removed, Stored
-from node.core.errors import GrouperError, NotFound, ResourceLimitExceeded, StoreFailed
+from node.core.errors import AlreadyExists, GrouperError, NotFound, ResourceLimitExceeded, StoreFailed
 from node.core.message import Message, Outcome
 from node.store.journal import failure_condition
 
@@ -121,6 +128,10 @@ class AmqpServer:
         # non-durable sends are accepted at the end of the batch: settled together, proton puts them
         # in disposition ranges, which cost less than the sends they confirm
         self._accept_at_batch_end: list = []
+        # subscription queues the config declares: their groups are routed cluster-wide like any queue's;
+        # one a topic or ADDRESS::QUEUE attach made exists on this node only, so its copies stay here
+        self._declared_subscriptions = {settings.name for settings in config.queues if settings.address}
+        self.unrouted_total = 0  # sends to a multicast address with no subscription: accepted and discarded
         self._handlers = {
             DELIVERY: self._on_delivery,
             LINK_FLOW: self._on_link_flow,
@@ -189,7 +200,6 @@ class AmqpServer:
     def _new_connection(self, tls: bool) -> Connection:
         connection = Connection(self, self._collector, self._container_id, OUTPUT_MAX_BYTES, tls)
         self._by_pointer[connection.connection] = connection
-        return connection
 
     # ---- wake-ups ----------------------------------------------------------------------------
 
@@ -282,11 +292,8 @@ class AmqpServer:
                 if producer.alive:
                     self._top_up(producer)
         if self._accept_at_batch_end:
-            for producer, delivery in self._accept_at_batch_end:
-                if producer.alive:
-                    lib.pn_delivery_update(delivery, ACCEPTED)
-                    lib.pn_delivery_settle(delivery)
-                    self._dirty.add(producer.connection)
+            for incoming in self._accept_at_batch_end:
+                self._settle_send(incoming)
             self._accept_at_batch_end.clear()
         if self.broker.declared:
             self._journal_declarations()
@@ -325,7 +332,7 @@ class AmqpServer:
                 continue
             if kind == PRODUCER:
                 error = StoreFailed(reason, outcome_unknown=unknown)
-                self._reject(link, delivery, failure_condition(reason), error.description)
+                self._settle_send(target, (failure_condition(reason), error.description))
             elif link not in unstored:
                 unstored.append(link)
         self.apply(effects)
@@ -341,11 +348,12 @@ class AmqpServer:
         if kind == CALL:
             target(None)
             return
+        if kind == PRODUCER:
+            self._settle_send(target)
+            return
         link, delivery = target
         if not link.alive:
             return
-        if kind == PRODUCER:
-            lib.pn_delivery_update(delivery, ACCEPTED)
         lib.pn_delivery_settle(delivery)
         self._dirty.add(link.connection)
 
@@ -433,6 +441,8 @@ class AmqpServer:
                 self.producers.pop(state.id, None)
             elif self.consumers.pop(state.id, None) is not None:
                 self.apply(self.broker.detach_consumer(state.id, now_ms))
+                if state.subscription == TEMPORARY:
+                    self._unsubscribe(state.queue)
 
     def close_connections(self) -> None:
         for connection in list(self._by_pointer.values()):
@@ -470,15 +480,27 @@ class AmqpServer:
             raise NotFound("a consumer link needs a source address naming a queue")
         now_ms = self.clock_ms()
         browse = lib.pn_terminus_get_distribution_mode(source) == DIST_MODE_COPY
-        queue = self._authorized_queue(connection, address, Permission.BROWSE if browse else Permission.CONSUME)
-        address = queue.settings.name  # without the address's parameters
+        permission = Permission.BROWSE if browse else Permission.CONSUME
         consumer_id = self._next_id()
+        subscribed = self._subscription(link, connection, address, permission, consumer_id)
+        if subscribed is not None:
+            queue, subscription = subscribed
+        else:
+            queue, subscription = self._authorized_queue(connection, address, permission), ""
+        address = queue.settings.name  # without the address's parameters
+        try:
+            effects = self.broker.attach_consumer(address, consumer_id, browse, now_ms,
+                                                  self.config.link_unsettled_max)
+        except GrouperError:
+            if subscription == TEMPORARY:
+                self._unsubscribe(address)
+            raise
         presettled = lib.pn_link_remote_snd_settle_mode(link) == SND_SETTLED
-        effects = self.broker.attach_consumer(address, consumer_id, browse, now_ms, self.config.link_unsettled_max)
         label = f"{text(lib.pn_connection_remote_container(connection.connection)) or ''}/" \
                 f"{text(lib.pn_link_name(link)) or ''}"
         state = Consumer(consumer_id, link, connection, address, browse, presettled,
                          queue.settings.group_first_key, label)
+        state.subscription = subscription
         self.consumers[consumer_id] = state
         self._links[link] = state
         connection.links.add(state)
@@ -489,9 +511,79 @@ class AmqpServer:
         if lib.pn_link_credit(link):
             self._credit(state)
 
+    def _subscription(self, link, connection: Connection, address: str, permission: Permission,
+                      consumer_id: int):
+        """(queue, Consumer.subscription) when a consumer's `address` names a subscription: ADDRESS::QUEUE,
+        or a multicast address (or any unknown one with the topic capability), which subscribes the link
+        through a queue of its own, created here if need be. None: `address` names a queue."""
+        broker = self.broker
+        if address in broker.queues:
+            return None  # a queue whose name has '::' in it is still reached by that name
+        access = self.gate.security.access
+        user = connection.user
+        fqqn = split_fqqn(address)
+        if fqqn is not None:
+            name, queue_name = fqqn
+            access.check(user, permission, queue_name)
+            queue = broker.queues.get(queue_name)
+            if queue is not None:
+                if queue.settings.address != name:
+                    bound = f"subscribes to {queue.settings.address!r}" if queue.settings.address else "is an anycast queue"
+                    raise AlreadyExists(f"queue {queue_name!r} {bound}, not to address {name!r}: attach to "
+                                        f"{queue.settings.address or queue_name}{'::' + queue_name if queue.settings.address else ''}")
+                return queue, ""
+            self._check_multicast(name)
+            access.check(user, Permission.CREATE, queue_name)
+            return broker.subscribe(name, queue_name), ""  # as Artemis auto-creates a queue named by its FQQN
+        source = lib.pn_link_remote_source(link)
+        topic = TOPIC_CAPABILITY in symbols(lib.pn_terminus_capabilities(source))
+        if not (topic or broker.addresses.is_multicast(address)):
+            return None
+        if "?" in address:
+            raise NotFound(f"{address!r}: a subscription takes its settings from the address settings; attach to "
+                           f"the address without parameters")
+        access.check(user, permission, address)
+        durable = lib.pn_terminus_get_expiry_policy(source) == lib.PN_EXPIRE_NEVER
+        container = text(lib.pn_connection_remote_container(connection.connection)) or ""
+        name = subscription_name(container, text(lib.pn_link_name(link)) or "", durable, consumer_id)
+        queue = broker.queues.get(name)
+        if queue is not None:  # a durable subscription attached again
+            if queue.settings.address != address:
+                raise AlreadyExists(f"subscription queue {name!r} (container id '.' link name) exists for "
+                                    f"{queue.settings.address or 'no address'!r}, not {address!r}: use another "
+                                    f"link name, or detach with close to end that subscription")
+            return queue, DURABLE
+        self._check_multicast(address)
+        access.check(user, Permission.CREATE, address)
+        return broker.subscribe(address, name, durable=durable), DURABLE if durable else TEMPORARY
+
+    def _check_multicast(self, address: str) -> None:
+        """`address` can take a new subscription: multicast already, or unknown (becoming multicast, as
+        Artemis auto-creates an address) when auto-create is on."""
+        if self.broker.addresses.is_multicast(address):
+            return
+        if address in self.broker.queues:
+            raise AlreadyExists(f"{address!r} is an anycast queue, not a multicast address: consume it by its "
+                                f"name, without ADDRESS::QUEUE or the topic capability")
+        if not self.broker.auto_create:
+            raise NotFound(f"no multicast address {address!r} on this node and auto-create is off: declare it "
+                           f"with an [[address]] table")
+
+    def _unsubscribe(self, name: str) -> None:
+        """Delete a subscription queue its link made, once no consumer is left on it."""
+        queue = self.broker.queues.get(name)
+        if queue is None or queue.consumers:
+            return
+        durable = queue.settings.durable
+        self.apply(self.broker.delete_queue(name))
+        if durable and self.journal is not None:
+            self.journal.delete(name)
+
     def _open_producer(self, link, connection: Connection) -> None:
         address = text(lib.pn_terminus_get_address(lib.pn_link_remote_target(link)))
-        if address:  # messages to 'orders?group-buckets=8' go to orders
+        if address and self.broker.addresses.is_multicast(address):  # copied to its subscriptions
+            self.gate.security.access.check(connection.user, Permission.SEND, address)
+        elif address:  # messages to 'orders?group-buckets=8' go to orders
             address = self._authorized_queue(connection, address, Permission.SEND).settings.name
         state = Producer(self._next_id(), link, connection, address or None)
         self.producers[state.id] = state
@@ -510,6 +602,15 @@ class AmqpServer:
         # a queue declared with a '?' in its name is still reached by that name
         name, parameters = (address, {}) if address in self.broker.queues else split_address(address)
         access = self.gate.security.access
+        fqqn = split_fqqn(name) if name not in self.broker.queues else None
+        if fqqn is not None:  # one subscription of a multicast address, which must exist (Artemis's FQQN)
+            multicast, name = fqqn
+            queue = self.broker.queues.get(name)
+            if queue is None or queue.settings.address != multicast or parameters:
+                raise NotFound(f"{address!r}: no subscription queue {name!r} of address {multicast!r} on this node"
+                               f"{' (parameters are not taken here)' if parameters else ''}")
+            access.check(connection.user, permission, name)
+            return queue
         access.check(connection.user, permission, name)
         if name not in self.broker.queues and self.broker.auto_create:
             access.check(connection.user, Permission.CREATE, name)
@@ -526,6 +627,8 @@ class AmqpServer:
         state = self._links.get(link)
         if state is not None:
             self._forget_link(state)
+            if getattr(state, "subscription", "") == DURABLE and lib.pn_event_type(event) == LINK_REMOTE_CLOSE:
+                self._unsubscribe(state.queue)  # closed, not detached: the client ends its subscription
         connection = self._connection_of(event)
         if connection is not None:
             self._dirty.add(connection)
@@ -543,6 +646,8 @@ class AmqpServer:
             self.producers.pop(state.id, None)
         elif self.consumers.pop(state.id, None) is not None:
             self.apply(self.broker.detach_consumer(state.id, self.clock_ms()))
+            if state.subscription == TEMPORARY:
+                self._unsubscribe(state.queue)
 
     def _unlink(self, state) -> None:
         state.alive = False
@@ -655,11 +760,18 @@ class AmqpServer:
             if len(payload) > MESSAGE_SIZE_MAX_BYTES:
                 raise _too_large(len(payload))
             address = producer.address
+            if address is not None and self.broker.addresses.is_multicast(address):  # authorized at attach
+                self._fan_out(incoming, address, payload, producer_settled, now_ms)
+                return
             queue = self.broker.queue(address, create=True) if address else None  # authorized at attach
             arrival = codec.read_arrival(payload, queue.settings.group_header if queue else "", now_ms)
             if queue is None:
                 if not arrival.address:
                     raise NotFound("anonymous link: the message's 'to' field must name a queue")
+                if self.broker.addresses.is_multicast(arrival.address):
+                    self.gate.security.access.check(producer.connection.user, Permission.SEND, arrival.address)
+                    self._fan_out(incoming, arrival.address, payload, producer_settled, now_ms)
+                    return
                 queue = self._authorized_queue(producer.connection, arrival.address, Permission.SEND)
                 if queue.settings.group_header:
                     arrival = codec.read_arrival(payload, queue.settings.group_header, now_ms)
@@ -680,6 +792,42 @@ class AmqpServer:
         else:
             self.enqueue_local(incoming, queue.settings.name, message, durable, producer_settled, now_ms)
 
+    def _fan_out(self, incoming, address: str, payload: bytes, producer_settled: bool, now_ms: int) -> None:
+        """Copy a send to every subscription queue of multicast `address`. Raises, copying nothing, when
+        any copy would be refused here (see the header)."""
+        names = self.broker.addresses.subscriptions(address)
+        if not names:
+            self.unrouted_total += 1
+            log.debug("multicast address %s has no subscription: a message sent to it is discarded", address)
+            self.accept_when_stored(incoming, False, producer_settled)
+            return
+        arrivals: dict = {}  # group header -> the message read for it: queues may read other headers
+        copies = []
+        for name in names:
+            queue = self.broker.queues[name]
+            header = queue.settings.group_header
+            arrival = arrivals.get(header)
+            if arrival is None:
+                arrival = arrivals[header] = codec.read_arrival(payload, header, now_ms)
+            durable = queue.settings.durable and self.journal is not None
+            if durable and self.durability.refusing(now_ms):
+                raise _journal_down(self.durability.failure)
+            queue.check_group_id(arrival.group_id)
+            queue.check_capacity(len(payload))
+            copies.append((queue, arrival, durable))
+        fan_out = FanOut(incoming[0], SendTally(len(copies)))
+        for queue, arrival, durable in copies:
+            part = (fan_out, incoming[1])
+            message = Message(payload, arrival.group_id, expires_at_ms=arrival.expires_at_ms,
+                              closes_group=arrival.closes_group)
+            name = queue.settings.name
+            if self.cluster is not None and name in self._declared_subscriptions:
+                route_key = queue.route_key(message.group_id)
+                if route_key is not None:
+                    self.cluster.arrive(part, name, route_key, message, durable, producer_settled, now_ms)
+                    continue
+            self.enqueue_local(part, name, message, durable, producer_settled, now_ms)
+
     def enqueue_local(self, incoming, queue_name, message, durable, producer_settled, now_ms) -> None:
         try:
             effects = self.broker.enqueue(queue_name, message, now_ms)
@@ -691,10 +839,8 @@ class AmqpServer:
 
     def accept_when_stored(self, incoming, durable, producer_settled, stored=None) -> None:
         """`stored`: the (queue name, Message) the send put in the broker, taken back if its batch fails."""
-        producer, delivery = incoming
         if producer_settled:
-            if producer.alive:
-                lib.pn_delivery_settle(delivery)
+            self._settle_send(incoming, accept=False)
         elif durable:
             self.durability.wait(incoming, PRODUCER, stored)
         else:
@@ -705,9 +851,26 @@ class AmqpServer:
         self.durability.wait(fn, CALL)
 
     def refuse(self, incoming, error: BaseException) -> None:
+        self._settle_send(incoming, condition_for(error))
+
+    def _settle_send(self, incoming, condition: tuple | None = None, accept: bool = True) -> None:
+        """Settle a producer's delivery: accepted (`condition` None; `accept` False when the producer
+        settled it first, so no outcome goes back) or rejected with `condition` (name, description).
+        A fanned-out send is settled when its last copy reports here, rejected if any copy was."""
         producer, delivery = incoming
-        if producer.alive:
-            self._reject(producer, delivery, *condition_for(error))
+        if type(producer) is FanOut:
+            if not producer.tally.settle(condition):
+                return
+            producer, condition = producer.producer, producer.tally.refusal
+        if not producer.alive:
+            return
+        if condition is not None:
+            self._reject(producer, delivery, *condition)
+            return
+        if accept:
+            lib.pn_delivery_update(delivery, ACCEPTED)
+        lib.pn_delivery_settle(delivery)
+        self._dirty.add(producer.connection)
 
     def _reject(self, producer: Producer, delivery, name: str, description: str) -> None:
         set_condition(lib.pn_disposition_condition(lib.pn_delivery_local(delivery)), name, description)

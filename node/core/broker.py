@@ -18,13 +18,18 @@ Rules:
 - A dead letter is never dropped silently: when no dead-letter queue can take it (none may be
   created, or it is full), an over-delivered message stays in its queue (`Kept`) and a rejected one
   is dropped with a `Dropped` saying why (its consumer refused it for good).
+- A queue whose settings name an `address` is one of that multicast address's subscriptions
+  (node/core/addresses.py); a multicast address is never auto-created as a queue of its name.
 - A dead letter keeps its group id and delivery count; `dead_letter_stamp` (the adapter's codec)
   may rewrite its payload to record the original queue and the reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from node.core.address_settings import AddressSettings, check_parameters
+from node.core.addresses import Addresses
 from node.core.effects import DeadLettered, DetachConsumer, Removed, Stored
 from node.core.errors import AlreadyExists, GrouperError, NotFound
 from node.core.message import AVAILABLE, Message, Outcome
@@ -34,8 +39,10 @@ from node.core.settings import QueueSettings
 
 class Broker:
     def __init__(self, *, auto_create: bool = True, template: QueueSettings | None = None,
-                 default_group: str = "", dead_letter_stamp=None, address_settings: AddressSettings | None = None):
+                 default_group: str = "", dead_letter_stamp=None, address_settings: AddressSettings | None = None,
+                 multicast_addresses: tuple = ()):
         self.auto_create = auto_create
+        self.addresses = Addresses(multicast_addresses)  # multicast addresses and their subscription queues
         # settings of auto-created queues: [[address-setting]] tables over the [template]
         self.address_settings = address_settings or AddressSettings((), template)
         self.template = self.address_settings.template
@@ -57,11 +64,30 @@ class Broker:
             if existing.settings == settings or exist_ok:
                 return existing
             raise AlreadyExists(f"queue {settings.name!r} exists with other settings; delete it first")
+        if self.addresses.is_multicast(settings.name):
+            raise AlreadyExists(f"{settings.name!r} is a multicast address: its messages go to its subscription "
+                                f"queues; give the queue another name and address = {settings.name!r}")
         queue = Queue(settings, fallback_default_group=self.default_group)
         queue.dead_letter_refusal = lambda message: self._dead_letter_refusal(queue, message)
         self.queues[settings.name] = queue
+        if settings.address:
+            self.addresses.bind(settings.address, settings.name)
         self.declared.append(settings)
         return queue
+
+    def subscribe(self, address: str, name: str, *, durable: bool | None = None) -> Queue:
+        """Create subscription queue `name` of multicast `address` (an attach's): it takes the settings
+        the address settings give the address, as Artemis's address-setting match names addresses.
+        `durable` None: as those settings say."""
+        if name in self.queues:
+            raise AlreadyExists(f"queue {name!r} exists; subscribe through {address}::{name} only if it is "
+                                f"bound to {address!r}")
+        self.addresses.declare(address)
+        settings = self._auto_settings(address)
+        changes = {"name": name, "address": address}
+        if durable is not None:
+            changes["durable"] = durable
+        return self.declare_queue(dataclasses.replace(settings, **changes))
 
     def redefine_queue(self, settings: QueueSettings) -> None:
         """Give a live queue new settings that leave its groups as they are (the caller checked that
@@ -76,6 +102,9 @@ class Broker:
         equal an existing queue's settings."""
         queue = self.queues.get(name)
         if queue is None:
+            if self.addresses.is_multicast(name):
+                raise NotFound(f"{name!r} is a multicast address, not a queue: consume one of its subscriptions "
+                               f"as {name}::QUEUE, or attach with the 'topic' capability for one of your own")
             if not (create and self.auto_create):
                 raise NotFound(f"no queue {name!r} on this node (auto-create is "
                                f"{'on' if self.auto_create else 'off'}); declare it with 'grouper queue add'")
@@ -95,6 +124,8 @@ class Broker:
             if isinstance(effect, DetachConsumer):
                 self._consumer_queue.pop(effect.consumer_id, None)
         del self.queues[name]
+        if queue.settings.address:
+            self.addresses.unbind(queue.settings.address, name)
         return effects
 
     # ---- producers ---------------------------------------------------------------------------

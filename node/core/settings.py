@@ -41,6 +41,7 @@ class QueueSettings:
     redelivery_delay_max_ms: int = 0  # the delay never grows past this; 0 = 10 x redelivery_delay_ms (Artemis's rule)
     dead_letter_queue: str = ""  # where rejected and over-delivered messages go; "" = "<queue>.DLQ"
     dead_letter_queue_auto_create: bool = True  # create the dead-letter queue when it does not exist yet
+    address: str = ""  # the multicast address this queue subscribes to (node/core/addresses.py); "" = none
 
     def validate(self) -> "QueueSettings":
         if not self.name or len(self.name) > 255:
@@ -69,6 +70,11 @@ class QueueSettings:
             raise InvalidConfig("group_rebalance_pause_dispatch", "needs group_rebalance")
         if self.dead_letter_queue_name == self.name:
             raise InvalidConfig("dead_letter_queue", "a queue cannot be its own dead-letter queue")
+        if self.address == self.name:
+            raise InvalidConfig("address", f"a subscription queue cannot be named like its address {self.address!r}: "
+                                           f"the name would mean both; name it e.g. {self.address}.subscriber")
+        if len(self.address) > 255 or "::" in self.address or any(ord(char) < 32 for char in self.address):
+            raise InvalidConfig("address", "an address is at most 255 characters, without '::' or control characters")
         return self
 
     @property
@@ -95,7 +101,10 @@ class QueueSettings:
         return QPID_DEFAULT_GROUP if self.group_policy == "shared" else None
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        values = dataclasses.asdict(self)
+        if not self.address:  # records and messages of queues that subscribe to nothing stay as they were
+            del values["address"]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict, *, where: str = "queue") -> "QueueSettings":

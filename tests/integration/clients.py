@@ -18,7 +18,7 @@ from collections import deque
 
 from proton import Delivery, Endpoint, Link, Message, Timeout
 from proton.handlers import MessagingHandler
-from proton.reactor import LinkOption
+from proton.reactor import Container, LinkOption
 from proton._utils import BlockingLink  # the attach/detach waits of BlockingReceiver, without its Fetcher
 from proton.utils import BlockingConnection, BlockingSender
 
@@ -121,7 +121,8 @@ class _SettleSecond(LinkOption):
 
 
 class Consumer:
-    def __init__(self, client: "Client", queue: str, name: str, credit: int, settle_second: bool):
+    def __init__(self, client: "Client", queue: str, name: str, credit: int, settle_second: bool,
+                 options: tuple = ()):
         self.client = client
         self.queue = queue
         self.name = name
@@ -129,7 +130,7 @@ class Consumer:
         self.history: list[Received] = []  # every delivery, in arrival order
         self.unread: deque[Received] = deque()
         self._by_tag: dict[bytes, Received] = {}
-        options = [_InitialCredit(credit)] + ([_SettleSecond()] if settle_second else [])
+        options = [_InitialCredit(credit)] + ([_SettleSecond()] if settle_second else []) + list(options)
         connection = client.connection
         link = connection.container.create_receiver(connection.conn, queue, name=name,
                                                     handler=_Collector(self), options=options)
@@ -232,8 +233,12 @@ class Producer:
 class Client:
     """One AMQP connection to a node, with named consumers and producers."""
 
-    def __init__(self, node, timeout_s: float = WAIT_S):
-        self.connection = BlockingConnection(node.url, timeout=timeout_s)
+    def __init__(self, node, timeout_s: float = WAIT_S, container_id: str = ""):
+        """`container_id`: the one the connection opens with (a durable subscription is named from it)."""
+        container = Container()
+        if container_id:
+            container.container_id = container_id
+        self.connection = BlockingConnection(node.url, timeout=timeout_s, container=container)
         self._names = 0
 
     def __enter__(self) -> "Client":
@@ -247,8 +252,9 @@ class Client:
         return f"{prefix}-{self._names}"
 
     def consumer(self, queue: str, name: str | None = None, credit: int = 0,
-                 settle_second: bool = False) -> Consumer:
-        consumer = Consumer(self, queue, name or self._name("consumer"), credit, settle_second)
+                 settle_second: bool = False, options: tuple = ()) -> Consumer:
+        """`options`: more proton LinkOptions (the source's capabilities, expiry policy...)."""
+        consumer = Consumer(self, queue, name or self._name("consumer"), credit, settle_second, options)
         self.barrier()
         return consumer
 
