@@ -82,7 +82,8 @@ def _add_node_command(subparsers) -> None:
     parser.add_argument("--host")
     parser.add_argument("--amqp-port", type=int)
     parser.add_argument("--admin-port", type=int)
-    parser.add_argument("--http-port", type=int, help="HTTP /healthz, /readyz and /metrics (default 5675)")
+    parser.add_argument("--http-port", type=int, help="HTTP /healthz, /readyz and /metrics (default 5675, or "
+                                                         "--amqp-port + 3 when only that is given)")
     parser.add_argument("--data-dir")
     parser.add_argument("--no-auto-create", dest="auto_create", action="store_false", default=None,
                         help="refuse links to unknown queues with amqp:not-found")
@@ -185,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     users_commands.register(subparsers)
     from node import certs
     certs.register(subparsers)
+    from node.tools import messages, perf
+    messages.register(subparsers)
+    perf.register(subparsers)
     from pipeline import audit_command  # light: pyspark is imported only when `grouper audit` runs
     audit_command.add_command(subparsers)
     return parser

@@ -20,6 +20,7 @@ from node.core.errors import InvalidConfig
 from node.core.settings import QueueSettings
 
 ENV_PREFIX = "GROUPER_"
+HTTP_PORT_OFFSET = 3  # http_port = amqp_port + 3 when only amqp_port is given: a second node on one host just works
 ROUTE_FOLLOW_MIN_MS = 1000  # the shortest route_follow_ms other than 0
 CONNECTIONS_MAX_CEILING = 900  # each connection is a file descriptor; many systems cap a process at 1024 by default
 
@@ -29,7 +30,7 @@ class NodeConfig:
     host: str = "127.0.0.1"  # address the AMQP and admin listeners bind
     amqp_port: int = 5672  # AMQP 1.0 listener; 0 picks a free port
     admin_port: int = 5673  # gRPC admin listener; 0 picks a free port
-    http_port: int = 5675  # HTTP /healthz, /readyz and /metrics; 0 picks a free port
+    http_port: int = 5675  # HTTP /healthz, /readyz and /metrics; 0 picks a free port; see HTTP_PORT_OFFSET
     data_dir: str = "./data"  # journal directory
     # refuse to start unless data_dir exists on a file system of its own (a mounted volume), so a
     # container never keeps its journal on a layer that vanishes with it; the image turns this on
@@ -284,6 +285,12 @@ def load(config_file: str | None = None, environ: dict | None = None, overrides:
         if value is not None:
             values[key] = _coerce(key, value, "--") if key not in _TABLES else value
     values["queues"] = tuple(queues) + tuple(values.get("queues", ()))
+    if "amqp_port" in values and "http_port" not in values:
+        amqp_port = values["amqp_port"]
+        values["http_port"] = amqp_port + HTTP_PORT_OFFSET if amqp_port else 0
+        if values["http_port"] > 65535:
+            raise InvalidConfig("http_port", f"amqp_port {amqp_port} + {HTTP_PORT_OFFSET} is past 65535; give "
+                                             f"--http-port")
     return NodeConfig(**values).validate()
 
 

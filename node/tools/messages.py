@@ -1,0 +1,340 @@
+"""`grouper send`, `grouper receive` and `grouper browse`: a newcomer's first grouped messages.
+
+Rules:
+- Clarity over speed: python-qpid-proton's BlockingConnection, one message at a time, each send
+  waiting for its outcome. `grouper perf` (node/tools/perf.py) is the fast one.
+- `send` numbers the messages of each group 1, 2, ... in the application property SEQ_PROPERTY and
+  gives each the message id GROUP-SEQ, so `receive` can show a group's order at a glance; with several
+  --group flags the messages go round-robin over the groups.
+- `receive` accepts each message after printing it; with --hold it settles none of them and keeps the
+  link open until Ctrl-C (or --hold-s), so the node keeps those groups with this consumer meanwhile and
+  another receiver gets none of their messages. Closing releases them to the next consumer, their
+  delivery count raised.
+- `browse` attaches with distribution mode copy: it prints and never consumes.
+- Each line is `key=value` pairs, one message a line, in a fixed order (tests and grep read it).
+- Faults: no node listening, refused credentials, an unknown queue (auto-create off): one line on
+  stderr naming the fault and what to do, exit status EXIT_FAILED; bad flags exit EXIT_USAGE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from urllib.parse import urlsplit
+
+from node.core.errors import InvalidConfig
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+AMQP_NODE_ENV = "GROUPER_AMQP"  # default --node of these commands (GROUPER_NODE is the admin address)
+AMQP_NODE_DEFAULT = "127.0.0.1:5672"  # `grouper node`'s default AMQP port, node0 of `grouper up`
+USER_ENV = "GROUPER_USER"
+PASSWORD_ENV = "GROUPER_PASSWORD"
+CA_ENV = "GROUPER_CA"
+SEQ_PROPERTY = "seq"  # application property: the message's number within its group, from 1
+CONNECT_TIMEOUT_S = 10.0  # TCP connect, SASL and open, each
+RECEIVE_TIMEOUT_S_DEFAULT = 2.0  # `receive` without --count, and `browse`: stop after this long without a message
+COUNT_DEFAULT = 10  # messages `send` sends without --count
+BODY_PRINTED_MAX_CHARS = 60  # a longer body is cut in the printed line
+
+
+class ToolError(Exception):
+    """A fault a command reports in one line: the text names who is at fault and what to do."""
+
+
+# ---- flags -----------------------------------------------------------------------------------
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def connection_flags() -> argparse.ArgumentParser:
+    """--node and the credentials, spelled as the admin commands spell them (README: Security)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--node", metavar="URL", help=f"the node's AMQP address, HOST:PORT or amqp[s]://HOST:PORT "
+                                                      f"(default ${AMQP_NODE_ENV} or {AMQP_NODE_DEFAULT}, node0 "
+                                                      f"of `grouper up`)")
+    who = parent.add_argument_group("credentials (README: Security)")
+    who.add_argument("--user", metavar="NAME", help=f"SASL PLAIN as NAME (default ${USER_ENV}); the password comes "
+                                                    f"from --password-stdin, ${PASSWORD_ENV} or a prompt")
+    who.add_argument("--password-stdin", action="store_true", help="read the password from one line of stdin")
+    who.add_argument("--ca", metavar="PEM", help=f"talk TLS (amqps), trusting these CAs (default ${CA_ENV})")
+    return parent
+
+
+def register(subparsers) -> None:
+    connection = connection_flags()
+    send = subparsers.add_parser("send", parents=[connection], help="send grouped messages to a queue",
+                                 description="Send --count messages round-robin over the --group(s), each "
+                                             "numbered within its group, waiting for each outcome.")
+    send.add_argument("queue", metavar="QUEUE")
+    send.add_argument("--group", metavar="G", action="append", required=True,
+                      help="group id; give it several times to spread the messages over several groups")
+    send.add_argument("--count", type=_positive_int, default=COUNT_DEFAULT, metavar="N",
+                      help=f"messages in all (default {COUNT_DEFAULT})")
+    send.add_argument("--body", metavar="TEXT", help="body of every message (default 'GROUP #SEQ')")
+    send.add_argument("--durable", action="store_true", help="mark the messages durable")
+    send.set_defaults(run=lambda args: _run(_send, args))
+
+    receive = subparsers.add_parser("receive", parents=[connection], help="consume messages from a queue",
+                                    description="Print and accept each message (group, seq, id, delivery "
+                                                "count, consumer); --hold leaves them unsettled until Ctrl-C.")
+    receive.add_argument("queue", metavar="QUEUE")
+    receive.add_argument("--count", type=_positive_int, metavar="N", help="stop after N messages")
+    receive.add_argument("--timeout-s", type=_positive_float, default=RECEIVE_TIMEOUT_S_DEFAULT, metavar="S",
+                         help=f"stop after S seconds without a message (default {RECEIVE_TIMEOUT_S_DEFAULT})")
+    receive.add_argument("--hold", action="store_true",
+                         help="settle nothing and stay attached until Ctrl-C: the node keeps these groups "
+                              "with this consumer meanwhile")
+    receive.add_argument("--hold-s", type=_positive_float, metavar="S", help="with --hold: let go after S seconds")
+    receive.set_defaults(run=lambda args: _run(_receive, args))
+
+    browse = subparsers.add_parser("browse", parents=[connection], help="print a queue's messages without "
+                                                                       "consuming them")
+    browse.add_argument("queue", metavar="QUEUE")
+    browse.add_argument("--count", type=_positive_int, metavar="N", help="stop after N messages")
+    browse.add_argument("--timeout-s", type=_positive_float, default=RECEIVE_TIMEOUT_S_DEFAULT, metavar="S",
+                        help=f"stop after S seconds without a message (default {RECEIVE_TIMEOUT_S_DEFAULT})")
+    browse.set_defaults(run=lambda args: _run(_browse, args))
+
+
+# ---- connecting ------------------------------------------------------------------------------
+
+def node_url(text: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of HOST:PORT or amqp[s]://HOST:PORT; InvalidConfig naming --node if neither."""
+    parts = urlsplit(text if "//" in text else f"amqp://{text}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("amqp", "amqps") or not parts.hostname or parts.username or parts.path not in ("", "/"):
+        raise InvalidConfig("--node", f"expected HOST:PORT or amqp[s]://HOST:PORT, got {text!r} (credentials go "
+                                      f"in --user)")
+    return parts.scheme, parts.hostname, port or (5671 if parts.scheme == "amqps" else 5672)
+
+
+def password_for(user: str, args: argparse.Namespace, where: str) -> str:
+    from node.admin.commands import password_from_stdin
+
+    if args.password_stdin:
+        return password_from_stdin()
+    if os.environ.get(PASSWORD_ENV):
+        return os.environ[PASSWORD_ENV]
+    if not sys.stdin.isatty():
+        raise InvalidConfig("--user", f"no password for {user}: pipe it in with --password-stdin, set "
+                                      f"${PASSWORD_ENV}, or run on a terminal to be asked")
+    import getpass
+
+    return getpass.getpass(f"password for {user} at {where}: ")
+
+
+class Session:
+    """One BlockingConnection to a node, its faults turned into ToolError."""
+
+    def __init__(self, args: argparse.Namespace):
+        from proton import SSLDomain
+        from proton.utils import BlockingConnection
+
+        from node.security import is_loopback
+
+        scheme, host, port = node_url(args.node or os.environ.get(AMQP_NODE_ENV) or AMQP_NODE_DEFAULT)
+        ca = args.ca or os.environ.get(CA_ENV, "")
+        if ca:
+            scheme = "amqps"
+        self.where = f"{host}:{port}"
+        user = args.user or os.environ.get(USER_ENV, "")
+        if args.password_stdin and not user:
+            raise InvalidConfig("--password-stdin", f"says whose password with --user NAME (or ${USER_ENV})")
+        if user and scheme == "amqp" and not is_loopback(host):
+            raise InvalidConfig("--user", f"the password would cross the network to {self.where} unencrypted: give "
+                                          f"--ca PEM (TLS to the node's amqps port) or run on the node's host")
+        options: dict = {}
+        if user:
+            options.update(user=user, password=password_for(user, args, self.where), allowed_mechs="PLAIN",
+                           allow_insecure_mechs=True)  # only over TLS or to loopback: checked above
+        domain = None
+        if scheme == "amqps":
+            domain = SSLDomain(SSLDomain.MODE_CLIENT)
+            if ca:
+                domain.set_trusted_ca_db(ca)
+            domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+        self._listening(host, port)
+        self.consumer = f"{os.path.basename(sys.argv[0]) or 'grouper'}-{os.getpid()}"
+        try:
+            self.connection = BlockingConnection(f"{scheme}://{host}:{port}", timeout=CONNECT_TIMEOUT_S,
+                                                 ssl_domain=domain, container_id=self.consumer, **options)
+        except Exception as error:
+            raise ToolError(self._describe(error, user)) from None
+
+    def _listening(self, host: str, port: int) -> None:
+        """A refused TCP connect is named as such: proton would report it only as a disconnect."""
+        try:
+            socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+        except OSError as error:
+            raise ToolError(f"no node listening at {self.where} ({error.strerror or error}): start one with "
+                            f"`grouper up`, or give its AMQP address with --node") from None
+
+    def _describe(self, error: Exception, user: str = "", queue: str = "") -> str:
+        text = str(error)
+        condition = getattr(getattr(error, "link", None), "remote_condition", None)
+        name = getattr(condition, "name", "") or ""
+        description = getattr(condition, "description", "") or ""
+        if "unauthorized-access" in text or "authentication" in text.lower() or "sasl" in text.lower():
+            who = f"user {user!r}" if user else "an anonymous client"
+            return (f"the node at {self.where} refused {who}: give a user and password it knows (--user, "
+                    f"--password-stdin or ${PASSWORD_ENV}) ({text})")
+        if name == "amqp:not-found" or "not-found" in text:
+            return (f"queue {queue!r} does not exist on the node at {self.where}, which does not create queues "
+                    f"on first use: create it with `grouper queue add {queue}` ({description or text})")
+        if name == "amqp:unauthorized-access":
+            return f"the node at {self.where} refused access to {queue!r}: {description}"
+        if name:
+            return f"the node at {self.where} refused the link to {queue!r}: {name}: {description}"
+        return f"talking to the node at {self.where} failed: {text}"
+
+    def sender(self, queue: str):
+        try:
+            return self.connection.create_sender(queue)
+        except Exception as error:
+            raise ToolError(self._describe(error, queue=queue)) from None
+
+    def receiver(self, queue: str, browse: bool = False):
+        from proton.reactor import Copy
+
+        try:
+            # credit 0: each receive() grants one, so a --hold receiver takes no message it does not print
+            return self.connection.create_receiver(queue, credit=0, name=f"{self.consumer}-{queue}",
+                                                   options=Copy() if browse else None)
+        except Exception as error:
+            raise ToolError(self._describe(error, queue=queue)) from None
+
+    def close(self) -> None:
+        try:
+            self.connection.close()
+        except Exception:  # the node may be gone already: nothing is left to tell it
+            pass
+
+
+def _run(command, args: argparse.Namespace) -> int:
+    session = None
+    try:
+        session = Session(args)
+        return command(session, args)
+    except ToolError as error:
+        print(f"grouper {args.command}: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    except InvalidConfig as error:
+        print(f"grouper {args.command}: bad input: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_OK
+    finally:
+        if session is not None:
+            session.close()
+
+
+# ---- the commands ----------------------------------------------------------------------------
+
+def message_line(message, consumer: str) -> str:
+    properties = message.properties or {}
+    body = message.body
+    if isinstance(body, (bytes, memoryview)):
+        body = bytes(body).decode("utf-8", "replace")
+    body = str(body)
+    if len(body) > BODY_PRINTED_MAX_CHARS:
+        body = body[:BODY_PRINTED_MAX_CHARS - 3] + "..."
+    return (f"group={message.group_id} seq={properties.get(SEQ_PROPERTY, '-')} id={message.id} "
+            f"delivery-count={message.delivery_count} consumer={consumer} body={body!r}")
+
+
+def _send(session: Session, args: argparse.Namespace) -> int:
+    from proton import Message
+    from proton.utils import SendException
+
+    sender = session.sender(args.queue)
+    next_seq = dict.fromkeys(args.group, 0)
+    for number in range(args.count):
+        group = args.group[number % len(args.group)]
+        next_seq[group] += 1
+        seq = next_seq[group]
+        message = Message(id=f"{group}-{seq}", group_id=group, durable=args.durable,
+                          properties={SEQ_PROPERTY: seq}, body=args.body if args.body is not None else f"{group} #{seq}")
+        try:
+            sender.send(message, timeout=CONNECT_TIMEOUT_S)
+        except SendException as error:
+            raise ToolError(f"the node at {session.where} did not accept message {message.id} to {args.queue!r} "
+                            f"(outcome {error.state}); {number} sent before it") from None
+        except Exception as error:
+            raise ToolError(session._describe(error, queue=args.queue)) from None
+        print(f"sent group={group} seq={seq} id={message.id}", flush=True)
+    print(f"{args.count} message(s) accepted by {session.where} into {args.queue}", flush=True)
+    return EXIT_OK
+
+
+def _take(session: Session, receiver, args: argparse.Namespace, settle) -> int:
+    """Print messages until --count or --timeout-s of quiet; `settle` runs after each line."""
+    from proton import Timeout
+
+    count = 0
+    while args.count is None or count < args.count:
+        try:
+            message = receiver.receive(timeout=args.timeout_s)
+        except Timeout:
+            break
+        except Exception as error:
+            raise ToolError(session._describe(error, queue=args.queue)) from None
+        print(message_line(message, session.consumer), flush=True)
+        settle(receiver)
+        count += 1
+    return count
+
+
+def _receive(session: Session, args: argparse.Namespace) -> int:
+    receiver = session.receiver(args.queue)
+    count = _take(session, receiver, args, (lambda _: None) if args.hold else (lambda link: link.accept()))
+    if not args.hold:
+        print(f"{count} message(s) received and accepted", flush=True)
+        return EXIT_OK
+    until = f"for {args.hold_s:g} s" if args.hold_s else "until Ctrl-C"
+    print(f"holding {count} message(s) unsettled {until}; their groups stay with this consumer", flush=True)
+    deadline = time.monotonic() + args.hold_s if args.hold_s else None
+    while deadline is None or time.monotonic() < deadline:
+        # process the connection (heartbeats) in short slices, so Ctrl-C is taken promptly; the one credit
+        # the last wait left open may still bring a message: it is printed and held too
+        session.connection.container.process()
+        while receiver.fetcher.has_message:
+            print(message_line(receiver.fetcher.pop(), session.consumer), flush=True)
+        time.sleep(0.1)
+    return EXIT_OK
+
+
+def _browse(session: Session, args: argparse.Namespace) -> int:
+    receiver = session.receiver(args.queue, browse=True)
+
+    def settle(link) -> None:  # a browser's copies carry no outcome; settle what the node left unsettled
+        if link.fetcher.unsettled:
+            link.settle()
+
+    count = _take(session, receiver, args, settle)
+    print(f"{count} message(s) browsed, none consumed", flush=True)
+    return EXIT_OK
