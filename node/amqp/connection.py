@@ -43,12 +43,13 @@ class Connection(asyncio.Protocol):
         self.sasl = None  # the SASL exchange until it has named the client
         self.user: str | None = None  # who the SASL exchange named
         self.admitted = False  # counted by the engine's admission (connections per address)
-        self.transport = lib.pn_transport()
-        lib.pn_transport_set_server(self.transport)
-        self.connection = lib.pn_connection()
-        lib.pn_connection_set_container(self.connection, container_id)
-        lib.pn_connection_collect(self.connection, collector)
-        lib.pn_transport_bind(self.transport, self.connection)
+        # proton's objects are made at connection_made, not here: on the TLS listener asyncio makes this
+        # protocol at accept but calls it only once the handshake succeeded, and a failed handshake is
+        # never reported to it, so objects made here would never be released
+        self._collector = collector
+        self._container_id = container_id
+        self.transport = None
+        self.connection = None
         self.key = 0  # nonzero once the node has accepted the connection's open
         self.links: set = set()  # Consumer and Producer records of this connection
         self.output_paused = False
@@ -62,6 +63,13 @@ class Connection(asyncio.Protocol):
     # ---- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, socket) -> None:
+        self.transport = lib.pn_transport()
+        lib.pn_transport_set_server(self.transport)
+        self.connection = lib.pn_connection()
+        lib.pn_connection_set_container(self.connection, self._container_id)
+        lib.pn_connection_collect(self.connection, self._collector)
+        lib.pn_transport_bind(self.transport, self.connection)
+        self.engine.made(self)
         self.socket = socket
         peer = socket.get_extra_info("peername")
         self.host = peer[0] if peer else "?"

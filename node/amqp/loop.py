@@ -198,7 +198,10 @@ class AmqpServer:
         self.loop.stop()
 
     def _new_connection(self, tls: bool) -> Connection:
-        connection = Connection(self, self._collector, self._container_id, OUTPUT_MAX_BYTES, tls)
+        return Connection(self, self._collector, self._container_id, OUTPUT_MAX_BYTES, tls)
+
+    def made(self, connection: Connection) -> None:
+        """A socket is ready (over TLS: its handshake succeeded) and its proton objects exist."""
         self._by_pointer[connection.connection] = connection
 
     # ---- wake-ups ----------------------------------------------------------------------------

@@ -21,7 +21,9 @@ import json
 import os
 import shutil
 import signal
+import socket
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -526,6 +528,30 @@ def test_a_plain_amqp_client_on_the_tls_port_is_refused(node_factory, tmp_path, 
         raw.send(SASL_HEADER)
         closed, answer = raw.closed_by_node()
         assert closed and not answer.startswith(b"AMQP"), answer
+
+
+def engine_connections(node: NodeProcess) -> float:
+    """The node's grouper_engine_connections: proton connections it holds (released or not)."""
+    with urllib.request.urlopen(f"http://{node.http_address}/metrics", timeout=WAIT_S) as reply:
+        text = reply.read().decode()
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith("grouper_engine_connections "))
+
+
+def test_failed_and_abandoned_tls_handshakes_leave_nothing_behind(node_factory, tmp_path, users_file, certificates):
+    node = start_tls(node_factory, tmp_path, users_file, certificates)
+    host, port = node.amqps_address.rsplit(":", 1)
+    for attempt in range(20):  # each held a proton connection for ever before (asyncio never reports them)
+        with socket.create_connection((host, int(port)), timeout=WAIT_S) as raw:
+            if attempt % 2:
+                raw.sendall(SASL_HEADER)  # not TLS: the handshake fails
+                raw.recv(100)
+    wait_until(lambda: engine_connections(node) == 0 or None, "no proton connection left")
+    connection = tls_login(node, "admin", certificates.ca)  # a real TLS client still gets in
+    try:
+        assert connection.create_sender("orders.x") is not None
+        assert engine_connections(node) == 1
+    finally:
+        connection.close()
 
 
 def test_a_tls_client_on_the_plain_port_is_refused(node_factory, tmp_path, users_file, certificates):
