@@ -18,7 +18,9 @@ from proton.reactor import LinkOption
 
 from tests.integration.clients import Client, group_message, parse_body
 from tests.integration.cluster import Cluster
+from tests.integration.cli import write_users_file
 from tests.integration.harness import link_refusal
+from tests.integration.test_security import PASSWORD, assert_denied, link_outcome, login
 
 CONFIG = """
 [[address]]
@@ -187,3 +189,44 @@ def test_in_a_cluster_the_receiving_node_fans_out_and_each_subscriptions_groups_
                 client.close()
     finally:
         cluster.kill_all()
+
+
+def test_a_send_one_subscription_would_refuse_is_rejected_and_copies_nothing(node_factory):
+    node = node_factory(CONFIG.replace('group_buckets = 0', 'group_buckets = 0\ndepth_max_messages = 1'))
+    with Client(node) as client:
+        producer = client.producer("prices")
+        assert producer.send_outcomes([group_message("IBM", 0), group_message("IBM", 1)]) == [
+            Delivery.ACCEPTED, Delivery.REJECTED]
+        symbol_reader = client.consumer("prices.by-symbol", "symbol", credit=10)
+        assert [parse_body(r.message) for r in symbol_reader.take_all()] == [("IBM", 0)]
+
+
+def test_a_topic_attach_to_a_new_name_makes_it_a_multicast_address(node_factory):
+    node = node_factory(CONFIG)
+    with Client(node, container_id="watcher") as client:
+        first = client.consumer("news", "one", credit=10, options=(Topic(),))
+        second = client.consumer("news", "two", credit=10, options=(Topic(),))
+        client.producer("news").send(group_message("IBM", 0))
+        assert [parse_body(r.message) for r in first.take_all()] == [("IBM", 0)]
+        assert [parse_body(r.message) for r in second.take_all()] == [("IBM", 0)]
+        assert "news" not in queue_names(node)
+
+
+def test_sending_needs_send_on_the_address_and_consuming_needs_consume_on_the_subscription(node_factory, tmp_path):
+    users = write_users_file(tmp_path / "users.json", {"publisher": "send:prices", "auditor": "consume:prices.audit"},
+                             {"publisher": "publisher", "auditor": "auditor"}, PASSWORD)
+    node = node_factory(CONFIG, "--users-file", str(users), "--sasl-plain-on-loopback")
+    publisher = login(node.amqp_address, "publisher")
+    auditor = login(node.amqp_address, "auditor")
+    try:
+        assert link_outcome(publisher, "send", "prices") is None
+        assert_denied(link_outcome(publisher, "consume", "prices::prices.audit"), "publisher", "consume",
+                      "prices.audit")
+        assert link_outcome(auditor, "consume", "prices::prices.audit") is None
+        assert_denied(link_outcome(auditor, "consume", "prices::prices.by-symbol"), "auditor", "consume",
+                      "prices.by-symbol")
+        assert_denied(link_outcome(auditor, "send", "prices"), "auditor", "send", "prices")
+        assert_denied(link_outcome(auditor, "consume", "prices"), "auditor", "consume", "prices")  # a topic one
+    finally:
+        publisher.close()
+        auditor.close()
