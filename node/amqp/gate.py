@@ -6,6 +6,8 @@ Engine loop thread only. Rules:
   policy offers on its listener; proton sees nothing of the client until the exchange named it.
 - From accept to the client's AMQP open, at most handshake_timeout_ms: a client that stalls in
   TLS, SASL or before its open is closed, so a half-open client holds no connection slot for ever.
+- On the TLS listener a socket is admitted at accept, before its handshake (`admit_tls`), so
+  handshakes in progress count toward connections_per_address_max; a failed one ends its count.
 - A failed authentication is answered after the delay the admission's throttle asks for, with the
   socket's input paused meanwhile; refusals are logged once per source address and reason. Only a
   failed check of credentials (PLAIN, SCRAM-SHA-256, EXTERNAL) counts toward the throttle: garbage,
@@ -41,14 +43,32 @@ class Gate:
         self._files_checked_ms = 0
         self._tls_stamp = tls.files_stamp(config) if tls_context is not None else None
 
+    def admit_tls(self, host: str) -> bool:
+        """A socket of the TLS listener, before its handshake: counted toward its address's limit
+        (the connection carries the count from then on), or refused."""
+        reason = self.admission.opened(host, self.clock_ms())
+        if reason is not None:
+            if self.admission.refusal_should_be_logged(host, reason):
+                log.warning("connection from %s refused: %s (logged once per address and reason)", host, reason)
+            return False
+        return True
+
+    def tls_failed(self, host: str, error: BaseException) -> None:
+        """A handshake admitted by `admit_tls` failed: its count ends."""
+        self.admission.closed(host)
+        reason = f"TLS handshake failed ({type(error).__name__})"
+        if self.admission.refusal_should_be_logged(host, reason):
+            log.warning("connection from %s refused: %s (logged once per address and reason)", host, reason)
+
     def connected(self, connection, ssl_object) -> None:
         now_ms = self.clock_ms()
-        reason = self.admission.opened(connection.host, now_ms)
-        if reason is not None:
-            self._log_refusal(connection, reason)
-            connection.refuse()
-            return
-        connection.admitted = True
+        if not connection.admitted:  # a TLS connection was admitted before its handshake
+            reason = self.admission.opened(connection.host, now_ms)
+            if reason is not None:
+                self._log_refusal(connection, reason)
+                connection.refuse()
+                return
+            connection.admitted = True
         identity = tls.certificate_identity(ssl_object)
         connection.sasl = self.security.sasl_server(now_ms, connection.tls, connection.host, identity)
         self._deadlines[connection] = now_ms + self.config.handshake_timeout_ms

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import threading
 import time
 
@@ -152,12 +153,55 @@ class AmqpServer:
     def listen(self, host: str, port: int, tls: bool = False) -> int:
         """Bind an AMQP listener, over TLS if `tls`; returns the port (port 0 picks one). Raises OSError
         if it cannot."""
-        options = {"ssl": self.gate.tls_context,
-                   "ssl_handshake_timeout": self.config.handshake_timeout_ms / 1000} if tls else {}
+        if tls:
+            return self._listen_tls(host, port)
         listener = self.loop.run_until_complete(self.loop.create_server(
-            lambda: self._new_connection(tls), host, port, reuse_address=True, backlog=1024, **options))
+            lambda: self._new_connection(False), host, port, reuse_address=True, backlog=1024))
         self._listeners.append(listener)
         return listener.sockets[0].getsockname()[1]
+
+    def _listen_tls(self, host: str, port: int) -> int:
+        """The TLS listener accepts here, so that a socket is admitted (counted toward its address's
+        connections_per_address_max) before its handshake, and released if the handshake fails:
+        asyncio's own TLS server shows the protocol nothing before the handshake has succeeded."""
+        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                                flags=socket.AI_PASSIVE)[0]
+        listener = socket.socket(family, kind, protocol)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(address)
+            listener.listen(1024)
+            listener.setblocking(False)
+        except OSError:
+            listener.close()
+            raise
+        self._listeners.append(_TlsListener(listener, self.loop.create_task(self._accept_tls(listener))))
+        return listener.getsockname()[1]
+
+    async def _accept_tls(self, listener: socket.socket) -> None:
+        while not self.stopping:
+            try:
+                client, address = await self.loop.sock_accept(listener)
+            except OSError:  # the listener closed: the node is stopping
+                return
+            except asyncio.CancelledError:
+                return
+            if self.gate.admit_tls(address[0]):
+                self.loop.create_task(self._handshake_tls(client, address[0]))
+            else:
+                client.close()
+
+    async def _handshake_tls(self, client: socket.socket, host: str) -> None:
+        connection = self._new_connection(True)
+        connection.admitted = True  # by admit_tls
+        try:
+            await self.loop.connect_accepted_socket(
+                lambda: connection, client, ssl=self.gate.tls_context,
+                ssl_handshake_timeout=self.config.handshake_timeout_ms / 1000)
+        except Exception as error:  # noqa: BLE001 - however the handshake fails (SSL, timeout, reset), it ends here
+            client.close()
+            connection.admitted = False
+            self.gate.tls_failed(host, error)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
@@ -1006,6 +1050,18 @@ class AmqpServer:
         """What the loop holds of proton's objects, for the soak's leak check."""
         return {"connections": len(self._by_pointer), "links": len(self._links),
                 "unsettled_deliveries": sum(len(state.unsettled) for state in self.consumers.values())}
+
+
+class _TlsListener:
+    """The TLS listener's socket and the task accepting on it; closed like asyncio's servers."""
+
+    def __init__(self, listener: socket.socket, accepting: asyncio.Task):
+        self.listener = listener
+        self.accepting = accepting
+
+    def close(self) -> None:
+        self.accepting.cancel()
+        self.listener.close()
 
 
 def _stop_on_bug(loop, context: dict) -> None:

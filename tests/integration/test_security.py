@@ -554,6 +554,36 @@ def test_failed_and_abandoned_tls_handshakes_leave_nothing_behind(node_factory, 
         connection.close()
 
 
+def test_tls_handshakes_in_progress_count_toward_the_connections_per_address(node_factory, tmp_path, users_file,
+                                                                              certificates):
+    node = start_tls(node_factory, tmp_path, users_file, certificates,
+                     # a handshake timeout longer than any wait here: only the count can close the 4th
+                     config="[node]\nconnections_per_address_max = 3\nhandshake_timeout_ms = 120000\n")
+    host, port = node.amqps_address.rsplit(":", 1)
+    stalled = [socket.create_connection((host, int(port)), timeout=WAIT_S) for _ in range(3)]  # say nothing
+    try:
+        def fourth_closed_at_once():
+            with socket.create_connection((host, int(port)), timeout=WAIT_S) as fourth:
+                return fourth.recv(100) == b""  # the node closes it unread: no TLS alert, no handshake
+        # the first three are counted from their accept (the node may see them a moment after connect())
+        wait_until(fourth_closed_at_once, "a 4th socket from this address closed before any handshake")
+        refused_lines = [line for line in node.output if "3 connections are open from this address" in line]
+        assert refused_lines, node.output[-10:]
+    finally:
+        for raw in stalled:
+            raw.close()
+    # their slots end with them: a TLS client gets in again
+    connection = wait_until(lambda: _tls_login_or_none(node, certificates.ca), "a TLS login after the close")
+    connection.close()
+
+
+def _tls_login_or_none(node: NodeProcess, ca: Path):
+    try:
+        return tls_login(node, "admin", ca)
+    except ConnectionException:
+        return None
+
+
 def test_a_tls_client_on_the_plain_port_is_refused(node_factory, tmp_path, users_file, certificates):
     node = start_tls(node_factory, tmp_path, users_file, certificates)
 
