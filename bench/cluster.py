@@ -84,7 +84,7 @@ WARMUP_MESSAGES = 2000
 PROBE_NEW_GROUPS = 200  # route decisions timed per producer node
 PROBE_EXISTING_MESSAGES = 300  # messages to groups that already have a route, for forwarded vs local
 PROBE_INTERVAL_S = 0.02  # one probe message every 20 ms: an idle cluster, not a loaded one
-KILL_REPEATS = 3
+KILL_REPEATS = 5
 # half load for the decision-latency phase: half of row (b1)'s throughput in the same run, or this
 # when (b1) did not run (half of b1's 17,908 msgs/s on 2026-11-23)
 HALF_LOAD_DEFAULT_PER_S = 9_000
@@ -1860,7 +1860,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=20_000, help="messages per throughput row (default 20000)")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="raw results")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown file whose cluster section is written")
-    parser.add_argument("--repeats", type=int, default=KILL_REPEATS, help="leader and owner kills (default 3)")
+    parser.add_argument("--repeats", type=int, default=KILL_REPEATS, help="leader and owner kills (default 5)")
     parser.add_argument("--phases", default=",".join(PHASES),
                         help=f"comma-separated subset of {','.join(PHASES)} (default: all)")
     parser.add_argument("--load-wait-budget-s", type=float, default=LOAD_WAIT_BUDGET_S,
