@@ -12,8 +12,8 @@ from tests.sim import decision_capacity
 from tests.sim.sharding import ShardedRaft, ShardedSimulation
 from tests.sim.simulation import SimulationFailure
 
-SWEEP_SEEDS = 4
-SWEEP_STEPS = 1200
+SWEEP_SEEDS = 3
+SWEEP_STEPS = 1000
 SWEEP_GROUPS = 40  # per queue: enough that new groups keep arriving, so outages meet claims
 SHARD_COUNT = 4
 C = decision_capacity.CAPACITY_PER_S_MEASURED
@@ -52,7 +52,7 @@ def test_random_runs_with_shards_losing_their_majority_keep_every_invariant():
 
 
 DUTIES_SEEDS = 2
-DUTIES_STEPS = 800
+DUTIES_STEPS = 600
 
 
 @pytest.mark.parametrize("setting", [{"group_timeout_ms": 400}, {"route_follow_ms": 100}])
