@@ -842,28 +842,19 @@ class AmqpServer:
     def _fan_out(self, incoming, address: str, payload: bytes, producer_settled: bool, now_ms: int) -> None:
         """Copy a send to every subscription queue of multicast `address`. Raises, copying nothing, when
         any copy would be refused here (see the header)."""
-        names = self.broker.addresses.subscriptions(address)
-        if not names:
+        copies = self.broker.copies(address, len(payload),
+                                    lambda header: codec.read_arrival(payload, header, now_ms))
+        if not copies:
             self.unrouted_total += 1
             log.debug("multicast address %s has no subscription: a message sent to it is discarded", address)
             self.accept_when_stored(incoming, False, producer_settled)
             return
-        arrivals: dict = {}  # group header -> the message read for it: queues may read other headers
-        copies = []
-        for name in names:
-            queue = self.broker.queues[name]
-            header = queue.settings.group_header
-            arrival = arrivals.get(header)
-            if arrival is None:
-                arrival = arrivals[header] = codec.read_arrival(payload, header, now_ms)
-            durable = queue.settings.durable and self.journal is not None
-            if durable and self.durability.refusing(now_ms):
-                raise _journal_down(self.durability.failure)
-            queue.check_group_id(arrival.group_id)
-            queue.check_capacity(len(payload))
-            copies.append((queue, arrival, durable))
+        durable_any = self.journal is not None and any(queue.settings.durable for queue, _ in copies)
+        if durable_any and self.durability.refusing(now_ms):
+            raise _journal_down(self.durability.failure)
         fan_out = FanOut(incoming[0], SendTally(len(copies)))
-        for queue, arrival, durable in copies:
+        for queue, arrival in copies:
+            durable = queue.settings.durable and self.journal is not None
             part = (fan_out, incoming[1])
             message = Message(payload, arrival.group_id, expires_at_ms=arrival.expires_at_ms,
                               closes_group=arrival.closes_group)

@@ -146,6 +146,23 @@ class Broker:
         self.next_seq += 1
         return effects
 
+    def copies(self, address: str, size_bytes: int, read) -> list:
+        """(queue, what `read(group_header)` made of the message for it) for each subscription queue a
+        send to multicast `address` is copied to, in name order; `read` is called once per group header.
+        Raises, changing nothing, when any copy would be refused, so a send is copied everywhere or
+        nowhere on this node."""
+        read_for: dict = {}
+        copies = []
+        for name in self.addresses.subscriptions(address):
+            queue = self.queues[name]
+            header = queue.settings.group_header
+            if header not in read_for:
+                read_for[header] = read(header)
+            arrival = read_for[header]
+            queue.check_enqueue(arrival.group_id, size_bytes)
+            copies.append((queue, arrival))
+        return copies
+
     def take_back(self, sends: list[tuple[str, Message]], now_ms: int) -> tuple[list[bool], list]:
         """Durable sends whose journal batch failed, as (queue name, message) in the order their
         producers waited: withdraw each one nothing has seen yet. Returns, in the same order, whether

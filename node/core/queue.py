@@ -146,19 +146,24 @@ class Queue:
 
     def enqueue(self, message: Message, now_ms: int, effects: list) -> None:
         """Add a message whose `seq` the broker assigned; raises before changing anything."""
-        self.check_group_id(message.group_id)
-        self.check_capacity(message.size_bytes)
-        key = self._key_of(message.group_id)
-        groups_max = self.settings.groups_max
-        if groups_max and key is not None and key not in self.groups and len(self.groups) >= groups_max:
-            raise ResourceLimitExceeded(
-                f"queue {self.settings.name!r} tracks {len(self.groups)} groups (groups_max={groups_max}); "
-                f"retry once groups drain, free idle ones with 'grouper group reset', or bound them with group_buckets")
+        key = self.check_enqueue(message.group_id, message.size_bytes)
         self._admit(message, key)
         self.enqueued_total += 1
         if self.settings.durable:
             effects.append(Stored(self.settings.name, message))
         self._dispatch(now_ms, effects)
+
+    def check_enqueue(self, group_id, size_bytes: int):
+        """Raises what `enqueue` would refuse a message with; returns its group key (None: ungrouped)."""
+        self.check_group_id(group_id)
+        self.check_capacity(size_bytes)
+        key = self._key_of(group_id)
+        groups_max = self.settings.groups_max
+        if groups_max and key is not None and key not in self.groups and len(self.groups) >= groups_max:
+            raise ResourceLimitExceeded(
+                f"queue {self.settings.name!r} tracks {len(self.groups)} groups (groups_max={groups_max}); "
+                f"retry once groups drain, free idle ones with 'grouper group reset', or bound them with group_buckets")
+        return key
 
     def restore(self, message: Message) -> None:
         """Add a message without limits or dispatch: journal recovery and internal moves."""

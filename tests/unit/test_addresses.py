@@ -10,7 +10,8 @@ from node import config
 from node.core.address_settings import AddressSettings
 from node.core.addresses import Addresses, SendTally, split_fqqn, subscription_name
 from node.core.broker import Broker
-from node.core.errors import AlreadyExists, InvalidConfig, InvalidField, NotFound
+from node.core.errors import AlreadyExists, InvalidConfig, InvalidField, NotFound, ResourceLimitExceeded
+from node.core.message import Message
 from node.core.settings import QueueSettings
 
 
@@ -162,3 +163,49 @@ def test_a_bad_address_table_stops_the_node_naming_the_key(tmp_path, text, key, 
         config.load(write(tmp_path, text), environ={})
     assert raised.value.key == key, raised.value
     assert message in str(raised.value)
+
+
+class Arrival:
+    """What the adapter's codec reads of a message for one group header (node/amqp/codec.read_arrival)."""
+
+    def __init__(self, group_id):
+        self.group_id = group_id
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["", "Symbol"])), min_size=1, max_size=4),
+       st.lists(st.tuples(st.sampled_from(["IBM", "ACME", "x" * 300]), st.integers(1, 40)), max_size=25))
+def test_a_send_is_copied_to_every_subscription_or_to_none_against_a_model(subscriptions, sends):
+    broker = Broker(multicast_addresses=("prices",))
+    limits = {}
+    for index, (depth_max_messages, header) in enumerate(subscriptions):
+        name = f"prices.{index}"
+        broker.declare_queue(QueueSettings(name=name, address="prices", depth_max_messages=depth_max_messages,
+                                           group_header=header, group_policy="none" if index % 2 else "exclusive"))
+        limits[name] = depth_max_messages
+    model = {name: [] for name in limits}  # what each subscription holds, in order
+    for group, size_bytes in sends:
+        reads = []
+
+        def read(header):
+            reads.append(header)
+            return Arrival(group if not header else f"{group}@{header}")
+        room = len(group) <= 255 and all(not limit or len(model[name]) < limit for name, limit in limits.items())
+        try:
+            copies = broker.copies("prices", size_bytes, read)
+        except (InvalidField, ResourceLimitExceeded):
+            assert not room
+        else:
+            assert room
+            assert [queue.settings.name for queue, _ in copies] == sorted(limits)
+            for queue, arrival in copies:
+                broker.enqueue(queue.settings.name, Message(b"m" * size_bytes, arrival.group_id), 0)
+                model[queue.settings.name].append(arrival.group_id)
+        assert len(reads) == len(set(reads)) <= len({header for _, header in subscriptions})
+        for name, held in model.items():
+            assert broker.queues[name].depth_messages == len(held)
+            assert [m.group_id for m in broker.queues[name].browse_available()] == held
+
+
+def test_a_multicast_address_without_subscriptions_has_no_copies():
+    broker = Broker(multicast_addresses=("alerts",))
+    assert broker.copies("alerts", 10, lambda header: Arrival("IBM")) == []
