@@ -217,7 +217,7 @@ class GrouperCollector:
     outbound: {owner: messages}, decisions: {outcome: count}, decision_latency: tally,
     raft_decision_latency: tally, raft: {term, leader, state, has_quorum}}; ready: bool; engine:
     AmqpServer.engine_objects() (connections, links, unsettled_deliveries); resident_bytes: int or
-    None (not Linux).
+    None (not Linux); unrouted: {multicast address: sends discarded for want of a subscription}.
     """
 
     def __init__(self, probe):
@@ -228,6 +228,11 @@ class GrouperCollector:
         yield GaugeMetricFamily("grouper_ready", "1 when /readyz would answer 200", value=int(snapshot["ready"]))
         yield from self._queues(snapshot["queues"], snapshot["consumers"])
         yield from self._engine(snapshot["engine"], snapshot["resident_bytes"])
+        unrouted = CounterMetricFamily("grouper_multicast_unrouted_messages", "sends to a multicast address "
+                                       "that had no subscription: accepted and discarded", labels=["address"])
+        for address, count in sorted(snapshot.get("unrouted", {}).items()):
+            unrouted.add_metric([address], count)
+        yield unrouted
         if snapshot["journal"] is not None:
             yield from self._journal(snapshot["journal"])
         if snapshot["cluster"] is not None:

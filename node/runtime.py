@@ -422,14 +422,15 @@ class Node:
                            "raft_decision_latency": self.cluster.raft_decision_latency.snapshot(),
                            "caught_up": router.ready, "registered": self.cluster.registered}
             return (self.broker.list_queues(), consumers, cluster, self.serving and not self.server.stopping,
-                    self.server.engine_objects())
+                    self.server.engine_objects(), dict(self.server.unrouted))
 
-        queues, consumers, cluster, serving, engine = self.bridge.call(read, PROBE_TIMEOUT_MS)
+        queues, consumers, cluster, serving, engine, unrouted = self.bridge.call(read, PROBE_TIMEOUT_MS)
         ready = serving
         if cluster is not None:  # one raft status and one loop visit per scrape serve readiness too
             cluster["raft"] = self.handler.status()
             ready = serving and _cluster_readiness(cluster["raft"], cluster["caught_up"], cluster["registered"])[0]
         return {"ready": ready, "queues": queues, "consumers": consumers, "cluster": cluster,
+                "unrouted": unrouted,
                 "journal": self.journal.stats() if self.journal is not None else None, "engine": engine,
                 "resident_bytes": resident_bytes()}
 

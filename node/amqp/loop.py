@@ -132,7 +132,7 @@ class AmqpServer:
         # subscription queues the config declares: their groups are routed cluster-wide like any queue's;
         # one a topic or ADDRESS::QUEUE attach made exists on this node only, so its copies stay here
         self._declared_subscriptions = {settings.name for settings in config.queues if settings.address}
-        self.unrouted_total = 0  # sends to a multicast address with no subscription: accepted and discarded
+        self.unrouted: dict[str, int] = {}  # multicast address -> sends accepted and discarded: no subscription
         self._handlers = {
             DELIVERY: self._on_delivery,
             LINK_FLOW: self._on_link_flow,
@@ -845,7 +845,7 @@ class AmqpServer:
         copies = self.broker.copies(address, len(payload),
                                     lambda header: codec.read_arrival(payload, header, now_ms))
         if not copies:
-            self.unrouted_total += 1
+            self.unrouted[address] = self.unrouted.get(address, 0) + 1
             log.debug("multicast address %s has no subscription: a message sent to it is discarded", address)
             self.accept_when_stored(incoming, False, producer_settled)
             return

@@ -20,6 +20,7 @@ from tests.integration.clients import Client, group_message, parse_body
 from tests.integration.cluster import Cluster
 from tests.integration.cli import write_users_file
 from tests.integration.harness import link_refusal
+from tests.integration.test_node_endpoints import get, metric
 from tests.integration.test_security import PASSWORD, assert_denied, link_outcome, login
 
 CONFIG = """
@@ -143,6 +144,7 @@ def test_a_send_to_a_multicast_address_without_subscriptions_is_accepted_and_dis
         producer = client.producer("alerts")
         assert producer.send_outcomes([group_message("IBM", 0)]) == [Delivery.ACCEPTED]
         assert "alerts" not in queue_names(node)  # no anycast queue was made of the address's name
+        assert metric(get(node, "/metrics")[1], 'grouper_multicast_unrouted_messages_total{address="alerts"}') == 1
         late = client.consumer("alerts", "late", credit=10)  # a plain attach to a multicast address subscribes
         producer.send(group_message("IBM", 1))
         assert [parse_body(r.message) for r in late.take_all()] == [("IBM", 1)]
