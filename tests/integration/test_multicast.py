@@ -166,10 +166,23 @@ def test_a_fully_qualified_name_must_name_a_subscription_of_that_address(node_fa
         client.producer("alerts").send(group_message("IBM", 0))
         assert [parse_body(r.message) for r in made.take_all()] == [("IBM", 0)]
         assert "alerts.archive" in queue_names(node)
+        other = client.consumer("alerts::alerts.other", "other", credit=10)
+        client.producer("alerts::alerts.archive").send(group_message("IBM", 1))  # to that subscription alone
+        assert [parse_body(r.message) for r in made.take_all()] == [("IBM", 1)]
+        assert other.take_all() == []
+        assert link_refusal(lambda: client.connection.create_sender("alerts::nothing")) == "amqp:not-found"
+
+
+CLUSTER_CONFIG = CONFIG + """
+[[queue]]
+name = "prices.buckets"
+address = "prices"
+group_buckets = 4
+"""
 
 
 def test_in_a_cluster_the_receiving_node_fans_out_and_each_subscriptions_groups_stay_in_order(tmp_path):
-    cluster = Cluster(tmp_path, 3, CONFIG).start()
+    cluster = Cluster(tmp_path, 3, CLUSTER_CONFIG).start()
     try:
         clients = [Client(node) for node in cluster.nodes]
         try:
@@ -177,13 +190,17 @@ def test_in_a_cluster_the_receiving_node_fans_out_and_each_subscriptions_groups_
             symbol_2 = clients[2].consumer("prices::prices.by-symbol", "symbol-2", credit=100)
             # ungrouped copies (group_buckets 0) stay on the node that took the send, as any ungrouped message
             audit_0 = clients[0].consumer("prices::prices.audit", "audit-0", credit=100)
+            buckets_0 = clients[0].consumer("prices::prices.buckets", "buckets-0", credit=100)
+            buckets_1 = clients[1].consumer("prices::prices.buckets", "buckets-1", credit=100)
             cluster.wait_consumers("prices.by-symbol", {0: 0, 1: 1, 2: 1})
+            cluster.wait_consumers("prices.buckets", {0: 1, 1: 1, 2: 0})
             clients[0].producer("prices").send(*prices())
             seen = by_consumer(symbol_1, symbol_2)
             assert_grouped_in_order(seen)
             assert all(seen.values()), seen  # balanced placement gave both nodes' consumers groups
             audit = [parse_body(r.message) for r in audit_0.take_all()]
             assert sorted(audit) == sorted((g, s) for g in GROUPS for s in range(PER_GROUP))
+            assert_grouped_in_order(by_consumer(buckets_0, buckets_1))  # a subscription declared as [[queue]]
             routes = cluster.groups("prices.by-symbol")
             assert sorted(row["group"] for row in routes) == sorted(GROUPS), routes
         finally:
