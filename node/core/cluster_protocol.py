@@ -82,6 +82,7 @@ Never imports threading, grpc, pysyncobj, socket or time.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 from typing import NamedTuple
 
@@ -534,7 +535,8 @@ class ClusterProtocol:
         if queue is not None and queue.settings == settings:
             return
         if queue is not None:
-            fixed = fixed_changes(queue.settings.to_dict(), settings.to_dict())
+            # whole records: to_dict leaves out an empty address, which must still count as a change
+            fixed = fixed_changes(dataclasses.asdict(queue.settings), dataclasses.asdict(settings))
             if not fixed:
                 self.broker.redefine_queue(settings)
                 effects.append(ApplyBroker([], None))  # journals the new declaration

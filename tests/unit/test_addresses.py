@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from handler.queue_definitions import fixed_changes
 from node import config
 from node.core.address_settings import AddressSettings
 from node.core.addresses import Addresses, SendTally, split_fqqn, subscription_name
@@ -209,3 +212,9 @@ def test_a_send_is_copied_to_every_subscription_or_to_none_against_a_model(subsc
 def test_a_multicast_address_without_subscriptions_has_no_copies():
     broker = Broker(multicast_addresses=("alerts",))
     assert broker.copies("alerts", 10, lambda header: Arrival("IBM")) == []
+
+
+def test_a_cluster_definition_that_would_change_a_live_queues_address_counts_as_a_fixed_change():
+    bound, unbound = subscription("prices.audit", "prices"), QueueSettings(name="prices.audit")
+    assert fixed_changes(dataclasses.asdict(bound), dataclasses.asdict(unbound)) == ["address"]
+    assert fixed_changes(dataclasses.asdict(unbound), dataclasses.asdict(bound)) == ["address"]
