@@ -5,13 +5,14 @@ each of its subscription queues, each grouping by its own settings; ADDRESS::QUE
 a consumer attaching to the address with the 'topic' capability gets a subscription of its own, deleted
 when its link ends unless it asked for a durable one (expiry policy never), which a reattach with the
 same container id and link name resumes and a close ends; a send to an address with no subscription
-is accepted and discarded, as Artemis does; in a cluster the node that takes the message fans it out
+is accepted and discarded, as Artemis does; a send refused (a full disk) is in no subscription; in a cluster the node that takes the message fans it out
 and each subscription's groups go to their owners, in order.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 from proton import Delivery, Terminus, symbol
 from proton.reactor import LinkOption
@@ -19,7 +20,9 @@ from proton.reactor import LinkOption
 from tests.integration.clients import Client, group_message, parse_body
 from tests.integration.cluster import Cluster
 from tests.integration.cli import write_users_file
-from tests.integration.harness import link_refusal
+from tests.integration.harness import ManualReceiver, NodeProcess, connect, link_refusal
+from tests.integration import test_journal_disk_full as disk_full
+from tests.integration.test_journal_disk_full import REFUSED_BODY_BYTES, fill, send, send_once_the_disk_takes_it
 from tests.integration.test_node_endpoints import get, metric
 from tests.integration.test_security import PASSWORD, assert_denied, link_outcome, login
 
@@ -38,6 +41,7 @@ group_buckets = 0
 [[address]]
 name = "alerts"
 """
+small_disk = disk_full.small_disk  # the fixture: a small tmpfs for the node's data directory, to fill
 GROUPS = ("IBM", "ACME", "INTC")  # an odd count: round robin over two consumers splits every group
 PER_GROUP = 4
 
@@ -249,3 +253,28 @@ def test_sending_needs_send_on_the_address_and_consuming_needs_consume_on_the_su
     finally:
         publisher.close()
         auditor.close()
+
+
+def test_a_multicast_send_a_full_disk_refused_is_taken_back_from_every_subscription(small_disk):
+    node = NodeProcess(small_disk / "node", CONFIG).start()
+    try:
+        connection = connect(node)
+        try:
+            sender = connection.create_sender("prices")
+            assert send(sender, "before")[0] == Delivery.ACCEPTED  # one copy queued in each subscription
+            filler = fill(small_disk)
+            state, condition, description = send(sender, "r" * REFUSED_BODY_BYTES)  # one settlement for both
+            assert (state, condition) == (Delivery.REJECTED, "amqp:resource-limit-exceeded"), description
+            readers = [ManualReceiver(connection, f"prices::{name}", name, credit=10)
+                       for name in ("prices.by-symbol", "prices.audit")]
+            os.remove(filler)
+            send_once_the_disk_takes_it(sender, "after")
+            for reader in readers:
+                bodies = []
+                while "after" not in bodies:
+                    bodies.append(reader.fetch().body)
+                assert bodies == ["before", "after"], reader.name  # the refused send in neither
+        finally:
+            connection.close()
+    finally:
+        node.kill()
