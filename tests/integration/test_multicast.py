@@ -5,8 +5,9 @@ each of its subscription queues, each grouping by its own settings; ADDRESS::QUE
 a consumer attaching to the address with the 'topic' capability gets a subscription of its own, deleted
 when its link ends unless it asked for a durable one (expiry policy never), which a reattach with the
 same container id and link name resumes and a close ends; a send to an address with no subscription
-is accepted and discarded, as Artemis does; a send refused (a full disk) is in no subscription; in a cluster the node that takes the message fans it out
-and each subscription's groups go to their owners, in order.
+is accepted and discarded, as Artemis does; a send refused (a full disk) is in no subscription; in a
+cluster the node that takes the message fans it out and each subscription's groups go to their
+owners, in order.
 """
 
 from __future__ import annotations
