@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
 import time
@@ -315,6 +316,8 @@ def _receive(session: Session, args: argparse.Namespace) -> int:
     if not args.hold:
         print(f"{count} message(s) received and accepted", flush=True)
         return EXIT_OK
+    # SIGTERM lets go as Ctrl-C does: the connection is closed, so the node hands the messages on at once
+    signal.signal(signal.SIGTERM, _interrupt)
     until = f"for {args.hold_s:g} s" if args.hold_s else "until Ctrl-C"
     print(f"holding {count} message(s) unsettled {until}; their groups stay with this consumer", flush=True)
     deadline = time.monotonic() + args.hold_s if args.hold_s else None
@@ -326,6 +329,10 @@ def _receive(session: Session, args: argparse.Namespace) -> int:
             print(message_line(receiver.fetcher.pop(), session.consumer), flush=True)
         time.sleep(0.1)
     return EXIT_OK
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _browse(session: Session, args: argparse.Namespace) -> int:

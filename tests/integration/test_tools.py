@@ -93,7 +93,7 @@ def test_a_group_held_by_one_receiver_reaches_no_other_until_it_lets_go(node):
         other = messages(grouper_ok("receive", "orders", "--timeout-s", "1", "--node", node.amqp_address))
         assert by_group(other) == {"b": [1, 2]}
     finally:
-        assert holder.stop() == 0
+        assert holder.stop(signal.SIGTERM) == 0
 
     after = messages(grouper_ok("receive", "orders", "--count", "2", "--node", node.amqp_address))
     assert [(line["group"], line["seq"], line["count"]) for line in after] == [("a", "1", "1"), ("a", "2", "0")]
