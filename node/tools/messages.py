@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import sys
 import time
 from urllib.parse import urlsplit
@@ -179,7 +178,6 @@ class Session:
             if ca:
                 domain.set_trusted_ca_db(ca)
             domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
-        self._listening(host, port)
         self.consumer = f"{os.path.basename(sys.argv[0]) or 'grouper'}-{os.getpid()}"
         try:
             self.connection = BlockingConnection(f"{scheme}://{host}:{port}", timeout=CONNECT_TIMEOUT_S,
@@ -187,16 +185,13 @@ class Session:
         except Exception as error:
             raise ToolError(self._describe(error, user)) from None
 
-    def _listening(self, host: str, port: int) -> None:
-        """A refused TCP connect is named as such: proton would report it only as a disconnect."""
-        try:
-            socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
-        except OSError as error:
-            raise ToolError(f"no node listening at {self.where} ({error.strerror or error}): start one with "
-                            f"`grouper up`, or give its AMQP address with --node") from None
-
     def _describe(self, error: Exception, user: str = "", queue: str = "") -> str:
         text = str(error)
+        if "Name or service not known" in text:
+            return f"cannot resolve the host of {self.where}: give --node an address this machine can reach"
+        if "Connection refused" in text:
+            return (f"no node listening at {self.where} ({text.rsplit(', ', 1)[-1].strip(chr(39) + ')')}): start one "
+                    f"with `grouper up`, or give its AMQP address with --node")
         condition = getattr(getattr(error, "link", None), "remote_condition", None)
         name = getattr(condition, "name", "") or ""
         description = getattr(condition, "description", "") or ""
@@ -204,6 +199,10 @@ class Session:
             who = f"user {user!r}" if user else "an anonymous client"
             return (f"the node at {self.where} refused {who}: give a user and password it knows (--user, "
                     f"--password-stdin or ${PASSWORD_ENV}) ({text})")
+        if "certificate verify failed" in text:
+            return (f"the node's certificate at {self.where} was not verified: give --ca the CA that signed it, and "
+                    f"--node the host name the certificate names (proton refused a certificate naming the IP address "
+                    f"given in --node) ({text})")
         if name == "amqp:not-found" or "not-found" in text:
             return (f"queue {queue!r} does not exist on the node at {self.where}, which does not create queues "
                     f"on first use: create it with `grouper queue add {queue}` ({description or text})")

@@ -199,3 +199,23 @@ def test_a_second_node_given_only_its_amqp_and_admin_ports_takes_http_on_amqp_pl
     finally:
         for node in started:
             node.stop(signal.SIGTERM)
+
+
+def test_send_receive_and_perf_talk_tls_with_a_ca_and_log_in(node_factory, tmp_path):
+    from node import certs
+
+    certs.make_ca(tmp_path)
+    cert_file, key_file = certs.make_leaf(tmp_path, "localhost", ips=("127.0.0.1",))
+    users = write_users_file(tmp_path / "users.json", {}, {"alice": "administrator"}, "right-pass")
+    node = node_factory("", "--users-file", str(users), "--tls-cert-file", str(cert_file), "--tls-key-file",
+                        str(key_file), "--amqps-port", "0")
+    # the certificate's name: proton checks the host given against it
+    address = "localhost:" + node.amqps_address.rsplit(":", 1)[1]
+    login = ("--user", "alice", "--ca", str(tmp_path / certs.CA_CERT_FILE), "--node", address)
+    password = {"GROUPER_PASSWORD": "right-pass"}
+
+    grouper_ok("send", "q", "--group", "g", "--count", "2", *login, env=password)
+    assert by_group(messages(grouper_ok("receive", "q", "--count", "2", *login, env=password))) == {"g": [1, 2]}
+    result = grouper("perf", "--messages", "500", "--groups", "5", *login, env=password)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "lost 0, duplicates 0, order violations 0" in result.stdout
