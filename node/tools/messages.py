@@ -183,9 +183,9 @@ class Session:
             self.connection = BlockingConnection(f"{scheme}://{host}:{port}", timeout=CONNECT_TIMEOUT_S,
                                                  ssl_domain=domain, container_id=self.consumer, **options)
         except Exception as error:
-            raise ToolError(self._describe(error, user)) from None
+            raise ToolError(self.describe(error, user)) from None
 
-    def _describe(self, error: Exception, user: str = "", queue: str = "") -> str:
+    def describe(self, error: Exception, user: str = "", queue: str = "") -> str:
         text = str(error)
         if "Name or service not known" in text:
             return f"cannot resolve the host of {self.where}: give --node an address this machine can reach"
@@ -193,8 +193,15 @@ class Session:
             return (f"no node listening at {self.where} ({text.rsplit(', ', 1)[-1].strip(chr(39) + ')')}): start one "
                     f"with `grouper up`, or give its AMQP address with --node")
         condition = getattr(getattr(error, "link", None), "remote_condition", None)
-        name = getattr(condition, "name", "") or ""
-        description = getattr(condition, "description", "") or ""
+        if condition is not None:  # the connection stands; the node refused or ended the link
+            name, description = condition.name or "", condition.description or ""
+            if name == "amqp:not-found":
+                return (f"queue {queue!r} does not exist on the node at {self.where}, which does not create queues "
+                        f"on first use: create it with `grouper queue add {queue}` ({description})")
+            if name == "amqp:unauthorized-access":
+                return (f"the node at {self.where} refused access to {queue!r}: {description} (a role with the "
+                        f"permission is granted with `grouper role set`)")
+            return f"the node at {self.where} refused the link to {queue!r}: {name}: {description}"
         if "unauthorized-access" in text or "authentication" in text.lower() or "sasl" in text.lower():
             who = f"user {user!r}" if user else "an anonymous client"
             return (f"the node at {self.where} refused {who}: give a user and password it knows (--user, "
@@ -203,20 +210,13 @@ class Session:
             return (f"the node's certificate at {self.where} was not verified: give --ca the CA that signed it, and "
                     f"--node the host name the certificate names (proton refused a certificate naming the IP address "
                     f"given in --node) ({text})")
-        if name == "amqp:not-found" or "not-found" in text:
-            return (f"queue {queue!r} does not exist on the node at {self.where}, which does not create queues "
-                    f"on first use: create it with `grouper queue add {queue}` ({description or text})")
-        if name == "amqp:unauthorized-access":
-            return f"the node at {self.where} refused access to {queue!r}: {description}"
-        if name:
-            return f"the node at {self.where} refused the link to {queue!r}: {name}: {description}"
         return f"talking to the node at {self.where} failed: {text}"
 
     def sender(self, queue: str):
         try:
             return self.connection.create_sender(queue)
         except Exception as error:
-            raise ToolError(self._describe(error, queue=queue)) from None
+            raise ToolError(self.describe(error, queue=queue)) from None
 
     def receiver(self, queue: str, browse: bool = False):
         from proton.reactor import Copy
@@ -226,7 +226,7 @@ class Session:
             return self.connection.create_receiver(queue, credit=0, name=f"{self.consumer}-{queue}",
                                                    options=Copy() if browse else None)
         except Exception as error:
-            raise ToolError(self._describe(error, queue=queue)) from None
+            raise ToolError(self.describe(error, queue=queue)) from None
 
     def close(self) -> None:
         try:
@@ -285,7 +285,7 @@ def _send(session: Session, args: argparse.Namespace) -> int:
             raise ToolError(f"the node at {session.where} did not accept message {message.id} to {args.queue!r} "
                             f"(outcome {error.state}); {number} sent before it") from None
         except Exception as error:
-            raise ToolError(session._describe(error, queue=args.queue)) from None
+            raise ToolError(session.describe(error, queue=args.queue)) from None
         print(f"sent group={group} seq={seq} id={message.id}", flush=True)
     print(f"{args.count} message(s) accepted by {session.where} into {args.queue}", flush=True)
     return EXIT_OK
@@ -302,7 +302,7 @@ def _take(session: Session, receiver, args: argparse.Namespace, settle) -> int:
         except Timeout:
             break
         except Exception as error:
-            raise ToolError(session._describe(error, queue=args.queue)) from None
+            raise ToolError(session.describe(error, queue=args.queue)) from None
         print(message_line(message, session.consumer), flush=True)
         settle(receiver)
         count += 1

@@ -152,7 +152,8 @@ def test_an_unknown_queue_is_named_when_the_node_creates_none(node_factory):
 
 
 def test_refused_credentials_are_named_and_good_ones_work(node_factory, tmp_path):
-    users = write_users_file(tmp_path / "users.json", {}, {"alice": "administrator"}, "right-pass")
+    users = write_users_file(tmp_path / "users.json", {"reader": "consume:orders.#"},
+                             {"alice": "administrator", "bob": "reader"}, "right-pass")
     node = node_factory("", "--users-file", str(users), "--sasl-plain-on-loopback")
 
     wrong = grouper("send", "q", "--group", "g", "--user", "alice", "--password-stdin", "--node", node.amqp_address,
@@ -167,6 +168,9 @@ def test_refused_credentials_are_named_and_good_ones_work(node_factory, tmp_path
     received = grouper_ok("receive", "q", "--count", "2", "--user", "alice", "--password-stdin",
                           "--node", node.amqp_address, stdin="right-pass\n")
     assert by_group(messages(received)) == {"g": [1, 2]}
+    not_allowed = grouper("send", "q", "--group", "g", "--user", "bob", "--node", node.amqp_address,
+                          env={"GROUPER_PASSWORD": "right-pass"})
+    assert not_allowed.returncode == 1 and "refused access to 'q'" in not_allowed.stderr, not_allowed.stderr
 
 
 # ---- the HTTP port of a second node on one host ------------------------------------------------
