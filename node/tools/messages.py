@@ -277,8 +277,9 @@ def _send(session: Session, args: argparse.Namespace) -> int:
         group = args.group[number % len(args.group)]
         next_seq[group] += 1
         seq = next_seq[group]
-        message = Message(id=f"{group}-{seq}", group_id=group, durable=args.durable,
-                          properties={SEQ_PROPERTY: seq}, body=args.body if args.body is not None else f"{group} #{seq}")
+        body = args.body if args.body is not None else f"{group} #{seq}"
+        message = Message(id=f"{group}-{seq}", group_id=group, durable=args.durable, properties={SEQ_PROPERTY: seq},
+                          body=body)
         try:
             sender.send(message, timeout=CONNECT_TIMEOUT_S)
         except SendException as error:

@@ -19,11 +19,14 @@ Rules:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass
 
 from node.core.errors import InvalidConfig
+# proton's C engine (node.amqp.engine, node.tools.lean) is imported where a run needs it: `grouper` builds its
+# parser with this module, and its other commands should not load the library
 from node.tools.messages import AMQP_NODE_DEFAULT, AMQP_NODE_ENV, EXIT_FAILED, EXIT_OK, EXIT_USAGE, node_url
 
 WINDOW_MESSAGES = 1000  # unsettled sends a producer allows itself, whatever credit the node grants
@@ -129,8 +132,6 @@ def register(subparsers) -> None:
 
 
 def plan_from_args(args: argparse.Namespace) -> PerfPlan:
-    import os
-
     given = args.nodes or args.node or os.environ.get(AMQP_NODE_ENV) or AMQP_NODE_DEFAULT
     nodes = []
     for text in given.split(","):
@@ -162,8 +163,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _target_options(args: argparse.Namespace, plan: PerfPlan) -> dict:
-    import os
-
     from node.tools.messages import CA_ENV, USER_ENV, password_for
 
     ca = args.ca or os.environ.get(CA_ENV, "")
@@ -240,7 +239,8 @@ class Outcome:
         lines = [
             f"queue {plan.queue} on {', '.join(plan.nodes)}: {plan.producers} producer(s), {plan.consumers} "
             f"consumer(s), {plan.groups} groups, prefetch {plan.prefetch}, "
-            f"{'durable' if plan.durable else 'not durable'}" + (f", rate {plan.rate_per_s}/s" if plan.rate_per_s else ""),
+            f"{'durable' if plan.durable else 'not durable'}"
+            + (f", rate {plan.rate_per_s}/s" if plan.rate_per_s else ""),
             f"sent {self.sent}, accepted {self.accepted}, refused {self.refused} in {self.send_s:.2f} s",
             f"received {ledger.received} in {self.receive_s:.2f} s: {throughput:,.0f} msgs/s",
             "latency ms (send to receive): " + "  ".join(
