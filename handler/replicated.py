@@ -12,7 +12,9 @@ Format versions:
 - Commands: a command's version is its pysyncobj `ver`. pysyncobj numbers commands by (ver, name), so
   a new command gets a higher ver and every older number keeps its meaning; a member proposes one only
   after a setCodeVersion entry enabled that ver, and a member whose code is older than an enabled ver
-  logs "request to switch to unsupported code version" (handler/service.py enables them). A changed
+  meets it. pysyncobj then only logs "request to switch to unsupported code version" and goes on
+  applying the entries after it (applying one of them twice), so `RefuseNewerCommands` turns that log
+  record into a refusal by name that stops the member (handler/service.py installs it). A changed
   command is a new name or a new keyword argument with a default, never a changed meaning.
 - Snapshots carry SNAPSHOT_FORMAT_VERSION under "format_version" (absent: 1, as every snapshot before
   versions). One this build does not read is refused by name: pysyncobj swallows exceptions from
@@ -35,6 +37,25 @@ log = logging.getLogger("grouper.handler")
 SNAPSHOT_FORMAT_VERSION = 1  # what this build writes
 SNAPSHOT_FORMAT_VERSIONS_READ = (1,)  # what it reads; a newer build keeps reading the one before it
 EXIT_UNREADABLE_SNAPSHOT = 3  # the member's exit status after refusing a snapshot
+
+
+PYSYNCOBJ_LOGGER = "pysyncobj.syncobj"
+PYSYNCOBJ_WRONG_VERSION = "request to switch to unsupported code version"  # its log text, checked by a test
+
+
+class RefuseNewerCommands(logging.Handler):
+    """On pysyncobj's wrong-version log record: `on_refused(reason)` naming both versions."""
+
+    def __init__(self, on_refused=None):
+        super().__init__(logging.ERROR)
+        self._on_refused = on_refused or _exit_refused
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if text.startswith(PYSYNCOBJ_WRONG_VERSION):
+            self._on_refused(f"the raft log enables a command version this build does not have ({text}): "
+                             f"a newer member proposed it. Run that build on this member (upgrade one "
+                             f"version step at a time), never an older one after it")
 
 
 class SnapshotRefused(Exception):

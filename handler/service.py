@@ -28,7 +28,7 @@ from pysyncobj.monotonic import monotonic as raft_clock
 
 from handler.leader_duties import ExpireIdle, FailOver, FollowConsumers, LeaderDuties, MarkUp, RaftStatus
 from handler.raft_transport import RaftTransport
-from handler.replicated import RouteTableReplica
+from handler.replicated import PYSYNCOBJ_LOGGER, RefuseNewerCommands, RouteTableReplica
 from handler.route_table import PLACEMENT_BALANCED
 
 log = logging.getLogger("grouper.handler")
@@ -66,6 +66,7 @@ class GroupingHandler:
         self._had_leader = False  # tick thread: a leader was known once (an election after that is news)
         self._followed_leader: str | None = None  # tick thread: the last leader this member knew of
         self.replica = RouteTableReplica(on_applied, routes_max)
+        logging.getLogger(PYSYNCOBJ_LOGGER).addHandler(RefuseNewerCommands())  # see handler/replicated.py
         conf = SyncObjConf(
             appendEntriesUseBatch=False,  # a follower's proposal waits ~200 ms for a batch otherwise
             raftMinTimeout=election_timeout_min_ms / 1000,

@@ -30,7 +30,7 @@ def api_version_refusal(metadata) -> str | None:
     """Why a node of this build does not answer a call with this gRPC metadata, or None."""
     sent = [value for key, value in metadata if key == API_VERSION_KEY]
     version = sent[-1] if sent else "1"
-    if version.isdigit() and int(version) in API_VERSIONS_READ:
+    if version.isascii() and version.isdigit() and int(version) in API_VERSIONS_READ:
         return None
     return (f"the caller speaks admin API version {version!r}; this node reads versions "
             f"{', '.join(map(str, API_VERSIONS_READ))}: use a grouper CLI of this node's release or the "
