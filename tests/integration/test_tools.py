@@ -13,6 +13,7 @@ import threading
 import time
 
 from tests.integration.cli import CLI_TIMEOUT_S, grouper, grouper_ok, write_users_file
+from tests.integration.cluster import Cluster
 from tests.integration.harness import REPO
 
 LINE = re.compile(r"group=(?P<group>\S+) seq=(?P<seq>\d+) id=(?P<id>\S+) delivery-count=(?P<count>\d+) "
@@ -121,6 +122,21 @@ def test_perf_spreads_producers_and_consumers_over_the_node_list_at_a_rate(node_
     sent = int(re.search(r"sent (\d+), accepted", result.stdout).group(1))
     assert 0 < sent <= 400 + 2
     assert f"received {sent} in" in result.stdout
+    assert "lost 0, duplicates 0, order violations 0" in result.stdout
+
+
+def test_perf_through_a_three_node_cluster_keeps_every_group_in_order(tmp_path):
+    cluster = Cluster(tmp_path).start()
+    try:
+        nodes = ",".join(node.amqp_address for node in cluster.nodes)
+        result = grouper("perf", "--nodes", nodes, "--producers", "3", "--consumers", "3", "--groups", "30",
+                         "--messages", "3000")
+    finally:
+        cluster.kill_all()
+
+    # producers on every node send groups owned anywhere: forwarded messages must keep their group's order
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "received 3000 in" in result.stdout
     assert "lost 0, duplicates 0, order violations 0" in result.stdout
 
 
