@@ -55,7 +55,7 @@ def node_address(text: str) -> str:
     return text
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -138,7 +138,7 @@ def register(subparsers) -> None:
     connection = argparse.ArgumentParser(add_help=False)
     connection.add_argument("--node", metavar="HOST:PORT", type=node_address,
                             help=f"admin address of the node (default: ${NODE_ENV} or {DEFAULT_NODE_ADDRESS})")
-    connection.add_argument("--timeout-ms", metavar="MS", type=_positive_int, default=TIMEOUT_MS_DEFAULT,
+    connection.add_argument("--timeout-ms", metavar="MS", type=positive_int, default=TIMEOUT_MS_DEFAULT,
                             help=f"deadline of the call (default {TIMEOUT_MS_DEFAULT})")
     who = connection.add_argument_group("credentials (README: Security)")
     who.add_argument("--user", metavar="NAME", help=f"log in as NAME (default ${USER_ENV}); the password comes "
@@ -202,13 +202,13 @@ def register(subparsers) -> None:
                     "delete a group's available messages (acquired ones stay with their consumer)")
     purge.add_argument("queue", metavar="QUEUE")
     purge.add_argument("group", metavar="GROUP")
-    purge.add_argument("--count", type=_positive_int, metavar="N", help="at most N from the group's head")
+    purge.add_argument("--count", type=positive_int, metavar="N", help="at most N from the group's head")
     move = command(group_commands, "move", _group_move,
                    "move a group's available messages to another queue (acquired ones stay)")
     move.add_argument("queue", metavar="QUEUE")
     move.add_argument("group", metavar="GROUP")
     move.add_argument("destination", metavar="DEST")
-    move.add_argument("--count", type=_positive_int, metavar="N", help="at most N from the group's head")
+    move.add_argument("--count", type=positive_int, metavar="N", help="at most N from the group's head")
 
 
 def _run(action, args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ import sys
 import time
 from urllib.parse import urlsplit
 
+from node.admin.commands import positive_int
 from node.core.errors import InvalidConfig
 
 EXIT_OK = 0
@@ -47,16 +48,6 @@ class ToolError(Exception):
 
 
 # ---- flags -----------------------------------------------------------------------------------
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
 
 def _positive_float(text: str) -> float:
     try:
@@ -90,7 +81,7 @@ def register(subparsers) -> None:
     send.add_argument("queue", metavar="QUEUE")
     send.add_argument("--group", metavar="G", action="append", required=True,
                       help="group id; give it several times to spread the messages over several groups")
-    send.add_argument("--count", type=_positive_int, default=COUNT_DEFAULT, metavar="N",
+    send.add_argument("--count", type=positive_int, default=COUNT_DEFAULT, metavar="N",
                       help=f"messages in all (default {COUNT_DEFAULT})")
     send.add_argument("--body", metavar="TEXT", help="body of every message (default 'GROUP #SEQ')")
     send.add_argument("--durable", action="store_true", help="mark the messages durable")
@@ -100,7 +91,7 @@ def register(subparsers) -> None:
                                     description="Print and accept each message (group, seq, id, delivery "
                                                 "count, consumer); --hold leaves them unsettled until Ctrl-C.")
     receive.add_argument("queue", metavar="QUEUE")
-    receive.add_argument("--count", type=_positive_int, metavar="N", help="stop after N messages")
+    receive.add_argument("--count", type=positive_int, metavar="N", help="stop after N messages")
     receive.add_argument("--timeout-s", type=_positive_float, default=RECEIVE_TIMEOUT_S_DEFAULT, metavar="S",
                          help=f"stop after S seconds without a message (default {RECEIVE_TIMEOUT_S_DEFAULT})")
     receive.add_argument("--hold", action="store_true",
@@ -112,7 +103,7 @@ def register(subparsers) -> None:
     browse = subparsers.add_parser("browse", parents=[connection], help="print a queue's messages without "
                                                                        "consuming them")
     browse.add_argument("queue", metavar="QUEUE")
-    browse.add_argument("--count", type=_positive_int, metavar="N", help="stop after N messages")
+    browse.add_argument("--count", type=positive_int, metavar="N", help="stop after N messages")
     browse.add_argument("--timeout-s", type=_positive_float, default=RECEIVE_TIMEOUT_S_DEFAULT, metavar="S",
                         help=f"stop after S seconds without a message (default {RECEIVE_TIMEOUT_S_DEFAULT})")
     browse.set_defaults(run=lambda args: _run(_browse, args))

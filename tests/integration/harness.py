@@ -167,6 +167,18 @@ class NodeProcess:
                               cwd=REPO, capture_output=True, text=True, timeout=60)
 
 
+def wait_until(predicate, what: str, timeout_s: float = 20.0, interval_s: float = 0.05):
+    """Poll `predicate` until it returns something true, and return that; at most `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached within {timeout_s} s: {what}")
+        time.sleep(interval_s)
+
+
 def connect(node: NodeProcess, timeout_s: float = 10.0) -> BlockingConnection:
     return BlockingConnection(node.url, timeout=timeout_s)
 

@@ -9,13 +9,12 @@ limit defined through node 0 refuses sends at node 1.
 from __future__ import annotations
 
 import json
-import time
 
 from proton import Delivery
 
-from tests.integration.cluster import WAIT_S, free_ports
+from tests.integration.cluster import free_ports
 from tests.integration.clients import queue_toml
-from tests.integration.harness import NodeProcess, grouped, send_outcome
+from tests.integration.harness import NodeProcess, grouped, send_outcome, wait_until
 from tests.integration.test_clustered_groups import cluster_factory, clients  # noqa: F401
 
 QUEUE = "orders"
@@ -25,16 +24,6 @@ def queues_of(node) -> dict[str, dict]:
     result = node.cli("queue", "list", "--json")
     assert result.returncode == 0, result.stderr
     return {stats["name"]: stats for stats in json.loads(result.stdout)}
-
-
-def wait_until(predicate, what: str):
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not reached within {WAIT_S} s: {what}")
 
 
 def outcome(sender, body: str, group: str) -> str:

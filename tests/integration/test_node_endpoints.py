@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import time
 import urllib.error
 import urllib.request
 
 from tests.integration.cluster import Cluster
-from tests.integration.harness import ManualReceiver, connect, grouped
-
-WAIT_S = 20.0
+from tests.integration.harness import ManualReceiver, connect, grouped, wait_until
 
 
 def get(node, path: str) -> tuple[int, str]:
@@ -26,16 +23,6 @@ def metric(text: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"no sample {name} in:\n{text}")
-
-
-def wait_until(predicate, what: str):
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"not reached within {WAIT_S} s: {what}")
 
 
 def test_a_single_node_is_healthy_ready_and_counts_its_queues(node):

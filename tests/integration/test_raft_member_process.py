@@ -20,28 +20,19 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.integration.cluster import Cluster
 from tests.integration.clients import Client, group_message, queue_toml
-from tests.integration.harness import REPO, alive, member_children
+from tests.integration.harness import REPO, alive, member_children, wait_until
 
 WAIT_S = 20.0  # bound of every wait for a process to appear or go
 
 
 def gone(pid: int) -> bool:
     return not alive(pid)  # a zombie has ended; its parent (the killed node) will never reap it
-
-
-def wait_until(predicate, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {WAIT_S} s: {what}")
-        time.sleep(0.05)
 
 
 def port_free(port: int) -> bool:
