@@ -7,6 +7,7 @@ nodes and kept across restarts. Every wait is bounded and polls the admin API, n
 from __future__ import annotations
 
 import json
+import random
 import socket
 import time
 from pathlib import Path
@@ -16,17 +17,42 @@ from tests.integration.harness import NodeProcess
 WAIT_S = 20.0  # bound of every wait for the cluster to reach a state
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = []
+# Ports a test hands to nodes before they bind them (raft ports, which every peer must know in
+# advance; published host ports) come from below the kernel's ephemeral range. A port inside it can be
+# taken in between as the source port of any outgoing connection, or by a peer's own retried dial to
+# it (TCP simultaneous open to itself), and the node then fails "Address already in use": a clean CI
+# run lost the rolling-upgrade drill to that once.
+FIXED_PORTS_LOW = 20000
+
+
+def _ephemeral_low() -> int:
     try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+_handed_out: set[int] = set()  # never hand a port out twice in one test session
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports that nothing listens on now and that no outgoing connection can take."""
+    candidates = [port for port in range(FIXED_PORTS_LOW, _ephemeral_low()) if port not in _handed_out]
+    random.shuffle(candidates)
+    ports = []
+    for port in candidates:
+        probe = socket.socket()
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            probe.close()
+        ports.append(port)
+        _handed_out.add(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"fewer than {count} free ports between {FIXED_PORTS_LOW} and the ephemeral range")
 
 
 class Cluster:
