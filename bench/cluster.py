@@ -758,6 +758,11 @@ def decision_summary(per_node: list[list[tuple[float, int]]]) -> dict:
             "within_target_pct": round(within / total * 100, 2)}
 
 
+def decisions_since(nodes: list[NodeProcess], before: list) -> dict:
+    """decision_summary of the decisions the nodes timed since their readings `before`."""
+    return decision_summary([decision_delta(earlier, node.raft_decisions()) for earlier, node in zip(before, nodes)])
+
+
 def wait_ready(readies, what: str) -> None:
     for ready, _ in readies:
         if not ready.wait(clients.READY_TIMEOUT_S):
@@ -916,8 +921,7 @@ def run_latency(cluster: Cluster, work_dir: Path, half_load_per_s: int) -> dict:
                 go, stop, _, process = probes.producer(name, nodes[index], "latency", plans[index], PROBE_INTERVAL_S)
                 go.set()
                 series[index] = probes.finish_producer(name, stop, process, PROBE_NEW_GROUPS * PROBE_INTERVAL_S * 3)
-                decisions[index] = decision_summary([decision_delta(earlier, node.raft_decisions())
-                                                     for earlier, node in zip(before, nodes)])
+                decisions[index] = decisions_since(nodes, before)
             # every group above now has a route: send to them again from the follower with consumers
             known = [group for index in order for group in plans[index]]
             existing = known[::max(1, len(known) // PROBE_EXISTING_MESSAGES)][:PROBE_EXISTING_MESSAGES]
@@ -926,8 +930,7 @@ def run_latency(cluster: Cluster, work_dir: Path, half_load_per_s: int) -> dict:
                                                    PROBE_INTERVAL_S)
             go.set()
             existing_result = probes.finish_producer("existing", stop, process, len(existing) * PROBE_INTERVAL_S * 3)
-            existing_decisions = decision_summary([decision_delta(earlier, node.raft_decisions())
-                                                   for earlier, node in zip(before, nodes)])["count"]
+            existing_decisions = decisions_since(nodes, before)["count"]
             time.sleep(1.0)  # the last forwarded probes reach their consumers
             background_per_s = round((load.received() - load_from) / (time.monotonic() - load_from_s))
     finally:

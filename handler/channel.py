@@ -80,7 +80,7 @@ class Channel:
         return True
 
     def _start_writer(self) -> None:
-        if not self._writer.is_alive() and self._writer.ident is None:
+        if self._writer.ident is None:  # not started yet (read_until starts it before start_on)
             self._writer.start()
 
     def send(self, message) -> None:

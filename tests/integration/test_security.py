@@ -33,6 +33,7 @@ from proton.utils import BlockingConnection, LinkDetached
 
 from node import certs
 from tests.integration.cli import grouper, grouper_ok, write_users_file
+from tests.integration import harness
 from tests.integration.harness import WAIT_S, ManualReceiver, NodeProcess, send_outcome
 from tests.integration.sasl_socket import (AMQP_HEADER, OUTCOME_AUTH, OUTCOME_OK, OUTCOME_SYS, SASL_HEADER,
                                            SaslSocket, plain_response, sasl_init)
@@ -217,15 +218,8 @@ def log_after_one_more_refusal(node: NodeProcess) -> list[str]:
 
 
 def wait_until(attempt, what: str, timeout_s: float = WAIT_S):
-    """Call `attempt()` every RETRY_INTERVAL_S until it returns something true; that value."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = attempt()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        time.sleep(RETRY_INTERVAL_S)
+    """The harness's wait, trying every RETRY_INTERVAL_S (failed logins are throttled after 3)."""
+    return harness.wait_until(attempt, what, timeout_s, RETRY_INTERVAL_S)
 
 
 # ---- 1. defaults: no users file --------------------------------------------------------------------
