@@ -75,10 +75,12 @@ def old_cluster(tmp_path):
     for node in cluster.nodes:
         run_previous_release(node, tree)
     cluster.previous_release = tree
-    yield cluster.start()
-    cluster.kill_all()
-    for index, node in enumerate(cluster.nodes):
-        (tmp_path / f"node{index}.log").write_text("\n".join(node.output) + "\n")
+    try:
+        yield cluster.start()
+    finally:  # a start that failed half way leaves nodes running too (a CI run left one behind)
+        cluster.kill_all()
+        for index, node in enumerate(cluster.nodes):
+            (tmp_path / f"node{index}.log").write_text("\n".join(node.output) + "\n")
 
 
 def admin_refusal(node, version: str) -> str | None:
