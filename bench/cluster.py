@@ -44,6 +44,8 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
+from node.tools.progress import Progress
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import clients  # noqa: E402
@@ -112,8 +114,21 @@ QUEUES = ("warmup", "a", "b1", "b2", "latency", "background", "leader", "owner",
 ACCEPTED, REJECTED, RELEASED, MODIFIED = 1, 2, 3, 4
 
 
+PROGRESS: Progress | None = None  # main's bar over the phases, which log's lines must not tear
+
+
 def log(text: str) -> None:
-    print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
+    line = f"{time.strftime('%H:%M:%S')} {text}"
+    if PROGRESS is not None:
+        PROGRESS.say(line)
+    else:
+        print(line, flush=True)
+
+
+def phase_done(phases: set[str], name: str) -> None:
+    """Count phase `name` on the bar, if it was one asked for."""
+    if PROGRESS is not None and name in phases:
+        PROGRESS.advance()
 
 
 def load_1m() -> float:
@@ -1858,6 +1873,15 @@ def main(argv: list[str] | None = None) -> int:
     phases = {name.strip() for name in args.phases.split(",") if name.strip()}
     if phases - set(PHASES):
         parser.error(f"unknown phase(s): {', '.join(sorted(phases - set(PHASES)))}")
+    global PROGRESS
+    with Progress(len(phases), "cluster bench", "phase") as PROGRESS:
+        try:
+            return run_phases(args, phases)
+        finally:
+            PROGRESS = None
+
+
+def run_phases(args, phases: set[str]) -> int:
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="grouper-cluster-bench-"))
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -1869,6 +1893,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"), "commit": commit(),
                     "machine": machine_facts(), "messages": args.messages, "work_dir": str(work_dir)}
     report["flows"] = [run_single(work_dir, config_path, args.messages, gate, report)] if "single" in phases else []
+    phase_done(phases, "single")
     cluster = Cluster(work_dir, config_path)
     try:
         cluster.start()
@@ -1877,31 +1902,38 @@ def main(argv: list[str] | None = None) -> int:
         log(f"[cluster] idle CPU per node: {report['idle_cpu_pct_cluster']} % of a core")
         if "flows" in phases:
             report["flows"] += run_flows(cluster, work_dir, args.messages, gate)
+            phase_done(phases, "flows")
         if "latency" in phases:
             b1 = next((row for row in report["flows"] if row.get("key") == "b1" and row.get("throughput_per_s")), None)
             half_load = round(b1["throughput_per_s"] / 2) if b1 else HALF_LOAD_DEFAULT_PER_S
             report["latency"] = phase(gate, "latency", lambda: run_latency(cluster, work_dir, half_load), cluster)
             log(f"[latency] {json.dumps(report['latency'])}")
+            phase_done(phases, "latency")
         if "leader" in phases:
             report["leader_kill"] = phase(gate, "leader kill",
                                           lambda: run_leader_kills(cluster, work_dir, args.repeats), cluster)
+            phase_done(phases, "leader")
         if "owner" in phases:
             report["owner_kill"] = phase(gate, "owner kill", lambda: run_owner_kills(cluster, work_dir, args.repeats),
                                          cluster)
+            phase_done(phases, "owner")
         if "stability" in phases:
             report["stability"] = phase(gate, "stability", lambda: run_stability(cluster, work_dir, args.stability_s),
                                         cluster)
             log(f"[stability] {json.dumps(report['stability'])}")
+            phase_done(phases, "stability")
         if "profile" in phases:
             try:
                 report["profile"] = run_profile(cluster, work_dir, args.messages)
             except Exception as error:
                 report["profile"] = {"failed": f"{type(error).__name__}: {error}"}
             log(f"[profile] {json.dumps(report['profile'])[:2000]}")
+            phase_done(phases, "profile")
     finally:
         cluster.stop()
     if "placement" in phases:
         report["flows"].append(run_local_placement(work_dir, config_path, args.messages, gate))
+        phase_done(phases, "placement")
     report["flows"] = [strip_bulky(row) for row in report["flows"]]
     report["duration_s"] = round(time.monotonic() - started, 1)
     report["targets"] = target_results(report)

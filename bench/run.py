@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from node.tools.progress import Progress
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import clients  # noqa: E402
@@ -115,8 +117,9 @@ def paced_rows(variants, messages: int) -> list[Row]:
 
 
 def run_interleaved(systems: list[str], rows: list[Row], paced: list[Row], warmup_messages: dict, work_dir: Path,
-                    consumer_processes: int, log) -> tuple[list[dict], dict]:
-    """Start and warm every system, then run each row on every system in turn (see the header)."""
+                    consumer_processes: int, log, progress: Progress) -> tuple[list[dict], dict]:
+    """Start and warm every system, then run each row on every system in turn (see the header); `progress`
+    counts the messages of the warm-ups and rows done."""
     started, versions, results = {}, {}, []
     try:
         for system in systems:
@@ -130,6 +133,7 @@ def run_interleaved(systems: list[str], rows: list[Row], paced: list[Row], warmu
         for system, peer in started.items():
             warmup = Row(VARIANTS[system][0], 1000, 100, False, warmup_messages[system], warmup=True)
             result = _run_row(peer, warmup, work_dir, consumer_processes, log)
+            progress.advance(warmup.messages)
             log(f"[{system}] warm-up, {warmup.messages:,} messages: {result['throughput_per_s']:.0f} msgs/s, "
                 f"broker {result['broker_cpu_us_per_msg']:.0f} us/msg {result['errors'] or ''}")
         order = list(started)
@@ -138,7 +142,9 @@ def run_interleaved(systems: list[str], rows: list[Row], paced: list[Row], warmu
             turn = order[number % len(order):] + order[:number % len(order)] if order else []
             for system in turn:
                 for row in (row for row in rows if row.key() == key and row.system == system):
+                    progress.note(f"{row.variant}, {row.groups} groups, prefetch {row.prefetch}")
                     results.append(_measured(started[system], row, work_dir, consumer_processes, log))
+                    progress.advance(row.messages)
         for system in order:
             for row in (row for row in paced if row.system == system):
                 rate = _paced_rate(results, row.variant)
@@ -146,7 +152,9 @@ def run_interleaved(systems: list[str], rows: list[Row], paced: list[Row], warmu
                     results.append(_failed(row, "no unpaced row to take the pace from"))
                     continue
                 row = dataclasses.replace(row, rate_per_s=rate)
+                progress.note(f"{row.variant}, paced at {rate:,.0f} msgs/s")
                 results.append(_measured(started[system], row, work_dir, consumer_processes, log))
+                progress.advance(row.messages)
     finally:
         for system, peer in started.items():
             peer.stop()
@@ -676,8 +684,14 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="grouper-bench-"))
     work_dir.mkdir(parents=True, exist_ok=True)
 
+    progress: Progress | None = None
+
     def log(text: str) -> None:
-        print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
+        line = f"{time.strftime('%H:%M:%S')} {text}"
+        if progress is not None:
+            progress.say(line)
+        else:
+            print(line, flush=True)
 
     # SIGTERM unwinds like Ctrl-C, so every broker started so far is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
@@ -694,8 +708,12 @@ def main(argv: list[str] | None = None) -> int:
             systems = [*systems, "grouper-tls"]
     paced = paced_rows(variants, messages) if args.paced == "yes" else []
     warmup_messages = {system: 2000 if args.quick else count for system, count in WARMUP_MESSAGES.items()}
-    system_results, system_versions = run_interleaved(systems, rows, paced, warmup_messages, work_dir,
-                                                      args.consumer_processes, log)
+    total_messages = (sum(row.messages for row in rows + paced)
+                      + sum(warmup_messages[system] for system in systems if system in warmup_messages))
+    with Progress(total_messages, "bench", "msg") as progress:
+        system_results, system_versions = run_interleaved(systems, rows, paced, warmup_messages, work_dir,
+                                                          args.consumer_processes, log, progress)
+    progress = None
     results += system_results
     versions.update(system_versions)
     command = "python bench/run.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))

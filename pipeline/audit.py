@@ -52,6 +52,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
 from pipeline import audit_chart, audit_report
+from pipeline.audit_progress import AuditProgress
 
 EXAMPLES_MAX = 5  # examples of each verdict per queue
 PERCENTILES = (0.5, 0.9, 0.99)
@@ -111,9 +112,11 @@ def audit(spark: SparkSession, files: LogFiles) -> dict:
     """The report (plain data, see pipeline.audit_report) of the logs in `files`."""
     lines = _read(spark, files.all_paths).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        kinds = _check_lines(lines, files.all_paths)
-        sends_logged = bool(files.send_paths) or kinds.get("send", 0) > 0
-        return _Judgement(lines, sends_logged).report(files, kinds)
+        with AuditProgress(spark, 1 + _Judgement.STEPS) as progress:
+            progress.step("reading the lines")
+            kinds = _check_lines(lines, files.all_paths)
+            sends_logged = bool(files.send_paths) or kinds.get("send", 0) > 0
+            return _Judgement(lines, sends_logged).report(files, kinds, progress)
     finally:
         lines.unpersist()
 
@@ -162,7 +165,9 @@ def _identity_text() -> F.Column:
 
 
 class _Judgement:
-    """The job's frames over one read of the logs; `report()` runs it."""
+    """The job's frames over one read of the logs; `report()` runs it, in STEPS."""
+
+    STEPS = 4  # the progress.step calls of report()
 
     def __init__(self, lines: DataFrame, sends_logged: bool):
         self.sends_logged = sends_logged
@@ -425,13 +430,19 @@ class _Judgement:
                                      "example"))
         return reduce(DataFrame.unionByName, frames)
 
-    def report(self, files: LogFiles, kinds: dict[str, int]) -> dict:
+    def report(self, files: LogFiles, kinds: dict[str, int], progress: AuditProgress) -> dict:
         try:
-            return audit_report.assemble(
-                files=files, kinds=kinds, sends_logged=self.sends_logged,
-                delivery_stats=_rows(self.delivery_stats()), identity_stats=_rows(self.identity_stats()),
-                sends=_rows(self.send_counts()) if self.sends_logged else [],
-                findings=_counted(self.findings()))
+            progress.step("delivery statistics")
+            delivery_stats = _rows(self.delivery_stats())
+            progress.step("identity statistics")
+            identity_stats = _rows(self.identity_stats())
+            progress.step("send counts")
+            sends = _rows(self.send_counts()) if self.sends_logged else []
+            progress.step("findings")
+            findings = _counted(self.findings())
+            return audit_report.assemble(files=files, kinds=kinds, sends_logged=self.sends_logged,
+                                         delivery_stats=delivery_stats, identity_stats=identity_stats,
+                                         sends=sends, findings=findings)
         finally:
             self.unpersist()
 

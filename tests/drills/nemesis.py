@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 
 from node.admin.client import AdminClient, AdminError
+from node.tools.progress import Progress
 from tests.drills.checker import OUTCOME_UNKNOWN_PREFIX, check, load_jsonl
 from tests.drills.load import GroupedProducer, Load, LoggingConsumer, now_ms, wait_accepted
 from tests.integration.cluster import Cluster, in_transit
@@ -726,15 +727,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nemesis: signal {signal_number}: stopping after the round in progress", flush=True)
     for signal_number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signal_number, request_stop)
-    with Campaign(directory, kinds, hold_s) as campaign:
+    with Campaign(directory, kinds, hold_s) as campaign, Progress(arguments.rounds, "nemesis", "round") as progress:
         for number in range(arguments.rounds):
             if stop_requested:
                 break
-            result = campaign.play(kinds[number % len(kinds)], seed + number)
+            kind = kinds[number % len(kinds)]
+            progress.note(f"round {number + 1}: {kind}, seed {seed + number}")
+            result = campaign.play(kind, seed + number)
             results.append(dataclasses.asdict(result))
             with open(results_path, "a") as out:
                 out.write(json.dumps(results[-1]) + "\n")
-            print(result.describe(), flush=True)
+            progress.say(result.describe())
+            progress.advance()
     _write_table(results, arguments.out)
     return 0 if all(RoundResult(**result).ok for result in results) else 1
 
