@@ -1,4 +1,4 @@
-"""The node's HTTP endpoints for supervisors: /healthz, /readyz and /metrics.
+"""The node's HTTP endpoints for supervisors: /healthz, /readyz and /metrics; and the web console.
 
 Rules:
 - The server runs on its own threads and owns nothing. Every answer comes from `NodeProbe`, whose
@@ -17,6 +17,9 @@ Rules:
 - With http_tls_cert_file and http_tls_key_file the port speaks HTTPS only. The handshake runs on the
   request's thread, never the accepting one, and the files are read again when they change.
 - Every connection is closed after REQUEST_TIMEOUT_S without a complete request.
+- `/`, `/console/...` and `/api/...` belong to the web console (node.console), which has its own rules;
+  only it takes POSTs, with bodies of at most node.console.BODY_MAX_BYTES (a longer one is refused
+  unread: 413).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from node.admin.credentials import EVERY_QUEUE, Authenticator, Unauthenticated
 from node.config import files_stamp
+from node.console import BODY_MAX_BYTES
 from node.core.access import Permission
 from node.core.errors import InvalidConfig
 
@@ -55,9 +59,12 @@ class NodeProbe:
 
 class HealthServer:
     def __init__(self, probe, host: str, port: int, *, security=None, metrics_auth: str = METRICS_AUTH_OPEN,
-                 tls_cert_file: str = "", tls_key_file: str = "", clock_ms=lambda: int(time.monotonic() * 1000)):
-        """`security`: node.security.Security, for metrics_auth "basic"; `tls_*`: serve HTTPS."""
+                 tls_cert_file: str = "", tls_key_file: str = "", clock_ms=lambda: int(time.monotonic() * 1000),
+                 console=None):
+        """`security`: node.security.Security, for metrics_auth "basic"; `tls_*`: serve HTTPS;
+        `console`: node.console.Console, served at `/` and `/api/` (None: those answer 404)."""
         self._probe = probe
+        self._console = console
         registry = CollectorRegistry(auto_describe=False)
         registry.register(GrouperCollector(probe))
         self._registry = registry
@@ -89,9 +96,15 @@ class HealthServer:
     def scheme(self) -> str:
         return "https" if self._tls is not None else "http"
 
-    def answer(self, path: str, authorization: str | None = None, source: str = "") -> tuple[int, str, bytes, dict]:
-        """(status, content type, body, extra headers) for a GET of `path` with that Authorization header
+    def answer(self, path: str, authorization: str | None = None, source: str = "", *, method: str = "GET",
+               query: str = "", content_type: str = "", body: bytes = b"") -> tuple[int, str, bytes, dict]:
+        """(status, content type, body, extra headers) for `method` on `path` with that Authorization header
         from address `source` (failed logins are throttled per source)."""
+        if self._console is not None and self._console.serves(path):
+            return self._console.answer(method, f"{path}?{query}" if query else path, authorization, source,
+                                        self._clock_ms(), content_type, body)
+        if method != "GET":
+            return 405, TEXT, f"{path} answers GET only\n".encode(), {"Allow": "GET"}
         if path == "/healthz":
             return 200, TEXT, b"ok\n", {}
         if path == "/readyz":
@@ -137,8 +150,27 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.do_handshake()
 
     def do_GET(self):  # noqa: N802 (the standard library's name)
-        status, content_type, body, headers = self.server_owner.answer(
-            self.path.split("?", 1)[0], self.headers.get("Authorization"), self.client_address[0])
+        self._reply(b"")
+
+    def do_POST(self):  # noqa: N802
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= BODY_MAX_BYTES:
+            self.close_connection = True  # the body is left unread
+            self._send(413, TEXT, f"a request body must give Content-Length, at most {BODY_MAX_BYTES} bytes\n"
+                                  .encode(), {})
+            return
+        self._reply(self.rfile.read(length))
+
+    def _reply(self, request_body: bytes) -> None:
+        path, _, query = self.path.partition("?")
+        self._send(*self.server_owner.answer(path, self.headers.get("Authorization"), self.client_address[0],
+                                             method=self.command, query=query,
+                                             content_type=self.headers.get("Content-Type", ""), body=request_body))
+
+    def _send(self, status: int, content_type: str, body: bytes, headers: dict) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         for name, value in headers.items():

@@ -149,6 +149,16 @@ class LoopControl:
     def list_groups(self, queue: str):
         return self._call(lambda: self._node.broker.list_groups(queue))
 
+    def group_page(self, queue: str, prefix: str, position: int, page_size: int) -> dict:
+        from node.admin.group_pages import group_page
+        node = self._node
+
+        def label_of(consumer_id) -> str:
+            state = node.server.consumers.get(consumer_id)
+            return getattr(state, "label", "") or ""
+        return self._call(lambda: group_page(node.broker.queue(queue), prefix, position, page_size,
+                                             node.clock_ms(), label_of))
+
     def _counted(self, fn):
         def run():
             count, effects = fn(self._node.clock_ms())
@@ -256,6 +266,12 @@ class LoopControl:
                 "commit_index": raft.get("commit_index", 0),
                 "waiting_for_route": local["waiting_for_route"], "outbound": local["outbound"],
                 "in_transit": local["in_transit"], "members": rows}
+
+
+def _local_address(host: str, port: int) -> str:
+    """host:port to dial a listener of this process on `host`; a wildcard host is reached on loopback."""
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _routes_by_node(routes: dict) -> dict[str, int]:
@@ -377,13 +393,19 @@ class Node:
             self.bridge.post(self.server.gate.reload_tls)
 
     def start_health(self) -> None:
+        from node.admin import tls as admin_tls
+        from node.console import Console
         from node.health import HealthServer
 
+        # the console asks this node's own admin API, as the members ask each other's
+        console = Console(self, self.security, _local_address(self.config.host, self.admin_port),
+                          admin_credentials=admin_tls.peer_channel_credentials(self.config),
+                          admin_server_name=self.config.cluster_tls_server_name)
         try:
             self.health = HealthServer(self, self.config.host, self.config.http_port, security=self.security,
                                        metrics_auth=self.config.metrics_auth,
                                        tls_cert_file=self.config.http_tls_cert_file,
-                                       tls_key_file=self.config.http_tls_key_file)
+                                       tls_key_file=self.config.http_tls_key_file, console=console)
         except OSError as error:
             raise GrouperError(f"cannot listen for HTTP (health, metrics) on {self.config.host}:"
                                f"{self.config.http_port}: {error.strerror}; is another process using the port? "

@@ -79,18 +79,20 @@ class QueueStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., depth_messages: _Optional[int] = ..., depth_bytes: _Optional[int] = ..., acquired_messages: _Optional[int] = ..., consumers: _Optional[int] = ..., browsers: _Optional[int] = ..., groups: _Optional[int] = ..., owned_groups: _Optional[int] = ..., enqueued_total: _Optional[int] = ..., delivered_total: _Optional[int] = ...) -> None: ...
 
 class GroupRow(_message.Message):
-    __slots__ = ("group", "messages", "acquired", "consumer", "node")
+    __slots__ = ("group", "messages", "acquired", "consumer", "node", "head_age_ms")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     ACQUIRED_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
+    HEAD_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     group: str
     messages: int
     acquired: int
     consumer: str
     node: str
-    def __init__(self, group: _Optional[str] = ..., messages: _Optional[int] = ..., acquired: _Optional[int] = ..., consumer: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
+    head_age_ms: int
+    def __init__(self, group: _Optional[str] = ..., messages: _Optional[int] = ..., acquired: _Optional[int] = ..., consumer: _Optional[str] = ..., node: _Optional[str] = ..., head_age_ms: _Optional[int] = ...) -> None: ...
 
 class ListQueuesRequest(_message.Message):
     __slots__ = ()
@@ -151,6 +153,50 @@ class ListGroupsResponse(_message.Message):
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     groups: _containers.RepeatedCompositeFieldContainer[GroupRow]
     def __init__(self, groups: _Optional[_Iterable[_Union[GroupRow, _Mapping]]] = ...) -> None: ...
+
+class GroupPageRequest(_message.Message):
+    __slots__ = ("queue", "prefix", "position", "page_size", "node")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    prefix: str
+    position: int
+    page_size: int
+    node: str
+    def __init__(self, queue: _Optional[str] = ..., prefix: _Optional[str] = ..., position: _Optional[int] = ..., page_size: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
+
+class ConsumerRow(_message.Message):
+    __slots__ = ("consumer", "label", "groups_owned", "groups", "unsettled", "credit")
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_OWNED_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    UNSETTLED_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_FIELD_NUMBER: _ClassVar[int]
+    consumer: str
+    label: str
+    groups_owned: int
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    unsettled: int
+    credit: int
+    def __init__(self, consumer: _Optional[str] = ..., label: _Optional[str] = ..., groups_owned: _Optional[int] = ..., groups: _Optional[_Iterable[str]] = ..., unsettled: _Optional[int] = ..., credit: _Optional[int] = ...) -> None: ...
+
+class GroupPageResponse(_message.Message):
+    __slots__ = ("groups", "next_position", "groups_total", "scanned", "consumers")
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_POSITION_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SCANNED_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[GroupRow]
+    next_position: int
+    groups_total: int
+    scanned: int
+    consumers: _containers.RepeatedCompositeFieldContainer[ConsumerRow]
+    def __init__(self, groups: _Optional[_Iterable[_Union[GroupRow, _Mapping]]] = ..., next_position: _Optional[int] = ..., groups_total: _Optional[int] = ..., scanned: _Optional[int] = ..., consumers: _Optional[_Iterable[_Union[ConsumerRow, _Mapping]]] = ...) -> None: ...
 
 class ResetGroupsRequest(_message.Message):
     __slots__ = ("queue", "group", "local_only")

@@ -59,6 +59,11 @@ class AdminServiceStub:
                 request_serializer=proto_dot_admin__pb2.ListGroupsRequest.SerializeToString,
                 response_deserializer=proto_dot_admin__pb2.ListGroupsResponse.FromString,
                 _registered_method=True)
+        self.GroupPage = channel.unary_unary(
+                '/grouper.admin.v1.AdminService/GroupPage',
+                request_serializer=proto_dot_admin__pb2.GroupPageRequest.SerializeToString,
+                response_deserializer=proto_dot_admin__pb2.GroupPageResponse.FromString,
+                _registered_method=True)
         self.ResetGroups = channel.unary_unary(
                 '/grouper.admin.v1.AdminService/ResetGroups',
                 request_serializer=proto_dot_admin__pb2.ResetGroupsRequest.SerializeToString,
@@ -128,6 +133,14 @@ class AdminServiceServicer:
 
     def ListGroups(self, request, context):
         """The groups a queue currently tracks (those with messages or an owner), sorted by name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GroupPage(self, request, context):
+        """One bounded page of this node's groups of a queue, with their head's age, and the queue's
+        consumers here with the groups each owns (the web console's groups view).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -203,6 +216,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListGroups,
                     request_deserializer=proto_dot_admin__pb2.ListGroupsRequest.FromString,
                     response_serializer=proto_dot_admin__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'GroupPage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupPage,
+                    request_deserializer=proto_dot_admin__pb2.GroupPageRequest.FromString,
+                    response_serializer=proto_dot_admin__pb2.GroupPageResponse.SerializeToString,
             ),
             'ResetGroups': grpc.unary_unary_rpc_method_handler(
                     servicer.ResetGroups,
@@ -370,6 +388,33 @@ class AdminService:
             '/grouper.admin.v1.AdminService/ListGroups',
             proto_dot_admin__pb2.ListGroupsRequest.SerializeToString,
             proto_dot_admin__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupPage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grouper.admin.v1.AdminService/GroupPage',
+            proto_dot_admin__pb2.GroupPageRequest.SerializeToString,
+            proto_dot_admin__pb2.GroupPageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -147,6 +147,26 @@ class AdminClient:
         request = admin_pb2.ListGroupsRequest(queue=queue, local_only=local_only)
         return [_group_from_pb(row) for row in self._call(self._stub.ListGroups, request).groups]
 
+    def call_raw(self, method: str, request):
+        """The protobuf answer of `method`, for a node passing a member's answer on unchanged."""
+        return self._call(getattr(self._stub, method), request)
+
+    def group_page(self, queue: str, prefix: str = "", position: int = 0, page_size: int = 50,
+                   node: str = "") -> dict:
+        """One bounded page of the groups of `queue` on member `node` ("" = the answering node); see
+        GroupPageRequest."""
+        request = admin_pb2.GroupPageRequest(queue=queue, prefix=prefix, position=position, page_size=page_size,
+                                             node=node)
+        response = self._call(self._stub.GroupPage, request)
+        return {"groups": [{**_group_from_pb(row),
+                            "head_age_ms": row.head_age_ms if row.HasField("head_age_ms") else None}
+                           for row in response.groups],
+                "next_position": response.next_position, "groups_total": response.groups_total,
+                "scanned": response.scanned,
+                "consumers": [{"consumer": row.consumer, "label": row.label, "groups_owned": row.groups_owned,
+                               "groups": list(row.groups), "unsettled": row.unsettled, "credit": row.credit}
+                              for row in response.consumers]}
+
     def reset_groups(self, queue: str, group: str | None, local_only: bool = False) -> int:
         request = admin_pb2.ResetGroupsRequest(queue=queue, group=group, local_only=local_only)
         return self._call(self._stub.ResetGroups, request).groups_reset

@@ -27,6 +27,9 @@ class NodeControl(Protocol):
 
     def list_groups(self, queue: str) -> list[dict]: ...  # rows: group, messages, acquired, consumer
 
+    # one bounded page of this node's groups and the queue's consumers here (node.admin.group_pages)
+    def group_page(self, queue: str, prefix: str, position: int, page_size: int) -> dict: ...
+
     def reset_groups(self, queue: str, group: str | None) -> int: ...  # groups freed (None = all)
 
     def purge_group(self, queue: str, group: str, count: int | None) -> int: ...  # messages purged

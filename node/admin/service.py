@@ -75,6 +75,7 @@ QUEUES_MANAGED: dict[str, Callable[[object], tuple[str, ...]]] = {
     "DeleteQueue": lambda request: (request.queue,),
     "UpdateQueue": lambda request: (request.settings.name,),
     "ListGroups": lambda request: (request.queue,),
+    "GroupPage": lambda request: (request.queue,),
     "ResetGroups": lambda request: (request.queue,),
     "PurgeGroup": lambda request: (request.queue,),
     "MoveGroup": lambda request: (request.queue, request.destination_queue),
@@ -115,7 +116,8 @@ def queue_stats_to_pb(stats: dict) -> admin_pb2.QueueStats:
 def group_row_to_pb(row: dict, node: str = "") -> admin_pb2.GroupRow:
     owner = row["consumer"]
     return admin_pb2.GroupRow(group=row["group"], messages=row["messages"], acquired=row["acquired"],
-                              consumer=None if owner is None else str(owner), node=row.get("node") or node)
+                              consumer=None if owner is None else str(owner), node=row.get("node") or node,
+                              head_age_ms=row.get("head_age_ms"))
 
 
 def _messages_max(request) -> int | None:
@@ -290,6 +292,42 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             return admin_pb2.ListGroupsResponse(groups=[group_row_to_pb(row, node) for node, rows in results
                                                         for row in rows])
         return self._answer("ListGroups", request, context, work)
+
+    def GroupPage(self, request, context):
+        def work(caller):
+            node = self._control.node_id()
+            if request.node and request.node != node:
+                return self._member_group_page(request, caller)
+            page = self._control.group_page(request.queue, request.prefix, request.position, request.page_size)
+            return admin_pb2.GroupPageResponse(
+                groups=[group_row_to_pb(row, node) for row in page["groups"]], next_position=page["next_position"],
+                groups_total=page["groups_total"], scanned=page["scanned"],
+                consumers=[admin_pb2.ConsumerRow(**row) for row in page["consumers"]])
+        return self._answer("GroupPage", request, context, work)
+
+    def _member_group_page(self, request, caller: Caller) -> admin_pb2.GroupPageResponse:
+        """The page of another member, which authorizes the caller itself (as _everywhere's calls do)."""
+        address = dict(self._control.peers()).get(request.node)
+        if address is None:
+            raise NotFound(f"no member {request.node!r} with an admin address in this cluster; give a node id as "
+                           f"'grouper cluster status' lists it")
+        if caller.by_certificate:
+            raise NotAllowed(f"user {caller.user!r} is known here by a client certificate, which this node cannot "
+                             f"pass on to member {request.node}; log in with a password to see its groups")
+        forwarded = admin_pb2.GroupPageRequest(queue=request.queue, prefix=request.prefix, position=request.position,
+                                               page_size=request.page_size)
+        with self._member_client(address, caller) as client:
+            try:
+                return client.call_raw("GroupPage", forwarded)
+            except AccessDenied as error:
+                raise Unauthorized(f"node {request.node} ({address}) refused: {error.message}") from None
+            except NodeFailure as error:
+                if error.status == "NOT_FOUND":
+                    raise NotFound(f"node {request.node}: {error.message}") from None
+                raise NodeUnavailable(f"node {request.node} ({address}) failed: {error.message}") from None
+            except AdminError as error:
+                raise NodeUnavailable(f"node {request.node} ({address}) did not answer: {error.message}; "
+                                      f"retry once it is back") from None
 
     def ResetGroups(self, request, context):
         group = request.group if request.HasField("group") else None

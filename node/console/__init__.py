@@ -1,0 +1,211 @@
+"""The web console on the node's HTTP port: one page (static/ in this package) and the JSON API it calls.
+
+Rules:
+- Owns nothing and reads no node state itself. Every answer comes from the node's own admin API
+  (node.admin.client over gRPC to this node's admin port) called with the browser's credentials, so
+  the admin API's permissions (service.QUEUES_MANAGED), its spanning of the cluster, its messages and
+  its one path into the engine loop (LoopControl through the bridge) apply unchanged. Only the
+  caller's readiness comes from the HTTP server's probe, as /readyz's does.
+- Credentials: HTTP basic auth in each /api call's Authorization header, checked here first by an
+  Authenticator over the node's users file and its one failed-login throttle, keyed by the browser's
+  address (the admin API then sees a password this node has just verified). /api answers 401 without a
+  WWW-Authenticate challenge, so the page shows its own login form rather than the browser's dialog.
+  The page and its static files hold no data and are served to anyone. A node without users is open;
+  /api/session says so and the page shows it.
+- Actions are POSTs with a JSON body (Content-Type application/json: a form on another site cannot
+  send one without a CORS preflight, which this server never grants), and need what the admin method
+  needs: manage on the queue. The page asks for confirmation before it sends one.
+- Answers are JSON. A failure is {"error": text} with the status from STATUS_BY_ADMIN_ERROR; the text
+  is the admin API's, which says who is at fault and what to do. Nothing secret is ever sent back.
+- Bounded: request bodies BODY_MAX_BYTES, group pages as node.admin.group_pages bounds them, member
+  readiness asked with MEMBER_TIMEOUT_MS each.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from concurrent import futures
+from importlib import resources
+from urllib.parse import parse_qs, unquote
+
+from node.admin.client import AdminClient, AdminError
+from node.admin.credentials import Authenticator, Unauthenticated
+from node.core.errors import GrouperError
+from node.core.settings import QueueSettings
+
+log = logging.getLogger("grouper.console")
+
+JSON = "application/json; charset=utf-8"
+BODY_MAX_BYTES = 64 * 1024  # a queue's settings are a few hundred bytes
+ADMIN_TIMEOUT_MS = 5000  # each admin call the console makes for a request
+MEMBER_TIMEOUT_MS = 1000  # each member's own status, asked for the cluster view's readiness column
+PAGE_SIZE_DEFAULT = 50  # groups per page when the page does not say
+STATIC_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
+                "/console/console.js": ("console.js", "text/javascript; charset=utf-8"),
+                "/console/console.css": ("console.css", "text/css; charset=utf-8")}
+# the page's own files only: no inline script, nothing from elsewhere
+STATIC_HEADERS = {"Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+                  "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
+API_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+# the admin API's gRPC status -> HTTP status; absent: 500
+STATUS_BY_ADMIN_ERROR = {
+    "INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403, "NOT_FOUND": 404,
+    "ALREADY_EXISTS": 409, "FAILED_PRECONDITION": 409, "RESOURCE_EXHAUSTED": 429,
+    "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504,
+}
+
+
+class ConsoleError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Console:
+    def __init__(self, probe, security, admin_address: str, *, admin_credentials=None, admin_server_name: str = ""):
+        """`probe`: what node.health's endpoints ask (readiness); `security`: node.security.Security or
+        None (open); `admin_address`: this node's admin API, dialled with `admin_credentials` (TLS) and
+        `admin_server_name` as the members dial each other."""
+        self._probe = probe
+        self._security = security
+        self._authenticator = Authenticator(security)
+        self._admin_address = admin_address
+        self._admin_credentials = admin_credentials
+        self._admin_server_name = admin_server_name
+        self._members_pool = futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="console-members")
+
+    @staticmethod
+    def serves(path: str) -> bool:
+        return path in STATIC_FILES or path == "/api" or path.startswith("/api/")
+
+    def answer(self, method: str, target: str, authorization: str | None, source: str, now_ms: int,
+               content_type: str = "", body: bytes = b"") -> tuple[int, str, bytes, dict]:
+        """(status, content type, body, headers) for `method` on `target` (path and query)."""
+        path, _, query = target.partition("?")
+        if path in STATIC_FILES:
+            if method != "GET":
+                return _failure(405, f"{path} is a page: GET it")
+            name, kind = STATIC_FILES[path]
+            return 200, kind, resources.files(__package__).joinpath("static", name).read_bytes(), STATIC_HEADERS
+        try:
+            result = self._api(method, path, {key: values[-1] for key, values in parse_qs(query).items()},
+                               authorization, source, now_ms, content_type, body)
+            return 200, JSON, json.dumps(result).encode(), API_HEADERS
+        except ConsoleError as error:
+            return _failure(error.status, error.message)
+        except AdminError as error:
+            return _failure(STATUS_BY_ADMIN_ERROR.get(error.status, 500), error.message)
+        except GrouperError as error:  # a setting the node's own check refused
+            return _failure(400, error.description)
+
+    def _api(self, method, path, query, authorization, source, now_ms, content_type, body):
+        segments = [unquote(part) for part in path.split("/")[2:]]  # after "/api"; ids may hold an encoded '/'
+        if method == "POST" and content_type.split(";")[0].strip().lower() != "application/json":
+            raise ConsoleError(415, "console actions take a JSON body: send Content-Type application/json")
+        if len(body) > BODY_MAX_BYTES:
+            raise ConsoleError(413, f"the request body is over {BODY_MAX_BYTES} bytes; a queue's settings fit "
+                                    f"in far less")
+        caller = self._identify(authorization, source, now_ms)
+        with AdminClient(self._admin_address, ADMIN_TIMEOUT_MS, credentials=self._admin_credentials,
+                         metadata=caller.forwarded, server_name=self._admin_server_name) as admin:
+            # a queue's name and a group's id stand at positions 1 and 3: the route is the rest
+            route = (method, *("*" if index in (1, 3) else part for index, part in enumerate(segments)))
+            if route == ("GET", "session"):
+                return {"open": self._authenticator.open, "user": caller.user}
+            if route == ("GET", "cluster"):
+                return self._cluster(admin, caller)
+            if route == ("GET", "queues"):
+                return self._queues(admin)
+            if route == ("POST", "queues"):
+                settings = QueueSettings.from_dict(_json_object(body), where="settings")
+                return {"queue": admin.add_queue(settings)}
+            if route == ("POST", "queues", "*", "delete"):
+                admin.delete_queue(segments[1], force=_json_object(body).get("force") is True)
+                return {"deleted": segments[1]}
+            if route == ("GET", "queues", "*", "groups"):
+                return admin.group_page(segments[1], query.get("prefix", ""), _integer(query, "position", 0),
+                                        _integer(query, "page_size", PAGE_SIZE_DEFAULT), query.get("node", ""))
+            if route == ("POST", "queues", "*", "groups", "*", "reset"):
+                return {"groups_reset": admin.reset_groups(segments[1], segments[3])}
+            if route == ("POST", "queues", "*", "groups", "*", "purge"):
+                return {"messages_purged": admin.purge_group(segments[1], segments[3], None)}
+        raise ConsoleError(404, f"no console API {method} {path}: the page calls GET /api/session, /api/cluster, "
+                                f"/api/queues, /api/queues/Q/groups and POSTs /api/queues, /api/queues/Q/delete, "
+                                f"/api/queues/Q/groups/G/reset and /api/queues/Q/groups/G/purge")
+
+    def _identify(self, authorization, source, now_ms):
+        if authorization is None and not self._authenticator.open:
+            raise ConsoleError(401, "this node has a users file: log in with the name and password of a user "
+                                    "(`grouper user add` makes one)")
+        try:
+            return self._authenticator.identify(authorization, None, now_ms, source)
+        except Unauthenticated as error:
+            raise ConsoleError(401, error.description) from None
+
+    def _cluster(self, admin: AdminClient, caller) -> dict:
+        status = admin.cluster_status()
+        ready, reason = self._probe.readiness()
+        asked = {member["node"]: self._members_pool.submit(self._member_readiness, member["admin_address"], caller)
+                 for member in status["members"]
+                 if status["clustered"] and member["node"] != status["node"] and member["admin_address"]}
+        for member in status["members"]:
+            if member["node"] == status["node"] or not status["clustered"]:
+                member["ready"], member["not_ready_reason"] = ready, reason
+            elif member["node"] in asked:
+                member["ready"], member["not_ready_reason"] = asked[member["node"]].result()
+            else:
+                member["ready"], member["not_ready_reason"] = False, "not registered yet"
+        return status
+
+    def _member_readiness(self, address: str, caller) -> tuple[bool, str]:
+        """What a member says of itself: it answers, knows a leader and has a quorum."""
+        try:
+            with AdminClient(address, MEMBER_TIMEOUT_MS, credentials=self._admin_credentials,
+                             metadata=caller.forwarded, server_name=self._admin_server_name) as client:
+                own = client.cluster_status(local_only=True)
+        except AdminError as error:
+            return False, f"does not answer: {error.message}"
+        if not own["leader"]:
+            return False, "knows no raft leader"
+        if not own["has_quorum"]:
+            return False, "has no quorum"
+        return True, ""
+
+    @staticmethod
+    def _queues(admin: AdminClient) -> dict:
+        """Every member's queues when the caller may see the cluster's status, else this node's."""
+        try:
+            status = admin.cluster_status()
+        except AdminError as error:
+            if error.status != "PERMISSION_DENIED":
+                raise
+            return {"clustered": False, "node": "", "members": [{"node": "", "error": "", "queues": admin.list_queues()}],
+                    "note": f"only this node's queues: {error.message}"}
+        return {"clustered": status["clustered"], "node": status["node"],
+                "members": [{"node": member["node"], "error": member["error"], "queues": member["queues"]}
+                            for member in status["members"]]}
+
+
+def _failure(status: int, message: str) -> tuple[int, str, bytes, dict]:
+    return status, JSON, json.dumps({"error": message}).encode(), API_HEADERS
+
+
+def _json_object(body: bytes) -> dict:
+    try:
+        value = json.loads(body or b"{}")
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ConsoleError(400, f"the request body is not JSON ({error}); send a JSON object") from None
+    if not isinstance(value, dict):
+        raise ConsoleError(400, f"the request body is JSON {type(value).__name__}; send a JSON object")
+    return value
+
+
+def _integer(query: dict, key: str, default: int) -> int:
+    text = query.get(key)
+    if text is None:
+        return default
+    if not text.isascii() or not text.isdigit():
+        raise ConsoleError(400, f"query parameter {key}: expected a whole number >= 0, got {text[:40]!r}")
+    return int(text)

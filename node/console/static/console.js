@@ -1,0 +1,319 @@
+// Grouper console: the page's whole logic, written here (no library, nothing fetched from elsewhere).
+// Every number comes from the node's JSON API under /api; every action asks for confirmation first.
+// Text is set with textContent only, so ids and names from the broker can never become markup.
+"use strict";
+
+const REFRESH_MS = 3000; // the cluster and queues views reload this often while shown
+const state = {
+  authorization: null, // "Basic ..." once logged in; kept in this page's memory only
+  view: "cluster",
+  timer: null,
+  previousTotals: new Map(), // "node queue" -> {atMs, enqueued, delivered}: rates in and out
+  groups: { queue: "", node: "", prefix: "", pageSize: 50, position: 0, nextPosition: 0, total: 0 },
+};
+
+const $ = (id) => document.getElementById(id);
+
+class ApiError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+
+async function api(method, path, body) {
+  const headers = {};
+  if (state.authorization) headers["Authorization"] = state.authorization;
+  const init = { method, headers, cache: "no-store" };
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const response = await fetch(path, init);
+  let answer = {};
+  try { answer = await response.json(); } catch (error) { answer = { error: `the node answered ${response.status} without JSON` }; }
+  if (!response.ok) throw new ApiError(response.status, answer.error || `HTTP ${response.status}`);
+  return answer;
+}
+
+function showError(error) {
+  const box = $("error");
+  if (!error) { box.hidden = true; box.textContent = ""; return; }
+  box.textContent = error.message || String(error);
+  box.hidden = false;
+  if (error.status === 401 && state.authorization === null) $("login").hidden = false;
+}
+
+function cell(row, text, className) {
+  const td = document.createElement("td");
+  td.textContent = text === null || text === undefined ? "" : String(text);
+  if (className) td.className = className;
+  row.appendChild(td);
+  return td;
+}
+
+function button(row, label, className, action) {
+  const td = document.createElement("td");
+  const element = document.createElement("button");
+  element.textContent = label;
+  element.className = className;
+  element.addEventListener("click", action);
+  td.appendChild(element);
+  row.appendChild(td);
+  return element;
+}
+
+function fillTable(id, rows, render) {
+  const body = $(id).querySelector("tbody");
+  body.replaceChildren();
+  for (const row of rows) {
+    const tr = document.createElement("tr");
+    render(tr, row);
+    body.appendChild(tr);
+  }
+}
+
+function age(ms) {
+  if (ms === null || ms === undefined) return "";
+  if (ms < 1000) return `${ms} ms`;
+  if (ms < 120000) return `${(ms / 1000).toFixed(1)} s`;
+  return `${Math.round(ms / 60000)} min`;
+}
+
+// ---- login ------------------------------------------------------------------------------------
+
+function basic(user, password) {
+  const bytes = new TextEncoder().encode(`${user}:${password}`);
+  let binary = "";
+  for (const byte of bytes) binary += String.fromCharCode(byte);
+  return "Basic " + btoa(binary);
+}
+
+async function startSession() {
+  try {
+    const session = await api("GET", "/api/session");
+    $("login").hidden = true;
+    $("open-notice").hidden = !session.open;
+    $("who").textContent = session.open ? "open node (no users)" : `logged in as ${session.user}`;
+    $("tabs").hidden = false;
+    showError(null);
+    show(state.view);
+  } catch (error) {
+    if (error.status === 401) {
+      state.authorization = null;
+      $("login").hidden = false;
+      $("tabs").hidden = true;
+    }
+    showError(error);
+  }
+}
+
+$("login").addEventListener("submit", (event) => {
+  event.preventDefault();
+  state.authorization = basic($("login-user").value, $("login-password").value);
+  $("login-password").value = "";
+  startSession();
+});
+
+// ---- views ------------------------------------------------------------------------------------
+
+function show(view) {
+  state.view = view;
+  for (const section of document.querySelectorAll(".view")) section.hidden = section.id !== `view-${view}`;
+  for (const tab of document.querySelectorAll("#tabs button")) tab.classList.toggle("active", tab.dataset.view === view);
+  clearInterval(state.timer);
+  refresh();
+  if (view === "cluster" || view === "queues") state.timer = setInterval(refresh, REFRESH_MS);
+}
+
+async function refresh() {
+  try {
+    if (state.view === "cluster") await loadCluster();
+    else if (state.view === "queues") await loadQueues();
+    else if (state.view === "groups") await loadGroupChoices();
+    else if (state.view === "consumers") await loadConsumers();
+    showError(null);
+  } catch (error) {
+    showError(error);
+  }
+}
+
+for (const tab of document.querySelectorAll("#tabs button")) tab.addEventListener("click", () => show(tab.dataset.view));
+
+async function loadCluster() {
+  const status = await api("GET", "/api/cluster");
+  $("cluster-node").textContent = status.clustered ? status.node : "a single node (no cluster)";
+  $("leader").textContent = status.clustered ? (status.leader || "none: an election is under way") : "-";
+  $("term").textContent = status.clustered ? status.term : "-";
+  $("quorum").textContent = status.clustered ? (status.has_quorum ? "yes" : "NO") : "-";
+  $("routes").textContent = status.routes;
+  fillTable("members", status.members, (tr, member) => {
+    tr.dataset.node = member.node;
+    cell(tr, member.node || "this node");
+    cell(tr, !status.clustered ? "alone" : member.node === status.leader ? "leader" : member.raft_member ? "follower" : "not a raft member", "role");
+    cell(tr, member.ready ? "ready" : `not ready: ${member.not_ready_reason}`, member.ready ? "good" : "bad");
+    cell(tr, member.down ? "marked down" : member.connected ? "up" : "no link", member.down ? "bad" : "");
+    cell(tr, member.amqp_address);
+    cell(tr, member.routes, "number");
+    cell(tr, status.outbound[member.node] || 0, "number");
+  });
+}
+
+async function loadQueues() {
+  const answer = await api("GET", "/api/queues");
+  $("queues-note").textContent = answer.note || "";
+  const nowMs = performance.now();
+  const rows = [];
+  for (const member of answer.members) {
+    if (member.error) rows.push({ node: member.node, error: member.error });
+    for (const queue of member.queues) rows.push({ node: member.node, queue });
+  }
+  fillTable("queues", rows, (tr, row) => {
+    cell(tr, row.node || "this node");
+    if (row.error) { cell(tr, row.error, "bad").colSpan = 12; return; }
+    const queue = row.queue;
+    const key = `${row.node} ${queue.name}`;
+    const before = state.previousTotals.get(key);
+    const rate = (now, then) => before ? ((now - then) * 1000 / Math.max(1, nowMs - before.atMs)).toFixed(1) : "";
+    tr.dataset.queue = queue.name;
+    cell(tr, queue.name);
+    for (const value of [queue.depth_messages, queue.depth_bytes, queue.acquired_messages, queue.consumers,
+                         queue.groups, queue.owned_groups]) cell(tr, value, "number");
+    cell(tr, before ? rate(queue.enqueued_total, before.enqueued) : "", "number");
+    cell(tr, before ? rate(queue.delivered_total, before.delivered) : "", "number");
+    cell(tr, queue.enqueued_total, "number");
+    cell(tr, queue.delivered_total, "number");
+    state.previousTotals.set(key, { atMs: nowMs, enqueued: queue.enqueued_total, delivered: queue.delivered_total });
+    button(tr, "Delete", "danger delete", () => deleteQueue(queue.name, queue.depth_messages));
+  });
+}
+
+$("add-queue").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const name = $("add-queue-name").value.trim();
+  let settings = {};
+  try {
+    settings = $("add-queue-settings").value.trim() ? JSON.parse($("add-queue-settings").value) : {};
+  } catch (error) {
+    showError(new Error(`the settings are not JSON (${error.message}): give an object such as {"group_header": "JMSXGroupID"}`));
+    return;
+  }
+  if (!window.confirm(`Add queue ${name} (in a cluster: on every node)?`)) return;
+  try {
+    await api("POST", "/api/queues", { ...settings, name });
+    $("add-queue-name").value = "";
+    await loadQueues();
+    showError(null);
+  } catch (error) { showError(error); }
+});
+
+async function deleteQueue(name, depth) {
+  if (!window.confirm(`Delete queue ${name} (on every node of a cluster)?`)) return;
+  try {
+    await api("POST", `/api/queues/${encodeURIComponent(name)}/delete`, { force: false });
+  } catch (error) {
+    if (error.status !== 409 || !window.confirm(`${error.message}\n\nDelete it anyway, dropping its messages?`)) {
+      showError(error);
+      return;
+    }
+    try { await api("POST", `/api/queues/${encodeURIComponent(name)}/delete`, { force: true }); }
+    catch (forced) { showError(forced); return; }
+  }
+  await loadQueues();
+}
+
+// ---- groups and consumers -------------------------------------------------------------------
+
+function setOptions(select, values, labels) {
+  const chosen = select.value;
+  select.replaceChildren();
+  values.forEach((value, index) => {
+    const option = document.createElement("option");
+    option.value = value;
+    option.textContent = labels[index];
+    select.appendChild(option);
+  });
+  if (values.includes(chosen)) select.value = chosen;
+}
+
+async function loadGroupChoices() {
+  const answer = await api("GET", "/api/queues");
+  const names = [...new Set(answer.members.flatMap((member) => member.queues.map((queue) => queue.name)))].sort();
+  setOptions($("groups-queue"), names, names);
+  const nodes = answer.clustered ? answer.members.map((member) => member.node) : [""];
+  setOptions($("groups-node"), nodes, nodes.map((node) => node ? (node === answer.node ? `${node} (this node)` : node) : "this node"));
+  if (!state.groups.queue && names.length) state.groups.node = $("groups-node").value;
+  if (names.length) await loadGroups(state.groups.position);
+}
+
+function groupQuery(position, pageSize) {
+  const query = new URLSearchParams({ prefix: $("groups-prefix").value, position: String(position),
+                                      page_size: String(pageSize), node: $("groups-node").value });
+  return `/api/queues/${encodeURIComponent($("groups-queue").value)}/groups?${query}`;
+}
+
+async function loadGroups(position) {
+  const queue = $("groups-queue").value;
+  if (!queue) return;
+  const pageSize = Math.min(500, Math.max(1, parseInt($("groups-page-size").value, 10) || 50));
+  const page = await api("GET", groupQuery(position, pageSize));
+  Object.assign(state.groups, { queue, position, nextPosition: page.next_position, total: page.groups_total });
+  const searched = page.next_position >= page.groups_total ? "every group looked at"
+    : `looked at groups up to ${page.next_position} of ${page.groups_total}: Next page goes on`;
+  $("groups-summary").textContent = `${page.groups.length} shown, from position ${position}; ${searched}.`;
+  fillTable("groups", page.groups, (tr, group) => {
+    tr.dataset.group = group.group;
+    cell(tr, group.group, "group");
+    cell(tr, group.consumer === null ? "none" : group.consumer, "owner");
+    cell(tr, group.messages, "number depth");
+    cell(tr, group.acquired, "number");
+    cell(tr, age(group.head_age_ms), "number");
+    cell(tr, group.node);
+    const actions = button(tr, "Reset", "reset", () => groupAction(queue, group.group, "reset"));
+    const purge = document.createElement("button");
+    purge.textContent = "Purge";
+    purge.className = "danger purge";
+    purge.addEventListener("click", () => groupAction(queue, group.group, "purge"));
+    actions.parentElement.appendChild(purge);
+  });
+  return page;
+}
+
+const GROUP_ACTIONS = {
+  reset: (queue, group) => `Reset group ${group} of queue ${queue}? Its owner lets go of it; its next message goes to any consumer.`,
+  purge: (queue, group) => `Purge group ${group} of queue ${queue}? Its available messages are deleted.`,
+};
+
+async function groupAction(queue, group, action) {
+  if (!window.confirm(GROUP_ACTIONS[action](queue, group))) return;
+  try {
+    const result = await api("POST", `/api/queues/${encodeURIComponent(queue)}/groups/${encodeURIComponent(group)}/${action}`, {});
+    await loadGroups(state.groups.position);
+    $("action-result").textContent = action === "reset" ? `group ${group}: ${result.groups_reset} owner(s) let go`
+      : `group ${group}: ${result.messages_purged} message(s) purged`;
+    showError(null);
+  } catch (error) { showError(error); }
+}
+
+$("groups-query").addEventListener("submit", (event) => {
+  event.preventDefault();
+  loadGroups(0).then(() => showError(null), showError);
+});
+$("groups-first").addEventListener("click", () => loadGroups(0).catch(showError));
+$("groups-next").addEventListener("click", () => {
+  if (state.groups.nextPosition < state.groups.total) loadGroups(state.groups.nextPosition).catch(showError);
+});
+
+async function loadConsumers() {
+  if (!$("groups-queue").value) await loadGroupChoices();
+  if (!$("groups-queue").value) return;
+  const page = await api("GET", groupQuery(0, 1));
+  fillTable("consumers", page.consumers, (tr, consumer) => {
+    tr.dataset.consumer = consumer.consumer;
+    cell(tr, consumer.consumer);
+    cell(tr, consumer.label);
+    cell(tr, consumer.groups_owned, "number");
+    cell(tr, consumer.groups.join(", ") + (consumer.groups_owned > consumer.groups.length ? ", ..." : ""));
+    cell(tr, consumer.unsettled, "number");
+    cell(tr, consumer.credit, "number");
+  });
+}
+
+startSession();

@@ -1,0 +1,226 @@
+"""The web console in a real browser: Debian's headless chromium, driven by selenium through
+chromedriver, against a 3-node cluster of real `grouper node` processes with a users file.
+
+Rules of this file:
+- chromium and chromedriver are the system's (.ci/run installs Debian's `chromium` and
+  `chromium-driver`); without them the tests fail saying what to install, never skip.
+- One cluster for the module; the wrong-password test logs in wrong on a node the other test does not
+  log in to, fewer times than the failed-login throttle allows, so the throttle never decides a result.
+- Every wait is bounded and polls the page or the admin API; nothing asserts an upper bound on time.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import shutil
+import urllib.error
+import urllib.request
+
+import pytest
+from proton.utils import BlockingConnection
+
+from tests.integration.cli import write_users_file
+from tests.integration.cluster import Cluster
+from tests.integration.harness import WAIT_S, ManualReceiver, grouped
+
+PASSWORD = "console pass phrase"
+USERS = {"admin": "administrator", "sender": "sender"}
+ROLES = {"sender": "send:orders"}
+QUEUE = "orders"
+WINDOW = (1280, 900)  # the browser's window in pixels; the screenshot is its viewport (the window less its frame)
+BROWSER_WAIT_S = 20.0  # bound of each wait for the page to show something
+
+
+def browser():
+    """Headless chromium of the system, or a failure naming the packages to install."""
+    missing = [name for name in ("chromium", "chromedriver") if shutil.which(name) is None]
+    if missing:
+        pytest.fail(f"{' and '.join(missing)} not found: the console test needs Debian's chromium and "
+                    f"chromium-driver (apt-get install chromium chromium-driver, as .ci/run does)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                     f"--window-size={WINDOW[0]},{WINDOW[1]}", "--no-first-run", "--no-proxy-server"):
+        options.add_argument(argument)
+    # the driver is named, so selenium never looks for one to download (nothing outside is reachable)
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    users = write_users_file(tmp_path_factory.mktemp("users") / "users.json", ROLES, USERS, PASSWORD)
+    with pytest.MonkeyPatch.context() as environment:
+        # the harness's status polls run `grouper cluster status` with the environment's credentials
+        environment.setenv("GROUPER_USER", "admin")
+        environment.setenv("GROUPER_PASSWORD", PASSWORD)
+        nodes = Cluster(tmp_path_factory.mktemp("cluster"), config_text=f'[[queue]]\nname = "{QUEUE}"\n',
+                        args=("--users-file", str(users), "--sasl-plain-on-loopback", "--placement", "local"))
+        try:
+            nodes.start()
+            yield nodes
+        finally:
+            nodes.kill_all()
+
+
+@pytest.fixture
+def driver():
+    chromium = browser()
+    chromium.set_page_load_timeout(BROWSER_WAIT_S)
+    try:
+        yield chromium
+    finally:
+        chromium.quit()
+
+
+def connect_as_admin(node) -> BlockingConnection:
+    return BlockingConnection(node.url, timeout=WAIT_S, user="admin", password=PASSWORD, allowed_mechs="PLAIN",
+                              allow_insecure_mechs=True)
+
+
+def wait_page(chromium, condition, what: str):
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(chromium, BROWSER_WAIT_S, poll_frequency=0.1).until(lambda _: condition())
+    except TimeoutException:
+        raise AssertionError(f"the console did not show {what} within {BROWSER_WAIT_S} s; it shows:\n"
+                             f"{chromium.find_element('tag name', 'body').text}") from None
+
+
+def text_of(chromium, element_id: str) -> str:
+    return chromium.find_element("id", element_id).text
+
+
+def log_in(chromium, node, user: str, password: str) -> None:
+    chromium.get(f"http://{node.http_address}/")
+    wait_page(chromium, lambda: chromium.find_element("id", "login").is_displayed(), "its login form")
+    chromium.find_element("id", "login-user").send_keys(user)
+    chromium.find_element("id", "login-password").send_keys(password)
+    chromium.find_element("id", "login-submit").click()
+
+
+def api(node, path: str, user: str, password: str) -> tuple[int, dict]:
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    request = urllib.request.Request(f"http://{node.http_address}{path}", headers={"Authorization": f"Basic {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=WAIT_S) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def group_row(chromium, group: str):
+    rows = chromium.find_elements("css selector", f'#groups tbody tr[data-group="{group}"]')
+    return rows[0] if rows else None
+
+
+def owner_shown(chromium, group: str) -> str | None:
+    row = group_row(chromium, group)
+    return row.find_element("class name", "owner").text if row is not None else None
+
+
+def test_the_console_shows_the_cluster_lists_groups_and_resets_one(cluster, driver, tmp_path):
+    first = cluster.nodes[0]
+    connection = connect_as_admin(first)
+    try:
+        consumer = ManualReceiver(connection, QUEUE, "console-test-consumer")
+        cluster.wait_consumers(QUEUE, {0: 1})
+        sender = connection.create_sender(QUEUE)
+        for group, count in (("g-reset", 3), ("g-a", 2), ("g-b", 1)):
+            for index in range(count):
+                sender.send(grouped(f"{group}-{index}", group))
+        consumer.fetch().accept()  # g-reset's first message: the consumer owns g-reset, with no credit left
+
+        log_in(driver, first, "admin", PASSWORD)
+        leader = cluster.status()["leader"]
+        wait_page(driver, lambda: text_of(driver, "leader") == leader, f"the leader {leader}")
+        wait_page(driver, lambda: len(driver.find_elements("css selector", "#members tbody tr")) == 3
+                  and all(cell.text == "ready" for cell in driver.find_elements("css selector", "#members td.good"))
+                  and len(driver.find_elements("css selector", "#members td.good")) == 3, "3 ready members")
+        assert text_of(driver, "who") == "logged in as admin"
+        assert not driver.find_element("id", "open-notice").is_displayed()
+
+        driver.find_element("css selector", '#tabs button[data-view="groups"]').click()
+        wait_page(driver, lambda: QUEUE in text_of(driver, "groups-queue"), "the queue to choose")
+        from selenium.webdriver.support.ui import Select
+        Select(driver.find_element("id", "groups-queue")).select_by_value(QUEUE)
+        Select(driver.find_element("id", "groups-node")).select_by_value(cluster.node_ids[0])
+        driver.find_element("id", "groups-search").click()
+        consumer_id = wait_page(driver, lambda: owner_shown(driver, "g-reset") not in (None, "none")
+                                and owner_shown(driver, "g-reset"), "g-reset with its owner")
+        assert {row.get_attribute("data-group") for row in driver.find_elements("css selector", "#groups tbody tr")} \
+            == {"g-reset", "g-a", "g-b"}
+        assert group_row(driver, "g-reset").find_element("css selector", "td.depth").text == "2"
+        assert owner_shown(driver, "g-a") == "none"
+
+        group_row(driver, "g-reset").find_element("class name", "reset").click()
+        alert = wait_page(driver, lambda: _alert(driver), "a confirmation dialog")
+        assert "Reset group g-reset of queue orders" in alert.text
+        alert.accept()
+        wait_page(driver, lambda: owner_shown(driver, "g-reset") == "none", "g-reset without an owner")
+        assert "1 owner(s) let go" in text_of(driver, "action-result")
+        rows = {row["group"]: row for row in cluster.groups(QUEUE)}
+        assert rows["g-reset"]["consumer"] is None and rows["g-reset"]["messages"] == 2  # the admin API agrees
+
+        driver.find_element("css selector", '#tabs button[data-view="consumers"]').click()
+        wait_page(driver, lambda: driver.find_elements("css selector", f'#consumers tr[data-consumer="{consumer_id}"]'),
+                  "the consumer")
+        assert "console-test-consumer" in text_of(driver, "consumers")
+
+        driver.find_element("css selector", '#tabs button[data-view="groups"]').click()
+        wait_page(driver, lambda: group_row(driver, "g-reset") is not None, "the groups again")
+        viewport = tuple(driver.execute_script("return [Math.round(window.innerWidth * window.devicePixelRatio), "
+                                               "Math.round(window.innerHeight * window.devicePixelRatio)]"))
+        check_screenshot(driver.get_screenshot_as_png(), tmp_path / "console.png", viewport,
+                         ("Groups", "g-reset", "logged in as admin"), driver.find_element("tag name", "body").text)
+    finally:
+        connection.close()
+
+
+def _alert(chromium):
+    from selenium.common.exceptions import NoAlertPresentException
+    try:
+        alert = chromium.switch_to.alert
+        alert.text  # raises while no dialog is open
+        return alert
+    except NoAlertPresentException:
+        return None
+
+
+def check_screenshot(png: bytes, path, viewport: tuple[int, int], expected_texts: tuple[str, ...],
+                     visible_text: str) -> None:
+    from PIL import Image
+
+    path.write_bytes(png)  # kept in the test's directory for a person to look at
+    assert png[:8] == b"\x89PNG\r\n\x1a\n", "the screenshot is not a PNG"
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    assert image.size == viewport, f"screenshot of {image.size}, the page's viewport is {viewport}"
+    assert image.size[0] == WINDOW[0] and image.size[1] > WINDOW[1] // 2, f"a viewport of {image.size} in a {WINDOW} window"
+    colours = image.getcolors(maxcolors=1 << 16)
+    assert colours is None or len(colours) > 20, f"the screenshot is nearly blank: {len(colours)} colours"
+    for text in expected_texts:
+        assert text in visible_text, f"{text!r} is not on the page:\n{visible_text}"
+
+
+def test_a_wrong_password_is_refused_and_a_user_sees_only_what_it_may(cluster, driver):
+    second = cluster.nodes[1]
+    log_in(driver, second, "admin", "not the password")
+    wait_page(driver, lambda: "unknown user or wrong password" in text_of(driver, "error"), "the refusal")
+    assert driver.find_element("id", "login").is_displayed()
+    assert not driver.find_element("id", "tabs").is_displayed()
+
+    status, answer = api(second, "/api/cluster", "admin", "wrong again")
+    assert status == 401 and "unknown user or wrong password" in answer["error"]
+    assert PASSWORD not in json.dumps(answer)
+    status, answer = api(second, "/api/cluster", "sender", PASSWORD)
+    assert status == 403 and "manage" in answer["error"], answer
+    status, answer = api(second, f"/api/queues/{QUEUE}/groups", "sender", PASSWORD)
+    assert status == 403 and "manage" in answer["error"], answer
+    status, answer = api(second, "/api/session", "admin", PASSWORD)  # ends the failure streak
+    assert status == 200 and answer == {"open": False, "user": "admin"}
