@@ -24,6 +24,7 @@ Rules:
 
 from __future__ import annotations
 
+import json
 import logging
 import ssl
 import threading
@@ -35,7 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from node.admin.credentials import EVERY_QUEUE, Authenticator, Unauthenticated
 from node.config import files_stamp
-from node.console import BODY_MAX_BYTES
+from node.console import BODY_MAX_BYTES, JSON
 from node.core.access import Permission
 from node.core.errors import InvalidConfig
 
@@ -159,8 +160,8 @@ class _Handler(BaseHTTPRequestHandler):
             length = -1
         if not 0 <= length <= BODY_MAX_BYTES:
             self.close_connection = True  # the body is left unread
-            self._send(413, TEXT, f"a request body must give Content-Length, at most {BODY_MAX_BYTES} bytes\n"
-                                  .encode(), {})
+            message = f"a request body needs a Content-Length of at most {BODY_MAX_BYTES} bytes; send less"
+            self._send(413, JSON, json.dumps({"error": message}).encode(), {})  # only the console's API takes POSTs
             return
         self._reply(self.rfile.read(length))
 

