@@ -23,6 +23,11 @@ compare-and-set meaning, so a retry after an unknown outcome answers as the firs
 - Every change bumps `revision` and the feed carries it, so a node replaying the log after a
   restart can tell a deletion it applied already (journalled) from a new one.
 Deleted names are remembered, at most DELETED_NAMES_MAX (the oldest forgotten first).
+A definition may carry, beside the settings, TEMPORARY_OF: the node whose link a temporary subscription
+queue serves (a `topic` attach that is not durable). The nodes delete it cluster-wide when that link
+ends, when that node restarts (its links are gone), or when the owner-failover policy marks that node
+down, so a subscription nobody can consume never collects copies for ever
+(node/core/cluster_protocol.py). `settings_values` leaves the key out for QueueSettings.
 Never imports pysyncobj, threading, time, random, socket, grpc or proton.
 """
 
@@ -54,6 +59,7 @@ UPDATABLE_FIELDS = frozenset({
 FIXED_FIELDS = frozenset({"name", "group_policy", "group_header", "default_group", "group_buckets", "durable",
                           "address"})  # a queue changes address only by being deleted and added again
 
+TEMPORARY_OF = "temporary_of"  # node id of a temporary subscription's link (see the header); not a setting
 DELETED_NAMES_MAX = 10_000  # deleted names remembered so seeds do not bring them back
 
 
@@ -61,6 +67,13 @@ def _is_values(values) -> bool:
     """A settings dict of plain scalars with a str name (the proposer validated the values themselves)."""
     return (type(values) is dict and type(values.get("name")) is str and bool(values["name"])
             and all(type(key) is str and type(value) in (str, int, float, bool) for key, value in values.items()))
+
+
+def settings_values(values: dict) -> dict:
+    """A definition's settings alone, as QueueSettings.from_dict takes them."""
+    if TEMPORARY_OF not in values:
+        return values
+    return {key: value for key, value in values.items() if key != TEMPORARY_OF}
 
 
 def fixed_changes(current: dict, changes: dict) -> list[str]:

@@ -19,9 +19,9 @@ import time
 from handler.route_table import REFUSED, ROUTES, SNAPSHOT
 from node.core.cluster_protocol import TOUCH_RETRY_INTERVAL_MS, ClusterProtocol, Entry
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
-                               JournalRemove, JournalStore, ProposeClaim, ProposeMoveClear, ProposeQueueSeeds,
-                               ProposeTouch, QueueDeleted, Refuse, Register, Reply, ReportConsumers, StopNode,
-                               SubmitForward)
+                               JournalRemove, JournalStore, ProposeClaim, ProposeDefinition, ProposeMoveClear,
+                               ProposeQueueDeletion, ProposeQueueSeeds, ProposeTouch, QueueDeleted, Refuse,
+                               Register, Reply, ReportConsumers, StopNode, SubmitForward)
 from node.core.tally import LatencyTally
 from node.peer.forwarder import Forwarder
 
@@ -63,6 +63,7 @@ class ClusterLink:
             ProposeClaim: self._propose_claim, ProposeTouch: self._propose_touch,
             ProposeMoveClear: self._propose_move_clear,
             ProposeQueueSeeds: self._propose_queue_seeds, QueueDeleted: self._queue_deleted,
+            ProposeDefinition: self._propose_definition, ProposeQueueDeletion: self._propose_queue_deletion,
             ReportConsumers: self._report_consumers, Register: self._register, Reply: self._reply,
             StopNode: self._stop_node,
         }
@@ -90,6 +91,11 @@ class ClusterLink:
 
     def status(self) -> dict:
         return self.protocol.status()
+
+    def defines(self, queue: str) -> bool:
+        """Whether `queue` has a cluster-wide definition, as this node's replica last heard: every node
+        holds it, so its groups can be routed to any of them."""
+        return queue in self.protocol.definitions
 
     # ---- events in (engine loop thread) ------------------------------------------------------
 
@@ -233,6 +239,22 @@ class ClusterLink:
                     self.bridge.post(self.protocol.queues_seeded)
         for values in effect.seeds:
             self.handler.define_queue(values, True, lambda reason, result, name=values["name"]: done(reason, result, name))
+
+    def _propose_definition(self, effect: ProposeDefinition) -> None:
+        values, protocol = effect.values, self.protocol
+
+        def done(reason, result):  # raft member channel thread
+            outcome, held = (result[0], result[1]) if reason is None else (None, None)
+            self.bridge.post(lambda: self.carry_out(protocol.definition_proposed(
+                values, reason, outcome, held, self.clock_ms())))
+        self.handler.define_queue(values, False, done)
+
+    def _propose_queue_deletion(self, effect: ProposeQueueDeletion) -> None:
+        name, protocol = effect.name, self.protocol
+
+        def done(reason, _result):  # raft member channel thread
+            self.bridge.post(lambda: self.carry_out(protocol.deletion_proposed(name, reason, self.clock_ms())))
+        self.handler.delete_queue(name, effect.seen_revision, done)
 
     def _queue_deleted(self, effect: QueueDeleted) -> None:
         self.server.detach_producers_of(effect.queue)

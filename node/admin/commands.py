@@ -16,6 +16,7 @@ Rules:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import getpass
 import json
 import os
@@ -160,6 +161,9 @@ def register(subparsers) -> None:
     add = command(queue_commands, "add", _queue_add, "declare a queue (in a cluster: on every node)")
     add.add_argument("name", metavar="NAME")
     add_queue_flags(add)
+    add.add_argument("--address", metavar="ADDRESS",
+                     help="make the queue a subscription of multicast ADDRESS: it gets a copy of every message "
+                          "sent there (the address becomes multicast if it is not yet)")
     update = command(queue_commands, "update", _queue_update,
                      "change settings of a queue (in a cluster: on every node); only limits, dispatch and "
                      "dead-letter settings can change on a live queue, not how messages are grouped or durability")
@@ -247,8 +251,14 @@ def _describe(error: AdminError, timeout_ms: int, tls: str = "") -> str:
 
 def _queue_add(client: AdminClient, args) -> None:
     settings = queue_settings_from_args(args.name, args)  # bad flags fail here, before any call
+    if args.address is not None:
+        try:
+            settings = dataclasses.replace(settings, address=args.address).validate()
+        except InvalidConfig as error:
+            raise InvalidConfig("--address", str(error).split(": ", 1)[1]) from None
     client.add_queue(settings)
-    print(f"added queue {settings.name} (group policy {settings.group_policy})")
+    print(f"added queue {settings.name} (group policy {settings.group_policy}"
+          f"{f', subscribes to {settings.address}' if settings.address else ''})")
 
 
 def _queue_update(client: AdminClient, args) -> None:

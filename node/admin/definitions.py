@@ -7,7 +7,7 @@ lists again on the definition it holds): only fields a live queue reads at each 
 
 from __future__ import annotations
 
-from handler.queue_definitions import FIXED_FIELDS, UPDATABLE_FIELDS, fixed_changes
+from handler.queue_definitions import FIXED_FIELDS, UPDATABLE_FIELDS, fixed_changes, settings_values
 from node.core.errors import InvalidField, NotAllowed
 from node.core.settings import QueueSettings
 
@@ -24,6 +24,7 @@ def fixed_refusal(name: str, fields: list[str]) -> NotAllowed:
 def updated_settings(current: dict, changes: dict) -> QueueSettings:
     """The settings after `changes` (only the fields the caller set), validated; NotAllowed names any
     field that cannot change on a live queue, InvalidField a bad value or an empty update."""
+    current = settings_values(current)  # a temporary subscription's definition names its node too
     name = current["name"]
     unknown = sorted(set(changes) - UPDATABLE_FIELDS - FIXED_FIELDS)
     if unknown:

@@ -129,8 +129,8 @@ class AmqpServer:
         # non-durable sends are accepted at the end of the batch: settled together, proton puts them
         # in disposition ranges, which cost less than the sends they confirm
         self._accept_at_batch_end: list = []
-        # subscription queues the config declares: their groups are routed cluster-wide like any queue's;
-        # one a topic or ADDRESS::QUEUE attach made exists on this node only, so its copies stay here
+        # subscription queues the config declares: their groups are routed cluster-wide like any queue's,
+        # as are those an attach made once their cluster-wide definition is in (every node holds them then)
         self._declared_subscriptions = {settings.name for settings in config.queues if settings.address}
         self.unrouted: dict[str, int] = {}  # multicast address -> sends accepted and discarded: no subscription
         self._handlers = {
@@ -622,7 +622,7 @@ class AmqpServer:
         if queue is None or queue.consumers:
             return
         durable = queue.settings.durable
-        self.apply(self.broker.delete_queue(name))
+        self.apply(self.broker.unsubscribe(name))  # in a cluster, on every node (node/core/cluster_protocol.py)
         if durable and self.journal is not None:
             self.journal.delete(name)
 
@@ -859,7 +859,7 @@ class AmqpServer:
             message = Message(payload, arrival.group_id, expires_at_ms=arrival.expires_at_ms,
                               closes_group=arrival.closes_group)
             name = queue.settings.name
-            if self.cluster is not None and name in self._declared_subscriptions:
+            if self.cluster is not None and (name in self._declared_subscriptions or self.cluster.defines(name)):
                 route_key = queue.route_key(message.group_id)
                 if route_key is not None:
                     self.cluster.arrive(part, name, route_key, message, durable, producer_settled, now_ms)

@@ -22,6 +22,11 @@ Rules:
   (node/core/addresses.py); a multicast address is never auto-created as a queue of its name.
 - A dead letter keeps its group id and delivery count; `dead_letter_stamp` (the adapter's codec)
   may rewrite its payload to record the original queue and the reason.
+- In a cluster (`made` and `ended` are lists: the cluster protocol turns recording on) every queue
+  made here on a client's behalf (auto-created by an attach, a send or a dead letter; a subscription
+  an attach made) is recorded in `made`, and every subscription queue deleted here because its link
+  ended (`unsubscribe`) in `ended`, for the cluster to define or delete on every node
+  (node/core/cluster_protocol.py). A node alone records nothing.
 """
 
 from __future__ import annotations
@@ -54,6 +59,10 @@ class Broker:
         # (payload, original queue, reason) -> payload of the dead-letter copy; None: the payload as it was
         self.dead_letter_stamp = dead_letter_stamp
         self._dead_letter_reserved: dict[str, tuple[int, int]] = {}  # DLQ -> (messages, bytes) promised this call
+        # None: not recorded (a node alone); lists when a cluster takes them (see the header)
+        self.made: list[tuple[QueueSettings, bool]] | None = None  # (settings, temporary subscription)
+        self.ended: list[str] | None = None  # subscription queues deleted here as their link ended
+        self.temporary: set[str] = set()  # temporary subscriptions made here, alive (for one link each)
 
     # ---- queues ------------------------------------------------------------------------------
 
@@ -78,7 +87,7 @@ class Broker:
     def subscribe(self, address: str, name: str, *, durable: bool | None = None) -> Queue:
         """Create subscription queue `name` of multicast `address` (an attach's): it takes the settings
         the address settings give the address, as Artemis's address-setting match names addresses.
-        `durable` None: as those settings say."""
+        `durable` None: as those settings say; False: a temporary subscription, for one link only."""
         if name in self.queues:
             raise AlreadyExists(f"queue {name!r} exists; subscribe through {address}::{name} only if it is "
                                 f"bound to {address!r}")
@@ -87,7 +96,24 @@ class Broker:
         changes = {"name": name, "address": address}
         if durable is not None:
             changes["durable"] = durable
-        return self.declare_queue(dataclasses.replace(settings, **changes))
+        queue = self._auto_create(dataclasses.replace(settings, **changes), temporary=durable is False)
+        if durable is False:
+            self.temporary.add(name)
+        return queue
+
+    def _auto_create(self, settings: QueueSettings, temporary: bool = False) -> Queue:
+        queue = self.declare_queue(settings)
+        if self.made is not None:
+            self.made.append((settings, temporary))
+        return queue
+
+    def unsubscribe(self, name: str) -> list:
+        """Delete subscription queue `name` because the link that made or resumed it ended (a temporary
+        one detached, a durable one closed): in a cluster it ends on every node (see the header)."""
+        effects = self.delete_queue(name)
+        if self.ended is not None:
+            self.ended.append(name)
+        return effects
 
     def redefine_queue(self, settings: QueueSettings) -> None:
         """Give a live queue new settings that leave its groups as they are (the caller checked that
@@ -108,7 +134,7 @@ class Broker:
             if not (create and self.auto_create):
                 raise NotFound(f"no queue {name!r} on this node (auto-create is "
                                f"{'on' if self.auto_create else 'off'}); declare it with 'grouper queue add'")
-            queue = self.declare_queue(self._auto_settings(name, parameters))
+            queue = self._auto_create(self._auto_settings(name, parameters))
         elif parameters:
             check_parameters(queue.settings, parameters)
         return queue
@@ -124,6 +150,7 @@ class Broker:
             if isinstance(effect, DetachConsumer):
                 self._consumer_queue.pop(effect.consumer_id, None)
         del self.queues[name]
+        self.temporary.discard(name)
         if queue.settings.address:
             self.addresses.unbind(queue.settings.address, name)
         return effects
@@ -142,6 +169,8 @@ class Broker:
             if created:  # a refusal changes nothing, not even by auto-creating (nor journalling it)
                 del self.queues[queue_name]
                 self.declared = [s for s in self.declared if s is not queue.settings]
+                if self.made:
+                    self.made = [made for made in self.made if made[0] is not queue.settings]
             raise
         self.next_seq += 1
         return effects
@@ -239,7 +268,7 @@ class Broker:
                 return (f"dead-letter queue {name!r} does not exist and dead_letter_queue_auto_create is off "
                         f"for {source.settings.name!r}; declare it with 'grouper queue add {name}'")
             try:
-                target = self.declare_queue(self._auto_settings(name))
+                target = self._auto_create(self._auto_settings(name))
             except GrouperError as error:
                 return f"dead-letter queue {name!r} cannot be created: {error.description}"
         count, size_bytes = self._dead_letter_reserved.get(name, (0, 0))

@@ -76,6 +76,28 @@ Cluster-wide queue definitions (handler/queue_definitions.py) reach every node t
 - The config file's queues are seeds: proposed once the replica is current (ProposeQueueSeeds), each
   defined only where the cluster knows neither a definition nor a deletion of its name, and proposed
   again every SEED_RETRY_INTERVAL_MS until the proposals commit. So the cluster's definition wins.
+- A queue this node makes on a client's behalf (auto-created by an attach, with or without address
+  parameters, by a send or a dead letter; a subscription queue a `topic` or ADDRESS::QUEUE attach
+  made: the broker's `made`) is proposed as a definition at the end of the batch that made it
+  (ProposeDefinition, ahead of any claim of that batch, so every node applies the definition before
+  the first route of the queue). The attach goes on at once here: until the definition commits the
+  queue is this node's alone, and a subscription's copies stay on the node that takes the send
+  (only subscriptions with a definition are routed cluster-wide), and another node copies sends to
+  a subscription only from when it applied the definition. A proposal that fails (no leader,
+  no majority) is made again every DEFINITION_RETRY_INTERVAL_MS while the queue is still here as it
+  was made; meanwhile the client sees what a lone node gives it, and its grouped sends wait for
+  routes, refused after handler_timeout_ms as any send without a majority. A CONFLICT (another node
+  defined the name first, with other settings) leaves the cluster's definition to the feed, which
+  replaces the queue here if it is empty and unused; otherwise it is logged (a race: two nodes
+  auto-created one name at once with different parameters).
+- A subscription queue deleted here because its link ended (the broker's `ended`: a temporary one
+  detached, a durable one closed) is deleted cluster-wide (ProposeQueueDeletion), once any definition
+  of it this node proposed committed; retried likewise. A temporary subscription's definition names
+  its node (TEMPORARY_OF): that node deletes, once its replica is current after a restart, every one
+  of its own that no live link holds, and every node proposes deleting those of a node the
+  owner-failover policy marks down (the deletion's seen revision makes the duplicates no-ops). Without
+  owner failover (owner_failover_ms 0) a dead node's temporary subscriptions collect copies until it
+  restarts, as its groups wait for it.
 Never imports threading, grpc, pysyncobj, socket or time.
 """
 
@@ -86,13 +108,13 @@ import dataclasses
 import logging
 from typing import NamedTuple
 
-from handler.queue_definitions import QUEUES, QUEUES_ALL, fixed_changes
+from handler.queue_definitions import CONFLICT, QUEUES, QUEUES_ALL, TEMPORARY_OF, fixed_changes, settings_values
 from handler.route_table import MEMBERS, MOVES, MOVES_ALL, REFUSED, ROUTES, SNAPSHOT
 from node.core.broker import Broker
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
-                               JournalRemove, JournalStore, ProposeClaim, ProposeMoveClear, ProposeQueueSeeds,
-                               ProposeTouch, QueueDeleted, Refuse, Register, Reply, ReportConsumers, StopNode,
-                               SubmitForward)
+                               JournalRemove, JournalStore, ProposeClaim, ProposeDefinition, ProposeMoveClear,
+                               ProposeQueueDeletion, ProposeQueueSeeds, ProposeTouch, QueueDeleted, Refuse,
+                               Register, Reply, ReportConsumers, StopNode, SubmitForward)
 from node.core.errors import GrouperError, HandlerUnavailable, ResourceLimitExceeded
 from node.core.message import Message
 from node.core.routing import Inbound, Outbound, Router
@@ -105,6 +127,7 @@ PARK_PREFIX = "\x00park\x00"  # journal name of the messages a new owner parks d
 MARK_PREFIX = "\x00mark\x00"  # journal declaration holding a source's high-water forward seq
 QUEUES_MARK = "\x00queues"  # journal declaration: "revision" of the last queue definition change applied here
 SEED_RETRY_INTERVAL_MS = 1000  # config-file queues not yet proposed as definitions are proposed again this often
+DEFINITION_RETRY_INTERVAL_MS = 1000  # a failed proposal of a queue made or ended here is made again this soon
 SEQ_RESERVATION = "\x00seq"  # journal declaration: node seqs below "reserved" may have been used
 SEQ_RESERVE_BLOCK = 1 << 20  # seqs reserved per journal record
 CLAIM_KEYS_MAX = 1000  # keys per raft command; a larger batch is split
@@ -217,11 +240,19 @@ class ClusterProtocol:
         self._seeding = False
         self._seed_due_ms = 0
         self._replica_ready = False
+        # queues made or ended here on a client's behalf (see the header): the broker records them
+        broker.made, broker.ended = [], []
+        self._defining: dict[str, dict] = {}  # name -> values proposed, outcome not heard yet
+        self._define_again: dict[str, dict] = {}  # name -> values whose proposal failed, proposed again when due
+        self._to_delete: set[str] = set()  # names to delete cluster-wide, proposed when no define is in flight
+        self._deleting: set[str] = set()  # deletions proposed, outcome not heard yet
+        self._definitions_due_ms = 0  # when failed proposals are made again
 
     @property
     def batch_due(self) -> bool:
         """True when the end of this batch has something to propose or forward."""
-        return bool(self.router.to_claim or self._unsubmitted or self._recovered)
+        return bool(self.router.to_claim or self._unsubmitted or self._recovered or self.broker.made
+                    or self.broker.ended)
 
     # ---- recovery (before the engine loop runs) --------------------------------------------------
 
@@ -271,6 +302,7 @@ class ClusterProtocol:
     def hold_recovered(self) -> None:
         """After recovery, before any consumer: hold every group recovered here until the replica is
         current; this node may no longer own it, or be the new owner of a move still in progress."""
+        self.broker.made.clear()  # what recovery declared is the journal's, made by no client now
         if not self.follows_consumers:
             return
         for name, queue in self.broker.queues.items():
@@ -337,6 +369,8 @@ class ClusterProtocol:
         if self.closed:
             return []
         effects: list = []
+        if self.broker.made or self.broker.ended:
+            self._take_made(effects)  # before the claims: a queue's definition precedes its routes
         keys = self.router.take_claims()
         if keys:
             effects.extend(ProposeClaim(chunk, now_ms) for chunk in _chunks(keys))
@@ -498,6 +532,8 @@ class ClusterProtocol:
                 log.warning("node %s is marked down by the owner-failover policy; its groups are placed afresh%s",
                             node, " (this node!)" if node == self.node_id else "")
             self.members = payload
+            if down:
+                self._delete_temporary_of(set(down))
             self.peer_addresses = {node: info.get("peer_address", "")
                                    for node, info in payload.get("nodes", {}).items()}
         return effects
@@ -517,6 +553,9 @@ class ClusterProtocol:
             effects.append(JournalDeclare({"name": QUEUES_MARK, "revision": revision}))
         if values is not None:
             self._apply_definition(name, values, effects)
+            if self._replica_ready and values.get(TEMPORARY_OF) == self.node_id and name not in self._defining \
+                    and name not in self.broker.temporary:
+                self._to_delete.add(name)  # proposed before a restart, committed after: no link holds it
             return
         queue = self.broker.queues.get(name)
         if queue is not None:
@@ -527,7 +566,7 @@ class ClusterProtocol:
 
     def _apply_definition(self, name: str, values: dict, effects: list) -> None:
         try:
-            settings = QueueSettings.from_dict(values, where=f"cluster definition of queue {name!r}")
+            settings = QueueSettings.from_dict(settings_values(values), where=f"cluster definition of queue {name!r}")
         except GrouperError as error:  # a newer node's setting this one cannot read: keep what is here
             log.error("cannot apply the cluster's definition of queue %r here: %s; upgrade this node", name, error)
             return
@@ -578,11 +617,101 @@ class ClusterProtocol:
                     and not queue.stats()["consumers"]:
                 effects.append(ApplyBroker(self.broker.delete_queue(values["name"]), None))
                 effects.append(QueueDeleted(values["name"], queue.settings.durable))
+        for name, values in sorted(self.definitions.items()):  # its links ended with the process
+            if values.get(TEMPORARY_OF) == self.node_id and name not in self.broker.temporary:
+                self._to_delete.add(name)
+        self._delete_temporary_of(set(self.members.get("down", {})))
         self._propose_seeds(now_ms, effects)
+        self._propose_again(effects)
         self._release(self.router.become_ready(now_ms), now_ms, effects)
         if self.held:
             self._review_holds(now_ms, effects)
         return effects
+
+    # ---- queues made and ended on a client's behalf (see the header) ---------------------------
+
+    @property
+    def proposing_definitions(self) -> bool:
+        """Whether a queue made here still waits for its definition to be proposed or to commit."""
+        return bool(self._defining or self._define_again or self.broker.made)
+
+    def _take_made(self, effects: list) -> None:
+        broker = self.broker
+        made, broker.made = broker.made, []
+        for settings, temporary in made:
+            name = settings.name
+            queue = broker.queues.get(name)
+            if queue is None or queue.settings is not settings:
+                continue  # gone again (a refused send, a link that failed), or redefined meanwhile
+            values = settings.to_dict()
+            if temporary:
+                values[TEMPORARY_OF] = self.node_id
+            self._to_delete.discard(name)  # made again since it ended: a deletion already proposed goes first
+            self._define_again.pop(name, None)
+            if self.definitions.get(name) != values or name in self._deleting:
+                self._defining[name] = values
+                effects.append(ProposeDefinition(values))
+        if broker.ended:
+            ended, broker.ended = broker.ended, []
+            self._to_delete.update(ended)
+            self._propose_deletions(effects)
+
+    def _propose_deletions(self, effects: list) -> None:
+        for name in sorted(self._to_delete):
+            if name in self._defining:
+                continue  # deleted once its definition is in (`definition_proposed`)
+            self._to_delete.discard(name)
+            self._define_again.pop(name, None)  # a queue that ended is not defined again
+            if name in self.definitions and name not in self._deleting:
+                self._deleting.add(name)
+                effects.append(ProposeQueueDeletion(name, self.definitions_revision))
+
+    def _propose_again(self, effects: list) -> None:
+        again, self._define_again = self._define_again, {}
+        for name, values in sorted(again.items()):
+            queue = self.broker.queues.get(name)
+            if queue is None or self.definitions.get(name) == values or name in self._defining:
+                continue
+            self._defining[name] = values
+            effects.append(ProposeDefinition(values))
+        if self._replica_ready:  # what a replaying replica holds may be deleted already
+            self._propose_deletions(effects)
+
+    def _delete_temporary_of(self, nodes: set) -> None:
+        if nodes:
+            self._to_delete.update(name for name, values in self.definitions.items()
+                                   if values.get(TEMPORARY_OF) in nodes)
+
+    def definition_proposed(self, values: dict, reason: str | None, outcome, held, now_ms: int) -> list:
+        """The outcome of a ProposeDefinition: reason None once applied, with the command's
+        (outcome, the definition held); else why it failed."""
+        name = values["name"]
+        if self._defining.get(name) is values:
+            del self._defining[name]
+        effects: list = []
+        if reason is not None:
+            log.info("proposing queue %r as a cluster-wide definition failed (%s); retrying in %d ms",
+                     name, reason, DEFINITION_RETRY_INTERVAL_MS)
+            self._define_again[name] = values
+            self._definitions_due_ms = now_ms + DEFINITION_RETRY_INTERVAL_MS
+        elif outcome == CONFLICT and held is not None:
+            differing = sorted(key for key in set(values) | set(held) if values.get(key) != held.get(key))
+            log.warning("queue %r made here differs from its cluster-wide definition in %s: the cluster's "
+                        "definition applies", name, ", ".join(differing))
+            self._apply_definition(name, held, effects)
+        if name in self._to_delete:
+            self._propose_deletions(effects)
+        return effects
+
+    def deletion_proposed(self, name: str, reason: str | None, now_ms: int) -> list:
+        """The outcome of a ProposeQueueDeletion: reason None once applied, else why it failed."""
+        self._deleting.discard(name)
+        if reason is not None:
+            log.info("deleting queue %r cluster-wide failed (%s); retrying in %d ms", name, reason,
+                     DEFINITION_RETRY_INTERVAL_MS)
+            self._to_delete.add(name)
+            self._definitions_due_ms = now_ms + DEFINITION_RETRY_INTERVAL_MS
+        return []
 
     # ---- timers ------------------------------------------------------------------------------
 
@@ -597,6 +726,10 @@ class ClusterProtocol:
                 f"(handler_timeout_ms): the grouping handler (the raft leader) is unavailable, is a majority "
                 f"of the cluster's nodes up? The message was not enqueued; send it again later")))
         self._propose_seeds(now_ms, effects)
+        if self.broker.made or self.broker.ended:
+            self._take_made(effects)
+        if (self._define_again or self._to_delete) and now_ms >= self._definitions_due_ms:
+            self._propose_again(effects)
         if self._retry_claims and now_ms >= self._retry_due_ms:
             self.router.claim_failed(self._retry_claims)
             self._retry_claims = []
@@ -888,8 +1021,11 @@ class ClusterProtocol:
         if key not in self.held:
             self._hold(key)
         group_key = queue.group_key_of_route(key[1])
-        if not queue.group_available(group_key) or queue.group_in_flight(group_key):
+        if queue.group_in_flight(group_key):
             return
+        if not queue.group_available(group_key):
+            queue.hand_over_group(group_key, [])  # nothing to send; an exclusive owner here lets go of
+            return  # the group, which lives at to_node now (else it would hold it idle, unrouted)
         removed: list = []
         for old in queue.hand_over_group(group_key, removed):
             message = Message(old.payload, old.group_id, expires_at_ms=old.expires_at_ms,

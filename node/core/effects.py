@@ -227,3 +227,19 @@ class QueueDeleted(NamedTuple):
 
     queue: str
     durable: bool
+
+
+class ProposeDefinition(NamedTuple):
+    """Propose a queue this node made on a client's behalf as a cluster-wide definition (seed=False): a
+    settings dict; the outcome comes back through ClusterProtocol.definition_proposed."""
+
+    values: dict
+
+
+class ProposeQueueDeletion(NamedTuple):
+    """Propose deleting queue `name` cluster-wide (a subscription whose link ended, or whose node is
+    gone), as the replica knew the definitions at `seen_revision`; the outcome comes back through
+    ClusterProtocol.deletion_proposed."""
+
+    name: str
+    seen_revision: int

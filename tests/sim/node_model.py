@@ -23,16 +23,18 @@ Never imports proton, grpc, pysyncobj, threading or time.
 
 from __future__ import annotations
 
+import random
 from collections import deque
 
-from handler.queue_definitions import QUEUES_ALL
+from handler.queue_definitions import CONFLICT, QUEUES_ALL
 from handler.route_table import MOVES_ALL, SNAPSHOT
 from node.core.broker import Broker
 from node.core.cluster_protocol import MARK_PREFIX, PARK_PREFIX, ClusterProtocol, Entry, parse_outbound_name
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, DetachConsumer, Dropped,
                                EnqueueLocal, JournalDeclare, JournalRemove, JournalStore, ProposeClaim,
-                               ProposeMoveClear, ProposeQueueSeeds, ProposeTouch, QueueDeleted, Refuse, Register,
-                               Removed, Reply, ReportConsumers, StopNode, Stored, SubmitForward, Withdrawn)
+                               ProposeDefinition, ProposeMoveClear, ProposeQueueDeletion, ProposeQueueSeeds,
+                               ProposeTouch, QueueDeleted, Refuse, Register, Removed, Reply, ReportConsumers,
+                               StopNode, Stored, SubmitForward, Withdrawn)
 from node.core.errors import GrouperError, StoreFailed
 from node.core.message import Message
 from node.core.settings import QueueSettings
@@ -172,6 +174,8 @@ class SimNode:
         self.sim = sim
         self.node_id = node_id
         self.store = Store()
+        # delays of the queue definitions it proposes for queues its clients made (see RaftLog.propose)
+        self.definitions_rng = random.Random(f"{sim.seed}:{node_id}")
         self.incarnation = 0
         self.alive = False
         # while down: what its journal holds, for the invariants
@@ -555,6 +559,15 @@ class SimNode:
                 sim.raft.propose(("register_node", self.node_id, effect.now_ms))
             elif kind is ProposeQueueSeeds:
                 self._propose_seeds(effect.seeds)
+            elif kind is ProposeDefinition:
+                self._propose_definition(effect.values)
+            elif kind is ProposeQueueDeletion:
+                name = effect.name
+                sim.raft.propose(("delete_queue", name, effect.seen_revision),
+                                 self.guarded(lambda reason, name=name: self.carry_out(
+                                     protocol.deletion_proposed(name, reason, sim.now_ms))),
+                                 self.guarded(lambda name=name: self.carry_out(
+                                     protocol.deletion_proposed(name, None, sim.now_ms))), self.definitions_rng)
             elif kind is QueueDeleted:
                 self.store.records.append(("delete", effect.queue))
                 self.live = {key: mid for key, mid in self.live.items() if key[0] != effect.queue}
@@ -581,6 +594,20 @@ class SimNode:
         for values in seeds:
             sim.raft.propose(("define_queue", values, True), self.guarded(lambda reason: done(True)),
                              self.guarded(lambda: done(False)))
+
+    def _propose_definition(self, values: dict) -> None:
+        """ClusterLink._propose_definition: the outcome read from the log's definitions once committed
+        (the model's raft hands back no command results): another definition held means CONFLICT."""
+        sim, protocol = self.sim, self.protocol
+
+        def committed():
+            held = sim.raft.queues.definitions.get(values["name"])
+            outcome = CONFLICT if held is not None and held != values else None
+            self.carry_out(protocol.definition_proposed(values, None, outcome, held, sim.now_ms))
+        sim.raft.propose(("define_queue", values, False),
+                         self.guarded(lambda reason: self.carry_out(
+                             protocol.definition_proposed(values, reason, None, None, sim.now_ms))),
+                         self.guarded(committed), self.definitions_rng)
 
     def stop(self, reason: str) -> None:
         """ClusterLink._stop_node: the process exits at once (its journal keeps what is durable) and the

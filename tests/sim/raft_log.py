@@ -45,11 +45,14 @@ class RaftLog:
 
     # ---- proposals ---------------------------------------------------------------------------
 
-    def propose(self, command: tuple, on_failed=None, on_committed=None) -> None:
+    def propose(self, command: tuple, on_failed=None, on_committed=None, rng=None) -> None:
+        """`rng`: where its delays are drawn (default the simulation's): commands added since a seed's
+        scripted scenario was written draw from their own, so its other events keep their times."""
         sim = self.sim
+        rng = rng or sim.rng
         if not self.leader_up:
             if on_failed is not None:
-                sim.schedule(sim.rng.randint(1, sim.config.propose_fail_ms_max), lambda: on_failed("no leader"),
+                sim.schedule(rng.randint(1, sim.config.propose_fail_ms_max), lambda: on_failed("no leader"),
                              f"proposal {command[0]} fails: no leader")
             return
         number = self._next_proposal
@@ -57,7 +60,7 @@ class RaftLog:
         self._in_flight[number] = (command, on_failed)
         if on_committed is not None:
             self._on_committed[number] = on_committed
-        sim.schedule(sim.rng.randint(1, sim.config.commit_ms_max), lambda: self._commit_proposal(number), None)
+        sim.schedule(rng.randint(1, sim.config.commit_ms_max), lambda: self._commit_proposal(number), None)
 
     def _commit_proposal(self, number: int) -> None:
         proposal = self._in_flight.pop(number, None)

@@ -707,6 +707,14 @@ class Simulation:
                 elif values is not None and (queue is None or queue.settings != QueueSettings.from_dict(values)):
                     self.violation(f"{node.node_id} holds queue {name} as "
                                    f"{None if queue is None else queue.settings}, defined as {values}")
+            # a queue a node made for its clients (auto-created by a send or an attach) is defined
+            # cluster-wide once its proposal committed: every node holds it with the same settings
+            # (config-file queues are seeds, with rules of their own)
+            seeds = {values["name"] for values in node.protocol.queue_seeds}
+            undefined = sorted(set(node.broker.queues) - set(queues.definitions) - seeds)
+            if undefined and not node.protocol.proposing_definitions:
+                self.violation(f"{node.node_id} holds queues {undefined} that have no cluster-wide definition "
+                               f"and proposes none")
 
     def check_invariants(self) -> None:
         raft, table = self.raft, self.raft.table
