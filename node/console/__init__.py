@@ -4,8 +4,9 @@ Rules:
 - Owns nothing and reads no node state itself. Every answer comes from the node's own admin API
   (node.admin.client over gRPC to this node's admin port) called with the browser's credentials, so
   the admin API's permissions (service.QUEUES_MANAGED), its spanning of the cluster, its messages and
-  its one path into the engine loop (LoopControl through the bridge) apply unchanged. Only the
-  caller's readiness comes from the HTTP server's probe, as /readyz's does.
+  its one path into the engine loop (LoopControl through the bridge) apply unchanged. Only what the
+  HTTP server's probe already serves comes from it, read as /readyz and /metrics read it: this node's
+  readiness and its route decisions (count by outcome, latency percentiles).
 - Credentials: HTTP basic auth in each /api call's Authorization header, checked here first by an
   Authenticator over the node's users file and its one failed-login throttle, keyed by the browser's
   address (the admin API then sees a password this node has just verified). /api answers 401 without a
@@ -150,6 +151,8 @@ class Console:
         asked = {member["node"]: self._members_pool.submit(self._member_readiness, member["admin_address"], caller)
                  for member in status["members"]
                  if status["clustered"] and member["node"] != status["node"] and member["admin_address"]}
+        if status["clustered"]:
+            status["route_decisions"] = self._route_decisions()
         for member in status["members"]:
             if member["node"] == status["node"] or not status["clustered"]:
                 member["ready"], member["not_ready_reason"] = ready, reason
@@ -158,6 +161,17 @@ class Console:
             else:
                 member["ready"], member["not_ready_reason"] = False, "not registered yet"
         return status
+
+    def _route_decisions(self) -> dict | None:
+        """This node's waits for a group's route: count by outcome and latency percentiles (bucket
+        bounds, as /metrics exports them); None when the engine loop does not answer in time."""
+        try:
+            cluster = self._probe.metrics_snapshot()["cluster"]
+        except TimeoutError:
+            return None
+        return {"outcomes": dict(cluster["decisions"]),
+                "latency_ms": _percentiles(cluster["decision_latency"]),
+                "raft_latency_ms": _percentiles(cluster["raft_decision_latency"])}
 
     def _member_readiness(self, address: str, caller) -> tuple[bool, str]:
         """What a member says of itself: it answers, knows a leader and has a quorum."""
@@ -186,6 +200,19 @@ class Console:
         return {"clustered": status["clustered"], "node": status["node"],
                 "members": [{"node": member["node"], "error": member["error"], "queues": member["queues"]}
                             for member in status["members"]]}
+
+
+def _percentiles(tally: dict) -> dict:
+    """{"count", "p50", "p99"} of a LatencyTally snapshot: the upper bound (ms) of the bucket holding
+    each quantile; None for a quantile past the last bound or of no observations."""
+    count = tally["count"]
+    result = {"count": count, "p50": None, "p99": None}
+    for name, quantile in (("p50", 0.5), ("p99", 0.99)):
+        for bound_ms, cumulative in tally["buckets"]:
+            if count and cumulative >= quantile * count:
+                result[name] = bound_ms if bound_ms != float("inf") else None
+                break
+    return result
 
 
 def _failure(status: int, message: str) -> tuple[int, str, bytes, dict]:

@@ -83,11 +83,14 @@ def connect_as_admin(node) -> BlockingConnection:
 
 
 def wait_page(chromium, condition, what: str):
-    from selenium.common.exceptions import TimeoutException
+    """condition()'s first true value. The cluster and queues views redraw their tables every few
+    seconds, so an element found there may be replaced before it is read: that try is made again."""
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
     try:
-        return WebDriverWait(chromium, BROWSER_WAIT_S, poll_frequency=0.1).until(lambda _: condition())
+        return WebDriverWait(chromium, BROWSER_WAIT_S, poll_frequency=0.1,
+                             ignored_exceptions=(StaleElementReferenceException,)).until(lambda _: condition())
     except TimeoutException:
         raise AssertionError(f"the console did not show {what} within {BROWSER_WAIT_S} s; it shows:\n"
                              f"{chromium.find_element('tag name', 'body').text}") from None
@@ -147,6 +150,9 @@ def test_the_console_shows_the_cluster_lists_groups_and_resets_one(cluster, driv
                   and all(cell.text == "ready" for cell in driver.find_elements("css selector", "#members td.good"))
                   and len(driver.find_elements("css selector", "#members td.good")) == 3, "3 ready members")
         assert text_of(driver, "who") == "logged in as admin"
+        # node 0 placed 3 new groups (placement local): each waited for its route, through raft
+        wait_page(driver, lambda: "routed 3" in text_of(driver, "decisions"), "3 routed decisions")
+        assert "wait for a route: p50 under" in text_of(driver, "decisions")
         assert not driver.find_element("id", "open-notice").is_displayed()
 
         driver.find_element("css selector", '#tabs button[data-view="groups"]').click()
@@ -157,12 +163,14 @@ def test_the_console_shows_the_cluster_lists_groups_and_resets_one(cluster, driv
         driver.find_element("id", "groups-search").click()
         consumer_id = wait_page(driver, lambda: owner_shown(driver, "g-reset") not in (None, "none")
                                 and owner_shown(driver, "g-reset"), "g-reset with its owner")
-        assert {row.get_attribute("data-group") for row in driver.find_elements("css selector", "#groups tbody tr")} \
-            == {"g-reset", "g-a", "g-b"}
-        assert group_row(driver, "g-reset").find_element("css selector", "td.depth").text == "2"
-        assert owner_shown(driver, "g-a") == "none"
+        # the page may still be drawing the groups it asked for on opening the view: each check waits
+        wait_page(driver, lambda: {row.get_attribute("data-group") for row in driver.find_elements(
+            "css selector", "#groups tbody tr")} == {"g-reset", "g-a", "g-b"}, "the three groups")
+        wait_page(driver, lambda: group_row(driver, "g-reset").find_element("css selector", "td.depth").text == "2"
+                  and owner_shown(driver, "g-a") == "none", "g-reset's depth 2 and g-a without owner")
 
-        group_row(driver, "g-reset").find_element("class name", "reset").click()
+        wait_page(driver, lambda: group_row(driver, "g-reset").find_element("class name", "reset").click() or True,
+                  "g-reset's Reset button")
         alert = wait_page(driver, lambda: _alert(driver), "a confirmation dialog")
         assert "Reset group g-reset of queue orders" in alert.text
         alert.accept()
@@ -209,7 +217,7 @@ def test_a_queue_is_added_and_deleted_through_the_page(cluster, driver):
                                         for member in status["members"]), "the new queue on every node")
     made = lambda: driver.find_elements("css selector", '#queues tr[data-queue="made.by.console"]')  # noqa: E731
     wait_page(driver, lambda: len(made()) == 3, "the new queue on the 3 nodes")
-    made()[0].find_element("class name", "delete").click()
+    wait_page(driver, lambda: made()[0].find_element("class name", "delete").click() or True, "a Delete button")
     confirm(driver, "Delete queue made.by.console")
     cluster.wait_for(lambda status: not any(queue["name"] == "made.by.console" for member in status["members"]
                                             for queue in member["queues"]), "the queue gone from every node")
@@ -284,5 +292,27 @@ def test_an_open_node_says_so_and_refuses_bad_requests_clearly(tmp_path, driver)
         status, answer = api(node, "/api/elsewhere")
         assert status == 404 and "/api/queues/Q/groups" in answer["error"]
         assert [queue["name"] for queue in api(node, "/api/queues")[1]["members"][0]["queues"]] == [QUEUE]
+    finally:
+        node.kill()
+
+
+FAILURES_BEFORE_THROTTLE = 3  # node/admin/credentials.py
+
+
+def test_failed_console_logins_hold_the_address_back_on_the_admin_port_too(tmp_path):
+    from node.admin.client import AccessDenied, AdminClient
+    from node.admin.credentials import basic_metadata
+
+    users = write_users_file(tmp_path / "users.json", ROLES, USERS, PASSWORD)
+    node = NodeProcess(tmp_path / "secured", "", ("--users-file", str(users))).start()
+    try:
+        for _ in range(FAILURES_BEFORE_THROTTLE + 1):  # checked and refused; the last one starts the throttle
+            status, answer = api(node, "/api/session", "admin", "guess")
+            assert status == 401 and "wrong password" in answer["error"], answer
+        status, answer = api(node, "/api/session", "admin", PASSWORD)  # right, but not checked while held
+        assert status == 401 and "too many failed logins in a row from 127.0.0.1" in answer["error"], answer
+        with AdminClient(node.admin_address, metadata=basic_metadata("admin", PASSWORD)) as admin:
+            with pytest.raises(AccessDenied, match="too many failed logins"):  # one throttle per node
+                admin.list_queues()
     finally:
         node.kill()

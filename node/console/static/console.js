@@ -144,6 +144,7 @@ async function loadCluster() {
   $("term").textContent = status.clustered ? status.term : "-";
   $("quorum").textContent = status.clustered ? (status.has_quorum ? "yes" : "NO") : "-";
   $("routes").textContent = status.routes;
+  $("decisions").textContent = describeDecisions(status.route_decisions, status.clustered);
   fillTable("members", status.members, (tr, member) => {
     tr.dataset.node = member.node;
     cell(tr, member.node || "this node");
@@ -154,6 +155,15 @@ async function loadCluster() {
     cell(tr, member.routes, "number");
     cell(tr, status.outbound[member.node] || 0, "number");
   });
+}
+
+function describeDecisions(decisions, clustered) {
+  if (!clustered) return "-";
+  if (!decisions) return "unknown: the engine loop did not answer in time";
+  const outcomes = Object.entries(decisions.outcomes).map(([outcome, count]) => `${outcome} ${count}`).join(", ") || "none yet";
+  const bound = (ms) => ms === null ? "over the last bucket" : `under ${ms} ms`;
+  const latency = (tally) => tally.count ? `p50 ${bound(tally.p50)}, p99 ${bound(tally.p99)}` : "none";
+  return `${outcomes}; wait for a route: ${latency(decisions.latency_ms)}; raft decision: ${latency(decisions.raft_latency_ms)}`;
 }
 
 async function loadQueues() {
