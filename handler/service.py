@@ -159,7 +159,7 @@ class GroupingHandler:
     def _with_queues_enabled(self, on_result, propose) -> None:
         def callback(result, error):
             on_result(None if error == FAIL_REASON.SUCCESS else _REASONS.get(error, f"raft error {error}"), result)
-        if self._syncobj.getCodeVersion() >= QUEUES_CODE_VERSION:
+        if self._code_version_usable(QUEUES_CODE_VERSION, "define_queue"):
             propose(callback)
             return
 
@@ -280,7 +280,7 @@ class GroupingHandler:
             **(self._placement() if self.duties.route_follow_ms else {}))
 
     def _moves_enabled(self) -> bool:
-        if self._syncobj.getCodeVersion() >= MOVES_CODE_VERSION:
+        if self._code_version_usable(MOVES_CODE_VERSION, "move_clear"):
             return True
         if not self._code_version_proposed:
             self._code_version_proposed = True
@@ -292,6 +292,23 @@ class GroupingHandler:
                             MOVES_CODE_VERSION, reason)
             self._syncobj.setCodeVersion(MOVES_CODE_VERSION, callback=self._callback(failed))
         return False
+
+    def _code_version_usable(self, version: int, command: str) -> bool:
+        """This member can propose `command`, a replicated command of raft code version `version`.
+
+        Enabled is not enough: loading a snapshot (a restart after log compaction) keeps pysyncobj's
+        enabled code version but sets its command names back to version 0 (__loadDumpFile calls
+        __onSetCodeVersion(0)), and a proposal of a newer command then raises KeyError in pysyncobj's
+        wrapper, which ended the member at every start (found by the nemesis campaign, run E round 25).
+        The callers then propose setCodeVersion again, as for a version never enabled: an entry of
+        the same version is allowed, and applying it sets the names again."""
+        if self._syncobj.getCodeVersion() < version:
+            return False
+        try:  # pysyncobj's own wrapper resolves a proposal's name this way
+            self._syncobj._getFuncName((id(self.replica), command))
+        except KeyError:
+            return False
+        return True
 
     def _placement(self) -> dict:
         """The table's consumers and routes per node and queue, for following consumers: a read-only

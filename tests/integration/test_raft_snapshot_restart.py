@@ -1,0 +1,79 @@
+"""A raft member restarted from its snapshot still proposes the commands of every enabled code version.
+
+pysyncobj keeps the enabled code version across a snapshot load but sets its command names back to
+version 0, so before the fix the first queue definition after such a restart raised KeyError inside the
+member, which ended it, at every start (the nemesis campaign's run E, round 25: a node in a crash loop).
+One member, in process, on 127.0.0.1: the real pysyncobj and its real snapshot file.
+"""
+
+import threading
+
+import pytest
+
+from handler.service import MOVES_CODE_VERSION, QUEUES_CODE_VERSION, GroupingHandler
+from node.core.settings import QueueSettings
+from tests.integration.cluster import free_ports
+from tests.integration.harness import wait_until
+
+WAIT_S = 30
+
+
+@pytest.fixture
+def member(tmp_path):
+    node_id = f"127.0.0.1:{free_ports(1)[0]}"
+    started = []
+
+    def start() -> GroupingHandler:
+        ready = threading.Event()
+        handler = GroupingHandler(node_id, [], str(tmp_path / "raft"), on_applied=lambda *_: None,
+                                  on_ready=ready.set, election_timeout_min_ms=200, election_timeout_max_ms=500,
+                                  routes_max=1000)
+        started.append(handler)
+        assert ready.wait(WAIT_S), "the single raft member never became ready"
+        return handler
+    yield start
+    for handler in started:
+        handler.stop()
+
+
+def define(handler: GroupingHandler, name: str) -> tuple:
+    done, outcome = threading.Event(), []
+
+    def on_result(reason, result):
+        outcome.append((reason, result))
+        done.set()
+    handler.define_queue(QueueSettings(name=name).to_dict(), False, on_result)
+    assert done.wait(WAIT_S), f"defining queue {name!r} got no answer"
+    return outcome[0]
+
+
+def restarted_from_its_snapshot(start, handler: GroupingHandler) -> GroupingHandler:
+    handler._syncobj.forceLogCompaction()
+    wait_until(lambda: handler.status()["last_applied"] and handler._syncobj.getStatus()["log_len"] <= 2,
+               "the log compacted into the snapshot")
+    handler.stop()
+    return start()
+
+
+def test_a_queue_is_defined_after_a_restart_from_a_snapshot_taken_once_definitions_were_enabled(member):
+    handler = member()
+    assert define(handler, "orders")[0] is None
+    assert handler._syncobj.getCodeVersion() == QUEUES_CODE_VERSION
+
+    handler = restarted_from_its_snapshot(member, handler)
+
+    assert handler._syncobj.getCodeVersion() == QUEUES_CODE_VERSION  # kept: the names were not
+    reason, (outcome, values) = define(handler, "invoices")
+    assert (reason, outcome, values["name"]) == (None, "added", "invoices")
+    assert define(handler, "orders")[1][0] != "added"  # the snapshot kept the first definition
+
+
+def test_moves_are_proposed_again_after_a_restart_from_a_snapshot(member):
+    handler = member()
+    wait_until(handler._moves_enabled, "moves enabled (raft code version 1)")
+
+    handler = restarted_from_its_snapshot(member, handler)
+
+    assert handler._syncobj.getCodeVersion() >= MOVES_CODE_VERSION
+    wait_until(handler._moves_enabled, "moves enabled again after the snapshot load")
+    assert handler.replica.move_clear([], handler.node_id) is None  # proposing one no longer raises
