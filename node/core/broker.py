@@ -142,13 +142,16 @@ class Broker:
     def _auto_settings(self, name: str, parameters: dict | None = None) -> QueueSettings:
         return self.address_settings.settings_for(name, parameters)
 
-    def delete_queue(self, name: str) -> list:
+    def delete_queue(self, name: str, error: GrouperError | None = None) -> list:
+        """`error`: why its consumers are detached, when not simply because it was deleted."""
         queue = self.queue(name)
         effects: list = []
         queue.close(effects)
-        for effect in effects:
+        for index, effect in enumerate(effects):
             if isinstance(effect, DetachConsumer):
                 self._consumer_queue.pop(effect.consumer_id, None)
+                if error is not None:
+                    effects[index] = DetachConsumer(effect.consumer_id, error)
         del self.queues[name]
         self.temporary.discard(name)
         if queue.settings.address:

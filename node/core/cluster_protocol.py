@@ -87,9 +87,11 @@ Cluster-wide queue definitions (handler/queue_definitions.py) reach every node t
   no majority) is made again every DEFINITION_RETRY_INTERVAL_MS while the queue is still here as it
   was made; meanwhile the client sees what a lone node gives it, and its grouped sends wait for
   routes, refused after handler_timeout_ms as any send without a majority. A CONFLICT (another node
-  defined the name first, with other settings) leaves the cluster's definition to the feed, which
-  replaces the queue here if it is empty and unused; otherwise it is logged (a race: two nodes
-  auto-created one name at once with different parameters).
+  defined the name first, with other settings: two nodes auto-created one name at once with
+  different parameters) applies the cluster's definition here: a queue that holds no message takes
+  it, its consumers detached with a condition naming the settings that differ (what their attach
+  would have heard had the definition been here first); one holding messages keeps its settings,
+  logged, since regrouping them would split groups.
 - A subscription queue deleted here because its link ended (the broker's `ended`: a temporary one
   detached, a durable one closed) is deleted cluster-wide (ProposeQueueDeletion), once any definition
   of it this node proposed committed; retried likewise. A temporary subscription's definition names
@@ -115,7 +117,7 @@ from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Enqueu
                                JournalRemove, JournalStore, ProposeClaim, ProposeDefinition, ProposeMoveClear,
                                ProposeQueueDeletion, ProposeQueueSeeds, ProposeTouch, QueueDeleted, Refuse,
                                Register, Reply, ReportConsumers, StopNode, SubmitForward)
-from node.core.errors import GrouperError, HandlerUnavailable, ResourceLimitExceeded
+from node.core.errors import AlreadyExists, GrouperError, HandlerUnavailable, ResourceLimitExceeded
 from node.core.message import Message
 from node.core.routing import Inbound, Outbound, Router
 from node.core.settings import QueueSettings
@@ -698,6 +700,16 @@ class ClusterProtocol:
             differing = sorted(key for key in set(values) | set(held) if values.get(key) != held.get(key))
             log.warning("queue %r made here differs from its cluster-wide definition in %s: the cluster's "
                         "definition applies", name, ", ".join(differing))
+            queue = self.broker.queues.get(name)
+            if queue is not None and queue.settings.to_dict() == settings_values(values) \
+                    and not queue.depth_messages and queue.consumers:
+                # its consumers attached with settings the cluster refused (another node defined the
+                # name first): detached, saying so, as an attach would be once the definition is here
+                refusal = AlreadyExists(
+                    f"queue {name!r} is defined cluster-wide with other settings than this attach made it with "
+                    f"({', '.join(differing)} differ): attach again without address parameters, or with the "
+                    f"cluster's")
+                effects.append(ApplyBroker(self.broker.delete_queue(name, refusal), None))
             self._apply_definition(name, held, effects)
         if name in self._to_delete:
             self._propose_deletions(effects)

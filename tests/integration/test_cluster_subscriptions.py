@@ -35,24 +35,32 @@ def wait_everywhere(cluster: Cluster, present, name: str, nodes=None) -> None:
                    f"{name} {'on' if present else 'gone from'} {node.admin_address}")
 
 
-def test_a_queue_an_attach_made_with_parameters_has_the_same_settings_on_every_node(tmp_path):
+def test_a_queue_an_attach_made_with_parameters_has_the_same_settings_on_every_node_and_a_late_one(tmp_path):
     cluster = Cluster(tmp_path, 3).start()
     try:
-        first, second, third = (Client(node) for node in cluster.nodes)
+        cluster.nodes[2].kill()  # down while the queue is made: it learns of it from the raft log
+        first, second = Client(cluster.nodes[0]), Client(cluster.nodes[1])
+        third = None
         try:
             assert link_outcome(first.connection, "send", "orders.new?group-buckets=8") is None
-            wait_everywhere(cluster, True, "orders.new")
+            wait_everywhere(cluster, True, "orders.new", cluster.nodes[:2])
             refused = link_outcome(second.connection, "consume", "orders.new?group-buckets=16")
             assert refused is not None and refused.name == "amqp:precondition-failed", refused
             assert "group-buckets=8" in refused.description and "group-buckets=16" in refused.description, \
                 refused.description
+            cluster.nodes[2].start()
+            wait_everywhere(cluster, True, "orders.new", cluster.nodes[2:])
+            third = Client(cluster.nodes[2])
             assert link_outcome(third.connection, "consume", "orders.new?group-buckets=8") is None
+            refused = link_outcome(third.connection, "send", "orders.new?group-buckets=4")
+            assert refused is not None and "group-buckets=8" in refused.description, refused
             # a definition the cluster holds: an update through any node finds it
             updated = cluster.nodes[2].cli("queue", "update", "orders.new", "--depth-max-messages", "5")
             assert updated.returncode == 0, updated.stderr
         finally:
             for client in (first, second, third):
-                client.close()
+                if client is not None:
+                    client.close()
     finally:
         cluster.kill_all()
 

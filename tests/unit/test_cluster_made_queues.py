@@ -9,8 +9,8 @@ from handler.queue_definitions import ADDED, CONFLICT, QUEUES, TEMPORARY_OF
 from handler.route_table import MEMBERS
 from node.core.broker import Broker
 from node.core.cluster_protocol import DEFINITION_RETRY_INTERVAL_MS, ClusterProtocol
-from node.core.effects import ProposeClaim, ProposeDefinition, ProposeQueueDeletion
-from node.core.errors import GrouperError
+from node.core.effects import DetachConsumer, ProposeClaim, ProposeDefinition, ProposeQueueDeletion
+from node.core.errors import AlreadyExists, GrouperError
 from node.core.message import Message
 from node.core.settings import QueueSettings
 
@@ -126,3 +126,17 @@ def test_a_conflicting_definition_replaces_an_empty_queue_made_here():
     cluster.definitions["orders"] = held  # the feed brought it while this node's queue had its link
     cluster.definition_proposed(proposal.values, None, CONFLICT, held, 0)
     assert cluster.broker.queues["orders"].settings.group_buckets == 8
+
+
+def test_consumers_of_an_empty_queue_made_here_that_lost_to_another_definition_are_detached_saying_so():
+    cluster = protocol()
+    cluster.broker.queue("orders", create=True, parameters={"group_buckets": 16})
+    cluster.broker.attach_consumer("orders", "c1", False, 0)
+    (proposal,) = cluster.quiesced(0)
+    held = QueueSettings(name="orders", group_buckets=8).to_dict()
+    cluster.definitions["orders"] = held
+    effects = [effect for apply in cluster.definition_proposed(proposal.values, None, CONFLICT, held, 0)
+               for effect in apply.effects]
+    (detach,) = of(DetachConsumer, effects)
+    assert isinstance(detach.error, AlreadyExists) and "group_buckets differ" in detach.error.description
+    assert cluster.broker.queues["orders"].settings.group_buckets == 8 and not cluster.broker.queues["orders"].consumers
