@@ -3,6 +3,16 @@
 The core never decodes AMQP: `payload` is the encoded message exactly as the producer sent it, and
 the adapter extracts the few fields dispatch needs (group id, close flag, expiry) once, on arrival.
 `seq` is node-wide and increases with every enqueue, so sorting by `seq` is queue order.
+
+A queue may hold millions of these, so a Message is kept small (bench/memory.py measures it):
+- `state`, `closes_group` and `handed_out` share one int, `flags`; each is still read and set by
+  its name. Two slots fewer save 16 bytes per message. The queue's hot paths use `flags` directly:
+  through the properties, five calls per message cost ~0.5 µs of a ~6 µs dispatch.
+- `group` is the queue's Group object (not its key): settling needs no dict lookup, and the queue
+  gives `group_id` its group's own copy of the id string, so a million messages in one group keep one
+  string, not a million (the decoder makes one per arrival).
+- Later, paging keeps a message's record (seq, group, size_bytes) in memory while its `payload` lives
+  in the journal: nothing here may depend on the payload beyond `size_bytes`.
 """
 
 from __future__ import annotations
@@ -12,13 +22,14 @@ import enum
 AVAILABLE = 0
 ACQUIRED = 1
 REMOVED = 2
+STATE_MASK = 3
+CLOSES_GROUP = 4
+HANDED_OUT = 8
 
 
 class Message:
-    __slots__ = (
-        "seq", "group_id", "payload", "size_bytes", "expires_at_ms", "closes_group",
-        "delivery_count", "enqueued_at_ms", "state", "group_key", "handed_out", "available_at_ms",
-    )
+    __slots__ = ("seq", "group_id", "payload", "size_bytes", "expires_at_ms", "delivery_count",
+                 "enqueued_at_ms", "group", "available_at_ms", "flags")
 
     def __init__(self, payload: bytes, group_id: str | None = None, *, expires_at_ms: int = 0,
                  closes_group: bool = False, delivery_count: int = 0, enqueued_at_ms: int = 0,
@@ -28,16 +39,34 @@ class Message:
         self.payload = payload
         self.size_bytes = len(payload)
         self.expires_at_ms = expires_at_ms  # 0: never expires
-        self.closes_group = closes_group
         self.delivery_count = delivery_count
         self.enqueued_at_ms = enqueued_at_ms
-        self.state = AVAILABLE
-        self.group_key = None  # set by the queue: group id, default group, bucket, or None
-        # delivered to a consumer or shown to a browser, or copied to another queue (move, dead-letter):
-        # from then on a failed journal write can no longer take it back (Broker.take_back)
-        self.handed_out = False
+        self.group = None  # set by the queue: its Group, or None when ungrouped
         # a failed delivery's redelivery delay: not dispatched (nor is its group) before this; 0 = now
         self.available_at_ms = 0
+        self.flags = CLOSES_GROUP if closes_group else 0  # state AVAILABLE, not handed out
+
+    @property
+    def state(self) -> int:
+        return self.flags & STATE_MASK
+
+    @state.setter
+    def state(self, state: int) -> None:
+        self.flags = (self.flags & ~STATE_MASK) | state
+
+    @property
+    def closes_group(self) -> bool:
+        return bool(self.flags & CLOSES_GROUP)
+
+    @property
+    def handed_out(self) -> bool:
+        """Delivered to a consumer or shown to a browser, or copied to another queue (move, dead-letter):
+        from then on a failed journal write can no longer take it back (Broker.take_back)."""
+        return bool(self.flags & HANDED_OUT)
+
+    @handed_out.setter
+    def handed_out(self, value: bool) -> None:
+        self.flags = self.flags | HANDED_OUT if value else self.flags & ~HANDED_OUT
 
     def __repr__(self) -> str:
         return f"Message(seq={self.seq}, group={self.group_id!r}, state={self.state})"

@@ -18,6 +18,15 @@ Rules this module keeps:
   says a dead-letter queue can take it, else it stays (a `Kept` effect says so once) and is retried.
 - A durable send whose journal write failed is taken back (`withdraw`) only while no consumer or
   browser has seen it; once handed out (`Message.handed_out`) it stays the consumer's.
+- Group state is compact, since a queue may track a million groups (bench/memory.py measures it):
+  an idle group (nothing queued or in flight, no owner) is forgotten at once, on every path, and
+  costs nothing; a group of one message holds it without a container (`Group.lane`); messages share
+  their group's id string; the groups dict is copied small once most of its groups are gone.
+- groups_max counts every tracked group, an empty one kept by its exclusive owner included, but
+  such a group frees itself: when a new group would pass groups_max, the group empty longest with
+  an owner is forgotten to make room (its owner loses it; nothing of it is queued or in flight, so
+  no order can break, and its next message may go to any consumer). A new group is refused only
+  when every tracked group has messages queued or in flight.
 """
 
 from __future__ import annotations
@@ -30,10 +39,12 @@ from collections import deque
 
 from node.core.effects import Deliver, Delayed, DetachConsumer, Dropped, Kept, Removed, Stored, Withdrawn
 from node.core.errors import GrouperError, InvalidField, NotFound, ResourceDeleted, ResourceLimitExceeded
-from node.core.message import ACQUIRED, AVAILABLE, REMOVED, Message, Outcome
+from node.core.message import ACQUIRED, AVAILABLE, CLOSES_GROUP, HANDED_OUT, REMOVED, STATE_MASK, Message, Outcome
 from node.core.settings import QueueSettings
 
 UNOWNED = "unowned"  # placement marker of the unowned-groups heap
+EMPTY_OWNED = "empty-owned"  # placement marker of an empty group kept by its owner (Queue._empty_owned)
+GROUPS_SHRINK_MIN = 4096  # groups below which the groups dict is never copied smaller
 LOG_COMPACT_MIN = 1024  # tombstones tolerated in the browse log before compaction is considered
 # payload bytes of tombstones tolerated in the browse log (beyond the queue's live bytes): without it
 # 1,024 removed 1 MiB messages kept 1 GiB alive after their queue was empty (found by bench/soak.py)
@@ -41,24 +52,77 @@ LOG_COMPACT_MIN_BYTES = 16 << 20
 
 
 class Group:
-    __slots__ = ("key", "available", "available_count", "acquired", "owner", "held",
-                 "placed_in", "placed_seq")
+    """One group's messages and owner. A queue may track a million of these, so it is kept small:
+    `lane` is None when the group has no available message, the Message itself when it has one, and a
+    deque only from the second on (an empty deque costs ~630 bytes; a group of one message, the
+    million-groups case, needs no container). An emptied deque is dropped, not kept."""
+
+    __slots__ = ("key", "lane", "available_count", "acquired", "owner", "held", "placed_in", "placed_seq")
 
     def __init__(self, key):
         self.key = key
-        self.available: deque[Message] = deque()  # seq order; may hold REMOVED tombstones
+        self.lane: Message | deque[Message] | None = None  # seq order; may hold REMOVED tombstones
         self.available_count = 0
         self.acquired = 0  # delivered and not yet settled, by any consumer
         self.owner: Consumer | None = None
         self.held = False  # closing, reset or rebalanced: no dispatch until `acquired` reaches 0
-        self.placed_in = None  # UNOWNED, a Consumer, or None when in no heap
+        self.placed_in = None  # UNOWNED, a Consumer, EMPTY_OWNED, or None when in no heap
         self.placed_seq = -1
 
+    def __lt__(self, other: Group) -> bool:
+        # Heap entries are (head seq, group): a seq is one message's, so two entries only tie when
+        # they are the same group's (and tuples compare equal items by identity first). Keys order
+        # any other tie deterministically rather than raising.
+        return self.key < other.key
+
     def head(self) -> Message | None:
-        available = self.available
-        while available and available[0].state != AVAILABLE:
-            available.popleft()
-        return available[0] if available else None
+        lane = self.lane
+        if lane is None:
+            return None
+        if type(lane) is not deque:
+            if lane.flags & STATE_MASK == AVAILABLE:
+                return lane
+            self.lane = None
+            return None
+        while lane and lane[0].flags & STATE_MASK != AVAILABLE:
+            lane.popleft()
+        if lane:
+            return lane[0]
+        self.lane = None
+        return None
+
+    def push(self, message: Message, returning: bool) -> None:
+        """Append a new message; put a returning one back at its seq position (near the head)."""
+        lane = self.lane
+        if lane is None:
+            self.lane = message
+        elif type(lane) is not deque:
+            if lane.flags & STATE_MASK != AVAILABLE:
+                self.lane = message
+            elif lane.seq < message.seq:
+                self.lane = deque((lane, message))
+            else:
+                self.lane = deque((message, lane))
+        else:
+            _insert_in_order(lane, message, returning)
+
+    def pop_head(self) -> Message:
+        """Take the head head() found."""
+        lane = self.lane
+        if type(lane) is not deque:
+            self.lane = None
+            return lane
+        message = lane.popleft()
+        if not lane:
+            self.lane = None
+        return message
+
+    def messages(self):
+        """The lane in seq order, tombstones included."""
+        lane = self.lane
+        if lane is None:
+            return ()
+        return lane if type(lane) is deque else (lane,)
 
     @property
     def idle(self) -> bool:
@@ -75,7 +139,7 @@ class Consumer:
         self.unsettled_max = unsettled_max  # deliveries held unsettled at once, whatever the credit; 0 = no cap
         self.credit = 0
         self.unsettled: dict[int, Message] = {}  # delivery id -> message, in delivery order
-        self.ready: list = []  # heap of (head seq, tiebreak, Group) for groups this consumer owns
+        self.ready: list = []  # heap of (head seq, Group) for groups this consumer owns
         self.owned: set[Group] = set()
         self.cursor_seq = -1  # browsers: last seq shown
         self.next_delivery_id = 0
@@ -99,12 +163,17 @@ class Queue:
             default = fallback_default_group
         self.default_group = default
         self._grouping = settings.grouping
-        self.groups: dict[object, Group] = {}
+        self.groups: dict[object, Group] = {}  # with messages, in flight, or owned; idle ones are forgotten
+        self._groups_high = 0  # len(groups) since the dict was last copied small (_forget)
+        # groups that became empty while owned, oldest first; an entry is live while the group's
+        # placed_in is EMPTY_OWNED (stale ones are dropped when met, or all at once past a bound)
+        self._empty_owned: deque[Group] = deque()
+        self._tracking_empty_owned = False  # listed only near groups_max (_track_empty_owned)
         self.held_keys: set = set()  # group keys held for the cluster (a move): never dispatched, kept
         self.consumers: dict[object, Consumer] = {}
         self._takers: list[Consumer] = []  # acquiring consumers with credit > 0
         self._browsers: list[Consumer] = []
-        self._unowned: list = []  # heap of (head seq, tiebreak, Group)
+        self._unowned: list = []  # heap of (head seq, Group)
         self._ungrouped: deque[Message] = deque()  # seq order; may hold tombstones
         self._log: list[Message] = []  # every live message in seq order, for browsing and listing
         self._log_removed = 0
@@ -113,7 +182,6 @@ class Queue:
         self._delayed: list = []  # heap of (available_at_ms, seq, Message): failed deliveries waiting out their delay
         # the broker's answer to "can this message be dead-lettered now?": None yes, else why not
         self.dead_letter_refusal = _no_refusal
-        self._tiebreak = itertools.count()
         self._use_counter = itertools.count(1)
         self.depth_messages = 0
         self.depth_bytes = 0
@@ -147,6 +215,9 @@ class Queue:
     def enqueue(self, message: Message, now_ms: int, effects: list) -> None:
         """Add a message whose `seq` the broker assigned; raises before changing anything."""
         key = self.check_enqueue(message.group_id, message.size_bytes)
+        groups_max = self.settings.groups_max
+        if groups_max and key is not None and key not in self.groups and len(self.groups) >= groups_max:
+            self._free_empty_owned()  # check_enqueue found one
         self._admit(message, key)
         self.enqueued_total += 1
         if self.settings.durable:
@@ -159,7 +230,8 @@ class Queue:
         self.check_capacity(size_bytes)
         key = self._key_of(group_id)
         groups_max = self.settings.groups_max
-        if groups_max and key is not None and key not in self.groups and len(self.groups) >= groups_max:
+        if groups_max and key is not None and key not in self.groups and len(self.groups) >= groups_max \
+                and not self._has_empty_owned():
             raise ResourceLimitExceeded(
                 f"queue {self.settings.name!r} tracks {len(self.groups)} groups (groups_max={groups_max}); "
                 f"retry once groups drain, free idle ones with 'grouper group reset', or bound them with group_buckets")
@@ -170,14 +242,13 @@ class Queue:
         self._admit(message, self._key_of(message.group_id))
 
     def _admit(self, message: Message, key) -> None:
-        message.state = AVAILABLE
-        message.group_key = key
+        message.flags &= ~STATE_MASK  # AVAILABLE
         self.depth_messages += 1
         self.depth_bytes += message.size_bytes
         self._log.append(message)
         if message.expires_at_ms:
             heapq.heappush(self._expiry, (message.expires_at_ms, message.seq, message))
-        self._make_available(message)
+        self._make_available(message, key)
 
     def route_key(self, group_id) -> str | None:
         """The name this message's group is routed by across a cluster; None: not grouped here."""
@@ -287,7 +358,7 @@ class Queue:
     def _settle_one(self, message: Message, outcome: Outcome, delivery_failed: bool, now_ms: int,
                     effects: list, dead: list) -> Group | None:
         self.acquired_messages -= 1
-        group = self.groups.get(message.group_key) if message.group_key is not None else None
+        group = message.group
         if group is not None:
             group.acquired -= 1
         if outcome is Outcome.ACCEPTED:
@@ -325,7 +396,7 @@ class Queue:
                     message.available_at_ms = now_ms + delay_ms
                     heapq.heappush(self._delayed, (message.available_at_ms, message.seq, message))
                     effects.append(Delayed(self.settings.name, message.seq, message.available_at_ms))
-                self._make_available(message, returning=True)
+                self._make_available(message, None if group is None else group.key, returning=True)
         return group
 
     def _after_settle(self, group: Group) -> None:
@@ -365,10 +436,10 @@ class Queue:
             message.available_at_ms = 0
             if message.state != AVAILABLE:
                 continue  # expired, purged or moved while it waited
-            if message.group_key is None:
+            if message.group is None:
                 _insert_in_order(self._ungrouped, message, True)
             else:
-                self._place_or_forget(self.groups[message.group_key])
+                self._place_or_forget(message.group)
 
     def _dispatch(self, now_ms: int, effects: list) -> None:
         if self._delayed and self._delayed[0][0] <= now_ms:  # whichever call comes first past a delay
@@ -409,18 +480,17 @@ class Queue:
             self._deliver_from_group(best_group, best_consumer, first, effects)
 
     def _deliver_from_group(self, group: Group, consumer: Consumer, first: bool, effects: list) -> None:
-        message = group.available.popleft()
+        message = group.pop_head()
         group.available_count -= 1
         group.acquired += 1
         group.placed_in = None
-        if message.closes_group:
+        if message.flags & CLOSES_GROUP:
             group.held = True  # free the group once this and every earlier message is settled
         self._deliver(message, consumer, first, effects)
         self._place_or_forget(group)
 
     def _deliver(self, message: Message, consumer: Consumer, first: bool, effects: list) -> None:
-        message.state = ACQUIRED
-        message.handed_out = True
+        message.flags = message.flags & ~STATE_MASK | ACQUIRED | HANDED_OUT
         self.acquired_messages += 1
         self.delivered_total += 1
         delivery_id = consumer.next_delivery_id
@@ -452,11 +522,13 @@ class Queue:
 
     def _peek(self, heap: list, marker, now_ms: int, effects: list) -> Group | None:
         while heap:
-            seq, _, group = heap[0]
+            seq, group = heap[0]
             if group.placed_in is not marker or group.placed_seq != seq:
                 heapq.heappop(heap)
                 continue
-            head = group.available[0]
+            head = group.lane
+            if type(head) is deque:
+                head = head[0]
             if head.expires_at_ms and head.expires_at_ms <= now_ms:
                 heapq.heappop(heap)
                 group.placed_in = None  # _expire re-places the group, or forgets it once idle
@@ -469,7 +541,7 @@ class Queue:
         lane = self._ungrouped
         while lane:
             head = lane[0]
-            if head.state != AVAILABLE:
+            if head.flags & STATE_MASK != AVAILABLE:
                 lane.popleft()
             elif head.expires_at_ms and head.expires_at_ms <= now_ms:
                 lane.popleft()
@@ -482,9 +554,18 @@ class Queue:
         head = group.head()
         # a head waiting out its redelivery delay holds its whole group: tick() places it when due
         if head is None or group.held or group.key in self.held_keys or head.available_at_ms:
-            group.placed_in = None
             if group.idle:
-                del self.groups[group.key]
+                self._forget(group)
+            elif self._tracking_empty_owned and head is None and self._empty_and_owned(group):
+                # its exclusive owner keeps it, but it is first to go when groups_max is reached
+                if group.placed_in is not EMPTY_OWNED:
+                    group.placed_in = EMPTY_OWNED
+                    self._empty_owned.append(group)
+                    if len(self._empty_owned) > 2 * len(self.groups) + GROUPS_SHRINK_MIN:
+                        self._empty_owned = deque(dict.fromkeys(
+                            g for g in self._empty_owned if g.placed_in is EMPTY_OWNED))
+            else:
+                group.placed_in = None
             return
         target = group.owner if group.owner is not None else UNOWNED
         if group.placed_in is target and group.placed_seq == head.seq:
@@ -492,18 +573,73 @@ class Queue:
         group.placed_in = target
         group.placed_seq = head.seq
         heap = self._unowned if target is UNOWNED else target.ready
-        heapq.heappush(heap, (head.seq, next(self._tiebreak), group))
+        heapq.heappush(heap, (head.seq, group))
 
-    def _make_available(self, message: Message, returning: bool = False) -> None:
-        key = message.group_key
+    def _empty_and_owned(self, group: Group) -> bool:
+        return (group.owner is not None and not group.available_count and not group.acquired and not group.held
+                and group.key not in self.held_keys)
+
+    def _forget(self, group: Group) -> None:
+        group.placed_in = None
+        groups = self.groups
+        del groups[group.key]
+        if self._tracking_empty_owned and len(groups) * 2 < self.settings.groups_max:
+            self._tracking_empty_owned = False  # far from the limit again: _track_empty_owned starts over
+            self._empty_owned.clear()
+        # A dict never gives back the room of its deleted keys: after a million groups drained, the
+        # table alone held ~40 MB. Copy it once it is a quarter full (amortized O(1) per deletion).
+        if len(groups) * 4 < self._groups_high and self._groups_high > GROUPS_SHRINK_MIN:
+            self.groups = dict(groups)
+            self._groups_high = len(groups)
+
+    def _free_empty_owned(self) -> bool:
+        """Make room under groups_max: forget the group that has been empty with an owner the longest
+        (nothing of it is queued or in flight, so no order can break); False when there is none."""
+        candidates = self._empty_owned
+        while candidates:
+            group = candidates.popleft()
+            if group.placed_in is EMPTY_OWNED:
+                group.owner.owned.discard(group)
+                group.owner = None
+                self._forget(group)
+                return True
+        return False
+
+    def _has_empty_owned(self) -> bool:
+        if not self._tracking_empty_owned:
+            self._track_empty_owned()
+        candidates = self._empty_owned
+        while candidates and candidates[0].placed_in is not EMPTY_OWNED:
+            candidates.popleft()  # stale: it has messages again, or was forgotten
+        return bool(candidates)
+
+    def _track_empty_owned(self) -> None:
+        """Start listing empty owned groups: one pass over the groups, made only when a new group meets
+        groups_max, and again only after the groups fell below half of it (so amortized O(1) per group).
+        Far from the limit nothing is listed: the list cost ~10% of dispatch CPU when kept always."""
+        self._tracking_empty_owned = True
+        self._empty_owned.clear()
+        for group in self.groups.values():
+            if self._empty_and_owned(group):
+                group.placed_in = EMPTY_OWNED
+                self._empty_owned.append(group)
+
+    def _make_available(self, message: Message, key, returning: bool = False) -> None:
         if key is None:
+            message.group = None
             if not message.available_at_ms:  # a delayed one joins the lane when tick() finds it due
                 _insert_in_order(self._ungrouped, message, returning)
             return
-        group = self.groups.get(key)
+        groups = self.groups
+        group = groups.get(key)
         if group is None:
-            group = self.groups[key] = Group(key)
-        _insert_in_order(group.available, message, returning)
+            group = groups[key] = Group(key)
+            if len(groups) > self._groups_high:
+                self._groups_high = len(groups)
+        elif type(key) is str and message.group_id is not None:
+            message.group_id = group.key  # the group's copy: one string per group, not one per message
+        message.group = group
+        group.push(message, returning)
         group.available_count += 1
         if not returning:
             self._place_or_forget(group)
@@ -515,7 +651,7 @@ class Queue:
         """Forget a message that is available or acquired; the caller fixes group counters.
 
         `journalled` False: its STORE never reached the disk (a withdrawn send), so no REMOVE is due."""
-        message.state = REMOVED
+        message.flags = message.flags & ~STATE_MASK | REMOVED
         self.depth_messages -= 1
         self.depth_bytes -= message.size_bytes
         self._log_removed += 1
@@ -530,11 +666,10 @@ class Queue:
     def _take_available(self, message: Message, effects: list, journalled: bool = True) -> None:
         """Remove an available message from wherever it waits (lazily, via its state)."""
         self._remove(message, effects, journalled)
-        if message.group_key is not None:
-            group = self.groups.get(message.group_key)
-            if group is not None:
-                group.available_count -= 1
-                self._place_or_forget(group)
+        group = message.group
+        if group is not None:
+            group.available_count -= 1
+            self._place_or_forget(group)
 
     def withdraw(self, message: Message, now_ms: int, effects: list) -> None:
         """Take back an available message no consumer or browser has seen: its journal write failed and
@@ -626,7 +761,7 @@ class Queue:
         """The first `count` available messages of a group (all with None), left in place."""
         group = self._group(group_key)
         head: list[Message] = []
-        for message in group.available:
+        for message in group.messages():
             if count is not None and len(head) >= count:
                 break
             if message.state == AVAILABLE:
@@ -673,11 +808,11 @@ class Queue:
         group = self.groups.get(group_key)
         if group is None or group.acquired or group_key not in self.held_keys:
             return []
-        taken = [message for message in group.available if message.state == AVAILABLE]
+        taken = [message for message in group.messages() if message.state == AVAILABLE]
         for message in taken:
             message.handed_out = True  # a copy lives on at the new owner: a failed write cannot take it back
             self._remove(message, effects)
-        group.available.clear()
+        group.lane = None
         group.available_count = 0
         if group.owner is not None:
             group.owner.owned.discard(group)
@@ -711,6 +846,7 @@ class Queue:
         for message in self._log:
             message.state = REMOVED
         self.groups.clear()
+        self._empty_owned.clear()
         self._log.clear()
         self._ungrouped.clear()
         self._unowned.clear()

@@ -1,0 +1,218 @@
+"""What queued messages and groups cost in the dispatch core's memory, in-process, and its dispatch time.
+
+    python bench/memory.py [--messages N] [--only SCENARIO ...] [--no-rss]
+
+Each scenario runs in a child process of its own against node/core's Broker and Queue (no node, no
+AMQP), so one scenario's freed memory never hides the next one's growth. Two figures per scenario:
+- tracemalloc: the bytes of Python objects the core allocated and still holds, counted exactly and
+  deterministically (the same on every run). This is what a structure costs, and the figure the
+  targets are held to.
+- RSS: the growth of the resident set in a second child without tracemalloc (tracemalloc's own
+  bookkeeping would be counted otherwise). It adds what the OS sees beyond the objects: pymalloc
+  arenas, free lists and fragmentation. It is noisier, but a node's memory limit counts it.
+
+What is counted: the Message records, their group ids and every container the queue keeps. What
+is not: the payload. Every message shares one 150-byte payload object, as the issue measured, so
+only the per-message overhead beyond the body is shown. Each message gets a fresh group-id string,
+as the AMQP decoder makes one per arrival; keeping the group's own copy instead is part of what a
+queue may save.
+
+Scenarios (N = --messages):
+- per_message: N messages in 1,000 groups, no consumer. Bytes per queued message.
+- per_group: N messages, each in a group of its own. Bytes per group (message included).
+- idle_after_drain: N one-message groups of a shared-policy queue delivered to a consumer and
+  accepted, the consumer still attached. What is left per group; an idle group must cost nothing.
+- owned_empty_spread: N one-message groups over 100 exclusive consumers, delivered and accepted:
+  each group is empty and keeps its owner. Bytes per live owned empty group.
+- owned_empty_one: the same with one consumer owning all N groups.
+- dispatch: N messages in 1,000 groups through 4 consumers with credit 100, each delivery accepted
+  at once. CPU microseconds per message for enqueue + dispatch + settle (process time, no tracemalloc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from node.core.broker import Broker  # noqa: E402
+from node.core.effects import Deliver  # noqa: E402
+from node.core.message import Message, Outcome  # noqa: E402
+from node.core.settings import QueueSettings  # noqa: E402
+
+PAYLOAD = bytes(150)  # shared by every message: the body is not what is measured
+GROUPS_FOR_PER_MESSAGE = 1_000
+CONSUMERS_SPREAD = 100
+DISPATCH_CONSUMERS = 4
+DISPATCH_CREDIT = 100
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+SCENARIOS = ("per_message", "per_group", "idle_after_drain", "owned_empty_spread", "owned_empty_one", "dispatch")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * PAGE_BYTES
+
+
+def unlimited_queue(broker: Broker, policy: str = "exclusive"):
+    return broker.declare_queue(QueueSettings(name="q", durable=False, group_policy=policy, depth_max_messages=0,
+                                              depth_max_bytes=0, groups_max=0))
+
+
+def group_name(index: int) -> str:
+    return f"group-{index:07d}"  # made per message, as the decoder does; 13 characters like a short id
+
+
+def fill(broker: Broker, messages: int, groups: int) -> None:
+    for seq in range(messages):
+        broker.enqueue("q", Message(PAYLOAD, group_name(seq % groups)), 0)
+
+
+def drain(broker: Broker, consumer_ids: list, credit: int) -> int:
+    """Give each consumer `credit` and accept whatever it is delivered; returns the deliveries."""
+    delivered = 0
+    for consumer_id in consumer_ids:
+        for effect in broker.set_credit(consumer_id, credit, 0):
+            if type(effect) is Deliver:
+                broker.settle(effect.consumer_id, effect.delivery_id, Outcome.ACCEPTED, 0)
+                delivered += 1
+    return delivered
+
+
+def scenario(name: str, messages: int, broker: Broker, measure) -> dict:
+    """Set up what is not measured, then let `measure(start, stop)` bracket the part that is."""
+    consumers: list = []
+    if name.startswith("owned_empty"):
+        count = CONSUMERS_SPREAD if name == "owned_empty_spread" else 1
+        consumers = [f"c{index}" for index in range(count)]
+    elif name == "idle_after_drain":
+        consumers = ["c0"]
+    unlimited_queue(broker, "shared" if name == "idle_after_drain" else "exclusive")
+    for consumer_id in consumers:
+        broker.attach_consumer("q", consumer_id, False, 0)
+    with measure:
+        if name == "per_message":
+            fill(broker, messages, GROUPS_FOR_PER_MESSAGE)
+        else:
+            fill(broker, messages, messages)
+            if consumers:
+                # every consumer takes one group per pass until all are delivered (fewest groups first)
+                delivered = 0
+                while delivered < messages:
+                    delivered += drain(broker, consumers, 1)
+    queue = broker.queues["q"]
+    return {"groups": len(queue.groups), "depth": queue.depth_messages}
+
+
+class Bracket:
+    def __init__(self, use_tracemalloc: bool):
+        self.use_tracemalloc = use_tracemalloc
+        self.bytes = 0
+
+    def __enter__(self):
+        if self.use_tracemalloc:
+            tracemalloc.start()
+            self.start = tracemalloc.get_traced_memory()[0]
+        else:
+            self.start = rss_bytes()
+        return self
+
+    def __exit__(self, *exc):
+        if self.use_tracemalloc:
+            self.bytes = tracemalloc.get_traced_memory()[0] - self.start
+            tracemalloc.stop()
+        else:
+            self.bytes = rss_bytes() - self.start
+        return False
+
+
+def dispatch_timing(messages: int) -> dict:
+    broker = Broker()
+    unlimited_queue(broker)
+    consumers = [f"c{index}" for index in range(DISPATCH_CONSUMERS)]
+    for consumer_id in consumers:
+        broker.attach_consumer("q", consumer_id, False, 0)
+    names = [group_name(index) for index in range(GROUPS_FOR_PER_MESSAGE)]
+    started = time.process_time()
+    for consumer_id in consumers:
+        broker.set_credit(consumer_id, DISPATCH_CREDIT, 0)
+    credit = dict.fromkeys(consumers, DISPATCH_CREDIT)
+    for seq in range(messages):
+        for effect in broker.enqueue("q", Message(PAYLOAD, names[seq % GROUPS_FOR_PER_MESSAGE]), 0):
+            if type(effect) is Deliver:
+                broker.settle(effect.consumer_id, effect.delivery_id, Outcome.ACCEPTED, 0)
+                credit[effect.consumer_id] -= 1
+                if credit[effect.consumer_id] == 0:  # topped up in bulk, as a prefetch window is
+                    credit[effect.consumer_id] = DISPATCH_CREDIT
+                    broker.set_credit(effect.consumer_id, DISPATCH_CREDIT, 0)
+    elapsed_s = time.process_time() - started
+    return {"us_per_message": elapsed_s * 1e6 / messages, "delivered": broker.queues["q"].delivered_total}
+
+
+def child(name: str, messages: int, use_tracemalloc: bool) -> dict:
+    if name == "dispatch":
+        return dispatch_timing(messages)
+    bracket = Bracket(use_tracemalloc)
+    shape = scenario(name, messages, Broker(), bracket)
+    return {"bytes": bracket.bytes, **shape}
+
+
+def run_child(name: str, messages: int, use_tracemalloc: bool) -> dict:
+    command = [sys.executable, __file__, "--child", name, "--messages", str(messages)]
+    if use_tracemalloc:
+        command.append("--tracemalloc")
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(output)
+
+
+def per(value: float, count: int) -> str:
+    return f"{value / count:,.1f}" if count else "-"
+
+
+def table(messages: int, names: list[str], with_rss: bool) -> str:
+    rows = ["| scenario | what is divided | tracemalloc B/unit | RSS B/unit | groups left | messages left |",
+            "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for name in names:
+        if name == "dispatch":
+            timing = run_child(name, messages, False)
+            rows.append(f"| dispatch | CPU µs per message (enqueue + deliver + accept) | "
+                        f"{timing['us_per_message']:.2f} µs | - | - | - |")
+            continue
+        traced = run_child(name, messages, True)
+        resident = run_child(name, messages, False) if with_rss else None
+        unit = "queued message" if name == "per_message" else "group"
+        rows.append(f"| {name} | {messages:,} {unit}s | {per(traced['bytes'], messages)} | "
+                    f"{per(resident['bytes'], messages) if resident else '-'} | {traced['groups']:,} | "
+                    f"{traced['depth']:,} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=1_000_000, help="messages (and groups) per scenario")
+    parser.add_argument("--only", nargs="+", choices=SCENARIOS, help="run only these scenarios")
+    parser.add_argument("--no-rss", action="store_true", help="skip the RSS children (tracemalloc only)")
+    parser.add_argument("--child", choices=SCENARIOS, help=argparse.SUPPRESS)
+    parser.add_argument("--tracemalloc", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.messages < 1:
+        parser.error(f"--messages must be at least 1, got {args.messages}")
+    if args.child:
+        print(json.dumps(child(args.child, args.messages, args.tracemalloc)))
+        return 0
+    names = args.only or list(SCENARIOS)
+    print(f"bench/memory.py --messages {args.messages:,}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"Python {sys.version.split()[0]}\n")
+    print(table(args.messages, names, not args.no_rss))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
