@@ -633,29 +633,35 @@ class ClusterProtocol:
     # ---- queues made and ended on a client's behalf (see the header) ---------------------------
 
     @property
-    def proposing_definitions(self) -> bool:
-        """Whether a queue made here still waits for its definition to be proposed or to commit."""
-        return bool(self._defining or self._define_again or self.broker.made)
+    def pending_definitions(self) -> set[str]:
+        """Queues whose definition or deletion this node has yet to propose, or to see committed."""
+        return {settings.name for settings, _ in self.broker.made} | set(self.broker.ended) | set(
+            self._defining) | set(self._define_again) | self._to_delete | self._deleting
 
     def _take_made(self, effects: list) -> None:
         broker = self.broker
+        ended, broker.ended = broker.ended, []
+        self._to_delete.update(ended)  # first: what ended and was made again in one batch, in that order
         made, broker.made = broker.made, []
         for settings, temporary in made:
             name = settings.name
             queue = broker.queues.get(name)
             if queue is None or queue.settings is not settings:
                 continue  # gone again (a refused send, a link that failed), or redefined meanwhile
+            if name in self._to_delete or name in self._deleting:
+                if not settings.address:
+                    # a forward that reached this node after the subscription's link ended here: the
+                    # queue it made goes with the subscription's deletion
+                    continue
+                self._to_delete.discard(name)  # subscribed again since it ended: a deletion proposed goes first
             values = settings.to_dict()
             if temporary:
                 values[TEMPORARY_OF] = self.node_id
-            self._to_delete.discard(name)  # made again since it ended: a deletion already proposed goes first
             self._define_again.pop(name, None)
             if self.definitions.get(name) != values or name in self._deleting:
                 self._defining[name] = values
                 effects.append(ProposeDefinition(values))
-        if broker.ended:
-            ended, broker.ended = broker.ended, []
-            self._to_delete.update(ended)
+        if ended:
             self._propose_deletions(effects)
 
     def _propose_deletions(self, effects: list) -> None:

@@ -77,6 +77,7 @@ import random
 from dataclasses import dataclass
 
 from handler.leader_duties import ExpireIdle, FollowConsumers, LeaderDuties, RaftStatus
+from handler.queue_definitions import settings_values
 from node.core.effects import Removed
 from node.core.message import Outcome
 from node.core.settings import QueueSettings
@@ -699,20 +700,22 @@ class Simulation:
             if node.protocol.definitions != queues.definitions:
                 self.violation(f"{node.node_id} knows definitions {node.protocol.definitions}, the log "
                                f"{queues.definitions}")
-            for name in sorted(set(queues.definitions) | set(queues.deleted)):
+            pending = node.protocol.pending_definitions  # its own proposals, until they commit
+            for name in sorted((set(queues.definitions) | set(queues.deleted)) - pending):
                 queue = node.broker.queues.get(name)
                 values = queues.definitions.get(name)
                 if values is None and queue is not None:
                     self.violation(f"{node.node_id} holds queue {name}, deleted cluster-wide")
-                elif values is not None and (queue is None or queue.settings != QueueSettings.from_dict(values)):
+                elif values is not None and (queue is None or
+                                             queue.settings != QueueSettings.from_dict(settings_values(values))):
                     self.violation(f"{node.node_id} holds queue {name} as "
                                    f"{None if queue is None else queue.settings}, defined as {values}")
             # a queue a node made for its clients (auto-created by a send or an attach) is defined
             # cluster-wide once its proposal committed: every node holds it with the same settings
             # (config-file queues are seeds, with rules of their own)
             seeds = {values["name"] for values in node.protocol.queue_seeds}
-            undefined = sorted(set(node.broker.queues) - set(queues.definitions) - seeds)
-            if undefined and not node.protocol.proposing_definitions:
+            undefined = sorted(set(node.broker.queues) - set(queues.definitions) - seeds - pending)
+            if undefined:
                 self.violation(f"{node.node_id} holds queues {undefined} that have no cluster-wide definition "
                                f"and proposes none")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 
+from handler.queue_definitions import TEMPORARY_OF
 from node.core.settings import QueueSettings
 from tests.sim.simulation import Simulation
 
@@ -40,3 +41,32 @@ def test_a_config_file_queue_is_seeded_once_and_a_deleted_one_stays_deleted_acro
     sim.advance(300)
     assert sim.raft.queues.definitions == {}
     assert "c1" not in sim.nodes["n2"].broker.queues
+
+
+def subscribe(sim: Simulation, node_id: str, name: str) -> None:
+    """A `topic` attach's temporary subscription at `node_id` (AmqpServer._subscription), then its batch ends."""
+    node = sim.nodes[node_id]
+    node.broker.subscribe("prices", name, durable=False)
+    node.carry_out(node.protocol.quiesced(sim.now_ms))
+
+
+def held_by(sim: Simulation, name: str) -> list[str]:
+    return sorted(node_id for node_id, node in sim.nodes.items() if node.alive and name in node.broker.queues)
+
+
+def test_a_temporary_subscription_is_on_every_node_until_its_link_ends_or_its_node_restarts():
+    sim = Simulation(7, scripted=True, queue_definitions=True)
+    sim.advance(200)
+    subscribe(sim, "n1", "app.live.1")
+    subscribe(sim, "n2", "app.live.2")
+    sim.advance(200)  # invariants after every step: every current node holds every definition
+    assert sim.raft.queues.definitions["app.live.1"][TEMPORARY_OF] == "n1"
+    assert held_by(sim, "app.live.1") == held_by(sim, "app.live.2") == sorted(sim.nodes)
+    n2 = sim.nodes["n2"]
+    n2.broker.unsubscribe("app.live.2")  # its link ended
+    n2.carry_out(n2.protocol.quiesced(sim.now_ms))
+    sim.crash_node("n1")  # its link ends with the process
+    sim.restart_node("n1")
+    sim.advance(400)
+    assert sorted(sim.raft.queues.definitions) == []
+    assert held_by(sim, "app.live.1") == held_by(sim, "app.live.2") == []

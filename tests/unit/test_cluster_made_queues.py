@@ -140,3 +140,19 @@ def test_consumers_of_an_empty_queue_made_here_that_lost_to_another_definition_a
     (detach,) = of(DetachConsumer, effects)
     assert isinstance(detach.error, AlreadyExists) and "group_buckets differ" in detach.error.description
     assert cluster.broker.queues["orders"].settings.group_buckets == 8 and not cluster.broker.queues["orders"].consumers
+
+
+def test_a_forward_reaching_a_subscription_whose_link_ended_here_does_not_define_it_again():
+    cluster = protocol()
+    cluster.broker.subscribe("prices", "app.live.1", durable=False)
+    (proposal,) = cluster.quiesced(0)
+    committed(cluster, proposal.values, 1)
+    cluster.broker.unsubscribe("app.live.1")
+    # another node routed a copy here before the deletion committed: the owner auto-creates the name
+    cluster.broker.enqueue("app.live.1", Message(b"x", "g1"), 0)
+    assert cluster.quiesced(0) == [ProposeQueueDeletion("app.live.1", 1)]
+    assert "app.live.1" in cluster.pending_definitions
+    effects = cluster.applied(QUEUES, [(2, "app.live.1", None)], None, 0)
+    cluster.deletion_proposed("app.live.1", None, 0)
+    assert "app.live.1" not in cluster.broker.queues and effects
+    assert cluster.pending_definitions == set()
