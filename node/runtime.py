@@ -172,6 +172,21 @@ class LoopControl:
     def purge_group(self, queue, group, count):
         return self._counted(lambda now_ms: self._node.broker.purge_group(queue, group, count, now_ms))
 
+    def purge_queue(self, queue: str) -> tuple[int, int]:
+        from node.admin.queue_purge import available_left, purge_batch
+        node = self._node
+
+        def batch(position: int):  # one engine loop turn (node.admin.queue_purge)
+            effects: list = []
+            purged, position, done = purge_batch(node.broker.queue(queue), position, node.clock_ms(), effects)
+            node.server.apply(effects)
+            return purged, position, done, available_left(node.broker.queue(queue)) if done else 0
+        purged, position, done = 0, 0, False
+        while not done:
+            count, position, done, left = self._call(lambda position=position: batch(position))
+            purged += count
+        return purged, left
+
     def move_group(self, queue, group, destination, count):
         return self._counted(lambda now_ms: self._node.broker.move_group(queue, group, destination, count, now_ms))
 

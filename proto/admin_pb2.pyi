@@ -232,6 +232,22 @@ class PurgeGroupResponse(_message.Message):
     messages_purged: int
     def __init__(self, messages_purged: _Optional[int] = ...) -> None: ...
 
+class PurgeQueueRequest(_message.Message):
+    __slots__ = ("queue", "local_only")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ONLY_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    local_only: bool
+    def __init__(self, queue: _Optional[str] = ..., local_only: _Optional[bool] = ...) -> None: ...
+
+class PurgeQueueResponse(_message.Message):
+    __slots__ = ("messages_purged", "messages_left")
+    MESSAGES_PURGED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_LEFT_FIELD_NUMBER: _ClassVar[int]
+    messages_purged: int
+    messages_left: int
+    def __init__(self, messages_purged: _Optional[int] = ..., messages_left: _Optional[int] = ...) -> None: ...
+
 class MoveGroupRequest(_message.Message):
     __slots__ = ("queue", "group", "destination_queue", "messages_max", "local_only")
     QUEUE_FIELD_NUMBER: _ClassVar[int]

@@ -74,6 +74,11 @@ class AdminServiceStub:
                 request_serializer=proto_dot_admin__pb2.PurgeGroupRequest.SerializeToString,
                 response_deserializer=proto_dot_admin__pb2.PurgeGroupResponse.FromString,
                 _registered_method=True)
+        self.PurgeQueue = channel.unary_unary(
+                '/grouper.admin.v1.AdminService/PurgeQueue',
+                request_serializer=proto_dot_admin__pb2.PurgeQueueRequest.SerializeToString,
+                response_deserializer=proto_dot_admin__pb2.PurgeQueueResponse.FromString,
+                _registered_method=True)
         self.MoveGroup = channel.unary_unary(
                 '/grouper.admin.v1.AdminService/MoveGroup',
                 request_serializer=proto_dot_admin__pb2.MoveGroupRequest.SerializeToString,
@@ -161,6 +166,14 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PurgeQueue(self, request, context):
+        """Delete every available message of a queue's groups (in a cluster: on every node); messages
+        delivered and not yet settled stay with their consumers, and messages in no group stay too.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def MoveGroup(self, request, context):
         """Move available messages from the head of a group to the tail of another queue, in order.
         """
@@ -231,6 +244,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.PurgeGroup,
                     request_deserializer=proto_dot_admin__pb2.PurgeGroupRequest.FromString,
                     response_serializer=proto_dot_admin__pb2.PurgeGroupResponse.SerializeToString,
+            ),
+            'PurgeQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.PurgeQueue,
+                    request_deserializer=proto_dot_admin__pb2.PurgeQueueRequest.FromString,
+                    response_serializer=proto_dot_admin__pb2.PurgeQueueResponse.SerializeToString,
             ),
             'MoveGroup': grpc.unary_unary_rpc_method_handler(
                     servicer.MoveGroup,
@@ -469,6 +487,33 @@ class AdminService:
             '/grouper.admin.v1.AdminService/PurgeGroup',
             proto_dot_admin__pb2.PurgeGroupRequest.SerializeToString,
             proto_dot_admin__pb2.PurgeGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PurgeQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grouper.admin.v1.AdminService/PurgeQueue',
+            proto_dot_admin__pb2.PurgeQueueRequest.SerializeToString,
+            proto_dot_admin__pb2.PurgeQueueResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -176,6 +176,11 @@ class AdminClient:
                                               **_count_request(count))
         return self._call(self._stub.PurgeGroup, request).messages_purged
 
+    def purge_queue(self, queue: str, local_only: bool = False) -> tuple[int, int]:
+        """(messages purged, available messages left: those in no group)."""
+        response = self._call(self._stub.PurgeQueue, admin_pb2.PurgeQueueRequest(queue=queue, local_only=local_only))
+        return response.messages_purged, response.messages_left
+
     def move_group(self, queue: str, group: str, destination: str, count: int | None,
                    local_only: bool = False) -> int:
         request = admin_pb2.MoveGroupRequest(queue=queue, group=group, destination_queue=destination,

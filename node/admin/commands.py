@@ -157,7 +157,7 @@ def register(subparsers) -> None:
 
     queue = subparsers.add_parser("queue", help="add, update, delete or list queues (in a cluster: on every node)")
     queue_commands = queue.add_subparsers(dest="queue_command", required=True,
-                                          metavar="{add,update,delete,list}")
+                                          metavar="{add,update,delete,purge,list}")
     add = command(queue_commands, "add", _queue_add, "declare a queue (in a cluster: on every node)")
     add.add_argument("name", metavar="NAME")
     add_queue_flags(add)
@@ -175,6 +175,10 @@ def register(subparsers) -> None:
     delete.add_argument("name", metavar="NAME")
     delete.add_argument("--force", action="store_true",
                         help="in a cluster: delete even if nodes hold messages of the queue, dropping them")
+    command(queue_commands, "purge", _queue_purge,
+            "delete the available messages of every group of a queue (in a cluster: on every node); "
+            "messages delivered and not yet settled stay with their consumers, and so do messages in no "
+            "group").add_argument("name", metavar="NAME")
     command(queue_commands, "list", _queue_list, "list queues with depth, consumers and group counts"
             ).add_argument("--json", action="store_true", help="print a JSON list")
 
@@ -271,6 +275,13 @@ def _queue_update(client: AdminClient, args) -> None:
 def _queue_delete(client: AdminClient, args) -> None:
     client.delete_queue(args.name, force=args.force)
     print(f"deleted queue {args.name}")
+
+
+def _queue_purge(client: AdminClient, args) -> None:
+    purged, left = client.purge_queue(args.name)
+    print(f"purged {_count(purged, 'message')} from queue {args.name}"
+          + (f"; {_count(left, 'message')} in no group left (a consumer takes them, or delete the queue)"
+             if left else ""))
 
 
 def _queue_list(client: AdminClient, args) -> None:

@@ -78,6 +78,7 @@ QUEUES_MANAGED: dict[str, Callable[[object], tuple[str, ...]]] = {
     "GroupPage": lambda request: (request.queue,),
     "ResetGroups": lambda request: (request.queue,),
     "PurgeGroup": lambda request: (request.queue,),
+    "PurgeQueue": lambda request: (request.queue,),
     "MoveGroup": lambda request: (request.queue, request.destination_queue),
     "AddMember": lambda request: (EVERY_QUEUE,),
     "RemoveMember": lambda request: (EVERY_QUEUE,),
@@ -343,6 +344,15 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 request, caller, lambda: self._control.purge_group(request.queue, request.group, count),
                 lambda client: client.purge_group(request.queue, request.group, count, local_only=True))))
         return self._answer("PurgeGroup", request, context, work)
+
+    def PurgeQueue(self, request, context):
+        def work(caller):
+            results = [counts for _, counts in self._everywhere(
+                request, caller, lambda: self._control.purge_queue(request.queue),
+                lambda client: client.purge_queue(request.queue, local_only=True))]
+            return admin_pb2.PurgeQueueResponse(messages_purged=sum(purged for purged, _ in results),
+                                                messages_left=sum(left for _, left in results))
+        return self._answer("PurgeQueue", request, context, work)
 
     def MoveGroup(self, request, context):
         def work(caller):

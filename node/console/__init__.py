@@ -125,6 +125,9 @@ class Console:
             if route == ("POST", "queues", "*", "delete"):
                 admin.delete_queue(segments[1], force=_json_object(body).get("force") is True)
                 return {"deleted": segments[1]}
+            if route == ("POST", "queues", "*", "purge"):
+                purged, left = admin.purge_queue(segments[1])
+                return {"messages_purged": purged, "messages_left": left}
             if route == ("GET", "queues", "*", "groups"):
                 return admin.group_page(segments[1], query.get("prefix", ""), _integer(query, "position", 0),
                                         _integer(query, "page_size", PAGE_SIZE_DEFAULT), query.get("node", ""))
@@ -133,7 +136,7 @@ class Console:
             if route == ("POST", "queues", "*", "groups", "*", "purge"):
                 return {"messages_purged": admin.purge_group(segments[1], segments[3], None)}
         raise ConsoleError(404, f"no console API {method} {path}: the page calls GET /api/session, /api/cluster, "
-                                f"/api/queues, /api/queues/Q/groups and POSTs /api/queues, /api/queues/Q/delete, "
+                                f"/api/queues, /api/queues/Q/groups and POSTs /api/queues, /api/queues/Q/delete, /api/queues/Q/purge, "
                                 f"/api/queues/Q/groups/G/reset and /api/queues/Q/groups/G/purge")
 
     def _identify(self, authorization, source, now_ms):

@@ -4,7 +4,7 @@ chromedriver, against a 3-node cluster of real `grouper node` processes with a u
 Rules of this file:
 - chromium and chromedriver are the system's (.ci/run installs Debian's `chromium` and
   `chromium-driver`); without them the tests fail saying what to install, never skip.
-- One cluster for the module; the wrong-password test logs in wrong on a node the other test does not
+- One cluster and one browser for the module; the wrong-password test logs in wrong on a node the other test does not
   log in to, fewer times than the failed-login throttle allows, so the throttle never decides a result.
 - Every wait is bounded and polls the page or the admin API; nothing asserts an upper bound on time.
 """
@@ -52,8 +52,12 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    users = write_users_file(tmp_path_factory.mktemp("users") / "users.json", ROLES, USERS, PASSWORD)
+def users(tmp_path_factory):
+    return write_users_file(tmp_path_factory.mktemp("users") / "users.json", ROLES, USERS, PASSWORD)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, users):
     with pytest.MonkeyPatch.context() as environment:
         # the harness's status polls run `grouper cluster status` with the environment's credentials
         environment.setenv("GROUPER_USER", "admin")
@@ -67,8 +71,10 @@ def cluster(tmp_path_factory):
             nodes.kill_all()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def driver():
+    """One browser for the module (its start costs seconds); each test loads its page afresh, and the
+    page keeps its login in memory only, so nothing carries over from one test to the next."""
     chromium = browser()
     chromium.set_page_load_timeout(BROWSER_WAIT_S)
     try:
@@ -106,6 +112,13 @@ def log_in(chromium, node, user: str, password: str) -> None:
     chromium.find_element("id", "login-user").send_keys(user)
     chromium.find_element("id", "login-password").send_keys(password)
     chromium.find_element("id", "login-submit").click()
+
+
+def open_view(chromium, view: str) -> None:
+    """Click a view's tab once the page shows the tabs (after its session call answered)."""
+    tab = f'#tabs button[data-view="{view}"]'
+    wait_page(chromium, lambda: chromium.find_element("css selector", tab).is_displayed(), f"the {view} tab")
+    chromium.find_element("css selector", tab).click()
 
 
 def api(node, path: str, user: str = "", password: str = "", *, body: bytes | None = None,
@@ -155,7 +168,7 @@ def test_the_console_shows_the_cluster_lists_groups_and_resets_one(cluster, driv
         assert "wait for a route: p50 under" in text_of(driver, "decisions")
         assert not driver.find_element("id", "open-notice").is_displayed()
 
-        driver.find_element("css selector", '#tabs button[data-view="groups"]').click()
+        open_view(driver, "groups")
         wait_page(driver, lambda: QUEUE in text_of(driver, "groups-queue"), "the queue to choose")
         from selenium.webdriver.support.ui import Select
         Select(driver.find_element("id", "groups-queue")).select_by_value(QUEUE)
@@ -184,12 +197,12 @@ def test_the_console_shows_the_cluster_lists_groups_and_resets_one(cluster, driv
         assert status == 200 and [(row["group"], row["consumer"], row["messages"]) for row in page["groups"]] \
             == [("g-reset", None, 2)], page
 
-        driver.find_element("css selector", '#tabs button[data-view="consumers"]').click()
+        open_view(driver, "consumers")
         wait_page(driver, lambda: driver.find_elements("css selector", f'#consumers tr[data-consumer="{consumer_id}"]'),
                   "the consumer")
         assert "console-test-consumer" in text_of(driver, "consumers")
 
-        driver.find_element("css selector", '#tabs button[data-view="groups"]').click()
+        open_view(driver, "groups")
         wait_page(driver, lambda: group_row(driver, "g-reset") is not None, "the groups again")
         viewport = tuple(driver.execute_script("return [Math.round(window.innerWidth * window.devicePixelRatio), "
                                                "Math.round(window.innerHeight * window.devicePixelRatio)]"))
@@ -207,18 +220,33 @@ def confirm(chromium, expected: str) -> None:
 
 def test_a_queue_is_added_and_deleted_through_the_page(cluster, driver):
     log_in(driver, cluster.nodes[0], "admin", PASSWORD)
-    driver.find_element("css selector", '#tabs button[data-view="queues"]').click()
+    open_view(driver, "queues")
     wait_page(driver, lambda: driver.find_elements("css selector", f'#queues tr[data-queue="{QUEUE}"]'), "the queues")
     driver.find_element("id", "add-queue-name").send_keys("made.by.console")
-    driver.find_element("id", "add-queue-settings").send_keys('{"group_header": "JMSXGroupID"}')
+    driver.find_element("id", "add-queue-settings").send_keys('{"group_buckets": 4}')
     driver.find_element("css selector", "#add-queue button").click()
     confirm(driver, "Add queue made.by.console")
     cluster.wait_for(lambda status: all(any(queue["name"] == "made.by.console" for queue in member["queues"])
                                         for member in status["members"]), "the new queue on every node")
     made = lambda: driver.find_elements("css selector", '#queues tr[data-queue="made.by.console"]')  # noqa: E731
     wait_page(driver, lambda: len(made()) == 3, "the new queue on the 3 nodes")
+
+    connection = connect_as_admin(cluster.nodes[0])
+    try:
+        sender = connection.create_sender("made.by.console")
+        for index in range(3):
+            sender.send(grouped(f"to-purge-{index}", f"p{index}"))
+    finally:
+        connection.close()
+    cluster.wait_for(lambda status: sum(queue["depth_messages"] for member in status["members"]
+                                        for queue in member["queues"] if queue["name"] == "made.by.console") == 3,
+                     "3 messages on the new queue")
+    wait_page(driver, lambda: made()[0].find_element("class name", "purge").click() or True, "a Purge button")
+    confirm(driver, "Purge queue made.by.console")
+    wait_page(driver, lambda: text_of(driver, "queues-result") == "queue made.by.console: 3 message(s) purged",
+              "the purge's result")
     wait_page(driver, lambda: made()[0].find_element("class name", "delete").click() or True, "a Delete button")
-    confirm(driver, "Delete queue made.by.console")
+    confirm(driver, "Delete queue made.by.console")  # empty now: no second question to force it
     cluster.wait_for(lambda status: not any(queue["name"] == "made.by.console" for member in status["members"]
                                             for queue in member["queues"]), "the queue gone from every node")
     wait_page(driver, lambda: not made(), "the queue gone")
@@ -292,6 +320,18 @@ def test_an_open_node_says_so_and_refuses_bad_requests_clearly(tmp_path, driver)
         status, answer = api(node, "/api/elsewhere")
         assert status == 404 and "/api/queues/Q/groups" in answer["error"]
         assert [queue["name"] for queue in api(node, "/api/queues")[1]["members"][0]["queues"]] == [QUEUE]
+
+        connection = BlockingConnection(node.url, timeout=WAIT_S)
+        try:
+            sender = connection.create_sender(QUEUE)
+            for group in ("g1", None, "g1", "g2"):
+                sender.send(grouped("x", group))
+        finally:
+            connection.close()
+        purged = node.cli("queue", "purge", QUEUE)  # the CLI's way to the same admin call
+        assert purged.returncode == 0, purged.stderr
+        assert purged.stdout.strip() == (f"purged 3 messages from queue {QUEUE}; 1 message in no group left (a "
+                                         f"consumer takes them, or delete the queue)")
     finally:
         node.kill()
 
@@ -299,11 +339,10 @@ def test_an_open_node_says_so_and_refuses_bad_requests_clearly(tmp_path, driver)
 FAILURES_BEFORE_THROTTLE = 3  # node/admin/credentials.py
 
 
-def test_failed_console_logins_hold_the_address_back_on_the_admin_port_too(tmp_path):
+def test_failed_console_logins_hold_the_address_back_on_the_admin_port_too(tmp_path, users):
     from node.admin.client import AccessDenied, AdminClient
     from node.admin.credentials import basic_metadata
 
-    users = write_users_file(tmp_path / "users.json", ROLES, USERS, PASSWORD)
     node = NodeProcess(tmp_path / "secured", "", ("--users-file", str(users))).start()
     try:
         for _ in range(FAILURES_BEFORE_THROTTLE + 1):  # checked and refused; the last one starts the throttle

@@ -191,7 +191,12 @@ async function loadQueues() {
     cell(tr, queue.enqueued_total, "number");
     cell(tr, queue.delivered_total, "number");
     state.previousTotals.set(key, { atMs: nowMs, enqueued: queue.enqueued_total, delivered: queue.delivered_total });
-    button(tr, "Delete", "danger delete", () => deleteQueue(queue.name, queue.depth_messages));
+    const purge = button(tr, "Purge", "danger purge", () => purgeQueue(queue.name));
+    const remove = document.createElement("button");
+    remove.textContent = "Delete";
+    remove.className = "danger delete";
+    remove.addEventListener("click", () => deleteQueue(queue.name));
+    purge.parentElement.appendChild(remove);
   });
 }
 
@@ -214,7 +219,20 @@ $("add-queue").addEventListener("submit", async (event) => {
   } catch (error) { showError(error); }
 });
 
-async function deleteQueue(name, depth) {
+async function purgeQueue(name) {
+  if (!window.confirm(`Purge queue ${name} (on every node of a cluster)? The available messages of every group ` +
+                      "are deleted; messages delivered and not yet settled stay with their consumers, and so do " +
+                      "messages in no group.")) return;
+  try {
+    const result = await api("POST", `/api/queues/${encodeURIComponent(name)}/purge`, {});
+    await loadQueues();
+    $("queues-result").textContent = `queue ${name}: ${result.messages_purged} message(s) purged` +
+      (result.messages_left ? `; ${result.messages_left} in no group left (a consumer takes them, or delete the queue)` : "");
+    showError(null);
+  } catch (error) { showError(error); }
+}
+
+async function deleteQueue(name) {
   if (!window.confirm(`Delete queue ${name} (on every node of a cluster)?`)) return;
   try {
     await api("POST", `/api/queues/${encodeURIComponent(name)}/delete`, { force: false });

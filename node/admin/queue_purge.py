@@ -1,0 +1,37 @@
+"""Purging a whole queue on this node, in bounded batches of groups, each one engine loop turn.
+
+Rules:
+- Runs on the engine loop thread (LoopControl posts each batch through the bridge) over a core
+  `Queue`, through the queue's own `take_group_messages`, the same removal as `group purge`: only
+  available messages go; messages delivered and not yet settled stay with their consumer.
+- One call looks at most GROUPS_PER_BATCH_MAX groups, so a million groups never hold the loop for
+  one long turn: the caller runs batches until `done`, and the loop serves clients in between.
+- Messages without a group (a queue without `default_group`) are in no group, and the core has no
+  call that takes them: they stay, and `available_left` counts them (with any that arrived during
+  the purge), so the caller can say so. A consumer takes them, or deleting the queue drops them.
+- Groups are taken in the queue's dict order from `position`; a group emptied (and so forgotten by
+  the queue) moves those after it back by one, which the next position accounts for. Groups that
+  arrive during the purge join its end and are purged when it gets there.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+
+GROUPS_PER_BATCH_MAX = 10_000  # groups purged per engine loop turn
+
+
+def available_left(queue) -> int:
+    """Messages still available on the queue (not delivered): after a purge, those in no group."""
+    return queue.depth_messages - queue.acquired_messages
+
+
+def purge_batch(queue, position: int, now_ms: int, effects: list,
+                groups_max: int = GROUPS_PER_BATCH_MAX) -> tuple[int, int, bool]:
+    """(messages purged, position of the next batch, done) for the batch of groups at `position`."""
+    keys = [group.key for group in islice(queue.groups.values(), position, position + groups_max)]
+    groups_before = len(queue.groups)
+    purged = sum(len(queue.take_group_messages(key, None, effects)) for key in keys)
+    forgotten = groups_before - len(queue.groups)  # only groups of this batch: each purge forgets its own at most
+    queue.tick(now_ms, effects)  # as `group purge` does: dispatch goes on with what is left
+    return purged, position + len(keys) - forgotten, len(keys) < groups_max
