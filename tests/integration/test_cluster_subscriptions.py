@@ -129,3 +129,28 @@ def test_queue_add_with_an_address_declares_a_subscription_on_every_node(tmp_pat
             producer_client.close()
     finally:
         cluster.kill_all()
+
+
+def test_a_durable_subscription_outlives_its_link_resumes_through_another_node_and_a_close_ends_it_everywhere(
+        tmp_path):
+    cluster = Cluster(tmp_path, 3).start()
+    try:
+        with Client(cluster.nodes[0], container_id="app") as client:
+            subscriber = client.consumer("ticks", "keep", credit=10, options=(Topic(durable=True),))
+            wait_everywhere(cluster, True, "app.keep")
+            subscriber.link.detach()  # closed=false: suspended, the subscription stays on every node
+            client.wait_for(lambda: subscriber.link.state & subscriber.link.REMOTE_CLOSED, 10)
+        cluster.wait_consumers("app.keep", {0: 0, 1: 0, 2: 0})
+        with Client(cluster.nodes[1]) as producer_client:
+            producer_client.producer("ticks").send(*(group_message(group, seq) for seq in range(PER_GROUP)
+                                                     for group in GROUPS))
+        with Client(cluster.nodes[1], container_id="app") as client:  # the same container id and link name
+            subscriber = client.consumer("ticks", "keep", credit=100, options=(Topic(durable=True),))
+            received = [parse_body(r.message) for r in subscriber.take(len(GROUPS) * PER_GROUP)]
+            for group in GROUPS:
+                assert [seq for g, seq in received if g == group] == list(range(PER_GROUP)), received
+            subscriber.accept(*subscriber.history)
+            subscriber.close()  # closed=true: the client ends its durable subscription, on every node
+        wait_everywhere(cluster, False, "app.keep")
+    finally:
+        cluster.kill_all()
