@@ -554,6 +554,7 @@ class Queue:
         head = group.head()
         # a head waiting out its redelivery delay holds its whole group: tick() places it when due
         if head is None or group.held or group.key in self.held_keys or head.available_at_ms:
+            group.placed_seq = -1  # not the last head's seq: that int (32 bytes) would outlive its message
             if group.idle:
                 self._forget(group)
             elif self._tracking_empty_owned and head is None and self._empty_and_owned(group):
