@@ -91,7 +91,9 @@ Cluster-wide queue definitions (handler/queue_definitions.py) reach every node t
   different parameters) applies the cluster's definition here: a queue that holds no message takes
   it, its consumers detached with a condition naming the settings that differ (what their attach
   would have heard had the definition been here first); one holding messages keeps its settings,
-  logged, since regrouping them would split groups.
+  logged, since regrouping them would split groups. A queue made here whose definition never
+  committed before a restart (recovered from the journal, no definition or deletion in the log) is
+  proposed once the replica is current.
 - A subscription queue deleted here because its link ended (the broker's `ended`: a temporary one
   detached, a durable one closed) is deleted cluster-wide (ProposeQueueDeletion), once any definition
   of it this node proposed committed; retried likewise. A temporary subscription's definition names
@@ -623,6 +625,7 @@ class ClusterProtocol:
             if values.get(TEMPORARY_OF) == self.node_id and name not in self.broker.temporary:
                 self._to_delete.add(name)
         self._delete_temporary_of(set(self.members.get("down", {})))
+        self._define_recovered(effects)
         self._propose_seeds(now_ms, effects)
         self._propose_again(effects)
         self._release(self.router.become_ready(now_ms), now_ms, effects)
@@ -663,6 +666,17 @@ class ClusterProtocol:
                 effects.append(ProposeDefinition(values))
         if ended:
             self._propose_deletions(effects)
+
+    def _define_recovered(self, effects: list) -> None:
+        """Queues recovered from the journal with no definition and no deletion in the log: made here
+        for clients before a restart whose definition never committed (no majority, then a crash).
+        Config-file queues are seeds, with rules of their own."""
+        unknown = set(self.broker.queues) - set(self.definitions) - self.deleted_names - self.pending_definitions \
+            - {values["name"] for values in self.queue_seeds}
+        for name in sorted(unknown):
+            values = self.broker.queues[name].settings.to_dict()
+            self._defining[name] = values
+            effects.append(ProposeDefinition(values))
 
     def _propose_deletions(self, effects: list) -> None:
         for name in sorted(self._to_delete):

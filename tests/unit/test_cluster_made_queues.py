@@ -156,3 +156,16 @@ def test_a_forward_reaching_a_subscription_whose_link_ended_here_does_not_define
     cluster.deletion_proposed("app.live.1", None, 0)
     assert "app.live.1" not in cluster.broker.queues and effects
     assert cluster.pending_definitions == set()
+
+
+def test_a_queue_recovered_from_the_journal_whose_definition_never_committed_is_proposed_once_current():
+    cluster = ClusterProtocol("n1", Broker(), handler_timeout_ms=1000,
+                              queue_seeds=(QueueSettings(name="seeded").to_dict(),))
+    for name in ("orders", "seeded", "gone", "defined"):
+        cluster.broker.declare_queue(QueueSettings(name=name))  # Node.recover: journalled declarations
+    cluster.hold_recovered()
+    cluster.applied(QUEUES, [(1, "defined", QueueSettings(name="defined").to_dict())], None, 0)
+    cluster.applied(QUEUES, [(2, "gone", None)], None, 0)
+    cluster.broker.declare_queue(QueueSettings(name="gone"))  # a torn tail lost its deletion's record
+    proposals = of(ProposeDefinition, cluster.ready(0))
+    assert proposals == [ProposeDefinition(QueueSettings(name="orders").to_dict())]
