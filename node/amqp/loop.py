@@ -19,6 +19,10 @@ Engine loop thread only (other threads enter through `bridge`). Rules:
 - A consumer's outcome that removes a message is settled only once the removal is on disk: settling
   promises the message is gone for good. If the batch fails, the delivery is left unsettled and the
   consumer's link is detached with the failure's condition (a restart would deliver it again).
+- Journal records nobody waits for (a removal its consumer settled first, a presettled send) promise
+  nothing: they are held back from the writer until a batch has a waiter, the next tick or
+  JOURNAL_HELD_MAX_BYTES, and a unit nobody waits for is reported only with a later one. At moderate
+  rates each message makes batches of its own, and each would otherwise cost an fsync and a wake-up.
 - A queue at its depth limit rejects with amqp:resource-limit-exceeded rather than withholding
   credit: a link may carry messages for several queues (anonymous relay), and a rejection tells
   the producer at once which message failed and why.
@@ -78,6 +82,10 @@ OUTPUT_MAX_BYTES = 4 << 20  # socket output buffered per connection before its i
 OUTPUT_CHUNK_BYTES = 1 << 20  # one copy out of proton's output buffer
 RECEIVE_BUFFER_BYTES = 64 << 10  # first size of the buffer incoming messages are copied through
 SHUTDOWN_GRACE_S = 0.3  # time for close frames to leave before the loop stops
+# journal records nobody waits for (removals a consumer settled first, presettled sends) are held back
+# from the writer until a batch has a waiter, the next tick, or this much is held: at moderate rates
+# each message would otherwise cost the writer a wake-up and an fsync of its own
+JOURNAL_HELD_MAX_BYTES = 1 << 20
 
 SND_SETTLED = lib.PN_SND_SETTLED
 DIST_MODE_COPY = lib.PN_DIST_MODE_COPY
@@ -122,6 +130,8 @@ class AmqpServer:
         self._lost: list = []  # connections whose sockets are gone: released after the batch
         self._backlogged: set = set()  # connections with input waiting for the next batch (connection.py)
         self._batch_due = False
+        self._credit_withheld = False  # a producer's credit waits for the journal's backlog to shrink
+        self._journal_due = False  # the tick asks for held journal records to go to the writer
         self._output_buffer = ffi.new("char[]", OUTPUT_CHUNK_BYTES)
         self._receive_buffer = ffi.new("char[]", RECEIVE_BUFFER_BYTES)
         self._receive_buffer_bytes = RECEIVE_BUFFER_BYTES
@@ -258,7 +268,7 @@ class AmqpServer:
     def wake(self) -> None:
         if not self._batch_due:
             self._batch_due = True
-            self.loop.call_soon(self._batch)
+            self.loop.call_soon(self._batch_if_due)
 
     def backlogged(self, connection: Connection) -> None:
         self._backlogged.add(connection)
@@ -274,7 +284,13 @@ class AmqpServer:
 
     def _drain_bridge(self) -> None:
         self.bridge.drain()
-        self.wake()
+        # what the closures did goes out in this wake-up, not after another turn of the loop (a wake-up
+        # from another thread, a journal report above all, is the whole batch at moderate rates)
+        self._batch()
+
+    def _batch_if_due(self) -> None:
+        if self._batch_due:  # else a batch has run since this call was scheduled
+            self._batch()
 
     def _tick(self) -> None:
         if self.stopping:
@@ -284,6 +300,8 @@ class AmqpServer:
         if self.cluster is not None:
             self.cluster.tick(now_ms)
         self.gate.tick(now_ms)
+        if self.journal is not None and self.journal.pending_bytes():
+            self._journal_due = True
         heartbeat_ms = int(time.monotonic() * 1000)
         for connection in self._accepted.values():
             connection.tick(heartbeat_ms)
@@ -308,6 +326,8 @@ class AmqpServer:
         dirty, self._dirty = self._dirty, set()
         for connection in dirty:
             connection.flush(buffer, OUTPUT_CHUNK_BYTES)
+        if self.journal is not None:
+            self.journal.wake_writer()  # now that the batch is out: the writer gets the GIL at once
         if self._lost:
             lost, self._lost = self._lost, []
             for connection in lost:
@@ -347,8 +367,18 @@ class AmqpServer:
         # the end of a batch: hand everything journalled in it to the writer as one unit
         if self.cluster is not None:
             self.cluster.quiesced()
-        ticket = self.journal.flush() if self.journal is not None else None
-        for target, kind in self.durability.batch_ended(ticket):
+        journal = self.journal
+        if journal is None:
+            released = self.durability.batch_ended(None)
+        else:
+            report = self.durability.waiting or self._credit_withheld
+            if report or self._journal_due or journal.pending_bytes() >= JOURNAL_HELD_MAX_BYTES:
+                # a unit nobody waits for is reported only with a later one (journal.py): no wake-up for it
+                released = self.durability.batch_ended(journal.flush(report=report, wake=False))
+                self._journal_due = False
+            else:
+                released = []  # nothing waits for this batch's records: held for a later unit or the tick
+        for target, kind in released:
             self._confirm(target, kind)
 
     # ---- the journal writer's reports (through the bridge) -----------------------------------
@@ -357,7 +387,9 @@ class AmqpServer:
         """Every record up to `ticket` is on disk."""
         for target, kind in self.durability.durable(ticket):
             self._confirm(target, kind)
-        self._top_up_all()  # credit withheld while the journal's backlog was full
+        if self._credit_withheld:  # while the journal's backlog was full
+            self._credit_withheld = False
+            self._top_up_all()
 
     def journal_failed(self, ticket: int, reason: str) -> None:
         """The batch ending at `ticket` could not be written: take back its sends, refuse their producers."""
@@ -745,6 +777,7 @@ class AmqpServer:
         if credit * 2 >= window:
             return
         if self.journal is not None and self.journal.backlog_full():
+            self._credit_withheld = True  # the batch's unit asks for a report, so journal_durable comes
             return  # the disk is behind: withhold credit until journal_durable tops up again
         lib.pn_link_flow(state.link, window - credit)
         self._dirty.add(state.connection)

@@ -45,6 +45,11 @@ class Durability:
         """`stored`: for a producer, the (queue name, Message) its send put in the broker."""
         self._batch.append((target, kind, stored))
 
+    @property
+    def waiting(self) -> bool:
+        """Something registered in the batch being built waits for its journal unit."""
+        return bool(self._batch)
+
     def batch_ended(self, ticket: int | None) -> list:
         """The batch was handed to the journal as `ticket` (None: there is no journal, nothing to wait
         for). Returns the (target, kind) pairs released at once."""

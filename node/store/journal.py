@@ -13,6 +13,14 @@ Threads:
 Rules:
 - A unit is everything between two flush() calls. The writer takes all units queued since its last
   write as one batch: one write, one fsync, one on_durable(highest ticket).
+- The engine loop hands units over during its batch with wake=False and wakes the writer with
+  `wake_writer` once its batch is done: a writer woken mid-batch only waits for the GIL, and each of
+  the loop's proton calls (cffi releases the GIL around every one) would wake it again for nothing.
+- A unit flushed with report=False is one nobody waits for (removals a consumer settled first): the
+  writer reports it only inside the report of a later unit that was flushed with report=True, so at
+  moderate rates, where each message makes batches of its own, its write costs the engine loop no
+  wake-up. flush(report=True) with nothing pending after such a unit hands over an empty unit, so the
+  ticket it returns is always reported.
 - on_durable(t) means every unit with a ticket <= t is on disk, except the units already reported to
   on_failed. A failed batch is reported ticket by ticket before any later on_durable, its records are
   dropped (not retried) and it is cut off the file so the next batch starts at a frame boundary.
@@ -69,12 +77,13 @@ class Recovery:
 
 
 class _Unit:
-    __slots__ = ("ticket", "entries", "size_bytes")
+    __slots__ = ("ticket", "entries", "size_bytes", "report")
 
-    def __init__(self, ticket: int, entries: list, size_bytes: int):
+    def __init__(self, ticket: int, entries: list, size_bytes: int, report: bool):
         self.ticket = ticket
         self.entries = entries  # (kind, key, frame): key is a queue name or (queue, seq)
         self.size_bytes = size_bytes
+        self.report = report  # someone waits for it: on_durable once it is on disk
 
 
 class Journal:
@@ -89,6 +98,8 @@ class Journal:
         self._pending: list = []
         self._pending_bytes = 0
         self._ticket = 0
+        self._last_unit_reported = True  # the unit of _ticket was flushed with report=True
+        self._wake_due = False  # units were handed over with wake=False since the last wake_writer
         self._closed = False
         # shared, under _wake
         self._wake = threading.Condition()
@@ -223,21 +234,38 @@ class Journal:
         self._pending.append((kind, key, frame))
         self._pending_bytes += len(frame)
 
-    def flush(self) -> int:
-        """Hand the pending records to the writer as one unit; return its ticket (0: nothing ever)."""
+    def flush(self, report: bool = True, wake: bool = True) -> int:
+        """Hand the pending records to the writer as one unit; return its ticket (0: nothing ever).
+        `report` False: nobody waits for this unit, on_durable may skip it (see the header).
+        `wake` False: the writer is woken by the next `wake_writer` (see the header)."""
         if self._fatal is not None:
             raise JournalError(f"journal writer of {self.path} stopped: {self._fatal}; restart the node")
-        if not self._pending:
+        if not self._pending and (self._last_unit_reported or not report):
             return self._ticket
         self._ticket += 1
-        unit = _Unit(self._ticket, self._pending, self._pending_bytes)
+        self._last_unit_reported = report
+        unit = _Unit(self._ticket, self._pending, self._pending_bytes, report)
         self._pending = []
         self._pending_bytes = 0
         with self._wake:
             self._units.append(unit)
             self._handed_over_bytes += unit.size_bytes
-            self._wake.notify()
+            if wake:
+                self._wake.notify()
+            else:
+                self._wake_due = True
         return unit.ticket
+
+    def wake_writer(self) -> None:
+        """Wake the writer for the units flushed with wake=False (engine loop thread)."""
+        if self._wake_due:
+            self._wake_due = False
+            with self._wake:
+                self._wake.notify()
+
+    def pending_bytes(self) -> int:
+        """Encoded bytes not yet handed to the writer (the next flush's unit)."""
+        return self._pending_bytes
 
     def backlog_bytes(self) -> int:
         """Encoded bytes accepted but not yet written (pending plus handed over)."""
@@ -309,7 +337,8 @@ class Journal:
                 self._fsync_latency.observe(fsync_ns / 1e6)
             stats["file_bytes"] = self._end
             stats["live_bytes"] = self._live_bytes
-        self._call(self._on_durable, units[-1].ticket)
+        if any(unit.report for unit in units):
+            self._call(self._on_durable, units[-1].ticket)
 
     def _write_frames(self, units: list[_Unit], offset: int) -> None:
         chunk: list[bytes] = []

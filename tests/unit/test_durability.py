@@ -17,6 +17,15 @@ def test_a_waiter_is_released_when_its_batch_is_durable_and_not_before():
     assert durability.durable(1) == []
 
 
+def test_a_batch_is_waiting_from_its_first_waiter_until_it_ends():
+    durability = Durability(RETRY_INTERVAL_MS)
+    assert not durability.waiting  # the loop holds this batch's journal records back (loop.py)
+    durability.wait("send", PRODUCER)
+    assert durability.waiting
+    durability.batch_ended(1)
+    assert not durability.waiting
+
+
 def test_without_a_journal_the_batch_is_released_at_its_end():
     durability = Durability(RETRY_INTERVAL_MS)
     durability.wait("send", PRODUCER)

@@ -298,6 +298,63 @@ def test_tickets_increase_per_flush_and_an_empty_flush_repeats_the_last(tmp_path
     assert callbacks.failed == []
 
 
+def wait_written(journal: Journal, records_count: int) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while journal.stats()["records_written"] < records_count:
+        assert time.monotonic() < deadline, f"{records_count} records not written within {WAIT_S} s"
+        time.sleep(0.005)
+
+
+def test_a_unit_nobody_waits_for_is_written_but_reported_only_with_a_later_one(tmp_path):
+    journal, callbacks = started(tmp_path)
+    journal.remove("q", 1)
+    assert journal.flush(report=False) == 1
+    wait_written(journal, 1)  # its own batch, so no later unit can carry it
+    journal.store("q", message(2))
+    assert journal.flush() == 2
+    callbacks.wait_reported(2)
+    journal.close()
+    assert callbacks.durable == [2]
+
+
+def test_a_reported_flush_of_nothing_after_an_unreported_unit_gets_a_ticket_of_its_own(tmp_path):
+    journal, callbacks = started(tmp_path)
+    journal.store("q", message(1))
+    assert journal.flush(report=False) == 1
+    assert journal.flush(report=False) == 1  # nothing new, nobody waits: no unit
+    assert journal.flush() == 2  # someone waits for what is written so far: an empty unit reports it
+    callbacks.wait_reported(2)
+    assert journal.flush() == 2  # ticket 2 is reported already
+    journal.close()
+    assert callbacks.durable == [2]
+    assert [m.seq for m in recovered(tmp_path).messages["q"]] == [1]
+
+
+def test_a_unit_nobody_waits_for_is_still_reported_when_its_write_fails(tmp_path, monkeypatch):
+    journal, callbacks = started(tmp_path)
+
+    def fsync_fails(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", fsync_fails)
+    journal.remove("q", 1)
+    callbacks.wait_reported(journal.flush(report=False))
+    monkeypatch.undo()
+    journal.close()
+    assert [ticket for ticket, _ in callbacks.failed] == [1]
+
+
+def test_units_handed_over_without_a_wake_are_written_once_the_writer_is_woken(tmp_path):
+    journal, callbacks = started(tmp_path)
+    for seq in (1, 2):
+        journal.store("q", message(seq))
+        journal.flush(wake=False)
+    journal.wake_writer()
+    callbacks.wait_reported(2)
+    journal.close()
+    assert [m.seq for m in recovered(tmp_path).messages["q"]] == [1, 2]
+
+
 def test_backlog_counts_bytes_until_they_are_written(tmp_path):
     journal = Journal(tmp_path, pending_bytes_max=100)
     journal.recover()
