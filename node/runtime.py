@@ -283,12 +283,6 @@ class LoopControl:
                 "in_transit": local["in_transit"], "members": rows}
 
 
-def _local_address(host: str, port: int) -> str:
-    """host:port to dial a listener of this process on `host`; a wildcard host is reached on loopback."""
-    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def _routes_by_node(routes: dict) -> dict[str, int]:
     counts: dict[str, int] = {}
     for owner in routes.values():
@@ -367,7 +361,7 @@ class Node:
 
     def start(self) -> None:
         from node.admin import tls as admin_tls
-        from node.admin.service import serve
+        from node.admin.service import AdminServicer, serve
 
         self.security = Security.from_config(self.config)
         from node.peer.credentials import insecure_cluster_refusal
@@ -381,11 +375,14 @@ class Node:
         self.amqp_port = self._listen("AMQP", self.config.amqp_port, tls=False)
         if tls_context is not None:
             self.amqps_port = self._listen("AMQP over TLS", self.config.amqps_port, tls=True)
+        # kept: the web console calls it in process (node.admin.local), as the admin port's callers do
+        self.admin_servicer = AdminServicer(LoopControl(self), self.security,
+                                            admin_tls.peer_channel_credentials(self.config),
+                                            self.config.cluster_tls_server_name)
         self.admin_server, self.admin_port = serve(
             LoopControl(self), self.config.host, self.config.admin_port, add_services=self._add_peer_service,
             security=self.security, credentials=admin_files.credentials() if admin_files is not None else None,
-            peer_credentials=admin_tls.peer_channel_credentials(self.config),
-            peer_server_name=self.config.cluster_tls_server_name)
+            servicer=self.admin_servicer)
         if self.cluster is not None:
             self._start_cluster()
         self.journal.start(on_durable=lambda ticket: self.bridge.post(lambda: self.server.journal_durable(ticket)),
@@ -412,8 +409,8 @@ class Node:
         from node.console import Console
         from node.health import HealthServer
 
-        # the console asks this node's own admin API, as the members ask each other's
-        console = Console(self, self.security, _local_address(self.config.host, self.admin_port),
+        # the console calls this node's admin API in process; the other members over their admin ports
+        console = Console(self, self.security, self.admin_servicer,
                           admin_credentials=admin_tls.peer_channel_credentials(self.config),
                           admin_server_name=self.config.cluster_tls_server_name)
         try:

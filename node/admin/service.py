@@ -432,15 +432,16 @@ _OPEN_ACCESS = Access.open()
 
 def serve(control: NodeControl, host: str, port: int, *, workers: int = WORKERS_DEFAULT,
           add_services=None, security=None, credentials: grpc.ServerCredentials | None = None,
-          peer_credentials: grpc.ChannelCredentials | None = None, peer_server_name: str = ""
-          ) -> tuple[grpc.Server, int]:
+          peer_credentials: grpc.ChannelCredentials | None = None, peer_server_name: str = "",
+          servicer: AdminServicer | None = None) -> tuple[grpc.Server, int]:
     """Start the admin API on host:port (0 picks a free port); returns the server and its port.
 
     `security` (node.security.Security) identifies and authorizes callers; None serves an open API.
     `credentials` (node.admin.tls.ServerFiles.credentials()) serve TLS for every service on the port,
     the ones `add_services` adds included; None serves plaintext. `peer_credentials` is the TLS this
     node dials the other members' admin ports with, `peer_server_name` the name their certificates
-    carry when it is not the host dialled.
+    carry when it is not the host dialled. `servicer`: the one to serve, when the caller also calls it
+    in process (node.admin.local); None: one made of `control` and the rest.
 
     Raises GrouperError naming host:port when it cannot listen there, as the AMQP listener does,
     so `grouper node` reports it as a failed start rather than a traceback."""
@@ -451,7 +452,8 @@ def serve(control: NodeControl, host: str, port: int, *, workers: int = WORKERS_
         options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MESSAGE_LENGTH_MAX_BYTES),
                  ("grpc.max_send_message_length", MESSAGE_LENGTH_MAX_BYTES)],
     )
-    servicer = AdminServicer(control, security, peer_credentials, peer_server_name)
+    if servicer is None:
+        servicer = AdminServicer(control, security, peer_credentials, peer_server_name)
     admin_pb2_grpc.add_AdminServiceServicer_to_server(servicer, server)
     if add_services is not None:  # the node-to-node service shares the listener
         add_services(server)

@@ -1,15 +1,15 @@
 """The web console on the node's HTTP port: one page (static/ in this package) and the JSON API it calls.
 
 Rules:
-- Owns nothing and reads no node state itself. Every answer comes from the node's own admin API
-  (node.admin.client over gRPC to this node's admin port) called with the browser's credentials, so
-  the admin API's permissions (service.QUEUES_MANAGED), its spanning of the cluster, its messages and
-  its one path into the engine loop (LoopControl through the bridge) apply unchanged. Only what the
-  HTTP server's probe already serves comes from it, read as /readyz and /metrics read it: this node's
-  readiness and its route decisions (count by outcome, latency percentiles).
+- Owns nothing and reads no node state itself. Every answer comes from the node's own admin API,
+  called in process (node.admin.local) as the browser: its credentials and its address, so the admin
+  API's identification and throttle, its permissions (service.QUEUES_MANAGED), its spanning of the
+  cluster, its messages and its one path into the engine loop (LoopControl through the bridge) apply
+  unchanged. Only what the HTTP server's probe already serves comes from it, read as /readyz and
+  /metrics read it: this node's readiness and its route decisions (count by outcome, percentiles).
 - Credentials: HTTP basic auth in each /api call's Authorization header, checked here first by an
   Authenticator over the node's users file and its one failed-login throttle, keyed by the browser's
-  address (the admin API then sees a password this node has just verified). /api answers 401 without a
+  address, so a refused password goes no further (and counts once). /api answers 401 without a
   WWW-Authenticate challenge, so the page shows its own login form rather than the browser's dialog.
   The page and its static files hold no data and are served to anyone. A node without users is open;
   /api/session says so and the page shows it.
@@ -32,6 +32,7 @@ from urllib.parse import parse_qs, unquote
 
 from node.admin.client import AdminClient, AdminError
 from node.admin.credentials import Authenticator, Unauthenticated
+from node.admin.local import LocalAdmin
 from node.core.errors import GrouperError
 from node.core.settings import QueueSettings
 
@@ -39,7 +40,6 @@ log = logging.getLogger("grouper.console")
 
 JSON = "application/json; charset=utf-8"
 BODY_MAX_BYTES = 64 * 1024  # a queue's settings are a few hundred bytes
-ADMIN_TIMEOUT_MS = 5000  # each admin call the console makes for a request
 MEMBER_TIMEOUT_MS = 1000  # each member's own status, asked for the cluster view's readiness column
 PAGE_SIZE_DEFAULT = 50  # groups per page when the page does not say
 STATIC_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
@@ -65,14 +65,14 @@ class ConsoleError(Exception):
 
 
 class Console:
-    def __init__(self, probe, security, admin_address: str, *, admin_credentials=None, admin_server_name: str = ""):
+    def __init__(self, probe, security, admin_servicer, *, admin_credentials=None, admin_server_name: str = ""):
         """`probe`: what node.health's endpoints ask (readiness); `security`: node.security.Security or
-        None (open); `admin_address`: this node's admin API, dialled with `admin_credentials` (TLS) and
-        `admin_server_name` as the members dial each other."""
+        None (open); `admin_servicer`: this node's AdminServicer; the other members' admin ports are
+        dialled with `admin_credentials` (TLS) and `admin_server_name`, as the members dial each other."""
         self._probe = probe
         self._security = security
         self._authenticator = Authenticator(security)
-        self._admin_address = admin_address
+        self._admin_servicer = admin_servicer
         self._admin_credentials = admin_credentials
         self._admin_server_name = admin_server_name
         self._members_pool = futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="console-members")
@@ -109,8 +109,7 @@ class Console:
             raise ConsoleError(413, f"the request body is over {BODY_MAX_BYTES} bytes; a queue's settings fit "
                                     f"in far less")
         caller = self._identify(authorization, source, now_ms)
-        with AdminClient(self._admin_address, ADMIN_TIMEOUT_MS, credentials=self._admin_credentials,
-                         metadata=caller.forwarded, server_name=self._admin_server_name) as admin:
+        with LocalAdmin(self._admin_servicer, source, caller.forwarded) as admin:
             # a queue's name and a group's id stand at positions 1 and 3: the route is the rest
             route = (method, *("*" if index in (1, 3) else part for index, part in enumerate(segments)))
             if route == ("GET", "session"):
