@@ -134,9 +134,15 @@ class Console:
                 return {"groups_reset": admin.reset_groups(segments[1], segments[3])}
             if route == ("POST", "queues", "*", "groups", "*", "purge"):
                 return {"messages_purged": admin.purge_group(segments[1], segments[3], None)}
+            if route == ("POST", "queues", "*", "groups", "*", "move"):
+                destination = _json_object(body).get("destination")
+                if not isinstance(destination, str) or not destination:
+                    raise ConsoleError(400, 'a move needs {"destination": QUEUE} in its body: the queue to move '
+                                            'the group\'s available messages to')
+                return {"messages_moved": admin.move_group(segments[1], segments[3], destination, None)}
         raise ConsoleError(404, f"no console API {method} {path}: the page calls GET /api/session, /api/cluster, "
                                 f"/api/queues, /api/queues/Q/groups and POSTs /api/queues, /api/queues/Q/delete, /api/queues/Q/purge, "
-                                f"/api/queues/Q/groups/G/reset and /api/queues/Q/groups/G/purge")
+                                f"/api/queues/Q/groups/G/reset, .../purge and .../move")
 
     def _identify(self, authorization, source, now_ms):
         if authorization is None and not self._authenticator.open:

@@ -29,6 +29,7 @@ PASSWORD = "console pass phrase"
 USERS = {"admin": "administrator", "sender": "sender"}
 ROLES = {"sender": "send:orders"}
 QUEUE = "orders"
+MOVED_TO = "orders.moved"  # where the page moves a group
 WINDOW = (1280, 900)  # the browser's window in pixels; the screenshot is its viewport (the window less its frame)
 BROWSER_WAIT_S = 20.0  # bound of each wait for the page to show something
 
@@ -62,7 +63,8 @@ def cluster(tmp_path_factory, users):
         # the harness's status polls run `grouper cluster status` with the environment's credentials
         environment.setenv("GROUPER_USER", "admin")
         environment.setenv("GROUPER_PASSWORD", PASSWORD)
-        nodes = Cluster(tmp_path_factory.mktemp("cluster"), config_text=f'[[queue]]\nname = "{QUEUE}"\n',
+        nodes = Cluster(tmp_path_factory.mktemp("cluster"), config_text=f'[[queue]]\nname = "{QUEUE}"\n\n'
+                                                                         f'[[queue]]\nname = "{MOVED_TO}"\n',
                         args=("--users-file", str(users), "--sasl-plain-on-loopback", "--placement", "local"))
         try:
             nodes.start()
@@ -191,6 +193,16 @@ def test_the_console_shows_the_cluster_lists_groups_and_resets_one(cluster, driv
         assert "1 owner(s) let go" in text_of(driver, "action-result")
         rows = {row["group"]: row for row in cluster.groups(QUEUE)}
         assert rows["g-reset"]["consumer"] is None and rows["g-reset"]["messages"] == 2  # the admin API agrees
+        wait_page(driver, lambda: group_row(driver, "g-b").find_element("class name", "move").click() or True,
+                  "g-b's Move button")
+        prompt = wait_page(driver, lambda: _alert(driver), "the destination prompt")
+        prompt.send_keys(MOVED_TO)
+        prompt.accept()
+        confirm(driver, f"Move group g-b of queue orders to queue {MOVED_TO}?")
+        wait_page(driver, lambda: group_row(driver, "g-b") is None, "g-b gone from orders")
+        assert text_of(driver, "action-result") == f"group g-b: 1 message(s) moved to {MOVED_TO}"
+        assert [(row["group"], row["messages"]) for row in cluster.groups(MOVED_TO)] == [("g-b", 1)]
+
         # another node's console pages the first node's groups on the caller's behalf
         status, page = api(cluster.nodes[2], f"/api/queues/{QUEUE}/groups?node={cluster.node_ids[0]}&prefix=g-r",
                            "admin", PASSWORD)

@@ -295,11 +295,13 @@ async function loadGroups(position) {
     cell(tr, age(group.head_age_ms), "number");
     cell(tr, group.node);
     const actions = button(tr, "Reset", "reset", () => groupAction(queue, group.group, "reset"));
-    const purge = document.createElement("button");
-    purge.textContent = "Purge";
-    purge.className = "danger purge";
-    purge.addEventListener("click", () => groupAction(queue, group.group, "purge"));
-    actions.parentElement.appendChild(purge);
+    for (const [label, action, className] of [["Move", "move", "move"], ["Purge", "purge", "danger purge"]]) {
+      const more = document.createElement("button");
+      more.textContent = label;
+      more.className = className;
+      more.addEventListener("click", () => groupAction(queue, group.group, action));
+      actions.parentElement.appendChild(more);
+    }
   });
   return page;
 }
@@ -307,15 +309,26 @@ async function loadGroups(position) {
 const GROUP_ACTIONS = {
   reset: (queue, group) => `Reset group ${group} of queue ${queue}? Its owner lets go of it; its next message goes to any consumer.`,
   purge: (queue, group) => `Purge group ${group} of queue ${queue}? Its available messages are deleted.`,
+  move: (queue, group, body) => `Move group ${group} of queue ${queue} to queue ${body.destination}? Its available messages go to the end of that queue, in order.`,
+};
+const GROUP_RESULTS = {
+  reset: (group, result) => `group ${group}: ${result.groups_reset} owner(s) let go`,
+  purge: (group, result) => `group ${group}: ${result.messages_purged} message(s) purged`,
+  move: (group, result, body) => `group ${group}: ${result.messages_moved} message(s) moved to ${body.destination}`,
 };
 
 async function groupAction(queue, group, action) {
-  if (!window.confirm(GROUP_ACTIONS[action](queue, group))) return;
+  const body = {};
+  if (action === "move") {
+    const destination = window.prompt(`Move group ${group} of queue ${queue} to which queue?`);
+    if (!destination) return;
+    body.destination = destination.trim();
+  }
+  if (!window.confirm(GROUP_ACTIONS[action](queue, group, body))) return;
   try {
-    const result = await api("POST", `/api/queues/${encodeURIComponent(queue)}/groups/${encodeURIComponent(group)}/${action}`, {});
+    const result = await api("POST", `/api/queues/${encodeURIComponent(queue)}/groups/${encodeURIComponent(group)}/${action}`, body);
     await loadGroups(state.groups.position);
-    $("action-result").textContent = action === "reset" ? `group ${group}: ${result.groups_reset} owner(s) let go`
-      : `group ${group}: ${result.messages_purged} message(s) purged`;
+    $("action-result").textContent = GROUP_RESULTS[action](group, result, body);
     showError(null);
   } catch (error) { showError(error); }
 }
