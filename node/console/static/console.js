@@ -9,7 +9,7 @@ const state = {
   view: "cluster",
   timer: null,
   previousTotals: new Map(), // "node queue" -> {atMs, enqueued, delivered}: rates in and out
-  groups: { queue: "", node: "", prefix: "", pageSize: 50, position: 0, nextPosition: 0, total: 0 },
+  groups: { queue: "", position: 0, nextPosition: 0, total: 0 }, // the page of groups shown
 };
 
 const $ = (id) => document.getElementById(id);
@@ -267,8 +267,8 @@ async function loadGroupChoices() {
   setOptions($("groups-queue"), names, names);
   const nodes = answer.clustered ? answer.members.map((member) => member.node) : [""];
   setOptions($("groups-node"), nodes, nodes.map((node) => node ? (node === answer.node ? `${node} (this node)` : node) : "this node"));
-  if (!state.groups.queue && names.length) state.groups.node = $("groups-node").value;
-  if (names.length) await loadGroups(state.groups.position);
+  // back on the view: the same page of the same queue; another queue starts from its first page
+  if (names.length) await loadGroups($("groups-queue").value === state.groups.queue ? state.groups.position : 0);
 }
 
 function groupQuery(position, pageSize) {
