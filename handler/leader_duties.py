@@ -7,7 +7,7 @@ decision is then in the raft log, so replicas agree whatever this object believe
 - Only a leader acts. A node that is not the leader, or a leader of a later term, starts afresh:
   it forgets when members became unreachable and waits before reaping again.
 - The reaper (with `group_timeout_ms`) expires routes idle that long, at most once per
-  `reaper_interval_ms`, and only once the leader has led for `group_timeout_ms / 2`: during an
+  `reaper_interval_ms` (by default a sixtieth of the timeout, at least REAPER_INTERVAL_MS), and only once the leader has led for `group_timeout_ms / 2`: during an
   election nobody could refresh what it holds, and those routes are not idle.
 - A member the leader cannot reach cannot refresh what it relies on, and that is more than its own
   routes: its outbound store waits under routes naming other nodes, which nobody else need refresh.
@@ -35,7 +35,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-REAPER_INTERVAL_MS = 1000  # how often the leader proposes expire_idle (with a group timeout)
+REAPER_INTERVAL_MS = 1000  # the least interval between two expire_idle the leader proposes
+# ...and at most this many a group timeout: expire_idle looks at every route on every replica (a
+# million routes, about 0.1 s of a member's CPU each time), so with the default timeout it runs every
+# 30 s, and a route outlives its timeout by at most that much
+REAPER_ROUNDS_PER_TIMEOUT = 60
+# The default group timeout. Expiry is safe at any value (a node refreshes every route of a group it
+# holds messages of, owns for a consumer or has in its outbound store, every quarter of it), so the
+# value trades how long an unused route holds memory and a routes_max slot against the refreshes it
+# costs the raft log: each node proposes every route it relies on once per quarter timeout, i.e.
+# live routes / (timeout / 4) entries per second per node. Thirty minutes: 1,000,000 live routes cost
+# each node about 2,200 refreshes/s, a third of the ~7,000 decisions/s one raft group makes
+# (docs/cluster-ceiling.md; ten minutes would take nearly all of it), 100,000 cost 220/s; an unused
+# route's slot is free within thirty minutes, and a group unused for fifteen pays one route decision.
+GROUP_TIMEOUT_MS_DEFAULT = 1_800_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +101,9 @@ class FollowConsumers:
 
 class LeaderDuties:
     def __init__(self, group_timeout_ms: int = 0, owner_failover_ms: int = 0,
-                 reaper_interval_ms: int = REAPER_INTERVAL_MS, route_follow_ms: int = 0):
+                 reaper_interval_ms: int | None = None, route_follow_ms: int = 0):
+        if reaper_interval_ms is None:
+            reaper_interval_ms = max(REAPER_INTERVAL_MS, group_timeout_ms // REAPER_ROUNDS_PER_TIMEOUT)
         if group_timeout_ms < 0 or owner_failover_ms < 0 or reaper_interval_ms <= 0 or route_follow_ms < 0:
             raise ValueError(f"leader duties need group_timeout_ms >= 0 (got {group_timeout_ms}), "
                              f"owner_failover_ms >= 0 (got {owner_failover_ms}), reaper_interval_ms > 0 "

@@ -19,6 +19,9 @@ Format versions:
 - Snapshots carry SNAPSHOT_FORMAT_VERSION under "format_version" (absent: 1, as every snapshot before
   versions). One this build does not read is refused by name: pysyncobj swallows exceptions from
   `_deserialize` and would go on with an empty table, so `on_refused` stops the member instead.
+  Version 1 held the table's attributes with routes {(queue, group): [node, touched_ms]}; version 2
+  holds RouteTable.state(), routes packed per queue (handler/route_table.py's header). This build
+  reads both and writes 2, so a member upgraded in place restores its old snapshot.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from handler.route_table import (MEMBERS, MOVES, MOVES_ALL, PLACEMENT_LOCAL, REF
 
 log = logging.getLogger("grouper.handler")
 
-SNAPSHOT_FORMAT_VERSION = 1  # what this build writes
-SNAPSHOT_FORMAT_VERSIONS_READ = (1,)  # what it reads; a newer build keeps reading the one before it
+SNAPSHOT_FORMAT_VERSION = 2  # what this build writes
+SNAPSHOT_FORMAT_VERSIONS_READ = (1, 2)  # what it reads; a newer build keeps reading the one before it
 EXIT_UNREADABLE_SNAPSHOT = 3  # the member's exit status after refusing a snapshot
 
 
@@ -81,7 +84,7 @@ class RouteTableReplica(SyncObjConsumer):
     # ---- snapshots: the table's attributes, as plain data ------------------------------------
 
     def _serialize(self):
-        return {"format_version": SNAPSHOT_FORMAT_VERSION, "route_table": dict(vars(self.table)),
+        return {"format_version": SNAPSHOT_FORMAT_VERSION, "route_table": self.table.state(),
                 "queue_definitions": dict(vars(self.queues))}
 
     def _deserialize(self, data):
@@ -93,11 +96,13 @@ class RouteTableReplica(SyncObjConsumer):
                       f"that build (upgrade one version step at a time), never an older one after it")
             self._on_refused(reason)
             raise SnapshotRefused(reason)
-        table = RouteTable(self._routes_max)
-        vars(table).update(data["route_table"])
+        if version == 1:
+            table = RouteTable.from_state_v1(data["route_table"])
+        else:
+            table = RouteTable.from_state(data["route_table"])
         self.table = table
-        self._on_applied(SNAPSHOT, [(queue, group, route[0], route[1])
-                                    for (queue, group), route in sorted(table.routes.items())], None)
+        self._on_applied(SNAPSHOT, sorted((queue, group, node, touched_ms)
+                                          for (queue, group), (node, touched_ms) in table.entries()), None)
         self._on_applied(MOVES_ALL, table.moves_all(), None)
         self._publish_members()
         queues = QueueDefinitions()

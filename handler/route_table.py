@@ -37,6 +37,11 @@ Moves (groups follow their consumers; node/core/cluster_protocol.py has the hand
   backlog and everything it relayed have reached `to_node`. When `waiting` is empty the move ends.
 - A route removed (expire_idle, unroute, drop_queue, fail_over of its node) ends its move; a member
   failed over is taken out of every `waiting` (availability over order, as failover already is).
+Memory (a million routes are held on every node; bench/route_memory.py measures them): a route is
+one entry in its queue's dict, group -> an int packing the route's node and touched time
+(touched_ms << NODE_BITS | node number), with node names interned in `node_names` (append-only,
+at most NODES_MAX) and each queue name held once. A (queue, group) tuple key and a [node, touched_ms]
+list cost about twice as much. Expiry (expire_idle) never removes a route whose group is moving.
 Never imports pysyncobj, threading, time, random, socket, grpc or proton.
 """
 
@@ -64,6 +69,10 @@ LOCAL_TOLERANCE_RATIO = Fraction(11, 10)
 
 MOVES_PER_COMMAND_MAX = 1000  # routes one follow_consumers moves; the leader proposes again for the rest
 
+NODE_BITS = 16  # low bits of a packed route: its node's number in node_names
+NODES_MAX = 1 << NODE_BITS  # distinct node names a table ever routes to; a route to one more is refused
+_NODE_MASK = NODES_MAX - 1
+
 
 def _is_str(value) -> bool:
     return type(value) is str  # exactly str: a subclass would put a custom class into the state
@@ -82,7 +91,9 @@ class RouteTable:
         if not _is_int(routes_max) or routes_max < 0:
             raise ValueError(f"routes_max must be an int >= 0, got {routes_max!r}")
         self.routes_max = routes_max
-        self.routes: dict[tuple[str, str], list] = {}  # (queue, group) -> [node, touched_ms]
+        # queue -> group -> touched_ms << NODE_BITS | node number (see the header: a route is one int)
+        self.routes: dict[str, dict[str, int]] = {}
+        self.node_names: list[str] = []  # node number -> name; append-only, so numbers never change
         self.route_counts: dict[tuple[str, str], int] = {}  # (node, queue) -> routes; no zero entries
         self.consumers: dict[str, dict[str, int]] = {}  # node -> queue -> consumers; no zero entries
         self.nodes: dict[str, dict] = {}  # node -> {"peer_address", "amqp_address", "admin_address"}
@@ -90,13 +101,76 @@ class RouteTable:
         # (queue, group) -> [from_node, to_node, started_ms, waiting (sorted nodes)]: moves in progress
         self.moves: dict[tuple[str, str], list] = {}
         self.revision = 0  # bumped once by every command that changed something
+        self._derive()
+
+    def _derive(self) -> None:
+        """What follows from the state above and is left out of snapshots."""
+        self._node_numbers = {name: number for number, name in enumerate(self.node_names)}
+        self.route_total = sum(len(groups) for groups in self.routes.values())
+
+    STATE = ("routes_max", "routes", "node_names", "route_counts", "consumers", "nodes", "down", "moves",
+             "revision")  # what a snapshot holds (handler/replicated.py: format version 2)
+
+    def state(self) -> dict:
+        """The table as plain data for a snapshot; shared, not copied (pysyncobj pickles it at once)."""
+        return {name: getattr(self, name) for name in self.STATE}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "RouteTable":
+        table = cls(state["routes_max"])
+        for name in cls.STATE:
+            setattr(table, name, state[name])
+        table._derive()
+        return table
+
+    @classmethod
+    def from_state_v1(cls, state: dict) -> "RouteTable":
+        """A snapshot of format version 1: the table's attributes with routes {(queue, group): [node,
+        touched_ms]}. Routes are packed in sorted order, so every replica numbers the nodes alike."""
+        table = cls(state["routes_max"])
+        for name in ("route_counts", "consumers", "nodes", "down", "moves", "revision"):
+            setattr(table, name, state[name])
+        for (queue, group), (node, touched_ms) in sorted(state["routes"].items()):
+            table.routes.setdefault(queue, {})[group] = table._pack(node, max(touched_ms, 0))
+        table._derive()
+        return table
+
+    def _pack(self, node: str, touched_ms: int) -> int | None:
+        """The packed route, or None when `node` would be name number NODES_MAX + 1."""
+        number = self._node_numbers.get(node)
+        if number is None:
+            if len(self.node_names) >= NODES_MAX:
+                return None  # every replica meets the same names in the same order: all refuse alike
+            number = len(self.node_names)
+            self.node_names.append(node)
+            self._node_numbers[node] = number
+        return touched_ms << NODE_BITS | number
+
+    def _unpack(self, packed: int) -> tuple[str, int]:
+        return self.node_names[packed & _NODE_MASK], packed >> NODE_BITS
+
+    def entry(self, queue: str, group: str) -> tuple[str, int] | None:
+        """(node, touched_ms) of the route, or None."""
+        packed = self.routes.get(queue, {}).get(group)
+        return None if packed is None else self._unpack(packed)
+
+    def entries(self):
+        """Every route as ((queue, group), (node, touched_ms)), in no particular order."""
+        names = self.node_names
+        for queue, groups in self.routes.items():
+            for group, packed in groups.items():
+                yield (queue, group), (names[packed & _NODE_MASK], packed >> NODE_BITS)
+
+    def __len__(self) -> int:
+        return self.route_total
 
     # ---- commands: replicated, so deterministic and never raising -----------------------------
 
     def claim(self, keys: list, proposer: str, now_ms: int, placement: str = PLACEMENT_LOCAL) -> list:
         if not isinstance(keys, (list, tuple)):
             return []
-        if not (_is_str(proposer) and _is_int(now_ms) and _is_str(placement) and placement in PLACEMENTS):
+        if not (_is_str(proposer) and _is_int(now_ms) and now_ms >= 0 and _is_str(placement)
+                and placement in PLACEMENTS):
             return [None] * len(keys)
         nodes = [self._claim_one(key[0], key[1], proposer, now_ms, placement) if _is_key(key) else None
                  for key in keys]
@@ -106,36 +180,47 @@ class RouteTable:
         return nodes
 
     def _claim_one(self, queue: str, group: str, proposer: str, now_ms: int, placement: str) -> str | None:
-        route = self.routes.get((queue, group))
-        if route is not None:
-            route[1] = max(route[1], now_ms)  # a late proposal never makes a route look older
-            return route[0]
-        if len(self.routes) >= self.routes_max:
+        groups = self.routes.get(queue)
+        packed = None if groups is None else groups.get(group)
+        if packed is not None:
+            if now_ms > packed >> NODE_BITS:  # a late proposal never makes a route look older
+                groups[group] = now_ms << NODE_BITS | packed & _NODE_MASK
+            return self.node_names[packed & _NODE_MASK]
+        if self.route_total >= self.routes_max:
             return None
         return self._create(queue, group, self.choose_node(queue, proposer, placement), now_ms)
 
-    def _create(self, queue: str, group: str, node: str, now_ms: int) -> str:
-        self.routes[(queue, group)] = [node, now_ms]
+    def _create(self, queue: str, group: str, node: str, now_ms: int) -> str | None:
+        packed = self._pack(node, now_ms)
+        if packed is None:
+            return None
+        self.routes.setdefault(queue, {})[group] = packed
+        self.route_total += 1
         self.route_counts[(node, queue)] = self.route_counts.get((node, queue), 0) + 1
         return node
 
     def follow_consumers(self, queue: str, from_node: str, now_ms: int) -> list:
         """Move the routes of `queue` on `from_node` to the nodes consuming it (see the header).
         Returns the moves begun, [(queue, group, from_node, to_node, waiting)], sorted."""
-        if not (_is_str(queue) and _is_str(from_node) and _is_int(now_ms)) or self._serves(from_node, queue):
+        if not (_is_str(queue) and _is_str(from_node) and _is_int(now_ms) and now_ms >= 0) \
+                or self._serves(from_node, queue):
             return []
         targets = sorted(node for node in self.consumers if node != from_node and self._serves(node, queue))
         if not targets:
             return []
-        keys = sorted(key for key, route in self.routes.items()
-                      if key[0] == queue and route[0] == from_node and key not in self.moves)
+        from_number = self._node_numbers.get(from_node)
+        keys = sorted((queue, group) for group, packed in self.routes.get(queue, {}).items()
+                      if packed & _NODE_MASK == from_number and (queue, group) not in self.moves)
         members = set(node for node in self.nodes if node not in self.down)
         begun = []
         for key in keys[:MOVES_PER_COMMAND_MAX]:
             to_node = min(targets, key=lambda node: (self.route_counts.get((node, queue), 0), node))
+            packed = self._pack(to_node, now_ms)
+            if packed is None:
+                break  # NODES_MAX names routed to already
             self._count(from_node, queue, -1)
             self._count(to_node, queue, 1)
-            self.routes[key] = [to_node, now_ms]
+            self.routes[queue][key[1]] = packed
             waiting = sorted(members | {from_node, to_node})
             self.moves[key] = [from_node, to_node, now_ms, waiting]
             begun.append((key[0], key[1], from_node, to_node, tuple(waiting)))
@@ -195,14 +280,15 @@ class RouteTable:
                 results.append(None)
                 continue
             queue, group, node = entry
-            route = self.routes.get((queue, group))
-            if route is None:
+            packed = self.routes.get(queue, {}).get(group)
+            if packed is None:
                 results.append(self._create(queue, group, node, now_ms)
-                               if len(self.routes) < self.routes_max else None)
+                               if self.route_total < self.routes_max and now_ms >= 0 else None)
             else:
-                if route[0] == node:
-                    route[1] = max(route[1], now_ms)
-                results.append(route[0])
+                owner = self.node_names[packed & _NODE_MASK]
+                if owner == node and now_ms > packed >> NODE_BITS:
+                    self.routes[queue][group] = now_ms << NODE_BITS | packed & _NODE_MASK
+                results.append(owner)
         if any(result is not None for result in results):
             self.revision += 1
         return results
@@ -256,31 +342,43 @@ class RouteTable:
             move = self.moves[key]
             if node in move[3]:
                 self._clear(key, move, node)
-        return self._remove(sorted(key for key, route in self.routes.items() if route[0] == node))
+        number = self._node_numbers.get(node)
+        return self._remove(sorted((queue, group) for queue, groups in self.routes.items()
+                                   for group, packed in groups.items() if packed & _NODE_MASK == number))
 
     def expire_idle(self, cutoff_ms: int, spared_nodes: list = ()) -> list:
-        """Remove routes touched before cutoff_ms, except those of `spared_nodes`: members the
-        leader cannot reach cannot refresh the groups they hold, which must not move meanwhile."""
+        """Remove routes touched before cutoff_ms, except those of `spared_nodes` (members the leader
+        cannot reach cannot refresh the groups they hold, which must not move meanwhile) and those
+        of moving groups (both ends hold the group until the move ends; the clears end it)."""
         if not _is_int(cutoff_ms) or not isinstance(spared_nodes, (list, tuple)):
             return []
-        spared = [node for node in spared_nodes if _is_str(node)]
-        return self._remove(sorted(key for key, route in self.routes.items()
-                                   if route[1] < cutoff_ms and route[0] not in spared))
+        spared = {self._node_numbers[node] for node in spared_nodes if _is_str(node) and node in self._node_numbers}
+        cutoff_packed = max(cutoff_ms, 0) << NODE_BITS  # packed < this: touched before cutoff_ms
+        # every route is looked at on every replica, in the raft tick thread: one comparison each, no
+        # call (a million routes: about 60 ms; a function per route took ten times as long)
+        idle = [(queue, group) for queue, groups in self.routes.items()
+                for group, packed in groups.items() if packed < cutoff_packed]
+        return self._remove(sorted(key for key in idle if key not in self.moves and
+                                   self.routes[key[0]][key[1]] & _NODE_MASK not in spared))
 
     def unroute(self, keys: list) -> list:
         if not isinstance(keys, (list, tuple)):
             return []
         wanted = sorted({(key[0], key[1]) for key in keys if _is_key(key)})
-        return self._remove([key for key in wanted if key in self.routes])
+        return self._remove([key for key in wanted if key[1] in self.routes.get(key[0], {})])
 
     def drop_queue(self, queue: str) -> list:
         if not _is_str(queue):
             return []
-        return self._remove(sorted(key for key in self.routes if key[0] == queue))
+        return self._remove([(queue, group) for group in sorted(self.routes.get(queue, {}))])
 
     def _remove(self, keys: list) -> list:
         for key in keys:
-            node = self.routes.pop(key)[0]
+            groups = self.routes[key[0]]
+            node = self.node_names[groups.pop(key[1]) & _NODE_MASK]
+            if not groups:
+                del self.routes[key[0]]
+            self.route_total -= 1
             self._count(node, key[0], -1)
             self.moves.pop(key, None)  # a removed route ends its move (the ROUTES feed says so)
         if keys:
@@ -315,17 +413,15 @@ class RouteTable:
     def route(self, queue: str, group: str) -> str | None:
         if not (_is_str(queue) and _is_str(group)):
             return None
-        route = self.routes.get((queue, group))
-        return None if route is None else route[0]
+        packed = self.routes.get(queue, {}).get(group)
+        return None if packed is None else self.node_names[packed & _NODE_MASK]
 
     def moves_all(self) -> list:
         """Every move in progress, as the MOVES_ALL feed carries them, sorted."""
         return [(queue, group, move[0], move[1], tuple(move[3])) for (queue, group), move in sorted(self.moves.items())]
 
     def routes_of(self, queue: str) -> list:
-        return sorted((group, node, touched_ms)
-                      for (routed_queue, group), (node, touched_ms) in self.routes.items()
-                      if routed_queue == queue)
+        return sorted((group, *self._unpack(packed)) for group, packed in self.routes.get(queue, {}).items())
 
     def snapshot(self) -> dict:
         routes_by_node: dict[str, int] = {}
@@ -333,7 +429,7 @@ class RouteTable:
             routes_by_node[node] = routes_by_node.get(node, 0) + count
         return {
             "revision": self.revision,
-            "routes": len(self.routes),
+            "routes": self.route_total,
             "routes_max": self.routes_max,
             "routes_by_node": routes_by_node,
             "consumers": {node: dict(sorted(held.items())) for node, held in sorted(self.consumers.items())},

@@ -14,6 +14,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 
+from handler.leader_duties import GROUP_TIMEOUT_MS_DEFAULT
 from handler.route_table import PLACEMENT_BALANCED, PLACEMENTS
 from node.core.address_settings import AddressSettings
 from node.core.errors import InvalidConfig
@@ -68,7 +69,9 @@ class NodeConfig:
     join: bool = False  # not a founding member: ask the members in peers to add this node, then serve
     join_timeout_ms: int = 60_000  # give up joining (exit non-zero) when no member adds this node within this
     handler_timeout_ms: int = 5000  # a group's route not decided within this is a refused send
-    group_timeout_ms: int = 0  # routes unused this long are expired by the leader; 0 = never
+    # a route no node used, held messages of or had an owner of for this long is expired by the leader,
+    # freeing its routes_max slot (thirty minutes: handler/leader_duties.py says why); 0 = never
+    group_timeout_ms: int = GROUP_TIMEOUT_MS_DEFAULT
     forward_timeout_ms: int = 5000  # deadline of one forwarded batch to its owner node
     owner_failover_ms: int = 0  # a member unreachable this long loses its groups to live nodes; 0 = never (order first)
     # a group whose node has had no consumer on its queue this long moves, with its queued messages and
@@ -139,7 +142,8 @@ class NodeConfig:
         if self.journal_compact_min_bytes < 0:
             raise InvalidConfig("journal_compact_min_bytes", "must be >= 0")
         if self.group_timeout_ms < 0:
-            raise InvalidConfig("group_timeout_ms", "must be >= 0 (0 = routes never expire)")
+            raise InvalidConfig("group_timeout_ms", f"must be >= 0 (0 = routes never expire and a cluster that saw "
+                                f"routes_max groups takes no new one; default {GROUP_TIMEOUT_MS_DEFAULT})")
         if self.owner_failover_ms < 0:
             raise InvalidConfig("owner_failover_ms", "must be >= 0 (0 = a dead owner keeps its groups)")
         if self.route_follow_ms and self.route_follow_ms < ROUTE_FOLLOW_MIN_MS:

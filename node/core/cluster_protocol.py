@@ -502,8 +502,13 @@ class ClusterProtocol:
             for key in payload:
                 for item in self.router.give_up(tuple(key)):
                     effects.append(Refuse(item[0], ResourceLimitExceeded(
-                        f"the cluster routes at most {self.routes_max} groups (routes_max); group "
-                        f"{key[1]!r} of queue {key[0]!r} has no route; retry once groups drain")))
+                        f"the cluster holds {self.routes_max} live routes (routes_max), so group {key[1]!r} of "
+                        f"queue {key[0]!r} got none and the message was not enqueued; "
+                        + (f"a route no node used, holds messages of or has an owner of expires after "
+                           f"{self.router.lease_ms * 2} ms (group_timeout_ms): send it again then, or raise "
+                           f"routes_max on every node" if self.router.lease_ms else
+                           "routes never expire with group_timeout_ms 0: set it (and restart the nodes), "
+                           "or raise routes_max on every node"))))
         elif kind == MOVES:
             self._moves_changed(payload)
             self._review_holds(now_ms, effects)

@@ -256,8 +256,9 @@ class Queue:
         return None if key is None else _route_name(key)
 
     def busy_route_keys(self) -> list[str]:
-        """Route keys of groups with messages here (queued or delivered and unsettled)."""
-        return [_route_name(key) for key, group in self.groups.items() if group.available_count or group.acquired]
+        """Route keys of groups with messages here (queued or delivered and unsettled) or an owner: an
+        exclusive owner keeps its group while idle, so its route must not expire under it."""
+        return [_route_name(key) for key, group in self.groups.items() if not group.idle]
 
     def _key_of(self, group_id):
         if not self._grouping:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import pytest
 from proton import Delivery
@@ -206,6 +207,12 @@ def test_group_timeout_expires_idle_routes(cluster_factory, clients):
     cluster.wait_for(lambda s: True, "one more status")
     assert cluster.status()["routes"] == 3
     bodies(held)
+    # settled, but the consumer still owns its groups (exclusive, the default policy): kept while it
+    # does, through twice the group timeout (a route nobody refreshed would be gone by then)
+    kept_until_s = time.monotonic() + 2.0
+    while time.monotonic() < kept_until_s:
+        assert cluster.status()["routes"] == 3
+    consumer.close()
     cluster.wait_for(lambda s: s["routes"] == 0, "idle routes expired", timeout_s=10)
 
 

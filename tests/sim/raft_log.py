@@ -186,8 +186,8 @@ class RaftLog:
                 self.sim.move_ended(key)
         changes = []
         for key in keys:
-            route = table.routes.get(key)
-            state = (None, None) if route is None else (route[0], route[1])
+            route = table.entry(*key)
+            state = (None, None) if route is None else route
             indexes, states = self.route_history.setdefault(key, ([], []))
             if (states[-1] if states else (None, None)) == state:
                 continue

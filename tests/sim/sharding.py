@@ -62,9 +62,12 @@ class _MergedTable:
     def __init__(self, shards: list[RaftLog]):
         self._shards = shards
 
-    @property
-    def routes(self) -> dict:
-        return {key: route for shard in self._shards for key, route in shard.table.routes.items()}
+    def entries(self):
+        for shard in self._shards:
+            yield from shard.table.entries()
+
+    def entry(self, queue: str, group: str):
+        return self._shards[shard_of(queue, group, len(self._shards))].table.entry(queue, group)
 
     @property
     def route_counts(self) -> dict:
@@ -101,7 +104,8 @@ class ShardedRaft:
 
     # ---- proposals: one per shard ------------------------------------------------------------
 
-    def propose(self, command: tuple, on_failed=None, **callbacks) -> None:
+    def propose(self, command: tuple, on_failed=None, *more, **callbacks) -> None:
+        """`more`, `callbacks`: RaftLog.propose's on_committed and rng, for what shard 0 holds."""
         kind = command[0]
         if kind in SPLIT_BY_GROUP:
             field = SPLIT_BY_GROUP[kind]
@@ -114,7 +118,7 @@ class ShardedRaft:
         elif kind in ("expire_idle", "follow_consumers"):
             raise AssertionError(f"{kind}: a shard's leader proposes it to its own log, never through the nodes")
         else:  # cluster-wide metadata (queue definitions): shard 0 holds it
-            self.shards[0].propose(command, on_failed, **callbacks)
+            self.shards[0].propose(command, on_failed, *more, **callbacks)
 
     def set_leader(self, up: bool) -> None:
         for shard in range(self.shard_count):
@@ -351,7 +355,7 @@ class ShardedSimulation(Simulation):
         if revisions != self._checked_shards:
             self._checked_shards = revisions
             for shard, log in enumerate(self.raft.shards):
-                for queue, group in log.table.routes:
+                for (queue, group), _route in log.table.entries():
                     if shard_of(queue, group, self.shard_count) != shard:
                         self.violation(f"route of {(queue, group)} is in shard {shard}'s table, but the group "
                                        f"belongs to shard {shard_of(queue, group, self.shard_count)}")

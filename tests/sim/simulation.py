@@ -46,6 +46,9 @@ Invariants, after every step:
   once the move ended, the group's messages are on the new owner only;
 - no two consumers anywhere hold unsettled messages of one group at once, and the new owner of a
   moving group delivers none of it until the move ended;
+- a route is never removed while its group has messages or an owner anywhere: a group a consumer
+  owns (an exclusive owner keeps it while idle) has a route, naming the owner's node unless a move
+  from or to that node is in progress (messages: the "held by exactly one node" invariant above);
 - no message is held twice, delivered to two consumers at once, or accepted (durably) twice, beyond
   the allowed duplicates below; no refused or never-sent message is ever delivered; every producer
   hears at most one outcome;
@@ -96,7 +99,9 @@ class SimConfig:
     consumers_max: int = 4  # attached at once
     step_ms_max: int = 10  # each step advances the clock by 1..this
     handler_timeout_ms: int = 300  # a message waits this long for a route before it is refused
-    group_timeout_ms: int = 0  # routes idle this long are expired by the leader; 0: never (no leases)
+    # routes idle this long are expired by the leader; 0: never (no leases). On by default, as in a node
+    # (GROUP_TIMEOUT_MS_DEFAULT, thirty minutes), scaled to runs that last seconds of simulated time
+    group_timeout_ms: int = 400
     reaper_interval_ms: int = 100  # the leader's duties and expire_idle cadence (with a group timeout)
     route_follow_ms: int = 0  # groups follow their consumers after this long; 0: off (and no migrations)
     placement: str = "balanced"  # every node's claims carry it (handler/route_table.py's PLACEMENT_*)
@@ -726,11 +731,11 @@ class Simulation:
         if self._checked.get("table") != (table.revision, raft.commit_index):  # else nothing changed
             self._checked["table"] = (table.revision, raft.commit_index)
             recount: dict = {}
-            for (queue, _group), (owner, _touched_ms) in table.routes.items():
+            for (queue, _group), (owner, _touched_ms) in table.entries():
                 recount[(owner, queue)] = recount.get((owner, queue), 0) + 1
             if recount != table.route_counts:
                 self.violation(f"route counts {table.route_counts} disagree with routes {recount}")
-            routes = {key: route[0] for key, route in table.routes.items()}
+            routes = {key: route[0] for key, route in table.entries()}
             if routes != raft.current:
                 self.violation(f"the table's routes {routes} are not what its log made: {raft.current}")
         holders: dict[tuple[str, str], set] = collections.defaultdict(set)
@@ -767,6 +772,8 @@ class Simulation:
             for name, queue in node.broker.queues.items():
                 depth += queue.depth_messages
                 for group_key, group in queue.groups.items():
+                    if group.owner is not None:
+                        self._check_owned_route(node.node_id, (name, group_key))
                     if group.available_count or group.acquired:
                         if self._ghosts_only(node, name, group_key):
                             continue  # accepted already, back from the journal: on its way to the owner
@@ -803,6 +810,16 @@ class Simulation:
             for mid, count in collections.Counter(held).items():
                 if count > 1 and mid not in self.allowed_duplicates:
                     self.violation(f"{mid} is held {count} times")
+
+    def _check_owned_route(self, node_id: str, key: tuple[str, str]) -> None:
+        """A group a consumer owns keeps its route (an exclusive owner keeps an idle group), and the
+        route names the owner's node, or a move from or to it is in progress."""
+        route = self.raft.table.entry(*key)
+        if route is None:
+            self.violation(f"group {key} is owned by a consumer on {node_id} but has no route: expired or "
+                           f"removed under its owner")
+        elif route[0] != node_id and node_id not in (self.raft.table.moves.get(key) or [None, None])[:2]:
+            self.violation(f"group {key} is owned by a consumer on {node_id} but routed to {route[0]}")
 
     def _ghosts_only(self, node: SimNode, queue: str, group: str) -> bool:
         """Whether every message `node` holds of the group is a ghost: one a consumer accepted whose

@@ -120,10 +120,10 @@ def test_the_fail_closed_check_catches_a_refusal_blamed_on_the_wrong_shard():
 
 def test_the_invariants_catch_a_route_decided_in_the_wrong_shard():
     class OneShardForAll(ShardedRaft):
-        def propose(self, command, on_failed=None, **callbacks):
+        def propose(self, command, on_failed=None, *more, **callbacks):
             if command[0] == "claim":
                 return self.shards[0].propose(command, on_failed)
-            return super().propose(command, on_failed, **callbacks)
+            return super().propose(command, on_failed, *more, **callbacks)
 
     class Misrouting(ShardedSimulation):
         def _make_raft(self):

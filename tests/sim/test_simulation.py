@@ -27,8 +27,10 @@ JOURNAL_FAIL_RATE = 0.05  # per journal write
 
 
 def scripted(seed: int, **overrides) -> Simulation:
-    """A simulation a test drives: no random actions, no network faults unless asked for."""
-    settings = {"scripted": True, "forward_loss": 0.0, "ack_loss": 0.0, "duplicate": 0.0, **overrides}
+    """A simulation a test drives: no random actions, no network faults unless asked for, and no expiry
+    unless asked for (lease_scripted): a scenario's timings were written without route refreshes."""
+    settings = {"scripted": True, "forward_loss": 0.0, "ack_loss": 0.0, "duplicate": 0.0, "group_timeout_ms": 0,
+                **overrides}
     return Simulation(seed, **settings)
 
 
@@ -46,7 +48,7 @@ def advance_to(sim: Simulation, at_ms: int) -> None:
 
 
 def touched_ms(sim: Simulation, queue: str, group: str) -> int:
-    return sim.raft.table.routes[(queue, group)][1]
+    return sim.raft.table.entry(queue, group)[1]
 
 
 # ---- sweeps ------------------------------------------------------------------------------------------
@@ -365,7 +367,11 @@ def test_a_route_a_down_node_still_forwards_under_is_kept_until_that_node_is_bac
     sim.restart_node("n1")  # forwards its backlog to n2
     sim.drain()
     assert sim.confirmed[backlog] == 1 and sim.confirmed[later] == 1
-    sim.advance(2 * sim.config.group_timeout_ms)  # every node up and idle: the reaper goes on
+    sim.advance(2 * sim.config.group_timeout_ms)
+    assert sim.route("q1", "g1") == "n2"  # the drain's consumer on n2 owns g1 (exclusive): kept
+    for consumer in list(sim._alive_consumers()):
+        sim.detach(consumer)
+    sim.advance(2 * sim.config.group_timeout_ms)  # every node up and idle, no owner: the reaper goes on
     assert sim.route("q1", "g1") is None
 
 

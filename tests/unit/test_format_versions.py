@@ -7,6 +7,7 @@ are tested in test_journal.py, the peer and admin ones in test_peer_forwarding.p
 
 from __future__ import annotations
 
+import pickle
 import socket
 
 import pytest
@@ -14,8 +15,14 @@ from hypothesis import given, settings as hypothesis_settings, strategies as st
 
 from handler import replicated
 from handler.member import CHANNEL_VERSION, CHANNEL_VERSIONS_SPOKEN, Member
+from handler.route_table import RouteTable
 from handler.replicated import (SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSIONS_READ, RouteTableReplica,
                                 SnapshotRefused)
+
+
+def all_routes(table: RouteTable) -> dict:
+    """The routes as {(queue, group): [node, touched_ms]}, whatever the table's own layout."""
+    return {key: [node, touched_ms] for key, (node, touched_ms) in table.entries()}
 
 
 def make_replica():
@@ -37,14 +44,37 @@ def test_a_snapshot_names_the_format_version_it_was_written_in():
     assert SNAPSHOT_FORMAT_VERSION in SNAPSHOT_FORMAT_VERSIONS_READ
 
 
+def version_1_snapshot() -> dict:
+    """What a build of format version 1 wrote for filled_replica(), less the version (none had one):
+    the table's attributes as they were, routes {(queue, group): [node, touched_ms]}."""
+    return {"route_table": {"routes_max": 10, "routes": {("q", "b"): ["n2", 12], ("q", "a"): ["n1", 10]},
+                            "route_counts": {("n1", "q"): 1, ("n2", "q"): 1}, "consumers": {}, "nodes": {},
+                            "down": {}, "moves": {}, "revision": 3},
+            "queue_definitions": dict(vars(filled_replica().queues))}
+
+
 def test_a_snapshot_without_a_version_is_version_1_and_restores_as_before():
-    data = filled_replica()._serialize()
-    del data["format_version"]  # as every snapshot before versions
     restored, heard, refused = make_replica()
-    restored._deserialize(data)
+    restored._deserialize(version_1_snapshot())
     assert refused == []
-    assert restored.table.routes == filled_replica().table.routes
+    assert all_routes(restored.table) == {("q", "a"): ["n1", 10], ("q", "b"): ["n2", 12]}
+    assert restored.table.route("q", "b") == "n2" and len(restored.table) == 2
+    assert restored.table.revision == 3 and restored.table.route_counts == {("n1", "q"): 1, ("n2", "q"): 1}
     assert restored.queues.all() == filled_replica().queues.all()
+    assert heard[0] == (replicated.SNAPSHOT, [("q", "a", "n1", 10), ("q", "b", "n2", 12)])
+    # and what it writes back is version 2, which restores to the same table
+    again, _, _ = make_replica()
+    again._deserialize(restored._serialize())
+    assert restored._serialize()["format_version"] == 2 == SNAPSHOT_FORMAT_VERSION
+    assert all_routes(again.table) == all_routes(restored.table) and again.table.node_names == ["n1", "n2"]
+
+
+def test_a_snapshot_of_this_version_restores_the_table_whole():
+    data = filled_replica()._serialize()
+    restored, heard, refused = make_replica()
+    restored._deserialize(pickle.loads(pickle.dumps(data)))  # as pysyncobj stores and sends it
+    assert refused == [] and all_routes(restored.table) == all_routes(filled_replica().table)
+    assert restored.table.claim([["q", "a"], ["q", "c"]], "n2", 20) == ["n1", "n2"]  # numbers still name nodes
     assert heard[0] == (replicated.SNAPSHOT, [("q", "a", "n1", 10)])
 
 
@@ -60,7 +90,7 @@ def test_a_snapshot_of_a_version_this_build_does_not_read_is_refused_by_name_and
     [reason] = refused
     assert f"format version {version!r}" in reason and "reads versions 1" in reason
     assert "one version step" in reason
-    assert heard == [] and restored.table.routes == {} and restored.queues.all() == {}
+    assert heard == [] and all_routes(restored.table) == {} and restored.queues.all() == {}
 
 
 def started_member(start_message):
