@@ -250,6 +250,7 @@ class ClusterProtocol:
         self._define_again: dict[str, dict] = {}  # name -> values whose proposal failed, proposed again when due
         self._to_delete: set[str] = set()  # names to delete cluster-wide, proposed when no define is in flight
         self._deleting: set[str] = set()  # deletions proposed, outcome not heard yet
+        self._committed_unseen: set[str] = set()  # definitions this node made committed, not applied here yet
         self._definitions_due_ms = 0  # when failed proposals are made again
 
     @property
@@ -535,6 +536,9 @@ class ClusterProtocol:
                 self.definitions_applied = revision
                 if self.journalled:
                     effects.append(JournalDeclare({"name": QUEUES_MARK, "revision": revision}))
+            self._committed_unseen.clear()  # the snapshot holds every definition committed so far
+            if self._replica_ready:
+                self._delete_own_ended()
         elif kind == MEMBERS:
             down = payload.get("down", {})
             for node in sorted(set(down) - set(self.members.get("down", {}))):
@@ -549,6 +553,7 @@ class ClusterProtocol:
 
     def _definition(self, revision: int, name: str, values: dict | None, effects: list) -> None:
         self.definitions_revision = max(self.definitions_revision, revision)
+        self._committed_unseen.discard(name)
         if values is None:
             self.definitions.pop(name, None)
             self.deleted_names.add(name)
@@ -564,7 +569,7 @@ class ClusterProtocol:
             self._apply_definition(name, values, effects)
             if self._replica_ready and values.get(TEMPORARY_OF) == self.node_id and name not in self._defining \
                     and name not in self.broker.temporary:
-                self._to_delete.add(name)  # proposed before a restart, committed after: no link holds it
+                self._to_delete.add(name)  # its link ended before the definition got here, or the process did
             return
         queue = self.broker.queues.get(name)
         if queue is not None:
@@ -626,9 +631,7 @@ class ClusterProtocol:
                     and not queue.stats()["consumers"]:
                 effects.append(ApplyBroker(self.broker.delete_queue(values["name"]), None))
                 effects.append(QueueDeleted(values["name"], queue.settings.durable))
-        for name, values in sorted(self.definitions.items()):  # its links ended with the process
-            if values.get(TEMPORARY_OF) == self.node_id and name not in self.broker.temporary:
-                self._to_delete.add(name)
+        self._delete_own_ended()  # its links ended with the process
         self._delete_temporary_of(set(self.members.get("down", {})))
         self._define_recovered(effects)
         self._propose_seeds(now_ms, effects)
@@ -644,7 +647,7 @@ class ClusterProtocol:
     def pending_definitions(self) -> set[str]:
         """Queues whose definition or deletion this node has yet to propose, or to see committed."""
         return {settings.name for settings, _ in self.broker.made} | set(self.broker.ended) | set(
-            self._defining) | set(self._define_again) | self._to_delete | self._deleting
+            self._defining) | set(self._define_again) | self._committed_unseen | self._to_delete | self._deleting
 
     def _take_made(self, effects: list) -> None:
         broker = self.broker
@@ -685,8 +688,8 @@ class ClusterProtocol:
 
     def _propose_deletions(self, effects: list) -> None:
         for name in sorted(self._to_delete):
-            if name in self._defining:
-                continue  # deleted once its definition is in (`definition_proposed`)
+            if name in self._defining or name in self._committed_unseen:
+                continue  # deleted once its definition is in (`definition_proposed`, the feed)
             self._to_delete.discard(name)
             self._define_again.pop(name, None)  # a queue that ended is not defined again
             if name in self.definitions and name not in self._deleting:
@@ -703,6 +706,12 @@ class ClusterProtocol:
             effects.append(ProposeDefinition(values))
         if self._replica_ready:  # what a replaying replica holds may be deleted already
             self._propose_deletions(effects)
+
+    def _delete_own_ended(self) -> None:
+        """This node's temporary subscriptions that no live link holds here are deleted cluster-wide."""
+        self._to_delete.update(name for name, values in self.definitions.items()
+                               if values.get(TEMPORARY_OF) == self.node_id and name not in self._defining
+                               and name not in self.broker.temporary)
 
     def _delete_temporary_of(self, nodes: set) -> None:
         if nodes:
@@ -721,6 +730,8 @@ class ClusterProtocol:
                      name, reason, DEFINITION_RETRY_INTERVAL_MS)
             self._define_again[name] = values
             self._definitions_due_ms = now_ms + DEFINITION_RETRY_INTERVAL_MS
+        elif outcome != CONFLICT and name not in self.definitions:
+            self._committed_unseen.add(name)  # in the log; the replica here applies it a moment later
         elif outcome == CONFLICT and held is not None:
             differing = sorted(key for key in set(values) | set(held) if values.get(key) != held.get(key))
             log.warning("queue %r made here differs from its cluster-wide definition in %s: the cluster's "

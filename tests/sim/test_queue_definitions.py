@@ -6,8 +6,10 @@ log holds exactly the defined queues with their settings (tests/sim/simulation.p
 from __future__ import annotations
 
 import collections
+import random
 
 from handler.queue_definitions import TEMPORARY_OF
+from node.core.cluster_protocol import DEFINITION_RETRY_INTERVAL_MS
 from node.core.settings import QueueSettings
 from tests.sim.simulation import Simulation
 
@@ -70,3 +72,40 @@ def test_a_temporary_subscription_is_on_every_node_until_its_link_ends_or_its_no
     sim.advance(400)
     assert sorted(sim.raft.queues.definitions) == []
     assert held_by(sim, "app.live.1") == held_by(sim, "app.live.2") == []
+
+
+SUBSCRIPTION_SEEDS = 20
+SUBSCRIPTION_STEPS = 300
+
+
+def test_temporary_subscriptions_made_and_ended_at_random_through_faults_stay_defined_only_while_their_link_lives():
+    for seed in range(SUBSCRIPTION_SEEDS):
+        sim = Simulation(seed, nodes=NODES_BY_SEED[seed % len(NODES_BY_SEED)], queue_definitions=True,
+                         crash_rate=0.03, snapshot_rate=0.02)
+        rng = random.Random(seed)
+        links: dict[str, tuple[str, int]] = {}  # subscription -> (node id, incarnation) of the link that made it
+
+        def alive(name: str) -> bool:
+            node_id, incarnation = links[name]
+            node = sim.nodes[node_id]
+            return node.alive and node.incarnation == incarnation and name in node.broker.temporary
+
+        for step in range(SUBSCRIPTION_STEPS):
+            sim.step()  # invariants after every step: every current node holds exactly the log's definitions
+            node = sim.nodes[rng.choice(sorted(sim.nodes))]
+            if node.alive and rng.random() < 0.1:
+                name = f"app.s{step}"
+                node.broker.subscribe("prices", name, durable=False)
+                links[name] = (node.node_id, node.incarnation)
+                node.carry_out(node.protocol.quiesced(sim.now_ms))
+            live = sorted(name for name in links if alive(name))
+            if live and rng.random() < 0.05:
+                name = rng.choice(live)
+                owner = sim.nodes[links[name][0]]
+                owner.broker.unsubscribe(name)  # its link ended
+                owner.carry_out(owner.protocol.quiesced(sim.now_ms))
+        sim.drain()  # faults off, every node up and current: crashed nodes' links ended with them
+        sim.advance(DEFINITION_RETRY_INTERVAL_MS * 2)  # proposals that failed during the faults are made again
+        assert [node.protocol.pending_definitions for node in sim.nodes.values()] == [set()] * len(sim.nodes), seed
+        defined = {name for name, values in sim.raft.queues.definitions.items() if TEMPORARY_OF in values}
+        assert defined == {name for name in links if alive(name)}, (seed, defined)

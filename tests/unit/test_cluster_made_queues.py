@@ -169,3 +169,14 @@ def test_a_queue_recovered_from_the_journal_whose_definition_never_committed_is_
     cluster.broker.declare_queue(QueueSettings(name="gone"))  # a torn tail lost its deletion's record
     proposals = of(ProposeDefinition, cluster.ready(0))
     assert proposals == [ProposeDefinition(QueueSettings(name="orders").to_dict())]
+
+
+def test_a_link_ending_after_its_definition_committed_but_before_the_replica_here_applied_it_still_deletes_it():
+    cluster = protocol()
+    cluster.broker.subscribe("prices", "app.live.1", durable=False)
+    (proposal,) = cluster.quiesced(0)
+    cluster.definition_proposed(proposal.values, None, ADDED, proposal.values, 0)  # the answer came first
+    cluster.broker.unsubscribe("app.live.1")
+    assert cluster.quiesced(0) == []
+    cluster.applied(QUEUES, [(1, "app.live.1", proposal.values)], None, 0)
+    assert of(ProposeQueueDeletion, cluster.tick(1, {})) == [ProposeQueueDeletion("app.live.1", 1)]
