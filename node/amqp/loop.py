@@ -110,7 +110,7 @@ class AmqpServer:
         self.config = config
         self.clock_ms = clock_ms
         self.loop = new_event_loop()
-        self.bridge = Bridge(self._wake_from_thread)
+        self.bridge = Bridge(self._wake_from_thread, lambda: self.loop.call_soon(self._drain_bridge))
         self.gate = Gate(security, self.loop, clock_ms, config, tls_context)
         self.cluster = None  # node.cluster.ClusterLink when this node is one of several
         self.stopping = False
@@ -228,6 +228,7 @@ class AmqpServer:
         self._thread.join(wait_s)
 
     def _run(self) -> None:
+        self.bridge.loop_thread_id = threading.get_ident()
         asyncio.set_event_loop(self.loop)
         self.loop.set_exception_handler(_stop_on_bug)
         self.loop.call_later(TICK_INTERVAL_S, self._tick)
