@@ -5,8 +5,8 @@
 Each scenario runs in a child process of its own against node/core's Broker and Queue (no node, no
 AMQP), so one scenario's freed memory never hides the next one's growth. Two figures per scenario:
 - tracemalloc: the bytes of Python objects the core allocated and still holds, counted exactly and
-  deterministically (the same on every run). This is what a structure costs, and the figure the
-  targets are held to.
+  deterministically (the same on every run). This is what a structure costs: the per-message and
+  per-group targets of issue 14 are read from it.
 - RSS: the growth of the resident set in a second child without tracemalloc (tracemalloc's own
   bookkeeping would be counted otherwise). It adds what the OS sees beyond the objects: pymalloc
   arenas, free lists and fragmentation. It is noisier, but a node's memory limit counts it.
