@@ -184,6 +184,18 @@ def test_the_groups_dict_is_copied_small_once_most_groups_are_gone():
     assert sys.getsizeof(queue.groups) <= sys.getsizeof(dict.fromkeys(range(GROUPS_SHRINK_MIN))) < full_bytes / 3
 
 
+def test_a_messages_state_and_flags_share_one_int_and_are_each_set_by_name():
+    message = Message(b"x", "g", closes_group=True)
+    assert (message.state, message.closes_group, message.handed_out) == (AVAILABLE, True, False)
+    message.handed_out = True
+    message.state = REMOVED
+    assert (message.state, message.closes_group, message.handed_out) == (REMOVED, True, True)
+    message.state = AVAILABLE
+    message.handed_out = False
+    assert (message.state, message.closes_group, message.handed_out) == (AVAILABLE, True, False)
+    assert not Message(b"x").closes_group
+
+
 # ---- groups_max and empty owned groups ------------------------------------------------------
 
 def test_at_groups_max_an_empty_owned_group_gives_its_place_to_a_new_group():
