@@ -112,7 +112,8 @@ import dataclasses
 import logging
 from typing import NamedTuple
 
-from handler.queue_definitions import CONFLICT, QUEUES, QUEUES_ALL, TEMPORARY_OF, fixed_changes, settings_values
+from handler.queue_definitions import (CONFLICT, MALFORMED, QUEUES, QUEUES_ALL, TEMPORARY_OF, fixed_changes,
+                                       settings_values)
 from handler.route_table import MEMBERS, MOVES, MOVES_ALL, REFUSED, ROUTES, SNAPSHOT
 from node.core.broker import Broker
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
@@ -730,7 +731,7 @@ class ClusterProtocol:
                      name, reason, DEFINITION_RETRY_INTERVAL_MS)
             self._define_again[name] = values
             self._definitions_due_ms = now_ms + DEFINITION_RETRY_INTERVAL_MS
-        elif outcome != CONFLICT and name not in self.definitions:
+        elif outcome not in (CONFLICT, MALFORMED) and name not in self.definitions:
             self._committed_unseen.add(name)  # in the log; the replica here applies it a moment later
         elif outcome == CONFLICT and held is not None:
             differing = sorted(key for key in set(values) | set(held) if values.get(key) != held.get(key))
