@@ -59,6 +59,7 @@ PR_SET_PDEATHSIG = 1  # prctl(2): a signal for this process when its parent dies
 # CAP_SYS_NICE (a node run as root has it; a container usually does not)
 MEMBER_RT_PRIORITY = 1  # SCHED_RR, the lowest real-time priority: above every normal thread, below the kernel's
 MEMBER_NICE = -10  # the fallback without a real-time policy
+SNAPSHOT_CHILD_NICE = 10  # pysyncobj's forked snapshot writer: below the nodes, it is never urgent
 
 
 class Member:
@@ -196,6 +197,16 @@ def _raise_priority() -> str:
                 f"raft leadership may move")
 
 
+def _snapshot_child_at_low_priority() -> None:
+    # pysyncobj forks to write a raft snapshot (handler/service.py); at the member's real-time priority
+    # that child would keep a core from the nodes for the seconds a large table takes to pickle
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, 0, SNAPSHOT_CHILD_NICE)  # a lower priority needs no privilege
+    except (OSError, AttributeError):
+        pass  # not Linux: the child runs at the member's priority
+
+
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -203,6 +214,7 @@ def main(argv: list[str]) -> int:
         signal.signal(signum, signal.SIG_IGN)
     _die_with_parent()
     scheduling = _raise_priority()
+    os.register_at_fork(after_in_child=_snapshot_child_at_low_priority)
     if os.getppid() != int(argv[1]):
         return 0  # the node died before this process could ask to die with it (in a container the
         # node is often PID 1, so its death shows as another parent, not as PID 1)

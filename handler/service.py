@@ -81,7 +81,13 @@ class GroupingHandler:
             dnsFailCacheTime=1.0,
             journalFile=os.path.join(raft_dir, "raft.journal"),
             fullDumpFile=os.path.join(raft_dir, "raft.dump"),  # journal alone loses state after compaction
-            useFork=False,  # fork() beside gRPC and proton threads is unsafe
+            # A snapshot is pickled and gzipped (level 9) in a forked child. In this thread it stopped the
+            # heartbeats for as long as that takes: 3 s and more with a million routes (12 s measured at
+            # load average 17 on the 2-core machine, bench/route_memory.py's state), far past the election
+            # timeout, and the pickler's memo raised the member's resident set by ~70 MB. The member
+            # process runs only raft and its channel (the node, with gRPC and proton, never forks); the
+            # child only writes the dump and exits, at normal priority (handler/member.py)
+            useFork=True,
             dynamicMembershipChange=True,
             onReady=self._ready,
             onStateChanged=self._state_changed,

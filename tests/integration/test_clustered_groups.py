@@ -216,6 +216,24 @@ def test_group_timeout_expires_idle_routes(cluster_factory, clients):
     cluster.wait_for(lambda s: s["routes"] == 0, "idle routes expired", timeout_s=10)
 
 
+def test_routes_max_limits_live_routes_so_a_full_table_frees_its_slots_as_groups_go_idle(cluster_factory, clients):
+    routes_max = 4
+    cluster = cluster_factory(f"[node]\nroutes_max = {routes_max}\n", "--group-timeout-ms", "1000")
+    consumer = clients.consumer(cluster.nodes[1], QUEUE, "first")
+    cluster.wait_consumers(QUEUE, {1: 1})
+    clients.send(cluster.nodes[0], QUEUE, [grouped(f"old{n}:0", f"old{n}") for n in range(routes_max)])
+    assert cluster.status()["routes"] == routes_max
+    sender = clients.connection(cluster.nodes[0]).create_sender(QUEUE, name="past-the-limit")
+    assert send_outcome(sender, grouped("new0:0", "new0")) == (Delivery.REJECTED, "amqp:resource-limit-exceeded")
+    assert sorted(bodies(consumer.fetch_many(routes_max))) == [f"old{n}:0" for n in range(routes_max)]
+    consumer.close()  # the groups go idle: no messages, no owner
+    cluster.wait_for(lambda s: s["routes"] == 0, "idle routes expired", timeout_s=15)
+    second = clients.consumer(cluster.nodes[2], QUEUE, "second")
+    cluster.wait_consumers(QUEUE, {1: 0, 2: 1})
+    clients.send(cluster.nodes[0], QUEUE, [grouped(f"new{n}:0", f"new{n}") for n in range(routes_max)], name="p2")
+    assert sorted(bodies(second.fetch_many(routes_max))) == [f"new{n}:0" for n in range(routes_max)]
+
+
 def test_a_pinned_nodes_restart_keeps_its_groups_and_queued_messages(cluster, clients):
     owner = cluster.nodes[1]
     consumer = clients.consumer(owner, QUEUE, "c1")
