@@ -101,7 +101,7 @@ Cluster-wide queue definitions (handler/queue_definitions.py) reach every node t
   of its own that no live link holds, and every node proposes deleting those of a node the
   owner-failover policy marks down (the deletion's seen revision makes the duplicates no-ops). Without
   owner failover (owner_failover_ms 0) a dead node's temporary subscriptions collect copies until it
-  restarts, as its groups wait for it.
+  restarts, as its groups wait for it, or an operator deletes them (a node removed for good).
 Never imports threading, grpc, pysyncobj, socket or time.
 """
 
