@@ -33,7 +33,10 @@ class QueueSettings:
     durable: bool = True  # journal messages before confirming the producer
     depth_max_messages: int = 1_000_000  # queued + in-flight messages; 0 = unlimited
     depth_max_bytes: int = 1 << 30  # queued + in-flight encoded bytes; 0 = unlimited
-    groups_max: int = 1_000_000  # groups tracked at once (with messages or an owner); new ones beyond are refused; 0 = unlimited
+    # groups tracked at once (with messages or an owner); 0 = unlimited. At the limit an empty group kept by
+    # its exclusive owner gives its place to the new group (the one empty longest, node/core/queue.py's
+    # header); a new group is refused only while every tracked group has messages queued or in flight
+    groups_max: int = 1_000_000
     group_id_length_max_chars: int = 255  # longer group ids are rejected with amqp:invalid-field
     delivery_count_max: int = 10  # failed deliveries before dead-lettering (Artemis's default); 0 = unlimited
     redelivery_delay_ms: int = 0  # wait before a failed delivery is redelivered (its group waits too); 0 = none
