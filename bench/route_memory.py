@@ -6,6 +6,8 @@ each node that much. Two measurements:
   as nodes propose them), measured with tracemalloc (Python's allocations) and the resident set,
   beside the same routes in version 1's layout ({(queue, group): [node, touched_ms]}, what the
   table held before routes were packed and what snapshot format 1 still carries), built directly;
+- node: the node process's own copy, node/core/routing.py's Router, given the same routes as the
+  applied feed gives them, with the default group timeout's lease (a refresh time per route);
 - member: a single-member raft cluster (`python -m handler.member`, started as a node starts it,
   through handler/member_process.py) given N routes through claims; its resident set (VmRSS) and
   peak (VmHWM) from /proc once every route is applied. That adds pysyncobj: its log until compaction,
@@ -30,9 +32,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from handler.leader_duties import GROUP_TIMEOUT_MS_DEFAULT  # noqa: E402
 from handler.member_process import MemberProcess  # noqa: E402
 from handler.route_table import ROUTES, RouteTable  # noqa: E402
 from node.core.cluster_protocol import CLAIM_KEYS_MAX  # noqa: E402
+from node.core.routing import Router  # noqa: E402
 
 GROUP_PREFIX = "customer-"  # group ids as users write them: a word and a number
 QUEUES = 4
@@ -88,10 +92,20 @@ def build_version_1(routes: list, now_ms: int) -> dict:
     return {key: [nodes[index % NODES], now_ms + index] for index, key in enumerate(routes)}
 
 
+def build_router(routes: list, now_ms: int) -> Router:
+    router = Router("node0:5674", handler_timeout_ms=5000, lease_ms=GROUP_TIMEOUT_MS_DEFAULT // 2)
+    nodes = [f"node{index}:5674" for index in range(NODES)]
+    for start in range(0, len(routes), CLAIM_KEYS_MAX):  # as the ROUTES feed brings them, a claim at a time
+        router.learn([(queue, group, nodes[start // CLAIM_KEYS_MAX % NODES])
+                      for queue, group in routes[start:start + CLAIM_KEYS_MAX]], now_ms + start)
+    return router
+
+
 def in_process(count: int) -> dict:
     now_ms = int(time.time() * 1000)
     result = {}
-    for name, build in (("packed", build_table), ("version_1_layout", build_version_1)):
+    for name, build in (("packed", build_table), ("version_1_layout", build_version_1),
+                        ("node_router", build_router)):
         routes = keys(count)  # made outside the measure: the group strings count below, as they do in a table
         measured = measure(build, routes, now_ms)
         held = measured.pop("held")
