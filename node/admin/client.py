@@ -177,7 +177,7 @@ class AdminClient:
         return self._call(self._stub.PurgeGroup, request).messages_purged
 
     def purge_queue(self, queue: str, local_only: bool = False) -> tuple[int, int]:
-        """(messages purged, available messages left: those in no group)."""
+        """(messages purged, available messages left: those that arrived while the purge ran)."""
         response = self._call(self._stub.PurgeQueue, admin_pb2.PurgeQueueRequest(queue=queue, local_only=local_only))
         return response.messages_purged, response.messages_left
 

@@ -280,8 +280,7 @@ def _queue_delete(client: AdminClient, args) -> None:
 def _queue_purge(client: AdminClient, args) -> None:
     purged, left = client.purge_queue(args.name)
     print(f"purged {_count(purged, 'message')} from queue {args.name}"
-          + (f"; {_count(left, 'message')} in no group left (a consumer takes them, or delete the queue)"
-             if left else ""))
+          + (f"; {_count(left, 'message')} arrived while it ran and stay{'s' if left == 1 else ''}" if left else ""))
 
 
 def _queue_list(client: AdminClient, args) -> None:

@@ -34,7 +34,7 @@ class NodeControl(Protocol):
 
     def purge_group(self, queue: str, group: str, count: int | None) -> int: ...  # messages purged
 
-    # (messages purged, available messages left: those in no group), batch by batch (queue_purge)
+    # (messages purged, available messages left: those that arrived meanwhile), batch by batch (queue_purge)
     def purge_queue(self, queue: str) -> tuple[int, int]: ...
 
     def move_group(self, queue: str, group: str, destination: str, count: int | None) -> int: ...

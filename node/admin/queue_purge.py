@@ -6,9 +6,9 @@ Rules:
   available messages go; messages delivered and not yet settled stay with their consumer.
 - One call looks at most GROUPS_PER_BATCH_MAX groups, so a million groups never hold the loop for
   one long turn: the caller runs batches until `done`, and the loop serves clients in between.
-- Messages without a group (a queue without `default_group`) are in no group, and the core has no
-  call that takes them: they stay, and `available_left` counts them (with any that arrived during
-  the purge), so the caller can say so. A consumer takes them, or deleting the queue drops them.
+- Messages in no group (a queue without `default_group`) go once the groups are through, at most
+  GROUPS_PER_BATCH_MAX of them per turn. `available_left` counts what is available at the end: only
+  messages that arrived while the purge ran, which the caller names as such.
 - Groups are taken in the queue's dict order from `position`; a group emptied (and so forgotten by
   the queue) moves those after it back by one, which the next position accounts for. Groups that
   arrive during the purge join its end and are purged when it gets there.
@@ -22,7 +22,7 @@ GROUPS_PER_BATCH_MAX = 10_000  # groups purged per engine loop turn
 
 
 def available_left(queue) -> int:
-    """Messages still available on the queue (not delivered): after a purge, those in no group."""
+    """Messages still available on the queue (not delivered): after a purge, those that arrived during it."""
     return queue.depth_messages - queue.acquired_messages
 
 
@@ -33,5 +33,10 @@ def purge_batch(queue, position: int, now_ms: int, effects: list,
     groups_before = len(queue.groups)
     purged = sum(len(queue.take_group_messages(key, None, effects)) for key in keys)
     forgotten = groups_before - len(queue.groups)  # only groups of this batch: each purge forgets its own at most
+    done = len(keys) < groups_max
+    if done:  # the groups are through: then the messages in no group, as many per turn
+        loose = queue.take_ungrouped_messages(groups_max, effects)
+        purged += len(loose)
+        done = len(loose) < groups_max
     queue.tick(now_ms, effects)  # as `group purge` does: dispatch goes on with what is left
-    return purged, position + len(keys) - forgotten, len(keys) < groups_max
+    return purged, position + len(keys) - forgotten, done

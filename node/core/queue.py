@@ -759,6 +759,24 @@ class Queue:
         self._place_or_forget(group)  # its head() drops the tombstones just made
         return taken
 
+    def take_ungrouped_messages(self, count: int | None, effects: list) -> list[Message]:
+        """Remove up to `count` available messages that are in no group (all with None), in queue order.
+
+        Acquired ones are never taken. The lane keeps only what is still available, so a purge of a
+        queue no consumer reads leaves no tombstones behind."""
+        taken: list[Message] = []
+        for message in self._ungrouped:
+            if count is not None and len(taken) >= count:
+                break
+            if message.flags & STATE_MASK == AVAILABLE:
+                taken.append(message)
+        for message in taken:
+            self._remove(message, effects)
+        if taken:
+            self._ungrouped = deque(message for message in self._ungrouped
+                                    if message.flags & STATE_MASK == AVAILABLE)
+        return taken
+
     def group_head_messages(self, group_key, count: int | None) -> list[Message]:
         """The first `count` available messages of a group (all with None), left in place."""
         group = self._group(group_key)

@@ -14,7 +14,8 @@ from node.core.settings import QueueSettings
 def purge_all(queue, groups_max: int) -> tuple[int, int]:
     """(messages purged, batches run)."""
     purged, position, done, batches = 0, 0, False, 0
-    batches_max = len(queue.groups) // groups_max + 2  # each batch but the last takes groups_max groups
+    # each batch but the last takes groups_max groups, then messages in no group as many at a time
+    batches_max = len(queue.groups) // groups_max + len(queue._ungrouped) // groups_max + 2
     while not done:
         count, position, done = purge_batch(queue, position, 2000, [], groups_max=groups_max)
         purged += count
@@ -51,11 +52,17 @@ def test_a_batch_looks_at_most_its_groups():
     assert purge_all(broker.queue("q"), 10) == (15, 2)
 
 
-def test_messages_in_no_group_stay_and_are_counted_as_left():
+def test_messages_in_no_group_go_too_after_the_groups_a_batch_at_a_time_and_delivered_ones_stay():
     broker = Broker()
     broker.declare_queue(QueueSettings(name="q"))
-    for group in ("a", None, "b", None):
+    for group in ("a", None, "b", None, None, None, None):
         broker.enqueue("q", Message(b"x", group), 1000)
+    broker.attach_consumer("q", 1, False, 1000)
+    broker.set_credit(1, 1, 1000)  # 'a' delivered: it stays with its consumer
     queue = broker.queue("q")
-    assert purge_all(queue, 10)[0] == 2
-    assert available_left(queue) == 2 == queue.depth_messages
+
+    assert purge_all(queue, 2) == (6, 4)  # the groups' batch, then the 5 loose messages 2 at a time
+    assert available_left(queue) == 0 and queue.depth_messages == 1 == queue.acquired_messages
+    assert not queue._ungrouped  # no tombstones left in the lane
+    broker.enqueue("q", Message(b"y", None), 1000)
+    assert purge_batch(queue, 0, 2000, [], groups_max=2)[0] == 1  # the lane still takes new ones

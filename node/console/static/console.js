@@ -221,13 +221,13 @@ $("add-queue").addEventListener("submit", async (event) => {
 
 async function purgeQueue(name) {
   if (!window.confirm(`Purge queue ${name} (on every node of a cluster)? The available messages of every group ` +
-                      "are deleted; messages delivered and not yet settled stay with their consumers, and so do " +
-                      "messages in no group.")) return;
+                      "are deleted, and so are those in no group; messages delivered and not yet settled stay with " +
+                      "their consumers.")) return;
   try {
     const result = await api("POST", `/api/queues/${encodeURIComponent(name)}/purge`, {});
     await loadQueues();
     $("queues-result").textContent = `queue ${name}: ${result.messages_purged} message(s) purged` +
-      (result.messages_left ? `; ${result.messages_left} in no group left (a consumer takes them, or delete the queue)` : "");
+      (result.messages_left ? `; ${result.messages_left} arrived while it ran and stay` : "");
     showError(null);
   } catch (error) { showError(error); }
 }
