@@ -35,9 +35,10 @@ JOURNAL_SOURCE = peers.REPO_ROOT / "node" / "store" / "journal.py"
 
 
 def fsync_frames() -> re.Pattern:
-    """The journal's `os.fsync` lines: py-spy shows a thread waiting for the disk there (C is not a frame)."""
+    """The journal's `os.fsync` and synced-write (`os.pwritev`, RWF_DSYNC) lines: py-spy shows a thread
+    waiting for the disk there (C is not a frame)."""
     lines = [str(number) for number, line in enumerate(JOURNAL_SOURCE.read_text().splitlines(), 1)
-             if "os.fsync(" in line]
+             if "os.fsync(" in line or "os.pwritev(" in line]
     return re.compile(rf"node/store/journal\.py:(?:{'|'.join(lines) or '0'})\)")
 
 

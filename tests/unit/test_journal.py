@@ -305,6 +305,54 @@ def wait_written(journal: Journal, records_count: int) -> None:
         time.sleep(0.005)
 
 
+def fail_syncs(monkeypatch) -> None:
+    """Every sync fails: the fsync, and the synced write (RWF_DSYNC) that replaces write + fsync on Linux."""
+    def sync_fails(*args):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", sync_fails)
+    monkeypatch.setattr(os, "pwritev", sync_fails)
+
+
+@pytest.mark.skipif(not hasattr(os, "RWF_DSYNC"), reason="no synced writes on this platform: write + fsync")
+def test_a_batch_is_one_synced_write_without_a_separate_fsync(tmp_path, monkeypatch):
+    journal, callbacks = started(tmp_path)
+    calls: list[str] = []
+    real_pwritev, real_fsync = os.pwritev, os.fsync
+    monkeypatch.setattr(os, "pwritev", lambda *args: calls.append(f"pwritev {args[3] == os.RWF_DSYNC}")
+                        or real_pwritev(*args))
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append("fsync") or real_fsync(fd))
+    journal.store("q", message(1))
+    callbacks.wait_reported(journal.flush())
+    stats = journal.stats()
+    monkeypatch.undo()
+    journal.close()
+    assert calls == ["pwritev True"]
+    assert stats["fsyncs"] == stats["batches_written"] == 1
+    assert [m.seq for m in recovered(tmp_path).messages["q"]] == [1]
+
+
+def test_a_file_system_refusing_synced_writes_gets_a_write_and_an_fsync(tmp_path, monkeypatch, caplog):
+    journal, callbacks = started(tmp_path)
+    calls: list[str] = []
+    real_fsync = os.fsync
+
+    def refused(*args):
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+    monkeypatch.setattr(os, "pwritev", refused)
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append("fsync") or real_fsync(fd))
+    with caplog.at_level(logging.INFO, logger="node.store.journal"):
+        for seq in (1, 2):
+            journal.store("q", message(seq))
+            callbacks.wait_reported(journal.flush())
+    monkeypatch.undo()
+    journal.close()
+    assert calls == ["fsync", "fsync"] and callbacks.failed == []
+    assert sum("not supported" in record.getMessage() for record in caplog.records) == hasattr(os, "RWF_DSYNC")
+    assert [m.seq for m in recovered(tmp_path).messages["q"]] == [1, 2]
+
+
 def test_a_unit_nobody_waits_for_is_written_but_reported_only_with_a_later_one(tmp_path):
     journal, callbacks = started(tmp_path)
     journal.remove("q", 1)
@@ -333,10 +381,7 @@ def test_a_reported_flush_of_nothing_after_an_unreported_unit_gets_a_ticket_of_i
 def test_a_unit_nobody_waits_for_is_still_reported_when_its_write_fails(tmp_path, monkeypatch):
     journal, callbacks = started(tmp_path)
 
-    def fsync_fails(fd):
-        raise OSError(errno.EIO, "Input/output error")
-
-    monkeypatch.setattr(os, "fsync", fsync_fails)
+    fail_syncs(monkeypatch)
     journal.remove("q", 1)
     callbacks.wait_reported(journal.flush(report=False))
     monkeypatch.undo()
@@ -516,7 +561,11 @@ def test_a_full_disk_fails_the_batch_and_later_batches_are_written(tmp_path, mon
         real_pwrite(fd, bytes(data[: len(data) // 2]), offset)  # a partial write, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    def pwritev_until_full(fd, buffers, offset, flags=0):  # the synced write (RWF_DSYNC) of a batch
+        return pwrite_until_full(fd, buffers[0], offset)
+
     monkeypatch.setattr(os, "pwrite", pwrite_until_full)
+    monkeypatch.setattr(os, "pwritev", pwritev_until_full)
     journal.store("q", message(2))
     journal.remove("q", 1)
     failed_ticket = journal.flush()
@@ -555,14 +604,11 @@ def test_a_failed_fsync_fails_every_ticket_of_its_batch(tmp_path, monkeypatch):
     journal.flush()
     assert holding.wait(WAIT_S)  # the writer holds in on_durable(1) while tickets 2 and 3 queue up
 
-    def fsync_fails(fd):
-        raise OSError(errno.EIO, "Input/output error")
-
     journal.store("q", message(2))
     journal.flush()
     journal.store("q", message(3))
     journal.flush()
-    monkeypatch.setattr(os, "fsync", fsync_fails)
+    fail_syncs(monkeypatch)
     release.set()
     callbacks.wait_reported(3)
     monkeypatch.undo()
