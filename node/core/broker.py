@@ -26,7 +26,9 @@ Rules:
   made here on a client's behalf (auto-created by an attach, a send or a dead letter; a subscription
   an attach made) is recorded in `made`, and every subscription queue deleted here because its link
   ended (`unsubscribe`) in `ended`, for the cluster to define or delete on every node
-  (node/core/cluster_protocol.py). A node alone records nothing.
+  (node/core/cluster_protocol.py). Likewise `entered` records the (queue, route key) of every group
+  this node itself put messages in (an admin move, a dead letter): those came by no route, and the
+  cluster gives their group one. A node alone records nothing.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class Broker:
         # None: not recorded (a node alone); lists when a cluster takes them (see the header)
         self.made: list[tuple[QueueSettings, bool]] | None = None  # (settings, temporary subscription)
         self.ended: list[str] | None = None  # subscription queues deleted here as their link ended
+        self.entered: set[tuple[str, str]] | None = None  # (queue, route key) given messages by this node itself
         self.temporary: set[str] = set()  # temporary subscriptions made here, alive (for one link each)
 
     # ---- queues ------------------------------------------------------------------------------
@@ -310,6 +313,10 @@ class Broker:
             self.next_seq += 1
             target.restore(message)
             copies.append(message)
+            if self.entered is not None:
+                route_key = target.route_key(message.group_id)
+                if route_key is not None:
+                    self.entered.add((target.settings.name, route_key))
             target.enqueued_total += 1
             if target.settings.durable:
                 stored.append(Stored(target.settings.name, message))

@@ -102,6 +102,10 @@ Cluster-wide queue definitions (handler/queue_definitions.py) reach every node t
   owner-failover policy marks down (the deletion's seen revision makes the duplicates no-ops). Without
   owner failover (owner_failover_ms 0) a dead node's temporary subscriptions collect copies until it
   restarts, as its groups wait for it, or an operator deletes them (a node removed for good).
+Messages this node puts in a grouped queue itself (an admin `group move`, a dead letter: the broker's
+`entered`) came by no route. Their groups get a route naming this node at once, a touch at the end of
+the batch or at the next tick (an admin call runs in no batch), before a send elsewhere could place
+them by the consumers and split them; a group whose route already names another node keeps it, logged.
 Never imports threading, grpc, pysyncobj, socket or time.
 """
 
@@ -247,6 +251,7 @@ class ClusterProtocol:
         self._replica_ready = False
         # queues made or ended here on a client's behalf (see the header): the broker records them
         broker.made, broker.ended = [], []
+        broker.entered = set()  # groups this node put messages in itself: routed here at once (_route_entered)
         self._defining: dict[str, dict] = {}  # name -> values proposed, outcome not heard yet
         self._define_again: dict[str, dict] = {}  # name -> values whose proposal failed, proposed again when due
         self._to_delete: set[str] = set()  # names to delete cluster-wide, proposed when no define is in flight
@@ -377,6 +382,8 @@ class ClusterProtocol:
         effects: list = []
         if self.broker.made or self.broker.ended:
             self._take_made(effects)  # before the claims: a queue's definition precedes its routes
+        if self.broker.entered:
+            self._route_entered(now_ms, effects)
         keys = self.router.take_claims()
         if keys:
             effects.extend(ProposeClaim(chunk, now_ms) for chunk in _chunks(keys))
@@ -391,6 +398,24 @@ class ClusterProtocol:
             self._flushing.append(flushing)
             effects.append(AfterFlush((_BATCH, flushing)))
         return effects
+
+    def _route_entered(self, now_ms: int, effects: list) -> None:
+        """Groups this node put messages in itself (an admin move, a dead letter) came by no route, and
+        until one names this node a send elsewhere could place the group on another node and split it.
+        So their routes are made here at once: a touch makes a missing route on the node it names,
+        never elsewhere (else the periodic refresh would, up to a quarter of group_timeout_ms later, or
+        never with it 0). A group whose route already names another node keeps it; its messages here
+        wait for a consumer here, logged, as the route table decides where the group lives."""
+        entered, self.broker.entered = self.broker.entered, set()
+        touches = []
+        for key in sorted(entered):
+            owner = self.router.routes.get(key)
+            if owner is None or owner == self.node_id:
+                touches.append((key[0], key[1], self.node_id))
+            else:
+                log.warning("group %r of queue %r was given messages here (a move or a dead letter) but lives "
+                            "on %s: they wait here for a consumer of this node", key[1], key[0], owner)
+        effects.extend(ProposeTouch(chunk, now_ms) for chunk in _chunks(touches))
 
     def flushed(self, what: tuple, reason: str | None, now_ms: int) -> list:
         """What an AfterFlush waited for is on disk (reason None) or failed (the reason)."""
@@ -777,6 +802,8 @@ class ClusterProtocol:
         self._propose_seeds(now_ms, effects)
         if self.broker.made or self.broker.ended:
             self._take_made(effects)
+        if self.broker.entered:  # an admin move runs in no batch of its own: its groups are routed here
+            self._route_entered(now_ms, effects)
         if (self._define_again or self._to_delete) and now_ms >= self._definitions_due_ms:
             self._propose_again(effects)
         if self._retry_claims and now_ms >= self._retry_due_ms:

@@ -14,6 +14,7 @@ import time
 import pytest
 from proton import Delivery
 
+from tests.integration.clients import queue_toml
 from tests.integration.cluster import Cluster
 from tests.integration.harness import ManualReceiver, connect, grouped, send_outcome
 
@@ -194,6 +195,27 @@ def test_a_deleted_queues_stale_routes_are_proposed_again(cluster, clients):
     cluster.wait_consumers(QUEUE, {1: 0, 2: 1})
     clients.send(cluster.nodes[0], QUEUE, [grouped("g:1", "g")], name="p2")
     assert bodies(second.fetch_many(1)) == ["g:1"]
+
+
+def test_a_group_moved_into_another_queue_lives_where_its_messages_went(cluster_factory, clients):
+    cluster = cluster_factory(queue_toml("archive"))
+    clients.consumer(cluster.nodes[1], QUEUE, "idle", credit=0)  # places the group on node 1, takes nothing
+    cluster.wait_consumers(QUEUE, {1: 1})
+    clients.send(cluster.nodes[0], QUEUE, [grouped(f"g:{n}", "g") for n in range(2)], name="p1")
+    cluster.wait_for(lambda s: s["routes"] == 1, "the group's route")
+
+    moved = cluster.nodes[2].cli("group", "move", QUEUE, "g", "archive")  # acts where the messages are
+    assert moved.returncode == 0, moved.stderr
+    # node 1 put them in its archive queue: the group's route there names node 1 at once, before any
+    # send could place it by the consumers (only node 2's, below) and split it
+    cluster.wait_for(lambda s: s["routes"] == 2, "the moved group's route in archive")
+    elsewhere = clients.consumer(cluster.nodes[2], "archive", "elsewhere", credit=10)
+    cluster.wait_consumers("archive", {2: 1})
+    clients.send(cluster.nodes[0], "archive", [grouped("g:2", "g")], name="p2")
+
+    here = clients.consumer(cluster.nodes[1], "archive", "here", credit=10)
+    assert bodies(here.fetch_many(3)) == ["g:0", "g:1", "g:2"]
+    assert elsewhere.poll() is None
 
 
 def test_group_timeout_expires_idle_routes(cluster_factory, clients):

@@ -42,11 +42,8 @@ def test_groups_follow_consumers_that_move_between_nodes_through_every_fault():
 def test_groups_follow_consumers_with_failed_journal_writes_too():
     totals: collections.Counter = collections.Counter()
     for seed in range(FOLLOW_JOURNAL_FAIL_SEEDS):
-        # group_timeout_ms 0: with expiry on, seed 5 dead-letters a poison message into q1.DLQ on its
-        # node, where no route is ever claimed for it (held at n2, routed to None): dead letters are not
-        # routed in a cluster, whatever expiry does; to be mended with dead-lettering, not here
         sim = Simulation(seed, nodes=NODES_BY_SEED[seed % len(NODES_BY_SEED)], route_follow_ms=ROUTE_FOLLOW_MS,
-                         journal_fail_rate=0.02, group_timeout_ms=0).run(SWEEP_STEPS)
+                         journal_fail_rate=0.02).run(SWEEP_STEPS)
         totals.update(sim.summary())
     for counted in ("moves_done", "journal_failures", "stops"):
         assert totals[counted] > 0, (counted, totals)

@@ -17,7 +17,7 @@ from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Enqueu
                                JournalRemove, JournalStore, ProposeClaim, ProposeTouch, Refuse, Register, Reply,
                                ReportConsumers, StopNode, Stored, SubmitForward)
 from node.core.errors import HandlerUnavailable, ResourceLimitExceeded
-from node.core.message import Message
+from node.core.message import Message, Outcome
 from node.core.settings import QueueSettings
 
 HANDLER_TIMEOUT_MS = 300
@@ -203,6 +203,36 @@ def test_a_restart_recovers_the_seq_reservation_and_the_sources_high_water():
 
 BANNED = {"threading", "time", "socket", "grpc", "proton", "pysyncobj", "asyncio", "random"}
 PURE = ["node/core", "handler/route_table.py", "handler/leader_duties.py"]
+
+
+def test_a_group_this_node_moves_messages_into_is_routed_here_at_once():
+    cluster = protocol()
+    cluster.broker.declare_queue(QueueSettings(name="dest", durable=True))
+    routed(cluster, "n1")
+    cluster.broker.enqueue("q", Message(b"m1", "g"), 0)  # the adapter's EnqueueLocal
+    cluster.broker.enqueue("q", Message(b"m2", "taken"), 0)
+    cluster.quiesced(1)
+
+    assert cluster.broker.move_group("q", "g", "dest", None, 2)[0] == 1
+    assert cluster.broker.move_group("q", "taken", "dest", None, 2)[0] == 1
+    cluster.applied(ROUTES, [("dest", "taken", "n2")], 3, 3)  # this one lives elsewhere: left, logged
+
+    assert of(ProposeTouch, cluster.quiesced(3)) == [ProposeTouch([("dest", "g", "n1")], 3)]
+    assert of(ProposeTouch, cluster.quiesced(4)) == []  # once
+
+
+def test_a_dead_letter_s_group_is_routed_to_the_node_that_dead_lettered_it():
+    cluster = protocol()
+    routed(cluster, "n1")
+    broker = cluster.broker
+    broker.enqueue("q", Message(b"m1", "g"), 0)  # the adapter's EnqueueLocal
+    cluster.quiesced(1)
+    broker.attach_consumer("q", 7, False, 1)
+    [deliver] = [effect for effect in broker.set_credit(7, 1, 1) if type(effect).__name__ == "Deliver"]
+    broker.settle(7, deliver.delivery_id, Outcome.REJECTED, 2)
+
+    assert "q.DLQ" in broker.queues
+    assert ProposeTouch([("q.DLQ", "g", "n1")], 3) in cluster.quiesced(3)
 
 
 def test_the_pure_cores_import_no_thread_socket_clock_or_network_library():
