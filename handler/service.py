@@ -66,7 +66,9 @@ class GroupingHandler:
         self._had_leader = False  # tick thread: a leader was known once (an election after that is news)
         self._followed_leader: str | None = None  # tick thread: the last leader this member knew of
         self.replica = RouteTableReplica(on_applied, routes_max)
-        logging.getLogger(PYSYNCOBJ_LOGGER).addHandler(RefuseNewerCommands())  # see handler/replicated.py
+        # see handler/replicated.py; removed again by stop(), as the logger outlives this handler
+        self._refuse_newer = RefuseNewerCommands()
+        logging.getLogger(PYSYNCOBJ_LOGGER).addHandler(self._refuse_newer)
         conf = SyncObjConf(
             appendEntriesUseBatch=False,  # a follower's proposal waits ~200 ms for a batch otherwise
             raftMinTimeout=election_timeout_min_ms / 1000,
@@ -207,6 +209,7 @@ class GroupingHandler:
     def stop(self) -> None:
         self._stopped.set()
         self._syncobj.destroy()
+        logging.getLogger(PYSYNCOBJ_LOGGER).removeHandler(self._refuse_newer)
         if self._duties is not None:
             self._duties.join(DESTROY_WAIT_S)
 

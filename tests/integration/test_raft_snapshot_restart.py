@@ -6,10 +6,12 @@ member, which ended it, at every start (the nemesis campaign's run E, round 25: 
 One member, in process, on 127.0.0.1: the real pysyncobj and its real snapshot file.
 """
 
+import logging
 import threading
 
 import pytest
 
+from handler.replicated import PYSYNCOBJ_LOGGER
 from handler.service import MOVES_CODE_VERSION, QUEUES_CODE_VERSION, GroupingHandler
 from node.core.settings import QueueSettings
 from tests.integration.cluster import free_ports
@@ -77,3 +79,12 @@ def test_moves_are_proposed_again_after_a_restart_from_a_snapshot(member):
     assert handler._syncobj.getCodeVersion() >= MOVES_CODE_VERSION
     wait_until(handler._moves_enabled, "moves enabled again after the snapshot load")
     assert handler.replica.move_clear([], handler.node_id) is None  # proposing one no longer raises
+
+
+def test_a_stopped_member_leaves_no_wrong_version_guard_on_pysyncobj_s_logger(member):
+    """The guard ends the process when pysyncobj logs a command version it lacks: one left behind by a
+    stopped member ended a later test's process (exit 3) in a CI run."""
+    guards = logging.getLogger(PYSYNCOBJ_LOGGER).handlers
+    before = list(guards)
+    member().stop()
+    assert guards == before
