@@ -326,10 +326,13 @@ class Campaign:
     def statuses(self) -> list[dict | None]:
         return [self.status(index) for index in range(3)]
 
-    def wait(self, predicate, what: str, timeout_s: float) -> list[dict]:
+    def wait(self, predicate, what: str, timeout_s: float, on_poll=None) -> list[dict]:
+        """Until `predicate(statuses)` holds with every node answering; `on_poll()` runs before each look."""
         deadline = time.monotonic() + timeout_s
         statuses: list = []
         while time.monotonic() < deadline:
+            if on_poll is not None:
+                on_poll()
             statuses = self.statuses()
             if all(statuses) and predicate(statuses):
                 return statuses
@@ -337,11 +340,11 @@ class Campaign:
         raise AssertionError(f"not reached within {timeout_s} s: {what}; last statuses: "
                              f"{[_brief(status) for status in statuses]}")
 
-    def wait_settled(self, timeout_s: float = RECOVERY_TIMEOUT_S) -> list[dict]:
+    def wait_settled(self, timeout_s: float = RECOVERY_TIMEOUT_S, on_poll=None) -> list[dict]:
         """Until every node answers, names the same leader and has a quorum."""
         return self.wait(lambda statuses: len({status["leader"] for status in statuses}) == 1
                          and statuses[0]["leader"] and all(status["has_quorum"] for status in statuses),
-                         "the same leader on every node, with a quorum", timeout_s)
+                         "the same leader on every node, with a quorum", timeout_s, on_poll)
 
     def wait_consumers(self, counts: dict[tuple[str, int], int]) -> None:
         """Until the route table knows exactly `counts`: (queue, node index) -> consumers there."""
@@ -423,14 +426,17 @@ class Campaign:
         healed_ms = getattr(self, f"_{kind}")(victim, hold_s)
         result.exits += self._restart_exited()
 
-        self.wait_settled()
+        # a node may still stop itself just after the heal (a raft member whose mmap'd journal met the
+        # full disk ends on SIGBUS a moment later): restarted while waiting, as a supervisor would
+        self.wait_settled(on_poll=lambda: result.exits.extend(self._restart_exited()))
         wait_accepted([probe], 2, RECOVERY_TIMEOUT_S, f"seed {result.seed}: a new group after the heal")
         first = min((line["settled_ms"] for line in load_jsonl(probe.log_path)
                      if line["outcome"] == "accepted" and line["sent_ms"] >= healed_ms), default=None)
         result.heal_to_new_group_ms = None if first is None else first - healed_ms
         probe.stop()  # no more new routes: the digests can now agree
         self.wait(lambda statuses: len({status["routes_digest"] for status in statuses}) == 1,
-                  "the same routes digest on every node", RECOVERY_TIMEOUT_S)
+                  "the same routes digest on every node", RECOVERY_TIMEOUT_S,
+                  on_poll=lambda: result.exits.extend(self._restart_exited()))
         result.heal_to_equal_digests_ms = now_ms() - healed_ms
         self._load(LOAD_S, producers, "after the recovery")
         for made in producers:
