@@ -149,6 +149,11 @@ class RouteTable:
     def _unpack(self, packed: int) -> tuple[str, int]:
         return self.node_names[packed & _NODE_MASK], packed >> NODE_BITS
 
+    def _refresh(self, queue: str, group: str, packed: int, now_ms: int) -> None:
+        """The route touched at now_ms; a late proposal never makes a route look older."""
+        if now_ms > packed >> NODE_BITS:
+            self.routes[queue][group] = now_ms << NODE_BITS | packed & _NODE_MASK
+
     def entry(self, queue: str, group: str) -> tuple[str, int] | None:
         """(node, touched_ms) of the route, or None."""
         packed = self.routes.get(queue, {}).get(group)
@@ -183,8 +188,7 @@ class RouteTable:
         groups = self.routes.get(queue)
         packed = None if groups is None else groups.get(group)
         if packed is not None:
-            if now_ms > packed >> NODE_BITS:  # a late proposal never makes a route look older
-                groups[group] = now_ms << NODE_BITS | packed & _NODE_MASK
+            self._refresh(queue, group, packed, now_ms)
             return self.node_names[packed & _NODE_MASK]
         if self.route_total >= self.routes_max:
             return None
@@ -286,8 +290,8 @@ class RouteTable:
                                if self.route_total < self.routes_max and now_ms >= 0 else None)
             else:
                 owner = self.node_names[packed & _NODE_MASK]
-                if owner == node and now_ms > packed >> NODE_BITS:
-                    self.routes[queue][group] = now_ms << NODE_BITS | packed & _NODE_MASK
+                if owner == node:
+                    self._refresh(queue, group, packed, now_ms)
                 results.append(owner)
         if any(result is not None for result in results):
             self.revision += 1

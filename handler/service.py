@@ -88,7 +88,7 @@ class GroupingHandler:
             # load average 17 on the 2-core machine, bench/route_memory.py's state), far past the election
             # timeout, and the pickler's memo raised the member's resident set by ~70 MB. The member
             # process runs only raft and its channel (the node, with gRPC and proton, never forks); the
-            # child only writes the dump and exits, at normal priority (handler/member.py)
+            # child only writes the dump and exits, at low priority (handler/member.py: SNAPSHOT_CHILD_NICE)
             useFork=True,
             dynamicMembershipChange=True,
             onReady=self._ready,

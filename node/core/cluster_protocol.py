@@ -104,8 +104,9 @@ Cluster-wide queue definitions (handler/queue_definitions.py) reach every node t
   restarts, as its groups wait for it, or an operator deletes them (a node removed for good).
 Messages this node puts in a grouped queue itself (an admin `group move`, a dead letter: the broker's
 `entered`) came by no route. Their groups get a route naming this node at once, a touch at the end of
-the batch or at the next tick (an admin call runs in no batch), before a send elsewhere could place
-them by the consumers and split them; a group whose route already names another node keeps it, logged.
+the batch that put them there (an admin call's too: the engine loop ends a batch after it), before a
+send elsewhere could place them by the consumers and split them; a group whose route already names
+another node keeps it, logged.
 Never imports threading, grpc, pysyncobj, socket or time.
 """
 
@@ -263,7 +264,7 @@ class ClusterProtocol:
     def batch_due(self) -> bool:
         """True when the end of this batch has something to propose or forward."""
         return bool(self.router.to_claim or self._unsubmitted or self._recovered or self.broker.made
-                    or self.broker.ended)
+                    or self.broker.ended or self.broker.entered)
 
     # ---- recovery (before the engine loop runs) --------------------------------------------------
 
@@ -802,8 +803,6 @@ class ClusterProtocol:
         self._propose_seeds(now_ms, effects)
         if self.broker.made or self.broker.ended:
             self._take_made(effects)
-        if self.broker.entered:  # an admin move runs in no batch of its own: its groups are routed here
-            self._route_entered(now_ms, effects)
         if (self._define_again or self._to_delete) and now_ms >= self._definitions_due_ms:
             self._propose_again(effects)
         if self._retry_claims and now_ms >= self._retry_due_ms:

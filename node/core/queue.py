@@ -215,8 +215,7 @@ class Queue:
     def enqueue(self, message: Message, now_ms: int, effects: list) -> None:
         """Add a message whose `seq` the broker assigned; raises before changing anything."""
         key = self.check_enqueue(message.group_id, message.size_bytes)
-        groups_max = self.settings.groups_max
-        if groups_max and key is not None and key not in self.groups and len(self.groups) >= groups_max:
+        if self._new_group_at_limit(key):
             self._free_empty_owned()  # check_enqueue found one
         self._admit(message, key)
         self.enqueued_total += 1
@@ -229,13 +228,17 @@ class Queue:
         self.check_group_id(group_id)
         self.check_capacity(size_bytes)
         key = self._key_of(group_id)
-        groups_max = self.settings.groups_max
-        if groups_max and key is not None and key not in self.groups and len(self.groups) >= groups_max \
-                and not self._has_empty_owned():
+        if self._new_group_at_limit(key) and not self._has_empty_owned():
             raise ResourceLimitExceeded(
-                f"queue {self.settings.name!r} tracks {len(self.groups)} groups (groups_max={groups_max}); "
-                f"retry once groups drain, free idle ones with 'grouper group reset', or bound them with group_buckets")
+                f"queue {self.settings.name!r} tracks {len(self.groups)} groups "
+                f"(groups_max={self.settings.groups_max}); retry once groups drain, free idle ones with "
+                f"'grouper group reset', or bound them with group_buckets")
         return key
+
+    def _new_group_at_limit(self, key) -> bool:
+        """A message of group `key` would be a new group past groups_max."""
+        groups_max = self.settings.groups_max
+        return bool(groups_max) and key is not None and key not in self.groups and len(self.groups) >= groups_max
 
     def restore(self, message: Message) -> None:
         """Add a message without limits or dispatch: journal recovery and internal moves."""
