@@ -30,6 +30,10 @@ Rules:
   node's priority; it says which), so its heartbeats and decisions are not queued behind busy nodes.
 - The raft secrets arrive over the channel, never on the command line (ps shows argv).
 - Everything raft reports goes out in the order pysyncobj's tick thread reported it.
+- It times the raft part of each route decision, from a claim's arrival here to its route being applied
+  here, and adds that tally to its status ("decision_latency"): the node times the whole decision from its
+  own engine loop, which also counts the waits of a busy node's loop; the difference says which side
+  a slow decision spent its time on.
 """
 
 from __future__ import annotations
@@ -41,8 +45,11 @@ import signal
 import socket
 import sys
 import threading
+import time
 
 from handler.channel import Channel
+from handler.route_table import ROUTES, SNAPSHOT
+from node.core.tally import DECISION_BOUNDS_MS, LatencyTally
 
 log = logging.getLogger("grouper.handler")
 
@@ -57,6 +64,7 @@ PR_SET_PDEATHSIG = 1  # prctl(2): a signal for this process when its parent dies
 # soon as it wakes; the member uses little CPU (a few % at that load), and the kernel keeps 5% of
 # every core for other work whatever real-time threads do (sched_rt_runtime_us). Both need
 # CAP_SYS_NICE (a node run as root has it; a container usually does not)
+CLAIMS_TIMED_MAX = 100_000  # claims timed at once; the rest pass untimed (a leaderless cluster piles them up)
 MEMBER_RT_PRIORITY = 1  # SCHED_RR, the lowest real-time priority: above every normal thread, below the kernel's
 MEMBER_NICE = -10  # the fallback without a real-time policy
 SNAPSHOT_CHILD_NICE = 10  # pysyncobj's forked snapshot writer: below the nodes, it is never urgent
@@ -67,6 +75,11 @@ class Member:
         self.handler = None
         self.stopped = threading.Event()
         self.channel = Channel(channel_socket, "raft-member", self._on_message, self._on_closed)
+        # (queue, group) -> when its claim arrived (monotonic ns); set on the channel's reader thread,
+        # taken on pysyncobj's tick thread, so both sides hold the lock, as does a status snapshot
+        self._claimed_ns: dict[tuple, int] = {}
+        self._decision_latency = LatencyTally(DECISION_BOUNDS_MS)
+        self._timing = threading.Lock()
         self._requests = {
             "claim": self._claim, "touch": self._touch, "report_consumers": self._report_consumers,
             "register": self._register, "unroute": self._unroute, "drop_queue": self._drop_queue,
@@ -105,7 +118,7 @@ class Member:
             from handler.service import GroupingHandler  # here: the node process never imports pysyncobj
             self.handler = GroupingHandler(
                 node_id, partners, raft_dir,
-                on_applied=lambda kind, payload, at_ms: send(("applied", kind, payload, at_ms)),
+                on_applied=lambda kind, payload, at_ms: self._applied(kind, payload, at_ms),
                 on_ready=lambda: send(("ready",)), **settings)
         except Exception as error:  # reported to the node, which says what to fix
             send(("start_failed", f"{type(error).__name__}: {error}"))
@@ -113,8 +126,33 @@ class Member:
         send(("started",))
 
     def _claim(self, request_id, keys, now_ms) -> None:
-        self.handler.claim(keys, now_ms, on_failed=lambda _keys, reason: self._done(request_id, reason),
+        claimed_ns = time.monotonic_ns()
+        with self._timing:
+            if len(self._claimed_ns) < CLAIMS_TIMED_MAX:
+                for queue, group in keys:
+                    self._claimed_ns.setdefault((queue, group), claimed_ns)
+        self.handler.claim(keys, now_ms, on_failed=lambda _keys, reason: self._claim_failed(request_id, keys, reason),
                            on_committed=lambda: self._done(request_id, None))
+
+    def _claim_failed(self, request_id, keys, reason) -> None:
+        with self._timing:
+            for queue, group in keys:
+                self._claimed_ns.pop((queue, group), None)
+        self._done(request_id, reason)
+
+    def _applied(self, kind, payload, at_ms) -> None:  # pysyncobj's tick thread
+        if kind == ROUTES and self._claimed_ns:
+            applied_ns = time.monotonic_ns()
+            with self._timing:
+                claimed_ns, tally = self._claimed_ns, self._decision_latency
+                for entry in payload:
+                    since_ns = claimed_ns.pop((entry[0], entry[1]), None)
+                    if since_ns is not None and entry[2] is not None:
+                        tally.observe((applied_ns - since_ns) / 1e6)
+        elif kind == SNAPSHOT:
+            with self._timing:
+                self._claimed_ns.clear()  # caught up on by a snapshot: no decision of theirs is seen here
+        self.channel.send(("applied", kind, payload, at_ms))
 
     def _touch(self, request_id, entries, now_ms) -> None:
         self.handler.touch(entries, now_ms, on_failed=lambda _entries, reason: self._done(request_id, reason),
@@ -151,7 +189,10 @@ class Member:
 
     def _status(self, request_id) -> None:
         try:
-            self.channel.send(("status", request_id, self.handler.status(), None))
+            status = self.handler.status()
+            with self._timing:
+                status["decision_latency"] = self._decision_latency.snapshot()
+            self.channel.send(("status", request_id, status, None))
         except TimeoutError as error:
             self.channel.send(("status", request_id, None, str(error)))
 

@@ -22,7 +22,7 @@ from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Enqueu
                                JournalRemove, JournalStore, ProposeClaim, ProposeDefinition, ProposeMoveClear,
                                ProposeQueueDeletion, ProposeQueueSeeds, ProposeTouch, QueueDeleted, Refuse,
                                Register, Reply, ReportConsumers, StopNode, SubmitForward)
-from node.core.tally import LatencyTally
+from node.core.tally import DECISION_BOUNDS_MS, LatencyTally
 from node.peer.forwarder import Forwarder
 
 log = logging.getLogger("grouper.cluster")
@@ -32,9 +32,6 @@ EXIT_STOPPED = 70  # the exit status of a StopNode, as of the engine loop's stop
 # nanoseconds (the pure core's clock counts whole ms, too coarse for a 5 ms target); at most this
 # many claims are timed at once, the rest pass untimed
 DECISIONS_TIMED_MAX = 100_000
-# milliseconds: fine around the 5 ms a decision should take, coarse beyond
-DECISION_BOUNDS_MS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 10.0, 15.0, 20.0, 25.0,
-                      50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0)
 
 
 class ClusterLink:

@@ -351,3 +351,8 @@ class GrouperCollector:
                                        labels=["leader"])
             leader.add_metric([raft["leader"]], 1)
             yield leader
+            if "decision_latency" in raft:  # absent from a member of an older release
+                yield _histogram("grouper_raft_member_decision_latency_seconds",
+                                 "the raft part of a route decision: from this node's claim reaching its raft member "
+                                 "to the decided route being applied there",
+                                 raft["decision_latency"])

@@ -12,6 +12,9 @@ import bisect
 # that waits for a raft election (seconds)
 LATENCY_BOUNDS_MS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0,
                      5000.0, 10000.0)
+# milliseconds, for raft route decisions: fine around the 5 ms a decision should take, coarse beyond
+DECISION_BOUNDS_MS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 10.0, 15.0, 20.0, 25.0,
+                      50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0)
 
 
 class LatencyTally:

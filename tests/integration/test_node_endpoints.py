@@ -72,9 +72,15 @@ def test_cluster_nodes_are_ready_with_a_leader_and_not_ready_without_a_majority(
         # the one claim this node proposed, timed from proposal to decided route; the others proposed none
         assert metric(text, "grouper_raft_decision_latency_seconds_count") == 1
         assert metric(text, "grouper_raft_decision_latency_seconds_sum") > 0
+        # and its raft part, timed by the node's raft member: no longer than the whole
+        assert metric(text, "grouper_raft_member_decision_latency_seconds_count") == 1
+        assert 0 < metric(text, "grouper_raft_member_decision_latency_seconds_sum") <= metric(
+            text, "grouper_raft_decision_latency_seconds_sum")
         for other in cluster.nodes:
             if other is not sender_node:
-                assert metric(get(other, "/metrics")[1], "grouper_raft_decision_latency_seconds_count") == 0
+                other_text = get(other, "/metrics")[1]
+                assert metric(other_text, "grouper_raft_decision_latency_seconds_count") == 0
+                assert metric(other_text, "grouper_raft_member_decision_latency_seconds_count") == 0
         assert metric(text, "grouper_raft_term") >= 1
 
         def agreed_leader():  # every node names the same leader, and that node says it leads
