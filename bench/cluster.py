@@ -1777,19 +1777,22 @@ Written from the run above (2026-11-24 07:33 UTC), a separate 10-minute full-loa
 per-group traces across the processes (node, raft member, leader); the bullets above are recomputed
 on every run, these paragraphs are not.
 
-- **The decision target is missed under half load, and where the time goes is known.** Idle, a
-  node's claim reaches its route on the engine loop in 2.0 ms p50, 3.6 ms p99 (traced, 600 new
-  groups). Under half load (7,704 msgs/s through the 3 nodes) p50 is 2.4-2.7 ms but p99 19-25 ms:
-  72-84% of decisions within 5 ms. Traced per group at 3,000 msgs/s, the member's part (node ->
-  member -> raft commit -> applied everywhere) was 21 ms p99 while the members ran at nice -10 (each
-  wake-up waited ~0.5 ms behind the busy nodes); at real-time priority it is 2.2 ms. The node's part
-  went through a reader thread that waited for the busy engine loop's GIL and then through the
-  bridge (13 + 15 ms p99); the channel is now read on the engine loop itself. What remains is the
-  engine loop's own turn on a core: this layout on one 2-core VM (3 nodes, 3 members, 6 client
-  processes) keeps both cores busy long before half of its throughput, because at moderate rates
-  each message arrives in a wake-up of its own. The cluster spent ~470 µs of node CPU per message at
-  3,000 msgs/s against 85-105 µs at full rate. Meeting 5 ms p99 here needs that per-wake-up cost
-  down (the line of issue "Ten times cheaper per message"), or nodes on cores of their own.
+- **The decision target is met by raft and missed by the busy node around it.** Idle, a node's
+  claim reaches its route on the engine loop in 2.0 ms p50, 3.6 ms p99 (traced, 600 new groups).
+  Under half load the nodes now time the decision in two parts (a latency phase run alone at
+  12:54 UTC on 570bdf7, 9,000 msgs/s asked, load 0.9 → 5): the raft part, timed by each node's
+  raft member from the claim's arrival to the route applied there, was 0.75-1.73 ms p50 and
+  1.0-2.0 ms p99 on every producer node; the whole decision, from the engine loop's proposal to
+  the route known on it, 1.8-3.2 ms p50 and 25-42 ms p99. The rest is the node's engine loop
+  waiting for a core: over the probes each node process's threads spent 0.9-1.3 s per second
+  runnable without running (/proc schedstat). Earlier traces removed the waits that were not the
+  CPU's: the members run at real-time priority (at nice -10 their part was 21 ms p99), and the
+  channel is read on the engine loop itself, not by a thread that waited for the loop's GIL.
+  This layout on one 2-core VM (3 nodes, 3 members, 6 client processes) keeps both cores busy
+  long before half of its throughput, because at moderate rates each message arrives in a
+  wake-up of its own: the cluster spent ~470 µs of node CPU per message at 3,000 msgs/s against
+  85-105 µs at full rate. Meeting 5 ms p99 end to end here needs that per-wake-up cost down (the
+  line of issue "Ten times cheaper per message"), or nodes on cores of their own.
 - **A cached route costs no raft round trip:** 0 decisions while 300 messages went to routed groups.
 - **Leader kill -9 to the next accepted new group: 430, 88, 110, 62 and 57 ms.** A follower elects
   40-140 ms after its leader's connection closes. The one earlier kill over 0.5 s (620 ms) was a
