@@ -190,6 +190,13 @@ class LoopControl:
     def move_group(self, queue, group, destination, count):
         return self._counted(lambda now_ms: self._node.broker.move_group(queue, group, destination, count, now_ms))
 
+    def reroute_queue(self, queue, destination, group, count):
+        from node.admin.queue_reroute import reroute_queue
+        from node.core.reroute import Reroute
+        reroute = reroute_queue(self._node, self._call, self._node.config.admin_timeout_ms,
+                                Reroute(queue, destination, group=group, count_max=count))
+        return reroute.moved, reroute.stayed, reroute.stayed_reason
+
     def node_id(self) -> str:
         return self._node.cluster.node_id if self._node.cluster is not None else ""
 

@@ -262,6 +262,30 @@ class MoveGroupRequest(_message.Message):
     local_only: bool
     def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., destination_queue: _Optional[str] = ..., messages_max: _Optional[int] = ..., local_only: _Optional[bool] = ...) -> None: ...
 
+class RerouteQueueRequest(_message.Message):
+    __slots__ = ("queue", "destination", "group", "messages_max", "local_only")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_MAX_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ONLY_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    destination: str
+    group: str
+    messages_max: int
+    local_only: bool
+    def __init__(self, queue: _Optional[str] = ..., destination: _Optional[str] = ..., group: _Optional[str] = ..., messages_max: _Optional[int] = ..., local_only: _Optional[bool] = ...) -> None: ...
+
+class RerouteQueueResponse(_message.Message):
+    __slots__ = ("messages_moved", "messages_stayed", "stayed_reason")
+    MESSAGES_MOVED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_STAYED_FIELD_NUMBER: _ClassVar[int]
+    STAYED_REASON_FIELD_NUMBER: _ClassVar[int]
+    messages_moved: int
+    messages_stayed: int
+    stayed_reason: str
+    def __init__(self, messages_moved: _Optional[int] = ..., messages_stayed: _Optional[int] = ..., stayed_reason: _Optional[str] = ...) -> None: ...
+
 class ClusterStatusRequest(_message.Message):
     __slots__ = ("local_only",)
     LOCAL_ONLY_FIELD_NUMBER: _ClassVar[int]

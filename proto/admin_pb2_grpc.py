@@ -84,6 +84,11 @@ class AdminServiceStub:
                 request_serializer=proto_dot_admin__pb2.MoveGroupRequest.SerializeToString,
                 response_deserializer=proto_dot_admin__pb2.MoveGroupResponse.FromString,
                 _registered_method=True)
+        self.RerouteQueue = channel.unary_unary(
+                '/grouper.admin.v1.AdminService/RerouteQueue',
+                request_serializer=proto_dot_admin__pb2.RerouteQueueRequest.SerializeToString,
+                response_deserializer=proto_dot_admin__pb2.RerouteQueueResponse.FromString,
+                _registered_method=True)
         self.ClusterStatus = channel.unary_unary(
                 '/grouper.admin.v1.AdminService/ClusterStatus',
                 request_serializer=proto_dot_admin__pb2.ClusterStatusRequest.SerializeToString,
@@ -181,6 +186,14 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RerouteQueue(self, request, context):
+        """Move available messages of a queue (all, the first N, or one group's) to another queue or a
+        multicast address, each group in order, routed as sends there are (in a cluster: from every node).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ClusterStatus(self, request, context):
         """Members, leader, term, routes and every member's queue depths.
         """
@@ -254,6 +267,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.MoveGroup,
                     request_deserializer=proto_dot_admin__pb2.MoveGroupRequest.FromString,
                     response_serializer=proto_dot_admin__pb2.MoveGroupResponse.SerializeToString,
+            ),
+            'RerouteQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.RerouteQueue,
+                    request_deserializer=proto_dot_admin__pb2.RerouteQueueRequest.FromString,
+                    response_serializer=proto_dot_admin__pb2.RerouteQueueResponse.SerializeToString,
             ),
             'ClusterStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.ClusterStatus,
@@ -541,6 +559,33 @@ class AdminService:
             '/grouper.admin.v1.AdminService/MoveGroup',
             proto_dot_admin__pb2.MoveGroupRequest.SerializeToString,
             proto_dot_admin__pb2.MoveGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RerouteQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grouper.admin.v1.AdminService/RerouteQueue',
+            proto_dot_admin__pb2.RerouteQueueRequest.SerializeToString,
+            proto_dot_admin__pb2.RerouteQueueResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -187,6 +187,14 @@ class AdminClient:
                                              local_only=local_only, **_count_request(count))
         return self._call(self._stub.MoveGroup, request).messages_moved
 
+    def reroute_queue(self, queue: str, destination: str, group: str | None = None, count: int | None = None,
+                      local_only: bool = False) -> tuple[int, int, str]:
+        """(messages moved, messages selected that stayed, why they stayed: "" when none did)."""
+        request = admin_pb2.RerouteQueueRequest(queue=queue, destination=destination, group=group,
+                                                local_only=local_only, **_count_request(count))
+        response = self._call(self._stub.RerouteQueue, request)
+        return response.messages_moved, response.messages_stayed, response.stayed_reason
+
     def add_member(self, node: str) -> None:
         self._call(self._stub.AddMember, admin_pb2.MemberRequest(node=node))
 

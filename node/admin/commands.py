@@ -6,7 +6,8 @@ Rules:
 - Results go to stdout (tables, or JSON with `--json`); failures go to stderr, and the exit status
   says who can fix them, in one table: 1 the node refused (its message is quoted), 2 bad usage or
   a value the node rejected, 3 the node could not be reached, 4 the node did not accept the
-  credentials or the user lacks the permission.
+  credentials or the user lacks the permission. A command the node did only in part (a reroute
+  whose destination filled up) prints what it did and exits 1, saying on stderr what stayed and why.
 - Who calls: `--user` (or $GROUPER_USER) with a password from `--password-stdin`, $GROUPER_PASSWORD
   or a terminal prompt, never from a flag (it would show in `ps`); TLS with `--ca`, and a client
   certificate with `--cert` and `--key` (or $GROUPER_CA, $GROUPER_CERT, $GROUPER_KEY). A password is
@@ -157,7 +158,7 @@ def register(subparsers) -> None:
 
     queue = subparsers.add_parser("queue", help="add, update, delete or list queues (in a cluster: on every node)")
     queue_commands = queue.add_subparsers(dest="queue_command", required=True,
-                                          metavar="{add,update,delete,purge,list}")
+                                          metavar="{add,update,delete,purge,reroute,list}")
     add = command(queue_commands, "add", _queue_add, "declare a queue (in a cluster: on every node)")
     add.add_argument("name", metavar="NAME")
     add_queue_flags(add)
@@ -179,6 +180,16 @@ def register(subparsers) -> None:
             "delete the available messages of every group of a queue (in a cluster: on every node); "
             "messages delivered and not yet settled stay with their consumers, and so do messages in no "
             "group").add_argument("name", metavar="NAME")
+    reroute = command(queue_commands, "reroute", _queue_reroute,
+                      "move available messages of a queue (all, the first N, or one group's) to another queue or "
+                      "a multicast address, each group in order, routed as sends there are (in a cluster: from "
+                      "every node); groups with deliveries unsettled stay whole")
+    reroute.add_argument("name", metavar="QUEUE")
+    reroute.add_argument("--to", required=True, metavar="ADDRESS", dest="destination",
+                         help="the queue or multicast address to move them to; it must exist")
+    reroute.add_argument("--group", metavar="GROUP", help="only this group's messages")
+    reroute.add_argument("--count", type=positive_int, metavar="N",
+                         help="at most N: the first in queue order (with --group: from the group's head)")
     command(queue_commands, "list", _queue_list, "list queues with depth, consumers and group counts"
             ).add_argument("--json", action="store_true", help="print a JSON list")
 
@@ -219,6 +230,10 @@ def register(subparsers) -> None:
     move.add_argument("--count", type=positive_int, metavar="N", help="at most N from the group's head")
 
 
+class Stayed(Exception):
+    """A command that did part of its work: what it did is printed, this says what it did not and why."""
+
+
 def _run(action, args: argparse.Namespace) -> int:
     address = _resolve_node(args)
     options, tls = _client_options(args, address)  # bad flags fail here, before any call
@@ -226,6 +241,9 @@ def _run(action, args: argparse.Namespace) -> int:
         with AdminClient(address, args.timeout_ms, **options) as client:
             action(client, args)
             return EXIT_OK
+    except Stayed as partial:
+        print(f"grouper: {partial}", file=sys.stderr)
+        return EXIT_FAILED
     except AdminError as error:
         exit_code = next(code for error_type, code in EXIT_BY_ERROR if isinstance(error, error_type))
         print(_describe(error, args.timeout_ms, tls), file=sys.stderr)
@@ -281,6 +299,14 @@ def _queue_purge(client: AdminClient, args) -> None:
     purged, left = client.purge_queue(args.name)
     print(f"purged {_count(purged, 'message')} from queue {args.name}"
           + (f"; {_count(left, 'message')} arrived while it ran and stay{'s' if left == 1 else ''}" if left else ""))
+
+
+def _queue_reroute(client: AdminClient, args) -> None:
+    moved, stayed, reason = client.reroute_queue(args.name, args.destination, args.group, args.count)
+    what = f"group {args.group} of queue {args.name}" if args.group is not None else f"queue {args.name}"
+    print(f"rerouted {_count(moved, 'message')} from {what} to {args.destination}")
+    if stayed:
+        raise Stayed(f"{_count(stayed, 'message')} stayed in queue {args.name}: {reason}")
 
 
 def _queue_list(client: AdminClient, args) -> None:

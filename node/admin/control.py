@@ -39,6 +39,10 @@ class NodeControl(Protocol):
 
     def move_group(self, queue: str, group: str, destination: str, count: int | None) -> int: ...
 
+    # (messages moved, messages selected that stayed, why they stayed): node/core/reroute.py, batch by batch
+    def reroute_queue(self, queue: str, destination: str, group: str | None,
+                      count: int | None) -> tuple[int, int, str]: ...
+
     # in a cluster (a single node answers {"clustered": False} and no peers)
     def cluster_status(self) -> dict: ...  # handler status, routes, members (see ClusterStatusResponse)
 

@@ -28,7 +28,7 @@ from node.admin.control import NodeControl
 from node.admin.credentials import (EVERY_QUEUE, Authenticator, Caller, Unauthenticated, authorization_of,
                                     check_manage, may_see)
 from node.admin.tls import certificate_user
-from node.core.access import Access
+from node.core.access import Access, Permission
 from node.core.errors import (AlreadyExists, GrouperError, HandlerUnavailable, InvalidConfig, InvalidField,
                               NotAllowed, NotFound, ResourceDeleted, ResourceLimitExceeded, Unauthorized)
 from node.core.settings import QueueSettings
@@ -80,6 +80,7 @@ QUEUES_MANAGED: dict[str, Callable[[object], tuple[str, ...]]] = {
     "PurgeGroup": lambda request: (request.queue,),
     "PurgeQueue": lambda request: (request.queue,),
     "MoveGroup": lambda request: (request.queue, request.destination_queue),
+    "RerouteQueue": lambda request: (request.queue, request.destination),  # and send on the destination
     "AddMember": lambda request: (EVERY_QUEUE,),
     "RemoveMember": lambda request: (EVERY_QUEUE,),
     "ClusterStatus": lambda request: (EVERY_QUEUE,),
@@ -363,6 +364,34 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 lambda client: client.move_group(request.queue, request.group, request.destination_queue,
                                                  count, local_only=True))))
         return self._answer("MoveGroup", request, context, work)
+
+    def RerouteQueue(self, request, context):
+        def work(caller):
+            # a reroute sends to the destination on the caller's behalf: where the model grants `send`
+            # apart, the caller needs it as a producer would
+            self._access().check(caller.user, Permission.SEND, request.destination)
+            group = request.group if request.HasField("group") else None
+            count = _messages_max(request)
+            moved_so_far = [0]  # the first N of the cluster: each node takes what the nodes before it left
+
+            def counted(result: tuple[int, int, str]) -> tuple[int, int, str]:
+                moved_so_far[0] += result[0]
+                return result
+
+            def remote(client):
+                left = None if count is None else count - moved_so_far[0]
+                if left == 0:
+                    return 0, 0, ""
+                return counted(client.reroute_queue(request.queue, request.destination, group, left,
+                                                    local_only=True))
+            results = self._everywhere(request, caller, lambda: counted(self._control.reroute_queue(
+                request.queue, request.destination, group, count)), remote)
+            moved = sum(result[0] for _, result in results)
+            stayed = sum(result[1] for _, result in results)
+            reasons = [f"node {node}: {result[2]}" if node else result[2] for node, result in results if result[2]]
+            return admin_pb2.RerouteQueueResponse(messages_moved=moved, messages_stayed=stayed,
+                                                  stayed_reason="; ".join(reasons))
+        return self._answer("RerouteQueue", request, context, work)
 
     def AddMember(self, request, context):
         def work(caller):
