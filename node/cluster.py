@@ -48,7 +48,8 @@ class ClusterLink:
             node_id, broker, handler_timeout_ms=config.handler_timeout_ms,
             group_timeout_ms=config.group_timeout_ms, routes_max=config.routes_max,
             journalled=journal is not None, follows_consumers=config.route_follow_ms > 0,
-            queue_seeds=tuple(settings.to_dict() for settings in config.queues))
+            queue_seeds=tuple(settings.to_dict() for settings in config.queues),
+            outbound_max_bytes=config.outbound_max_bytes, outbound_total_max_bytes=config.outbound_total_max_bytes)
         self._forwarders: dict[str, Forwarder] = {}
         self._claimed_ns: dict[tuple, int] = {}  # (queue, group) -> when this node proposed its claim
         self.raft_decision_latency = LatencyTally(DECISION_BOUNDS_MS)

@@ -86,6 +86,11 @@ class NodeConfig:
     election_timeout_min_ms: int = 200  # raft: a follower hearing no leader for this long (randomised
     election_timeout_max_ms: int = 500  # up to the max) starts an election
     routes_max: int = 1_000_000  # routes (queue, group) the cluster holds; more are refused
+    # payload bytes this node holds in its outbound store for one owner node (accepted, not yet taken by
+    # it: a dead owner's backlog); past it, sends for that owner are refused; 0 = no bound
+    outbound_max_bytes: int = 1 << 30
+    # the same for every owner together (the store's share of this node's disk); 0 = no bound
+    outbound_total_max_bytes: int = 4 << 30
     # ---- between nodes (README "Security": Between nodes) ----
     cluster_tls_cert_file: str = ""  # PEM node certificate (serverAuth+clientAuth) signed by cluster_tls_ca_file
     cluster_tls_key_file: str = ""  # PEM private key of cluster_tls_cert_file
@@ -146,6 +151,13 @@ class NodeConfig:
                                 f"routes_max groups takes no new one; default {GROUP_TIMEOUT_MS_DEFAULT})")
         if self.owner_failover_ms < 0:
             raise InvalidConfig("owner_failover_ms", "must be >= 0 (0 = a dead owner keeps its groups)")
+        for key in ("outbound_max_bytes", "outbound_total_max_bytes"):
+            if getattr(self, key) < 0:
+                raise InvalidConfig(key, "must be >= 0 bytes (0 = the outbound store has no such bound)")
+        if 0 < self.outbound_total_max_bytes < self.outbound_max_bytes:
+            raise InvalidConfig("outbound_total_max_bytes", f"{self.outbound_total_max_bytes} bytes is less than "
+                                f"outbound_max_bytes ({self.outbound_max_bytes} bytes), the bound for one owner: "
+                                f"raise it, or lower outbound_max_bytes")
         if self.route_follow_ms and self.route_follow_ms < ROUTE_FOLLOW_MIN_MS:
             raise InvalidConfig("route_follow_ms", f"must be 0 (groups stay where they were placed) or at least "
                                 f"{ROUTE_FOLLOW_MIN_MS}: consumer counts reach the raft log a tick or more late, "

@@ -10,6 +10,19 @@ acknowledged or received, a raft entry is applied, a proposal failed, a tick, re
   message is stored (journalled when its queue is durable), here or in the outbound store.
 - The outbound store is the journal: each forwarded message is a STORE under a reserved name
   (OUTBOUND_PREFIX owner NUL queue) until its owner acknowledges it, then a REMOVE.
+- The outbound store is bounded in payload bytes: per owner (`outbound_max_bytes`) and for all owners
+  together (`outbound_total_max_bytes`); 0 = no bound. A producer's message for another owner is
+  refused (ResourceLimitExceeded, naming the owner and the bound with its unit) when the bytes held
+  plus its own would pass either bound; an empty channel (an empty store, for the node-wide bound)
+  takes any message, so one larger than a bound is not refused forever. Nothing accepted is dropped:
+  the refusal comes before the message is stored, and the channel drains as its owner acknowledges.
+  Local groups and other owners are unaffected. Only a producer's send is refused: whatever else
+  fills a channel counts toward the bytes but may pass the bound, as it moves messages accepted
+  already (refusing would lose or stall them): a group's backlog an old owner hands over, a message
+  relayed to a moving group's new owner (its source holds it until this node stores it), and what
+  recovery puts back. The bound is on bytes in the store, in memory and in the journal alike; today
+  every entry is in memory too. The store pages like a queue once queues page to the journal past
+  their memory budget (node/core queue residency); this bound then stays its bound on disk.
 - Forward seqs are node seqs. They must never repeat after a restart, or an owner would take new
   messages for resends: blocks of seqs are reserved in the journal before use, and a batch is
   forwarded only once it, and a reservation covering its seqs, are on disk; batches leave in journal order.
@@ -197,8 +210,9 @@ class ClusterProtocol:
     def __init__(self, node_id: str, broker: Broker, *, handler_timeout_ms: int, group_timeout_ms: int = 0,
                  routes_max: int = 0, journalled: bool = True, seq_reserve_block: int = SEQ_RESERVE_BLOCK,
                  counts: collections.Counter | None = None, follows_consumers: bool = False,
-                 queue_seeds: tuple = ()):
-        """`queue_seeds`: the config file's queues, as settings dicts (see the header)."""
+                 queue_seeds: tuple = (), outbound_max_bytes: int = 0, outbound_total_max_bytes: int = 0):
+        """`queue_seeds`: the config file's queues, as settings dicts; `outbound_max_bytes`,
+        `outbound_total_max_bytes`: the outbound store's bounds, 0 = none (see the header)."""
         self.node_id = node_id
         self.broker = broker
         self.handler_timeout_ms = handler_timeout_ms
@@ -209,6 +223,9 @@ class ClusterProtocol:
         self.counts = counts if counts is not None else collections.Counter()
         self.router = Router(node_id, handler_timeout_ms, group_timeout_ms // 2)
         self.outbound = Outbound()
+        self.outbound_max_bytes = outbound_max_bytes
+        self.outbound_total_max_bytes = outbound_total_max_bytes
+        self.outbound_refused: collections.Counter = collections.Counter()  # owner -> sends refused at the bound
         self.inbound = Inbound()
         self.members: dict = {"nodes": {}, "consumers": {}, "down": {}}
         self.peer_addresses: dict[str, str] = {}  # replaced whole, never mutated: forwarders read it
@@ -298,7 +315,7 @@ class ClusterProtocol:
             self.broker.next_seq = max(self.broker.next_seq, seq + 1)
             known = self.broker.queues.get(queue)
             route_key = known.route_key(message.group_id) if known is not None else message.group_id
-            self.outbound.add(owner, seq, (queue, route_key), name)
+            self.outbound.add(owner, seq, (queue, route_key), name, message.size_bytes)
             self._recovered.setdefault(owner, []).append(_entry(queue, message))
             # perhaps a handover or a relay before a restart: owed until acknowledged
             self._recovered_top[owner] = max(self._recovered_top.get(owner, 0), seq)
@@ -349,8 +366,33 @@ class ClusterProtocol:
         if owner == self.node_id:
             effects.append(EnqueueLocal(incoming, queue, message, durable, producer_settled, now_ms))
             return
+        refusal = self._outbound_refusal(owner, message.size_bytes)
+        if refusal is not None:
+            self.outbound_refused[owner] += 1
+            self.counts["outbound_refused"] += 1
+            effects.append(Refuse(incoming, refusal))
+            return
         self._forward_message(owner, queue, route_key, message, durable, now_ms, effects)
         effects.append(AcceptWhenStored(incoming, durable, producer_settled))
+
+    def _outbound_refusal(self, owner: str, size_bytes: int) -> ResourceLimitExceeded | None:
+        """Why a producer's message of `size_bytes` for `owner` may not enter the outbound store, or None."""
+        outbound = self.outbound
+        held_bytes = outbound.depth_bytes.get(owner, 0)
+        if self.outbound_max_bytes and held_bytes and held_bytes + size_bytes > self.outbound_max_bytes:
+            limit = f"outbound_max_bytes = {self.outbound_max_bytes} bytes per owner"
+        elif (self.outbound_total_max_bytes and outbound.total_bytes
+              and outbound.total_bytes + size_bytes > self.outbound_total_max_bytes):
+            limit = (f"outbound_total_max_bytes = {self.outbound_total_max_bytes} bytes for all owners together, "
+                     f"which hold {outbound.total_bytes} bytes")
+        else:
+            return None
+        held_messages = len(outbound.channels.get(owner, ()))
+        return ResourceLimitExceeded(
+            f"owner node {owner} has not taken the {held_messages} messages ({held_bytes} bytes) node "
+            f"{self.node_id} holds for it in its outbound store, and this {size_bytes}-byte message would pass "
+            f"{limit}: is {owner} down or unreachable? The message was not enqueued; send it again once {owner} "
+            f"takes its backlog (grouper cluster status shows it), or raise the limit")
 
     def _forward_message(self, owner: str, queue: str, route_key: str, message: Message, durable: bool,
                          now_ms: int, effects: list, origin: tuple | None = None) -> None:
@@ -362,7 +404,7 @@ class ClusterProtocol:
             self._reserve_seq(message.seq, effects)
             journal_name = outbound_name(owner, queue)
             effects.append(JournalStore(journal_name, message, origin))
-        self.outbound.add(owner, message.seq, (queue, route_key), journal_name)
+        self.outbound.add(owner, message.seq, (queue, route_key), journal_name, message.size_bytes)
         self._unsubmitted.setdefault(owner, []).append(_entry(queue, message))
 
     def _reserve_seq(self, seq: int, effects: list) -> None:
@@ -1158,6 +1200,10 @@ class ClusterProtocol:
             "routes": len(self.router.routes),
             "waiting_for_route": self.router.waiting_count(),
             "outbound": self.outbound.depths(),
+            "outbound_store": self.outbound.stats(),  # per owner: messages and bytes, in memory and journalled
+            "outbound_refused": dict(sorted(self.outbound_refused.items())),
+            "outbound_max_bytes": self.outbound_max_bytes,
+            "outbound_total_max_bytes": self.outbound_total_max_bytes,
             "moving": len(self.moves),
             "held": len(self.held),
             "parked": sum(len(messages) for messages in self.parked.values()),

@@ -786,7 +786,7 @@ class Simulation:
                 held.extend(mid_of(message) for message in parked)
             for owner, channel in node.outbound.channels.items():
                 taken = self.nodes[owner].taken_from(node.node_id)  # a resend of these is skipped
-                for key in {key for seq, (key, _) in channel.items() if seq > taken}:
+                for key in {entry[0] for seq, entry in channel.items() if seq > taken}:
                     holders[key].add(owner)
         for owner, source, batch in self.network.in_flight.values():
             taken = self.nodes[owner].taken_from(source)

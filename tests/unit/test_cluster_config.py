@@ -47,11 +47,22 @@ def test_a_cluster_node_needs_a_fixed_raft_port():
     ({"election_timeout_min_ms": 500, "election_timeout_max_ms": 500}, "election_timeout_max_ms"),
     ({"routes_max": 0}, "routes_max"),
     ({"forward_timeout_ms": 0}, "forward_timeout_ms"),
+    ({"outbound_max_bytes": -1}, "outbound_max_bytes"),
+    ({"outbound_total_max_bytes": -1}, "outbound_total_max_bytes"),
+    ({"outbound_max_bytes": 2000, "outbound_total_max_bytes": 1000}, "outbound_total_max_bytes"),
 ])
 def test_cluster_limits_and_timeouts_are_checked_by_name(overrides, key):
     with pytest.raises(InvalidConfig) as raised:
         load(environ={}, overrides=overrides)
     assert raised.value.key == key
+
+
+def test_the_outbound_store_bounds_come_from_the_environment_in_bytes_and_0_turns_one_off():
+    config = load(environ={"GROUPER_OUTBOUND_MAX_BYTES": "65536", "GROUPER_OUTBOUND_TOTAL_MAX_BYTES": "0"})
+    assert (config.outbound_max_bytes, config.outbound_total_max_bytes) == (65536, 0)
+    with pytest.raises(InvalidConfig) as raised:
+        load(environ={}, overrides={"outbound_max_bytes": 2000, "outbound_total_max_bytes": 1000})
+    assert "raise it, or lower outbound_max_bytes" in raised.value.description
 
 
 def test_queue_names_cannot_hold_control_characters_which_name_the_clusters_own_records():

@@ -249,10 +249,10 @@ def test_the_routes_digest_keeps_queue_group_and_owner_apart():
 
 def test_acknowledge_drops_up_to_the_high_water_in_seq_order_and_returns_journalled_names_only():
     outbound = Outbound()
-    outbound.add("n2", 3, A, "out-a")
-    outbound.add("n2", 5, B, None)
-    outbound.add("n2", 8, A, "out-a")
-    outbound.add("n3", 4, A, "out-n3")
+    outbound.add("n2", 3, A, "out-a", 10)
+    outbound.add("n2", 5, B, None, 20)
+    outbound.add("n2", 8, A, "out-a", 40)
+    outbound.add("n3", 4, A, "out-n3", 80)
     assert outbound.acknowledge("n2", 6) == [("out-a", 3)]
     assert outbound.depths() == {"n2": 1, "n3": 1}
     assert outbound.acknowledge("n2", 8) == [("out-a", 8)]
@@ -261,8 +261,8 @@ def test_acknowledge_drops_up_to_the_high_water_in_seq_order_and_returns_journal
 
 def test_an_old_or_repeated_acknowledgement_drops_nothing_more():
     outbound = Outbound()
-    outbound.add("n2", 3, A, "out-a")
-    outbound.add("n2", 7, A, "out-a")
+    outbound.add("n2", 3, A, "out-a", 10)
+    outbound.add("n2", 7, A, "out-a", 10)
     assert outbound.acknowledge("n2", 3) == [("out-a", 3)]
     assert outbound.acknowledge("n2", 3) == []
     assert outbound.acknowledge("n2", 1) == []
@@ -272,11 +272,31 @@ def test_an_old_or_repeated_acknowledgement_drops_nothing_more():
 
 def test_outbound_names_the_owner_of_every_group_waiting_in_a_channel():
     outbound = Outbound()
-    outbound.add("n2", 1, A, None)
-    outbound.add("n3", 2, B, None)
+    outbound.add("n2", 1, A, None, 1)
+    outbound.add("n3", 2, B, None, 1)
     assert outbound.owners_by_key() == {A: "n2", B: "n3"}
     outbound.acknowledge("n2", 1)
     assert outbound.owners_by_key() == {B: "n3"}
+
+
+def test_outbound_counts_each_owners_messages_and_bytes_all_and_journalled_until_they_leave():
+    outbound = Outbound()
+    outbound.add("n2", 3, A, "out-a", 10)
+    outbound.add("n2", 5, B, None, 20)  # not durable: in memory only
+    outbound.add("n3", 4, A, "out-n3", 80)
+    assert outbound.stats() == {
+        "n2": {"messages": 2, "bytes": 30, "memory_messages": 2, "memory_bytes": 30, "journal_messages": 1,
+               "journal_bytes": 10},
+        "n3": {"messages": 1, "bytes": 80, "memory_messages": 1, "memory_bytes": 80, "journal_messages": 1,
+               "journal_bytes": 80}}
+    assert outbound.total_bytes == 110
+    outbound.acknowledge("n2", 3)
+    outbound.forget("n3", [4])
+    assert outbound.stats()["n2"]["bytes"] == 20 and outbound.stats()["n2"]["journal_bytes"] == 0
+    assert "n3" not in outbound.stats() and outbound.total_bytes == 20
+    outbound.acknowledge("n2", 5)
+    assert outbound.stats() == {} and outbound.total_bytes == 0
+    assert outbound.depth_bytes == outbound.journal_bytes == outbound.journal_messages == {}  # no zeros kept
 
 
 # ---- Inbound -----------------------------------------------------------------------------------------

@@ -1,0 +1,219 @@
+"""The outbound store's bounds (outbound_max_bytes per owner, outbound_total_max_bytes for all owners) in
+node/core/cluster_protocol.py, by example and against a reference model, with time as integers.
+
+A producer's send for an owner whose channel is full is refused naming the owner and the bound with its
+unit; nothing accepted is dropped; the channel takes sends again once its owner acknowledges; local groups
+and other owners are unaffected; a handover and a relay count but are never refused.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from handler.route_table import MOVES, ROUTES
+from node.core.broker import Broker
+from node.core.cluster_protocol import ClusterProtocol, Entry, outbound_name
+from node.core.effects import AcceptWhenStored, AfterFlush, EnqueueLocal, JournalStore, Refuse, SubmitForward
+from node.core.errors import ResourceLimitExceeded
+from node.core.message import Message
+from node.core.settings import QueueSettings
+
+OWNERS = {"g1": "n1", "g2": "n2", "g3": "n3"}  # group -> the node its route names; this node is n1
+
+
+def protocol(follows_consumers: bool = False, **bounds) -> ClusterProtocol:
+    broker = Broker()
+    broker.declare_queue(QueueSettings(name="q", durable=True))
+    cluster = ClusterProtocol("n1", broker, handler_timeout_ms=300, routes_max=10, seq_reserve_block=100,
+                              follows_consumers=follows_consumers, **bounds)
+    cluster.ready(0)
+    cluster.applied(ROUTES, [("q", group, owner) for group, owner in sorted(OWNERS.items())], 0, 0)
+    return cluster
+
+
+def send(cluster: ClusterProtocol, incoming: str, group: str, size_bytes: int, now_ms: int = 0) -> list:
+    payload = incoming.encode().ljust(size_bytes, b".")
+    return cluster.arrive(incoming, "q", group, Message(payload, group), True, False, now_ms)
+
+
+def of(kind, effects: list) -> list:
+    return [effect for effect in effects if type(effect) is kind]
+
+
+def flush(cluster: ClusterProtocol, now_ms: int = 0) -> list[SubmitForward]:
+    """End the batch and let the journal say every write is on disk; the forwards that may leave now."""
+    pending, submitted = list(cluster.quiesced(now_ms)), []
+    while pending:
+        effect = pending.pop(0)
+        if type(effect) is AfterFlush:
+            pending.extend(cluster.flushed(effect.what, None, now_ms))
+        elif type(effect) is SubmitForward:
+            submitted.append(effect)
+    return submitted
+
+
+def test_sends_for_an_owner_are_refused_past_its_bound_naming_the_owner_and_the_limit_in_bytes():
+    cluster = protocol(outbound_max_bytes=1000)
+    for index in range(4):
+        assert of(AcceptWhenStored, send(cluster, f"m{index}", "g2", 250))
+    effects = send(cluster, "m4", "g2", 1)
+    [refused] = effects
+    assert type(refused) is Refuse and refused.incoming == "m4"
+    assert isinstance(refused.error, ResourceLimitExceeded)
+    description = refused.error.description
+    assert "owner node n2" in description and "outbound_max_bytes = 1000 bytes" in description
+    assert "4 messages (1000 bytes)" in description and "node n1" in description
+    assert cluster.outbound.depth_bytes == {"n2": 1000}  # nothing accepted was dropped, the refused one not added
+    assert cluster.status()["outbound_refused"] == {"n2": 1}
+    assert cluster.counts["outbound_refused"] == 1
+
+
+def test_a_refused_send_stores_nothing_and_every_accepted_one_is_forwarded_in_order():
+    cluster = protocol(outbound_max_bytes=500)
+    accepted = [f"m{index}" for index in range(5) if of(AcceptWhenStored, send(cluster, f"m{index}", "g2", 200))]
+    assert accepted == ["m0", "m1"]
+    [submit] = flush(cluster)
+    assert submit.owner == "n2"
+    assert [entry.payload.rstrip(b".") for entry in submit.entries] == [b"m0", b"m1"]
+
+
+def test_the_channel_takes_sends_again_once_its_owner_acknowledged_its_backlog():
+    cluster = protocol(outbound_max_bytes=500)
+    send(cluster, "m0", "g2", 300)
+    send(cluster, "m1", "g2", 200)
+    assert of(Refuse, send(cluster, "m2", "g2", 100))
+    [submit] = flush(cluster)
+    cluster.acknowledged("n2", submit.entries[0].forward_seq)  # the owner is back and took m0
+    assert of(AcceptWhenStored, send(cluster, "m3", "g2", 300))
+    assert of(Refuse, send(cluster, "m4", "g2", 1))
+    cluster.acknowledged("n2", max(cluster.outbound.channels["n2"]))
+    assert cluster.outbound.depth_bytes == {}
+    assert of(AcceptWhenStored, send(cluster, "m5", "g2", 500))
+
+
+def test_local_groups_and_other_owners_are_unaffected_by_a_full_channel():
+    cluster = protocol(outbound_max_bytes=100)
+    send(cluster, "m0", "g2", 100)
+    assert of(Refuse, send(cluster, "m1", "g2", 1))
+    assert of(AcceptWhenStored, send(cluster, "m2", "g3", 100))
+    [local] = send(cluster, "m3", "g1", 10_000)
+    assert type(local) is EnqueueLocal
+
+
+def test_an_empty_channel_takes_a_message_larger_than_the_bound_so_it_is_not_refused_forever():
+    cluster = protocol(outbound_max_bytes=100)
+    assert of(AcceptWhenStored, send(cluster, "big", "g2", 5000))
+    assert of(Refuse, send(cluster, "next", "g2", 1))
+
+
+def test_the_node_wide_bound_counts_every_owner_and_names_the_owner_of_the_refused_send():
+    cluster = protocol(outbound_max_bytes=1000, outbound_total_max_bytes=1500)
+    send(cluster, "m0", "g2", 1000)
+    assert of(AcceptWhenStored, send(cluster, "m1", "g3", 500))
+    [refused] = of(Refuse, send(cluster, "m2", "g3", 1))
+    assert "owner node n3" in refused.error.description
+    assert "outbound_total_max_bytes = 1500 bytes for all owners together" in refused.error.description
+
+
+def test_no_bound_is_the_default_of_the_pure_core():
+    cluster = protocol()
+    for index in range(50):
+        assert of(AcceptWhenStored, send(cluster, f"m{index}", "g2", 10_000))
+
+
+def test_a_waiting_send_is_refused_when_its_route_arrives_naming_a_full_owner():
+    cluster = protocol(outbound_max_bytes=100)
+    send(cluster, "m0", "g2", 100)
+    assert send(cluster, "m1", "g9", 10) == []  # waits for a route
+    [refused] = of(Refuse, cluster.applied(ROUTES, [("q", "g9", "n2")], 1, 1))
+    assert refused.incoming == "m1" and "owner node n2" in refused.error.description
+
+
+def test_a_recovered_backlog_counts_toward_the_bound():
+    cluster = protocol(outbound_max_bytes=100)
+    message = Message(b"x" * 100, "g2")
+    message.seq = 5
+    cluster.recover_outbound({outbound_name("n2", "q"): [message]})
+    assert cluster.outbound.stats()["n2"]["journal_bytes"] == 100
+    assert of(Refuse, send(cluster, "m0", "g2", 1))
+
+
+def test_a_handover_and_a_relay_count_toward_the_bound_but_are_never_refused():
+    cluster = protocol(follows_consumers=True, outbound_max_bytes=100)
+    for index in range(3):  # g1 lives here
+        assert of(EnqueueLocal, send(cluster, f"m{index}", "g1", 80))
+        cluster.broker.enqueue("q", Message(b"y" * 80, "g1"), 0)  # what EnqueueLocal asks of the broker
+    cluster.applied(MOVES, [("q", "g1", "n1", "n2", ("n1", "n2", "n3"))], None, 1)
+    cluster.applied(ROUTES, [("q", "g1", "n2")], 1, 1)
+    handed = of(JournalStore, cluster.tick(2, {}))
+    assert len(handed) == 3 and cluster.outbound.depth_bytes["n2"] == 240  # past the bound of 100
+    relayed = cluster.forward_received("n3", [Entry(7, "q", "g1", b"z" * 50, 0, False, 2)], lambda *reply: None, 3)
+    assert of(JournalStore, relayed) and cluster.outbound.depth_bytes["n2"] == 290
+    assert of(Refuse, send(cluster, "m9", "g1", 1))  # a producer's send for n2 is refused meanwhile
+
+
+class OutboundBoundsModel(RuleBasedStateMachine):
+    """Random sends (local, n2, n3), batch ends and acknowledgements against a model of the channels."""
+
+    OWNER_MAX_BYTES = 600
+    TOTAL_MAX_BYTES = 1000
+
+    def __init__(self):
+        super().__init__()
+        self.cluster = protocol(outbound_max_bytes=self.OWNER_MAX_BYTES, outbound_total_max_bytes=self.TOTAL_MAX_BYTES)
+        self.held: dict[str, list] = {"n2": [], "n3": []}  # owner -> [(seq, size, submitted)] accepted, not acked
+        self.sent: dict[str, list[str]] = {"n2": [], "n3": []}  # owner -> ids accepted, in order
+        self.forwarded: dict[str, list[str]] = {"n2": [], "n3": []}  # owner -> ids submitted, in order
+        self.top_submitted: dict[str, int] = {"n2": 0, "n3": 0}
+        self.next_id = 0
+
+    @rule(group=st.sampled_from(sorted(OWNERS)), size_bytes=st.integers(8, 700))  # 8: room for the id
+    def send(self, group, size_bytes):
+        owner = OWNERS[group]
+        incoming = f"m{self.next_id}"
+        self.next_id += 1
+        effects = send(self.cluster, incoming, group, size_bytes)
+        if owner == "n1":
+            assert [type(effect) for effect in effects] == [EnqueueLocal]
+            return
+        held_bytes = sum(size for _, size, _ in self.held[owner])
+        total_bytes = sum(size for entries in self.held.values() for _, size, _ in entries)
+        refuse = (held_bytes and held_bytes + size_bytes > self.OWNER_MAX_BYTES) or (
+            total_bytes and total_bytes + size_bytes > self.TOTAL_MAX_BYTES)
+        if refuse:
+            [refused] = effects
+            assert type(refused) is Refuse and f"owner node {owner}" in refused.error.description
+            return
+        [store] = of(JournalStore, effects)
+        assert of(AcceptWhenStored, effects)
+        self.held[owner].append((store.message.seq, size_bytes, False))
+        self.sent[owner].append(incoming)
+
+    @rule()
+    def end_batch(self):
+        for submit in flush(self.cluster):
+            self.forwarded[submit.owner] += [entry.payload.rstrip(b".").decode() for entry in submit.entries]
+            self.top_submitted[submit.owner] = max(entry.forward_seq for entry in submit.entries)
+        for owner, entries in self.held.items():
+            self.held[owner] = [(seq, size, seq <= self.top_submitted[owner]) for seq, size, _ in entries]
+
+    @rule(owner=st.sampled_from(["n2", "n3"]))
+    def owner_acknowledges(self, owner):
+        self.cluster.acknowledged(owner, self.top_submitted[owner])
+        self.held[owner] = [entry for entry in self.held[owner] if not entry[2]]
+
+    @invariant()
+    def the_store_holds_what_the_model_holds_and_forwards_every_accepted_send_in_order(self):
+        for owner, entries in self.held.items():
+            assert self.cluster.outbound.depth_bytes.get(owner, 0) == sum(size for _, size, _ in entries)
+            assert list(self.cluster.outbound.channels.get(owner, {})) == [seq for seq, _, _ in entries]
+            assert self.forwarded[owner] == self.sent[owner][:len(self.forwarded[owner])]
+        assert self.cluster.outbound.total_bytes == sum(
+            size for entries in self.held.values() for _, size, _ in entries)
+
+
+OutboundBoundsModel.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
+                                                 suppress_health_check=[HealthCheck.too_slow])
+test_outbound_bounds_against_the_model = OutboundBoundsModel.TestCase
