@@ -247,7 +247,8 @@ class GrouperCollector:
 
     queues: [Queue.stats() rows]; consumers: [(queue, consumer label, owned groups)];
     journal: Journal.stats() or None; cluster: None alone, else {routes, waiting_for_route,
-    outbound: {owner: messages}, decisions: {outcome: count}, decision_latency: tally,
+    outbound: {owner: messages}, outbound_store: {owner: Outbound.stats() row}, outbound_refused: {owner:
+    count}, outbound_max_bytes, outbound_total_max_bytes, decisions: {outcome: count}, decision_latency: tally,
     raft_decision_latency: tally, raft: {term, leader, state, has_quorum}}; ready: bool; engine:
     AmqpServer.engine_objects() (connections, links, unsettled_deliveries); resident_bytes: int or
     None (not Linux); unrouted: {multicast address: sends discarded for want of a subscription}.
@@ -319,6 +320,34 @@ class GrouperCollector:
             yield CounterMetricFamily(f"grouper_journal_{key}", text, value=stats[key])
 
     @staticmethod
+    def _outbound_store(cluster: dict):
+        """The forwarding backlog in bytes per owner: all of it (what outbound_max_bytes bounds), the part
+        held in memory and the part journalled. Today memory holds every entry; once the outbound store
+        pages, the memory figure falls below the whole while the journal keeps the durable ones."""
+        store = cluster.get("outbound_store", {})
+        for key, text in (
+                ("bytes", "payload bytes accepted here waiting for their owner node to take them (bounded by "
+                          "outbound_max_bytes)"),
+                ("memory_bytes", "of the forward backlog's bytes, those held in this node's memory"),
+                ("memory_messages", "of the forward backlog's messages, those held in this node's memory"),
+                ("journal_bytes", "of the forward backlog's bytes, those in this node's journal (durable queues)"),
+                ("journal_messages", "of the forward backlog's messages, those in this node's journal")):
+            family = GaugeMetricFamily(f"grouper_forward_backlog_{key}", text, labels=["owner"])
+            for owner, stats in sorted(store.items()):
+                family.add_metric([owner], stats[key])
+            yield family
+        refused = CounterMetricFamily("grouper_forward_backlog_refused_messages",
+                                      "sends refused because the owner's forward backlog was at its bound",
+                                      labels=["owner"])
+        for owner, count in sorted(cluster.get("outbound_refused", {}).items()):
+            refused.add_metric([owner], count)
+        yield refused
+        for key, text in (("outbound_max_bytes", "bound of the forward backlog per owner node; 0 = none"),
+                          ("outbound_total_max_bytes", "bound of the forward backlog of all owners; 0 = none")):
+            if key in cluster:
+                yield GaugeMetricFamily(f"grouper_{key}", text, value=cluster[key])
+
+    @staticmethod
     def _cluster(cluster: dict):
         yield GaugeMetricFamily("grouper_routes", "group routes this node knows", value=cluster["routes"])
         yield GaugeMetricFamily("grouper_messages_waiting_for_route", "messages waiting for a route decision",
@@ -340,6 +369,7 @@ class GrouperCollector:
         for owner, depth in sorted(cluster["outbound"].items()):
             backlog.add_metric([owner], depth)
         yield backlog
+        yield from GrouperCollector._outbound_store(cluster)
         raft = cluster["raft"]
         if raft is not None:
             yield GaugeMetricFamily("grouper_raft_term", "current raft term", value=raft["term"])
