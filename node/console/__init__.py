@@ -127,6 +127,8 @@ class Console:
             if route == ("POST", "queues", "*", "purge"):
                 purged, left = admin.purge_queue(segments[1])
                 return {"messages_purged": purged, "messages_left": left}
+            if route == ("POST", "queues", "*", "reroute"):
+                return _reroute(admin, segments[1], _json_object(body))
             if route == ("GET", "queues", "*", "groups"):
                 return admin.group_page(segments[1], query.get("prefix", ""), _integer(query, "position", 0),
                                         _integer(query, "page_size", PAGE_SIZE_DEFAULT), query.get("node", ""))
@@ -142,6 +144,7 @@ class Console:
                 return {"messages_moved": admin.move_group(segments[1], segments[3], destination, None)}
         raise ConsoleError(404, f"no console API {method} {path}: the page calls GET /api/session, /api/cluster, "
                                 f"/api/queues, /api/queues/Q/groups and POSTs /api/queues, /api/queues/Q/delete, /api/queues/Q/purge, "
+                                f"/api/queues/Q/reroute, "
                                 f"/api/queues/Q/groups/G/reset, .../purge and .../move")
 
     def _identify(self, authorization, source, now_ms):
@@ -225,6 +228,20 @@ def _percentiles(tally: dict) -> dict:
 
 def _failure(status: int, message: str) -> tuple[int, str, bytes, dict]:
     return status, JSON, json.dumps({"error": message}).encode(), API_HEADERS
+
+
+def _reroute(admin: AdminClient, queue: str, body: dict) -> dict:
+    """{"to": ADDRESS, "group": G (optional), "count": N (optional)}: as `grouper queue reroute`."""
+    destination, group, count = body.get("to"), body.get("group"), body.get("count")
+    if not isinstance(destination, str) or not destination:
+        raise ConsoleError(400, 'a reroute needs {"to": ADDRESS} in its body: the queue or multicast address to '
+                                'move the messages to')
+    if group is not None and not isinstance(group, str):
+        raise ConsoleError(400, f'"group" must be a group id (a string) or absent, got {type(group).__name__}')
+    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
+        raise ConsoleError(400, f'"count" must be a whole number >= 1 or absent (every message), got {count!r}')
+    moved, stayed, reason = admin.reroute_queue(queue, destination, group, count)
+    return {"messages_moved": moved, "messages_stayed": stayed, "stayed_reason": reason}
 
 
 def _json_object(body: bytes) -> dict:

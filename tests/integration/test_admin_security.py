@@ -160,6 +160,9 @@ OPERATIONS = {
     "move orders.x to orders.y": (lambda c, u: c.move_group("orders.x", "absent", "orders.y", None),
                                   {"admin", "manager"}),
     "move orders.x to payments": (lambda c, u: c.move_group("orders.x", "absent", "payments", None), {"admin"}),
+    # a reroute sends to its destination: manage on both queues is not enough without send there
+    "reroute orders.x to orders.y": (lambda c, u: c.reroute_queue("orders.x", "orders.y", "absent"), {"admin"}),
+    "reroute orders.x to payments": (lambda c, u: c.reroute_queue("orders.x", "payments", "absent"), {"admin"}),
     "cluster status": (lambda c, u: c.cluster_status(), {"admin"}),
     "add member": (lambda c, u: c.add_member("127.0.0.1:1"), {"admin"}),
     "remove member": (lambda c, u: c.remove_member("127.0.0.1:1"), {"admin"}),
@@ -176,7 +179,8 @@ def test_authorization_matrix(secured, user, operation):
             outcome = ALLOWED
         except AccessDenied as error:
             assert error.status == "PERMISSION_DENIED", error.message
-            assert f"user {user!r} may not manage queue" in error.message, error.message
+            assert (f"user {user!r} may not manage queue" in error.message
+                    or f"user {user!r} may not send to queue" in error.message), error.message
             outcome = DENIED
         except NodeFailure as error:  # authorized, then refused for what the node is: absent group, no cluster
             assert error.status in ("NOT_FOUND", "FAILED_PRECONDITION"), (error.status, error.message)

@@ -202,6 +202,16 @@ def test_the_console_shows_the_cluster_lists_groups_and_resets_one(cluster, driv
         wait_page(driver, lambda: group_row(driver, "g-b") is None, "g-b gone from orders")
         assert text_of(driver, "action-result") == f"group g-b: 1 message(s) moved to {MOVED_TO}"
         assert [(row["group"], row["messages"]) for row in cluster.groups(MOVED_TO)] == [("g-b", 1)]
+        # Qpid's reroute, for one group: its backlog goes to the other queue, in order, once stored there
+        wait_page(driver, lambda: group_row(driver, "g-a").find_element("class name", "reroute").click() or True,
+                  "g-a's Reroute button")
+        prompt = wait_page(driver, lambda: _alert(driver), "the reroute's destination prompt")
+        prompt.send_keys(MOVED_TO)
+        prompt.accept()
+        confirm(driver, f"Reroute every available message of group g-a of queue orders to {MOVED_TO}?")
+        wait_page(driver, lambda: group_row(driver, "g-a") is None, "g-a gone from orders")
+        assert text_of(driver, "action-result") == f"group g-a of queue orders: 2 message(s) rerouted to {MOVED_TO}"
+        assert sorted((row["group"], row["messages"]) for row in cluster.groups(MOVED_TO)) == [("g-a", 2), ("g-b", 1)]
 
         # another node's console pages the first node's groups on the caller's behalf
         status, page = api(cluster.nodes[2], f"/api/queues/{QUEUE}/groups?node={cluster.node_ids[0]}&prefix=g-r",
@@ -329,6 +339,12 @@ def test_an_open_node_says_so_and_refuses_bad_requests_clearly(tmp_path, driver)
         assert status == 404 and "nope" in answer["error"]
         status, answer = api(node, "/api/queues/nope/groups/g/reset", body=b"{}")
         assert status == 404
+        status, answer = api(node, f"/api/queues/{QUEUE}/reroute", body=b'{"count": 2}')
+        assert status == 400 and '{"to": ADDRESS}' in answer["error"], answer
+        status, answer = api(node, f"/api/queues/{QUEUE}/reroute", body=b'{"to": "elsewhere", "count": 0}')
+        assert status == 400 and '"count" must be a whole number >= 1' in answer["error"], answer
+        status, answer = api(node, f"/api/queues/{QUEUE}/reroute", body=b'{"to": "elsewhere"}')
+        assert status == 404 and "no queue or multicast address 'elsewhere'" in answer["error"], answer
         status, answer = api(node, "/api/elsewhere")
         assert status == 404 and "/api/queues/Q/groups" in answer["error"]
         assert [queue["name"] for queue in api(node, "/api/queues")[1]["members"][0]["queues"]] == [QUEUE]

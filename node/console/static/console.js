@@ -192,6 +192,11 @@ async function loadQueues() {
     cell(tr, queue.delivered_total, "number");
     state.previousTotals.set(key, { atMs: nowMs, enqueued: queue.enqueued_total, delivered: queue.delivered_total });
     const purge = button(tr, "Purge", "danger purge", () => purgeQueue(queue.name));
+    const reroute = document.createElement("button");
+    reroute.textContent = "Reroute";
+    reroute.className = "reroute";
+    reroute.addEventListener("click", () => rerouteQueue(queue.name));
+    purge.parentElement.appendChild(reroute);
     const remove = document.createElement("button");
     remove.textContent = "Delete";
     remove.className = "danger delete";
@@ -231,6 +236,35 @@ async function purgeQueue(name) {
     showError(null);
   } catch (error) { showError(error); }
 }
+
+// Qpid's reroute: the messages of a queue (the first N, or all) or of one group go to another queue or
+// multicast address, each group in order; what stayed, and why, is shown as an error
+async function reroute(queue, group, resultId, reload) {
+  const what = group === null ? `queue ${queue}` : `group ${group} of queue ${queue}`;
+  const destination = (window.prompt(`Reroute the available messages of ${what} to which queue or multicast address?`) || "").trim();
+  if (!destination) return;
+  const body = { to: destination };
+  if (group === null) {
+    const count = (window.prompt(`How many, the first in queue order? Leave empty for every available message.`) || "").trim();
+    if (count) {
+      if (!/^[1-9][0-9]*$/.test(count)) { showError(new Error(`the count must be a whole number >= 1, got ${count}`)); return; }
+      body.count = parseInt(count, 10);
+    }
+  } else {
+    body.group = group;
+  }
+  const how = body.count ? `the first ${body.count} available messages` : "every available message";
+  if (!window.confirm(`Reroute ${how} of ${what} to ${destination}? They leave ${queue} once stored there, each ` +
+                      "group in order; a group with deliveries not yet settled stays whole.")) return;
+  try {
+    const result = await api("POST", `/api/queues/${encodeURIComponent(queue)}/reroute`, body);
+    await reload();
+    $(resultId).textContent = `${what}: ${result.messages_moved} message(s) rerouted to ${destination}`;
+    showError(result.messages_stayed ? new Error(`${result.messages_stayed} message(s) stayed in ${queue}: ${result.stayed_reason}`) : null);
+  } catch (error) { showError(error); }
+}
+
+function rerouteQueue(name) { return reroute(name, null, "queues-result", loadQueues); }
 
 async function deleteQueue(name) {
   if (!window.confirm(`Delete queue ${name} (on every node of a cluster)?`)) return;
@@ -302,6 +336,12 @@ async function loadGroups(position) {
       more.addEventListener("click", () => groupAction(queue, group.group, action));
       actions.parentElement.appendChild(more);
     }
+    const rerouteGroup = document.createElement("button");
+    rerouteGroup.textContent = "Reroute";
+    rerouteGroup.className = "reroute";
+    rerouteGroup.addEventListener("click", () => reroute(queue, group.group, "action-result",
+                                                         () => loadGroups(state.groups.position)));
+    actions.parentElement.appendChild(rerouteGroup);
   });
   return page;
 }
