@@ -201,7 +201,8 @@ class SimNode:
             group_timeout_ms=config.group_timeout_ms, routes_max=config.routes_max,
             seq_reserve_block=config.seq_reserve_block, counts=sim.stats,
             follows_consumers=config.route_follow_ms > 0,
-            queue_seeds=tuple(settings.to_dict() for settings in config_queues))
+            queue_seeds=tuple(settings.to_dict() for settings in config_queues),
+            outbound_max_bytes=config.outbound_max_bytes, outbound_total_max_bytes=config.outbound_total_max_bytes)
         self._forwarders: dict[str, ForwarderModel] = {}
         self._awaiting_flush: list = []  # callbacks for when everything journalled so far is durable
         self._writer_due = False

@@ -52,7 +52,9 @@ Invariants, after every step:
 - no message is held twice, delivered to two consumers at once, or accepted (durably) twice, beyond
   the allowed duplicates below; no refused or never-sent message is ever delivered; every producer
   hears at most one outcome;
-- per (producer, group), first deliveries come in increasing sequence.
+- per (producer, group), first deliveries come in increasing sequence;
+- each node's outbound store counts, per owner and in all, the bytes its channels hold (its bounds,
+  outbound_max_bytes and outbound_total_max_bytes, refuse sends by these counts).
 At the end, after a drain with faults off and every node up: nothing is left anywhere, and every
 accepted message was delivered and accepted by a consumer (nothing lost).
 
@@ -106,6 +108,8 @@ class SimConfig:
     route_follow_ms: int = 0  # groups follow their consumers after this long; 0: off (and no migrations)
     placement: str = "balanced"  # every node's claims carry it (handler/route_table.py's PLACEMENT_*)
     routes_max: int = 1_000_000
+    outbound_max_bytes: int = 0  # the outbound store's bound per owner (node/config.py); 0: none
+    outbound_total_max_bytes: int = 0  # and for all owners together
     net_delay_ms_max: int = 20  # one way, forwarding calls and replies
     forward_loss: float = 0.05  # a forwarding call never reaches the owner
     ack_loss: float = 0.05  # the owner's reply never reaches the sender
@@ -788,6 +792,7 @@ class Simulation:
                 taken = self.nodes[owner].taken_from(node.node_id)  # a resend of these is skipped
                 for key in {entry[0] for seq, entry in channel.items() if seq > taken}:
                     holders[key].add(owner)
+            self._check_outbound_bytes(node)
         for owner, source, batch in self.network.in_flight.values():
             taken = self.nodes[owner].taken_from(source)
             for key in {(entry.queue, entry.group_id) for entry in batch if entry.forward_seq > taken}:
@@ -889,6 +894,15 @@ class Simulation:
         if self.raft.table.moves:
             left["moves"] = self.raft.table.moves_all()[:5]
         return left
+
+    def _check_outbound_bytes(self, node: SimNode) -> None:
+        """The byte counts the outbound store's bounds are decided on agree with its channels."""
+        outbound = node.outbound
+        sizes = {owner: sum(entry[2] for entry in channel.values()) for owner, channel in outbound.channels.items()}
+        if {owner: size for owner, size in sizes.items() if size} != outbound.depth_bytes \
+                or sum(sizes.values()) != outbound.total_bytes:
+            self.violation(f"{node.node_id}'s outbound store counts {outbound.depth_bytes} bytes per owner "
+                           f"({outbound.total_bytes} in all) but its channels hold {sizes}")
 
     def summary(self) -> dict:
         outcomes = collections.Counter(self.outcome.values())

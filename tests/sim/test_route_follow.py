@@ -16,6 +16,7 @@ from tests.sim.simulation import Simulation
 
 FOLLOW_SWEEP_SEEDS = 60
 FOLLOW_JOURNAL_FAIL_SEEDS = 20
+FOLLOW_OUTBOUND_BOUND_SEEDS = 30  # runs whose outbound stores hold a few messages per owner
 SWEEP_STEPS = 300
 NODES_BY_SEED = (3, 3, 2, 5)
 ROUTE_FOLLOW_MS = 100
@@ -37,6 +38,17 @@ def test_groups_follow_consumers_that_move_between_nodes_through_every_fault():
                     "messages_parked", "crashes", "torn_tails", "leader_outages", "snapshots", "redeliveries"):
         assert totals[counted] > 0, (counted, totals)
     assert totals["moves_done"] == totals["moves_begun"]  # the drain ends every move
+
+
+def test_groups_follow_consumers_past_small_outbound_bounds_which_handovers_and_relays_may_pass():
+    totals: collections.Counter = collections.Counter()
+    for seed in range(FOLLOW_OUTBOUND_BOUND_SEEDS):
+        sim = Simulation(seed, nodes=NODES_BY_SEED[seed % len(NODES_BY_SEED)], route_follow_ms=ROUTE_FOLLOW_MS,
+                         outbound_max_bytes=40).run(SWEEP_STEPS)
+        totals.update(sim.summary())
+    for counted in ("moves_done", "messages_handed_over", "outbound_refused"):
+        assert totals[counted] > 0, (counted, totals)
+    assert totals["moves_done"] == totals["moves_begun"]
 
 
 def test_groups_follow_consumers_with_failed_journal_writes_too():

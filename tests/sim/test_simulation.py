@@ -23,6 +23,7 @@ ROUTES_MAX_EVERY_SEEDS = 8  # one seed in this many runs with routes_max=4: clai
 LEASE_SWEEP_SEEDS = 60
 JOURNAL_FAIL_SWEEP_SEEDS = 100
 PLACEMENT_SWEEP_SEEDS = 40  # per placement mode
+OUTBOUND_BOUND_SWEEP_SEEDS = 40  # runs whose outbound stores hold a few messages per owner
 JOURNAL_FAIL_RATE = 0.05  # per journal write
 
 
@@ -64,6 +65,18 @@ def test_every_invariant_holds_over_many_seeds_with_every_fault_injected():
                     "calls_lost", "acks_lost", "resends_skipped", "redeliveries", "duplicates_accepted"):
         assert totals[counted] > 0, (counted, totals)
     assert totals["accepted"] > 20_000
+
+
+def test_every_invariant_holds_with_small_outbound_bounds_which_refuse_sends_and_lose_nothing_accepted():
+    # a few messages per owner: crashed owners fill their sources' channels, and sends are refused
+    totals: collections.Counter = collections.Counter()
+    for seed in range(OUTBOUND_BOUND_SWEEP_SEEDS):
+        sim = Simulation(seed, nodes=NODES_BY_SEED[seed % len(NODES_BY_SEED)], outbound_max_bytes=40,
+                         outbound_total_max_bytes=60).run(SWEEP_STEPS)
+        totals.update(sim.summary())
+    for counted in ("outbound_refused", "crashes", "torn_tails", "resends_skipped"):
+        assert totals[counted] > 0, (counted, totals)
+    assert totals["accepted"] > 2000
 
 
 def test_every_invariant_holds_with_local_placement_too_and_balanced_placement_forwards_more_groups():
