@@ -51,7 +51,7 @@ MALFORMED = "malformed"
 # refuses new sends; messages held stay)
 UPDATABLE_FIELDS = frozenset({
     "group_first_key", "group_rebalance", "group_rebalance_pause_dispatch", "consumers_before_dispatch",
-    "time_before_dispatch_ms", "depth_max_messages", "depth_max_bytes", "groups_max",
+    "time_before_dispatch_ms", "depth_max_messages", "depth_max_bytes", "memory_max_bytes", "groups_max",
     "group_id_length_max_chars", "delivery_count_max", "redelivery_delay_ms", "redelivery_delay_multiplier",
     "redelivery_delay_max_ms", "dead_letter_queue", "dead_letter_queue_auto_create",
 })

@@ -37,6 +37,8 @@ def add_queue_flags(parser: argparse.ArgumentParser) -> None:
     add("--no-durable", dest="durable", action="store_false")
     add("--depth-max-messages", type=int, metavar="N", help="0 = unlimited")
     add("--depth-max-bytes", type=int, metavar="BYTES", help="0 = unlimited")
+    add("--memory-max-bytes", type=int, metavar="BYTES",
+        help="bytes of message bodies kept in RAM, the rest paged to the journal; 0 = the node's budget only")
     add("--groups-max", type=int, metavar="N", help="groups tracked at once; 0 = unlimited")
     add("--group-id-length-max-chars", type=int, metavar="CHARS")
     add("--delivery-count-max", type=int, metavar="N", help="failed deliveries before dead-lettering")
@@ -45,8 +47,8 @@ def add_queue_flags(parser: argparse.ArgumentParser) -> None:
 
 _QUEUE_FLAG_KEYS = ("group_policy", "group_header", "default_group", "group_first_key", "group_rebalance",
                     "group_rebalance_pause_dispatch", "group_buckets", "consumers_before_dispatch",
-                    "time_before_dispatch_ms", "durable", "depth_max_messages", "depth_max_bytes", "groups_max",
-                    "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue")
+                    "time_before_dispatch_ms", "durable", "depth_max_messages", "depth_max_bytes", "memory_max_bytes",
+                    "groups_max", "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue")
 
 
 def queue_settings_from_args(name: str, args: argparse.Namespace) -> QueueSettings:

@@ -40,6 +40,9 @@ class NodeConfig:
     default_group: str = ""  # node-wide name of the default group of shared queues ("" = qpid.no-group)
     journal_fsync: bool = True  # fsync each journal batch before confirming producers
     journal_compact_min_bytes: int = 64 << 20  # journal size below which compaction is never tried
+    # bytes of message bodies all durable queues together keep in RAM; past it the bodies of journalled
+    # messages live only in the journal, read back ahead of dispatch (README "Paging"); 0 = no node budget
+    message_memory_max_bytes: int = 256 << 20
     connections_max: int = 512  # open AMQP connections; more are refused with a condition
     link_unsettled_max: int = 1000  # unsettled deliveries per consumer link (caps granted credit)
     producer_credit_window: int = 500  # credit granted to each producer link, topped up as it drains
@@ -146,6 +149,8 @@ class NodeConfig:
             raise InvalidConfig("cluster_tls_server_name", "is checked in peers' certificates: set cluster TLS too")
         if self.journal_compact_min_bytes < 0:
             raise InvalidConfig("journal_compact_min_bytes", "must be >= 0")
+        if self.message_memory_max_bytes < 0:
+            raise InvalidConfig("message_memory_max_bytes", "must be >= 0 bytes (0 = no node-wide budget)")
         if self.group_timeout_ms < 0:
             raise InvalidConfig("group_timeout_ms", f"must be >= 0 (0 = routes never expire and a cluster that saw "
                                 f"routes_max groups takes no new one; default {GROUP_TIMEOUT_MS_DEFAULT})")

@@ -31,7 +31,7 @@ def purge_batch(queue, position: int, now_ms: int, effects: list,
     """(messages purged, position of the next batch, done) for the batch of groups at `position`."""
     keys = [group.key for group in islice(queue.groups.values(), position, position + groups_max)]
     groups_before = len(queue.groups)
-    purged = sum(len(queue.take_group_messages(key, None, effects)) for key in keys)
+    purged = sum(len(queue.take_group_messages(key, None, effects, bodies=False)) for key in keys)
     forgotten = groups_before - len(queue.groups)  # only groups of this batch: each purge forgets its own at most
     done = len(keys) < groups_max
     if done:  # the groups are through: then the messages in no group, as many per turn

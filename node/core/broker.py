@@ -39,7 +39,7 @@ from node.core.address_settings import AddressSettings, check_parameters
 from node.core.addresses import Addresses
 from node.core.effects import DeadLettered, DetachConsumer, Removed, Stored
 from node.core.errors import AlreadyExists, GrouperError, NotFound
-from node.core.message import AVAILABLE, Message, Outcome
+from node.core.message import AVAILABLE, JOURNALLED, Message, Outcome
 from node.core.queue import Queue
 from node.core.settings import QueueSettings
 
@@ -66,6 +66,8 @@ class Broker:
         self.ended: list[str] | None = None  # subscription queues deleted here as their link ended
         self.entered: set[tuple[str, str]] | None = None  # (queue, route key) given messages by this node itself
         self.temporary: set[str] = set()  # temporary subscriptions made here, alive (for one link each)
+        # bytes of message bodies all durable queues together keep in memory; 0 = no node budget
+        self.memory_max_bytes = 0
 
     # ---- queues ------------------------------------------------------------------------------
 
@@ -327,6 +329,43 @@ class Broker:
         target.tick(now_ms, effects)
         return copies
 
+    # ---- paging (node/core/paging.py) --------------------------------------------------------
+
+    def journalled(self, stores: list, now_ms: int) -> list:
+        """The journal reported these (queue name, message) STOREs on disk: their bodies may be paged
+        out now. Pages out what is over the queues' budgets and the node's (`memory_max_bytes`)."""
+        for _, message in stores:
+            message.flags |= JOURNALLED
+        return self.page_out(now_ms)
+
+    def page_out(self, now_ms: int) -> list:
+        effects: list = []
+        total_bytes = 0
+        for queue in self.queues.values():
+            if queue.pager is None:
+                continue
+            budget_bytes = queue.settings.memory_max_bytes
+            if budget_bytes and queue.pager.pageable_bytes > budget_bytes:
+                queue.page_out(budget_bytes)
+            total_bytes += queue.pager.pageable_bytes
+        excess_bytes = total_bytes - self.memory_max_bytes
+        if self.memory_max_bytes and excess_bytes > 0:
+            # the node's budget: from the queues holding the most first, as little from each as will do
+            for queue in sorted((q for q in self.queues.values() if q.pager is not None),
+                                key=lambda q: (-q.pager.pageable_bytes, q.settings.name)):
+                excess_bytes -= queue.page_out(max(0, queue.pager.pageable_bytes - excess_bytes))
+                if excess_bytes <= 0:
+                    break
+        return effects
+
+    def page_in(self, queue_name: str, bodies: dict, now_ms: int) -> list:
+        """Bodies the journal read back for `queue_name` (seq -> payload): dispatch goes on with them."""
+        effects: list = []
+        queue = self.queues.get(queue_name)
+        if queue is not None:  # deleted meanwhile: nothing waits for them
+            queue.page_in(bodies, now_ms, effects)
+        return effects
+
     # ---- time --------------------------------------------------------------------------------
 
     def tick(self, now_ms: int) -> list:
@@ -355,7 +394,7 @@ class Broker:
     def purge_group(self, queue_name: str, group: str, count: int | None, now_ms: int) -> tuple[int, list]:
         effects: list = []
         queue = self.queue(queue_name)
-        taken = queue.take_group_messages(group, count, effects)
+        taken = queue.take_group_messages(group, count, effects, bodies=False)  # a purge needs no bodies
         queue.tick(now_ms, effects)
         return len(taken), effects
 

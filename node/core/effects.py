@@ -40,6 +40,15 @@ class Stored:
 
 
 @dataclass(frozen=True, slots=True)
+class PageIn:
+    """Read these paged-out bodies of durable queue `queue` back from the journal, then hand them to
+    Broker.page_in on the engine loop (node/core/paging.py). Seqs in the order dispatch needs them."""
+
+    queue: str
+    seqs: tuple
+
+
+@dataclass(frozen=True, slots=True)
 class Removed:
     """A message of a durable queue is gone for good (accepted, rejected, expired, purged, moved)."""
 

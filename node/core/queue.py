@@ -39,7 +39,9 @@ from collections import deque
 
 from node.core.effects import Deliver, Delayed, DetachConsumer, Dropped, Kept, Removed, Stored, Withdrawn
 from node.core.errors import GrouperError, InvalidField, NotFound, ResourceDeleted, ResourceLimitExceeded
-from node.core.message import ACQUIRED, AVAILABLE, CLOSES_GROUP, HANDED_OUT, REMOVED, STATE_MASK, Message, Outcome
+from node.core.message import (ACQUIRED, AVAILABLE, CLOSES_GROUP, HANDED_OUT, PAGED, REMOVED, REQUESTED, STATE_MASK,
+                               Message, Outcome)
+from node.core.paging import READ_AHEAD_MESSAGES, Pager
 from node.core.settings import QueueSettings
 
 UNOWNED = "unowned"  # placement marker of the unowned-groups heap
@@ -190,6 +192,8 @@ class Queue:
         self.delivered_total = 0
         self._first_attach_ms: int | None = None
         self._dispatch_started = False
+        # which bodies are in memory (node/core/paging.py); a non-durable queue's exist nowhere else
+        self.pager: Pager | None = Pager(settings.name) if settings.durable else None
 
     # ---- producers ---------------------------------------------------------------------------
 
@@ -249,6 +253,8 @@ class Queue:
         self.depth_messages += 1
         self.depth_bytes += message.size_bytes
         self._log.append(message)
+        if self.pager is not None:
+            self.pager.admitted(message)
         if message.expires_at_ms:
             heapq.heappush(self._expiry, (message.expires_at_ms, message.seq, message))
         self._make_available(message, key)
@@ -395,6 +401,8 @@ class Queue:
                 effects.append(Dropped(self.settings.name, message.seq, "ttl expired"))
             else:
                 message.state = AVAILABLE
+                if self.pager is not None:
+                    self.pager.returned(message)
                 delay_ms = self.settings.redelivery_delay_for_ms(message.delivery_count) if failed else 0
                 if delay_ms:
                     message.available_at_ms = now_ms + delay_ms
@@ -446,6 +454,18 @@ class Queue:
                 self._place_or_forget(message.group)
 
     def _dispatch(self, now_ms: int, effects: list) -> None:
+        self._dispatch_takers(now_ms, effects)
+        pager = self.pager
+        if pager is not None and pager.waiting:
+            pager.ask(self._lane_of, effects)
+
+    def _lane_of(self, group):
+        """A group's messages in seq order (None: the ungrouped lane); None when the group is gone."""
+        if group is None:
+            return self._ungrouped
+        return group.messages() if self.groups.get(group.key) is group else None
+
+    def _dispatch_takers(self, now_ms: int, effects: list) -> None:
         if self._delayed and self._delayed[0][0] <= now_ms:  # whichever call comes first past a delay
             self._release_delayed(now_ms)
         if self._browsers:
@@ -469,6 +489,8 @@ class Queue:
                 self._ungrouped.popleft()
                 consumer = min(takers, key=_least_recently_used)
                 self._deliver(loose, consumer, False, effects)
+                if self.pager is not None and self._ungrouped:
+                    self._read_ahead(None, self._ungrouped)
                 continue
             if best_group is None:
                 return
@@ -492,8 +514,23 @@ class Queue:
             group.held = True  # free the group once this and every earlier message is settled
         self._deliver(message, consumer, first, effects)
         self._place_or_forget(group)
+        if self.pager is not None and group.lane is not None:
+            self._read_ahead(group, group.lane)
+
+    def _read_ahead(self, group, lane) -> None:
+        """Ask for a group's next bodies before dispatch reaches them: once the message halfway
+        through the read-ahead window is paged (node/core/paging.py)."""
+        if type(lane) is deque:
+            ahead = lane[min(len(lane), READ_AHEAD_MESSAGES // 2) - 1] if lane else None
+        else:
+            ahead = lane
+        if ahead is not None and ahead.flags & (PAGED | REQUESTED) == PAGED:
+            self.pager.want(group)
 
     def _deliver(self, message: Message, consumer: Consumer, first: bool, effects: list) -> None:
+        if self.pager is not None:
+            assert message.payload is not None, f"queue {self.settings.name!r} delivers paged-out {message}"
+            self.pager.delivered(message)
         message.flags = message.flags & ~STATE_MASK | ACQUIRED | HANDED_OUT
         self.acquired_messages += 1
         self.delivered_total += 1
@@ -517,6 +554,9 @@ class Queue:
                 index += 1
                 if message.state != AVAILABLE or (message.expires_at_ms and message.expires_at_ms <= now_ms):
                     continue
+                if message.flags & PAGED:  # this browser waits for the body; page_in() dispatches again
+                    self.pager.want_browse(message, effects)
+                    break
                 browser.cursor_seq = message.seq
                 browser.credit -= 1
                 message.handed_out = True  # a browser has seen it: a failed write cannot take it back unseen
@@ -538,6 +578,12 @@ class Queue:
                 group.placed_in = None  # _expire re-places the group, or forgets it once idle
                 self._expire(head, effects)
                 continue
+            if head.flags & PAGED:  # paged out since it was placed: it waits for its body
+                heapq.heappop(heap)
+                group.placed_in = None
+                group.placed_seq = -1
+                self.pager.want(group)
+                continue
             return group
         return None
 
@@ -550,6 +596,9 @@ class Queue:
             elif head.expires_at_ms and head.expires_at_ms <= now_ms:
                 lane.popleft()
                 self._expire(head, effects)
+            elif head.flags & PAGED:
+                self.pager.want(None)  # the ungrouped lane waits for its head's body
+                return None
             else:
                 return head
         return None
@@ -571,6 +620,11 @@ class Queue:
                             g for g in self._empty_owned if g.placed_in is EMPTY_OWNED))
             else:
                 group.placed_in = None
+            return
+        if head.flags & PAGED:  # not placed until its body is back (page_in): the group waits, others go on
+            group.placed_in = None
+            group.placed_seq = -1
+            self.pager.want(group)
             return
         target = group.owner if group.owner is not None else UNOWNED
         if group.placed_in is target and group.placed_seq == head.seq:
@@ -656,6 +710,8 @@ class Queue:
         """Forget a message that is available or acquired; the caller fixes group counters.
 
         `journalled` False: its STORE never reached the disk (a withdrawn send), so no REMOVE is due."""
+        if self.pager is not None:
+            self.pager.removed(message)
         message.flags = message.flags & ~STATE_MASK | REMOVED
         self.depth_messages -= 1
         self.depth_bytes -= message.size_bytes
@@ -697,6 +753,39 @@ class Queue:
                 self._expire(message, effects)
             # an acquired message that expired is dropped when it comes back (_settle_one)
         self._dispatch(now_ms, effects)
+
+    # ---- paging (node/core/paging.py) --------------------------------------------------------
+
+    def page_out(self, target_bytes: int) -> int:
+        """Page out journalled bodies until this queue's pageable bytes are at most `target_bytes`."""
+        return 0 if self.pager is None else self.pager.page_out(target_bytes)
+
+    def page_in(self, bodies: dict, now_ms: int, effects: list) -> None:
+        """Bodies the journal read back (seq -> payload); a None payload is a body the journal does not
+        have: the message is dropped, loudly (a broken journal, never a normal path)."""
+        pager = self.pager
+        if pager is None:
+            return
+        touched = []
+        for seq, payload in bodies.items():
+            message = pager.arrived(seq, payload)
+            if message is None:
+                continue
+            if payload is None:
+                self._take_available(message, effects)
+                effects.append(Dropped(self.settings.name, seq, "its body is missing from the journal"))
+                continue
+            if message.group is not None:
+                touched.append(message.group)
+        for group in touched:
+            if self.groups.get(group.key) is group and group.placed_in is None:
+                self._place_or_forget(group)
+        self._dispatch(now_ms, effects)
+
+    def paged_group_bodies(self, group: Group) -> int:
+        """Available messages of `group` whose bodies are not in memory."""
+        return sum(1 for message in group.messages()
+                   if message.flags & (STATE_MASK | PAGED) == AVAILABLE | PAGED)
 
     def next_deadline_ms(self) -> int | None:
         deadlines = []
@@ -750,12 +839,14 @@ class Queue:
             self._place_or_forget(group)
         return count
 
-    def take_group_messages(self, group_key, count: int | None, effects: list) -> list[Message]:
+    def take_group_messages(self, group_key, count: int | None, effects: list,
+                            bodies: bool = True) -> list[Message]:
         """Remove up to `count` available messages from a group's head (all with None).
 
-        Acquired messages are never taken: they belong to a consumer until settled."""
+        Acquired messages are never taken: they belong to a consumer until settled. `bodies` False
+        (a purge): paged-out messages are taken too; else only up to the first one (see group_head_messages)."""
         group = self._group(group_key)
-        taken = self.group_head_messages(group_key, count)
+        taken = self.group_head_messages(group_key, count, bodies)
         for message in taken:
             self._remove(message, effects)
         group.available_count -= len(taken)
@@ -780,14 +871,19 @@ class Queue:
                                     if message.flags & STATE_MASK == AVAILABLE)
         return taken
 
-    def group_head_messages(self, group_key, count: int | None) -> list[Message]:
-        """The first `count` available messages of a group (all with None), left in place."""
+    def group_head_messages(self, group_key, count: int | None, bodies: bool = True) -> list[Message]:
+        """The first `count` available messages of a group (all with None), left in place. With
+        `bodies` they end before the first one whose body is paged out, whose page-in is asked for
+        (a move copies bodies: the caller moves what it got, and the rest once it is back)."""
         group = self._group(group_key)
         head: list[Message] = []
         for message in group.messages():
             if count is not None and len(head) >= count:
                 break
             if message.state == AVAILABLE:
+                if bodies and message.flags & PAGED:
+                    self.pager.want_whole(group)
+                    break
                 head.append(message)
         return head
 
@@ -817,8 +913,15 @@ class Queue:
         self._dispatch(now_ms, effects)
 
     def group_in_flight(self, group_key) -> int:
+        """Delivered and unsettled, plus (paging) available ones whose bodies are not back yet: a
+        group is handed over whole, bodies included, so those are asked for now and waited for."""
         group = self.groups.get(group_key)
-        return 0 if group is None else group.acquired
+        if group is None:
+            return 0
+        paged = self.paged_group_bodies(group) if self.pager is not None and self.pager.paged_bytes else 0
+        if paged:
+            self.pager.want_whole(group)
+        return group.acquired + paged
 
     def group_available(self, group_key) -> int:
         group = self.groups.get(group_key)
@@ -832,6 +935,9 @@ class Queue:
         if group is None or group.acquired or group_key not in self.held_keys:
             return []
         taken = [message for message in group.messages() if message.state == AVAILABLE]
+        if any(message.flags & PAGED for message in taken):
+            self.pager.want_whole(group)
+            return []  # group_in_flight counted these: the caller waits for them, as for settlements
         for message in taken:
             message.handed_out = True  # a copy lives on at the new owner: a failed write cannot take it back
             self._remove(message, effects)
@@ -875,6 +981,8 @@ class Queue:
         self._unowned.clear()
         self._expiry.clear()
         self._delayed.clear()
+        if self.pager is not None:
+            self.pager.clear()
         self.depth_messages = self.depth_bytes = self.acquired_messages = 0
 
     def stats(self) -> dict:
@@ -889,6 +997,8 @@ class Queue:
             "owned_groups": sum(1 for g in self.groups.values() if g.owner is not None),
             "enqueued_total": self.enqueued_total,
             "delivered_total": self.delivered_total,
+            "resident_bytes": self.depth_bytes - (self.pager.paged_bytes if self.pager is not None else 0),
+            "paged_bytes": self.pager.paged_bytes if self.pager is not None else 0,
         }
 
 

@@ -32,7 +32,11 @@ class QueueSettings:
     time_before_dispatch_ms: int = 0  # or until this long after the first consumer attached; 0 = off
     durable: bool = True  # journal messages before confirming the producer
     depth_max_messages: int = 1_000_000  # queued + in-flight messages; 0 = unlimited
-    depth_max_bytes: int = 1 << 30  # queued + in-flight encoded bytes; 0 = unlimited
+    depth_max_bytes: int = 1 << 30  # queued + in-flight encoded bytes; 0 = unlimited (a limit of disk, not RAM)
+    # bytes of message bodies this queue keeps in RAM; past it the bodies of its journalled messages live only
+    # in the journal and are read back ahead of dispatch (node/core/paging.py). 0 = only the node's budget
+    # (message_memory_max_bytes in node/config.py) bounds it. A non-durable queue refuses it: no journal holds its bodies
+    memory_max_bytes: int = 0
     # groups tracked at once (with messages or an owner); 0 = unlimited. At the limit an empty group kept by
     # its exclusive owner gives its place to the new group (the one empty longest, node/core/queue.py's
     # header); a new group is refused only while every tracked group has messages queued or in flight
@@ -56,13 +60,16 @@ class QueueSettings:
         if self.group_buckets < -1:
             raise InvalidConfig("group_buckets", "must be -1 (every group), 0 (off) or a positive bucket count")
         for key in ("consumers_before_dispatch", "time_before_dispatch_ms", "depth_max_messages",
-                    "depth_max_bytes", "delivery_count_max", "groups_max", "redelivery_delay_ms",
+                    "depth_max_bytes", "memory_max_bytes", "delivery_count_max", "groups_max", "redelivery_delay_ms",
                     "redelivery_delay_max_ms"):
             if getattr(self, key) < 0:
                 raise InvalidConfig(key, "must be >= 0")
         if not 1.0 <= self.redelivery_delay_multiplier <= REDELIVERY_DELAY_MULTIPLIER_MAX:
             raise InvalidConfig("redelivery_delay_multiplier",
                                 f"must be 1.0..{REDELIVERY_DELAY_MULTIPLIER_MAX} (1.0 = the same delay every time)")
+        if self.memory_max_bytes and not self.durable:
+            raise InvalidConfig("memory_max_bytes", f"{self.memory_max_bytes} bytes set on a non-durable queue, whose "
+                                                    f"bodies are in no journal to page to; set 0 or make it durable")
         if self.redelivery_delay_max_ms and self.redelivery_delay_max_ms < self.redelivery_delay_ms:
             raise InvalidConfig("redelivery_delay_max_ms",
                                 f"{self.redelivery_delay_max_ms} ms is below redelivery_delay_ms="
@@ -107,6 +114,8 @@ class QueueSettings:
         values = dataclasses.asdict(self)
         if not self.address:  # records and messages of queues that subscribe to nothing stay as they were
             del values["address"]
+        if not self.memory_max_bytes:  # so a node of the release before paging reads the record (upgrades)
+            del values["memory_max_bytes"]
         return values
 
     @classmethod

@@ -1,0 +1,217 @@
+"""Which message bodies of one durable queue are in memory: the paging index. Pure: no I/O, no clock.
+
+The queue keeps every message's record (seq, group, size_bytes); the Pager decides whose `payload`
+stays. Its rules:
+- Only a body whose STORE is on disk (JOURNALLED, set by the adapter once the journal reported it
+  durable) is paged out: the journal is then where it lives, and the writer thread reads it back by
+  queue and seq. A send whose write failed is never JOURNALLED, so it stays in memory.
+- Page-out takes the newest resident bodies first, the tails of the groups' backlogs, farthest from
+  dispatch, until the bodies it may page ("pageable": available, resident, not read back) fit the budget.
+- Dispatch never hands out a message without its body (the queue checks PAGED at every head). A group
+  whose next messages are paged asks for up to READ_AHEAD_MESSAGES of them (one `PageIn` effect per
+  queue call) and waits; nothing of it is skipped, and other groups go on.
+- Read-ahead is bounded per queue: bodies asked for or read back and not yet delivered stay within
+  READ_AHEAD_BYTES_MAX (one message may pass it, so a body larger than the bound still comes back).
+  Groups that find no room wait for it in the order they asked.
+- A body read back, or returned by its consumer (a release), is FETCHED: it counts in read-ahead, not in
+  the budget, and is not paged out again before it is delivered, so nothing is read twice.
+- A group the cluster holds to hand over asks for all its bodies at once (`want_whole`): they leave
+  this node together, and the queue counts missing ones as in flight until they are back.
+- A body a browser needs comes back pageable, not FETCHED: browsing a paged queue must not fill the
+  read-ahead room the groups' consumers need.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from node.core.effects import PageIn
+from node.core.message import AVAILABLE, FETCHED, JOURNALLED, PAGED, REMOVED, REQUESTED, STATE_MASK, Message
+
+READ_AHEAD_MESSAGES = 32  # messages from a group's head whose bodies are asked for together
+READ_AHEAD_BYTES_MAX = 4 << 20  # bodies per queue asked for or read back and not yet delivered
+PAGE_OUT_SCAN_MAX = 4096  # unjournalled bodies page-out steps over at the newest end before it stops
+
+
+class Pager:
+    __slots__ = ("queue_name", "budget_bytes", "pageable_bytes", "fetched_bytes", "requested_bytes",
+                 "paged_bytes", "_pageable", "_requested", "_browse_seqs", "_wanting", "_wanting_set",
+                 "_whole", "read_ahead_bytes_max", "page_ins", "page_outs")
+
+    def __init__(self, queue_name: str, budget_bytes: int = 0, read_ahead_bytes_max: int = READ_AHEAD_BYTES_MAX):
+        self.queue_name = queue_name
+        self.budget_bytes = budget_bytes  # 0: no budget of the queue's own (the node's may still page it)
+        self.read_ahead_bytes_max = read_ahead_bytes_max
+        self.pageable_bytes = 0  # available, resident, not FETCHED: what page-out may take
+        self.fetched_bytes = 0  # read back or returned, not yet delivered
+        self.requested_bytes = 0  # asked for, not yet back
+        self.paged_bytes = 0  # available, body only in the journal
+        self._pageable: deque[Message] = deque()  # admission order; stale entries dropped when met
+        self._requested: dict[int, Message] = {}  # seq -> message whose body is asked for
+        self._browse_seqs: set[int] = set()  # of those, asked for by a browser only
+        self._wanting: deque = deque()  # groups (None: the ungrouped lane) waiting to ask, in order
+        self._wanting_set: set = set()
+        self._whole: set = set()  # groups asking for every body (a hand-over)
+        self.page_ins = 0  # bodies read back, ever
+        self.page_outs = 0  # bodies paged out, ever
+
+    # ---- the queue's events --------------------------------------------------------------------
+
+    def admitted(self, message: Message) -> None:
+        if message.payload is None:  # recovered as a record only
+            message.flags |= PAGED | JOURNALLED
+            self.paged_bytes += message.size_bytes
+        else:
+            self.pageable_bytes += message.size_bytes
+            self._pageable.append(message)
+
+    def delivered(self, message: Message) -> None:
+        """`message` leaves the available ones for a consumer; its body is resident (the queue checked)."""
+        flags = message.flags
+        if flags & FETCHED:
+            message.flags = flags & ~FETCHED
+            self.fetched_bytes -= message.size_bytes
+        else:
+            self.pageable_bytes -= message.size_bytes
+
+    def returned(self, message: Message) -> None:
+        """A delivered message is available again, near its group's head: kept for its redelivery."""
+        message.flags |= FETCHED
+        self.fetched_bytes += message.size_bytes
+
+    def removed(self, message: Message) -> None:
+        """Called before the queue marks `message` REMOVED."""
+        flags = message.flags
+        if flags & STATE_MASK != AVAILABLE:
+            return  # acquired: counted nowhere here
+        if flags & PAGED:
+            self.paged_bytes -= message.size_bytes
+        elif flags & FETCHED:
+            message.flags = flags & ~FETCHED
+            self.fetched_bytes -= message.size_bytes
+        else:
+            self.pageable_bytes -= message.size_bytes
+
+    def clear(self) -> None:
+        self.pageable_bytes = self.fetched_bytes = self.paged_bytes = self.requested_bytes = 0
+        self._pageable.clear()
+        self._requested.clear()
+        self._browse_seqs.clear()
+        self._wanting.clear()
+        self._wanting_set.clear()
+        self._whole.clear()
+
+    # ---- page-out ------------------------------------------------------------------------------
+
+    def page_out(self, target_bytes: int) -> int:
+        """Page out the newest journalled bodies until pageable bytes are at most `target_bytes`;
+        returns the bytes paged out."""
+        pageable = self._pageable
+        aside: list[Message] = []
+        freed = 0
+        while self.pageable_bytes > target_bytes and pageable and len(aside) < PAGE_OUT_SCAN_MAX:
+            message = pageable.pop()
+            flags = message.flags
+            if flags & (STATE_MASK | PAGED | FETCHED) != AVAILABLE:
+                continue  # stale: delivered, removed, paged or read back since it was listed
+            if not flags & JOURNALLED:
+                aside.append(message)  # its write is not reported yet (or failed): it stays
+                continue
+            message.payload = None
+            message.flags = flags | PAGED
+            self.pageable_bytes -= message.size_bytes
+            self.paged_bytes += message.size_bytes
+            freed += message.size_bytes
+            self.page_outs += 1
+        if aside:
+            aside.reverse()
+            pageable.extend(aside)
+        return freed
+
+    # ---- page-in -------------------------------------------------------------------------------
+
+    def want(self, group) -> None:
+        """`group` (None: the ungrouped lane) has paged bodies near its head: ask when there is room."""
+        if group not in self._wanting_set:
+            self._wanting_set.add(group)
+            self._wanting.append(group)
+
+    def want_whole(self, group) -> None:
+        self._whole.add(group)
+        self.want(group)
+
+    def want_browse(self, message: Message, effects: list) -> None:
+        if message.flags & REQUESTED:
+            return
+        self._ask(message)
+        self._browse_seqs.add(message.seq)
+        effects.append(PageIn(self.queue_name, (message.seq,)))
+
+    def ask(self, lanes, effects: list) -> None:
+        """Ask for the bodies of the waiting groups while there is room. `lanes(group)` gives a
+        group's messages in seq order, or None when the group is gone."""
+        seqs: list[int] = []
+        wanting = self._wanting
+        while wanting:
+            group = wanting[0]
+            lane = lanes(group)
+            whole = group in self._whole
+            finished = True
+            if lane is not None:
+                counted = 0
+                for message in lane:
+                    flags = message.flags
+                    if flags & STATE_MASK != AVAILABLE:
+                        continue
+                    counted += 1
+                    if counted > READ_AHEAD_MESSAGES and not whole:
+                        break
+                    if flags & PAGED and flags & REQUESTED:
+                        self._browse_seqs.discard(message.seq)  # a group's now: it comes back FETCHED
+                    elif flags & PAGED:
+                        if not whole and self.fetched_bytes + self.requested_bytes >= self.read_ahead_bytes_max:
+                            finished = False
+                            break
+                        self._ask(message)
+                        seqs.append(message.seq)
+            if not finished:
+                break
+            wanting.popleft()
+            self._wanting_set.discard(group)
+            self._whole.discard(group)
+        if seqs:
+            effects.append(PageIn(self.queue_name, tuple(seqs)))
+
+    def _ask(self, message: Message) -> None:
+        message.flags |= REQUESTED
+        self._requested[message.seq] = message
+        self.requested_bytes += message.size_bytes
+
+    def arrived(self, seq: int, payload: bytes | None) -> Message | None:
+        """A body read back: the message it made resident, or None (gone meanwhile, or not asked for).
+        A None payload (the journal has no such record) leaves the message paged and returns it."""
+        message = self._requested.pop(seq, None)
+        if message is None:
+            return None
+        self.requested_bytes -= message.size_bytes
+        message.flags &= ~REQUESTED
+        browse = seq in self._browse_seqs
+        if browse:
+            self._browse_seqs.discard(seq)
+        if message.flags & STATE_MASK == REMOVED or payload is None:
+            return message if payload is None and message.flags & STATE_MASK != REMOVED else None
+        message.payload = payload
+        self.paged_bytes -= message.size_bytes
+        self.page_ins += 1
+        if browse:
+            message.flags &= ~PAGED
+            self.pageable_bytes += message.size_bytes
+            self._pageable.append(message)
+        else:
+            message.flags = message.flags & ~PAGED | FETCHED
+            self.fetched_bytes += message.size_bytes
+        return message
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._wanting)

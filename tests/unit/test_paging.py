@@ -1,0 +1,223 @@
+"""Paging message bodies to the journal (node/core/paging.py), driven through a real Queue.
+
+The journal is a dict here: a body is "on disk" once the test journals its STORE, and a PageIn is
+answered from the dict, in any order and any time later. Checked against a reference of each group's
+available seqs: every delivery is its group's lowest available seq and carries the body that was sent;
+nothing is lost; no body is asked for twice; after page-out the pageable bytes fit the budget; bodies
+asked for or read back stay within the read-ahead bound (plus one message, plus released ones).
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from node.core.broker import Broker
+from node.core.effects import Deliver, PageIn, Stored
+from node.core.message import ACQUIRED, AVAILABLE, FETCHED, JOURNALLED, PAGED, STATE_MASK, Message, Outcome
+from node.core.queue import Queue
+from node.core.settings import QueueSettings
+
+BUDGET_BYTES = 400
+READ_AHEAD_BYTES = 300
+SIZE_MAX_BYTES = 60
+GROUPS = ("a", "b", "c", "d")
+
+
+def body(seq: int, size: int) -> bytes:
+    return (b"%d:" % seq).ljust(size, b"x")
+
+
+class PagingMachine(RuleBasedStateMachine):
+    @initialize()
+    def start(self):
+        self.queue = Queue(QueueSettings(name="q", memory_max_bytes=BUDGET_BYTES, delivery_count_max=0))
+        self.queue.pager.read_ahead_bytes_max = READ_AHEAD_BYTES
+        self.now_ms = 0
+        self.next_seq = 1
+        self.disk: dict[int, bytes] = {}  # seq -> body of every journalled STORE
+        self.sent: dict[int, bytes] = {}  # seq -> body, of every message still in the queue
+        self.unjournalled: list[Message] = []
+        self.available: dict[str, set[int]] = {group: set() for group in GROUPS}
+        self.unsettled: dict[str, list[tuple[int, Message]]] = {}
+        self.asked: list[int] = []  # PageIn seqs not answered yet
+        self.asked_ever: set[int] = set()
+        self.returned: set[int] = set()  # released and not delivered again: FETCHED beyond read-ahead
+        self.accepted = 0
+
+    def carry_out(self, effects: list) -> None:
+        for effect in effects:
+            if type(effect) is Stored:
+                self.unjournalled.append(effect.message)
+                assert effect.message.payload is not None
+            elif type(effect) is PageIn:
+                for seq in effect.seqs:
+                    assert seq not in self.asked_ever, f"body of {seq} asked for twice"
+                    self.asked_ever.add(seq)
+                    self.asked.append(seq)
+            elif type(effect) is Deliver:
+                message = effect.message
+                group = message.group_id
+                assert message.seq == min(self.available[group]), (message, sorted(self.available[group]))
+                assert message.payload == self.sent[message.seq], message
+                self.available[group].discard(message.seq)
+                self.returned.discard(message.seq)
+                self.unsettled[effect.consumer_id].append((effect.delivery_id, message))
+
+    @rule(group=st.sampled_from(GROUPS), size=st.integers(1, SIZE_MAX_BYTES))
+    def send(self, group, size):
+        seq = self.next_seq
+        self.next_seq += 1
+        payload = body(seq, size)
+        self.sent[seq] = payload
+        self.available[group].add(seq)
+        effects: list = []
+        self.queue.enqueue(Message(payload, group, seq=seq), self.now_ms, effects)
+        self.carry_out(effects)
+
+    @rule()
+    def journal(self):
+        """The writer reports the pending STOREs on disk; the broker marks them and pages out."""
+        for message in self.unjournalled:
+            self.disk[message.seq] = message.payload
+            message.flags |= JOURNALLED
+        self.unjournalled.clear()
+        self.queue.page_out(BUDGET_BYTES)
+        assert self.queue.pager.pageable_bytes <= BUDGET_BYTES
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.asked)
+    def read_back(self, data):
+        """The writer answers some of the asked-for bodies, in any order."""
+        count = data.draw(st.integers(1, len(self.asked)))
+        picked = data.draw(st.permutations(self.asked))[:count]
+        for seq in picked:
+            self.asked.remove(seq)
+        effects: list = []
+        self.queue.page_in({seq: self.disk[seq] for seq in picked}, self.now_ms, effects)
+        self.carry_out(effects)
+
+    @rule(consumer=st.sampled_from(("c1", "c2")), credit=st.integers(0, 6))
+    def grant(self, consumer, credit):
+        effects: list = []
+        if consumer not in self.unsettled:
+            self.unsettled[consumer] = []
+            self.queue.attach(consumer, False, self.now_ms, effects)
+        self.queue.set_credit(consumer, credit, self.now_ms, effects)
+        self.carry_out(effects)
+
+    @rule(consumer=st.sampled_from(("c1", "c2")), accept=st.booleans())
+    def settle(self, consumer, accept):
+        held = self.unsettled.get(consumer)
+        if not held:
+            return
+        delivery_id, message = held.pop(0)
+        if accept:
+            self.accepted += 1
+            del self.sent[message.seq]
+        else:
+            self.available[message.group_id].add(message.seq)
+            self.returned.add(message.seq)
+        effects: list = []
+        self.queue.settle(consumer, delivery_id, Outcome.ACCEPTED if accept else Outcome.RELEASED, False,
+                          self.now_ms, effects)
+        self.carry_out(effects)
+
+    @invariant()
+    def bookkeeping_matches_the_messages(self):
+        if not hasattr(self, "queue"):
+            return
+        pager = self.queue.pager
+        live = [m for m in self.queue.browse_available() if m.flags & STATE_MASK == AVAILABLE]
+        assert pager.paged_bytes == sum(m.size_bytes for m in live if m.flags & PAGED)
+        assert pager.fetched_bytes == sum(m.size_bytes for m in live if m.flags & FETCHED)
+        assert pager.pageable_bytes == sum(m.size_bytes for m in live if not m.flags & (PAGED | FETCHED))
+        assert all((m.payload is None) == bool(m.flags & PAGED) for m in live)
+        assert all(m.payload is not None for m in self.queue.browse_available() if m.flags & STATE_MASK == ACQUIRED)
+        returned_bytes = sum(len(self.sent[seq]) for seq in self.returned)
+        assert pager.fetched_bytes + pager.requested_bytes - returned_bytes < READ_AHEAD_BYTES + SIZE_MAX_BYTES
+
+    def teardown(self):
+        if not hasattr(self, "queue"):
+            return
+        # drain: everything sent and not accepted comes out, in group order, with its body
+        for _ in range(10_000):
+            self.journal()
+            if self.asked:
+                effects: list = []
+                asked, self.asked = self.asked, []
+                self.queue.page_in({seq: self.disk[seq] for seq in asked}, self.now_ms, effects)
+                self.carry_out(effects)
+            for consumer in list(self.unsettled):
+                while self.unsettled[consumer]:
+                    self.settle(consumer, True)
+                self.grant(consumer, 5)
+            if not self.unsettled:
+                self.grant("c1", 5)
+            if not self.sent:
+                break
+        assert not self.sent, f"never delivered: {sorted(self.sent)}"
+        assert self.queue.depth_messages == 0
+
+
+PagingMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=60, deadline=None,
+                                           suppress_health_check=[HealthCheck.too_slow])
+TestPagingAgainstReference = PagingMachine.TestCase
+
+
+def test_a_group_whose_head_is_paged_waits_while_other_groups_go_on():
+    queue = Queue(QueueSettings(name="q", memory_max_bytes=10))
+    effects: list = []
+    for seq, group in ((1, "a"), (2, "b"), (3, "a")):
+        queue.enqueue(Message(b"x" * 10, group, seq=seq), 0, effects)
+    for message in queue.browse_available():
+        message.flags |= JOURNALLED
+    queue.page_out(10)  # the newest first: 3 then 2; 1 stays
+    assert [m.seq for m in queue.browse_available() if m.flags & PAGED] == [2, 3]
+    effects = []
+    queue.attach("c", False, 0, effects)
+    queue.set_credit("c", 10, 0, effects)
+    delivered = [e.message.seq for e in effects if type(e) is Deliver]
+    asked = [seq for e in effects if type(e) is PageIn for seq in e.seqs]
+    assert delivered == [1]
+    assert sorted(asked) == [2, 3]
+    effects = []
+    queue.page_in({3: b"y" * 10}, 0, effects)  # a's next, before b's: a goes on, b still waits
+    assert [e.message.seq for e in effects if type(e) is Deliver] == [3]
+    effects = []
+    queue.page_in({2: b"z" * 10}, 0, effects)
+    assert [(e.message.seq, e.message.payload) for e in effects if type(e) is Deliver] == [(2, b"z" * 10)]
+
+
+def test_an_unjournalled_body_is_never_paged_out():
+    queue = Queue(QueueSettings(name="q", memory_max_bytes=1))
+    effects: list = []
+    queue.enqueue(Message(b"x" * 10, "a", seq=1), 0, effects)
+    assert queue.page_out(1) == 0
+    assert queue.browse_available()[0].payload == b"x" * 10
+
+
+def test_the_node_budget_pages_the_queue_holding_most_first():
+    broker = Broker()
+    broker.memory_max_bytes = 100
+    for name in ("big", "small"):
+        broker.declare_queue(QueueSettings(name=name))
+    stores = []
+    for count, name in ((15, "big"), (5, "small")):
+        for _ in range(count):
+            effects = broker.enqueue(name, Message(b"x" * 10, "g"), 0)
+            stores += [(e.queue, e.message) for e in effects if type(e) is Stored]
+    broker.journalled(stores, 0)
+    assert broker.queues["big"].pager.pageable_bytes + broker.queues["small"].pager.pageable_bytes == 100
+    assert broker.queues["small"].pager.paged_bytes == 0
+    assert broker.queues["big"].stats()["paged_bytes"] == 100
+
+
+def test_a_non_durable_queue_has_no_pager_and_refuses_a_budget():
+    import pytest
+
+    from node.core.errors import InvalidConfig
+    assert Queue(QueueSettings(name="q", durable=False)).pager is None
+    with pytest.raises(InvalidConfig, match="memory_max_bytes"):
+        QueueSettings(name="q", durable=False, memory_max_bytes=1).validate()
