@@ -156,7 +156,8 @@ def register(subparsers) -> None:
         parser.set_defaults(run=lambda args: _run(action, args))
         return parser
 
-    queue = subparsers.add_parser("queue", help="add, update, delete or list queues (in a cluster: on every node)")
+    queue = subparsers.add_parser("queue", help="add, update, delete, purge, reroute or list queues (in a cluster: "
+                                                "on every node)")
     queue_commands = queue.add_subparsers(dest="queue_command", required=True,
                                           metavar="{add,update,delete,purge,reroute,list}")
     add = command(queue_commands, "add", _queue_add, "declare a queue (in a cluster: on every node)")

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 WORKERS_DEFAULT = 8  # gRPC pool threads; each admin or forwarded-batch call blocks one while the engine loop answers
 CONCURRENT_RPCS_MAX_PER_WORKER = 16  # calls admitted per worker; beyond it RESOURCE_EXHAUSTED
 PEER_CALL_TIMEOUT_MS = 3000  # deadline of each call to another member when an answer spans the cluster
+# deadline of each member's part of a reroute: it moves a backlog, 10,000 messages per engine loop turn,
+# and answers once its journal holds them
+REROUTE_MEMBER_TIMEOUT_MS = 60_000
 # deadline of each member's queue depths in `cluster status`, asked of every member at once: the
 # depths are for the operator's eye, and during a partition the cut-off member's would otherwise
 # hold the whole answer (an operator asks then most of all)
@@ -249,7 +252,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         return AdminClient(address, timeout_ms=timeout_ms, credentials=self._peer_credentials,
                            metadata=caller.forwarded, server_name=self._peer_server_name)
 
-    def _everywhere(self, request, caller: Caller, local, remote):
+    def _everywhere(self, request, caller: Caller, local, remote, member_timeout_ms: int = PEER_CALL_TIMEOUT_MS):
         """Run `local()` here and, in a cluster, `remote(client)` on every other member, as the caller.
 
         Returns (node, result) pairs; a queue unknown on some nodes is skipped there, and unknown
@@ -271,7 +274,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                              f"pass on to the other members; give --user and a password for commands that "
                              f"span the cluster")
         for node, address in peers:
-            with self._member_client(address, caller) as client:
+            with self._member_client(address, caller, member_timeout_ms) as client:
                 try:
                     results.append((node, remote(client)))
                 except AccessDenied as error:
@@ -385,7 +388,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 return counted(client.reroute_queue(request.queue, request.destination, group, left,
                                                     local_only=True))
             results = self._everywhere(request, caller, lambda: counted(self._control.reroute_queue(
-                request.queue, request.destination, group, count)), remote)
+                request.queue, request.destination, group, count)), remote, REROUTE_MEMBER_TIMEOUT_MS)
             moved = sum(result[0] for _, result in results)
             stayed = sum(result[1] for _, result in results)
             reasons = [f"node {node}: {result[2]}" if node else result[2] for node, result in results if result[2]]
