@@ -175,6 +175,16 @@ def test_the_config_map_holds_queue_definitions_the_node_accepts_and_is_passed_w
     assert 0 not in depths_bytes and sum(depths_bytes) <= memory_limit_bytes / 2, depths_bytes
 
 
+
+def test_the_outbound_store_is_bounded_well_inside_the_pods_memory_beside_the_queues(container):
+    # a dead owner's backlog is held in memory too until the outbound store pages: its bounds, with the
+    # queues' half, must leave the pod room
+    env = env_values(container)
+    config = load(environ={key: env[key] for key in ("GROUPER_OUTBOUND_MAX_BYTES", "GROUPER_OUTBOUND_TOTAL_MAX_BYTES")})
+    memory_limit_bytes = quantity(container["resources"]["limits"]["memory"], "memory")
+    assert 0 < config.outbound_max_bytes <= config.outbound_total_max_bytes <= memory_limit_bytes / 8
+
+
 # ---- the pod's peer script, run with dash as the image runs it -----------------------------------
 
 @pytest.fixture(scope="module")
