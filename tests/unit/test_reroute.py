@@ -206,3 +206,53 @@ def test_against_a_reference_model_each_group_keeps_its_order_and_nothing_is_los
         order = [body for h, body in bodies if h == g]
         assert [body for body in target if body in order] == order[:len([b for b in target if b in order])]
         assert _bodies(broker, "source", g) == order[len([b for b in target if b in order]):]
+
+
+# ---- in a cluster: node/core/cluster_protocol.py places each copy as a send's ---------------------
+
+def _cluster_node():
+    from handler.route_table import ROUTES
+    from node.core.cluster_protocol import ClusterProtocol
+
+    broker = _broker()
+    cluster = ClusterProtocol("n1", broker, handler_timeout_ms=300, seq_reserve_block=100)
+    cluster.ready(0)
+    cluster.applied(ROUTES, [("target", "a", "n2")], 0, 0)  # the destination's group a lives on n2
+    _send(broker, [("a", "a1"), ("b", "b1"), ("a", "a2")])
+    return broker, cluster
+
+
+def test_in_a_cluster_copies_for_another_owner_are_journalled_in_its_channel_before_the_source_removals():
+    from node.core.cluster_protocol import outbound_name
+    from node.core.effects import AfterFlush, ApplyBroker, JournalStore, ProposeTouch, SubmitForward
+
+    broker, cluster = _cluster_node()
+    reroute = Reroute("source", "target")
+    effects = cluster.rerouted(*reroute.batch(broker, 0, owner_of=cluster.reroute_owner), 0)
+    stores = [effect for effect in effects if type(effect) is JournalStore]
+    assert [(store.name, store.message.payload) for store in stores] == [(outbound_name("n2", "target"), b"a1"),
+                                                                         (outbound_name("n2", "target"), b"a2")]
+    [applied] = [effect for effect in effects if type(effect) is ApplyBroker]
+    assert effects.index(applied) > effects.index(stores[-1])  # the source's REMOVEs come after the STOREs
+    # group a's removals (its copies are the STOREs above), then group b's STORE here before its removal
+    assert [(type(e).__name__, e.queue) for e in applied.effects if isinstance(e, (Stored, Removed))] == [
+        ("Removed", "source"), ("Removed", "source"), ("Stored", "target"), ("Removed", "source")]
+    assert type(effects[-1]) is AfterFlush  # a failed write stops the node, as a handover's
+    assert _bodies(broker, "target") == ["b1"] and broker.queues["source"].depth_messages == 0
+
+    at_batch_end = cluster.quiesced(0)
+    assert [touch.entries for touch in at_batch_end if type(touch) is ProposeTouch] == [[("target", "b", "n1")]]
+    [flushing] = [effect for effect in at_batch_end if type(effect) is AfterFlush]
+    [submit] = cluster.flushed(flushing.what, None, 1)
+    assert type(submit) is SubmitForward and [entry.payload for entry in submit.entries] == [b"a1", b"a2"]
+
+
+def test_in_a_cluster_a_destination_group_on_the_move_stops_the_reroute_before_it():
+    broker, cluster = _cluster_node()
+    cluster.held.add(("target", "b"))  # as a move's old or new owner holds it
+    reroute = Reroute("source", "target")
+    effects, forwards = reroute.batch(broker, 0, owner_of=cluster.reroute_owner)
+    assert (reroute.moved, reroute.stayed) == (2, 1)  # group a (first to arrive) went; b stayed
+    assert "group 'b' of queue 'target' is moving between nodes" in reroute.stayed_reason
+    assert [f.message.payload for f in forwards] == [b"a1", b"a2"]
+    assert _bodies(broker, "source") == ["b1"]
