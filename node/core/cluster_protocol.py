@@ -16,13 +16,15 @@ acknowledged or received, a raft entry is applied, a proposal failed, a tick, re
   plus its own would pass either bound; an empty channel (an empty store, for the node-wide bound)
   takes any message, so one larger than a bound is not refused forever. Nothing accepted is dropped:
   the refusal comes before the message is stored, and the channel drains as its owner acknowledges.
-  Local groups and other owners are unaffected. Only a producer's send is refused: whatever else
-  fills a channel counts toward the bytes but may pass the bound, as it moves messages accepted
-  already (refusing would lose or stall them): a group's backlog an old owner hands over, a message
-  relayed to a moving group's new owner (its source holds it until this node stores it), and what
-  recovery puts back. The bound is on bytes in the store, in memory and in the journal alike; today
-  every entry is in memory too. The store pages like a queue once queues page to the journal past
-  their memory budget (node/core queue residency); this bound then stays its bound on disk.
+  Local groups and other owners are unaffected. An operator's reroute (node/core/reroute.py) obeys
+  the bounds as sends do (with the copies its batch already promised): it stops at a full channel,
+  the rest left in its queue. Whatever else fills a channel counts toward the bytes but may pass
+  the bound, as it moves messages accepted already (refusing would lose or stall them): a group's
+  backlog an old owner hands over, a message relayed to a moving group's new owner (its source
+  holds it until this node stores it), and what recovery puts back. The bound is on bytes in the
+  store, in memory and in the journal alike; today every entry is in memory too. The store pages
+  like a queue once queues page to the journal past their memory budget (node/core queue
+  residency); this bound then stays its bound on disk.
 - Forward seqs are node seqs. They must never repeat after a restart, or an owner would take new
   messages for resends: blocks of seqs are reserved in the journal before use, and a batch is
   forwarded only once it, and a reservation covering its seqs, are on disk; batches leave in journal order.
@@ -226,6 +228,7 @@ class ClusterProtocol:
         self.outbound_max_bytes = outbound_max_bytes
         self.outbound_total_max_bytes = outbound_total_max_bytes
         self.outbound_refused: collections.Counter = collections.Counter()  # owner -> sends refused at the bound
+        self._rerouting_bytes: collections.Counter = collections.Counter()  # owner -> a reroute batch's copies
         self.inbound = Inbound()
         self.members: dict = {"nodes": {}, "consumers": {}, "down": {}}
         self.peer_addresses: dict[str, str] = {}  # replaced whole, never mutated: forwarders read it
@@ -375,24 +378,26 @@ class ClusterProtocol:
         self._forward_message(owner, queue, route_key, message, durable, now_ms, effects)
         effects.append(AcceptWhenStored(incoming, durable, producer_settled))
 
-    def _outbound_refusal(self, owner: str, size_bytes: int) -> ResourceLimitExceeded | None:
-        """Why a producer's message of `size_bytes` for `owner` may not enter the outbound store, or None."""
+    def _outbound_refusal(self, owner: str, size_bytes: int, promised: dict | None = None,
+                          then: str = "the message was not enqueued; send it again") -> ResourceLimitExceeded | None:
+        """Why a message of `size_bytes` for `owner` may not enter the outbound store, or None;
+        `promised`: owner -> bytes on their way into the channels too (a reroute batch's); `then`: what
+        happened and what to do, for the refusal's text."""
         outbound = self.outbound
-        held_bytes = outbound.depth_bytes.get(owner, 0)
+        held_bytes = outbound.depth_bytes.get(owner, 0) + (promised.get(owner, 0) if promised else 0)
+        total_bytes = outbound.total_bytes + (sum(promised.values()) if promised else 0)
         if self.outbound_max_bytes and held_bytes and held_bytes + size_bytes > self.outbound_max_bytes:
             limit = f"outbound_max_bytes = {self.outbound_max_bytes} bytes per owner"
-        elif (self.outbound_total_max_bytes and outbound.total_bytes
-              and outbound.total_bytes + size_bytes > self.outbound_total_max_bytes):
+        elif self.outbound_total_max_bytes and total_bytes and total_bytes + size_bytes > self.outbound_total_max_bytes:
             limit = (f"outbound_total_max_bytes = {self.outbound_total_max_bytes} bytes for all owners together, "
-                     f"which hold {outbound.total_bytes} bytes")
+                     f"which hold {total_bytes} bytes")
         else:
             return None
-        held_messages = len(outbound.channels.get(owner, ()))
         return ResourceLimitExceeded(
-            f"owner node {owner} has not taken the {held_messages} messages ({held_bytes} bytes) node "
-            f"{self.node_id} holds for it in its outbound store, and this {size_bytes}-byte message would pass "
-            f"{limit}: is {owner} down or unreachable? The message was not enqueued; send it again once {owner} "
-            f"takes its backlog (grouper cluster status shows it), or raise the limit")
+            f"owner node {owner} has not taken the {held_bytes} bytes node {self.node_id} holds for it in its "
+            f"outbound store, and this {size_bytes}-byte message would pass {limit}: is {owner} down or "
+            f"unreachable? So {then} once {owner} takes its backlog (grouper cluster status shows it), or "
+            f"raise the limit")
 
     def _forward_message(self, owner: str, queue: str, route_key: str, message: Message, durable: bool,
                          now_ms: int, effects: list, origin: tuple | None = None) -> None:
@@ -1155,10 +1160,11 @@ class ClusterProtocol:
 
     # ---- an operator's reroute (node/core/reroute.py) --------------------------------------------
 
-    def reroute_owner(self, queue: str, route_key: str) -> str | None:
-        """Where a rerouted message of group (queue, route_key) goes, as a send's would: None here (a
-        group with no route gets one naming this node: the broker's `entered`), else its owner. Raises
-        while the answer may change under it."""
+    def reroute_owner(self, queue: str, route_key: str, size_bytes: int) -> str | None:
+        """Where a rerouted message of group (queue, route_key) and `size_bytes` goes, as a send's would:
+        None here (a group with no route gets one naming this node: the broker's `entered`), else its
+        owner. Raises while the answer may change under it, and when the owner's outbound channel, with
+        the copies this batch already promised it, is at its bound (the reroute stops there)."""
         key = (queue, route_key)
         if not self.router.ready:
             raise HandlerUnavailable(f"node {self.node_id} is catching up with the raft log and cannot tell "
@@ -1167,11 +1173,19 @@ class ClusterProtocol:
             raise HandlerUnavailable(f"group {route_key!r} of queue {queue!r} is moving between nodes; retry "
                                      f"once the move ended")
         owner = self.router.routes.get(key)
-        return None if owner is None or owner == self.node_id else owner
+        if owner is None or owner == self.node_id:
+            return None
+        refusal = self._outbound_refusal(owner, size_bytes, self._rerouting_bytes,
+                                         then="the reroute stops here, the rest left in its queue; run it again")
+        if refusal is not None:
+            raise refusal
+        self._rerouting_bytes[owner] += size_bytes
+        return owner
 
     def rerouted(self, broker_effects: list, forwards: list, now_ms: int) -> list:
         """A reroute batch: each copy for another node into its outbound channel (a STORE, as a
         handover's) before the source's REMOVEs; a failed write stops the node, as a handover's does."""
+        self._rerouting_bytes.clear()  # what reroute_owner promised is in the channels now
         effects: list = []
         for forward in forwards:
             self._forward_message(forward.owner, forward.queue, forward.route_key, forward.message, forward.durable,

@@ -18,10 +18,10 @@ engine loop turn until `done` and carries out each batch's effects. Rules:
   node owning its group: `forwards`, which the cluster protocol journals) before its source's
   `Removed`, in the same engine loop turn and so the same journal batch: a crash keeps the message
   at the source, or at both after a torn tail (a duplicate, as a move), never nowhere.
-- In a cluster `owner_of(queue, route_key)` says where a destination group lives: None here (a group
-  with no route yet gets one naming this node: the broker's `entered`), a node id to forward to, or
-  it raises a GrouperError (the group is moving; the replica is catching up), which stops the
-  reroute as a full destination does.
+- In a cluster `owner_of(queue, route_key, size_bytes)` says where a destination group lives: None
+  here (a group with no route yet gets one naming this node: the broker's `entered`), a node id to
+  forward to, or it raises a GrouperError (the group is moving; the replica is catching up; the
+  owner's outbound channel is at its bound), which stops the reroute as a full destination does.
 - The selection is fixed at the start: the groups the queue has then, moved group by group; or the
   first N, found by one scan in queue order and moved in that order; a message arriving meanwhile stays. At most
   MESSAGES_PER_BATCH_MAX messages move per batch, so a large backlog never holds the loop long.
@@ -248,7 +248,8 @@ class Reroute:
         if regroup is not None and target.settings.group_header != source.settings.group_header:
             group_id = regroup(old.payload, target.settings.group_header)
         route_key = target.route_key(group_id)
-        owner = owner_of(target.settings.name, route_key) if owner_of is not None and route_key is not None else None
+        owner = (owner_of(target.settings.name, route_key, old.size_bytes)
+                 if owner_of is not None and route_key is not None else None)
         if owner is None:
             target.check_enqueue(group_id, old.size_bytes)
         return group_id, owner, route_key

@@ -64,7 +64,7 @@ def test_sends_for_an_owner_are_refused_past_its_bound_naming_the_owner_and_the_
     assert isinstance(refused.error, ResourceLimitExceeded)
     description = refused.error.description
     assert "owner node n2" in description and "outbound_max_bytes = 1000 bytes" in description
-    assert "4 messages (1000 bytes)" in description and "node n1" in description
+    assert "has not taken the 1000 bytes node n1 holds for it" in description
     assert cluster.outbound.depth_bytes == {"n2": 1000}  # nothing accepted was dropped, the refused one not added
     assert cluster.status()["outbound_refused"] == {"n2": 1}
     assert cluster.counts["outbound_refused"] == 1
@@ -152,6 +152,25 @@ def test_a_handover_and_a_relay_count_toward_the_bound_but_are_never_refused():
     relayed = cluster.forward_received("n3", [Entry(7, "q", "g1", b"z" * 50, 0, False, 2)], lambda *reply: None, 3)
     assert of(JournalStore, relayed) and cluster.outbound.depth_bytes["n2"] == 290
     assert of(Refuse, send(cluster, "m9", "g1", 1))  # a producer's send for n2 is refused meanwhile
+
+
+def test_a_reroute_stops_at_a_full_channel_counting_what_its_batch_promised_and_leaves_the_rest_queued():
+    from node.core.reroute import Reroute
+
+    broker = Broker()
+    for name in ("source", "target"):
+        broker.declare_queue(QueueSettings(name=name, durable=True))
+    cluster = ClusterProtocol("n1", broker, handler_timeout_ms=300, seq_reserve_block=100, outbound_max_bytes=250)
+    cluster.ready(0)
+    cluster.applied(ROUTES, [("target", "a", "n2")], 0, 0)  # the destination's group a lives on n2
+    for index in range(5):
+        broker.enqueue("source", Message(b"x" * 100, "a"), 0)
+    reroute = Reroute("source", "target")
+    effects = cluster.rerouted(*reroute.batch(broker, 0, owner_of=cluster.reroute_owner), 0)
+    assert len(of(JournalStore, effects)) == 2 and cluster.outbound.depth_bytes == {"n2": 200}
+    assert (reroute.moved, reroute.stayed) == (2, 3)
+    assert "owner node n2" in reroute.stayed_reason and "outbound_max_bytes = 250 bytes" in reroute.stayed_reason
+    assert broker.queues["source"].depth_messages == 3  # nothing lost: the rest waits in its queue
 
 
 class OutboundBoundsModel(RuleBasedStateMachine):

@@ -117,7 +117,8 @@ def test_groups_owned_elsewhere_are_forwarded_and_the_rest_stays_here():
     broker = _broker()
     _send(broker, [("a", "a1"), ("b", "b1"), ("a", "a2")])
     reroute = Reroute("source", "target")
-    effects, forwards = reroute.batch(broker, 0, owner_of=lambda queue, key: "node-2" if key == "a" else None)
+    effects, forwards = reroute.batch(broker, 0,
+                                      owner_of=lambda queue, key, size_bytes: "node-2" if key == "a" else None)
     assert reroute.done and reroute.moved == 3
     assert [(f.owner, f.queue, f.route_key, f.message.payload) for f in forwards] == [
         ("node-2", "target", "a", b"a1"), ("node-2", "target", "a", b"a2")]
@@ -130,7 +131,7 @@ def test_a_group_whose_owner_cannot_be_told_now_stops_the_reroute():
     broker = _broker()
     _send(broker, [("a", "a1"), ("b", "b1")])
 
-    def owner_of(queue, key):
+    def owner_of(queue, key, size_bytes):
         raise NotFound(f"group {key!r} is moving")
     reroute = Reroute("source", "target")
     _run(broker, reroute, owner_of=owner_of)
