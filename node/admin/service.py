@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 WORKERS_DEFAULT = 8  # gRPC pool threads; each admin or forwarded-batch call blocks one while the engine loop answers
 CONCURRENT_RPCS_MAX_PER_WORKER = 16  # calls admitted per worker; beyond it RESOURCE_EXHAUSTED
 PEER_CALL_TIMEOUT_MS = 3000  # deadline of each call to another member when an answer spans the cluster
-# deadline of each member's part of a reroute: it moves a backlog, 10,000 messages per engine loop turn,
+# deadline of each member's part of a reroute: it moves a backlog, 2,000 messages per engine loop turn,
 # and answers once its journal holds them
 REROUTE_MEMBER_TIMEOUT_MS = 60_000
 # deadline of each member's queue depths in `cluster status`, asked of every member at once: the
