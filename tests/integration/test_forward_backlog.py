@@ -3,7 +3,8 @@
 Node 1 owns the groups of `orders` (its consumer was the only one when they were placed), node 2 those
 of `other`. With node 1 killed, node 0 accepts sends for node 1's groups into its outbound store until
 the next would pass the bound, then refuses them with amqp:resource-limit-exceeded naming node 1 and
-the bound in bytes; sends for node 2's groups go on. /metrics shows the backlog's bytes per owner.
+the bound in bytes; sends for node 2's groups go on. /metrics shows the backlog's bytes per owner,
+and node 0 restarted recovers the same backlog from its journal and still refuses past the bound.
 Once node 1 is back, every accepted message reaches its consumer in group order and node 0 takes sends
 for its groups again. Every wait is bounded and polls.
 """
@@ -92,6 +93,15 @@ def test_a_dead_owners_backlog_is_bounded_refused_naming_it_and_delivered_in_ord
     assert values[f'grouper_forward_backlog_journal_bytes{{owner="{owner_id}"}}'] == backlog_bytes
     assert values[f'grouper_forward_backlog_refused_messages_total{{owner="{owner_id}"}}'] == 2
     assert values["grouper_outbound_max_bytes"] == OUTBOUND_MAX_BYTES
+
+    # the backlog is journalled: node 0 restarted counts it again and still refuses past the bound
+    source.restart()
+    cluster.wait_for(lambda s: s["leader"] and s["leader"] != owner_id, "a leader without node 1", via=0)
+    wait_until(lambda: metrics(source).get(f'grouper_forward_backlog_bytes{{owner="{owner_id}"}}') == backlog_bytes,
+               "node 0 recovered its backlog for node 1", timeout_s=WAIT_S)
+    sender = clients.connection(source).create_sender("orders", name="filler-again")
+    state, condition = send_with_condition(sender, grouped(f"g1:after-restart:{BODY}", "g1"))
+    assert state == Delivery.REJECTED and f"owner node {owner_id}" in condition.description
 
     owner.start()
     on_owner = clients.consumer(owner, "orders", "c1-again")
