@@ -95,33 +95,33 @@ def test_a_bad_reroute_is_refused_naming_what_is_wrong_and_moves_nothing(node, a
     assert drain(node, SOURCE, 1) == ["a:0"]
 
 
-def test_in_a_cluster_a_rerouted_group_joins_its_destination_group_where_that_lives(tmp_path):
-    cluster = Cluster(tmp_path, 2, queue_toml(SOURCE) + queue_toml(DESTINATION))
+def test_in_a_cluster_a_group_joins_its_destination_group_where_that_lives_and_the_first_n_span_the_nodes(
+        tmp_path):
+    # placement local: a new group lives on the node its first message was sent through
+    cluster = Cluster(tmp_path, 2, queue_toml(SOURCE) + queue_toml(DESTINATION), ("--placement", "local"))
     cluster.start()
-    connections = []
     try:
-        # idle consumers place each queue's groups: orders on node 1, archive on node 0
-        for index, queue in ((1, SOURCE), (0, DESTINATION)):
-            connections.append(connect(cluster.nodes[index]))
-            ManualReceiver(connections[-1], queue, f"idle-{queue}", credit=0)
-        cluster.wait_consumers(SOURCE, {1: 1})
-        cluster.wait_consumers(DESTINATION, {0: 1})
-        send(cluster.nodes[0], DESTINATION, [("g", "g:archived")])
-        send(cluster.nodes[0], SOURCE, [("g", "g:0"), ("g", "g:1"), ("g", "g:2")])
+        first, second = cluster.nodes
+        send(first, DESTINATION, [("g", "g:archived")])  # archive's group g lives on node 0...
+        send(second, SOURCE, [("g", "g:0"), ("g", "g:1"), ("g", "g:2")])  # ...orders' group g on node 1
         cluster.wait_for(lambda status: status["routes"] == 2, "both groups' routes")
 
-        # asked of node 0, which holds nothing of the group: node 1 has it, and forwards it to node 0
-        result = cluster.nodes[0].cli("queue", "reroute", SOURCE, "--to", DESTINATION, "--group", "g")
+        # asked of node 0, which holds nothing of orders: node 1 has the group, and forwards it to node 0
+        result = first.cli("queue", "reroute", SOURCE, "--to", DESTINATION, "--group", "g")
         assert result.returncode == 0, result.stderr
         assert "rerouted 3 messages" in result.stdout
-        for connection in connections:
-            connection.close()
-        connections.clear()
-        assert drain(cluster.nodes[0], DESTINATION, 4) == ["g:archived", "g:0", "g:1", "g:2"]
+        assert drain(first, DESTINATION, 4) == ["g:archived", "g:0", "g:1", "g:2"]
+
+        # the first 3 of the cluster: the node asked moves its 2, then node 1 the 1 that leaves of 3
+        send(first, SOURCE, [("x", "x:0"), ("x", "x:1")])
+        send(second, SOURCE, [("y", "y:0"), ("y", "y:1")])
+        result = first.cli("queue", "reroute", SOURCE, "--to", DESTINATION, "--count", "3")
+        assert result.returncode == 0, result.stderr
+        assert "rerouted 3 messages" in result.stdout
+        assert sorted(drain(first, DESTINATION, 2) + drain(second, DESTINATION, 1)) == ["x:0", "x:1", "y:0"]
+        assert drain(second, SOURCE, 1) == ["y:1"]
         cluster.wait_for(lambda status: not status["in_transit"], "nothing in transit")
         groups = cluster.groups(SOURCE) + cluster.groups(DESTINATION)
         assert all(row["messages"] == 0 for row in groups), groups
     finally:
-        for connection in connections:
-            connection.close()
         cluster.kill_all()
