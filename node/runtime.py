@@ -303,6 +303,7 @@ class Node:
         self.clock_ms = clock_ms
         self.broker = Broker(auto_create=config.auto_create, address_settings=config.auto_create_settings(),
                              default_group=config.default_group, multicast_addresses=config.multicast_addresses)
+        self.broker.memory_max_bytes = config.message_memory_max_bytes  # paging: node/core/paging.py
         self.journal = Journal(config.data_dir, fsync=config.journal_fsync,
                                compact_min_bytes=config.journal_compact_min_bytes)
         self.bridge = None
@@ -328,7 +329,8 @@ class Node:
                                        peer_tls=self.cluster_tls)
 
     def recover(self) -> None:
-        recovery = self.journal.recover()
+        # past the node's budget only records come back; bodies are read when dispatch reaches them
+        recovery = self.journal.recover(self.config.message_memory_max_bytes)
         for settings in self.config.queues:
             self.broker.declare_queue(settings)
         journalled = set()
@@ -361,6 +363,7 @@ class Node:
             for message in messages:
                 self.broker.restore(name, message)
                 restored += 1
+        self.broker.page_out(self.clock_ms())  # queues' own budgets; the node's was kept by recover()
         if self.cluster is not None:
             self.cluster.hold_recovered()  # with route_follow_ms: until the replica is current
         log.info("recovered %d queues and %d messages from %s", len(self.broker.queues), restored,
@@ -394,7 +397,9 @@ class Node:
             self._start_cluster()
         self.journal.start(on_durable=lambda ticket: self.bridge.post(lambda: self.server.journal_durable(ticket)),
                            on_failed=lambda ticket, reason: self.bridge.post(
-                               lambda: self.server.journal_failed(ticket, reason)))
+                               lambda: self.server.journal_failed(ticket, reason)),
+                           on_bodies=lambda queue, bodies: self.bridge.post(
+                               lambda: self.server.journal_bodies(queue, bodies)))
         self.server.apply([])  # journals the declarations made during recovery
         self.server.start()
         self.serving = True

@@ -42,6 +42,7 @@ Engine loop thread only (other threads enter through `bridge`). Rules:
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 import logging
 import os
 import socket
@@ -64,6 +65,7 @@ from node.core.access import Permission
 from node.core.address_settings import split_address
 from node.core.addresses import TOPIC_CAPABILITY, SendTally, split_fqqn, subscription_name
 from node.core.effects import DeadLettered, Delayed, Deliver, DetachConsumer, Dropped, Kept, Removed, Stored
+from node.core.effects import PageIn
 from node.core.errors import AlreadyExists, GrouperError, NotFound, ResourceLimitExceeded, StoreFailed
 from node.core.message import Message, Outcome
 from node.store.journal import failure_condition
@@ -136,6 +138,9 @@ class AmqpServer:
         self._receive_buffer = ffi.new("char[]", RECEIVE_BUFFER_BYTES)
         self._receive_buffer_bytes = RECEIVE_BUFFER_BYTES
         self.durability = Durability(JOURNAL_RETRY_INTERVAL_MS)  # what waits for the journal
+        # paging: (queue, message) STOREs since the last flush, then per ticket until reported durable
+        self._stores_unflushed: list = []
+        self._stores_by_ticket: deque = deque()
         # non-durable sends are accepted at the end of the batch: settled together, proton puts them
         # in disposition ranges, which cost less than the sends they confirm
         self._accept_at_batch_end: list = []
@@ -375,7 +380,11 @@ class AmqpServer:
             report = self.durability.waiting or self._credit_withheld
             if report or self._journal_due or journal.pending_bytes() >= JOURNAL_HELD_MAX_BYTES:
                 # a unit nobody waits for is reported only with a later one (journal.py): no wake-up for it
-                released = self.durability.batch_ended(journal.flush(report=report, wake=False))
+                ticket = journal.flush(report=report, wake=False)
+                released = self.durability.batch_ended(ticket)
+                if self._stores_unflushed:
+                    self._stores_by_ticket.append((ticket, self._stores_unflushed))
+                    self._stores_unflushed = []
                 self._journal_due = False
             else:
                 released = []  # nothing waits for this batch's records: held for a later unit or the tick
@@ -388,14 +397,25 @@ class AmqpServer:
         """Every record up to `ticket` is on disk."""
         for target, kind in self.durability.durable(ticket):
             self._confirm(target, kind)
+        if self._stores_by_ticket and self._stores_by_ticket[0][0] <= ticket:
+            stores = []
+            while self._stores_by_ticket and self._stores_by_ticket[0][0] <= ticket:
+                stores += self._stores_by_ticket.popleft()[1]
+            self.apply(self.broker.journalled(stores, self.clock_ms()))  # their bodies may be paged out now
         if self._credit_withheld:  # while the journal's backlog was full
             self._credit_withheld = False
             self._top_up_all()
+
+    def journal_bodies(self, queue: str, bodies: dict) -> None:
+        """Paged-out bodies the journal read back: dispatch goes on with them."""
+        self.apply(self.broker.page_in(queue, bodies, self.clock_ms()))
 
     def journal_failed(self, ticket: int, reason: str) -> None:
         """The batch ending at `ticket` could not be written: take back its sends, refuse their producers."""
         now_ms = self.clock_ms()
         refused = self.durability.failed(ticket, reason, now_ms)
+        while self._stores_by_ticket and self._stores_by_ticket[0][0] <= ticket:
+            self._stores_by_ticket.popleft()  # not on disk: these bodies stay in memory for good
         handed_out, effects = self.broker.take_back([w.stored for w in refused if w.stored is not None], now_ms)
         log.error("journal write failed: %s; %d sends taken back, %d already delivered (their producers are "
                   "told the outcome is unknown); durable sends are refused for %d ms, then tried again",
@@ -994,6 +1014,9 @@ class AmqpServer:
             elif kind is Stored:
                 if self.journal is not None:
                     self.journal.store(effect.queue, effect.message)
+                    self._stores_unflushed.append((effect.queue, effect.message))
+            elif kind is PageIn:
+                self.journal.read_bodies(effect.queue, effect.seqs)
             elif kind is Removed:
                 if self.journal is not None:
                     self.journal.remove(effect.queue, effect.seq)

@@ -222,8 +222,15 @@ class Broker:
         return seq
 
     def restore(self, queue_name: str, message: Message) -> None:
-        """Journal recovery: put back a message with the seq it was stored with."""
-        self.queues[queue_name].restore(message)
+        """Journal recovery: put back a message with the seq it was stored with (its body, or only
+        its record past the node's memory budget: node/core/paging.py)."""
+        queue = self.queues[queue_name]
+        if message.payload is None and queue.pager is None:
+            raise GrouperError(f"journal holds messages of queue {queue_name!r}, now declared non-durable, whose "
+                               f"bodies are past message_memory_max_bytes; start with a budget that holds them "
+                               f"(0 = no budget) or declare the queue durable again")
+        message.flags |= JOURNALLED
+        queue.restore(message)
         self.next_seq = max(self.next_seq, message.seq + 1)
 
     # ---- consumers ---------------------------------------------------------------------------

@@ -31,6 +31,14 @@ Rules:
   dropped (not retried) and it is cut off the file so the next batch starts at a frame boundary.
 - Compaction writes only live records to a new file and fsyncs it before the rename, even with
   fsync=False: renaming an unsynced file can lose everything on power loss, not just the last batch.
+- Paging (node/core/paging.py): `read_bodies` hands the writer a list of (queue, seqs) whose bodies the
+  engine loop wants back. The writer reads them between batches, through its own index (so a compaction
+  that moved them is no matter), a run of adjacent frames in one read, and calls on_bodies(queue,
+  {seq: payload}) on its thread. It is only asked for STOREs already reported durable, so each is in the
+  index; a seq that is not (the queue was deleted or the message removed meanwhile) comes back as None.
+- `recover(bodies_max_bytes)` keeps bodies only up to that many bytes of live messages, in file order
+  (the oldest first), while it reads: later ones come back as records with a None payload, read back
+  when dispatch reaches them, so recovering a backlog larger than memory needs no more than its records.
 - Recovery trusts nothing after the first bad frame: it cuts the file there with a warning and goes on.
   A whole frame in a format this build does not read (node/store/records.py) is no bad frame: the node
   refuses to start, naming the file and the versions, and cuts nothing.
@@ -109,6 +117,7 @@ class Journal:
         # shared, under _wake
         self._wake = threading.Condition()
         self._units: list[_Unit] = []
+        self._reads: list[tuple[str, tuple]] = []  # (queue, seqs) whose bodies the engine loop wants back
         self._handed_over_bytes = 0
         self._closing = False
         self._fatal: str | None = None
@@ -130,24 +139,39 @@ class Journal:
         self._thread: threading.Thread | None = None
         self._on_durable = None
         self._on_failed = None
+        self._on_bodies = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
-    def recover(self) -> Recovery:
+    def recover(self, bodies_max_bytes: int = 0) -> Recovery:
+        """Replay the file. `bodies_max_bytes` > 0: keep bodies of at most that many bytes of live
+        messages (the oldest first); the others come back with a None payload (see the header)."""
         if self._fd is not None:
             raise RuntimeError("Journal.recover() is called once, before start()")
         self._open()
         queues: dict[str, dict] = {}
         messages: dict[str, dict[int, Message]] = {}
+        kept_bytes = 0  # bodies kept of live messages, with bodies_max_bytes
         with open(self.path, "rb", buffering=COPY_CHUNK_BYTES) as file:
             scan = records.scan(file)
             for offset, kind, record in scan:
                 length = scan.end_offset - offset
                 if kind == STORE:
-                    messages.setdefault(record.queue, {})[record.message.seq] = record.message
+                    message = record.message
+                    # bodies of live messages in file order (seq order once compacted); the cluster's own
+                    # records (names starting with NUL: messages to forward) keep theirs, forwarded from memory
+                    if bodies_max_bytes and not record.queue.startswith("\x00"):
+                        if kept_bytes + message.size_bytes > bodies_max_bytes:
+                            message.payload = None
+                        else:
+                            kept_bytes += message.size_bytes
+                    messages.setdefault(record.queue, {})[message.seq] = message
                     self._index_store(record.queue, record.message.seq, offset, length)
                 elif kind == REMOVE:
-                    messages.get(record.queue, {}).pop(record.seq, None)
+                    gone = messages.get(record.queue, {}).pop(record.seq, None)
+                    if gone is not None and gone.payload is not None and bodies_max_bytes \
+                            and not record.queue.startswith("\x00"):
+                        kept_bytes -= gone.size_bytes
                     self._index_remove(record.queue, record.seq)
                 elif kind == DECLARE:
                     queues[record["name"]] = record
@@ -189,14 +213,16 @@ class Journal:
                         {queue: [by_seq[seq] for seq in sorted(by_seq)]
                          for queue, by_seq in messages.items()}, cut_bytes)
 
-    def start(self, on_durable, on_failed) -> None:
-        """on_durable(ticket: int) and on_failed(ticket: int, error: str) run on the writer thread."""
+    def start(self, on_durable, on_failed, on_bodies=None) -> None:
+        """on_durable(ticket: int), on_failed(ticket: int, error: str) and on_bodies(queue: str,
+        bodies: dict[int, bytes | None]) run on the writer thread."""
         if self._fd is None:
             raise RuntimeError("call Journal.recover() before start()")
         if self._thread is not None:
             raise RuntimeError("Journal.start() was already called")
         self._on_durable = on_durable
         self._on_failed = on_failed
+        self._on_bodies = on_bodies
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         self._thread.start()
 
@@ -263,6 +289,14 @@ class Journal:
                 self._wake_due = True
         return unit.ticket
 
+    def read_bodies(self, queue: str, seqs: tuple) -> None:
+        """Ask the writer for these bodies of `queue` (engine loop thread); on_bodies answers."""
+        if self._closed:
+            return
+        with self._wake:
+            self._reads.append((queue, seqs))
+            self._wake.notify()
+
     def wake_writer(self) -> None:
         """Wake the writer for the units flushed with wake=False (engine loop thread)."""
         if self._wake_due:
@@ -296,12 +330,16 @@ class Journal:
             self._maybe_compact()
             while True:
                 with self._wake:
-                    while not self._units and not self._closing:
+                    while not self._units and not self._reads and not self._closing:
                         self._wake.wait()
                     units, self._units = self._units, []
-                if not units:
+                    reads, self._reads = self._reads, []
+                if not units and not reads:
                     return
-                self._write_batch(units)
+                if units:
+                    self._write_batch(units)
+                for queue, seqs in reads:
+                    self._call(self._on_bodies, queue, self._read_bodies(queue, seqs))
                 self._maybe_compact()
         except BaseException as error:  # a bug: say so loudly, make flush() fail from now on
             log.exception("journal writer of %s stopped", self.path)
@@ -403,6 +441,37 @@ class Journal:
             callback(*args)
         except Exception:  # the runtime's bug must not stop every later confirmation
             log.exception("journal callback %r%r raised", callback, args)
+
+    def _read_bodies(self, queue: str, seqs: tuple) -> dict:
+        """Bodies by seq, read through the index: a run of adjacent frames in one pread."""
+        by_seq = self._stores.get(queue, {})
+        bodies: dict = {}
+        spans = []
+        for seq in seqs:
+            span = by_seq.get(seq)
+            if span is None:
+                bodies[seq] = None
+            else:
+                spans.append((span[0], span[1], seq))
+        spans.sort()
+        index = 0
+        while index < len(spans):
+            run_start, run_end = spans[index][0], spans[index][0] + spans[index][1]
+            last = index + 1
+            while last < len(spans) and spans[last][0] == run_end and run_end - run_start < COPY_CHUNK_BYTES:
+                run_end += spans[last][1]
+                last += 1
+            data = os.pread(self._fd, run_end - run_start, run_start)
+            for offset, length, seq in spans[index:last]:
+                start = offset - run_start
+                read_seq, payload = records.store_payload(memoryview(data)[start:start + length])
+                if read_seq != seq:
+                    raise AssertionError(f"journal index of {queue!r} points seq {seq} at seq {read_seq}'s frame")
+                bodies[seq] = payload
+            index = last
+        with self._wake:
+            self._stats["bodies_read"] = self._stats.get("bodies_read", 0) + len(spans)
+        return bodies
 
     # ---- index of live records (caller before start, writer after) ---------------------------
 

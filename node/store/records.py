@@ -168,6 +168,19 @@ def decode_body(body: bytes | memoryview) -> tuple[int, object]:
     raise NewerFormat(f"record kind {kind}, which this build does not know")
 
 
+def store_payload(frame: bytes | memoryview) -> tuple[int, bytes]:
+    """(seq, payload) of one whole STORE frame read back for paging (node/store/journal.py).
+    Raises ValueError for anything else: the journal's index pointed at the wrong bytes."""
+    if len(frame) < FRAME_HEADER_BYTES + _STORE.size:
+        raise ValueError(f"a STORE frame is at least {FRAME_HEADER_BYTES + _STORE.size} bytes, got {len(frame)}")
+    body_length, crc = _FRAME.unpack_from(frame)
+    body = memoryview(frame)[FRAME_HEADER_BYTES:]
+    if body_length != len(body) or zlib.crc32(body) != crc or body[0] != STORE:
+        raise ValueError("not a whole STORE frame (length, crc or kind differ)")
+    _, _, queue_length, group_length, seq, _, _, _ = _STORE.unpack_from(body)
+    return seq, bytes(body[_STORE.size + queue_length + group_length:])
+
+
 class Scan:
     """Iterate the good frames of a journal, then say where and why reading stopped.
 

@@ -743,3 +743,55 @@ def test_a_whole_record_of_an_unknown_kind_is_refused_never_misread_or_cut(tmp_p
     with pytest.raises(JournalError, match=f"record kind {kind}, which this build does not know"):
         recovered(directory)
     assert (directory / JOURNAL_FILE).read_bytes() == data
+
+
+# ---- paging: bodies read back, records-only recovery ---------------------------------------------
+
+def test_bodies_are_read_back_by_seq_through_the_index_even_after_compaction(tmp_path):
+    journal = Journal(tmp_path, compact_min_bytes=0)
+    journal.recover()
+    callbacks = Callbacks()
+    answers: list = []
+    answered = threading.Condition()
+
+    def on_bodies(queue, bodies):
+        with answered:
+            answers.append((queue, bodies))
+            answered.notify_all()
+
+    journal.start(callbacks.on_durable, callbacks.on_failed, on_bodies)
+    journal.declare(queue_settings("a"))
+    for seq in range(1, 101):
+        journal.store("a", message(seq, payload=b"%d" % seq * 20))
+    for seq in range(1, 90):
+        journal.remove("a", seq)  # most of the file is dead: the writer compacts it, moving every frame
+    callbacks.wait_reported(journal.flush())
+    callbacks.wait_reported(journal.flush(report=True))
+    journal.read_bodies("a", (95, 91, 92, 3, 100))
+    with answered:
+        assert answered.wait_for(lambda: answers, timeout=WAIT_S)
+    stats = journal.stats()
+    journal.close()
+    assert stats["compactions"] >= 1
+    queue, bodies = answers[0]
+    assert queue == "a"
+    assert bodies == {seq: b"%d" % seq * 20 for seq in (95, 91, 92, 100)} | {3: None}  # 3 was removed
+
+
+def test_recovery_keeps_bodies_up_to_its_budget_and_records_past_it(tmp_path):
+    def fill(journal):
+        journal.declare(queue_settings("a"))
+        for seq in range(1, 11):
+            journal.store("a", message(seq, payload=b"x" * 100))
+        journal.remove("a", 2)  # read after the stores: it frees room only for records after it
+        journal.store("a", message(11, payload=b"x" * 100))
+
+    write_and_close(tmp_path, [fill])
+    journal = Journal(tmp_path)
+    try:
+        recovery = journal.recover(bodies_max_bytes=500)
+    finally:
+        journal.close()
+    kept = [(m.seq, m.payload is not None, m.size_bytes) for m in recovery.messages["a"]]
+    assert kept == [(1, True, 100), (3, True, 100), (4, True, 100), (5, True, 100), (6, False, 100),
+                    (7, False, 100), (8, False, 100), (9, False, 100), (10, False, 100), (11, True, 100)]
