@@ -287,6 +287,7 @@ class LoopControl:
                 "routes_digest": routes_digest, "last_applied": raft.get("last_applied", 0),
                 "commit_index": raft.get("commit_index", 0),
                 "waiting_for_route": local["waiting_for_route"], "outbound": local["outbound"],
+                "outbound_bytes": {owner: stats["bytes"] for owner, stats in local["outbound_store"].items()},
                 "in_transit": local["in_transit"], "members": rows}
 
 

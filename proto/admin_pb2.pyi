@@ -330,7 +330,7 @@ class ClusterMember(_message.Message):
     def __init__(self, node: _Optional[str] = ..., amqp_address: _Optional[str] = ..., admin_address: _Optional[str] = ..., down: _Optional[bool] = ..., connected: _Optional[bool] = ..., routes: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., error: _Optional[str] = ..., consumers: _Optional[_Mapping[str, int]] = ..., raft_member: _Optional[bool] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("node", "leader", "term", "has_quorum", "routes", "members", "waiting_for_route", "outbound", "clustered", "routes_digest", "last_applied", "commit_index", "in_transit")
+    __slots__ = ("node", "leader", "term", "has_quorum", "routes", "members", "waiting_for_route", "outbound", "clustered", "routes_digest", "last_applied", "commit_index", "in_transit", "outbound_bytes")
     class OutboundEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -339,6 +339,13 @@ class ClusterStatusResponse(_message.Message):
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     class InTransitEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class OutboundBytesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -358,6 +365,7 @@ class ClusterStatusResponse(_message.Message):
     LAST_APPLIED_FIELD_NUMBER: _ClassVar[int]
     COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
     IN_TRANSIT_FIELD_NUMBER: _ClassVar[int]
+    OUTBOUND_BYTES_FIELD_NUMBER: _ClassVar[int]
     node: str
     leader: str
     term: int
@@ -371,7 +379,8 @@ class ClusterStatusResponse(_message.Message):
     last_applied: int
     commit_index: int
     in_transit: _containers.ScalarMap[str, int]
-    def __init__(self, node: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., has_quorum: _Optional[bool] = ..., routes: _Optional[int] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., waiting_for_route: _Optional[int] = ..., outbound: _Optional[_Mapping[str, int]] = ..., clustered: _Optional[bool] = ..., routes_digest: _Optional[str] = ..., last_applied: _Optional[int] = ..., commit_index: _Optional[int] = ..., in_transit: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    outbound_bytes: _containers.ScalarMap[str, int]
+    def __init__(self, node: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., has_quorum: _Optional[bool] = ..., routes: _Optional[int] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., waiting_for_route: _Optional[int] = ..., outbound: _Optional[_Mapping[str, int]] = ..., clustered: _Optional[bool] = ..., routes_digest: _Optional[str] = ..., last_applied: _Optional[int] = ..., commit_index: _Optional[int] = ..., in_transit: _Optional[_Mapping[str, int]] = ..., outbound_bytes: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class MoveGroupResponse(_message.Message):
     __slots__ = ("messages_moved",)

@@ -209,6 +209,7 @@ class AdminClient:
             "clustered": response.clustered, "node": response.node, "leader": response.leader,
             "term": response.term, "has_quorum": response.has_quorum, "routes": response.routes,
             "waiting_for_route": response.waiting_for_route, "outbound": dict(response.outbound),
+            "outbound_bytes": dict(response.outbound_bytes),
             "routes_digest": response.routes_digest, "last_applied": response.last_applied,
             "commit_index": response.commit_index, "in_transit": dict(response.in_transit),
             "members": [{"node": member.node, "amqp_address": member.amqp_address,

@@ -353,7 +353,8 @@ def _cluster_status(client: AdminClient, args) -> None:
           f"routes: {status['routes']}  (answered by {status['node']})")
     if status["waiting_for_route"] or status["outbound"]:
         print(f"at {status['node']}: {status['waiting_for_route']} messages wait for a route; outbound "
-              + (", ".join(f"{owner}: {depth}" for owner, depth in status["outbound"].items()) or "empty"))
+              + (", ".join(f"{owner}: {depth} ({status['outbound_bytes'].get(owner, 0)} bytes)"
+                           for owner, depth in status["outbound"].items()) or "empty"))
     rows = []
     for member in status["members"]:
         state = "down" if member["down"] else ("up" if member["connected"] else "unreachable")

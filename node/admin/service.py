@@ -425,7 +425,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 clustered=status["clustered"], node=status.get("node", ""), leader=status.get("leader", ""),
                 term=status.get("term", 0), has_quorum=status.get("has_quorum", False),
                 routes=status.get("routes", 0), waiting_for_route=status.get("waiting_for_route", 0),
-                outbound=status.get("outbound", {}), routes_digest=status.get("routes_digest", ""),
+                outbound=status.get("outbound", {}), outbound_bytes=status.get("outbound_bytes", {}),
+                routes_digest=status.get("routes_digest", ""),
                 last_applied=status.get("last_applied", 0), commit_index=status.get("commit_index", 0),
                 in_transit=status.get("in_transit", {}))
             asked = []  # (row, future): the other members' queue depths, asked of all at once

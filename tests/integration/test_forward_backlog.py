@@ -93,6 +93,10 @@ def test_a_dead_owners_backlog_is_bounded_refused_naming_it_and_delivered_in_ord
     assert values[f'grouper_forward_backlog_journal_bytes{{owner="{owner_id}"}}'] == backlog_bytes
     assert values[f'grouper_forward_backlog_refused_messages_total{{owner="{owner_id}"}}'] == 2
     assert values["grouper_outbound_max_bytes"] == OUTBOUND_MAX_BYTES
+    status = cluster.status(via=0)  # grouper cluster status --json, answered by node 0
+    assert status["outbound"] == {owner_id: len(accepted)} and status["outbound_bytes"] == {owner_id: backlog_bytes}
+    text = source.cli("cluster", "status", "--timeout-ms", "2000")
+    assert f"outbound {owner_id}: {len(accepted)} ({int(backlog_bytes)} bytes)" in text.stdout, text
 
     # the backlog is journalled: node 0 restarted counts it again and still refuses past the bound
     source.restart()

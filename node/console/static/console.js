@@ -153,7 +153,8 @@ async function loadCluster() {
     cell(tr, member.down ? "marked down" : member.connected ? "up" : "no link", member.down ? "bad" : "");
     cell(tr, member.amqp_address);
     cell(tr, member.routes, "number");
-    cell(tr, status.outbound[member.node] || 0, "number");
+    cell(tr, status.outbound[member.node] || 0, "number");  // messages this node holds for it, not taken yet
+    cell(tr, (status.outbound_bytes || {})[member.node] || 0, "number");  // what outbound_max_bytes bounds
   });
 }
 
