@@ -10,15 +10,22 @@ Rules:
   forwarded sends). A failed write is reported, naming the disk as the cause; nothing is lost, as the
   copies were journalled ahead of the removals.
 - A group's copy takes the group id the destination reads from the payload (the codec), as a send's.
+- A batch that stopped at a body paged out to the journal (`waiting_for_bodies`) is tried again every
+  BODIES_POLL_INTERVAL_MS; after `timeout_ms` without a message moved the reroute gives up there, and
+  the answer counts the rest as stayed, saying why.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 from node.amqp import codec
 from node.core.errors import GrouperError
 from node.core.reroute import Reroute
+
+
+BODIES_POLL_INTERVAL_MS = 10  # while a batch waits for bodies paged out to the journal: the next try after this
 
 
 class JournalFailed(GrouperError):
@@ -56,9 +63,19 @@ def reroute_queue(node, call, timeout_ms: int, reroute: Reroute) -> Reroute:
 
     batches = 0
     done = False
+    progress_s = time.monotonic()
+    moved = 0
     while not done:
         done = call(batch)
         batches += 1
+        if reroute.moved != moved:
+            moved, progress_s = reroute.moved, time.monotonic()
+        elif reroute.waiting_for_bodies and not done:
+            if time.monotonic() - progress_s > timeout_ms / 1000:
+                call(lambda: reroute.give_up(node.broker, f"bodies paged out to the journal were not read back "
+                                                          f"within {timeout_ms} ms (admin_timeout_ms); retry"))
+                break
+            time.sleep(BODIES_POLL_INTERVAL_MS / 1000)
     for _ in range(batches):
         if not written.acquire(timeout=timeout_ms / 1000):
             raise TimeoutError(f"the journal did not report the rerouted messages written within {timeout_ms} ms "

@@ -22,6 +22,10 @@ engine loop turn until `done` and carries out each batch's effects. Rules:
   here (a group with no route yet gets one naming this node: the broker's `entered`), a node id to
   forward to, or it raises a GrouperError (the group is moving; the replica is catching up; the
   owner's outbound channel is at its bound), which stops the reroute as a full destination does.
+- Copies carry their bodies: a message whose body is paged out to the journal (node/core/paging.py)
+  is not moved before it is read back. The batch stops there, asks for it, and says so
+  (`waiting_for_bodies`); the caller runs the next batch once it may be back, and gives up after its
+  deadline (`give_up`), the rest counted as stayed.
 - The selection is fixed at the start: the groups the queue has then, moved group by group; or the
   first N, found by one scan in queue order and moved in that order; a message arriving meanwhile stays. At most
   MESSAGES_PER_BATCH_MAX messages move per batch, so a large backlog never holds the loop long (the
@@ -35,7 +39,7 @@ from typing import Callable, NamedTuple
 
 from node.core.effects import Stored
 from node.core.errors import GrouperError, InvalidField, NotFound
-from node.core.message import AVAILABLE, Message
+from node.core.message import AVAILABLE, PAGED, Message
 
 MESSAGES_PER_BATCH_MAX = 2_000  # messages rerouted per engine loop turn: ~10-20 ms of CPU (measured)
 _UNGROUPED = object()  # plan key of the messages in no group
@@ -63,6 +67,9 @@ class Reroute:
         self.stayed = 0  # messages selected that are still at the source
         self._reasons: list[str] = []  # why messages stayed (stayed_reason)
         self.done = False
+        # the last batch stopped at a body paged out to the journal, whose read-back it asked for: the
+        # caller runs the next one once the body may be back (see the header)
+        self.waiting_for_bodies = False
         self._plan: list[list] | None = None  # [group key or _UNGROUPED, messages still to move or None = all]
         self._position = 0
 
@@ -79,6 +86,7 @@ class Reroute:
         effects: list = []
         forwards: list[Forward] = []
         room = messages_max
+        self.waiting_for_bodies = False
         while room and self._position < len(self._plan) and not self.done:
             key, wanted = self._plan[self._position]
             busy = self._busy(source, key)
@@ -87,7 +95,7 @@ class Reroute:
                 self._reasons.append(busy)
                 self._position += 1
                 continue
-            moving = self._head(source, key, wanted, room)
+            moving, paged = self._head(source, key, wanted, room)
             moved = self._move(broker, source, targets, key, moving, now_ms, effects, forwards, owner_of, regroup)
             room -= moved
             if wanted is not None:
@@ -95,6 +103,9 @@ class Reroute:
             if self.done:
                 self.stayed += self._left(source, key, wanted)
                 self._count_rest(source)
+            elif paged:  # the group's next body is on its way back from the journal: no later one may go first
+                self.waiting_for_bodies = True
+                break
             elif len(moving) < room + moved or wanted == 0:  # this group is through
                 self._position += 1
         if self._position >= len(self._plan):
@@ -152,7 +163,9 @@ class Reroute:
             taken += 1
         return runs
 
-    def _head(self, source, key, wanted: int | None, room: int) -> list[Message]:
+    def _head(self, source, key, wanted: int | None, room: int) -> tuple[list[Message], bool]:
+        """(the next messages of plan entry `key` to move, whether they end before one whose body is
+        paged out: its read-back is asked for)."""
         count = room if wanted is None else min(wanted, room)
         if key is _UNGROUPED:
             head = []
@@ -160,11 +173,15 @@ class Reroute:
                 if len(head) >= count:
                     break
                 if message.state == AVAILABLE and message.group is None:
+                    if message.flags & PAGED:
+                        source.pager.want_whole(None)
+                        return head, True
                     head.append(message)
-            return head
+            return head, False
         if key not in source.groups:
-            return []  # drained or purged since the plan was made: nothing of it is left to move
-        return source.group_head_messages(key, count)
+            return [], False  # drained or purged since the plan was made: nothing of it is left to move
+        head = source.group_head_messages(key, count)  # ends before a paged body, and asks for it
+        return head, len(head) < count and source.group_available(key) > len(head)
 
     def _left(self, source, key, wanted: int | None) -> int:
         """Messages of plan entry `key` still selected and at the source."""
@@ -174,6 +191,18 @@ class Reroute:
         else:
             available = source.group_available(key)
         return available if wanted is None else min(available, wanted)
+
+    def give_up(self, broker, reason: str) -> None:
+        """Stop where it is (bodies the journal did not give back in time): the rest stays, counted."""
+        if self.done:
+            return
+        self._reasons.append(reason)
+        self.done = True
+        if self._plan is not None and self._position < len(self._plan):
+            source = broker.queue(self.source)
+            key, wanted = self._plan[self._position]
+            self.stayed += self._left(source, key, wanted)
+            self._count_rest(source)
 
     def _count_rest(self, source) -> None:
         for key, wanted in self._plan[self._position + 1:]:

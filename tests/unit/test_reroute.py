@@ -257,3 +257,51 @@ def test_in_a_cluster_a_destination_group_on_the_move_stops_the_reroute_before_i
     assert "group 'b' of queue 'target' is moving between nodes" in reroute.stayed_reason
     assert [f.message.payload for f in forwards] == [b"a1", b"a2"]
     assert _bodies(broker, "source") == ["b1"]
+
+
+# ---- bodies paged out to the journal (node/core/paging.py) ----------------------------------------
+
+def test_a_body_paged_out_is_read_back_before_it_moves_and_nothing_overtakes_it():
+    from node.core.effects import PageIn
+
+    broker = Broker()
+    broker.declare_queue(QueueSettings(name="source", durable=True, memory_max_bytes=200))
+    broker.declare_queue(QueueSettings(name="target", durable=True))
+    stored = []
+    for index in range(5):
+        stored += [e for e in broker.enqueue("source", Message(b"a%d" % index + b"." * 98, "a"), 0)
+                   if type(e) is Stored]
+    bodies = {effect.message.seq: effect.message.payload for effect in stored}  # the journal's copies
+    broker.journalled([("source", effect.message) for effect in stored], 0)  # on disk: the newest are paged out
+    assert broker.queues["source"].stats()["paged_bytes"] == 300
+
+    reroute = Reroute("source", "target")
+    effects, _ = reroute.batch(broker, 0)
+    assert (reroute.moved, reroute.done, reroute.waiting_for_bodies) == (2, False, True)
+    asked = [seq for effect in effects if type(effect) is PageIn for seq in effect.seqs]
+    assert sorted(asked) == sorted(bodies)[2:]
+    effects, _ = reroute.batch(broker, 0)  # nothing back yet: nothing more moves, nothing is asked twice
+    assert (reroute.moved, reroute.waiting_for_bodies) == (2, True)
+    assert not [effect for effect in effects if type(effect) is PageIn]
+
+    broker.page_in("source", {seq: bodies[seq] for seq in asked}, 0)
+    _run(broker, reroute)
+    assert (reroute.moved, reroute.stayed) == (5, 0)
+    assert [m.payload[:2] for m in broker.queues["target"].browse_available()] == [b"a0", b"a1", b"a2", b"a3", b"a4"]
+
+
+def test_a_reroute_that_gives_up_waiting_for_bodies_counts_them_as_stayed():
+    broker = Broker()
+    broker.declare_queue(QueueSettings(name="source", durable=True, memory_max_bytes=100))
+    broker.declare_queue(QueueSettings(name="target", durable=True))
+    stored = []
+    for index in range(3):
+        stored += [e for e in broker.enqueue("source", Message(b"." * 100, "a"), 0) if type(e) is Stored]
+    stored += [e for e in broker.enqueue("source", Message(b"b0", "b"), 0) if type(e) is Stored]
+    broker.journalled([("source", effect.message) for effect in stored], 0)
+    reroute = Reroute("source", "target")
+    reroute.batch(broker, 0)
+    assert reroute.waiting_for_bodies and not reroute.done
+    reroute.give_up(broker, "bodies not read back in time")
+    assert reroute.done and (reroute.moved, reroute.stayed) == (1, 3)  # a0 went; a1, a2 and b0 stay
+    assert "bodies not read back in time" in reroute.stayed_reason
