@@ -280,6 +280,8 @@ class GrouperCollector:
         gauges = {key: GaugeMetricFamily(f"grouper_queue_{key}", text, labels=["queue"]) for key, text in (
             ("depth_messages", "messages on the queue, acquired ones included"),
             ("depth_bytes", "bytes of message payload on the queue"),
+            ("resident_bytes", "bytes of those payloads held in memory"),
+            ("paged_bytes", "bytes of those payloads only in the journal, paged out past a memory budget"),
             ("acquired_messages", "messages delivered and not yet settled"),
             ("consumers", "consuming links (browsers excluded)"),
             ("groups", "groups the queue tracks"),

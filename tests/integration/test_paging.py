@@ -1,7 +1,7 @@
 """Paging message bodies to the journal, black-box: a real `grouper node` and proton clients.
 
-- A durable queue filled past its memory budget pages bodies out (its queue listing says how many
-  bytes are paged), and several consumers then drain it with every group in order and every body whole.
+- A durable queue filled past its memory budget pages bodies out (its queue listing and /metrics say
+  how many bytes are paged), and several consumers then drain it with every group in order and every body whole.
 - A kill -9 while bodies are being paged in and out loses no accepted message: after the restart,
   which keeps only records past the node's budget, every message the consumer did not accept comes
   back (those it accepted without seeing them settled may or may not), none it saw settled does, and
@@ -14,6 +14,7 @@ import json
 
 from tests.integration.clients import Client, group_message, queue_toml
 from tests.integration.harness import wait_until
+from tests.integration.test_node_endpoints import get, metric
 
 QUEUE = "backlog"
 BUDGET_BYTES = 64 << 10
@@ -49,6 +50,10 @@ def test_a_backlog_past_its_budget_is_paged_and_drains_in_group_order_through_se
                         "the queue's resident bytes to fall within its budget")
     assert filled["depth_messages"] == len(sent)
     assert filled["paged_bytes"] >= filled["depth_bytes"] - BUDGET_BYTES > 0
+    status, text = get(node, "/metrics")
+    assert status == 200
+    assert metric(text, f'grouper_queue_paged_bytes{{queue="{QUEUE}"}}') > 0
+    assert metric(text, f'grouper_queue_resident_bytes{{queue="{QUEUE}"}}') <= BUDGET_BYTES
 
     received: list[tuple[str, int]] = []
     with Client(node) as client:
