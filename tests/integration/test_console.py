@@ -263,9 +263,19 @@ def test_a_queue_is_added_and_deleted_through_the_page(cluster, driver):
     cluster.wait_for(lambda status: sum(queue["depth_messages"] for member in status["members"]
                                         for queue in member["queues"] if queue["name"] == "made.by.console") == 3,
                      "3 messages on the new queue")
+    # Qpid's reroute of the first N of a queue: the page asks where to, how many, and to confirm
+    wait_page(driver, lambda: made()[0].find_element("class name", "reroute").click() or True, "a Reroute button")
+    for answer in (MOVED_TO, "1"):
+        prompt = wait_page(driver, lambda: _alert(driver), "the reroute's prompts")
+        prompt.send_keys(answer)
+        prompt.accept()
+    confirm(driver, f"Reroute the first 1 available messages of queue made.by.console to {MOVED_TO}?")
+    wait_page(driver, lambda: text_of(driver, "queues-result")
+              == f"queue made.by.console: 1 message(s) rerouted to {MOVED_TO}", "the reroute's result")
+    assert ("p0", 1) in [(row["group"], row["messages"]) for row in cluster.groups(MOVED_TO)]
     wait_page(driver, lambda: made()[0].find_element("class name", "purge").click() or True, "a Purge button")
     confirm(driver, "Purge queue made.by.console")
-    wait_page(driver, lambda: text_of(driver, "queues-result") == "queue made.by.console: 3 message(s) purged",
+    wait_page(driver, lambda: text_of(driver, "queues-result") == "queue made.by.console: 2 message(s) purged",
               "the purge's result")
     wait_page(driver, lambda: made()[0].find_element("class name", "delete").click() or True, "a Delete button")
     confirm(driver, "Delete queue made.by.console")  # empty now: no second question to force it
