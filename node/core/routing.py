@@ -14,14 +14,113 @@ Pure, owned by the engine loop thread. Three parts:
   (outbound_max_bytes) and the metrics show it; it decides nothing itself.
 - `Inbound`: per source node, the highest forward seq already enqueued here, so a resent batch
   (after a lost acknowledgement) is not enqueued twice.
+Memory: every node holds every live route (a million is routes_max's default), so `Routes` packs
+one: an entry of its queue's dict, group -> refreshed_ms << NODE_BITS | the owner's number in
+`node_names` (interned, append-only), as the replicated table does (handler/route_table.py). It
+reads as the {(queue, group): owner} mapping it replaced, and `Router.refreshed_ms` as the
+{(queue, group): refreshed_ms} one, so callers index both by key; a (queue, group) tuple key and a
+second dict for the refresh time cost about twice as much (bench/route_memory.py, "node").
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
+from collections.abc import Mapping
 
 from node.core.tally import LatencyTally
+
+NODE_BITS = 16  # low bits of a packed route: its owner's number; the replicated table allows as many owners
+_NODE_MASK = (1 << NODE_BITS) - 1
+
+
+class Routes(Mapping):
+    """(queue, group) -> owning node, packed (see the header)."""
+
+    def __init__(self):
+        self.by_queue: dict[str, dict[str, int]] = {}  # queue -> group -> refreshed_ms << NODE_BITS | owner number
+        self.node_names: list[str] = []
+        self._node_numbers: dict[str, int] = {}
+        self._count = 0
+
+    def get(self, key, default=None):
+        groups = self.by_queue.get(key[0])
+        packed = groups.get(key[1]) if groups is not None else None
+        return default if packed is None else self.node_names[packed & _NODE_MASK]
+
+    def __getitem__(self, key) -> str:
+        owner = self.get(key)
+        if owner is None:
+            raise KeyError(key)
+        return owner
+
+    def __contains__(self, key) -> bool:
+        groups = self.by_queue.get(key[0])
+        return groups is not None and key[1] in groups
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self):
+        for queue, groups in self.by_queue.items():
+            for group in groups:
+                yield queue, group
+
+    def items(self):
+        names = self.node_names
+        for queue, groups in self.by_queue.items():
+            for group, packed in groups.items():
+                yield (queue, group), names[packed & _NODE_MASK]
+
+    def values(self):
+        names = self.node_names
+        for groups in self.by_queue.values():
+            for packed in groups.values():
+                yield names[packed & _NODE_MASK]
+
+    def refreshed(self, key) -> int | None:
+        """When the log last refreshed the route of `key` (0 without a lease), or None without a route."""
+        groups = self.by_queue.get(key[0])
+        packed = groups.get(key[1]) if groups is not None else None
+        return None if packed is None else packed >> NODE_BITS
+
+    def put(self, key, owner: str, refreshed_ms: int) -> None:
+        number = self._node_numbers.get(owner)
+        if number is None:
+            number = self._node_numbers[owner] = len(self.node_names)
+            self.node_names.append(owner)
+        groups = self.by_queue.get(key[0])
+        if groups is None:
+            groups = self.by_queue[key[0]] = {}
+        if key[1] not in groups:
+            self._count += 1
+        groups[key[1]] = max(refreshed_ms, 0) << NODE_BITS | number
+
+    def remove(self, key) -> None:
+        groups = self.by_queue.get(key[0])
+        if groups is not None and groups.pop(key[1], None) is not None:
+            self._count -= 1
+            if not groups:
+                del self.by_queue[key[0]]
+
+
+class _Leases(Mapping):
+    """(queue, group) -> when the log last refreshed its route; empty without a lease (a read-only view)."""
+
+    def __init__(self, routes: Routes, leased: bool):
+        self._routes, self._leased = routes, leased
+
+    def __getitem__(self, key) -> int:
+        refreshed_ms = self._routes.refreshed(key) if self._leased else None
+        if refreshed_ms is None:
+            raise KeyError(key)
+        return refreshed_ms
+
+    def __len__(self) -> int:
+        return len(self._routes) if self._leased else 0
+
+    def __iter__(self):
+        return iter(self._routes) if self._leased else iter(())
 
 
 class Router:
@@ -31,8 +130,8 @@ class Router:
         # with a group timeout, a route is trusted only this long after the log last refreshed it
         # (the leader expires routes idle for twice as long); 0: routes never expire
         self.lease_ms = lease_ms
-        self.routes: dict[tuple[str, str], str] = {}  # (queue, group) -> owning node
-        self.refreshed_ms: dict[tuple[str, str], int] = {}  # key -> when the log last refreshed it (lease only)
+        self.routes = Routes()  # (queue, group) -> owning node, and when the log last refreshed it
+        self.refreshed_ms = _Leases(self.routes, bool(lease_ms))  # key -> that refresh time (lease only)
         self.used: set[tuple[str, str]] = set()  # keys routed since the last refresh (lease only)
         self.waiting: dict[tuple[str, str], list] = {}  # key -> items in arrival order
         self.waiting_since_ms: dict[tuple[str, str], int] = {}  # key -> when its first item began to wait
@@ -61,13 +160,15 @@ class Router:
         if waiting is not None:
             waiting.append(item)
             return None
-        owner = self.routes.get(key) if self.ready else None
-        if owner is not None:
-            if not self.lease_ms:
-                return owner
-            if now_ms - self.refreshed_ms.get(key, 0) <= self.lease_ms:
-                self.used.add(key)
-                return owner
+        if self.ready:
+            groups = self.routes.by_queue.get(key[0])
+            packed = groups.get(key[1]) if groups is not None else None
+            if packed is not None:
+                if not self.lease_ms:
+                    return self.routes.node_names[packed & _NODE_MASK]
+                if now_ms - (packed >> NODE_BITS) <= self.lease_ms:
+                    self.used.add(key)
+                    return self.routes.node_names[packed & _NODE_MASK]
         self.waiting[key] = [item]
         self.waiting_since_ms[key] = now_ms
         number = self._next_claim_number
@@ -84,7 +185,7 @@ class Router:
         released = []
         for key in list(self.waiting):
             owner = self.routes.get(key)
-            if owner is None or (self.lease_ms and now_ms - self.refreshed_ms.get(key, 0) > self.lease_ms):
+            if owner is None or (self.lease_ms and now_ms - self.routes.refreshed(key) > self.lease_ms):
                 self.to_claim.append(key)
             else:
                 self._claim_number.pop(key, None)
@@ -106,12 +207,9 @@ class Router:
         for queue, group, owner in changes:
             key = (queue, group)
             if owner is None:
-                self.routes.pop(key, None)
-                self.refreshed_ms.pop(key, None)
+                self.routes.remove(key)
                 continue
-            self.routes[key] = owner
-            if self.lease_ms:
-                self.refreshed_ms[key] = now_ms
+            self.routes.put(key, owner, now_ms if self.lease_ms else 0)
             items = self.waiting.pop(key, None) if self.ready else None
             if items is not None:
                 self._claim_number.pop(key, None)
