@@ -27,10 +27,10 @@ engine loop turn until `done` and carries out each batch's effects. Rules:
   (`waiting_for_bodies`); the caller runs the next batch once it may be back, and gives up after its
   deadline (`give_up`), the rest counted as stayed.
 - The selection is fixed at the start: the groups the queue has then, moved group by group; or the
-  first N, found by one scan in queue order and moved in that order; a message arriving meanwhile stays. At most
-  MESSAGES_PER_BATCH_MAX messages move per batch, so a large backlog never holds the loop long (the
-  first N's scan is one turn of its own cost, and each turn of messages in no group scans the queue:
-  ~7 ms per 100,000 messages).
+  first N, found by one scan in queue order and moved in that order. A message arriving meanwhile
+  stays. At most MESSAGES_PER_BATCH_MAX messages move per batch, so a large backlog never holds the
+  loop long (the first N's scan is one turn of its own cost, and each turn of messages in no group
+  scans the queue: ~7 ms per 100,000 messages).
 """
 
 from __future__ import annotations
