@@ -14,8 +14,11 @@ acknowledged or received, a raft entry is applied, a proposal failed, a tick, re
   together (`outbound_total_max_bytes`); 0 = no bound. A producer's message for another owner is
   refused (ResourceLimitExceeded, naming the owner and the bound with its unit) when the bytes held
   plus its own would pass either bound; an empty channel (an empty store, for the node-wide bound)
-  takes any message, so one larger than a bound is not refused forever. Nothing accepted is dropped:
-  the refusal comes before the message is stored, and the channel drains as its owner acknowledges.
+  takes any message, so one larger than a bound is not refused forever. Once a channel refused a
+  message it refuses every one, whatever its size, until its owner acknowledges some of its backlog
+  (the node-wide bound: until any owner does), so a later, smaller message of a group never slips
+  in past a refused one while the owner is away. Nothing accepted is dropped: the refusal comes
+  before the message is stored, and the channel drains as its owner acknowledges.
   Local groups and other owners are unaffected. An operator's reroute (node/core/reroute.py) obeys
   the bounds as sends do (with the copies its batch already promised): it stops at a full channel,
   the rest left in its queue. Whatever else fills a channel counts toward the bytes but may pass
@@ -229,6 +232,9 @@ class ClusterProtocol:
         self.outbound_total_max_bytes = outbound_total_max_bytes
         self.outbound_refused: collections.Counter = collections.Counter()  # owner -> sends refused at the bound
         self._rerouting_bytes: collections.Counter = collections.Counter()  # owner -> a reroute batch's copies
+        # owners whose channel refused a send, None for the node-wide bound: every send is refused until
+        # some of the backlog leaves (see the header)
+        self._outbound_full: set[str | None] = set()
         self.inbound = Inbound()
         self.members: dict = {"nodes": {}, "consumers": {}, "down": {}}
         self.peer_addresses: dict[str, str] = {}  # replaced whole, never mutated: forwarders read it
@@ -386,9 +392,14 @@ class ClusterProtocol:
         outbound = self.outbound
         held_bytes = outbound.depth_bytes.get(owner, 0) + (promised.get(owner, 0) if promised else 0)
         total_bytes = outbound.total_bytes + (sum(promised.values()) if promised else 0)
-        if self.outbound_max_bytes and held_bytes and held_bytes + size_bytes > self.outbound_max_bytes:
+        full = self._outbound_full
+        if self.outbound_max_bytes and held_bytes and (
+                owner in full or held_bytes + size_bytes > self.outbound_max_bytes):
+            full.add(owner)
             limit = f"outbound_max_bytes = {self.outbound_max_bytes} bytes per owner"
-        elif self.outbound_total_max_bytes and total_bytes and total_bytes + size_bytes > self.outbound_total_max_bytes:
+        elif self.outbound_total_max_bytes and total_bytes and (
+                None in full or total_bytes + size_bytes > self.outbound_total_max_bytes):
+            full.add(None)
             limit = (f"outbound_total_max_bytes = {self.outbound_total_max_bytes} bytes for all owners together, "
                      f"which hold {total_bytes} bytes")
         else:
@@ -522,6 +533,7 @@ class ClusterProtocol:
                 # the producers were refused: these messages must not reach their owners
                 for owner, entries in flushing.batch.items():
                     self.outbound.forget(owner, [entry.forward_seq for entry in entries])
+                    self._outbound_drained(owner)
                 self.counts["forwards_forgotten"] += sum(len(entries) for entries in flushing.batch.values())
             else:
                 top_seq = max(entry.forward_seq for entries in flushing.batch.values() for entry in entries)
@@ -890,7 +902,10 @@ class ClusterProtocol:
 
     def acknowledged(self, owner: str, high_water: int) -> list:
         """`owner` holds (stored) everything this node forwarded it up to `high_water`."""
+        waiting = len(self.outbound.channels.get(owner, ()))
         journalled = self.outbound.acknowledge(owner, high_water)
+        if len(self.outbound.channels.get(owner, ())) < waiting:
+            self._outbound_drained(owner)
         if not self.journalled:
             return []
         return [JournalRemove(journal_name, seq) for journal_name, seq in journalled]
@@ -1159,6 +1174,12 @@ class ClusterProtocol:
         effects.append(AfterFlush((_HANDED, f"handing group {key[1]!r} of queue {key[0]!r} over to {to_node}")))
 
     # ---- an operator's reroute (node/core/reroute.py) --------------------------------------------
+
+    def _outbound_drained(self, owner: str) -> None:
+        """Some of `owner`'s channel left the store: its sends, and any the node-wide bound refused, are
+        weighed again."""
+        self._outbound_full.discard(owner)
+        self._outbound_full.discard(None)
 
     def reroute_owner(self, queue: str, route_key: str, size_bytes: int) -> str | None:
         """Where a rerouted message of group (queue, route_key) and `size_bytes` goes, as a send's would:

@@ -93,6 +93,20 @@ def test_the_channel_takes_sends_again_once_its_owner_acknowledged_its_backlog()
     assert of(AcceptWhenStored, send(cluster, "m5", "g2", 500))
 
 
+def test_after_a_refusal_a_smaller_send_that_would_fit_is_refused_too_until_the_owner_takes_some():
+    cluster = protocol(outbound_max_bytes=1000)
+    send(cluster, "m0", "g2", 600)
+    send(cluster, "m1", "g2", 300)
+    assert of(Refuse, send(cluster, "big", "g2", 200))  # 1100 > 1000
+    assert of(Refuse, send(cluster, "small", "g2", 50))  # 950 would fit, but must not overtake "big"
+    assert of(AcceptWhenStored, send(cluster, "other", "g3", 50))  # another owner's channel is not held up
+    [submit] = [s for s in flush(cluster) if s.owner == "n2"]
+    cluster.acknowledged("n2", 0)  # an old acknowledgement takes nothing: still refusing
+    assert of(Refuse, send(cluster, "small", "g2", 50))
+    cluster.acknowledged("n2", submit.entries[0].forward_seq)  # m0 taken: 300 bytes held
+    assert of(AcceptWhenStored, send(cluster, "big", "g2", 200))
+
+
 def test_local_groups_and_other_owners_are_unaffected_by_a_full_channel():
     cluster = protocol(outbound_max_bytes=100)
     send(cluster, "m0", "g2", 100)
@@ -186,6 +200,7 @@ class OutboundBoundsModel(RuleBasedStateMachine):
         self.sent: dict[str, list[str]] = {"n2": [], "n3": []}  # owner -> ids accepted, in order
         self.forwarded: dict[str, list[str]] = {"n2": [], "n3": []}  # owner -> ids submitted, in order
         self.top_submitted: dict[str, int] = {"n2": 0, "n3": 0}
+        self.full: set = set()  # owners (None: the node-wide bound) refusing until some backlog leaves
         self.next_id = 0
 
     @rule(group=st.sampled_from(sorted(OWNERS)), size_bytes=st.integers(8, 700))  # 8: room for the id
@@ -199,8 +214,13 @@ class OutboundBoundsModel(RuleBasedStateMachine):
             return
         held_bytes = sum(size for _, size, _ in self.held[owner])
         total_bytes = sum(size for entries in self.held.values() for _, size, _ in entries)
-        refuse = (held_bytes and held_bytes + size_bytes > self.OWNER_MAX_BYTES) or (
-            total_bytes and total_bytes + size_bytes > self.TOTAL_MAX_BYTES)
+        refuse = False
+        if held_bytes and (owner in self.full or held_bytes + size_bytes > self.OWNER_MAX_BYTES):
+            refuse = True
+            self.full.add(owner)
+        elif total_bytes and (None in self.full or total_bytes + size_bytes > self.TOTAL_MAX_BYTES):
+            refuse = True
+            self.full.add(None)
         if refuse:
             [refused] = effects
             assert type(refused) is Refuse and f"owner node {owner}" in refused.error.description
@@ -221,7 +241,10 @@ class OutboundBoundsModel(RuleBasedStateMachine):
     @rule(owner=st.sampled_from(["n2", "n3"]))
     def owner_acknowledges(self, owner):
         self.cluster.acknowledged(owner, self.top_submitted[owner])
-        self.held[owner] = [entry for entry in self.held[owner] if not entry[2]]
+        left = [entry for entry in self.held[owner] if not entry[2]]
+        if len(left) < len(self.held[owner]):
+            self.full -= {owner, None}
+        self.held[owner] = left
 
     @invariant()
     def the_store_holds_what_the_model_holds_and_forwards_every_accepted_send_in_order(self):
