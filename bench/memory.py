@@ -25,6 +25,9 @@ Scenarios (N = --messages):
 - owned_empty_spread: N one-message groups over 100 exclusive consumers, delivered and accepted:
   each group is empty and keeps its owner. Bytes per live owned empty group.
 - owned_empty_one: the same with one consumer owning all N groups.
+- paged: N messages in 1,000 groups on a durable queue with a 1 MiB memory budget, each with a body of
+  its own (PAGED_BODY_BYTES), reported journalled in batches as the journal would and paged out
+  (node/core/paging.py). Bytes per queued message with its body in the journal only: the record.
 - dispatch: N messages in 1,000 groups through 4 consumers with credit 100, each delivery accepted
   at once. CPU microseconds per message for enqueue + dispatch + settle (process time, no tracemalloc).
 """
@@ -43,7 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from node.core.broker import Broker  # noqa: E402
-from node.core.effects import Deliver  # noqa: E402
+from node.core.effects import Deliver, Stored  # noqa: E402
 from node.core.message import Message, Outcome  # noqa: E402
 from node.core.settings import QueueSettings  # noqa: E402
 
@@ -53,7 +56,11 @@ CONSUMERS_SPREAD = 100
 DISPATCH_CONSUMERS = 4
 DISPATCH_CREDIT = 100
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
-SCENARIOS = ("per_message", "per_group", "idle_after_drain", "owned_empty_spread", "owned_empty_one", "dispatch")
+SCENARIOS = ("per_message", "per_group", "idle_after_drain", "owned_empty_spread", "owned_empty_one", "paged",
+             "dispatch")
+PAGED_BODY_BYTES = 100  # issue 14's body size
+PAGED_BUDGET_BYTES = 1 << 20
+JOURNALLED_BATCH_MESSAGES = 10_000  # STOREs reported durable at once
 
 
 def rss_bytes() -> int:
@@ -88,6 +95,8 @@ def drain(broker: Broker, consumer_ids: list, credit: int) -> int:
 
 def scenario(name: str, messages: int, broker: Broker, measure) -> dict:
     """Set up what is not measured, then let `measure(start, stop)` bracket the part that is."""
+    if name == "paged":
+        return paged(messages, broker, measure)
     consumers: list = []
     if name.startswith("owned_empty"):
         count = CONSUMERS_SPREAD if name == "owned_empty_spread" else 1
@@ -108,6 +117,25 @@ def scenario(name: str, messages: int, broker: Broker, measure) -> dict:
                 while delivered < messages:
                     delivered += drain(broker, consumers, 1)
     queue = broker.queues["q"]
+    return {"groups": len(queue.groups), "depth": queue.depth_messages}
+
+
+def paged(messages: int, broker: Broker, measure) -> dict:
+    broker.declare_queue(QueueSettings(name="q", depth_max_messages=0, depth_max_bytes=0, groups_max=0,
+                                       memory_max_bytes=PAGED_BUDGET_BYTES))
+    with measure:
+        stores = []
+        for seq in range(messages):
+            body = seq.to_bytes(8, "little") * (PAGED_BODY_BYTES // 8) + bytes(PAGED_BODY_BYTES % 8)
+            for effect in broker.enqueue("q", Message(body, group_name(seq % GROUPS_FOR_PER_MESSAGE)), 0):
+                if type(effect) is Stored:
+                    stores.append((effect.queue, effect.message))
+            if len(stores) >= JOURNALLED_BATCH_MESSAGES:
+                broker.journalled(stores, 0)
+                stores = []
+        broker.journalled(stores, 0)
+    queue = broker.queues["q"]
+    assert queue.pager.paged_bytes >= (messages * PAGED_BODY_BYTES) - PAGED_BUDGET_BYTES
     return {"groups": len(queue.groups), "depth": queue.depth_messages}
 
 
@@ -187,7 +215,7 @@ def table(messages: int, names: list[str], with_rss: bool) -> str:
             continue
         traced = run_child(name, messages, True)
         resident = run_child(name, messages, False) if with_rss else None
-        unit = "queued message" if name == "per_message" else "group"
+        unit = "queued message" if name in ("per_message", "paged") else "group"
         rows.append(f"| {name} | {messages:,} {unit}s | {per(traced['bytes'], messages)} | "
                     f"{per(resident['bytes'], messages) if resident else '-'} | {traced['groups']:,} | "
                     f"{traced['depth']:,} |")

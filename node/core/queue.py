@@ -489,7 +489,7 @@ class Queue:
                 self._ungrouped.popleft()
                 consumer = min(takers, key=_least_recently_used)
                 self._deliver(loose, consumer, False, effects)
-                if self.pager is not None and self._ungrouped:
+                if self.pager is not None and self.pager.paged_bytes and self._ungrouped:
                     self._read_ahead(None, self._ungrouped)
                 continue
             if best_group is None:
@@ -514,7 +514,7 @@ class Queue:
             group.held = True  # free the group once this and every earlier message is settled
         self._deliver(message, consumer, first, effects)
         self._place_or_forget(group)
-        if self.pager is not None and group.lane is not None:
+        if self.pager is not None and self.pager.paged_bytes and group.lane is not None:
             self._read_ahead(group, group.lane)
 
     def _read_ahead(self, group, lane) -> None:
