@@ -7,6 +7,8 @@ engine loop turn until `done` and carries out each batch's effects. Rules:
   a multicast address gives one copy to each of its subscription queues, as a send there would.
   Each copy's group is what that queue reads from the payload (`regroup`: the adapter's codec, when
   its group_header differs from the source's), so the destination groups it as it groups sends.
+  A destination group gathering several source groups gets each one's messages in order, moved
+  one source group after another (the first N: in queue order).
 - Only available messages go; a group with deliveries unsettled here is left whole (its rest would
   otherwise reach the destination's consumers while its head may still come back here), and so is
   a group the cluster holds (it is moving between nodes). Both are named in `stayed_reason`.

@@ -5,6 +5,8 @@ its destination group on the node that owns it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.integration.clients import queue_toml
@@ -93,6 +95,28 @@ def test_a_bad_reroute_is_refused_naming_what_is_wrong_and_moves_nothing(node, a
     assert result.returncode in (1, 2), result
     assert says in result.stderr, result.stderr
     assert drain(node, SOURCE, 1) == ["a:0"]
+
+
+def test_a_multicast_address_gives_each_subscription_a_copy_grouped_by_its_own_group_header(node_factory):
+    node = node_factory(queue_toml(SOURCE) + '[[address]]\nname = "prices"\n\n'
+                        '[[address.queue]]\nname = "prices.all"\n\n'
+                        '[[address.queue]]\nname = "prices.by-region"\ngroup_header = "region"\n')
+    connection = connect(node)
+    try:
+        sender = connection.create_sender(SOURCE, name="producer")
+        for body, group, region in (("a:0", "a", "north"), ("b:0", "b", "north"), ("a:1", "a", "south")):
+            state, condition = send_outcome(sender, grouped(body, group, region=region))
+            assert condition is None, (body, condition)
+    finally:
+        connection.close()
+    result = node.cli("queue", "reroute", SOURCE, "--to", "prices")
+    assert result.returncode == 0, result.stderr
+    assert "rerouted 3 messages" in result.stdout
+    by_group = {name: {row["group"]: row["messages"] for row in json.loads(
+        node.cli("groups", name, "--json").stdout)} for name in ("prices.all", "prices.by-region")}
+    assert by_group == {"prices.all": {"a": 2, "b": 1}, "prices.by-region": {"north": 2, "south": 1}}
+    north = [body for body in drain(node, "prices.by-region", 3) if body in ("a:0", "b:0")]
+    assert north == ["a:0", "b:0"]  # the order they had in orders
 
 
 def test_in_a_cluster_a_group_joins_its_destination_group_where_that_lives_and_the_first_n_span_the_nodes(
