@@ -97,6 +97,21 @@ def test_a_bad_reroute_is_refused_naming_what_is_wrong_and_moves_nothing(node, a
     assert drain(node, SOURCE, 1) == ["a:0"]
 
 
+def test_bodies_paged_out_to_the_journal_are_read_back_and_rerouted_in_order(node_factory):
+    node = node_factory(queue_toml(SOURCE, memory_max_bytes=1000) + queue_toml(DESTINATION))
+    sends = [(f"g{index % 3}", f"g{index % 3}:{index // 3}" + "." * 200) for index in range(30)]
+    send(node, SOURCE, sends)
+    paged = json.loads(node.cli("queue", "list", "--json").stdout)
+    assert [row["paged_bytes"] for row in paged if row["name"] == SOURCE][0] > 0, paged
+
+    result = node.cli("queue", "reroute", SOURCE, "--to", DESTINATION)
+    assert result.returncode == 0, result.stderr
+    assert "rerouted 30 messages" in result.stdout
+    archived = drain(node, DESTINATION, 30)
+    for group in ("g0", "g1", "g2"):
+        assert of_group(archived, group) == [body for g, body in sends if g == group]
+
+
 def test_a_multicast_address_gives_each_subscription_a_copy_grouped_by_its_own_group_header(node_factory):
     node = node_factory(queue_toml(SOURCE) + '[[address]]\nname = "prices"\n\n'
                         '[[address.queue]]\nname = "prices.all"\n\n'
