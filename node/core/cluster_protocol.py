@@ -406,9 +406,9 @@ class ClusterProtocol:
             return None
         return ResourceLimitExceeded(
             f"owner node {owner} has not taken the {held_bytes} bytes node {self.node_id} holds for it in its "
-            f"outbound store, and this {size_bytes}-byte message would pass {limit}: is {owner} down or "
-            f"unreachable? So {then} once {owner} takes its backlog (grouper cluster status shows it), or "
-            f"raise the limit")
+            f"outbound store, which is full at {limit} (this message is {size_bytes} bytes; once full, the store "
+            f"takes none until {owner} takes some): is {owner} down or unreachable? So {then} once {owner} takes "
+            f"its backlog (grouper cluster status shows it), or raise the limit")
 
     def _forward_message(self, owner: str, queue: str, route_key: str, message: Message, durable: bool,
                          now_ms: int, effects: list, origin: tuple | None = None) -> None:
