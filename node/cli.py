@@ -43,12 +43,16 @@ def add_queue_flags(parser: argparse.ArgumentParser) -> None:
     add("--group-id-length-max-chars", type=int, metavar="CHARS")
     add("--delivery-count-max", type=int, metavar="N", help="failed deliveries before dead-lettering")
     add("--dead-letter-queue", metavar="QUEUE")
+    add("--trace", dest="trace", action="store_true", default=None,
+        help="write delivery traces for grouper audit (README 'Auditing deliveries')")
+    add("--no-trace", dest="trace", action="store_false")
 
 
 _QUEUE_FLAG_KEYS = ("group_policy", "group_header", "default_group", "group_first_key", "group_rebalance",
                     "group_rebalance_pause_dispatch", "group_buckets", "consumers_before_dispatch",
                     "time_before_dispatch_ms", "durable", "depth_max_messages", "depth_max_bytes", "memory_max_bytes",
-                    "groups_max", "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue")
+                    "groups_max", "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue",
+                    "trace")
 
 
 def queue_settings_from_args(name: str, args: argparse.Namespace) -> QueueSettings:

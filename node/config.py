@@ -23,6 +23,7 @@ from node.core.settings import QueueSettings
 ENV_PREFIX = "GROUPER_"
 HTTP_PORT_OFFSET = 3  # http_port = amqp_port + 3 when only amqp_port is given: a second node on one host just works
 ROUTE_FOLLOW_MIN_MS = 1000  # the shortest route_follow_ms other than 0
+TRACE_FILE_MIN_BYTES = 1024  # the smallest trace_file_max_bytes: a file holds a few lines at least
 CONNECTIONS_MAX_CEILING = 900  # each connection is a file descriptor; many systems cap a process at 1024 by default
 
 
@@ -65,6 +66,10 @@ class NodeConfig:
     metrics_auth: str = "open"  # /metrics: "open", or "basic" (HTTP basic auth, a user with manage on '#')
     http_tls_cert_file: str = ""  # PEM certificate chain; with http_tls_key_file the HTTP port speaks HTTPS only
     http_tls_key_file: str = ""  # PEM private key of http_tls_cert_file
+    # ---- delivery traces of queues with trace = true (README "Auditing deliveries") ----
+    trace_dir: str = ""  # where the trace files go; "" = <data_dir>/traces
+    trace_file_max_bytes: int = 64 << 20  # a trace file is closed and a new one begun past this size
+    trace_max_bytes: int = 1 << 30  # trace files kept in all; past it the oldest are deleted
     # ---- cluster (leave peers empty for a single node) ----
     peers: str = ""  # comma-separated raft addresses HOST:PORT of the cluster's nodes (this one may be listed too)
     raft_port: int = 5674  # raft (grouping handler) listener of this node
@@ -185,6 +190,12 @@ class NodeConfig:
                                 f"to join a running cluster")
         if not self.data_dir:
             raise InvalidConfig("data_dir", "must name a directory")
+        if self.trace_file_max_bytes < TRACE_FILE_MIN_BYTES:
+            raise InvalidConfig("trace_file_max_bytes", f"must be at least {TRACE_FILE_MIN_BYTES} bytes")
+        if self.trace_max_bytes < 2 * self.trace_file_max_bytes:
+            raise InvalidConfig("trace_max_bytes", f"{self.trace_max_bytes} bytes keeps less than two trace files of "
+                                f"trace_file_max_bytes ({self.trace_file_max_bytes}): raise it, or lower "
+                                f"trace_file_max_bytes")
         names = [q.name for q in self.queues]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -204,6 +215,9 @@ class NodeConfig:
     @property
     def node_id(self) -> str:
         return f"{self.advertise_host or self.host}:{self.raft_port}"
+
+    def trace_path(self) -> str:
+        return self.trace_dir or os.path.join(self.data_dir, "traces")
 
     def users_path(self) -> str:
         return self.users_file or os.path.join(self.data_dir, "users.json")

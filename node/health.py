@@ -251,7 +251,8 @@ class GrouperCollector:
     count}, outbound_max_bytes, outbound_total_max_bytes, decisions: {outcome: count}, decision_latency: tally,
     raft_decision_latency: tally, raft: {term, leader, state, has_quorum}}; ready: bool; engine:
     AmqpServer.engine_objects() (connections, links, unsettled_deliveries); resident_bytes: int or
-    None (not Linux); unrouted: {multicast address: sends discarded for want of a subscription}.
+    None (not Linux); unrouted: {multicast address: sends discarded for want of a subscription};
+    trace: TraceWriter.stats().
     """
 
     def __init__(self, probe):
@@ -269,6 +270,13 @@ class GrouperCollector:
         yield unrouted
         if snapshot["journal"] is not None:
             yield from self._journal(snapshot["journal"])
+        trace = snapshot.get("trace")
+        if trace is not None:  # delivery traces (node/store/trace.py)
+            for key, text in (("lines_written", "delivery trace lines written"),
+                              ("lines_dropped", "delivery trace lines dropped: the disk refused them, or the "
+                                                "writer fell behind by its buffer's bound"),
+                              ("files_deleted", "delivery trace files deleted to stay within trace_max_bytes")):
+                yield CounterMetricFamily(f"grouper_trace_{key}", text, value=trace[key])
         if snapshot["cluster"] is not None:
             yield from self._cluster(snapshot["cluster"])
 

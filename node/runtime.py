@@ -30,6 +30,7 @@ from node.core.settings import QueueSettings
 from node.health import PROBE_TIMEOUT_MS
 from node.security import Security
 from node.store.journal import Journal
+from node.store.trace import TraceWriter
 
 log = logging.getLogger("grouper.node")
 
@@ -307,6 +308,8 @@ class Node:
         self.broker.memory_max_bytes = config.message_memory_max_bytes  # paging: node/core/paging.py
         self.journal = Journal(config.data_dir, fsync=config.journal_fsync,
                                compact_min_bytes=config.journal_compact_min_bytes)
+        # its thread and directory come with the first trace line (a queue with trace = true)
+        self.trace_writer = TraceWriter(config.trace_path(), config.trace_file_max_bytes, config.trace_max_bytes)
         self.bridge = None
         self.server = None
         self.amqp_port = None
@@ -382,6 +385,7 @@ class Node:
         admin_files = admin_tls.ServerFiles.from_config(self.config)  # a bad file fails here, before listening
         tls_context = tls.server_context(self.config) if self.config.tls_cert_file else None
         self.server = AmqpServer(self.broker, self.journal, self.config, self.clock_ms, self.security, tls_context)
+        self.server.tracer.writer = self.trace_writer
         self.bridge = self.server.bridge
         self.amqp_port = self._listen("AMQP", self.config.amqp_port, tls=False)
         if tls_context is not None:
@@ -479,6 +483,7 @@ class Node:
         return {"ready": ready, "queues": queues, "consumers": consumers, "cluster": cluster,
                 "unrouted": unrouted,
                 "journal": self.journal.stats() if self.journal is not None else None, "engine": engine,
+                "trace": self.trace_writer.stats(),
                 "resident_bytes": resident_bytes()}
 
     def _add_peer_service(self, grpc_server) -> None:
@@ -541,6 +546,7 @@ class Node:
             self.peer_server.stop(grace=0.5)
         if self.admin_server is not None:
             self.admin_server.stop(grace=0.5)
+        self.trace_writer.close()
         self.journal.close()
 
     def wait_alive(self, stop_event: threading.Event) -> None:

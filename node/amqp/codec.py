@@ -89,6 +89,41 @@ def read_arrival(payload: bytes, group_header: str, now_ms: int) -> Arrival:
     return Arrival(address, group_id, closes, expires_at_ms)
 
 
+TRACE_PRODUCER_KEY, TRACE_SEQUENCE_KEY = "producer", "sequence"  # the identity a trace line names (README "Auditing")
+_TRACE_KEYS = {TRACE_PRODUCER_KEY: 0, TRACE_SEQUENCE_KEY: 1}
+
+
+def read_trace_identity(payload: bytes) -> tuple:
+    """(producer, sequence) from the application properties, for a traced queue's trace lines only: None
+    for either when absent or of another type (a string, an integer). Never raises: a trace takes what it can."""
+    try:
+        position, end = 0, len(payload)
+        while position < end:
+            if payload[position] != 0x00 or payload[position + 1] != 0x53:
+                raise _Unreadable("a section the scanner does not walk")
+            section, position = payload[position + 2], position + 3
+            if section >= _APPLICATION_PROPERTIES:
+                if section == _APPLICATION_PROPERTIES:
+                    (producer, sequence, _), _ = _map_values(payload, position, _TRACE_KEYS)
+                    return _trace_identity(producer, sequence)
+                return None, None
+            position = skip_value(payload, position)
+        return None, None
+    except (_Unreadable, _Malformed, IndexError, ValueError):
+        message = AmqpMessage()
+        try:
+            message.decode(payload)
+        except Exception:  # proton's own MessageException: the send was refused already, or never decoded
+            return None, None
+        properties = message.properties or {}
+        return _trace_identity(properties.get(TRACE_PRODUCER_KEY), properties.get(TRACE_SEQUENCE_KEY))
+
+
+def _trace_identity(producer, sequence) -> tuple:
+    return (producer if isinstance(producer, str) else None,
+            sequence if isinstance(sequence, int) and not isinstance(sequence, bool) else None)
+
+
 def _scan(buf: bytes, group_header: str) -> tuple:
     ttl_ms = absolute_expiry_ms = 0
     address = group_id = group_sequence = header_value = jms_group_id = jms_seq = None

@@ -60,11 +60,12 @@ from node.amqp.engine import (ACCEPTED, CONNECTION_REMOTE_CLOSE, CONNECTION_REMO
                               TRANSPORT, TRANSPORT_CLOSED, TRANSPORT_ERROR, condition_text, delivery_tag, ffi, lib,
                               set_condition, symbols, text)
 from node.amqp.links import DURABLE, TEMPORARY, Consumer, FanOut, Producer
+from node.amqp.tracer import Tracer
 from node.core.durability import CALL, CONSUMER, PRODUCER, Durability
 from node.core.access import Permission
 from node.core.address_settings import split_address
 from node.core.addresses import TOPIC_CAPABILITY, SendTally, split_fqqn, subscription_name
-from node.core.effects import DeadLettered, Delayed, Deliver, DetachConsumer, Dropped, Kept, Removed, Stored
+from node.core.effects import DeadLettered, Delayed, Deliver, DetachConsumer, Dropped, Enqueued, Kept, Removed, Stored
 from node.core.effects import PageIn
 from node.core.errors import AlreadyExists, GrouperError, NotFound, ResourceLimitExceeded, StoreFailed
 from node.core.message import Message, Outcome
@@ -148,6 +149,7 @@ class AmqpServer:
         # as are those an attach made once their cluster-wide definition is in (every node holds them then)
         self._declared_subscriptions = {settings.name for settings in config.queues if settings.address}
         self.unrouted: dict[str, int] = {}  # multicast address -> sends accepted and discarded: no subscription
+        self.tracer = Tracer(config.node_id, broker, None, clock_ms)  # the runtime gives it its writer
         self._handlers = {
             DELIVERY: self._on_delivery,
             LINK_FLOW: self._on_link_flow,
@@ -306,6 +308,8 @@ class AmqpServer:
         if self.cluster is not None:
             self.cluster.tick(now_ms)
         self.gate.tick(now_ms)
+        if self.tracer.lines:  # what an admin call or the tick traced outside a batch
+            self.tracer.flush()
         if self.journal is not None and self.journal.pending_bytes():
             self._journal_due = True
         heartbeat_ms = int(time.monotonic() * 1000)
@@ -332,6 +336,8 @@ class AmqpServer:
         dirty, self._dirty = self._dirty, set()
         for connection in dirty:
             connection.flush(buffer, OUTPUT_CHUNK_BYTES)
+        if self.tracer.lines:
+            self.tracer.flush()
         if self.journal is not None:
             self.journal.wake_writer()  # now that the batch is out: the writer gets the GIL at once
         if self._lost:
@@ -428,6 +434,8 @@ class AmqpServer:
                 continue
             link, delivery = target
             unknown = stored is not None and next(outcome_unknown)
+            if kind == CONSUMER and self.tracer.deliveries:
+                self.tracer.delivery_confirmed(link.id, delivery, False)
             if not link.alive:
                 continue
             if kind == PRODUCER:
@@ -452,6 +460,8 @@ class AmqpServer:
             self._settle_send(target)
             return
         link, delivery = target
+        if self.tracer.deliveries:
+            self.tracer.delivery_confirmed(link.id, delivery, True)
         if not link.alive:
             return
         lib.pn_delivery_settle(delivery)
@@ -540,6 +550,7 @@ class AmqpServer:
             if state.producer:
                 self.producers.pop(state.id, None)
             elif self.consumers.pop(state.id, None) is not None:
+                self.tracer.detached(state.id, state.label, "connection closed")
                 self.apply(self.broker.detach_consumer(state.id, now_ms))
                 if state.subscription == TEMPORARY:
                     self._unsubscribe(state.queue)
@@ -607,6 +618,8 @@ class AmqpServer:
         lib.pn_link_set_snd_settle_mode(link, lib.pn_link_remote_snd_settle_mode(link))
         lib.pn_link_set_rcv_settle_mode(link, lib.pn_link_remote_rcv_settle_mode(link))
         lib.pn_link_open(link)
+        if queue.settings.trace and not browse:
+            self.tracer.attached(consumer_id, label, address)
         self.apply(effects)
         if lib.pn_link_credit(link):
             self._credit(state)
@@ -745,6 +758,7 @@ class AmqpServer:
         if state.producer:
             self.producers.pop(state.id, None)
         elif self.consumers.pop(state.id, None) is not None:
+            self.tracer.detached(state.id, state.label)
             self.apply(self.broker.detach_consumer(state.id, self.clock_ms()))
             if state.subscription == TEMPORARY:
                 self._unsubscribe(state.queue)
@@ -767,6 +781,7 @@ class AmqpServer:
         if state is None:
             return
         self._unlink(state)  # the core has dropped the consumer already
+        self.tracer.detached(state.id, state.label, condition_for(effect.error)[0])
         self._close_link(state.link, condition_for(effect.error))
         self._dirty.add(state.connection)
 
@@ -876,6 +891,8 @@ class AmqpServer:
                 queue = self._authorized_queue(producer.connection, arrival.address, Permission.SEND)
                 if queue.settings.group_header:
                     arrival = codec.read_arrival(payload, queue.settings.group_header, now_ms)
+            if queue.settings.trace:
+                self.tracer.send_arrived(delivery, queue.settings.name, arrival.group_id, payload, now_ms)
             durable = queue.settings.durable and self.journal is not None
             if durable and self.durability.refusing(now_ms):
                 raise _journal_down(self.durability.failure)
@@ -954,6 +971,8 @@ class AmqpServer:
             if not producer.tally.settle(condition):
                 return
             producer, condition = producer.producer, producer.tally.refusal
+        elif self.tracer.sends:
+            self.tracer.send_settled(delivery, condition)
         if not producer.alive:
             return
         if condition is not None:
@@ -990,6 +1009,9 @@ class AmqpServer:
             return  # a non-terminal state (received): wait for the outcome
         del consumer.unsettled[delivery]
         effects = self.broker.settle(consumer.id, delivery_id, outcome, self.clock_ms(), failed)
+        if self.tracer.deliveries:
+            self.tracer.delivery_settled(consumer.id, delivery, outcome.value,
+                                         not settled and any(type(effect) is Removed for effect in effects))
         if not settled and any(type(effect) is Removed for effect in effects):
             self.durability.wait((consumer, delivery), CONSUMER)  # settled once the removal is on disk
         else:
@@ -1026,6 +1048,8 @@ class AmqpServer:
                 log.info("queue %s dropped message %d: %s", effect.queue, effect.seq, effect.reason)
             elif kind is Delayed:
                 self._redeliver_at(effect.until_ms)
+            elif kind is Enqueued:
+                self.tracer.enqueued(effect.queue, effect.message)
             elif kind is DeadLettered:
                 log.info("queue %s dead-lettered message %d to %s (as message %d): %s", effect.queue,
                          effect.seq, effect.dead_letter_queue, effect.dead_letter_seq, effect.reason)
@@ -1075,6 +1099,8 @@ class AmqpServer:
         lib.pn_link_send(link, payload, len(payload))
         lib.pn_link_advance(link)
         self._dirty.add(state.connection)
+        if not effect.browse and self.tracer.traced(state.queue):
+            self.tracer.delivered(state.id, state.label, delivery, state.queue, message, state.presettled)
         if effect.browse:
             lib.pn_delivery_settle(delivery)
         elif state.presettled:

@@ -37,7 +37,7 @@ import dataclasses
 
 from node.core.address_settings import AddressSettings, check_parameters
 from node.core.addresses import Addresses
-from node.core.effects import DeadLettered, DetachConsumer, Removed, Stored
+from node.core.effects import DeadLettered, DetachConsumer, Enqueued, Removed, Stored
 from node.core.errors import AlreadyExists, GrouperError, NotFound
 from node.core.message import AVAILABLE, JOURNALLED, Message, Outcome
 from node.core.queue import Queue
@@ -170,7 +170,7 @@ class Broker:
         queue = self.queue(queue_name, create=True)
         message.seq = self.next_seq
         message.enqueued_at_ms = message.enqueued_at_ms or now_ms
-        effects: list = []
+        effects: list = [Enqueued(queue_name, message)] if queue.settings.trace else []
         try:
             queue.enqueue(message, now_ms, effects)  # raises before changing anything
         except GrouperError:

@@ -40,6 +40,15 @@ class Stored:
 
 
 @dataclass(frozen=True, slots=True)
+class Enqueued:
+    """A message entered a traced queue (settings.trace): the adapter writes its trace line. Comes before
+    the effects of the enqueue itself, so a delivery it causes is traced after it."""
+
+    queue: str
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
 class PageIn:
     """Read these paged-out bodies of durable queue `queue` back from the journal, then hand them to
     Broker.page_in on the engine loop (node/core/paging.py). Seqs in the order dispatch needs them."""

@@ -49,6 +49,7 @@ class QueueSettings:
     dead_letter_queue: str = ""  # where rejected and over-delivered messages go; "" = "<queue>.DLQ"
     dead_letter_queue_auto_create: bool = True  # create the dead-letter queue when it does not exist yet
     address: str = ""  # the multicast address this queue subscribes to (node/core/addresses.py); "" = none
+    trace: bool = False  # write delivery traces for `grouper audit` (README "Auditing deliveries")
 
     def validate(self) -> "QueueSettings":
         if not self.name or len(self.name) > 255:
@@ -114,6 +115,8 @@ class QueueSettings:
         values = dataclasses.asdict(self)
         if not self.address:  # records and messages of queues that subscribe to nothing stay as they were
             del values["address"]
+        if not self.trace:  # likewise for untraced queues: a node of an earlier release reads them
+            del values["trace"]
         if not self.memory_max_bytes:  # so a node of the release before paging reads the record (upgrades)
             del values["memory_max_bytes"]
         return values
