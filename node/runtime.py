@@ -333,8 +333,9 @@ class Node:
                                        peer_tls=self.cluster_tls)
 
     def recover(self) -> None:
-        # past the node's budget only records come back; bodies are read when dispatch reaches them
-        recovery = self.journal.recover(self.config.message_memory_max_bytes)
+        # past the node's budget only records come back; bodies are read when dispatch reaches them. In a
+        # cluster every body, for now: a restored group that lives elsewhere is handed over once, from memory
+        recovery = self.journal.recover(0 if self.cluster is not None else self.config.message_memory_max_bytes)
         for settings in self.config.queues:
             self.broker.declare_queue(settings)
         journalled = set()
@@ -367,9 +368,9 @@ class Node:
             for message in messages:
                 self.broker.restore(name, message)
                 restored += 1
-        self.broker.page_out(self.clock_ms())  # queues' own budgets; the node's was kept by recover()
         if self.cluster is not None:
             self.cluster.hold_recovered()  # with route_follow_ms: until the replica is current
+        self.broker.page_out(self.clock_ms())  # the budgets; held groups keep their bodies (paging.py)
         log.info("recovered %d queues and %d messages from %s", len(self.broker.queues), restored,
                  self.config.data_dir)
 

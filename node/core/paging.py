@@ -15,10 +15,14 @@ stays. Its rules:
   Groups that find no room wait for it in the order they asked.
 - A body read back, or returned by its consumer (a release), is FETCHED: it counts in read-ahead, not in
   the budget, and is not paged out again before it is delivered, so nothing is read twice.
-- A group the cluster holds to hand over asks for all its bodies at once (`want_whole`): they leave
-  this node together, and the queue counts missing ones as in flight until they are back.
+- A group the cluster holds to hand over keeps its bodies, and asks for all those paged before the
+  hold at once (`want_whole`): they leave this node together, and the queue counts missing ones as in
+  flight until they are back.
 - A body a browser needs comes back pageable, not FETCHED: browsing a paged queue must not fill the
   read-ahead room the groups' consumers need.
+Known limit of this first increment: bodies read ahead for groups whose owners have no credit keep
+their room until delivered, so consumers that stop granting credit can hold the read-ahead room and
+make other groups wait for it (never out of order, never lost).
 """
 
 from __future__ import annotations
@@ -103,9 +107,10 @@ class Pager:
 
     # ---- page-out ------------------------------------------------------------------------------
 
-    def page_out(self, target_bytes: int) -> int:
+    def page_out(self, target_bytes: int, held_keys=()) -> int:
         """Page out the newest journalled bodies until pageable bytes are at most `target_bytes`;
-        returns the bytes paged out."""
+        returns the bytes paged out. Groups in `held_keys` (held by the cluster for a hand-over) keep
+        their bodies: they leave this node whole, forwarded from memory."""
         pageable = self._pageable
         aside: list[Message] = []
         freed = 0
@@ -114,8 +119,9 @@ class Pager:
             flags = message.flags
             if flags & (STATE_MASK | PAGED | FETCHED) != AVAILABLE:
                 continue  # stale: delivered, removed, paged or read back since it was listed
-            if not flags & JOURNALLED:
-                aside.append(message)  # its write is not reported yet (or failed): it stays
+            if not flags & JOURNALLED or (held_keys and message.group is not None
+                                          and message.group.key in held_keys):
+                aside.append(message)  # its write is not reported yet (or failed), or its group is held
                 continue
             message.payload = None
             message.flags = flags | PAGED

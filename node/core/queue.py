@@ -758,7 +758,7 @@ class Queue:
 
     def page_out(self, target_bytes: int) -> int:
         """Page out journalled bodies until this queue's pageable bytes are at most `target_bytes`."""
-        return 0 if self.pager is None else self.pager.page_out(target_bytes)
+        return 0 if self.pager is None else self.pager.page_out(target_bytes, self.held_keys)
 
     def page_in(self, bodies: dict, now_ms: int, effects: list) -> None:
         """Bodies the journal read back (seq -> payload); a None payload is a body the journal does not

@@ -221,3 +221,25 @@ def test_a_non_durable_queue_has_no_pager_and_refuses_a_budget():
     assert Queue(QueueSettings(name="q", durable=False)).pager is None
     with pytest.raises(InvalidConfig, match="memory_max_bytes"):
         QueueSettings(name="q", durable=False, memory_max_bytes=1).validate()
+
+
+def test_a_group_held_for_a_hand_over_keeps_its_bodies_and_asks_back_those_paged_before():
+    queue = Queue(QueueSettings(name="q", memory_max_bytes=10))
+    effects: list = []
+    for seq, group in ((1, "a"), (2, "a"), (3, "b"), (4, "b")):
+        queue.enqueue(Message(b"x" * 10, group, seq=seq), 0, effects)
+    for message in queue.browse_available():
+        message.flags |= JOURNALLED
+    queue.page_out(30)  # 4 goes
+    queue.hold_group("b")
+    queue.hold_group("a")
+    queue.page_out(0)  # held: nothing more goes
+    assert [m.seq for m in queue.browse_available() if m.flags & PAGED] == [4]
+    assert queue.group_in_flight("b") == 1  # its paged body counts as in flight: the hand-over waits
+    assert queue.hand_over_group("b", []) == []
+    effects = []
+    queue.tick(0, effects)
+    assert [seq for e in effects if type(e) is PageIn for seq in e.seqs] == [4]
+    queue.page_in({4: b"y" * 10}, 0, effects)
+    assert queue.group_in_flight("b") == 0
+    assert [m.seq for m in queue.hand_over_group("b", [])] == [3, 4]
