@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from node.core.broker import Broker
-from node.core.effects import Deliver, PageIn, Stored
+from node.core.effects import Deliver, Dropped, PageIn, Stored
 from node.core.message import ACQUIRED, AVAILABLE, FETCHED, JOURNALLED, PAGED, STATE_MASK, Message, Outcome
 from node.core.queue import Queue
 from node.core.settings import QueueSettings
@@ -243,3 +243,55 @@ def test_a_group_held_for_a_hand_over_keeps_its_bodies_and_asks_back_those_paged
     queue.page_in({4: b"y" * 10}, 0, effects)
     assert queue.group_in_flight("b") == 0
     assert [m.seq for m in queue.hand_over_group("b", [])] == [3, 4]
+
+
+def paged_queue(*groups, budget_bytes: int = 10, **settings) -> Queue:
+    """A queue holding one 10-byte message per entry of `groups` (seq 1, 2, ...), all journalled and
+    paged down to `budget_bytes`."""
+    queue = Queue(QueueSettings(name="q", memory_max_bytes=budget_bytes, **settings))
+    for seq, group in enumerate(groups, start=1):
+        queue.enqueue(Message(b"%02d" % seq * 5, group, seq=seq), 0, [])
+    for message in queue.browse_available():
+        message.flags |= JOURNALLED
+    queue.page_out(budget_bytes)
+    return queue
+
+
+def test_messages_in_no_group_wait_for_their_bodies_in_queue_order():
+    queue = paged_queue(None, None, None)  # an exclusive queue without default group: ungrouped
+    effects: list = []
+    queue.attach("c", False, 0, effects)
+    queue.set_credit("c", 10, 0, effects)
+    assert [e.message.seq for e in effects if type(e) is Deliver] == [1]
+    assert [seq for e in effects if type(e) is PageIn for seq in e.seqs] == [2, 3]
+    effects = []
+    queue.page_in({3: b"03" * 5}, 0, effects)  # the later one first: nothing overtakes seq 2
+    assert not [e for e in effects if type(e) is Deliver]
+    queue.page_in({2: b"02" * 5}, 0, effects)
+    assert [e.message.seq for e in effects if type(e) is Deliver] == [2, 3]
+
+
+def test_a_browser_waits_at_a_paged_body_and_what_it_read_back_may_be_paged_again():
+    queue = paged_queue("a", "a", "a")
+    effects: list = []
+    queue.attach("b", True, 0, effects)
+    queue.set_credit("b", 10, 0, effects)
+    assert [e.message.seq for e in effects if type(e) is Deliver] == [1]
+    assert [e.seqs for e in effects if type(e) is PageIn] == [(2,)]
+    effects = []
+    queue.page_in({2: b"02" * 5}, 0, effects)
+    assert [e.message.seq for e in effects if type(e) is Deliver] == [2]
+    assert [e.seqs for e in effects if type(e) is PageIn] == [(3,)]
+    assert queue.pager.fetched_bytes == 0  # a browser's bodies hold no read-ahead room
+    assert queue.page_out(10) == 10  # seq 2 goes again; only seq 1 stays
+
+
+def test_a_body_the_journal_does_not_have_drops_its_message_loudly():
+    queue = paged_queue("a", "a")
+    effects: list = []
+    queue.attach("c", False, 0, effects)
+    queue.set_credit("c", 10, 0, effects)
+    effects = []
+    queue.page_in({2: None}, 0, effects)
+    assert [(e.seq, e.reason) for e in effects if type(e) is Dropped] == [(2, "its body is missing from the journal")]
+    assert queue.depth_messages == 1 and queue.pager.paged_bytes == 0
