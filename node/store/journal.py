@@ -36,6 +36,8 @@ Rules:
   that moved them is no matter), a run of adjacent frames in one read, and calls on_bodies(queue,
   {seq: payload}) on its thread. It is only asked for STOREs already reported durable, so each is in the
   index; a seq that is not (the queue was deleted or the message removed meanwhile) comes back as None.
+  A read the disk refuses stops the writer like any other I/O it cannot survive: flush() fails from
+  then on and the node must be restarted; nothing is lost, the records are on disk.
 - `recover(bodies_max_bytes)` keeps bodies only up to that many bytes of live messages, in file order
   (the oldest first), while it reads: later ones come back as records with a None payload, read back
   when dispatch reaches them, so recovering a backlog larger than memory needs no more than its records.
