@@ -9,7 +9,10 @@ stays. Its rules:
   dispatch, until the bodies it may page ("pageable": available, resident, not read back) fit the budget.
 - Dispatch never hands out a message without its body (the queue checks PAGED at every head). A group
   whose next messages are paged asks for up to READ_AHEAD_MESSAGES of them (one `PageIn` effect per
-  queue call) and waits; nothing of it is skipped, and other groups go on.
+  queue call) and waits; nothing of it is skipped, and other groups go on. It asks only once dispatch
+  meets it for a consumer that could take it (its owner has credit, or it has no owner and some
+  consumer has): a group whose owner grants no credit reads nothing ahead. After each delivery from a
+  group, its body halfway through the window is checked, so a group being consumed asks ahead of need.
 - Read-ahead is bounded per queue: bodies asked for or read back and not yet delivered stay within
   READ_AHEAD_BYTES_MAX (one message may pass it, so a body larger than the bound still comes back).
   Groups that find no room wait for it in the order they asked.
@@ -20,9 +23,9 @@ stays. Its rules:
   flight until they are back.
 - A body a browser needs comes back pageable, not FETCHED: browsing a paged queue must not fill the
   read-ahead room the groups' consumers need.
-Known limit of this first increment: bodies read ahead for groups whose owners have no credit keep
-their room until delivered, so consumers that stop granting credit can hold the read-ahead room and
-make other groups wait for it (never out of order, never lost).
+Known limit of this first increment: bodies read back for a group keep their room until delivered, so
+consumers that took credit back after their groups' bodies were asked for can hold the read-ahead room
+and make other groups wait for it (never out of order, never lost).
 """
 
 from __future__ import annotations

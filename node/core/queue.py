@@ -489,7 +489,7 @@ class Queue:
                 self._ungrouped.popleft()
                 consumer = min(takers, key=_least_recently_used)
                 self._deliver(loose, consumer, False, effects)
-                if self.pager is not None and self.pager.paged_bytes and self._ungrouped:
+                if self.pager is not None and self.pager.paged_bytes and self._ungrouped and consumer.may_take:
                     self._read_ahead(None, self._ungrouped)
                 continue
             if best_group is None:
@@ -514,12 +514,12 @@ class Queue:
             group.held = True  # free the group once this and every earlier message is settled
         self._deliver(message, consumer, first, effects)
         self._place_or_forget(group)
-        if self.pager is not None and self.pager.paged_bytes and group.lane is not None:
+        if self.pager is not None and self.pager.paged_bytes and group.lane is not None and consumer.may_take:
             self._read_ahead(group, group.lane)
 
     def _read_ahead(self, group, lane) -> None:
-        """Ask for a group's next bodies before dispatch reaches them: once the message halfway
-        through the read-ahead window is paged (node/core/paging.py)."""
+        """Ask for a group's next bodies before dispatch reaches them, while the consumer it went to
+        may take more: once the message halfway through the read-ahead window is paged (paging.py)."""
         if type(lane) is deque:
             ahead = lane[min(len(lane), READ_AHEAD_MESSAGES // 2) - 1] if lane else None
         else:
@@ -578,7 +578,7 @@ class Queue:
                 group.placed_in = None  # _expire re-places the group, or forgets it once idle
                 self._expire(head, effects)
                 continue
-            if head.flags & PAGED:  # paged out since it was placed: it waits for its body
+            if head.flags & PAGED:  # met by a consumer that could take it: ask for its body, it waits
                 heapq.heappop(heap)
                 group.placed_in = None
                 group.placed_seq = -1
@@ -620,11 +620,6 @@ class Queue:
                             g for g in self._empty_owned if g.placed_in is EMPTY_OWNED))
             else:
                 group.placed_in = None
-            return
-        if head.flags & PAGED:  # not placed until its body is back (page_in): the group waits, others go on
-            group.placed_in = None
-            group.placed_seq = -1
-            self.pager.want(group)
             return
         target = group.owner if group.owner is not None else UNOWNED
         if group.placed_in is target and group.placed_seq == head.seq:

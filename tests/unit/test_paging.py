@@ -295,3 +295,18 @@ def test_a_body_the_journal_does_not_have_drops_its_message_loudly():
     queue.page_in({2: None}, 0, effects)
     assert [(e.seq, e.reason) for e in effects if type(e) is Dropped] == [(2, "its body is missing from the journal")]
     assert queue.depth_messages == 1 and queue.pager.paged_bytes == 0
+
+
+def test_a_group_whose_owner_grants_no_credit_reads_nothing_ahead():
+    queue = paged_queue("a", "a", "a", budget_bytes=10)  # 2 and 3 paged
+    effects: list = []
+    queue.attach("c", False, 0, effects)
+    queue.set_credit("c", 1, 0, effects)  # takes 1 and owns a; then no credit
+    assert [e.message.seq for e in effects if type(e) is Deliver] == [1]
+    effects = []
+    queue.settle("c", 0, Outcome.ACCEPTED, False, 0, effects)
+    queue.tick(0, effects)
+    assert not [e for e in effects if type(e) is PageIn]
+    assert queue.pager.fetched_bytes + queue.pager.requested_bytes == 0
+    queue.set_credit("c", 1, 0, effects)
+    assert [e.seqs for e in effects if type(e) is PageIn] == [(2, 3)]
