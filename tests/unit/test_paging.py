@@ -2,8 +2,8 @@
 
 The journal is a dict here: a body is "on disk" once the test journals its STORE, and a PageIn is
 answered from the dict, in any order and any time later. Checked against a reference of each group's
-available seqs: every delivery is its group's lowest available seq and carries the body that was sent;
-nothing is lost; no body is asked for twice; after page-out the pageable bytes fit the budget; bodies
+(and the ungrouped lane's) available seqs, with purges of whole groups among the steps: every delivery
+is its group's lowest available seq and carries the body that was sent; nothing is lost; no body is asked for twice; after page-out the pageable bytes fit the budget; bodies
 asked for or read back stay within the read-ahead bound (plus one message, plus released ones).
 """
 
@@ -22,7 +22,7 @@ from node.core.settings import QueueSettings
 BUDGET_BYTES = 400
 READ_AHEAD_BYTES = 300
 SIZE_MAX_BYTES = 60
-GROUPS = ("a", "b", "c", "d")
+GROUPS = ("a", "b", "c", None)  # None: messages in no group, delivered in queue order
 
 
 def body(seq: int, size: int) -> bytes:
@@ -96,6 +96,20 @@ class PagingMachine(RuleBasedStateMachine):
             self.asked.remove(seq)
         effects: list = []
         self.queue.page_in({seq: self.disk[seq] for seq in picked}, self.now_ms, effects)
+        self.carry_out(effects)
+
+    @rule(group=st.sampled_from(GROUPS[:-1]))
+    def purge(self, group):
+        """An admin purge takes a group's available messages, paged ones included."""
+        if group not in self.queue.groups:
+            return
+        effects: list = []
+        taken = self.queue.take_group_messages(group, None, effects, bodies=False)
+        assert sorted(m.seq for m in taken) == sorted(self.available[group])
+        for message in taken:
+            del self.sent[message.seq]
+            self.returned.discard(message.seq)
+        self.available[group].clear()
         self.carry_out(effects)
 
     @rule(consumer=st.sampled_from(("c1", "c2")), credit=st.integers(0, 6))
