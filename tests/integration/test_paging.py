@@ -10,8 +10,7 @@
 
 from __future__ import annotations
 
-import json
-
+from node.admin.client import AdminClient
 from tests.integration.clients import Client, group_message, queue_toml
 from tests.integration.harness import wait_until
 from tests.integration.test_node_endpoints import get, metric
@@ -23,9 +22,9 @@ PAD = "x" * 300  # a few hundred bytes a message: a few thousand messages are se
 
 
 def _stats(node) -> dict:
-    result = node.cli("queue", "list", "--json")
-    assert result.returncode == 0, result.stderr
-    return next(q for q in json.loads(result.stdout) if q["name"] == QUEUE)
+    """The queue's row of `grouper queue list --json` (the admin call it makes, without a process per poll)."""
+    with AdminClient(node.admin_address) as admin:
+        return next(q for q in admin.list_queues() if q["name"] == QUEUE)
 
 
 def _fill(node, per_group: int) -> list[tuple[str, int]]:
@@ -45,7 +44,10 @@ def _check_order(keys: list[tuple[str, int]]) -> None:
 
 def test_a_backlog_past_its_budget_is_paged_and_drains_in_group_order_through_several_consumers(node_factory):
     node = node_factory(queue_toml(QUEUE, durable=True, memory_max_bytes=BUDGET_BYTES))
-    sent = _fill(node, per_group=500)  # 3,000 messages, ~1 MB of bodies
+    refused = node.cli("queue", "add", "scratch", "--no-durable", "--memory-max-bytes", "1024")
+    assert refused.returncode != 0 and "memory-max-bytes: 1024 bytes" in refused.stderr and "non-durable" in refused.stderr, \
+        refused.stderr
+    sent = _fill(node, per_group=300)  # 1,800 messages, ~650 KB: ten budgets
     filled = wait_until(lambda: (s := _stats(node))["resident_bytes"] <= BUDGET_BYTES and s,
                         "the queue's resident bytes to fall within its budget")
     assert filled["depth_messages"] == len(sent)
