@@ -53,7 +53,7 @@ UPDATABLE_FIELDS = frozenset({
     "group_first_key", "group_rebalance", "group_rebalance_pause_dispatch", "consumers_before_dispatch",
     "time_before_dispatch_ms", "depth_max_messages", "depth_max_bytes", "memory_max_bytes", "groups_max",
     "group_id_length_max_chars", "delivery_count_max", "redelivery_delay_ms", "redelivery_delay_multiplier",
-    "redelivery_delay_max_ms", "dead_letter_queue", "dead_letter_queue_auto_create",
+    "redelivery_delay_max_ms", "dead_letter_queue", "dead_letter_queue_auto_create", "trace",
 })
 # decide a message's group (policy, header, default group, buckets) or whether it is journalled
 FIXED_FIELDS = frozenset({"name", "group_policy", "group_header", "default_group", "group_buckets", "durable",

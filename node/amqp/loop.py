@@ -930,6 +930,8 @@ class AmqpServer:
             message = Message(payload, arrival.group_id, expires_at_ms=arrival.expires_at_ms,
                               closes_group=arrival.closes_group)
             name = queue.settings.name
+            if queue.settings.trace:  # one send line per traced copy, settled with the send
+                self.tracer.send_arrived(incoming[1], name, arrival.group_id, payload, now_ms)
             if self.cluster is not None and (name in self._declared_subscriptions or self.cluster.defines(name)):
                 route_key = queue.route_key(message.group_id)
                 if route_key is not None:
@@ -971,7 +973,7 @@ class AmqpServer:
             if not producer.tally.settle(condition):
                 return
             producer, condition = producer.producer, producer.tally.refusal
-        elif self.tracer.sends:
+        if self.tracer.sends:
             self.tracer.send_settled(delivery, condition)
         if not producer.alive:
             return

@@ -6,7 +6,8 @@ once per batch; it never touches a file. Rules:
 - Only traced queues (settings.trace) cost anything: the loop asks `traced(queue)` first, and only then
   is the message's identity (application properties "producer" and "sequence") read from its bytes.
 - A send line is written where the producer is attached, when the node settles the send (its outcome is
-  the node's decision, stamped then); an enqueue line where the message enters its queue (a forwarded
+  the node's decision, stamped then; a multicast send: one per traced subscription queue, all with the
+  send's one outcome); an enqueue line where the message enters its queue (a forwarded
   message: at the group's node); delivery lines where the consumer is attached, once their fate is known:
   the consumer's outcome (a removal waiting for the journal: once it is on disk, or `settle_confirmed`
   false if the write failed), or "dropped" when the link ends first.
@@ -29,7 +30,8 @@ class Tracer:
         self.writer = writer  # node.store.trace.TraceWriter, or None: traces are written nowhere (tests)
         self.clock_ms = clock_ms
         self.lines: list[dict] = []  # this batch's lines, for the writer
-        self.sends: dict = {}  # proton delivery pointer of a traced send -> its line, until settled
+        # proton delivery pointer of a traced send -> its lines (one per traced copy of a multicast send)
+        self.sends: dict = {}
         self.deliveries: dict[int, dict] = {}  # consumer id -> {proton delivery pointer: line}, until settled
         self._consumers: dict[int, str] = {}  # consumer id -> queue, for the traced queues' consumers
 
@@ -47,19 +49,20 @@ class Tracer:
 
     def send_arrived(self, delivery, queue: str, group: str | None, payload: bytes, now_ms: int) -> None:
         producer, sequence = codec.read_trace_identity(payload)
-        self.sends[delivery] = {"kind": "send", "producer": producer, "node": self.node_id, "queue": queue,
-                                 "group": group, "sequence": sequence, "sent_ms": now_ms}
+        self.sends.setdefault(delivery, []).append({
+            "kind": "send", "producer": producer, "node": self.node_id, "queue": queue, "group": group,
+            "sequence": sequence, "sent_ms": now_ms})
 
     def send_settled(self, delivery, condition: tuple | None) -> None:
-        line = self.sends.pop(delivery, None)
-        if line is None:
-            return
-        line["settled_ms"] = self.clock_ms()
-        if condition is None:
-            line.update(outcome="accepted", condition=None)
-        else:
-            line.update(outcome="rejected", condition=condition[0], description=condition[1])
-        self.lines.append(line)
+        lines = self.sends.pop(delivery, ())
+        settled_ms = self.clock_ms() if lines else 0
+        for line in lines:
+            line["settled_ms"] = settled_ms
+            if condition is None:
+                line.update(outcome="accepted", condition=None)
+            else:
+                line.update(outcome="rejected", condition=condition[0], description=condition[1])
+            self.lines.append(line)
 
     def enqueued(self, queue: str, message) -> None:
         producer, sequence = codec.read_trace_identity(message.payload)

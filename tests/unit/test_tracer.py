@@ -117,3 +117,14 @@ def test_a_presettled_delivery_is_an_acceptance_at_once_and_a_message_without_id
 def test_trace_is_left_out_of_an_untraced_queue_record_for_older_nodes():
     assert "trace" not in QueueSettings("plain").to_dict()
     assert QueueSettings.from_dict(QueueSettings("orders", trace=True).to_dict()).trace
+
+
+def test_a_multicast_send_has_a_line_per_traced_copy_all_with_its_one_outcome():
+    tracer = tracer_for(QueueSettings("prices.a", trace=True), QueueSettings("prices.b", trace=True))
+    payload = message("IBM", "p0", 1).payload
+    tracer.send_arrived("send-1", "prices.a", "IBM", payload, 990)
+    tracer.send_arrived("send-1", "prices.b", "IBM", payload, 990)
+    tracer.send_settled("send-1", None)
+    assert [(line["queue"], line["outcome"]) for line in tracer.lines] == [
+        ("prices.a", "accepted"), ("prices.b", "accepted")]
+    assert not tracer.sends
