@@ -868,8 +868,8 @@ class Queue:
 
     def group_head_messages(self, group_key, count: int | None, bodies: bool = True) -> list[Message]:
         """The first `count` available messages of a group (all with None), left in place. With
-        `bodies` they end before the first one whose body is paged out, whose page-in is asked for
-        (a move copies bodies: the caller moves what it got, and the rest once it is back)."""
+        `bodies` they end before the first one whose body is paged out, and the group's next bodies are
+        asked for (a move copies bodies: the caller moves what it got; called again, the next window)."""
         group = self._group(group_key)
         head: list[Message] = []
         for message in group.messages():
@@ -877,7 +877,7 @@ class Queue:
                 break
             if message.state == AVAILABLE:
                 if bodies and message.flags & PAGED:
-                    self.pager.want_whole(group)
+                    self.pager.want(group)  # the next window, within the read-ahead room: never a whole backlog
                     break
                 head.append(message)
         return head

@@ -324,3 +324,22 @@ def test_a_group_whose_owner_grants_no_credit_reads_nothing_ahead():
     assert queue.pager.fetched_bytes + queue.pager.requested_bytes == 0
     queue.set_credit("c", 1, 0, effects)
     assert [e.seqs for e in effects if type(e) is PageIn] == [(2, 3)]
+
+
+def test_a_move_takes_the_resident_head_of_a_group_and_the_rest_once_its_bodies_are_back():
+    broker = Broker()
+    source = broker.declare_queue(QueueSettings(name="q", memory_max_bytes=10))
+    broker.declare_queue(QueueSettings(name="archive"))
+    stores = []
+    for _ in range(3):
+        stores += [(e.queue, e.message) for e in broker.enqueue("q", Message(b"x" * 10, "a"), 0) if type(e) is Stored]
+    broker.journalled(stores, 0)  # 2 and 3 paged
+    moved, effects = broker.move_group("q", "a", "archive", None, 0)
+    assert moved == 1
+    assert [e.seqs for e in effects if type(e) is PageIn] == [(2, 3)]
+    assert all(e.message.payload is not None for e in effects if type(e) is Stored)
+    source.page_in({2: b"y" * 10, 3: b"z" * 10}, 0, [])
+    moved, effects = broker.move_group("q", "a", "archive", None, 0)
+    assert moved == 2
+    assert [e.message.payload for e in effects if type(e) is Stored] == [b"y" * 10, b"z" * 10]
+    assert source.depth_messages == 0 and source.pager.fetched_bytes == 0
