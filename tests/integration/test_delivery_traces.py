@@ -13,6 +13,7 @@ from proton import Delivery
 from tests.drills.checker import check, load_jsonl
 from tests.integration.clients import queue_toml
 from tests.integration.harness import ManualReceiver, connect, grouped, send_outcome, wait_until
+from tests.integration.test_node_endpoints import get, metric
 
 CONFIG = queue_toml("orders", trace=True, depth_max_messages=3) + """
 [[address]]
@@ -64,6 +65,9 @@ def test_a_traced_queue_logs_refusals_redeliveries_and_outcomes_as_a_client_woul
     report = check(sends, deliveries)
     assert report.ok and (report.accepted, report.refused, report.delivered, report.redeliveries) == (3, 1, 3, 1), \
         report.summary()
+    status, text = get(node, "/metrics")
+    assert status == 200 and metric(text, "grouper_trace_lines_written_total") == len(lines)
+    assert metric(text, "grouper_trace_lines_dropped_total") == metric(text, "grouper_trace_files_deleted_total") == 0
 
 
 def test_a_multicast_send_is_traced_for_its_traced_copy_only(node_factory):
