@@ -37,6 +37,9 @@ Engine loop thread only (other threads enter through `bridge`). Rules:
   With no subscription it is accepted and discarded, as Artemis does.
 - A subscription a topic attach made is deleted when its link ends, unless the link asked for a durable
   one (expiry policy never): that one goes only when the client closes the link (unsubscribes).
+- A traced queue's sends, deliveries and outcomes are told to the tracer (node/amqp/tracer.py) as they
+  happen here; its lines leave for the trace writer's thread once per batch. An untraced queue costs a
+  settings lookup per delivery and nothing else.
 """
 
 from __future__ import annotations
