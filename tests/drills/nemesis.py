@@ -356,16 +356,13 @@ class Campaign:
                        for (queue, index), count in counts.items())
         self.wait(known, f"consumers known: {counts}", PROGRESS_TIMEOUT_S)
 
-    def truncation_lines(self) -> list[int]:
-        return [sum(1 for line in node.output if TRUNCATION_MARK in line) for node in self.cluster.nodes]
-
     # ---- one round -----------------------------------------------------------------------------
 
     def play(self, kind: str, seed: int) -> RoundResult:
         """One round of `kind` chosen by `seed`; never raises for what the round found (see `failure`)."""
         self.rounds += 1
         result = RoundResult(kind, seed, self.rounds)
-        truncations_before = self.truncation_lines()
+        output_marks = [len(node.output) for node in self.cluster.nodes]
         logs = self.directory / f"round{self.rounds:03d}-{kind}-{seed}"
         logs.mkdir(parents=True)
         load = Load([], [])
@@ -378,7 +375,14 @@ class Campaign:
             result.failure = f"{type(error).__name__}: {error}"
         finally:
             self._revive()
-        result.truncation_lines = sum(self.truncation_lines()) - sum(truncations_before)
+        # each node's lines of this round beside the clients' logs, written as the round ends, so a
+        # campaign that has to be killed keeps them (close() writes the whole of each node's output too)
+        truncations = 0
+        for index, (node, mark) in enumerate(zip(self.cluster.nodes, output_marks)):
+            lines = node.output[mark:]
+            truncations += sum(1 for line in lines if TRUNCATION_MARK in line)
+            (logs / f"node{index}.log").write_text("\n".join(lines) + "\n")
+        result.truncation_lines = truncations
         (logs / "result.json").write_text(json.dumps(dataclasses.asdict(result), indent=1) + "\n")
         return result
 
@@ -567,8 +571,9 @@ def judge(result: RoundResult, logs: Path) -> None:
     result.order_violations, result.double_held = len(report.order_violations), len(report.exclusivity_violations)
     result.refused_delivered, result.unexpected = len(report.refused_delivered), len(report.unexpected)
     result.late_redeliveries = result.late_duplicates = 0
+    earlier_rounds: dict[str, _EarlierRound | None] = {}  # each earlier round's logs are read once
     for line in late:
-        verdict = _late_verdict(line, logs.parent)
+        verdict = _late_verdict(line, logs.parent, earlier_rounds)
         if verdict is None:
             result.unexpected += 1
         elif verdict:
@@ -585,26 +590,40 @@ def judge(result: RoundResult, logs: Path) -> None:
     result.refused_conditions = conditions
 
 
-def _late_verdict(delivery: dict, campaign: Path) -> bool | None:
+class _EarlierRound:
+    """An earlier round's sends and confirmed acceptances, by message identity (producer, group, sequence)."""
+
+    def __init__(self, logs: Path):
+        sends, deliveries = round_lines(logs)
+        self.sends: dict[tuple, list[dict]] = {}
+        for line in sends:
+            self.sends.setdefault((line["producer"], line["group"], line["sequence"]), []).append(line)
+        self.confirmed = {(line["producer"], line["group"], line["sequence"]) for line in deliveries
+                          if line["outcome"] == "accepted" and line.get("settle_confirmed", True)}
+
+
+def _late_verdict(delivery: dict, campaign: Path, earlier_rounds: dict) -> bool | None:
     """For a delivery of an earlier round's message: True if legal (no consumer of that round was told it
-    was gone, and its send was not refused outright), False if a violation, None if no round sent it."""
+    was gone, and its send was not refused outright), False if a violation, None if no round sent it.
+    `earlier_rounds` caches each earlier round's logs by round number: a round after a long outage may
+    judge thousands of late deliveries, and reading the earlier round's logs for each was quadratic."""
     producer = str(delivery.get("producer"))
     number = producer[1:].split("-", 1)[0]
     if not (producer.startswith("r") and number.isdigit()):
         return None
-    earlier = sorted(campaign.glob(f"round{int(number):03d}-*"))
-    if not earlier:
+    if number not in earlier_rounds:
+        found = sorted(campaign.glob(f"round{int(number):03d}-*"))
+        earlier_rounds[number] = _EarlierRound(found[0]) if found else None
+    earlier = earlier_rounds[number]
+    if earlier is None:
         return None
-    sends, deliveries = round_lines(earlier[0])
     key = (delivery["producer"], delivery["group"], delivery["sequence"])
-    sent = [line for line in sends if (line["producer"], line["group"], line["sequence"]) == key]
+    sent = earlier.sends.get(key)
     if not sent:
         return None
     refused = all(line["outcome"] not in ("accepted", "timeout")
                   and not (line.get("description") or "").startswith(OUTCOME_UNKNOWN_PREFIX) for line in sent)
-    confirmed = any((line["producer"], line["group"], line["sequence"]) == key and line["outcome"] == "accepted"
-                    and line.get("settle_confirmed", True) for line in deliveries)
-    return not (refused or confirmed)
+    return not (refused or key in earlier.confirmed)
 
 
 def rejudge(campaign: Path) -> list[dict]:
