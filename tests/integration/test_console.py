@@ -193,22 +193,13 @@ def test_the_console_shows_the_cluster_lists_groups_and_resets_one(cluster, driv
         assert "1 owner(s) let go" in text_of(driver, "action-result")
         rows = {row["group"]: row for row in cluster.groups(QUEUE)}
         assert rows["g-reset"]["consumer"] is None and rows["g-reset"]["messages"] == 2  # the admin API agrees
-        wait_page(driver, lambda: group_row(driver, "g-b").find_element("class name", "move").click() or True,
-                  "g-b's Move button")
-        prompt = wait_page(driver, lambda: _alert(driver), "the destination prompt")
-        prompt.send_keys(MOVED_TO)
-        prompt.accept()
-        confirm(driver, f"Move group g-b of queue orders to queue {MOVED_TO}?")
+        act_on_group(driver, "g-b", "move", MOVED_TO, f"Move group g-b of queue orders to queue {MOVED_TO}?")
         wait_page(driver, lambda: group_row(driver, "g-b") is None, "g-b gone from orders")
         assert text_of(driver, "action-result") == f"group g-b: 1 message(s) moved to {MOVED_TO}"
         assert [(row["group"], row["messages"]) for row in cluster.groups(MOVED_TO)] == [("g-b", 1)]
         # Qpid's reroute, for one group: its backlog goes to the other queue, in order, once stored there
-        wait_page(driver, lambda: group_row(driver, "g-a").find_element("class name", "reroute").click() or True,
-                  "g-a's Reroute button")
-        prompt = wait_page(driver, lambda: _alert(driver), "the reroute's destination prompt")
-        prompt.send_keys(MOVED_TO)
-        prompt.accept()
-        confirm(driver, f"Reroute every available message of group g-a of queue orders to {MOVED_TO}?")
+        act_on_group(driver, "g-a", "reroute", MOVED_TO,
+                     f"Reroute every available message of group g-a of queue orders to {MOVED_TO}?")
         wait_page(driver, lambda: group_row(driver, "g-a") is None, "g-a gone from orders")
         assert text_of(driver, "action-result") == f"group g-a of queue orders: 2 message(s) rerouted to {MOVED_TO}"
         assert sorted((row["group"], row["messages"]) for row in cluster.groups(MOVED_TO)) == [("g-a", 2), ("g-b", 1)]
@@ -238,6 +229,16 @@ def confirm(chromium, expected: str) -> None:
     alert = wait_page(chromium, lambda: _alert(chromium), "a confirmation dialog")
     assert expected in alert.text, alert.text
     alert.accept()
+
+
+def act_on_group(chromium, group: str, button: str, destination: str, question: str) -> None:
+    """Click a group row's action button, give the destination it prompts for, confirm `question`."""
+    wait_page(chromium, lambda: group_row(chromium, group).find_element("class name", button).click() or True,
+              f"{group}'s {button} button")
+    prompt = wait_page(chromium, lambda: _alert(chromium), f"the {button} destination prompt")
+    prompt.send_keys(destination)
+    prompt.accept()
+    confirm(chromium, question)
 
 
 def test_a_queue_is_added_and_deleted_through_the_page(cluster, driver):
