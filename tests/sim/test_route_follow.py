@@ -28,12 +28,18 @@ def scripted(seed: int, **overrides) -> Simulation:
     return Simulation(seed, **settings)
 
 
-def test_groups_follow_consumers_that_move_between_nodes_through_every_fault():
+def sweep(seeds: int, **overrides) -> collections.Counter:
+    """The summaries of `seeds` random runs with groups following their consumers, added up."""
     totals: collections.Counter = collections.Counter()
-    for seed in range(FOLLOW_SWEEP_SEEDS):
-        sim = Simulation(seed, nodes=NODES_BY_SEED[seed % len(NODES_BY_SEED)],
-                         route_follow_ms=ROUTE_FOLLOW_MS).run(SWEEP_STEPS)
+    for seed in range(seeds):
+        sim = Simulation(seed, nodes=NODES_BY_SEED[seed % len(NODES_BY_SEED)], route_follow_ms=ROUTE_FOLLOW_MS,
+                         **overrides).run(SWEEP_STEPS)
         totals.update(sim.summary())
+    return totals
+
+
+def test_groups_follow_consumers_that_move_between_nodes_through_every_fault():
+    totals = sweep(FOLLOW_SWEEP_SEEDS)
     for counted in ("migrations", "moves_begun", "moves_done", "messages_handed_over", "messages_relayed",
                     "messages_parked", "crashes", "torn_tails", "leader_outages", "snapshots", "redeliveries"):
         assert totals[counted] > 0, (counted, totals)
@@ -41,22 +47,14 @@ def test_groups_follow_consumers_that_move_between_nodes_through_every_fault():
 
 
 def test_groups_follow_consumers_past_small_outbound_bounds_which_handovers_and_relays_may_pass():
-    totals: collections.Counter = collections.Counter()
-    for seed in range(FOLLOW_OUTBOUND_BOUND_SEEDS):
-        sim = Simulation(seed, nodes=NODES_BY_SEED[seed % len(NODES_BY_SEED)], route_follow_ms=ROUTE_FOLLOW_MS,
-                         outbound_max_bytes=40).run(SWEEP_STEPS)
-        totals.update(sim.summary())
+    totals = sweep(FOLLOW_OUTBOUND_BOUND_SEEDS, outbound_max_bytes=40)
     for counted in ("moves_done", "messages_handed_over", "outbound_refused"):
         assert totals[counted] > 0, (counted, totals)
     assert totals["moves_done"] == totals["moves_begun"]
 
 
 def test_groups_follow_consumers_with_failed_journal_writes_too():
-    totals: collections.Counter = collections.Counter()
-    for seed in range(FOLLOW_JOURNAL_FAIL_SEEDS):
-        sim = Simulation(seed, nodes=NODES_BY_SEED[seed % len(NODES_BY_SEED)], route_follow_ms=ROUTE_FOLLOW_MS,
-                         journal_fail_rate=0.02).run(SWEEP_STEPS)
-        totals.update(sim.summary())
+    totals = sweep(FOLLOW_JOURNAL_FAIL_SEEDS, journal_fail_rate=0.02)
     for counted in ("moves_done", "journal_failures", "stops"):
         assert totals[counted] > 0, (counted, totals)
 
