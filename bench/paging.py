@@ -313,7 +313,7 @@ def render_section(reports: list[dict]) -> str:
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     memory = [r for r in reports if r["mode"] in ("recovered", "sent")]
     drains = [r for r in reports if r["mode"] == "drain"]
-    for report in sorted(memory, key=lambda r: (r["mode"], r["messages"], r["groups"])):
+    for report in sorted(memory, key=lambda r: (r["mode"], r["messages"], r["groups"], -r["budget_bytes"])):
         result = report["result"]
         own_groups = report["groups"] >= report["messages"]
         target_mb = RSS_TARGET_OWN_GROUPS_MB if own_groups else RSS_TARGET_SHARED_GROUPS_MB
@@ -405,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report))
     RESULTS_DIR.mkdir(exist_ok=True)
     suffix = f"-{groups}g" if args.mode != "drain" else ""
+    if args.mode != "drain" and args.budget_bytes != DEFAULT_BUDGET_BYTES:
+        suffix += f"-{args.budget_bytes}b"  # a run under another budget is a row of its own, not a replacement
     (RESULTS_DIR / f"paging-{args.mode}-{messages}{suffix}.json").write_text(json.dumps(report, indent=1) + "\n")
     write_section(args.out, SECTION_HEADING, render_section(load_reports()))
     if args.work_dir is None:
