@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 
 import clients
 from node.amqp.engine import (ACCEPTED, CONNECTION_REMOTE_CLOSE, DELIVERY, LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH,
-                              LINK_REMOTE_OPEN, MODIFIED, NULL, REJECTED, RELEASED, TRANSPORT_ERROR,
-                              condition_text, delivery_tag, ffi, lib, tag_value)
+                              LINK_REMOTE_OPEN, MODIFIED, REJECTED, RELEASED, TRANSPORT_ERROR,
+                              condition_text, delivery_tag, ffi, lib, tag_value, terminus_present)
 from node.tools.lean import (SELECT_TIMEOUT_S, WINDOW_MESSAGES, RECEIVE_BUFFER_BYTES, Endpoint, LeanError,
                              MessageEncoder, Pump, _problem, credentials, is_loopback, read_fields, tls_context)
 
@@ -68,7 +68,7 @@ class Producer:
             if lib.pn_delivery_updated(delivery):
                 self._outcome(delivery)
         elif kind == LINK_REMOTE_OPEN:
-            self.opened = lib.pn_link_remote_target(self.link) != NULL
+            self.opened = terminus_present(lib.pn_link_remote_target(self.link))  # null: refused
         elif kind in (LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH, CONNECTION_REMOTE_CLOSE, TRANSPORT_ERROR):
             self.error = self.error or _problem(kind, event)
 
@@ -224,7 +224,7 @@ class Consumers:
             link = lib.pn_event_link(event)
             consumer = self.by_link.get(link)
             if consumer is not None:
-                consumer.opened = lib.pn_link_remote_source(link) != NULL
+                consumer.opened = terminus_present(lib.pn_link_remote_source(link))  # null: refused
         elif kind in (LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH):
             consumer = self.by_link.get(lib.pn_event_link(event))
             if consumer is not None:

@@ -56,6 +56,12 @@ def text(pointer) -> str | None:
     return ffi.string(pointer).decode("utf-8", "replace")
 
 
+def terminus_present(terminus) -> bool:
+    """A link's remote source or target: False for a null one (a refused link, AMQP 1.0 2.6.3), which
+    proton shows as a terminus of type PN_UNSPECIFIED, never as a NULL pointer."""
+    return lib.pn_terminus_get_type(terminus) != lib.PN_UNSPECIFIED
+
+
 def set_condition(condition, name: str, description: str) -> None:
     lib.pn_condition_set_name(condition, name.encode())
     lib.pn_condition_set_description(condition, description.encode())

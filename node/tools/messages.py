@@ -5,7 +5,9 @@ Rules:
   waiting for its outcome. `grouper perf` (node/tools/perf.py) is the fast one.
 - `send` numbers the messages of each group 1, 2, ... in the application property SEQ_PROPERTY and
   gives each the message id GROUP-SEQ, so `receive` can show a group's order at a glance; with several
-  --group flags the messages go round-robin over the groups.
+  --group flags the messages go round-robin over the groups. It also names the message's identity as
+  node traces read it (node/amqp/codec.py: "producer", one name per run, and "sequence", the same
+  number), so a traced queue's `grouper audit` judges what `send` sent instead of calling it unexpected.
 - `receive` accepts each message after printing it; with --hold it settles none of them and keeps the
   link open until Ctrl-C (or --hold-s), so the node keeps those groups with this consumer meanwhile and
   another receiver gets none of their messages. Closing releases them to the next consumer, their
@@ -262,15 +264,18 @@ def _send(session: Session, args: argparse.Namespace) -> int:
     from proton import Message
     from proton.utils import SendException
 
+    from node.amqp.codec import TRACE_PRODUCER_KEY, TRACE_SEQUENCE_KEY  # here: the parser never imports proton
+
     sender = session.sender(args.queue)
+    producer = f"grouper-send-{os.getpid()}-{int(time.time() * 1000)}"  # one identity per run: sequences restart at 1
     next_seq = dict.fromkeys(args.group, 0)
     for number in range(args.count):
         group = args.group[number % len(args.group)]
         next_seq[group] += 1
         seq = next_seq[group]
         body = args.body if args.body is not None else f"{group} #{seq}"
-        message = Message(id=f"{group}-{seq}", group_id=group, durable=args.durable, properties={SEQ_PROPERTY: seq},
-                          body=body)
+        message = Message(id=f"{group}-{seq}", group_id=group, durable=args.durable, body=body,
+                          properties={SEQ_PROPERTY: seq, TRACE_PRODUCER_KEY: producer, TRACE_SEQUENCE_KEY: seq})
         try:
             sender.send(message, timeout=CONNECT_TIMEOUT_S)
         except SendException as error:

@@ -308,7 +308,7 @@ class Run:
 
     def _on_event(self, kind: int, event) -> None:
         from node.amqp.engine import (CONNECTION_REMOTE_CLOSE, DELIVERY, LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH,
-                                      LINK_REMOTE_OPEN, NULL, TRANSPORT_ERROR, lib)
+                                      LINK_REMOTE_OPEN, TRANSPORT_ERROR, lib, terminus_present)
         from node.tools.lean import _problem
 
         if kind == DELIVERY:
@@ -321,10 +321,11 @@ class Run:
         elif kind == LINK_REMOTE_OPEN:
             link = lib.pn_event_link(event)
             state = self.by_link.get(link)
+            # a refused link's attach has a null terminus, then a detach names why
             if isinstance(state, _Consumer):
-                state.opened = lib.pn_link_remote_source(link) != NULL
+                state.opened = terminus_present(lib.pn_link_remote_source(link))
             elif state is not None:
-                state.opened = lib.pn_link_remote_target(link) != NULL
+                state.opened = terminus_present(lib.pn_link_remote_target(link))
         elif kind in (LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH):
             state = self.by_link.get(lib.pn_event_link(event))
             if state is not None and not state.error:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from proton import Delivery
 
 from tests.drills.checker import check, load_jsonl
+from tests.integration.cli import grouper_ok
 from tests.integration.clients import queue_toml
 from tests.integration.harness import ManualReceiver, connect, grouped, send_outcome, wait_until
 from tests.integration.test_node_endpoints import get, metric
@@ -106,3 +107,19 @@ def test_tracing_is_switched_on_by_queue_update_and_writes_nothing_before(node_f
     wait_until(lambda: (node.data_dir / "traces").exists() and trace_lines(node), "the first trace lines")
     # the message is in its queue before its send is settled (once on disk)
     assert [(line["kind"], line["sequence"]) for line in trace_lines(node)] == [("enqueue", 2), ("send", 2)]
+
+
+def test_what_grouper_send_sends_to_a_traced_queue_is_judged_by_its_identity_not_called_unexpected(node_factory):
+    # the README's first commands against a traced queue: `grouper send` names each message's identity
+    # (producer, sequence) as the trace reads it, so the trace's sends and deliveries match up
+    node = node_factory(CONFIG)
+    grouper_ok("send", "orders", "--group", "a", "--group", "b", "--count", "3", "--node", node.amqp_address)
+    grouper_ok("receive", "orders", "--count", "3", "--node", node.amqp_address)
+    wait_until(lambda: any(line["kind"] == "detach" for line in trace_lines(node)), "the trace's detach line")
+    lines = trace_lines(node)
+    sends = [line for line in lines if line["kind"] == "send"]
+    deliveries = [line for line in lines if line["kind"] == "delivery"]
+    assert [(line["group"], line["sequence"]) for line in sends] == [("a", 1), ("b", 1), ("a", 2)]
+    assert len({line["producer"] for line in sends}) == 1 and sends[0]["producer"].startswith("grouper-send-")
+    report = check(sends, deliveries)
+    assert report.ok and (report.accepted, report.delivered, len(report.unexpected)) == (3, 3, 0), report.summary()
