@@ -371,6 +371,10 @@ def render_section(reports: list[dict]) -> str:
                             + (f", {result['cpu_ratio']} by node CPU" if "cpu_ratio" in result else "")
                             + f"; target ≥ {DRAIN_RATIO_MIN}: {verdict(result['ratio'] >= DRAIN_RATIO_MIN)}")
         lines += [""] + [f"- {text}" for text in verdicts]
+        lines += ["", "The two drains of a pair run a minute or two apart on a machine whose load swings between 5 "
+                  "and 15, so their wall rates move with the neighbours as much as with paging; messages per node "
+                  "CPU second are the steadier comparison (the node's CPU over each drain includes its journal "
+                  "thread's reads of paged bodies)."]
     return "\n".join(lines) + "\n"
 
 
