@@ -158,27 +158,59 @@ def test_termination_grace_covers_the_pre_stop_sleep_and_the_nodes_clean_stop(st
     assert grace_s >= PRE_STOP_SLEEP_S + NODE_STOP_WAIT_S + 5
 
 
-def test_the_config_map_holds_queue_definitions_the_node_accepts_and_is_passed_with_config(tmp_path, documents,
-                                                                                           statefulset, container):
+# What a pod's memory holds beside the bodies, measured (docs/benchmarks.md): a queued message's record
+# with its body paged out (bench/memory.py, paged: 163 bytes, rounded up for its group's share), and a
+# route on one pod, node process and raft member together (bench/route_lifecycle.py live: 423 bytes)
+QUEUED_RECORD_BYTES = 200
+ROUTE_BYTES_PER_POD = 450
+POD_AT_REST_BYTES = 100 << 20  # node and raft member with no messages and no routes (96 MB measured)
+MEMORY_ENV = ("GROUPER_MESSAGE_MEMORY_MAX_BYTES", "GROUPER_ROUTES_MAX", "GROUPER_OUTBOUND_MAX_BYTES",
+              "GROUPER_OUTBOUND_TOTAL_MAX_BYTES")
+
+
+@pytest.fixture(scope="module")
+def config_map_config(tmp_path_factory, documents, statefulset, container):
     volumes = {v["name"]: v for v in statefulset["spec"]["template"]["spec"]["volumes"]}
     (mount,) = [m for m in container["volumeMounts"] if "configMap" in volumes.get(m["name"], {})]
     config_map = resource(documents, "ConfigMap", volumes[mount["name"]]["configMap"]["name"])
     config_flag = container["args"][container["args"].index("--config") + 1]
     assert os.path.dirname(config_flag) == mount["mountPath"] and mount["readOnly"] is True
-    text = config_map["data"][os.path.basename(config_flag)]
-    (tmp_path / "grouper.toml").write_text(text)
-    config = load(str(tmp_path / "grouper.toml"), environ={})
-    assert [queue.name for queue in config.queues] == ["orders", "carts", "carts.dlq"]
-    # queued messages live in memory: the declared queues together fit in half the pod's memory limit
-    depths_bytes = [queue.depth_max_bytes for queue in config.queues] + [config.template_settings().depth_max_bytes]
-    memory_limit_bytes = quantity(container["resources"]["limits"]["memory"], "memory")
-    assert 0 not in depths_bytes and sum(depths_bytes) <= memory_limit_bytes / 2, depths_bytes
+    path = tmp_path_factory.mktemp("config") / "grouper.toml"
+    path.write_text(config_map["data"][os.path.basename(config_flag)])
+    env = env_values(container)  # the settings of memory the StatefulSet sets (the rest need the pod's script)
+    return load(str(path), environ={key: env[key] for key in MEMORY_ENV})
 
+
+def test_the_config_map_holds_queue_definitions_the_node_accepts_and_is_passed_with_config(config_map_config):
+    assert [queue.name for queue in config_map_config.queues] == ["orders", "carts", "carts.dlq"]
+
+
+def test_queue_depths_are_bounded_by_the_volume_not_by_the_pods_memory(config_map_config, statefulset):
+    # bodies past the node's memory budget stay in the journal, so a queue's depth in bytes is a share of
+    # the volume: the declared queues and the auto-created template together take at most half of it
+    # (compaction writes a copy of the live records before it drops the old file)
+    config = config_map_config
+    settings = [*config.queues, config.template_settings()]
+    (claim,) = statefulset["spec"]["volumeClaimTemplates"]
+    volume_bytes = quantity(claim["spec"]["resources"]["requests"]["storage"], "storage")
+    assert 0 not in [queue.depth_max_bytes for queue in settings]
+    assert sum(queue.depth_max_bytes for queue in settings) <= volume_bytes / 2
+
+
+def test_what_a_pod_holds_in_memory_adds_up_to_within_its_limit(config_map_config, container):
+    config = config_map_config
+    settings = [*config.queues, config.template_settings()]
+    assert 0 not in [queue.depth_max_messages for queue in settings] and config.message_memory_max_bytes > 0
+    held_bytes = (POD_AT_REST_BYTES + config.message_memory_max_bytes
+                  + sum(queue.depth_max_messages for queue in settings) * QUEUED_RECORD_BYTES
+                  + config.routes_max * ROUTE_BYTES_PER_POD + config.outbound_total_max_bytes)
+    memory_limit_bytes = quantity(container["resources"]["limits"]["memory"], "memory")
+    assert held_bytes <= memory_limit_bytes * 3 / 4, held_bytes  # a quarter left for Python's own overhead
 
 
 def test_the_outbound_store_is_bounded_well_inside_the_pods_memory_beside_the_queues(container):
-    # a dead owner's backlog is held in memory too until the outbound store pages: its bounds, with the
-    # queues' half, must leave the pod room
+    # a dead owner's backlog is held in memory too until the outbound store pages: its bounds must leave
+    # the pod room (the sum above counts them)
     env = env_values(container)
     config = load(environ={key: env[key] for key in ("GROUPER_OUTBOUND_MAX_BYTES", "GROUPER_OUTBOUND_TOTAL_MAX_BYTES")})
     memory_limit_bytes = quantity(container["resources"]["limits"]["memory"], "memory")
