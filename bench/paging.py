@@ -354,7 +354,7 @@ def render_section(reports: list[dict]) -> str:
                   "| peak resident MB | load | date, commit |",
                   "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         verdicts = []
-        for report in sorted(drains, key=lambda r: r["messages"]):
+        for report in sorted(drains, key=lambda r: (r["messages"], r["date"])):
             result = report["result"]
             if "failed" in result and "paged" not in result:
                 lines.append(f"| {report['messages']:,} | {report['groups']:,} | failed: {result['failed']} "
@@ -394,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small-budget-bytes", type=int, default=SMALL_BUDGET_BYTES, help="drain: the paged run's")
     parser.add_argument("--large-budget-bytes", type=int, default=LARGE_BUDGET_BYTES, help="drain: the in-memory run's")
     parser.add_argument("--work-dir", type=Path, help="where data dirs and node logs go (default: a temporary dir)")
+    parser.add_argument("--tag", default="", help="appended to the results file's name, so a repeat is kept beside "
+                        "the first run instead of replacing it")
     parser.add_argument("--out", type=Path, default=REPORT_PATH, help="markdown file whose section is written")
     args = parser.parse_args(argv)
     if args.mode == "render":
@@ -424,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     suffix = f"-{groups}g" if args.mode != "drain" else ""
     if args.mode != "drain" and args.budget_bytes != DEFAULT_BUDGET_BYTES:
         suffix += f"-{args.budget_bytes}b"  # a run under another budget is a row of its own, not a replacement
+    if args.tag:
+        suffix += f"-{args.tag}"
     (RESULTS_DIR / f"paging-{args.mode}-{messages}{suffix}.json").write_text(json.dumps(report, indent=1) + "\n")
     write_section(args.out, SECTION_HEADING, render_section(load_reports()))
     if args.work_dir is None:
