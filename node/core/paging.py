@@ -38,12 +38,21 @@ from node.core.message import AVAILABLE, FETCHED, JOURNALLED, PAGED, REMOVED, RE
 READ_AHEAD_MESSAGES = 32  # messages from a group's head whose bodies are asked for together
 READ_AHEAD_BYTES_MAX = 4 << 20  # bodies per queue asked for or read back and not yet delivered
 PAGE_OUT_SCAN_MAX = 4096  # unjournalled bodies page-out steps over at the newest end before it stops
+# The pageable list keeps messages in admission order and drops the stale ones (delivered, removed, paged
+# since) when page-out meets them; a queue under its budget never pages out, so the list is also swept
+# whenever it has doubled in entries since its last sweep (at least PAGEABLE_SWEEP_MIN), or its stale
+# entries' bodies pass both the pageable bytes and PAGEABLE_SWEEP_MIN_BYTES: stale entries hold their
+# bodies, and unswept they would keep every message the queue ever had in memory (a few large ones are
+# as costly as many small ones, so bytes count as well as entries)
+PAGEABLE_SWEEP_MIN = 1024
+PAGEABLE_SWEEP_MIN_BYTES = 1 << 20
 
 
 class Pager:
     __slots__ = ("queue_name", "budget_bytes", "pageable_bytes", "fetched_bytes", "requested_bytes",
                  "paged_bytes", "_pageable", "_requested", "_browse_seqs", "_wanting", "_wanting_set",
-                 "_whole", "read_ahead_bytes_max", "page_ins", "page_outs")
+                 "_whole", "read_ahead_bytes_max", "page_ins", "page_outs", "_sweep_at",
+                 "_listed_bytes")
 
     def __init__(self, queue_name: str, budget_bytes: int = 0, read_ahead_bytes_max: int = READ_AHEAD_BYTES_MAX):
         self.queue_name = queue_name
@@ -53,7 +62,9 @@ class Pager:
         self.fetched_bytes = 0  # read back or returned, not yet delivered
         self.requested_bytes = 0  # asked for, not yet back
         self.paged_bytes = 0  # available, body only in the journal
-        self._pageable: deque[Message] = deque()  # admission order; stale entries dropped when met
+        self._pageable: deque[Message] = deque()  # admission order; stale entries dropped when met or swept
+        self._sweep_at = PAGEABLE_SWEEP_MIN  # the list's length at which it is swept of stale entries
+        self._listed_bytes = 0  # bodies of the list's entries, stale ones included
         self._requested: dict[int, Message] = {}  # seq -> message whose body is asked for
         self._browse_seqs: set[int] = set()  # of those, asked for by a browser only
         self._wanting: deque = deque()  # groups (None: the ungrouped lane) waiting to ask, in order
@@ -70,7 +81,18 @@ class Pager:
             self.paged_bytes += message.size_bytes
         else:
             self.pageable_bytes += message.size_bytes
-            self._pageable.append(message)
+            self._list(message)
+
+    def _list(self, message: Message) -> None:
+        pageable = self._pageable
+        pageable.append(message)
+        self._listed_bytes += message.size_bytes
+        stale_bytes = self._listed_bytes - self.pageable_bytes
+        if len(pageable) >= self._sweep_at or stale_bytes > max(PAGEABLE_SWEEP_MIN_BYTES, self.pageable_bytes):
+            # amortized: a sweep follows a doubling of the entries, or as many stale bytes as live ones
+            self._pageable = pageable = deque(listed for listed in pageable if _pageable(listed))
+            self._sweep_at = max(PAGEABLE_SWEEP_MIN, 2 * len(pageable))
+            self._listed_bytes = sum(listed.size_bytes for listed in pageable)
 
     def delivered(self, message: Message) -> None:
         """`message` leaves the available ones for a consumer; its body is resident (the queue checked)."""
@@ -102,6 +124,8 @@ class Pager:
     def clear(self) -> None:
         self.pageable_bytes = self.fetched_bytes = self.paged_bytes = self.requested_bytes = 0
         self._pageable.clear()
+        self._sweep_at = PAGEABLE_SWEEP_MIN
+        self._listed_bytes = 0
         self._requested.clear()
         self._browse_seqs.clear()
         self._wanting.clear()
@@ -119,9 +143,10 @@ class Pager:
         freed = 0
         while self.pageable_bytes > target_bytes and pageable and len(aside) < PAGE_OUT_SCAN_MAX:
             message = pageable.pop()
-            flags = message.flags
-            if flags & (STATE_MASK | PAGED | FETCHED) != AVAILABLE:
+            self._listed_bytes -= message.size_bytes
+            if not _pageable(message):
                 continue  # stale: delivered, removed, paged or read back since it was listed
+            flags = message.flags
             if not flags & JOURNALLED or (held_keys and message.group is not None
                                           and message.group.key in held_keys):
                 aside.append(message)  # its write is not reported yet (or failed), or its group is held
@@ -135,6 +160,7 @@ class Pager:
         if aside:
             aside.reverse()
             pageable.extend(aside)
+            self._listed_bytes += sum(message.size_bytes for message in aside)
         return freed
 
     # ---- page-in -------------------------------------------------------------------------------
@@ -215,7 +241,7 @@ class Pager:
         if browse:
             message.flags &= ~PAGED
             self.pageable_bytes += message.size_bytes
-            self._pageable.append(message)
+            self._list(message)
         else:
             message.flags = message.flags & ~PAGED | FETCHED
             self.fetched_bytes += message.size_bytes
@@ -224,3 +250,8 @@ class Pager:
     @property
     def waiting(self) -> bool:
         return bool(self._wanting)
+
+
+def _pageable(message: Message) -> bool:
+    """Available, resident and not read back: what page-out may take (else a stale list entry)."""
+    return message.flags & (STATE_MASK | PAGED | FETCHED) == AVAILABLE

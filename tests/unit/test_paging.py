@@ -343,3 +343,42 @@ def test_a_move_takes_the_resident_head_of_a_group_and_the_rest_once_its_bodies_
     assert moved == 2
     assert [e.message.payload for e in effects if type(e) is Stored] == [b"y" * 10, b"z" * 10]
     assert source.depth_messages == 0 and source.pager.fetched_bytes == 0
+
+
+def test_a_queue_under_its_budget_keeps_no_message_it_no_longer_has():
+    # never over budget, so page-out never runs and never meets the stale entries of the pageable list:
+    # the list is swept as it grows, or every message the queue ever had would stay in memory with its body
+    from node.core.paging import PAGEABLE_SWEEP_MIN
+
+    queue = Queue(QueueSettings(name="q", memory_max_bytes=1 << 30))
+    effects: list = []
+    queue.attach("c", False, 0, effects)
+    queue.set_credit("c", 1 << 30, 0, effects)
+    longest = delivered = 0
+    for seq in range(1, 20_001):
+        effects = []
+        queue.enqueue(Message(b"x" * 100, f"g{seq % 10}", seq=seq), 0, effects)
+        for effect in [e for e in effects if type(e) is Deliver]:
+            queue.settle("c", effect.delivery_id, Outcome.ACCEPTED, False, 0, [])
+            delivered += 1
+        longest = max(longest, len(queue.pager._pageable))
+    assert delivered == 20_000 and queue.pager.pageable_bytes == 0
+    assert longest <= 2 * PAGEABLE_SWEEP_MIN
+
+
+def test_a_few_large_messages_gone_from_a_queue_under_its_budget_are_not_kept_either():
+    # the soak's pattern: three 1 MiB bodies an episode, far fewer entries than a sweep by count waits for
+    from node.core.paging import PAGEABLE_SWEEP_MIN_BYTES
+
+    queue = Queue(QueueSettings(name="q", memory_max_bytes=1 << 30))
+    effects: list = []
+    queue.attach("c", False, 0, effects)
+    queue.set_credit("c", 1 << 30, 0, effects)
+    body_bytes = 1 << 20
+    for seq in range(1, 201):
+        effects = []
+        queue.enqueue(Message(b"x" * body_bytes, "L", seq=seq), 0, effects)
+        for effect in [e for e in effects if type(e) is Deliver]:
+            queue.settle("c", effect.delivery_id, Outcome.ACCEPTED, False, 0, [])
+        held_bytes = sum(m.size_bytes for m in queue.pager._pageable if m.payload is not None)
+        assert held_bytes <= PAGEABLE_SWEEP_MIN_BYTES + body_bytes, (seq, held_bytes)
