@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import clients  # noqa: E402
 import lean  # noqa: E402
 import peers  # noqa: E402
-from report_file import write_section  # noqa: E402
+from report_file import commit, write_section  # noqa: E402
 from proton import Message  # noqa: E402
 from proton.handlers import MessagingHandler  # noqa: E402
 from proton.reactor import Container  # noqa: E402
@@ -1875,11 +1875,6 @@ def previous_summary(path: Path) -> dict | None:
             "flows": {row["key"]: {"throughput_per_s": row.get("throughput_per_s"),
                                    "broker_cpu_us_per_msg": row.get("broker_cpu_us_per_msg")}
                       for row in earlier.get("flows", []) if row.get("unique")}}
-
-
-def commit() -> str:
-    return subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip() or "unknown"
 
 
 def machine_facts() -> dict:

@@ -50,7 +50,7 @@ import clients  # noqa: E402
 import lean  # noqa: E402
 import peers  # noqa: E402
 import recovery  # noqa: E402
-from report_file import write_section  # noqa: E402
+from report_file import commit, write_section  # noqa: E402
 from route_lifecycle import CountingConsumers  # noqa: E402
 
 SECTION_HEADING = "## Paging: node memory and paged drains"
@@ -95,7 +95,7 @@ class Node:
 
     def __init__(self, data_dir: Path, budget_bytes: int, log_path: Path, declare_queue: bool = False):
         self.data_dir = data_dir
-        self.amqp_port, self.admin_port, self.http_port = (recovery.free_port() for _ in range(3))
+        self.amqp_port, self.admin_port, self.http_port = (peers.free_port() for _ in range(3))
         config_path = data_dir.parent / f"node-{budget_bytes}.toml"
         config = f"[node]\nmessage_memory_max_bytes = {budget_bytes}\n"
         if declare_queue:  # an empty data dir (`sent`): the queue a recovered journal declares, without depth limits
@@ -128,8 +128,8 @@ class Node:
     def sample(self) -> dict:
         metrics = recovery.http_get(self.http_port, "/metrics")[1]
         pid = self.process.pid
-        return {"rss_mb": round(recovery.proc_status_kib(pid, "VmRSS") * 1024 / MB, 1),
-                "peak_rss_mb": round(recovery.proc_status_kib(pid, "VmHWM") * 1024 / MB, 1),
+        memory = peers.resident_bytes(pid)
+        return {"rss_mb": round(memory["VmRSS"] / MB, 1), "peak_rss_mb": round(memory["VmHWM"] / MB, 1),
                 "node_cpu_s": round(recovery.cpu_seconds(pid), 1),
                 "depth": metric(metrics, "grouper_queue_depth_messages"),
                 "resident_body_mib": round((metric(metrics, "grouper_queue_resident_bytes") or 0) / MIB, 1),
@@ -252,7 +252,7 @@ def drain_once(work_dir: Path, messages: int, groups: int, budget_bytes: int) ->
             now = time.monotonic()
             if total != last_total:
                 last_total, last_progress = total, now
-                peak_rss_mb = max(peak_rss_mb, recovery.proc_status_kib(node.process.pid, "VmRSS") * 1024 / MB)
+                peak_rss_mb = max(peak_rss_mb, peers.resident_bytes(node.process.pid)["VmRSS"] / MB)
             elif now - last_progress > STALL_TIMEOUT_S:
                 raise RuntimeError(f"the drain stalled at {total:,} of {messages:,}; see {node.log_path}")
         drain_s = time.monotonic() - started
@@ -286,11 +286,6 @@ def run_drain(work_dir: Path, messages: int, groups: int, large_budget_bytes: in
 
 
 # ---- the report -------------------------------------------------------------------------------
-
-def commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                          text=True).stdout.strip() or "?"
-
 
 def verdict(met: bool) -> str:
     return "**met**" if met else "**missed**"

@@ -78,6 +78,16 @@ def _process_table() -> dict[int, tuple[int, float]]:
     return table
 
 
+def resident_bytes(pid: int | str = "self") -> dict:
+    """{"VmRSS": bytes, "VmHWM": bytes} of one process from /proc (OSError once it is gone)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            fields[name] = int(value.split()[0]) * 1024
+    return fields
+
+
 def tree_cpu_seconds(root_pid: int) -> float:
     table = _process_table()
     children: dict[int, list[int]] = {}

@@ -24,7 +24,6 @@ import datetime
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from bench.report_file import write_section  # noqa: E402
+from bench.peers import free_port, resident_bytes  # noqa: E402
+from bench.report_file import commit, write_section  # noqa: E402
 from node.core.message import Message  # noqa: E402
 from node.core.settings import QueueSettings  # noqa: E402
 from node.store import records  # noqa: E402
@@ -70,19 +70,6 @@ def write_journal(data_dir: Path, messages: int, groups: int, body_bytes: int) -
         journal.flush()
         os.fsync(journal.fileno())
         return journal.tell()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
-
-
-def proc_status_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -122,9 +109,9 @@ def recover(data_dir: Path, log_path: Path) -> dict:
                 return {"failed": f"the node exited with {process.returncode} before it was ready; see {log_path}"}
             if http_get(http_port, "/readyz")[0] == 200:
                 ready_s = time.monotonic() - started
+                memory = resident_bytes(process.pid)
                 result = {"ready_s": round(ready_s, 1), "node_cpu_s": round(cpu_seconds(process.pid), 1),
-                          "rss_mib": round(proc_status_kib(process.pid, "VmRSS") / 1024),
-                          "peak_rss_mib": round(proc_status_kib(process.pid, "VmHWM") / 1024)}
+                          "rss_mib": round(memory["VmRSS"] / 2**20), "peak_rss_mib": round(memory["VmHWM"] / 2**20)}
                 result["depth"] = queue_depth(http_get(http_port, "/metrics")[1])
                 return result
             time.sleep(POLL_INTERVAL_S)
@@ -195,9 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     result = recover(data_dir, work_dir / "node.log")
     if "failed" not in result and result["depth"] != args.messages:
         result = {"failed": f"the queue's depth once ready was {result['depth']}, not {args.messages}"}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                            text=True).stdout.strip() or "?"
-    report = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit(),
               "messages": args.messages, "groups": args.groups, "body_bytes": args.body_bytes,
               "journal_mib": round(journal_bytes / 2**20), "load_start": load_start, "result": result}
     print(json.dumps(report))

@@ -6,7 +6,16 @@ running one benchmark never erases another's numbers.
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def commit() -> str:
+    """The checkout's short HEAD, which every report names ("unknown" outside a git checkout)."""
+    return subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip() or "unknown"
 
 
 def _sections(lines: list[str]) -> list[tuple[str, int, int]]:

@@ -37,7 +37,6 @@ import json
 import multiprocessing
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,7 +51,7 @@ import lean  # noqa: E402
 import peers  # noqa: E402
 from cluster import Cluster, NodeProcess, load_1m, machine_facts  # noqa: E402
 from node.amqp.engine import ACCEPTED, ffi, lib  # noqa: E402
-from report_file import write_section  # noqa: E402
+from report_file import commit, write_section  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
@@ -157,14 +156,10 @@ def consume(target, index: int, ready, stop, received) -> None:
 # ---- what the nodes show ----------------------------------------------------------------------
 
 def status_bytes(pid: int) -> dict:
-    values = {}
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            name, _, value = line.partition(":")
-            if name in ("VmRSS", "VmHWM"):
-                values[name] = int(value.split()[0]) * 1024
-    except OSError:
-        pass
+        values = peers.resident_bytes(pid)
+    except OSError:  # the process ended meanwhile: no figures
+        values = {}
     return {"rss_bytes": values.get("VmRSS"), "hwm_bytes": values.get("VmHWM")}
 
 
@@ -352,11 +347,6 @@ def groups_per_s(producers: list, accepted: int) -> int | None:
     if not firsts or not lasts or max(lasts) <= min(firsts):
         return None
     return round(accepted / ((max(lasts) - min(firsts)) / 1e9))
-
-
-def commit() -> str:
-    return subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip() or "unknown"
 
 
 # ---- the report -------------------------------------------------------------------------------

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import socket
 import sys
 import tempfile
 import threading
@@ -32,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.peers import free_port, resident_bytes  # noqa: E402
 from handler.leader_duties import GROUP_TIMEOUT_MS_DEFAULT  # noqa: E402
 from handler.member_process import MemberProcess  # noqa: E402
 from handler.route_table import ROUTES, RouteTable  # noqa: E402
@@ -53,19 +53,10 @@ def keys(count: int) -> list[tuple[str, str]]:
     return [(f"orders-{index % QUEUES}", f"{GROUP_PREFIX}{index}") for index in range(count)]
 
 
-def rss_bytes(pid: int | str = "self") -> dict:
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            fields[name] = int(value.split()[0]) * 1024
-    return fields
-
-
 def measure(build, *args) -> dict:
     """Bytes the structure `build(*args)` returns holds: tracemalloc's count and the resident set's growth."""
     gc.collect()
-    rss_before = rss_bytes()["VmRSS"]
+    rss_before = resident_bytes()["VmRSS"]
     tracemalloc.start()
     held = build(*args)
     gc.collect()
@@ -73,7 +64,7 @@ def measure(build, *args) -> dict:
     tracemalloc.stop()
     gc.collect()
     return {"traced_bytes": traced_bytes, "traced_peak_bytes": traced_peak_bytes,
-            "rss_growth_bytes": rss_bytes()["VmRSS"] - rss_before, "held": held}
+            "rss_growth_bytes": resident_bytes()["VmRSS"] - rss_before, "held": held}
 
 
 def build_table(routes: list, now_ms: int) -> RouteTable:
@@ -123,12 +114,6 @@ def in_process(count: int) -> dict:
     return result
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def member(count: int) -> dict:
     applied = [0]
     changed = threading.Condition()
@@ -145,7 +130,7 @@ def member(count: int) -> dict:
                                 on_ready=ready.set, on_lost=lambda: None, election_timeout_min_ms=200,
                                 election_timeout_max_ms=500, routes_max=count)
         try:
-            idle = rss_bytes(process.pid)
+            idle = resident_bytes(process.pid)
             started = time.monotonic()
             routes = keys(count)
             for start in range(0, count, CLAIM_KEYS_MAX):
@@ -159,7 +144,7 @@ def member(count: int) -> dict:
                 if not changed.wait_for(lambda: applied[0] >= count, MEMBER_WAIT_S):
                     raise TimeoutError(f"{applied[0]} of {count} routes applied in {MEMBER_WAIT_S} s")
             elapsed_s = time.monotonic() - started
-            full = rss_bytes(process.pid)
+            full = resident_bytes(process.pid)
             target = count + COMPACTION_ENTRIES
             for number in range(COMPACTION_ENTRIES):
                 with changed:
@@ -174,7 +159,7 @@ def member(count: int) -> dict:
                 time.sleep(0.5)
             snapshot_wait_s = round(time.monotonic() - waited_from, 1)
             time.sleep(2)  # for the member to drop the compacted log
-            compacted = rss_bytes(process.pid)
+            compacted = resident_bytes(process.pid)
             snapshot_bytes = dump.stat().st_size if dump.exists() else 0
         finally:
             process.stop()
