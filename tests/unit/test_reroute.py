@@ -261,18 +261,25 @@ def test_in_a_cluster_a_destination_group_on_the_move_stops_the_reroute_before_i
 
 # ---- bodies paged out to the journal (node/core/paging.py) ----------------------------------------
 
+def _paged_source(memory_max_bytes: int, sends: list) -> tuple:
+    """A broker with a durable "source" of that memory budget and a durable "target"; `sends` ((body,
+    group) pairs) enqueued on the source and reported on disk, so its newest bodies are paged out.
+    Returns the broker and the sends' Stored effects."""
+    broker = Broker()
+    broker.declare_queue(QueueSettings(name="source", durable=True, memory_max_bytes=memory_max_bytes))
+    broker.declare_queue(QueueSettings(name="target", durable=True))
+    stored = [effect for body, group in sends for effect in broker.enqueue("source", Message(body, group), 0)
+              if type(effect) is Stored]
+    broker.journalled([("source", effect.message) for effect in stored], 0)
+    return broker, stored
+
+
 def test_a_body_paged_out_is_read_back_before_it_moves_and_nothing_overtakes_it():
     from node.core.effects import PageIn
 
-    broker = Broker()
-    broker.declare_queue(QueueSettings(name="source", durable=True, memory_max_bytes=200))
-    broker.declare_queue(QueueSettings(name="target", durable=True))
-    stored = []
-    for index in range(5):
-        stored += [e for e in broker.enqueue("source", Message(b"a%d" % index + b"." * 98, "a"), 0)
-                   if type(e) is Stored]
-    bodies = {effect.message.seq: effect.message.payload for effect in stored}  # the journal's copies
-    broker.journalled([("source", effect.message) for effect in stored], 0)  # on disk: the newest are paged out
+    sends = [(b"a%d" % index + b"." * 98, "a") for index in range(5)]
+    broker, stored = _paged_source(200, sends)
+    bodies = {effect.message.seq: body for effect, (body, _) in zip(stored, sends)}  # the journal's copies
     assert broker.queues["source"].stats()["paged_bytes"] == 300
 
     reroute = Reroute("source", "target")
@@ -291,14 +298,7 @@ def test_a_body_paged_out_is_read_back_before_it_moves_and_nothing_overtakes_it(
 
 
 def test_a_reroute_that_gives_up_waiting_for_bodies_counts_them_as_stayed():
-    broker = Broker()
-    broker.declare_queue(QueueSettings(name="source", durable=True, memory_max_bytes=100))
-    broker.declare_queue(QueueSettings(name="target", durable=True))
-    stored = []
-    for index in range(3):
-        stored += [e for e in broker.enqueue("source", Message(b"." * 100, "a"), 0) if type(e) is Stored]
-    stored += [e for e in broker.enqueue("source", Message(b"b0", "b"), 0) if type(e) is Stored]
-    broker.journalled([("source", effect.message) for effect in stored], 0)
+    broker, _ = _paged_source(100, [(b"." * 100, "a")] * 3 + [(b"b0", "b")])
     reroute = Reroute("source", "target")
     reroute.batch(broker, 0)
     assert reroute.waiting_for_bodies and not reroute.done
