@@ -20,8 +20,10 @@ Format versions:
   versions). One this build does not read is refused by name: pysyncobj swallows exceptions from
   `_deserialize` and would go on with an empty table, so `on_refused` stops the member instead.
   Version 1 held the table's attributes with routes {(queue, group): [node, touched_ms]}; version 2
-  holds RouteTable.state(), routes packed per queue (handler/route_table.py's header). This build
-  reads both and writes 2, so a member upgraded in place restores its old snapshot.
+  the table's state with routes packed per queue in dicts {queue: {group: packed}}; version 3
+  RouteTable.state(), each queue's routes as its GroupMap's state (node/core/group_map.py: buckets
+  of bytes). This build reads all three and writes 3, so a member upgraded in place restores its
+  old snapshot.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from handler.route_table import (MEMBERS, MOVES, MOVES_ALL, PLACEMENT_LOCAL, REF
 
 log = logging.getLogger("grouper.handler")
 
-SNAPSHOT_FORMAT_VERSION = 2  # what this build writes
-SNAPSHOT_FORMAT_VERSIONS_READ = (1, 2)  # what it reads; a newer build keeps reading the one before it
+SNAPSHOT_FORMAT_VERSION = 3  # what this build writes
+SNAPSHOT_FORMAT_VERSIONS_READ = (1, 2, 3)  # what it reads; a newer build keeps reading the one before it
 EXIT_UNREADABLE_SNAPSHOT = 3  # the member's exit status after refusing a snapshot
 
 
@@ -98,6 +100,8 @@ class RouteTableReplica(SyncObjConsumer):
             raise SnapshotRefused(reason)
         if version == 1:
             table = RouteTable.from_state_v1(data["route_table"])
+        elif version == 2:
+            table = RouteTable.from_state_v2(data["route_table"])
         else:
             table = RouteTable.from_state(data["route_table"])
         self.table = table

@@ -6,8 +6,9 @@ order, so the rules are:
 - Deterministic: no clock (the proposer passes `now_ms`), no randomness, nothing from the
   environment; results and removals go in sorted order.
 - Idempotent, first proposal wins: a retried claim returns the route the first one made.
-- Plain data: the attributes hold only dict, list, tuple, str and int, because pysyncobj snapshots
-  the table by pickling them.
+- Plain data: the attributes hold only dict, list, tuple, str and int, and the routes' GroupMaps,
+  which `state()` turns into ints and lists of bytes, because pysyncobj snapshots the table by
+  pickling it.
 - Never raises for input from the cluster: a malformed entry gets None or is ignored, because an
   exception inside an applied command would kill the raft tick thread.
 Placement of a new group (`choose_node`), by the claim's `placement`, which the proposer puts into
@@ -38,16 +39,20 @@ Moves (groups follow their consumers; node/core/cluster_protocol.py has the hand
 - A route removed (expire_idle, unroute, drop_queue, fail_over of its node) ends its move; a member
   failed over is taken out of every `waiting` (availability over order, as failover already is).
 Memory (a million routes are held on every node; bench/route_memory.py measures them): a route is
-one entry in its queue's dict, group -> an int packing the route's node and touched time
-(touched_ms << NODE_BITS | node number), with node names interned in `node_names` (append-only,
-at most NODES_MAX) and each queue name held once. A (queue, group) tuple key and a [node, touched_ms]
-list cost about twice as much. Expiry (expire_idle) never removes a route whose group is moving.
+one entry in its queue's GroupMap (node/core/group_map.py: the group id's bytes and 8 bytes, ~30
+bytes), group -> touched_ms << NODE_BITS | node number, with node names interned in `node_names`
+(append-only, at most NODES_MAX) and each queue name held once. A dict per queue cost ~127 bytes a
+route, a (queue, group) tuple key and a [node, touched_ms] list ~234. A time past TOUCHED_MS_MAX
+does not fit the packing: a command carrying one is malformed (None, as a negative time is).
+Expiry (expire_idle) never removes a route whose group is moving.
 Never imports pysyncobj, threading, time, random, socket, grpc or proton.
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
+
+from node.core.group_map import VALUE_MAX, GroupMap
 
 ROUTES_MAX_DEFAULT = 1_000_000  # routes (queue, group) held cluster-wide; more are refused
 
@@ -72,6 +77,7 @@ MOVES_PER_COMMAND_MAX = 1000  # routes one follow_consumers moves; the leader pr
 NODE_BITS = 16  # low bits of a packed route: its node's number in node_names
 NODES_MAX = 1 << NODE_BITS  # distinct node names a table ever routes to; a route to one more is refused
 _NODE_MASK = NODES_MAX - 1
+TOUCHED_MS_MAX = VALUE_MAX >> NODE_BITS  # the latest time a packed route holds (year ~10,900)
 
 
 def _is_str(value) -> bool:
@@ -80,6 +86,10 @@ def _is_str(value) -> bool:
 
 def _is_int(value) -> bool:
     return type(value) is int  # bool is an int subclass, but no time or count
+
+
+def _is_time(value) -> bool:
+    return type(value) is int and 0 <= value <= TOUCHED_MS_MAX
 
 
 def _is_key(key) -> bool:
@@ -91,8 +101,8 @@ class RouteTable:
         if not _is_int(routes_max) or routes_max < 0:
             raise ValueError(f"routes_max must be an int >= 0, got {routes_max!r}")
         self.routes_max = routes_max
-        # queue -> group -> touched_ms << NODE_BITS | node number (see the header: a route is one int)
-        self.routes: dict[str, dict[str, int]] = {}
+        # queue -> group -> touched_ms << NODE_BITS | node number (see the header: ~30 bytes a route)
+        self.routes: dict[str, GroupMap] = {}
         self.node_names: list[str] = []  # node number -> name; append-only, so numbers never change
         self.route_counts: dict[tuple[str, str], int] = {}  # (node, queue) -> routes; no zero entries
         self.consumers: dict[str, dict[str, int]] = {}  # node -> queue -> consumers; no zero entries
@@ -109,17 +119,34 @@ class RouteTable:
         self.route_total = sum(len(groups) for groups in self.routes.values())
 
     STATE = ("routes_max", "routes", "node_names", "route_counts", "consumers", "nodes", "down", "moves",
-             "revision")  # what a snapshot holds (handler/replicated.py: format version 2)
+             "revision")  # what a snapshot holds (handler/replicated.py: format versions 2 and 3)
 
     def state(self) -> dict:
-        """The table as plain data for a snapshot; shared, not copied (pysyncobj pickles it at once)."""
-        return {name: getattr(self, name) for name in self.STATE}
+        """The table as plain data for a snapshot (format 3: routes {queue: GroupMap.state()}); shared,
+        not copied (pysyncobj pickles it at once, in a forked child)."""
+        state = {name: getattr(self, name) for name in self.STATE}
+        state["routes"] = {queue: groups.state() for queue, groups in self.routes.items()}
+        return state
 
     @classmethod
     def from_state(cls, state: dict) -> "RouteTable":
+        """A snapshot of format version 3 (see state())."""
         table = cls(state["routes_max"])
         for name in cls.STATE:
             setattr(table, name, state[name])
+        table.routes = {queue: GroupMap.from_state(groups) for queue, groups in state["routes"].items()}
+        table._derive()
+        return table
+
+    @classmethod
+    def from_state_v2(cls, state: dict) -> "RouteTable":
+        """A snapshot of format version 2: as 3, but routes {queue: {group: packed}}. Groups are added
+        in sorted order, so every replica restoring it builds the same layout."""
+        table = cls(state["routes_max"])
+        for name in cls.STATE:
+            setattr(table, name, state[name])
+        table.routes = {queue: GroupMap.from_items(sorted(groups.items()))
+                        for queue, groups in state["routes"].items()}
         table._derive()
         return table
 
@@ -131,7 +158,10 @@ class RouteTable:
         for name in ("route_counts", "consumers", "nodes", "down", "moves", "revision"):
             setattr(table, name, state[name])
         for (queue, group), (node, touched_ms) in sorted(state["routes"].items()):
-            table.routes.setdefault(queue, {})[group] = table._pack(node, max(touched_ms, 0))
+            groups = table.routes.get(queue)
+            if groups is None:
+                groups = table.routes[queue] = GroupMap()
+            groups[group] = table._pack(node, min(max(touched_ms, 0), TOUCHED_MS_MAX))
         table._derive()
         return table
 
@@ -174,7 +204,7 @@ class RouteTable:
     def claim(self, keys: list, proposer: str, now_ms: int, placement: str = PLACEMENT_LOCAL) -> list:
         if not isinstance(keys, (list, tuple)):
             return []
-        if not (_is_str(proposer) and _is_int(now_ms) and now_ms >= 0 and _is_str(placement)
+        if not (_is_str(proposer) and _is_time(now_ms) and _is_str(placement)
                 and placement in PLACEMENTS):
             return [None] * len(keys)
         nodes = [self._claim_one(key[0], key[1], proposer, now_ms, placement) if _is_key(key) else None
@@ -198,7 +228,10 @@ class RouteTable:
         packed = self._pack(node, now_ms)
         if packed is None:
             return None
-        self.routes.setdefault(queue, {})[group] = packed
+        groups = self.routes.get(queue)
+        if groups is None:
+            groups = self.routes[queue] = GroupMap()
+        groups[group] = packed
         self.route_total += 1
         self.route_counts[(node, queue)] = self.route_counts.get((node, queue), 0) + 1
         return node
@@ -206,7 +239,7 @@ class RouteTable:
     def follow_consumers(self, queue: str, from_node: str, now_ms: int) -> list:
         """Move the routes of `queue` on `from_node` to the nodes consuming it (see the header).
         Returns the moves begun, [(queue, group, from_node, to_node, waiting)], sorted."""
-        if not (_is_str(queue) and _is_str(from_node) and _is_int(now_ms) and now_ms >= 0) \
+        if not (_is_str(queue) and _is_str(from_node) and _is_time(now_ms)) \
                 or self._serves(from_node, queue):
             return []
         targets = sorted(node for node in self.consumers if node != from_node and self._serves(node, queue))
@@ -277,6 +310,8 @@ class RouteTable:
         conflict. Results align with entries: the route's node, or None (malformed, routes_max)."""
         if not isinstance(entries, (list, tuple)) or not _is_int(now_ms):
             return []
+        if now_ms > TOUCHED_MS_MAX:
+            return [None] * len(entries)  # does not fit a packed route: malformed, as a negative time for a new one
         results = []
         for entry in entries:
             if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and _is_key(entry[:2])
@@ -358,12 +393,13 @@ class RouteTable:
             return []
         spared = {self._node_numbers[node] for node in spared_nodes if _is_str(node) and node in self._node_numbers}
         cutoff_packed = max(cutoff_ms, 0) << NODE_BITS  # packed < this: touched before cutoff_ms
-        # every route is looked at on every replica, in the raft tick thread: one comparison each, no
-        # call (a million routes: about 60 ms; a function per route took ten times as long)
-        idle = [(queue, group) for queue, groups in self.routes.items()
-                for group, packed in groups.items() if packed < cutoff_packed]
-        return self._remove(sorted(key for key in idle if key not in self.moves and
-                                   self.routes[key[0]][key[1]] & _NODE_MASK not in spared))
+        # every route is looked at on every replica, in the raft tick thread: GroupMap.below compares a
+        # bucket's values in C and decodes only buckets with idle routes (a million routes, none idle:
+        # about 60 ms)
+        idle = [(queue, group, packed) for queue, groups in self.routes.items()
+                for group, packed in groups.below(cutoff_packed)]
+        return self._remove(sorted((queue, group) for queue, group, packed in idle
+                                   if (queue, group) not in self.moves and packed & _NODE_MASK not in spared))
 
     def unroute(self, keys: list) -> list:
         if not isinstance(keys, (list, tuple)):

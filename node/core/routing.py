@@ -15,11 +15,13 @@ Pure, owned by the engine loop thread. Three parts:
 - `Inbound`: per source node, the highest forward seq already enqueued here, so a resent batch
   (after a lost acknowledgement) is not enqueued twice.
 Memory: every node holds every live route (a million is routes_max's default), so `Routes` packs
-one: an entry of its queue's dict, group -> refreshed_ms << NODE_BITS | the owner's number in
-`node_names` (interned, append-only), as the replicated table does (handler/route_table.py). It
-reads as the {(queue, group): owner} mapping it replaced, and `Router.refreshed_ms` as the
-{(queue, group): refreshed_ms} one, so callers index both by key; a (queue, group) tuple key and a
-second dict for the refresh time cost about twice as much (bench/route_memory.py, "node").
+one: an entry of its queue's GroupMap (node/core/group_map.py: the group id's bytes and 8 bytes,
+~30 bytes), group -> refreshed_ms << NODE_BITS | the owner's number in `node_names` (interned,
+append-only), as the replicated table does (handler/route_table.py). It reads as the
+{(queue, group): owner} mapping it replaced, and `Router.refreshed_ms` as the
+{(queue, group): refreshed_ms} one, so callers index both by key; a dict per queue cost ~127 bytes
+a route, a (queue, group) tuple key and a second dict for the refresh time ~204
+(bench/route_memory.py, "node").
 """
 
 from __future__ import annotations
@@ -28,17 +30,19 @@ import collections
 import hashlib
 from collections.abc import Mapping
 
+from node.core.group_map import VALUE_MAX, GroupMap
 from node.core.tally import LatencyTally
 
 NODE_BITS = 16  # low bits of a packed route: its owner's number; the replicated table allows as many owners
 _NODE_MASK = (1 << NODE_BITS) - 1
+_REFRESHED_MS_MAX = VALUE_MAX >> NODE_BITS  # the table refuses later times (route_table.TOUCHED_MS_MAX)
 
 
 class Routes(Mapping):
     """(queue, group) -> owning node, packed (see the header)."""
 
     def __init__(self):
-        self.by_queue: dict[str, dict[str, int]] = {}  # queue -> group -> refreshed_ms << NODE_BITS | owner number
+        self.by_queue: dict[str, GroupMap] = {}  # queue -> group -> refreshed_ms << NODE_BITS | owner number
         self.node_names: list[str] = []
         self._node_numbers: dict[str, int] = {}
         self._count = 0
@@ -47,6 +51,11 @@ class Routes(Mapping):
         groups = self.by_queue.get(key[0])
         packed = groups.get(key[1]) if groups is not None else None
         return default if packed is None else self.node_names[packed & _NODE_MASK]
+
+    def packed(self, key) -> int | None:
+        """refreshed_ms << NODE_BITS | owner number, or None without a route: one lookup for both."""
+        groups = self.by_queue.get(key[0])
+        return groups.get(key[1]) if groups is not None else None
 
     def __getitem__(self, key) -> str:
         owner = self.get(key)
@@ -91,10 +100,10 @@ class Routes(Mapping):
             self.node_names.append(owner)
         groups = self.by_queue.get(key[0])
         if groups is None:
-            groups = self.by_queue[key[0]] = {}
-        if key[1] not in groups:
-            self._count += 1
-        groups[key[1]] = max(refreshed_ms, 0) << NODE_BITS | number
+            groups = self.by_queue[key[0]] = GroupMap()
+        before = len(groups)
+        groups[key[1]] = min(max(refreshed_ms, 0), _REFRESHED_MS_MAX) << NODE_BITS | number
+        self._count += len(groups) - before
 
     def remove(self, key) -> None:
         groups = self.by_queue.get(key[0])
@@ -161,8 +170,7 @@ class Router:
             waiting.append(item)
             return None
         if self.ready:
-            groups = self.routes.by_queue.get(key[0])
-            packed = groups.get(key[1]) if groups is not None else None
+            packed = self.routes.packed(key)
             if packed is not None:
                 if not self.lease_ms:
                     return self.routes.node_names[packed & _NODE_MASK]

@@ -62,11 +62,35 @@ def test_a_snapshot_without_a_version_is_version_1_and_restores_as_before():
     assert restored.table.revision == 3 and restored.table.route_counts == {("n1", "q"): 1, ("n2", "q"): 1}
     assert restored.queues.all() == filled_replica().queues.all()
     assert heard[0] == (replicated.SNAPSHOT, [("q", "a", "n1", 10), ("q", "b", "n2", 12)])
-    # and what it writes back is version 2, which restores to the same table
+    # and what it writes back is this build's version, which restores to the same table
     again, _, _ = make_replica()
     again._deserialize(restored._serialize())
-    assert restored._serialize()["format_version"] == 2 == SNAPSHOT_FORMAT_VERSION
+    assert restored._serialize()["format_version"] == 3 == SNAPSHOT_FORMAT_VERSION
     assert all_routes(again.table) == all_routes(restored.table) and again.table.node_names == ["n1", "n2"]
+
+
+def version_2_snapshot() -> dict:
+    """What a build of format version 2 wrote for filled_replica() plus a route on n2: the table's
+    state with routes {queue: {group: touched_ms << 16 | node number}}."""
+    return {"format_version": 2,
+            "route_table": {"routes_max": 10, "routes": {"q": {"a": 10 << 16 | 0, "b": 12 << 16 | 1}},
+                            "node_names": ["n1", "n2"], "route_counts": {("n1", "q"): 1, ("n2", "q"): 1},
+                            "consumers": {}, "nodes": {}, "down": {}, "moves": {}, "revision": 3},
+            "queue_definitions": dict(vars(filled_replica().queues))}
+
+
+def test_a_snapshot_of_version_2_restores_as_before_and_is_written_back_in_this_version():
+    restored, heard, refused = make_replica()
+    restored._deserialize(pickle.loads(pickle.dumps(version_2_snapshot())))
+    assert refused == []
+    assert all_routes(restored.table) == {("q", "a"): ["n1", 10], ("q", "b"): ["n2", 12]}
+    assert restored.table.route("q", "b") == "n2" and len(restored.table) == 2 and restored.table.revision == 3
+    assert heard[0] == (replicated.SNAPSHOT, [("q", "a", "n1", 10), ("q", "b", "n2", 12)])
+    again, _, _ = make_replica()
+    again._deserialize(pickle.loads(pickle.dumps(restored._serialize())))
+    assert restored._serialize()["format_version"] == 3
+    assert all_routes(again.table) == all_routes(restored.table) and again.table.node_names == ["n1", "n2"]
+    assert again.table.claim([["q", "b"], ["q", "c"]], "n1", 20) == ["n2", "n1"]
 
 
 def test_a_snapshot_of_this_version_restores_the_table_whole():

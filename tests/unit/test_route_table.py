@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from handler.route_table import (LOCAL_TOLERANCE_RATIO, PLACEMENT_BALANCED, PLACEMENT_LOCAL, PLACEMENTS,
-                                 ROUTES_MAX_DEFAULT, RouteTable)
+                                 ROUTES_MAX_DEFAULT, TOUCHED_MS_MAX, RouteTable)
 
 
 def all_routes(table: RouteTable) -> dict:
@@ -44,7 +44,7 @@ def assert_plain(value) -> None:
         for item in value:
             assert_plain(item)
     else:
-        assert value is None or type(value) in (str, int)
+        assert value is None or type(value) in (str, int, bytes)  # bytes: a GroupMap's buckets
 
 
 def table_with_consumers(**held_by_node) -> RouteTable:
@@ -627,3 +627,13 @@ def test_expire_idle_spares_the_routes_of_members_the_leader_cannot_reach():
     table.touch([["q", "a", "n1"], ["q", "b", "n2"]], 5)
     assert table.expire_idle(10, ["n1"]) == [("q", "b")]
     assert all_routes(table) == {("q", "a"): ["n1", 5]}
+
+
+def test_a_time_past_what_a_packed_route_holds_is_malformed_and_changes_nothing():
+    table = table_with_consumers(n1={"q": 1})
+    assert table.claim([("q", "a")], "n1", TOUCHED_MS_MAX) == ["n1"]  # the latest time that fits
+    before = repr(vars(table))
+    assert table.claim([("q", "a"), ("q", "b")], "n1", TOUCHED_MS_MAX + 1) == [None, None]
+    assert table.touch([["q", "a", "n1"], ["q", "c", "n1"]], TOUCHED_MS_MAX + 1) == [None, None]
+    assert table.follow_consumers("q", "n2", TOUCHED_MS_MAX + 1) == []
+    assert repr(vars(table)) == before and table.entry("q", "a") == ("n1", TOUCHED_MS_MAX)
