@@ -6,7 +6,8 @@ a directory) and, during compaction, `<directory>/journal.dat.compact`.
 Threads:
 - The engine loop thread calls declare/delete/store/remove/flush/backlog_bytes/stats. They encode into
   memory and never wait for I/O; flush takes a lock held only to append to a list.
-- After start() the one writer thread owns the file descriptor and the index of live records. It
+- After start() the one writer thread owns the file descriptor and the index of live records (a
+  node/store/spans.py Spans per queue: seq -> offset and length, ~21 bytes a live record). It
   writes, fsyncs, compacts, and calls on_durable / on_failed (on its own thread: hand the result to
   the engine loop through the bridge, never touch engine loop state from the callback).
 
@@ -38,9 +39,17 @@ Rules:
   index; a seq that is not (the queue was deleted or the message removed meanwhile) comes back as None.
   A read the disk refuses stops the writer like any other I/O it cannot survive: flush() fails from
   then on and the node must be restarted; nothing is lost, the records are on disk.
+  `read_records` is the same read, answered with whole Messages (payload included) by on_records(queue,
+  {seq: Message | None}): what dispatch needs of a cold record, of which it kept only the seq.
 - `recover(bodies_max_bytes)` keeps bodies only up to that many bytes of live messages, in file order
   (the oldest first), while it reads: later ones come back as records with a None payload, read back
   when dispatch reaches them, so recovering a backlog larger than memory needs no more than its records.
+- `recover(cold=True)` makes no Message for the STOREs of queues not named with a leading NUL (the
+  cluster's own records stay whole): Recovery.cold[queue] is a ColdBacklog of the live seqs, ascending,
+  the sum of their payload lengths and the live messages per group. The scan decodes only each STORE's
+  header (records.store_header) and keeps each record's group number in the index while it reads, so
+  a REMOVE, a re-STORE or a DELETE undoes what it must; the numbers are dropped once the scan is done.
+  Every other rule of recovery is the same.
 - Recovery trusts nothing after the first bad frame: it cuts the file there with a warning and goes on.
   A whole frame in a format this build does not read (node/store/records.py) is no bad frame: the node
   refuses to start, naming the file and the versions, and cuts nothing.
@@ -51,17 +60,20 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import heapq
 import logging
 import os
 import threading
 import time
+from array import array
 from dataclasses import dataclass, field
 
 from node.core.errors import GrouperError
 from node.core.message import Message
 from node.core.tally import LatencyTally
 from node.store import records
-from node.store.records import DECLARE, DELETE, REMOVE, STORE
+from node.store.records import DECLARE, DELETE, REMOVE, STORE, STORE_HEADER
+from node.store.spans import Spans
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +101,16 @@ class Recovery:
     queues: list[dict] = field(default_factory=list)  # live settings dicts, in declaration order
     messages: dict[str, list[Message]] = field(default_factory=dict)  # per queue, in seq order
     cut_bytes: int = 0  # bytes of torn or corrupt tail removed from the file
+    cold: dict[str, ColdBacklog] = field(default_factory=dict)  # recover(cold=True): per queue
+
+
+@dataclass
+class ColdBacklog:
+    """A queue's live records as cold recovery returns them: no Message, the rest is in the journal."""
+
+    seqs: array  # array('q') of the live seqs, ascending
+    size_bytes: int  # the sum of their payloads' lengths (each Message.size_bytes)
+    group_counts: dict  # group id (None: no group id) -> live messages
 
 
 class _Unit:
@@ -119,7 +141,7 @@ class Journal:
         # shared, under _wake
         self._wake = threading.Condition()
         self._units: list[_Unit] = []
-        self._reads: list[tuple[str, tuple]] = []  # (queue, seqs) whose bodies the engine loop wants back
+        self._reads: list[tuple[bool, str, tuple]] = []  # (whole records?, queue, seqs) the loop wants back
         self._handed_over_bytes = 0
         self._closing = False
         self._fatal: str | None = None
@@ -135,30 +157,44 @@ class Journal:
         self._synced_writes = fsync and hasattr(os, "RWF_DSYNC")
         self._tail_dirty = False  # a failed write may have left bytes after _end
         self._declares: dict[str, tuple[int, int]] = {}  # queue -> (offset, length) of its live DECLARE
-        self._stores: dict[str, dict[int, tuple[int, int]]] = {}  # queue -> seq -> (offset, length)
+        self._stores: dict[str, Spans] = {}  # queue -> its live STOREs' seq -> (offset, length)
         self._live_bytes = 0
         self._compact_retry_at_bytes = 0
         self._thread: threading.Thread | None = None
         self._on_durable = None
         self._on_failed = None
         self._on_bodies = None
+        self._on_records = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
-    def recover(self, bodies_max_bytes: int = 0) -> Recovery:
+    def recover(self, bodies_max_bytes: int = 0, cold: bool = False) -> Recovery:
         """Replay the file. `bodies_max_bytes` > 0: keep bodies of at most that many bytes of live
-        messages (the oldest first); the others come back with a None payload (see the header)."""
+        messages (the oldest first); the others come back with a None payload. `cold`: the queues not
+        named with a leading NUL come back as Recovery.cold, not as messages (see the header)."""
         if self._fd is not None:
             raise RuntimeError("Journal.recover() is called once, before start()")
         self._open()
         queues: dict[str, dict] = {}
         messages: dict[str, dict[int, Message]] = {}
         kept_bytes = 0  # bodies kept of live messages, with bodies_max_bytes
+        stores = self._stores
+        group_tags: dict[str | None, int] = {}  # cold: group id -> the number its records carry
         with open(self.path, "rb", buffering=COPY_CHUNK_BYTES) as file:
-            scan = records.scan(file)
+            scan = records.scan(file, store_headers=cold)
             for offset, kind, record in scan:
                 length = scan.end_offset - offset
-                if kind == STORE:
+                if kind == STORE_HEADER:  # cold: the index and the record's group number, nothing else
+                    queue, seq, group_id = record
+                    tag = group_tags.get(group_id)
+                    if tag is None:
+                        tag = group_tags[group_id] = len(group_tags)
+                    spans = stores.get(queue)
+                    if spans is None:
+                        spans = stores[queue] = Spans(tagged=True)
+                        messages.setdefault(queue, {})
+                    self._live_bytes += length - spans.add(seq, offset, length, tag)
+                elif kind == STORE:
                     message = record.message
                     # bodies of live messages in file order (seq order once compacted); the cluster's own
                     # records (names starting with NUL: messages to forward) keep theirs, forwarded from memory
@@ -183,6 +219,12 @@ class Journal:
                     queues.pop(record, None)
                     messages.pop(record, None)
                     self._index_delete(record)
+        cold_backlogs = {}
+        if cold:
+            group_ids = list(group_tags)  # by tag
+            for queue in [queue for queue in messages if not queue.startswith("\x00")]:
+                del messages[queue]
+                cold_backlogs[queue] = self._cold_backlog(queue, group_ids)
         size_bytes = os.fstat(self._fd).st_size
         if scan.refusal is not None:
             self.close()
@@ -213,11 +255,31 @@ class Journal:
         self._publish_file_stats()
         return Recovery(list(queues.values()),
                         {queue: [by_seq[seq] for seq in sorted(by_seq)]
-                         for queue, by_seq in messages.items()}, cut_bytes)
+                         for queue, by_seq in messages.items()}, cut_bytes, cold_backlogs)
 
-    def start(self, on_durable, on_failed, on_bodies=None) -> None:
-        """on_durable(ticket: int), on_failed(ticket: int, error: str) and on_bodies(queue: str,
-        bodies: dict[int, bytes | None]) run on the writer thread."""
+    def _cold_backlog(self, queue: str, group_ids: list) -> ColdBacklog:
+        """What cold recovery tells of `queue`, from its index; the index then drops its group numbers."""
+        spans = self._stores.get(queue)
+        if spans is None:
+            return ColdBacklog(array("q"), 0, {})
+        counts = spans.tag_counts()
+        # a STORE frame is its headers, the queue name, the group id and the payload: take off the rest
+        overhead_bytes = records.FRAME_HEADER_BYTES + records.STORE_HEAD_BYTES + len(queue.encode())
+        size_bytes = spans.live_bytes - overhead_bytes * spans.live_count
+        group_counts = {}
+        for tag, count in counts.items():
+            group_id = group_ids[tag]
+            group_counts[group_id] = count
+            if group_id is not None:
+                size_bytes -= len(group_id.encode()) * count
+        seqs = spans.live_seqs()
+        spans.untag()
+        return ColdBacklog(seqs, size_bytes, group_counts)
+
+    def start(self, on_durable, on_failed, on_bodies=None, on_records=None) -> None:
+        """on_durable(ticket: int), on_failed(ticket: int, error: str), on_bodies(queue: str,
+        bodies: dict[int, bytes | None]) and on_records(queue: str, records: dict[int, Message | None])
+        run on the writer thread."""
         if self._fd is None:
             raise RuntimeError("call Journal.recover() before start()")
         if self._thread is not None:
@@ -225,6 +287,7 @@ class Journal:
         self._on_durable = on_durable
         self._on_failed = on_failed
         self._on_bodies = on_bodies
+        self._on_records = on_records
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         self._thread.start()
 
@@ -293,10 +356,17 @@ class Journal:
 
     def read_bodies(self, queue: str, seqs: tuple) -> None:
         """Ask the writer for these bodies of `queue` (engine loop thread); on_bodies answers."""
+        self._ask(False, queue, seqs)
+
+    def read_records(self, queue: str, seqs: tuple) -> None:
+        """Ask the writer for these whole records of `queue` (engine loop thread); on_records answers."""
+        self._ask(True, queue, seqs)
+
+    def _ask(self, whole: bool, queue: str, seqs: tuple) -> None:
         if self._closed:
             return
         with self._wake:
-            self._reads.append((queue, seqs))
+            self._reads.append((whole, queue, seqs))
             self._wake.notify()
 
     def wake_writer(self) -> None:
@@ -340,8 +410,11 @@ class Journal:
                     return
                 if units:
                     self._write_batch(units)
-                for queue, seqs in reads:
-                    self._call(self._on_bodies, queue, self._read_bodies(queue, seqs))
+                for whole, queue, seqs in reads:
+                    if whole:
+                        self._call(self._on_records, queue, self._read_frames(queue, seqs, records.store_message))
+                    else:
+                        self._call(self._on_bodies, queue, self._read_frames(queue, seqs, records.store_payload))
                 self._maybe_compact()
         except BaseException as error:  # a bug: say so loudly, make flush() fail from now on
             log.exception("journal writer of %s stopped", self.path)
@@ -444,13 +517,14 @@ class Journal:
         except Exception:  # the runtime's bug must not stop every later confirmation
             log.exception("journal callback %r%r raised", callback, args)
 
-    def _read_bodies(self, queue: str, seqs: tuple) -> dict:
-        """Bodies by seq, read through the index: a run of adjacent frames in one pread."""
-        by_seq = self._stores.get(queue, {})
+    def _read_frames(self, queue: str, seqs: tuple, decode) -> dict:
+        """decode(frame) -> (seq, value) by seq, read through the index: a run of adjacent frames in
+        one pread; a seq not live in the index is None."""
+        index = self._stores.get(queue)
         bodies: dict = {}
         spans = []
         for seq in seqs:
-            span = by_seq.get(seq)
+            span = index.get(seq) if index is not None else None
             if span is None:
                 bodies[seq] = None
             else:
@@ -466,13 +540,14 @@ class Journal:
             data = os.pread(self._fd, run_end - run_start, run_start)
             for offset, length, seq in spans[index:last]:
                 start = offset - run_start
-                read_seq, payload = records.store_payload(memoryview(data)[start:start + length])
+                read_seq, payload = decode(memoryview(data)[start:start + length])
                 if read_seq != seq:
                     raise AssertionError(f"journal index of {queue!r} points seq {seq} at seq {read_seq}'s frame")
                 bodies[seq] = payload
             index = last
         with self._wake:
-            self._stats["bodies_read"] = self._stats.get("bodies_read", 0) + len(spans)
+            counter = "bodies_read" if decode is records.store_payload else "records_read"
+            self._stats[counter] = self._stats.get(counter, 0) + len(spans)
         return bodies
 
     # ---- index of live records (caller before start, writer after) ---------------------------
@@ -488,17 +563,15 @@ class Journal:
             self._index_delete(key)
 
     def _index_store(self, queue: str, seq: int, offset: int, length: int) -> None:
-        by_seq = self._stores.setdefault(queue, {})
-        old = by_seq.get(seq)
-        if old is not None:
-            self._live_bytes -= old[1]
-        by_seq[seq] = (offset, length)
-        self._live_bytes += length
+        spans = self._stores.get(queue)
+        if spans is None:
+            spans = self._stores[queue] = Spans()
+        self._live_bytes += length - spans.add(seq, offset, length)
 
     def _index_remove(self, queue: str, seq: int) -> None:
-        old = self._stores.get(queue, {}).pop(seq, None)
-        if old is not None:
-            self._live_bytes -= old[1]
+        spans = self._stores.get(queue)
+        if spans is not None:
+            self._live_bytes -= spans.remove(seq)
 
     def _index_declare(self, queue: str, offset: int, length: int) -> None:
         old = self._declares.get(queue)
@@ -511,8 +584,9 @@ class Journal:
         old = self._declares.pop(queue, None)
         if old is not None:
             self._live_bytes -= old[1]
-        for _, length in self._stores.pop(queue, {}).values():
-            self._live_bytes -= length
+        spans = self._stores.pop(queue, None)
+        if spans is not None:
+            self._live_bytes -= spans.live_bytes
 
     # ---- compaction (writer thread) ----------------------------------------------------------
 
@@ -549,11 +623,14 @@ class Journal:
             copier = _FrameCopier(self._fd, fd, _write_all(fd, records.encode_format(), 0))
             declares = {queue: copier.copy(offset, length)
                         for queue, (offset, length) in self._declares.items()}
-            live = sorted((seq, queue, offset, length) for queue, by_seq in self._stores.items()
-                          for seq, (offset, length) in by_seq.items())
-            stores: dict[str, dict[int, tuple[int, int]]] = {}  # queues left empty are dropped here
+            # every queue's records in one seq order, merged from each queue's ascending index
+            live = heapq.merge(*(_tagged(queue, spans) for queue, spans in self._stores.items() if spans))
+            stores: dict[str, Spans] = {}  # queues left empty are dropped here
             for seq, queue, offset, length in live:
-                stores.setdefault(queue, {})[seq] = copier.copy(offset, length)
+                spans = stores.get(queue)
+                if spans is None:
+                    spans = stores[queue] = Spans()
+                spans.add(seq, *copier.copy(offset, length))
             end = copier.finish()
             os.fsync(fd)
             os.replace(temporary, self.path)
@@ -640,6 +717,11 @@ class _FrameCopier:
                                  f"({self._run_offset}+{self._run_bytes})")
         self._written = _write_all(self._target, data, self._written)
         self._run_bytes = 0
+
+
+def _tagged(queue: str, spans: Spans):
+    for seq, offset, length in spans:
+        yield seq, queue, offset, length
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> int:

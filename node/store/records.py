@@ -42,6 +42,7 @@ DECLARE = 1
 DELETE = 2
 STORE = 3
 REMOVE = 4
+STORE_HEADER = -STORE  # no kind in a file: what scan(store_headers=True) yields for a STORE, see Scan
 
 FRAME_HEADER_BYTES = 8
 RECORD_BODY_MAX_BYTES = 1 << 30  # larger claimed lengths are corruption; larger messages are refused
@@ -49,6 +50,8 @@ SCAN_CHUNK_BYTES = 1 << 20  # scan reads its source in pieces of at least this s
 
 _FRAME = struct.Struct("<II")
 _STORE = struct.Struct("<BBHHQQIQ")  # kind, flags, queue_length, group_length, seq, expires, count, enqueued
+_STORE_HEAD = struct.Struct("<BBHHQ")  # the fields of _STORE that a header-only read needs
+STORE_HEAD_BYTES = _STORE.size  # a STORE body's fixed fields, before its queue name, group id and payload
 _REMOVE = struct.Struct("<BHQ")  # kind, queue_length, seq
 _GROUP_PRESENT = 1
 _CLOSES_GROUP = 2
@@ -171,14 +174,53 @@ def decode_body(body: bytes | memoryview) -> tuple[int, object]:
 def store_payload(frame: bytes | memoryview) -> tuple[int, bytes]:
     """(seq, payload) of one whole STORE frame read back for paging (node/store/journal.py).
     Raises ValueError for anything else: the journal's index pointed at the wrong bytes."""
+    body = _store_body(frame)
+    _, _, queue_length, group_length, seq, _, _, _ = _STORE.unpack_from(body)
+    return seq, bytes(body[_STORE.size + queue_length + group_length:])
+
+
+def store_message(frame: bytes | memoryview) -> tuple[int, Message]:
+    """(seq, Message) of one whole STORE frame read back for paging, payload included; ValueError as
+    store_payload."""
+    message = decode_body(_store_body(frame))[1].message
+    return message.seq, message
+
+
+def _store_body(frame: bytes | memoryview) -> memoryview:
     if len(frame) < FRAME_HEADER_BYTES + _STORE.size:
         raise ValueError(f"a STORE frame is at least {FRAME_HEADER_BYTES + _STORE.size} bytes, got {len(frame)}")
     body_length, crc = _FRAME.unpack_from(frame)
     body = memoryview(frame)[FRAME_HEADER_BYTES:]
     if body_length != len(body) or zlib.crc32(body) != crc or body[0] != STORE:
         raise ValueError("not a whole STORE frame (length, crc or kind differ)")
-    _, _, queue_length, group_length, seq, _, _, _ = _STORE.unpack_from(body)
-    return seq, bytes(body[_STORE.size + queue_length + group_length:])
+    return body
+
+
+def store_header(buffer: bytes, start: int, length: int, names: dict) -> tuple[str, int, str | None] | None:
+    """(queue, seq, group_id) of the STORE body at buffer[start:start + length], read without copying
+    its payload or making a Message; None for a queue whose name starts with NUL (the cluster's own,
+    read whole). `names` caches decoded names by their bytes (a recovery's few queues and its groups
+    are decoded once each, not once per record). ValueError as decode_body."""
+    if length < _STORE.size:
+        raise ValueError(f"a STORE body is at least {_STORE.size} bytes, got {length}")
+    _, flags, queue_length, group_length, seq = _STORE_HEAD.unpack_from(buffer, start)
+    queue_start = start + _STORE.size
+    group_start = queue_start + queue_length
+    if group_start + group_length > start + length:
+        raise ValueError(f"STORE names {queue_length}+{group_length} bytes but the body has {length}")
+    if queue_length and buffer[queue_start] == 0:
+        return None
+    raw = buffer[queue_start:group_start]
+    queue = names.get(raw)
+    if queue is None:
+        queue = names[raw] = str(raw, "utf-8")
+    if not flags & _GROUP_PRESENT:
+        return queue, seq, None
+    raw = buffer[group_start:group_start + group_length]
+    group_id = names.get(raw)
+    if group_id is None:
+        group_id = names[raw] = str(raw, "utf-8")
+    return queue, seq, group_id
 
 
 class Scan:
@@ -188,9 +230,13 @@ class Scan:
     iterating, `end_offset` is just past the frame last yielded (so `end_offset - offset` is its
     length); afterwards it is the length of the good prefix. `stop_reason` is None after a clean
     end, else a sentence saying what was wrong with the frame at `end_offset`.
+
+    `store_headers`: a STORE of a queue whose name does not start with NUL comes as kind STORE_HEADER
+    and record (queue, seq, group_id) (store_header: no payload, no Message); the cluster's own
+    records (names starting with NUL) still come whole, as STORE. Every check is the same.
     """
 
-    def __init__(self, source):
+    def __init__(self, source, store_headers: bool = False):
         if isinstance(source, (bytes, bytearray, memoryview)):
             source = io.BytesIO(source)
         self._file = source
@@ -201,11 +247,14 @@ class Scan:
         self.stop_reason: str | None = None
         self.format_version = 1  # the FORMAT marker's, or 1 for a file without one
         self.refusal: str | None = None  # why reading stopped at a whole frame this build cannot read
+        self._store_headers = store_headers
 
     def __iter__(self):
         read = self._file.read
         unpack_header = _FRAME.unpack_from
         crc32 = zlib.crc32
+        headers = self._store_headers
+        names: dict = {}
         buffer = b""
         position = 0  # of the next frame within `buffer`
         offset = self.end_offset
@@ -239,7 +288,13 @@ class Scan:
             try:
                 version = format_version(body) if offset == 0 else None
                 if version is None:
-                    kind, record = decode_body(body)
+                    record = None
+                    if headers and body[0] == STORE:
+                        record = store_header(buffer, body_start, body_length, names)
+                    if record is None:
+                        kind, record = decode_body(body)
+                    else:
+                        kind = STORE_HEADER
                 elif version not in FORMAT_VERSIONS_READ:
                     raise NewerFormat(f"format version {version}")
             except NewerFormat as error:
@@ -259,6 +314,6 @@ class Scan:
             offset = self.end_offset
 
 
-def scan(source) -> Scan:
+def scan(source, store_headers: bool = False) -> Scan:
     """Frames of `source` (bytes-like, or a seekable binary file positioned at the first frame)."""
-    return Scan(source)
+    return Scan(source, store_headers)

@@ -795,3 +795,167 @@ def test_recovery_keeps_bodies_up_to_its_budget_and_records_past_it(tmp_path):
     kept = [(m.seq, m.payload is not None, m.size_bytes) for m in recovery.messages["a"]]
     assert kept == [(1, True, 100), (3, True, 100), (4, True, 100), (5, True, 100), (6, False, 100),
                     (7, False, 100), (8, False, 100), (9, False, 100), (10, False, 100), (11, True, 100)]
+
+
+class Answers:
+    """What on_records (or on_bodies) handed back, waited for with a deadline."""
+
+    def __init__(self):
+        self.changed = threading.Condition()
+        self.got: list = []
+
+    def __call__(self, queue, by_seq):
+        with self.changed:
+            self.got.append((queue, by_seq))
+            self.changed.notify_all()
+
+    def wait(self, count: int) -> list:
+        with self.changed:
+            assert self.changed.wait_for(lambda: len(self.got) >= count, timeout=WAIT_S), \
+                f"{count} answers expected within {WAIT_S} s, got {len(self.got)}"
+            return list(self.got)
+
+
+def test_records_are_read_back_whole_by_seq_before_and_after_a_compaction(tmp_path):
+    journal = Journal(tmp_path, compact_min_bytes=0)
+    journal.recover()
+    callbacks, answers = Callbacks(), Answers()
+    journal.start(callbacks.on_durable, callbacks.on_failed, on_records=answers)
+    journal.declare(queue_settings("a"))
+    journal.declare(queue_settings("b"))
+    sent = {seq: message(seq, payload=b"%d" % seq * 30, group_id=None if seq % 7 == 0 else f"g{seq % 3}",
+                         expires_at_ms=seq * 11, closes_group=seq % 5 == 0, delivery_count=seq % 4,
+                         enqueued_at_ms=1_000 + seq) for seq in range(1, 101)}
+    for seq, sent_message in sent.items():
+        journal.store("a", sent_message)
+        journal.store("b", message(1_000 + seq))
+    journal.remove("a", 50)
+    callbacks.wait_reported(journal.flush())
+    journal.read_records("a", (3, 4, 5, 50, 7, 1_000, 100))  # 50 removed, 1_000 is b's
+    first = answers.wait(1)[0]
+    for seq in range(1, 95):
+        if seq != 50:
+            journal.remove("a", seq)
+        journal.remove("b", 1_000 + seq)  # most of the file is dead: the writer compacts it
+    callbacks.wait_reported(journal.flush())
+    callbacks.wait_reported(journal.flush(report=True))
+    journal.read_records("a", (96, 95, 100, 94))
+    second = answers.wait(2)[1]
+    stats = journal.stats()
+    journal.close()
+    assert stats["compactions"] >= 1
+    assert stats["records_read"] == 5 + 3
+    assert first[0] == second[0] == "a"
+    assert {seq: m and fields_of(m) for seq, m in first[1].items()} == \
+        {seq: fields_of(sent[seq]) for seq in (3, 4, 5, 7, 100)} | {50: None, 1_000: None}
+    assert {seq: m and fields_of(m) for seq, m in second[1].items()} == \
+        {seq: fields_of(sent[seq]) for seq in (95, 96, 100)} | {94: None}
+
+
+# ---- cold recovery ------------------------------------------------------------------------------
+
+journal_steps = st.lists(st.one_of(
+    st.tuples(st.just("store"), st.sampled_from(["a", "b", "\x00out", ""]), st.sampled_from([None, "", "g1", "gé"]),
+              st.binary(max_size=40)),
+    st.tuples(st.just("restore"), st.integers(0, 1_000), st.binary(max_size=40)),
+    st.tuples(st.just("remove"), st.integers(0, 1_000)),
+    st.tuples(st.just("declare"), st.sampled_from(["a", "b", "\x00out", "c"])),
+    st.tuples(st.just("delete"), st.sampled_from(["a", "b", "\x00out", "c"])),
+), max_size=80)
+
+
+def journal_bytes(steps) -> bytes:
+    """A journal file of these steps, written with the node's encoders (seqs ascend node-wide)."""
+    frames = [records.encode_format()]
+    seq = 0
+    stored: list[tuple[str, Message]] = []
+    for step in steps:
+        if step[0] == "store":
+            seq += 1
+            stored.append((step[1], message(seq, payload=step[3], group_id=step[2])))
+            frames.append(records.encode_store(*stored[-1]))
+        elif step[0] == "restore" and stored:  # a STORE of a seq again (its delivery count, say)
+            queue, old = stored[step[1] % len(stored)]
+            frames.append(records.encode_store(queue, message(old.seq, payload=step[2], group_id=old.group_id,
+                                                               delivery_count=old.delivery_count + 1)))
+        elif step[0] == "remove" and stored:
+            queue, old = stored[step[1] % len(stored)]
+            frames.append(records.encode_remove(queue, old.seq))
+        elif step[0] == "declare":
+            frames.append(records.encode_declare(queue_settings(step[1])))
+        elif step[0] == "delete":
+            frames.append(records.encode_delete(step[1]))
+    return b"".join(frames)
+
+
+def cold_model(recovery) -> dict:
+    """What recover(cold=True) must say of each queue, from a recovery that made every Message."""
+    model = {}
+    for queue, messages in recovery.messages.items():
+        if not queue.startswith("\x00"):
+            counts: dict = {}
+            for m in messages:
+                counts[m.group_id] = counts.get(m.group_id, 0) + 1
+            model[queue] = ([m.seq for m in messages], sum(m.size_bytes for m in messages), counts)
+    return model
+
+
+@hypothesis_settings(max_examples=150, deadline=None)
+@given(journal_steps, st.integers(0, 30))
+def test_cold_recovery_tells_each_queue_what_a_full_recovery_of_the_same_file_holds(steps, torn_bytes):
+    import tempfile
+    data = journal_bytes(steps)
+    data += records.encode_store("a", message(10**9, payload=b"torn"))[:torn_bytes]  # a torn tail, maybe
+    with tempfile.TemporaryDirectory() as full_dir, tempfile.TemporaryDirectory() as cold_dir:
+        (Path(full_dir) / JOURNAL_FILE).write_bytes(data)
+        (Path(cold_dir) / JOURNAL_FILE).write_bytes(data)
+        full = recovered(full_dir)
+        journal = Journal(cold_dir)
+        try:
+            cold = journal.recover(cold=True)
+            stats = journal.stats()
+        finally:
+            journal.close()
+        full_journal = Journal(full_dir)
+        try:
+            full_journal.recover()
+            full_stats = full_journal.stats()
+        finally:
+            full_journal.close()
+    assert {queue: (list(b.seqs), b.size_bytes, b.group_counts) for queue, b in cold.cold.items()} == cold_model(full)
+    assert all(b.seqs.typecode == "q" for b in cold.cold.values())
+    assert state_of(cold) == state_of(full)[:2] + ({queue: ms for queue, ms in state_of(full)[2].items()
+                                                    if queue.startswith("\x00")},)
+    assert cold.cut_bytes == full.cut_bytes
+    assert stats["live_bytes"] == full_stats["live_bytes"]
+    assert full.cold == {}
+
+
+def test_after_cold_recovery_the_writer_reads_the_records_back_and_compacts_them(tmp_path):
+    def fill(journal):
+        journal.declare(queue_settings("a"))
+        for seq in range(1, 201):
+            journal.store("a", message(seq, payload=b"%d" % seq * 30, group_id=f"g{seq % 4}"))
+            if seq <= 20:
+                journal.store("\x00out", message(1_000 + seq))
+        for seq in range(1, 171):
+            journal.remove("a", seq)
+
+    write_and_close(tmp_path, [fill])
+    journal = Journal(tmp_path, compact_min_bytes=0)
+    recovery = journal.recover(cold=True)
+    assert list(recovery.cold["a"].seqs) == list(range(171, 201))
+    assert recovery.cold["a"].group_counts == {"g0": 8, "g1": 7, "g2": 7, "g3": 8}
+    assert [m.seq for m in recovery.messages["\x00out"]] == list(range(1_001, 1_021))
+    callbacks, answers = Callbacks(), Answers()
+    journal.start(callbacks.on_durable, callbacks.on_failed, on_records=answers)  # compacts first
+    journal.read_records("a", (171, 200, 170))
+    got = answers.wait(1)[0]
+    stats = journal.stats()
+    journal.close()
+    assert stats["compactions"] == 1
+    assert {seq: m and fields_of(m) for seq, m in got[1].items()} == {
+        171: fields_of(message(171, payload=b"171" * 30, group_id="g3")),
+        200: fields_of(message(200, payload=b"200" * 30, group_id="g0")), 170: None}
+    again = recovered(tmp_path)
+    assert [m.seq for m in again.messages["a"]] == list(range(171, 201))
