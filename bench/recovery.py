@@ -15,6 +15,13 @@ million and measure the send path, not recovery. Then one `grouper node` starts 
   not a figure.
 The section "Recovery of a durable backlog" of --out is replaced (or appended). Never a test: ten
 million records take minutes to write and to read back.
+
+    python3 bench/recovery.py --journal-only [--messages N] [--work-dir DIR]
+
+measures the journal alone, in-process, no node: the same journal, then `Journal.recover(cold=True)`
+(records left in the journal, node/store/journal.py) and `Journal.recover(bodies_max_bytes=256 MiB)`
+(a Message per record), each in a fresh process: its CPU and wall seconds, its resident set after
+(VmRSS) and its peak (VmHWM), and the bytes per live record of the journal's index. Prints JSON.
 """
 
 from __future__ import annotations
@@ -70,6 +77,34 @@ def write_journal(data_dir: Path, messages: int, groups: int, body_bytes: int) -
         journal.flush()
         os.fsync(journal.fileno())
         return journal.tell()
+
+
+def recover_in_process(data_dir: Path, mode: str) -> dict:
+    """One recovery of the journal in this process (a fresh one: the resident figures are its own)."""
+    from node.store.journal import Journal
+    journal = Journal(data_dir, fsync=False)
+    cpu_start, wall_start = time.process_time(), time.monotonic()
+    recovery = journal.recover(cold=True) if mode == "cold" else journal.recover(bodies_max_bytes=256 << 20)
+    cpu_s, wall_s = time.process_time() - cpu_start, time.monotonic() - wall_start
+    memory = resident_bytes(os.getpid())
+    index = journal._stores[QUEUE]
+    index_bytes = sum(sys.getsizeof(column) for column in (index._seqs, index._offsets, index._lengths))
+    messages = len(recovery.cold[QUEUE].seqs) if mode == "cold" else len(recovery.messages[QUEUE])
+    journal.close()
+    return {"mode": mode, "messages": messages, "cpu_s": round(cpu_s, 1), "wall_s": round(wall_s, 1),
+            "rss_mib": round(memory["VmRSS"] / 2**20), "peak_rss_mib": round(memory["VmHWM"] / 2**20),
+            "index_bytes_per_record": round(index_bytes / len(index), 1)}
+
+
+def journal_only(data_dir: Path, messages: int) -> list[dict]:
+    results = []
+    for mode in ("cold", "records"):
+        output = subprocess.run([sys.executable, __file__, "--recover-here", mode, str(data_dir)], cwd=REPO_ROOT,
+                                check=True, stdout=subprocess.PIPE, text=True).stdout
+        results.append(json.loads(output))
+        if results[-1]["messages"] != messages:
+            results[-1]["failed"] = f"recovered {results[-1]['messages']} messages, not {messages}"
+    return results
 
 
 def cpu_seconds(pid: int) -> float:
@@ -162,9 +197,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--body-bytes", type=int, default=100, help="bytes of each message body (default 100)")
     parser.add_argument("--out", type=Path, help="markdown file whose recovery section is written")
     parser.add_argument("--work-dir", type=Path, help="where the data dir goes (default: a new temporary directory)")
+    parser.add_argument("--journal-only", action="store_true",
+                        help="no node: time the journal's own recoveries in-process (see the module header)")
+    parser.add_argument("--recover-here", nargs=2, metavar=("MODE", "DATA_DIR"), help=argparse.SUPPRESS)
     parser.add_argument("--render-only", type=Path, metavar="JSON",
                         help="run nothing: write the section from a report this script printed")
     args = parser.parse_args(argv)
+    if args.recover_here:
+        print(json.dumps(recover_in_process(Path(args.recover_here[1]), args.recover_here[0])))
+        return 0
     if args.render_only:
         if not args.out:
             parser.error("--render-only needs --out")
@@ -179,6 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     written = time.monotonic()
     journal_bytes = write_journal(data_dir, args.messages, args.groups, args.body_bytes)
     print(f"wrote {journal_bytes / 2**20:,.0f} MiB of journal in {time.monotonic() - written:.0f} s", file=sys.stderr)
+    if args.journal_only:
+        results = journal_only(data_dir, args.messages)
+        print(json.dumps({"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                          "commit": commit(), "messages": args.messages, "groups": args.groups,
+                          "journal_mib": round(journal_bytes / 2**20), "load_start": load_start,
+                          "results": results}))
+        if args.work_dir is None:
+            shutil.rmtree(work_dir, ignore_errors=True)
+        return 1 if any("failed" in result for result in results) else 0
     result = recover(data_dir, work_dir / "node.log")
     if "failed" not in result and result["depth"] != args.messages:
         result = {"failed": f"the queue's depth once ready was {result['depth']}, not {args.messages}"}
