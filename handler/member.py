@@ -30,6 +30,11 @@ Rules:
   node's priority; it says which), so its heartbeats and decisions are not queued behind busy nodes.
 - The raft secrets arrive over the channel, never on the command line (ps shows argv).
 - Everything raft reports goes out in the order pysyncobj's tick thread reported it.
+- After pysyncobj compacts its log into a snapshot (raft.dump replaced), the member gives back what the
+  log held: the freed heap (glibc's malloc_trim; free() keeps it otherwise) and the pages of the raft
+  journal file's mapping (pysyncobj mmaps it and reuses it from the start after a compaction, so its
+  pages from before stay in the resident set). A million routes claimed a thousand to a command left
+  ~50 bytes a route in each (bench/route_memory.py, "member"); see `return_freed_memory`.
 - It times the raft part of each route decision, from a claim's arrival here to its route being applied
   here, and adds that tally to its status ("decision_latency"): the node times the whole decision from its
   own engine loop, which also counts the waits of a busy node's loop; the difference says which side
@@ -68,6 +73,10 @@ CLAIMS_TIMED_MAX = 100_000  # claims timed at once; the rest pass untimed (a lea
 MEMBER_RT_PRIORITY = 1  # SCHED_RR, the lowest real-time priority: above every normal thread, below the kernel's
 MEMBER_NICE = -10  # the fallback without a real-time policy
 SNAPSHOT_CHILD_NICE = 10  # pysyncobj's forked snapshot writer: below the nodes, it is never urgent
+SNAPSHOT_CHECK_S = 2.0  # how often the member looks for a new raft snapshot, after which it returns memory
+RAFT_JOURNAL_FILE = "raft.journal"  # in raft_dir; handler/service.py names pysyncobj's files so
+RAFT_DUMP_FILE = "raft.dump"
+MADV_DONTNEED = 4  # madvise(2), Linux: on a shared file mapping it only unmaps pages; the file keeps the data
 
 
 class Member:
@@ -124,6 +133,8 @@ class Member:
             send(("start_failed", f"{type(error).__name__}: {error}"))
             return
         send(("started",))
+        threading.Thread(target=self._return_memory_after_snapshots, args=(raft_dir,), name="memory-return",
+                         daemon=True).start()
 
     def _claim(self, request_id, keys, now_ms) -> None:
         claimed_ns = time.monotonic_ns()
@@ -199,6 +210,21 @@ class Member:
     def _stop(self) -> None:
         self.stopped.set()
 
+    def _return_memory_after_snapshots(self, raft_dir: str) -> None:
+        """Own thread: once a new snapshot has been seen for one check (pysyncobj drops the compacted log
+        entries on its next tick after the dump is written), return what they held."""
+        dump = os.path.join(raft_dir, RAFT_DUMP_FILE)
+        journal = os.path.realpath(os.path.join(raft_dir, RAFT_JOURNAL_FILE))
+        seen, pending = _modified_ns(dump), False
+        while not self.stopped.wait(SNAPSHOT_CHECK_S):
+            if pending:
+                pending = False
+                returned = return_freed_memory(journal)
+                log.info("raft member: log compacted into a snapshot; %s", returned)
+            modified = _modified_ns(dump)
+            if modified != seen:
+                seen, pending = modified, True
+
     def _done(self, request_id, reason) -> None:
         self.channel.send(("done", request_id, reason))
 
@@ -211,6 +237,42 @@ class Member:
             self.handler.stop()
         self.channel.close()
         return 0
+
+
+def _modified_ns(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def return_freed_memory(mapped_path: str) -> str:
+    """Give the kernel back the heap glibc holds free (malloc_trim) and unmap the resident pages of every
+    mapping of `mapped_path` (MADV_DONTNEED: a shared file mapping faults them back from the page cache
+    when next touched, so nothing is lost). Returns what it did, for the log; never raises."""
+    done = []
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError as error:
+        return f"no C library to call ({error})"
+    try:
+        libc.malloc_trim(0)
+        done.append("malloc_trim")
+    except AttributeError:
+        done.append("no malloc_trim (not glibc)")
+    try:
+        with open("/proc/self/maps") as maps:
+            ranges = [line.split()[0] for line in maps if line.rstrip("\n").endswith(" " + mapped_path)]
+    except OSError as error:
+        return f"{', '.join(done)}; /proc/self/maps unreadable ({error})"
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    unmapped = 0
+    for address_range in ranges:
+        start, end = (int(part, 16) for part in address_range.split("-"))
+        if libc.madvise(start, end - start, MADV_DONTNEED) == 0:
+            unmapped += end - start
+    done.append(f"{unmapped >> 20} MiB of {os.path.basename(mapped_path)}'s mapping released")
+    return ", ".join(done)
 
 
 def _die_with_parent() -> None:
