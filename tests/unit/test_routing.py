@@ -6,7 +6,11 @@ Router is ready unless a test says otherwise; time is whatever integer the test 
 
 from __future__ import annotations
 
-from node.core.routing import Inbound, Outbound, Router
+import pytest
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from node.core.routing import Inbound, Outbound, Router, Routes
 
 A = ("q", "a")
 B = ("q", "b")
@@ -351,3 +355,63 @@ def test_route_decisions_are_counted_by_outcome_with_the_wait_of_each_routed_one
     router.give_up(("q", "never-waited"))
     assert router.decisions == {"routed": 1, "timed_out": 1, "refused": 1}
     assert router.waiting_since_ms == {}
+
+
+# ---- Routes: the packed copy against a dict model ----------------------------------------------------
+
+ROUTE_KEYS = st.tuples(st.sampled_from(["q", "r", "q\udc00"]), st.text(alphabet="ab\x00é", max_size=3))
+OWNERS = st.sampled_from(["n1", "n2", "n3:5674"])
+
+
+class RoutesMachine(RuleBasedStateMachine):
+    """Routes learned, replaced (another owner, a later refresh) and removed, as the applied feed
+    brings them, read back as the {(queue, group): (owner, refreshed_ms)} dict it stands for."""
+
+    @initialize()
+    def start(self):
+        self.routes = Routes()
+        self.model: dict = {}
+
+    @rule(key=ROUTE_KEYS, owner=OWNERS, refreshed_ms=st.integers(-5, 1 << 50))
+    def put(self, key, owner, refreshed_ms):
+        self.routes.put(key, owner, refreshed_ms)
+        self.model[key] = (owner, min(max(refreshed_ms, 0), (1 << 48) - 1))
+
+    @rule(key=ROUTE_KEYS)
+    def remove(self, key):
+        self.routes.remove(key)
+        self.model.pop(key, None)
+
+    @rule(key=ROUTE_KEYS)
+    def read(self, key):
+        owner, refreshed_ms = self.model.get(key, (None, None))
+        assert self.routes.get(key) == owner and self.routes.refreshed(key) == refreshed_ms
+        assert (key in self.routes) == (key in self.model)
+        if owner is None:
+            assert self.routes.packed(key) is None
+            with pytest.raises(KeyError):
+                self.routes[key]
+        else:
+            assert self.routes[key] == owner
+
+    @invariant()
+    def same_as_the_model(self):
+        assert len(self.routes) == len(self.model)
+        assert dict(self.routes.items()) == {key: owner for key, (owner, _) in self.model.items()}
+        assert sorted(self.routes) == sorted(self.model)
+        assert sorted(self.routes.values()) == sorted(owner for owner, _ in self.model.values())
+        assert all(groups for groups in self.routes.by_queue.values())  # an emptied queue is dropped
+
+
+TestRoutes = RoutesMachine.TestCase
+TestRoutes.settings = settings(max_examples=100, stateful_step_count=40, deadline=None, derandomize=True,
+                               database=None)
+
+
+def test_a_leased_router_routes_through_the_packed_refresh_time():
+    router = Router("n1", TIMEOUT_MS, lease_ms=10)
+    router.become_ready(0)
+    router.learn([("q", "a", "n2")], 100)
+    assert router.route(A, "a1", 110) == "n2" and router.take_used() == {A}
+    assert router.route(A, "a2", 111) is None  # the lease ran out: it waits and is claimed again
+    assert router.take_claims() == [A]
