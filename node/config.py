@@ -44,6 +44,11 @@ class NodeConfig:
     # bytes of message bodies all durable queues together keep in RAM; past it the bodies of journalled
     # messages live only in the journal, read back ahead of dispatch (README "Paging"); 0 = no node budget
     message_memory_max_bytes: int = 256 << 20
+    # bytes of queued messages' records (seq, group, flags; node/core/cold.py counts each message as 160 and
+    # each group as 256) all durable queues together keep in RAM; past it a queue's newest messages wait
+    # in the journal as 8-byte seqs, read back whole as consumers near them (README "Paging"); 0 = no
+    # budget. A node in a cluster keeps every record for now
+    record_memory_max_bytes: int = 64 << 20
     connections_max: int = 512  # open AMQP connections; more are refused with a condition
     link_unsettled_max: int = 1000  # unsettled deliveries per consumer link (caps granted credit)
     producer_credit_window: int = 500  # credit granted to each producer link, topped up as it drains
@@ -156,6 +161,8 @@ class NodeConfig:
             raise InvalidConfig("journal_compact_min_bytes", "must be >= 0")
         if self.message_memory_max_bytes < 0:
             raise InvalidConfig("message_memory_max_bytes", "must be >= 0 bytes (0 = no node-wide budget)")
+        if self.record_memory_max_bytes < 0:
+            raise InvalidConfig("record_memory_max_bytes", "must be >= 0 bytes (0 = every record stays in memory)")
         if self.group_timeout_ms < 0:
             raise InvalidConfig("group_timeout_ms", f"must be >= 0 (0 = routes never expire and a cluster that saw "
                                 f"routes_max groups takes no new one; default {GROUP_TIMEOUT_MS_DEFAULT})")

@@ -290,6 +290,7 @@ class GrouperCollector:
             ("depth_bytes", "bytes of message payload on the queue"),
             ("resident_bytes", "bytes of those payloads held in memory"),
             ("paged_bytes", "bytes of those payloads only in the journal, paged out past a memory budget"),
+            ("cold_messages", "messages past the node's record budget, only a seq in memory until read back"),
             ("acquired_messages", "messages delivered and not yet settled"),
             ("consumers", "consuming links (browsers excluded)"),
             ("groups", "groups the queue tracks"),

@@ -331,11 +331,17 @@ class Node:
             self.raft_secrets = read_raft_secrets(config.raft_secret_file) if config.raft_secret_file else ()
             self.cluster = ClusterLink(config.node_id, config, self.broker, self.journal, clock_ms,
                                        peer_tls=self.cluster_tls)
+        else:  # cold tails (node/core/cold.py) are for a node alone for now: a cluster hands groups over whole
+            self.broker.records.max_bytes = config.record_memory_max_bytes
 
     def recover(self) -> None:
         # past the node's budget only records come back; bodies are read when dispatch reaches them. In a
         # cluster every body, for now: a restored group that lives elsewhere is handed over once, from memory
-        recovery = self.journal.recover(0 if self.cluster is not None else self.config.message_memory_max_bytes)
+        # alone, with a record budget, a durable queue's messages come back as a cold tail (node/core/cold.py):
+        # seqs only, read back whole, oldest first, as the budget makes room and dispatch needs them
+        cold = self.cluster is None and self.broker.records.max_bytes > 0
+        recovery = self.journal.recover(0 if self.cluster is not None else self.config.message_memory_max_bytes,
+                                        cold=cold)
         for settings in self.config.queues:
             self.broker.declare_queue(settings)
         journalled = set()
@@ -368,6 +374,13 @@ class Node:
             for message in messages:
                 self.broker.restore(name, message)
                 restored += 1
+        for name, backlog in recovery.cold.items():
+            if name not in self.broker.queues:
+                log.warning("journal holds %d messages of undeclared queue %r; declaring it from the address settings",
+                            len(backlog.seqs), name)
+                self.broker.queue(name, create=True)
+            self.broker.restore_cold(name, backlog.seqs, backlog.size_bytes)
+            restored += len(backlog.seqs)
         if self.cluster is not None:
             self.cluster.hold_recovered()  # with route_follow_ms: until the replica is current
         self.broker.page_out(self.clock_ms())  # the budgets; held groups keep their bodies (paging.py)
@@ -405,7 +418,9 @@ class Node:
                            on_failed=lambda ticket, reason: self.bridge.post(
                                lambda: self.server.journal_failed(ticket, reason)),
                            on_bodies=lambda queue, bodies: self.bridge.post(
-                               lambda: self.server.journal_bodies(queue, bodies)))
+                               lambda: self.server.journal_bodies(queue, bodies)),
+                           on_records=lambda queue, records: self.bridge.post(
+                               lambda: self.server.journal_records(queue, records)))
         self.server.apply([])  # journals the declarations made during recovery
         self.server.start()
         self.serving = True

@@ -59,7 +59,7 @@ class QueueSettings(_message.Message):
     def __init__(self, name: _Optional[str] = ..., group_policy: _Optional[str] = ..., group_header: _Optional[str] = ..., default_group: _Optional[str] = ..., group_first_key: _Optional[str] = ..., group_rebalance: _Optional[bool] = ..., group_rebalance_pause_dispatch: _Optional[bool] = ..., group_buckets: _Optional[int] = ..., consumers_before_dispatch: _Optional[int] = ..., time_before_dispatch_ms: _Optional[int] = ..., durable: _Optional[bool] = ..., depth_max_messages: _Optional[int] = ..., depth_max_bytes: _Optional[int] = ..., group_id_length_max_chars: _Optional[int] = ..., delivery_count_max: _Optional[int] = ..., dead_letter_queue: _Optional[str] = ..., groups_max: _Optional[int] = ..., redelivery_delay_ms: _Optional[int] = ..., redelivery_delay_multiplier: _Optional[float] = ..., redelivery_delay_max_ms: _Optional[int] = ..., dead_letter_queue_auto_create: _Optional[bool] = ..., address: _Optional[str] = ..., memory_max_bytes: _Optional[int] = ..., trace: _Optional[bool] = ...) -> None: ...
 
 class QueueStats(_message.Message):
-    __slots__ = ("name", "depth_messages", "depth_bytes", "acquired_messages", "consumers", "browsers", "groups", "owned_groups", "enqueued_total", "delivered_total", "resident_bytes", "paged_bytes")
+    __slots__ = ("name", "depth_messages", "depth_bytes", "acquired_messages", "consumers", "browsers", "groups", "owned_groups", "enqueued_total", "delivered_total", "resident_bytes", "paged_bytes", "cold_messages")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DEPTH_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     DEPTH_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class QueueStats(_message.Message):
     DELIVERED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     PAGED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COLD_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     name: str
     depth_messages: int
     depth_bytes: int
@@ -84,7 +85,8 @@ class QueueStats(_message.Message):
     delivered_total: int
     resident_bytes: int
     paged_bytes: int
-    def __init__(self, name: _Optional[str] = ..., depth_messages: _Optional[int] = ..., depth_bytes: _Optional[int] = ..., acquired_messages: _Optional[int] = ..., consumers: _Optional[int] = ..., browsers: _Optional[int] = ..., groups: _Optional[int] = ..., owned_groups: _Optional[int] = ..., enqueued_total: _Optional[int] = ..., delivered_total: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., paged_bytes: _Optional[int] = ...) -> None: ...
+    cold_messages: int
+    def __init__(self, name: _Optional[str] = ..., depth_messages: _Optional[int] = ..., depth_bytes: _Optional[int] = ..., acquired_messages: _Optional[int] = ..., consumers: _Optional[int] = ..., browsers: _Optional[int] = ..., groups: _Optional[int] = ..., owned_groups: _Optional[int] = ..., enqueued_total: _Optional[int] = ..., delivered_total: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., paged_bytes: _Optional[int] = ..., cold_messages: _Optional[int] = ...) -> None: ...
 
 class GroupRow(_message.Message):
     __slots__ = ("group", "messages", "acquired", "consumer", "node", "head_age_ms")

@@ -9,6 +9,9 @@ Rules:
 - Messages in no group (a queue without `default_group`) go once the groups are through, at most
   GROUPS_PER_BATCH_MAX of them per turn. `available_left` counts what is available at the end: only
   messages that arrived while the purge ran, which the caller names as such.
+- A cold tail (node/core/cold.py) is read back batch by batch once the groups are through, and each
+  batch purged as warm messages are; a read in flight leaves the purge not done, so the caller's next
+  turns wait for it.
 - Groups are taken in the queue's dict order from `position`; a group emptied (and so forgotten by
   the queue) moves those after it back by one, which the next position accounts for. Groups that
   arrive during the purge join its end and are purged when it gets there.
@@ -38,5 +41,10 @@ def purge_batch(queue, position: int, now_ms: int, effects: list,
         loose = queue.take_ungrouped_messages(groups_max, effects)
         purged += len(loose)
         done = len(loose) < groups_max
+    if done and queue.read_cold_for_purge(effects):
+        # a cold tail's next records are read back into the warm part: the groups once more, from the start
+        # (records may join groups this purge has passed, ones whose in-flight messages kept them)
+        queue.tick(now_ms, effects)
+        return purged, 0, False
     queue.tick(now_ms, effects)  # as `group purge` does: dispatch goes on with what is left
     return purged, position + len(keys) - forgotten, done

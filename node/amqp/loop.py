@@ -69,7 +69,7 @@ from node.core.access import Permission
 from node.core.address_settings import split_address
 from node.core.addresses import TOPIC_CAPABILITY, SendTally, split_fqqn, subscription_name
 from node.core.effects import DeadLettered, Delayed, Deliver, DetachConsumer, Dropped, Enqueued, Kept, Removed, Stored
-from node.core.effects import PageIn
+from node.core.effects import PageIn, ReadRecords
 from node.core.errors import AlreadyExists, GrouperError, NotFound, ResourceLimitExceeded, StoreFailed
 from node.core.message import Message, Outcome
 from node.store.journal import failure_condition
@@ -418,6 +418,10 @@ class AmqpServer:
     def journal_bodies(self, queue: str, bodies: dict) -> None:
         """Paged-out bodies the journal read back: dispatch goes on with them."""
         self.apply(self.broker.page_in(queue, bodies, self.clock_ms()))
+
+    def journal_records(self, queue: str, records: dict) -> None:
+        """A cold tail's records the journal read back whole: they join the warm part."""
+        self.apply(self.broker.promote(queue, records, self.clock_ms()))
 
     def journal_failed(self, ticket: int, reason: str) -> None:
         """The batch ending at `ticket` could not be written: take back its sends, refuse their producers."""
@@ -1044,6 +1048,8 @@ class AmqpServer:
                     self._stores_unflushed.append((effect.queue, effect.message))
             elif kind is PageIn:
                 self.journal.read_bodies(effect.queue, effect.seqs)
+            elif kind is ReadRecords:
+                self.journal.read_records(effect.queue, effect.seqs)
             elif kind is Removed:
                 if self.journal is not None:
                     self.journal.remove(effect.queue, effect.seq)

@@ -37,9 +37,10 @@ import dataclasses
 
 from node.core.address_settings import AddressSettings, check_parameters
 from node.core.addresses import Addresses
+from node.core.cold import RecordBudget
 from node.core.effects import DeadLettered, DetachConsumer, Enqueued, Removed, Stored
 from node.core.errors import AlreadyExists, GrouperError, NotFound
-from node.core.message import AVAILABLE, JOURNALLED, Message, Outcome
+from node.core.message import AVAILABLE, COLD, JOURNALLED, Message, Outcome
 from node.core.queue import Queue
 from node.core.settings import QueueSettings
 
@@ -68,6 +69,8 @@ class Broker:
         self.temporary: set[str] = set()  # temporary subscriptions made here, alive (for one link each)
         # bytes of message bodies all durable queues together keep in memory; 0 = no node budget
         self.memory_max_bytes = 0
+        # their messages' records kept in memory (node/core/cold.py); max_bytes 0 = no budget
+        self.records = RecordBudget()
 
     # ---- queues ------------------------------------------------------------------------------
 
@@ -81,7 +84,7 @@ class Broker:
         if self.addresses.is_multicast(settings.name):
             raise AlreadyExists(f"{settings.name!r} is a multicast address: its messages go to its subscription "
                                 f"queues; give the queue another name and address = {settings.name!r}")
-        queue = Queue(settings, fallback_default_group=self.default_group)
+        queue = Queue(settings, fallback_default_group=self.default_group, records=self.records)
         queue.dead_letter_refusal = lambda message: self._dead_letter_refusal(queue, message)
         self.queues[settings.name] = queue
         if settings.address:
@@ -233,6 +236,17 @@ class Broker:
         queue.restore(message)
         self.next_seq = max(self.next_seq, message.seq + 1)
 
+    def restore_cold(self, queue_name: str, seqs, size_bytes: int) -> None:
+        """Journal recovery of a durable queue's messages as a cold tail (node/core/cold.py): live seqs,
+        ascending, their payloads `size_bytes` in all; read back whole when dispatch nears them."""
+        queue = self.queues[queue_name]
+        if queue.cold is None:
+            raise GrouperError(f"journal holds messages of queue {queue_name!r}, now declared non-durable; "
+                               f"declare it durable again to recover them")
+        queue.restore_cold(seqs, size_bytes)
+        if seqs:
+            self.next_seq = max(self.next_seq, seqs[-1] + 1)
+
     # ---- consumers ---------------------------------------------------------------------------
 
     def attach_consumer(self, queue_name: str, consumer_id, browse: bool, now_ms: int,
@@ -341,9 +355,25 @@ class Broker:
     def journalled(self, stores: list, now_ms: int) -> list:
         """The journal reported these (queue name, message) STOREs on disk: their bodies may be paged
         out now. Pages out what is over the queues' budgets and the node's (`memory_max_bytes`)."""
-        for _, message in stores:
+        cold_queues = set()
+        for queue_name, message in stores:
             message.flags |= JOURNALLED
-        return self.page_out(now_ms)
+            if message.flags & COLD:
+                cold_queues.add(queue_name)
+        effects: list = []
+        for queue_name in sorted(cold_queues):
+            queue = self.queues.get(queue_name)
+            if queue is not None:
+                queue.cold_journalled(now_ms, effects)
+        return effects + self.page_out(now_ms)
+
+    def promote(self, queue_name: str, records: dict, now_ms: int) -> list:
+        """Records of a cold tail the journal read back (seq -> Message or None): node/core/cold.py."""
+        effects: list = []
+        queue = self.queues.get(queue_name)
+        if queue is not None:  # deleted meanwhile: nothing waits for them
+            queue.promote(records, now_ms, effects)
+        return effects + self.page_out(now_ms)
 
     def page_out(self, now_ms: int) -> list:
         effects: list = []
@@ -401,6 +431,7 @@ class Broker:
     def purge_group(self, queue_name: str, group: str, count: int | None, now_ms: int) -> tuple[int, list]:
         effects: list = []
         queue = self.queue(queue_name)
+        queue.cold_refusal(f"purging group {group!r}")
         taken = queue.take_group_messages(group, count, effects, bodies=False)  # a purge needs no bodies
         queue.tick(now_ms, effects)
         return len(taken), effects
@@ -411,6 +442,7 @@ class Broker:
         target = self.queue(destination)
         if target is source:
             raise AlreadyExists(f"cannot move group {group!r} of {queue_name!r} onto itself")
+        source.cold_refusal(f"moving group {group!r}")
         moving = source.group_head_messages(group, count)
         target.check_capacity(sum(m.size_bytes for m in moving), len(moving))  # refuse before touching anything
         effects: list = []

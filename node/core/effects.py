@@ -58,6 +58,15 @@ class PageIn:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadRecords:
+    """Read these cold messages of durable queue `queue` back from the journal whole (record and body),
+    then hand them to Broker.promote on the engine loop (node/core/cold.py). Seqs ascending."""
+
+    queue: str
+    seqs: tuple
+
+
+@dataclass(frozen=True, slots=True)
 class Removed:
     """A message of a durable queue is gone for good (accepted, rejected, expired, purged, moved)."""
 

@@ -32,6 +32,7 @@ PAGED = 16
 REQUESTED = 32
 FETCHED = 64
 JOURNALLED = 128
+COLD = 256  # in its queue's cold tail, waiting for its STORE to be on disk (node/core/cold.py)
 
 
 class Message:

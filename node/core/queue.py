@@ -22,6 +22,9 @@ Rules this module keeps:
   an idle group (nothing queued or in flight, no owner) is forgotten at once, on every path, and
   costs nothing; a group of one message holds it without a container (`Group.lane`); messages share
   their group's id string; the groups dict is copied small once most of its groups are gone.
+- Past the node's record budget a durable queue's newest messages form a cold tail (node/core/cold.py):
+  counted in its depth but in no group, heap or log until read back whole, oldest first, into the warm
+  part; dispatch only ever sees the warm part, a prefix of the queue in seq order.
 - groups_max counts every tracked group, an empty one kept by its exclusive owner included, but
   such a group frees itself: when a new group would pass groups_max, the group empty longest with
   an owner is forgotten to make room (its owner loses it; nothing of it is queued or in flight, so
@@ -37,10 +40,11 @@ import zlib
 from bisect import bisect_right
 from collections import deque
 
-from node.core.effects import Deliver, Delayed, DetachConsumer, Dropped, Kept, Removed, Stored, Withdrawn
+from node.core.cold import ColdTail, RecordBudget
+from node.core.effects import Deliver, Delayed, DetachConsumer, Dropped, Kept, ReadRecords, Removed, Stored, Withdrawn
 from node.core.errors import GrouperError, InvalidField, NotFound, ResourceDeleted, ResourceLimitExceeded
-from node.core.message import (ACQUIRED, AVAILABLE, CLOSES_GROUP, HANDED_OUT, PAGED, REMOVED, REQUESTED, STATE_MASK,
-                               Message, Outcome)
+from node.core.message import (ACQUIRED, AVAILABLE, CLOSES_GROUP, COLD, HANDED_OUT, JOURNALLED, PAGED, REMOVED,
+                               REQUESTED, STATE_MASK, Message, Outcome)
 from node.core.paging import READ_AHEAD_MESSAGES, Pager
 from node.core.settings import QueueSettings
 
@@ -158,7 +162,8 @@ def _seq_of(message: Message) -> int:
 
 
 class Queue:
-    def __init__(self, settings: QueueSettings, *, fallback_default_group: str = ""):
+    def __init__(self, settings: QueueSettings, *, fallback_default_group: str = "",
+                 records: RecordBudget | None = None):
         self.settings = settings
         default = settings.effective_default_group
         if not settings.default_group and settings.group_policy == "shared" and fallback_default_group:
@@ -194,6 +199,9 @@ class Queue:
         self._dispatch_started = False
         # which bodies are in memory (node/core/paging.py); a non-durable queue's exist nowhere else
         self.pager: Pager | None = Pager(settings.name) if settings.durable else None
+        # past the node's record budget, the newest messages are only seqs here (node/core/cold.py)
+        self.cold: ColdTail | None = ColdTail(records) if records is not None and settings.durable else None
+        self._starved = False  # the last dispatch left a taker or browser with credit and nothing to take
 
     # ---- producers ---------------------------------------------------------------------------
 
@@ -252,9 +260,19 @@ class Queue:
         message.flags &= ~STATE_MASK  # AVAILABLE
         self.depth_messages += 1
         self.depth_bytes += message.size_bytes
+        cold = self.cold
+        if cold is not None and cold.admits():
+            cold.add(message)  # behind the cold tail: read back whole when dispatch nears it
+            return
+        self._warm(message, key)
+
+    def _warm(self, message: Message, key) -> None:
+        """Put a counted message in the warm part: the browse log, its group, the heaps."""
         self._log.append(message)
         if self.pager is not None:
             self.pager.admitted(message)
+            if self.cold is not None:
+                self.cold.budget.messages += 1
         if message.expires_at_ms:
             heapq.heappush(self._expiry, (message.expires_at_ms, message.seq, message))
         self._make_available(message, key)
@@ -454,10 +472,17 @@ class Queue:
                 self._place_or_forget(message.group)
 
     def _dispatch(self, now_ms: int, effects: list) -> None:
+        self._starved = False
         self._dispatch_takers(now_ms, effects)
         pager = self.pager
         if pager is not None and pager.waiting:
             pager.ask(self._lane_of, effects)
+        cold = self.cold
+        if cold is not None and len(cold.seqs) > cold.start and not cold.asked:
+            # starved: nothing warm for a consumer with credit, and no body is on its way either
+            seqs = cold.ask(self._starved and not pager.requested_bytes and not pager.waiting)
+            if seqs:
+                effects.append(ReadRecords(self.settings.name, seqs))
 
     def _lane_of(self, group):
         """A group's messages in seq order (None: the ungrouped lane); None when the group is gone."""
@@ -493,6 +518,7 @@ class Queue:
                     self._read_ahead(None, self._ungrouped)
                 continue
             if best_group is None:
+                self._starved = True
                 return
             if best_consumer is None:
                 heapq.heappop(self._unowned)
@@ -563,6 +589,8 @@ class Queue:
                 delivery_id = browser.next_delivery_id
                 browser.next_delivery_id = delivery_id + 1
                 effects.append(Deliver(browser.id, delivery_id, message, False, True))
+            if browser.credit > 0 and index == len(log):
+                self._starved = True  # at the warm part's end: a cold tail is read back for it
 
     def _peek(self, heap: list, marker, now_ms: int, effects: list) -> Group | None:
         while heap:
@@ -637,6 +665,8 @@ class Queue:
         group.placed_in = None
         groups = self.groups
         del groups[group.key]
+        if self.cold is not None:
+            self.cold.budget.groups -= 1
         if self._tracking_empty_owned and len(groups) * 2 < self.settings.groups_max:
             self._tracking_empty_owned = False  # far from the limit again: _track_empty_owned starts over
             self._empty_owned.clear()
@@ -690,6 +720,8 @@ class Queue:
             group = groups[key] = Group(key)
             if len(groups) > self._groups_high:
                 self._groups_high = len(groups)
+            if self.cold is not None:
+                self.cold.budget.groups += 1
         elif type(key) is str and message.group_id is not None:
             message.group_id = group.key  # the group's copy: one string per group, not one per message
         message.group = group
@@ -707,6 +739,8 @@ class Queue:
         `journalled` False: its STORE never reached the disk (a withdrawn send), so no REMOVE is due."""
         if self.pager is not None:
             self.pager.removed(message)
+            if self.cold is not None:
+                self.cold.budget.messages -= 1
         message.flags = message.flags & ~STATE_MASK | REMOVED
         self.depth_messages -= 1
         self.depth_bytes -= message.size_bytes
@@ -732,7 +766,12 @@ class Queue:
         its producer is refused, so it must never be delivered. Its group is forgotten if that leaves
         it idle, as after any other removal; an owner it had before this message keeps it."""
         assert message.state == AVAILABLE and not message.handed_out, message
-        self._take_available(message, effects, journalled=False)
+        if message.flags & COLD:  # still pending in the cold tail
+            self.cold.withdraw(message)
+            self.depth_messages -= 1
+            self.depth_bytes -= message.size_bytes
+        else:
+            self._take_available(message, effects, journalled=False)
         effects.append(Withdrawn(self.settings.name, message.seq))
         self._dispatch(now_ms, effects)
 
@@ -777,6 +816,65 @@ class Queue:
                 self._place_or_forget(group)
         self._dispatch(now_ms, effects)
 
+    # ---- the cold tail (node/core/cold.py) --------------------------------------------------------
+
+    def restore_cold(self, seqs, size_bytes: int) -> None:
+        """Journal recovery: live seqs (ascending, newer than anything here) whose records stay in the
+        journal until dispatch nears them."""
+        self.depth_messages += len(seqs)
+        self.depth_bytes += size_bytes
+        self.cold.add_journalled(seqs, size_bytes)
+
+    def cold_journalled(self, now_ms: int, effects: list) -> None:
+        """Some STOREs were reported on disk: pending cold messages among them let go of their bodies."""
+        cold = self.cold
+        if cold is not None and cold.pending:
+            cold.journalled()
+            self._dispatch(now_ms, effects)
+
+    def promote(self, records: dict, now_ms: int, effects: list) -> None:
+        """Records the journal read back (seq -> Message, None when it lacks one) for the cold tail's
+        last ReadRecords: they join the warm part in seq order, and dispatch goes on with them."""
+        cold = self.cold
+        if cold is None or not cold.asked:
+            return
+        seqs = cold.asked_seqs()
+        if seqs[0] not in records:
+            return  # an answer to a read of a queue of the same name deleted since
+        back_bytes = 0
+        for seq in seqs:
+            message = records.get(seq)
+            if message is None:
+                self.depth_messages -= 1  # its bytes are taken off once known (ColdTail.promoted)
+                effects.append(Dropped(self.settings.name, seq, "its record is missing from the journal"))
+                continue
+            message.flags |= JOURNALLED
+            back_bytes += message.size_bytes
+            self._warm(message, self._key_of(message.group_id))
+        self.depth_bytes -= cold.promoted(back_bytes)
+        self._dispatch(now_ms, effects)
+
+    def cold_refusal(self, what: str) -> None:
+        """Raise when `what` needs every message of a group and this queue has a cold tail: which groups
+        its messages belong to is not known until they are read back."""
+        cold = self.cold
+        if cold is not None and cold.count:
+            raise ResourceLimitExceeded(
+                f"{what}: queue {self.settings.name!r} holds {cold.count} messages past the node's "
+                f"record_memory_max_bytes (only in the journal until consumers near them), and a group's "
+                f"messages among them are not known here; retry once consumers have drained the queue "
+                f"below that budget, purge the whole queue, or raise record_memory_max_bytes")
+
+    def read_cold_for_purge(self, effects: list) -> bool:
+        """A queue purge reached the cold tail: read its next records back (past the budget) so the
+        purge takes them as warm ones. False when nothing is cold any more."""
+        cold = self.cold
+        if cold is None or not cold.count:
+            return False
+        if not cold.asked and len(cold.seqs) > cold.start:
+            effects.append(ReadRecords(self.settings.name, cold.ask(True)))
+        return True
+
     def paged_group_bodies(self, group: Group) -> int:
         """Available messages of `group` whose bodies are not in memory."""
         return sum(1 for message in group.messages()
@@ -813,6 +911,9 @@ class Queue:
 
     def reset_groups(self, group_key, now_ms: int, effects: list) -> int:
         """Free one group (or every group with None); in-flight groups are freed once settled."""
+        if group_key is not None and self.cold is not None and self.cold.count \
+                and self.group_key_from_text(group_key) not in self.groups:
+            return 0  # perhaps a group of the cold tail's only: one without an owner, or it would be known
         groups = [self._group(group_key)] if group_key is not None else list(self.groups.values())
         count = self._reset_groups(groups, pause=True)
         self._dispatch(now_ms, effects)
@@ -969,7 +1070,6 @@ class Queue:
         self._browsers.clear()
         for message in self._log:
             message.state = REMOVED
-        self.groups.clear()
         self._empty_owned.clear()
         self._log.clear()
         self._ungrouped.clear()
@@ -978,6 +1078,12 @@ class Queue:
         self._delayed.clear()
         if self.pager is not None:
             self.pager.clear()
+        if self.cold is not None:
+            budget = self.cold.budget
+            budget.messages -= self.depth_messages - self.cold.count
+            budget.groups -= len(self.groups)
+            self.cold.clear()
+        self.groups.clear()
         self.depth_messages = self.depth_bytes = self.acquired_messages = 0
 
     def stats(self) -> dict:
@@ -992,8 +1098,10 @@ class Queue:
             "owned_groups": sum(1 for g in self.groups.values() if g.owner is not None),
             "enqueued_total": self.enqueued_total,
             "delivered_total": self.delivered_total,
-            "resident_bytes": self.depth_bytes - (self.pager.paged_bytes if self.pager is not None else 0),
+            "resident_bytes": self.depth_bytes - (self.pager.paged_bytes if self.pager is not None else 0)
+            - (self.cold.journal_bytes if self.cold is not None else 0),
             "paged_bytes": self.pager.paged_bytes if self.pager is not None else 0,
+            "cold_messages": self.cold.count if self.cold is not None else 0,
         }
 
 

@@ -28,6 +28,8 @@ engine loop turn until `done` and carries out each batch's effects. Rules:
   is not moved before it is read back. The batch stops there, asks for it, and says so
   (`waiting_for_bodies`); the caller runs the next batch once it may be back, and gives up after its
   deadline (`give_up`), the rest counted as stayed.
+- A queue with a cold tail (node/core/cold.py) is refused at the start, naming the budget: which
+  groups its cold messages belong to is not known until they are read back.
 - The selection is fixed at the start: the groups the queue has then, moved group by group; or the
   first N, found by one scan in queue order and moved in that order. A message arriving meanwhile
   stays. At most MESSAGES_PER_BATCH_MAX messages move per batch, so a large backlog never holds the
@@ -84,6 +86,7 @@ class Reroute:
         source = broker.queue(self.source)
         targets = self._targets(broker, source)
         if self._plan is None:
+            source.cold_refusal("rerouting")  # the selection must know every message's group
             self._plan = self._make_plan(source)
         effects: list = []
         forwards: list[Forward] = []
