@@ -257,12 +257,15 @@ class Scan:
         crc32 = zlib.crc32
         headers = self._store_headers
         names: dict = {}
+        size_bytes = self._size_bytes
         buffer = b""
+        view = memoryview(buffer)  # of `buffer`, made once per chunk, not once per frame
         position = 0  # of the next frame within `buffer`
         offset = self.end_offset
         while True:
             if len(buffer) - position < FRAME_HEADER_BYTES:
                 buffer = buffer[position:] + read(SCAN_CHUNK_BYTES)
+                view = memoryview(buffer)
                 position = 0
                 if len(buffer) < FRAME_HEADER_BYTES:
                     if buffer:
@@ -272,18 +275,19 @@ class Scan:
             if not 1 <= body_length <= RECORD_BODY_MAX_BYTES:
                 self.stop_reason = f"impossible body length {body_length}"
                 return
-            remaining = self._size_bytes - offset - FRAME_HEADER_BYTES
+            remaining = size_bytes - offset - FRAME_HEADER_BYTES
             if body_length > remaining:
                 self.stop_reason = f"torn frame (body of {body_length} bytes, {remaining} present)"
                 return
             body_start = position + FRAME_HEADER_BYTES
             if len(buffer) < body_start + body_length:
                 buffer = buffer[position:] + read(max(SCAN_CHUNK_BYTES, body_length))
+                view = memoryview(buffer)
                 position, body_start = 0, FRAME_HEADER_BYTES
                 if len(buffer) < body_start + body_length:  # the file shrank under us
                     self.stop_reason = f"torn frame (body of {body_length} bytes, {len(buffer) - body_start} read)"
                     return
-            body = memoryview(buffer)[body_start:body_start + body_length]
+            body = view[body_start:body_start + body_length]
             if crc32(body) != crc:
                 self.stop_reason = f"crc mismatch in a frame of {body_length} body bytes"
                 return
