@@ -25,6 +25,7 @@ from node.config import NodeConfig
 from node.core.broker import Broker
 from handler import queue_definitions as definitions
 from node.admin.definitions import fixed_refusal, updated_settings
+from node.core.effects import Dropped, ReadRecords
 from node.core.errors import AlreadyExists, GrouperError, HandlerUnavailable, NotAllowed, NotFound
 from node.core.settings import QueueSettings
 from node.health import PROBE_TIMEOUT_MS
@@ -383,9 +384,27 @@ class Node:
             restored += len(backlog.seqs)
         if self.cluster is not None:
             self.cluster.hold_recovered()  # with route_follow_ms: until the replica is current
+        if cold:
+            self._read_cold_back()
         self.broker.page_out(self.clock_ms())  # the budgets; held groups keep their bodies (paging.py)
         log.info("recovered %d queues and %d messages from %s", len(self.broker.queues), restored,
                  self.config.data_dir)
+
+    def _read_cold_back(self) -> None:
+        """Before serving, read each recovered cold tail's oldest records back as far as the record budget
+        goes, as dispatch would (node/core/cold.py): a restarted node serves its warm part at once."""
+        now_ms = self.clock_ms()
+        reads = [ReadRecords(name, seqs) for name, queue in sorted(self.broker.queues.items())
+                 if queue.cold is not None and (seqs := queue.cold.ask(False))]
+        while reads:
+            read = reads.pop(0)
+            for effect in self.broker.promote(read.queue, self.journal.read_records_now(read.queue, read.seqs), now_ms):
+                if type(effect) is ReadRecords:
+                    reads.append(effect)  # the next batch, while the budget has room
+                elif type(effect) is Dropped:
+                    log.error("queue %r: message %d dropped at recovery: %s", effect.queue, effect.seq, effect.reason)
+                else:  # with no consumer attached yet, promotion asks for nothing else
+                    raise AssertionError(f"recovery's read-back of cold records made {effect!r}")
 
     def start(self) -> None:
         from node.admin import tls as admin_tls

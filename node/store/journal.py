@@ -362,6 +362,13 @@ class Journal:
         """Ask the writer for these whole records of `queue` (engine loop thread); on_records answers."""
         self._ask(True, queue, seqs)
 
+    def read_records_now(self, queue: str, seqs: tuple) -> dict:
+        """Before start(), on the caller's thread: these whole records of `queue` ({seq: Message or None}),
+        as on_records would have them (a node reads its cold tails' oldest back before it serves)."""
+        if self._thread is not None:
+            raise RuntimeError("Journal.read_records_now() is for the caller before start(); use read_records")
+        return self._read_frames(queue, seqs, records.store_message)
+
     def _ask(self, whole: bool, queue: str, seqs: tuple) -> None:
         if self._closed:
             return
