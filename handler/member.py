@@ -34,7 +34,10 @@ Rules:
   log held: the freed heap (glibc's malloc_trim; free() keeps it otherwise) and the pages of the raft
   journal file's mapping (pysyncobj mmaps it and reuses it from the start after a compaction, so its
   pages from before stay in the resident set). A million routes claimed a thousand to a command left
-  ~50 bytes a route in each (bench/route_memory.py, "member"); see `return_freed_memory`.
+  ~50 bytes a route in each (bench/route_memory.py, "member"); see `return_freed_memory`. pysyncobj
+  compacts only past 5,000 entries or 300 s, and a claim entry carries up to a thousand routes, so
+  the member asks for a compaction itself once LOG_ROUTES_BEFORE_COMPACTION route changes were
+  applied since it last asked: the log then holds at most ~100 bytes (heap and mapping) times that.
 - It times the raft part of each route decision, from a claim's arrival here to its route being applied
   here, and adds that tally to its status ("decision_latency"): the node times the whole decision from its
   own engine loop, which also counts the waits of a busy node's loop; the difference says which side
@@ -73,6 +76,10 @@ CLAIMS_TIMED_MAX = 100_000  # claims timed at once; the rest pass untimed (a lea
 MEMBER_RT_PRIORITY = 1  # SCHED_RR, the lowest real-time priority: above every normal thread, below the kernel's
 MEMBER_NICE = -10  # the fallback without a real-time policy
 SNAPSHOT_CHILD_NICE = 10  # pysyncobj's forked snapshot writer: below the nodes, it is never urgent
+# route changes applied (claimed, refreshed, moved, removed) after which the member asks pysyncobj to compact
+# its log: ~20 MB of log at ~100 bytes a change; a compaction pickles the table in a forked child (a
+# million routes: ~3 s of its CPU at nice 10), so at most one per this many changes
+LOG_ROUTES_BEFORE_COMPACTION = 200_000
 SNAPSHOT_CHECK_S = 2.0  # how often the member looks for a new raft snapshot, after which it returns memory
 RAFT_JOURNAL_FILE = "raft.journal"  # in raft_dir; handler/service.py names pysyncobj's files so
 RAFT_DUMP_FILE = "raft.dump"
@@ -88,6 +95,7 @@ class Member:
         # taken on pysyncobj's tick thread, so both sides hold the lock, as does a status snapshot
         self._claimed_ns: dict[tuple, int] = {}
         self._decision_latency = LatencyTally(DECISION_BOUNDS_MS)
+        self._routes_since_compaction = 0  # pysyncobj's tick thread only
         self._timing = threading.Lock()
         self._requests = {
             "claim": self._claim, "touch": self._touch, "report_consumers": self._report_consumers,
@@ -152,6 +160,12 @@ class Member:
         self._done(request_id, reason)
 
     def _applied(self, kind, payload, at_ms) -> None:  # pysyncobj's tick thread
+        if kind == ROUTES:
+            self._routes_since_compaction += len(payload)
+            # (the handler is None while pysyncobj replays its journal inside the handler's constructor)
+            if self._routes_since_compaction >= LOG_ROUTES_BEFORE_COMPACTION and self.handler is not None:
+                self._routes_since_compaction = 0
+                self.handler.compact_log()
         if kind == ROUTES and self._claimed_ns:
             applied_ns = time.monotonic_ns()
             with self._timing:

@@ -186,6 +186,11 @@ class GroupingHandler:
     def remove_member(self, node: str, on_done) -> None:
         self._syncobj.removeNodeFromCluster(node, callback=self._callback(on_done, on_success=lambda: on_done(None)))
 
+    def compact_log(self) -> None:
+        """Compact the raft log into a snapshot at pysyncobj's next chance, whatever its own thresholds
+        (handler/member.py bounds the log's memory by the route changes it carries)."""
+        self._syncobj.forceLogCompaction()
+
     # ---- state -------------------------------------------------------------------------------
 
     def status(self) -> dict:

@@ -1,4 +1,4 @@
-"""The raft member gives back what a compacted raft log held (handler/member.py: return_freed_memory).
+"""The raft member bounds and gives back what its raft log holds (handler/member.py).
 
 pysyncobj mmaps its journal file and, after a compaction, reuses it from the start, so the pages it
 wrote before stay resident; unmapping them must lose nothing: the file and the mapping still hold
@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import mmap
 import os
+import socket
 
-from handler.member import return_freed_memory
+from handler.member import LOG_ROUTES_BEFORE_COMPACTION, Member, return_freed_memory
+from handler.route_table import MEMBERS, ROUTES
 
 MAPPING_BYTES = 8 << 20
 
@@ -49,3 +51,32 @@ def test_a_journal_mapping_leaves_the_resident_set_and_keeps_every_byte(tmp_path
 
 def test_a_path_nobody_maps_releases_nothing_and_never_raises(tmp_path):
     assert return_freed_memory(str(tmp_path / "nothing")).endswith("0 MiB of nothing's mapping released")
+
+
+class CountingHandler:
+    def __init__(self):
+        self.compactions = 0
+
+    def compact_log(self):
+        self.compactions += 1
+
+
+def test_the_member_asks_for_a_log_compaction_once_per_bound_of_route_changes_applied():
+    node_end, member_end = socket.socketpair()
+    member = Member(member_end)
+    member.channel.send = lambda message: None  # what the member tells the node is not this test's
+    routes = [("q", f"g{number}", "n1") for number in range(1000)]
+    for _ in range(LOG_ROUTES_BEFORE_COMPACTION // 1000 - 1):
+        member._applied(ROUTES, routes, 5)  # while pysyncobj replays its journal: no handler yet
+    member.handler = CountingHandler()
+    member._applied(MEMBERS, {"nodes": {}, "consumers": {}, "down": {}}, None)  # not a route change
+    assert member.handler.compactions == 0
+    member._applied(ROUTES, routes, 5)
+    assert member.handler.compactions == 1
+    for _ in range(LOG_ROUTES_BEFORE_COMPACTION // 1000 - 1):
+        member._applied(ROUTES, routes, 5)
+    assert member.handler.compactions == 1  # counted afresh after asking
+    member._applied(ROUTES, [(key[0], key[1], None) for key in routes], None)  # removals count too
+    assert member.handler.compactions == 2
+    node_end.close()
+    member_end.close()
