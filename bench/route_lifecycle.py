@@ -423,31 +423,38 @@ def render_section(reports: list[dict]) -> str:
 
 
 ANALYSIS = """
-Written from the full-size runs above (2026-11-24, live at 13:48 UTC, churn at 13:30 UTC); the tables
-are rewritten from the JSON files, these paragraphs are not.
+Written from the runs above (2026-11-24: live at 13:48 UTC before, at 16:05 and 16:13 UTC after, the
+300,000 one at 16:19 UTC; churn at 13:30 UTC); the tables are rewritten from the JSON files, these
+paragraphs are not.
 
-- **1,000,000 live routes: each process is under 300 MB, a node's two together are not.** Every node
-  held 422.5-423.7 MB: its node process 205.9-207.4 MB and its raft member 215.5-217.8 MB, against
-  96 MB at rest (67.8 + 28.3). That is ~138 bytes per route in the node process (bench/route_memory.py
-  measured its router alone at 126.7) and ~188 in the member (its table alone 126.7 in-process; the
-  rest of the member's share is not broken down here). Sampling on for 60 s after every node knew
-  every route changed nothing (peak = resident). Reaching 300 MB per node with both copies needs
-  about 200 bytes per route for the two together: one copy per node (the node process reading the
-  member's table instead of keeping its own) or a node router that keeps only the routes it uses.
-  No group was refused; the cluster took 13,599 new groups per second (load 12.8 → 5.3).
-- **5,000,000 groups over time: every one accepted, at most 88,082 live.** 4,995 new groups per
-  second for 1,006 s with a 15 s group timeout; from 20 s in the leader's reaper held every node at
-  68,000-88,000 routes (5,000/s × 15 s plus a reaper round and the claims in flight), under 100,000
-  and far under routes_max (1,000,000), which a cluster without expiry would have reached in 200 s.
-- **Memory levels off, then creeps slowly.** The first sample (5 s, 10,000 routes) is 102 MB per
-  node. The live count is steady from 20 s, but the resident set climbs until ~120 s (600,000 groups
-  in; node 1: 156.4 MB), while the tables replace expired routes with new ones. From there to the
-  end, 3.9 million groups later, node 1 grew 5.8 MB to 162.2 MB (~1.5 MB per million groups;
-  from 256 s to the end the node process +1.1 MB, the member +1.9 MB). The first → last quarter
-  figure in the table (+11.9 to +13.1 MB) includes that climb; mid → end is +1.2 to +2.4 MB. Whether
-  the slow creep levels off over tens of millions of groups is not measured here.
-- The load average (1 minute) was 11.6-26.8 during the churn run: other engineers' tests and the
-  nemesis campaign shared the 2 cores.
+- **1,000,000 live routes: met, 226-232 MB a node (was 422-424).** At 31b29ba each node held 422.5-423.7
+  MB: node process 205.9-207.4 MB, raft member 215.5-217.8 MB, both holding each route in a dict per
+  queue (~127 B by tracemalloc). Since 6692e17 both hold a queue's routes in a GroupMap
+  (node/core/group_map.py: ~29 B a route, bench/route_memory.py): at ccd05a9 (16:05, load 2.7 → 3.1)
+  226.2-228.0 MB, at 5d4b2d0 (16:13, load 1.3 → 2.0) 228.1-231.6 MB: node process 112.8-113.5 MB
+  (68 MB at rest: ~45 B a route, the GroupMap's 29 and ~15 not broken down here), member
+  115.2-118.1 MB (28 MB at rest: ~88 B a route, the GroupMap's 29 and ~60 more: pysyncobj's raft log,
+  which neither run compacted, as pysyncobj waits for 5,000 entries or 300 s and a claim carries up
+  to 1,000 routes; in a single member, compaction and the memory return took 1,000,000 routes from
+  144.5 to 68.7 MB, bench/route_memory.py). Sampling on for 60 s after every node knew every route
+  changed nothing (peak = resident). No group was refused; 12,204 and 14,513 new groups per second.
+- **The member's log is bounded since b795cbb** (after both million-route runs, so shown by the scaled
+  300,000 run and bench/route_memory.py): the member asks for a compaction every 200,000 route changes
+  and returns the memory the log held (malloc_trim, and the journal mapping's pages unmapped). With
+  300,000 routes each member settled at 38.9-39.4 MB (peak 52.7-53.8 MB before its compaction), ~36 B
+  a route over its 28 MB at rest; a single member given 1,000,000 routes held 95.1 MB once all were
+  applied and 68.7 MB after its last compaction (bench/route_memory.py, "Memory: routes"). A node at a
+  million routes would thus hold ~113 + ~70-95 MB: an estimate from those two measurements, not a
+  3-node run (the million-route benchmark was run twice, both before the bound).
+- **5,000,000 groups over time (run before GroupMap, at dd76bc2): every one accepted, at most 88,082
+  live.** 4,995 new groups per second for 1,006 s with a 15 s group timeout; from 20 s in the leader's
+  reaper held every node at 68,000-88,000 routes (5,000/s × 15 s plus a reaper round and the claims in
+  flight), under 100,000 and far under routes_max (1,000,000), which a cluster without expiry would
+  have reached in 200 s. Memory leveled off at ~156 MB a node after ~120 s and crept +1.2 to +2.4 MB
+  over the last half (3.9 million groups); not re-run with GroupMap, whose emptied buckets stay (two
+  list slots each) but whose routes cost a quarter of what they did.
+- The load average (1 minute) was 1.3-3.1 during the million-route runs after the change and 11.6-26.8
+  during the churn run: other engineers' tests and the nemesis campaign shared the 2 cores.
 """
 
 
