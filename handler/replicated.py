@@ -23,7 +23,9 @@ Format versions:
   the table's state with routes packed per queue in dicts {queue: {group: packed}}; version 3
   RouteTable.state(), each queue's routes as its GroupMap's state (node/core/group_map.py: buckets
   of bytes). This build reads all three and writes 3, so a member upgraded in place restores its
-  old snapshot.
+  old snapshot. A snapshot of a version it reads whose table is damaged (a GroupMap's buckets
+  inconsistent, a part missing) is refused the same way: going on with an empty table would split
+  this replica from the others.
 """
 
 from __future__ import annotations
@@ -98,12 +100,19 @@ class RouteTableReplica(SyncObjConsumer):
                       f"that build (upgrade one version step at a time), never an older one after it")
             self._on_refused(reason)
             raise SnapshotRefused(reason)
-        if version == 1:
-            table = RouteTable.from_state_v1(data["route_table"])
-        elif version == 2:
-            table = RouteTable.from_state_v2(data["route_table"])
-        else:
-            table = RouteTable.from_state(data["route_table"])
+        try:
+            if version == 1:
+                table = RouteTable.from_state_v1(data["route_table"])
+            elif version == 2:
+                table = RouteTable.from_state_v2(data["route_table"])
+            else:
+                table = RouteTable.from_state(data["route_table"])
+        except (KeyError, TypeError, ValueError) as error:  # swallowed by pysyncobj otherwise: see the header
+            reason = (f"raft snapshot of format version {version} (from this member's raft dump or its leader) "
+                      f"is damaged: {type(error).__name__}: {error}. Move this member's raft directory aside "
+                      f"and restart it, so that it catches up from the leader")
+            self._on_refused(reason)
+            raise SnapshotRefused(reason) from error
         self.table = table
         self._on_applied(SNAPSHOT, sorted((queue, group, node, touched_ms)
                                           for (queue, group), (node, touched_ms) in table.entries()), None)

@@ -240,3 +240,14 @@ def test_a_member_whose_code_lacks_a_command_version_the_log_enables_refuses_it_
     [reason] = refused[:1]
     assert "command version this build does not have" in reason
     assert "self version: 2, requested version: 3" in reason and "one version step" in reason
+
+
+def test_a_damaged_snapshot_of_this_version_is_refused_by_name_and_nothing_restored():
+    data = pickle.loads(pickle.dumps(filled_replica()._serialize()))
+    data["route_table"]["routes"]["q"][2] += 1  # the GroupMap's count no longer matches its buckets
+    restored, heard, refused = make_replica()
+    with pytest.raises(SnapshotRefused):
+        restored._deserialize(data)
+    [reason] = refused
+    assert "format version 3" in reason and "is damaged" in reason and "raft directory aside" in reason
+    assert heard == [] and all_routes(restored.table) == {}
