@@ -97,7 +97,10 @@ class ColdTail:
 
     def add_journalled(self, seqs, size_bytes: int) -> None:
         """Recovery: live seqs of the queue, ascending, newer than anything it holds."""
-        self.seqs.extend(seqs)
+        if not self.seqs and type(seqs) is array and seqs.typecode == "q":
+            self.seqs = seqs  # ten million seqs are 80 MB: adopted, not copied
+        else:
+            self.seqs.extend(seqs)
         self.journal_bytes += size_bytes
 
     def journalled(self) -> None:

@@ -46,9 +46,10 @@ Rules:
   when dispatch reaches them, so recovering a backlog larger than memory needs no more than its records.
 - `recover(cold=True)` makes no Message for the STOREs of queues not named with a leading NUL (the
   cluster's own records stay whole): Recovery.cold[queue] is a ColdBacklog of the live seqs, ascending,
-  the sum of their payload lengths and the live messages per group. The scan decodes only each STORE's
-  header (records.store_header) and keeps each record's group number in the index while it reads, so
-  a REMOVE, a re-STORE or a DELETE undoes what it must; the numbers are dropped once the scan is done.
+  and the sum of their payload lengths. The scan decodes only each STORE's header (records.store_header:
+  no group id is decoded, a million groups cost nothing) and keeps the length of each record's group id
+  in the index while it reads, so a REMOVE, a re-STORE or a DELETE undoes its share of the payload bytes
+  (a frame's length less its headers, queue name and group id); the lengths are dropped once it is done.
   Every other rule of recovery is the same.
 - Recovery trusts nothing after the first bad frame: it cuts the file there with a warning and goes on.
   A whole frame in a format this build does not read (node/store/records.py) is no bad frame: the node
@@ -110,7 +111,6 @@ class ColdBacklog:
 
     seqs: array  # array('q') of the live seqs, ascending
     size_bytes: int  # the sum of their payloads' lengths (each Message.size_bytes)
-    group_counts: dict  # group id (None: no group id) -> live messages
 
 
 class _Unit:
@@ -179,21 +179,17 @@ class Journal:
         messages: dict[str, dict[int, Message]] = {}
         kept_bytes = 0  # bodies kept of live messages, with bodies_max_bytes
         stores = self._stores
-        group_tags: dict[str | None, int] = {}  # cold: group id -> the number its records carry
         with open(self.path, "rb", buffering=COPY_CHUNK_BYTES) as file:
             scan = records.scan(file, store_headers=cold)
             for offset, kind, record in scan:
                 length = scan.end_offset - offset
-                if kind == STORE_HEADER:  # cold: the index and the record's group number, nothing else
-                    queue, seq, group_id = record
-                    tag = group_tags.get(group_id)
-                    if tag is None:
-                        tag = group_tags[group_id] = len(group_tags)
+                if kind == STORE_HEADER:  # cold: the index and the record's group id length, nothing else
+                    queue, seq, group_bytes = record
                     spans = stores.get(queue)
                     if spans is None:
                         spans = stores[queue] = Spans(tagged=True)
                         messages.setdefault(queue, {})
-                    self._live_bytes += length - spans.add(seq, offset, length, tag)
+                    self._live_bytes += length - spans.add(seq, offset, length, group_bytes)
                 elif kind == STORE:
                     message = record.message
                     # bodies of live messages in file order (seq order once compacted); the cluster's own
@@ -221,10 +217,9 @@ class Journal:
                     self._index_delete(record)
         cold_backlogs = {}
         if cold:
-            group_ids = list(group_tags)  # by tag
             for queue in [queue for queue in messages if not queue.startswith("\x00")]:
                 del messages[queue]
-                cold_backlogs[queue] = self._cold_backlog(queue, group_ids)
+                cold_backlogs[queue] = self._cold_backlog(queue)
         size_bytes = os.fstat(self._fd).st_size
         if scan.refusal is not None:
             self.close()
@@ -257,24 +252,17 @@ class Journal:
                         {queue: [by_seq[seq] for seq in sorted(by_seq)]
                          for queue, by_seq in messages.items()}, cut_bytes, cold_backlogs)
 
-    def _cold_backlog(self, queue: str, group_ids: list) -> ColdBacklog:
-        """What cold recovery tells of `queue`, from its index; the index then drops its group numbers."""
+    def _cold_backlog(self, queue: str) -> ColdBacklog:
+        """What cold recovery tells of `queue`, from its index; the index then drops its group id lengths."""
         spans = self._stores.get(queue)
         if spans is None:
-            return ColdBacklog(array("q"), 0, {})
-        counts = spans.tag_counts()
+            return ColdBacklog(array("q"), 0)
         # a STORE frame is its headers, the queue name, the group id and the payload: take off the rest
         overhead_bytes = records.FRAME_HEADER_BYTES + records.STORE_HEAD_BYTES + len(queue.encode())
-        size_bytes = spans.live_bytes - overhead_bytes * spans.live_count
-        group_counts = {}
-        for tag, count in counts.items():
-            group_id = group_ids[tag]
-            group_counts[group_id] = count
-            if group_id is not None:
-                size_bytes -= len(group_id.encode()) * count
+        size_bytes = spans.live_bytes - overhead_bytes * spans.live_count - spans.tag_sum()
         seqs = spans.live_seqs()
         spans.untag()
-        return ColdBacklog(seqs, size_bytes, group_counts)
+        return ColdBacklog(seqs, size_bytes)
 
     def start(self, on_durable, on_failed, on_bodies=None, on_records=None) -> None:
         """on_durable(ticket: int), on_failed(ticket: int, error: str), on_bodies(queue: str,

@@ -26,7 +26,7 @@ Rules:
 - `encode_store` is on the hot path (one call per durable message): one pack, one crc over the
   payload in place, one join; no intermediate copy of the payload.
 - `store_header` is on recovery's hot path when a backlog is left cold (one call per STORE of ten
-  million): the fixed fields, the queue name and the group id, each name decoded once per scan.
+  million): the fixed fields and the queue name (decoded once per scan); the group id is not decoded.
 """
 
 from __future__ import annotations
@@ -198,14 +198,14 @@ def _store_body(frame: bytes | memoryview) -> memoryview:
     return body
 
 
-def store_header(buffer: bytes, start: int, length: int, names: dict) -> tuple[str, int, str | None] | None:
-    """(queue, seq, group_id) of the STORE body at buffer[start:start + length], read without copying
-    its payload or making a Message; None for a queue whose name starts with NUL (the cluster's own,
-    read whole). `names` caches decoded names by their bytes (a recovery's few queues and its groups
-    are decoded once each, not once per record). ValueError as decode_body."""
+def store_header(buffer: bytes, start: int, length: int, names: dict) -> tuple[str, int, int] | None:
+    """(queue, seq, bytes of the group id) of the STORE body at buffer[start:start + length], read
+    without copying its payload, decoding its group id or making a Message; None for a queue whose name
+    starts with NUL (the cluster's own, read whole). `names` caches decoded queue names by their bytes
+    (a recovery's few queues are decoded once each, not once per record). ValueError as decode_body."""
     if length < _STORE.size:
         raise ValueError(f"a STORE body is at least {_STORE.size} bytes, got {length}")
-    _, flags, queue_length, group_length, seq = _STORE_HEAD.unpack_from(buffer, start)
+    _, _, queue_length, group_length, seq = _STORE_HEAD.unpack_from(buffer, start)
     queue_start = start + _STORE.size
     group_start = queue_start + queue_length
     if group_start + group_length > start + length:
@@ -216,13 +216,7 @@ def store_header(buffer: bytes, start: int, length: int, names: dict) -> tuple[s
     queue = names.get(raw)
     if queue is None:
         queue = names[raw] = str(raw, "utf-8")
-    if not flags & _GROUP_PRESENT:
-        return queue, seq, None
-    raw = buffer[group_start:group_start + group_length]
-    group_id = names.get(raw)
-    if group_id is None:
-        group_id = names[raw] = str(raw, "utf-8")
-    return queue, seq, group_id
+    return queue, seq, group_length
 
 
 class Scan:

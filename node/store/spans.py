@@ -15,8 +15,8 @@ columns appended in that order and searched by bisection:
 - A STORE of a seq already indexed (live or tombstoned) replaces it in place. A STORE of a seq below
   the last one indexed goes to a small overflow dict, merged into the columns by the next rebuild,
   which also runs once the overflow passes OVERFLOW_SHARE of the columns. A seq is in one or the other.
-- `tagged`: an extra 'I' column of one small number per record (recovery keeps each record's group
-  number there while it scans, see Journal.recover(cold=True)); `untag()` drops it.
+- `tagged`: an extra 'I' column of one small number per record (recovery keeps the length of each
+  record's group id there while it scans, see Journal.recover(cold=True)); `untag()` drops it.
 - `live_bytes` is always the exact sum of the live records' lengths.
 """
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left
-from collections import Counter
 from heapq import merge
 from itertools import compress, repeat
 
@@ -155,14 +154,11 @@ class Spans:
             self._rebuild()
         return array("q", compress(self._seqs, self._lengths))
 
-    def tag_counts(self) -> Counter:
-        """Live records per tag (a tagged index only)."""
+    def tag_sum(self) -> int:
+        """The live records' tags added up (a tagged index only)."""
         if self._tags is None:
-            raise RuntimeError("tag_counts() of an index made without tagged=True")
-        counts = Counter(compress(self._tags, self._lengths))
-        for _, _, tag in self._overflow.values():
-            counts[tag] += 1
-        return counts
+            raise RuntimeError("tag_sum() of an index made without tagged=True")
+        return sum(compress(self._tags, self._lengths)) + sum(tag for _, _, tag in self._overflow.values())
 
     def untag(self) -> None:
         self._tags = None
