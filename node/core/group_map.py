@@ -20,7 +20,7 @@ Rules:
 - Buckets are never merged: after a burst the map keeps its bucket count (two list slots and two
   shared empty objects per emptied bucket: ~16 bytes per bucket, so ~1 byte per peak route).
 - Values are ints in 0..VALUE_MAX; anything else raises ValueError naming it (the callers check
-  cluster input before it gets here). Keys are exactly str.
+  cluster input before it gets here). Keys are str; reads of any other key find nothing, as a dict's do.
 - `state()` is plain data (ints, lists of bytes) for a raft snapshot; `from_state` takes it back
   and checks its shape, raising ValueError on a malformed one.
 Pure: never imports threading, time, socket, grpc, pysyncobj or proton.
@@ -86,6 +86,8 @@ class GroupMap:
 
     def get(self, group: str, default=None):
         # _locate written out: the node routes every message through here
+        if not isinstance(group, str):
+            return default  # as a dict of str keys answers for None or any other key
         encoded = group.encode("utf-8", "surrogatepass")
         hashed = crc32(encoded)
         bucket = hashed & (self._round_buckets - 1)
@@ -104,7 +106,7 @@ class GroupMap:
         return value
 
     def __contains__(self, group) -> bool:
-        return type(group) is str and self._locate(_encoded(group))[1] >= 0
+        return isinstance(group, str) and self._locate(_encoded(group))[1] >= 0
 
     def __len__(self) -> int:
         return self._count
@@ -153,7 +155,7 @@ class GroupMap:
     # ---- changes -------------------------------------------------------------------------------
 
     def __setitem__(self, group: str, value: int) -> None:
-        if type(group) is not str:
+        if not isinstance(group, str):
             raise ValueError(f"a group id must be a str, got {type(group).__name__}: the caller checks its input")
         if type(value) is not int or not 0 <= value <= VALUE_MAX:
             raise ValueError(f"a group map holds ints 0..{VALUE_MAX}, got {value!r} for {group!r}: "
@@ -172,7 +174,7 @@ class GroupMap:
             self._split_one()
 
     def pop(self, group: str, default=None):
-        if type(group) is not str:
+        if not isinstance(group, str):
             return default
         encoded = _encoded(group)
         bucket, index, offset = self._locate(encoded)

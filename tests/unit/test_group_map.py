@@ -127,3 +127,11 @@ def test_a_damaged_state_is_refused_and_never_half_restored():
     for state in damaged:
         with pytest.raises(ValueError, match="state"):
             GroupMap.from_state(state)
+
+
+def test_reads_of_a_key_that_is_not_a_str_find_nothing_as_a_dicts_do():
+    group_map = GroupMap.from_items([("g", 1)])
+    for key in (None, b"g", 1, ("g",)):
+        assert group_map.get(key) is None and group_map.get(key, 7) == 7 and key not in group_map
+        assert group_map.pop(key, 5) == 5
+    assert dict(group_map.items()) == {"g": 1}

@@ -415,3 +415,10 @@ def test_a_leased_router_routes_through_the_packed_refresh_time():
     assert router.route(A, "a1", 110) == "n2" and router.take_used() == {A}
     assert router.route(A, "a2", 111) is None  # the lease ran out: it waits and is claimed again
     assert router.take_claims() == [A]
+
+
+def test_a_key_without_a_group_id_has_no_route_and_breaks_nothing():
+    router = ready_router()
+    router.learn([("q", "a", "n2")], 0)
+    assert router.routes.get(("q", None)) is None and ("q", None) not in router.routes
+    assert router.routes.refreshed(("q", None)) is None and router.routes.packed(("q", None)) is None
