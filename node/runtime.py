@@ -394,11 +394,12 @@ class Node:
         """Before serving, read each recovered cold tail's oldest records back as far as the record budget
         goes, as dispatch would (node/core/cold.py): a restarted node serves its warm part at once."""
         now_ms = self.clock_ms()
-        reads = [ReadRecords(name, seqs) for name, queue in sorted(self.broker.queues.items())
-                 if queue.cold is not None and (seqs := queue.cold.ask(False))]
+        reads = [ReadRecords(name, queue.cold.after_seq, count) for name, queue in sorted(self.broker.queues.items())
+                 if queue.cold is not None and (count := queue.cold.ask(False))]
         while reads:
             read = reads.pop(0)
-            for effect in self.broker.promote(read.queue, self.journal.read_records_now(read.queue, read.seqs), now_ms):
+            records = self.journal.read_records_after_now(read.queue, read.after_seq, read.count)
+            for effect in self.broker.promote(read.queue, records, now_ms):
                 if type(effect) is ReadRecords:
                     reads.append(effect)  # the next batch, while the budget has room
                 elif type(effect) is Dropped:

@@ -237,14 +237,14 @@ class Broker:
         self.next_seq = max(self.next_seq, message.seq + 1)
 
     def restore_cold(self, queue_name: str, seqs, size_bytes: int) -> None:
-        """Journal recovery of a durable queue's messages as a cold tail (node/core/cold.py): live seqs,
-        ascending, their payloads `size_bytes` in all; read back whole when dispatch nears them."""
+        """Journal recovery of a durable queue's messages as a cold tail (node/core/cold.py): its live
+        seqs, ascending, their payloads `size_bytes` in all; read back whole when dispatch nears them."""
         queue = self.queues[queue_name]
         if queue.cold is None:
             raise GrouperError(f"journal holds messages of queue {queue_name!r}, now declared non-durable; "
                                f"declare it durable again to recover them")
-        queue.restore_cold(seqs, size_bytes)
         if seqs:
+            queue.restore_cold(len(seqs), seqs[0] - 1, size_bytes)
             self.next_seq = max(self.next_seq, seqs[-1] + 1)
 
     # ---- consumers ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""A durable queue's cold tail: its newest messages, kept as seqs only while the journal holds the rest.
+"""A durable queue's cold tail: its newest messages, counted in memory while the journal holds them.
 
 Pure: no I/O, no clock. Paging (paging.py) takes bodies out of memory but keeps each message's record: a
 Message of ~160 bytes, and a Group of ~260 for a group of its own, so 10,000,000 queued messages cost
@@ -10,28 +10,29 @@ gigabytes before any body. Past the node's record budget a queue keeps not even 
   queues together (RecordBudget: each message counted as MESSAGE_RECORD_BYTES, each group as
   GROUP_RECORD_BYTES, measured by bench/memory.py) have reached the budget. Until the journal reports
   its STORE on disk it waits whole in `pending`, never dispatched (a failed write withdraws it as
-  usual); then only its seq stays, 8 bytes in an array, and the Message is let go.
-- The oldest cold messages are read back whole from the journal (`ReadRecords`, records with their
-  bodies) and put in the warm part, in seq order, one read per queue at once, of as many as the budget
-  has room for (at most PROMOTE_BATCH_RECORDS: what consumers settle while a read is out makes the
-  next one larger); and past the budget, a whole batch whenever the queue is
-  starved (a consumer with credit, or a browser, finds nothing to take in the warm part while no body
-  is being read back). A queue asks when it dispatches: room another queue made is seen at its next
-  tick. A slow consumer's groups can thus hold the warm part full, and the others still
-  get theirs: memory then grows by records, as it did before cold tails, never by lost order.
+  usual); then it is only counted, and the Message is let go: a cold message costs the core nothing.
+- Being the queue's newest, the cold messages on disk are exactly its live records above `after_seq`
+  (every warm message's seq is at most that, pending ones are newer than them all), and that is how
+  the journal is asked for them: the next N records after `after_seq`, read back whole (`ReadRecords`,
+  records with their bodies) and put in the warm part in seq order. One read per queue at once, of as
+  many as the budget has room for (at most PROMOTE_BATCH_RECORDS: what consumers settle while a read
+  is out makes the next one larger); and past the budget, a whole batch whenever the queue is starved:
+  a consumer with credit, or a browser, finds nothing to take in the warm part while no body is being
+  read back. A queue asks when it dispatches: room another queue made is seen at its next tick. A slow
+  consumer's groups can thus hold the warm part full and the others still get theirs: memory then
+  grows by records, as it did before cold tails, never by lost order.
 - A cold message's time to live is checked once it is read back (it expires then, as ActiveMQ's paged
   messages do when paged in); its depth counts until then.
-- Only seqs are known of cold messages: their groups are not (a million cold groups cost nothing), so a
-  purge or move of one group waits until its queue's cold tail is gone, and a queue purge reads the
-  tail back batch by batch to purge it. A message whose record the journal lacks on read-back (a broken
-  journal, never a normal path) is dropped loudly, as a missing body is.
+- Which group a cold message belongs to is not known (a million cold groups cost nothing), so a purge
+  or move of one group waits until its queue's cold tail is gone, and a queue purge reads the tail
+  back batch by batch to purge it. Records the journal lacks on read-back (a broken journal, never a
+  normal path) are dropped loudly, as a missing body is.
 - Cold tails are for a node alone for now: in a cluster a group's messages must be known to hand the
   group over, so a clustered node keeps every record warm (bodies still page).
 """
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 
 from node.core.message import COLD, JOURNALLED, Message
@@ -39,7 +40,6 @@ from node.core.message import COLD, JOURNALLED, Message
 MESSAGE_RECORD_BYTES = 160  # a warm message's record: Message, seq int, browse-log and lane slots
 GROUP_RECORD_BYTES = 256  # a warm group: Group, dict entry, id string, heap entry
 PROMOTE_BATCH_RECORDS = 1024  # cold records read back together
-_COMPACT_MIN = 4096  # promoted seqs dropped from the array's front once this many and half of it
 
 
 class RecordBudget:
@@ -66,28 +66,32 @@ class RecordBudget:
 
 
 class ColdTail:
-    __slots__ = ("budget", "pending", "pending_bytes", "seqs", "start", "asked", "journal_bytes")
+    __slots__ = ("budget", "pending", "pending_bytes", "stored", "asked", "after_seq", "journal_bytes")
 
     def __init__(self, budget: RecordBudget):
         self.budget = budget
         self.pending: deque[Message] = deque()  # seq order; whole, their STOREs not yet on disk
         self.pending_bytes = 0
-        self.seqs = array("q")  # seq order; [start:] are cold, [start:start + asked] being read back
-        self.start = 0
-        self.asked = 0
-        self.journal_bytes = 0  # payload bytes of seqs[start:], for the queue's resident figure
+        # cold messages on disk, only counted: they are the queue's live records above after_seq (every
+        # warm message's seq is at most after_seq; pending ones are newer still), oldest first
+        self.stored = 0
+        self.asked = 0  # of those, the oldest being read back
+        self.after_seq = 0
+        self.journal_bytes = 0  # their payload bytes, for the queue's resident figure
 
     @property
     def count(self) -> int:
-        return len(self.pending) + len(self.seqs) - self.start
+        return len(self.pending) + self.stored
 
     def admits(self) -> bool:
         """Whether an arrival goes cold (it would be the warm part's newest otherwise)."""
-        return bool(self.pending) or len(self.seqs) > self.start or self.budget.full
+        return bool(self.pending) or bool(self.stored) or self.budget.full
 
     def add(self, message: Message) -> None:
+        if not self.pending and not self.stored:
+            self.after_seq = message.seq - 1  # a new tail: every warm message is older
         if message.flags & JOURNALLED and not self.pending:
-            self.seqs.append(message.seq)  # recovered or read back: the journal has it already
+            self.stored += 1  # its STORE is on disk already (a record read back, then put back)
             self.journal_bytes += message.size_bytes
         else:
             message.flags |= COLD
@@ -95,12 +99,11 @@ class ColdTail:
             self.pending.append(message)
             self.pending_bytes += message.size_bytes
 
-    def add_journalled(self, seqs, size_bytes: int) -> None:
-        """Recovery: live seqs of the queue, ascending, newer than anything it holds."""
-        if not self.seqs and type(seqs) is array and seqs.typecode == "q":
-            self.seqs = seqs  # ten million seqs are 80 MB: adopted, not copied
-        else:
-            self.seqs.extend(seqs)
+    def add_stored(self, count: int, after_seq: int, size_bytes: int) -> None:
+        """Recovery: `count` live records above `after_seq` (newer than anything the queue holds)."""
+        if not self.count:
+            self.after_seq = after_seq
+        self.stored += count
         self.journal_bytes += size_bytes
 
     def journalled(self) -> None:
@@ -110,7 +113,7 @@ class ColdTail:
             message = pending.popleft()
             message.flags &= ~COLD
             self.pending_bytes -= message.size_bytes
-            self.seqs.append(message.seq)
+            self.stored += 1
             self.journal_bytes += message.size_bytes
 
     def withdraw(self, message: Message) -> None:
@@ -118,35 +121,28 @@ class ColdTail:
         self.pending_bytes -= message.size_bytes
         message.flags &= ~COLD
 
-    def ask(self, starved: bool) -> tuple:
-        """The seqs to read back now (the oldest not asked for), or ()."""
+    def ask(self, starved: bool) -> int:
+        """How many of the oldest cold records to read back now (after `after_seq`), or 0."""
         if self.asked:
-            return ()
-        wanted = min(len(self.seqs) - self.start, PROMOTE_BATCH_RECORDS)
+            return 0
+        wanted = min(self.stored, PROMOTE_BATCH_RECORDS)
         if not starved:
             wanted = min(wanted, self.budget.room_records())  # while one read is out, settles add room
-        if wanted <= 0:
-            return ()
-        self.asked = wanted
-        return tuple(self.seqs[self.start:self.start + wanted])
+        self.asked = max(wanted, 0)
+        return self.asked
 
-    def asked_seqs(self) -> tuple:
-        return tuple(self.seqs[self.start:self.start + self.asked])
-
-    def promoted(self, size_bytes: int) -> int:
-        """The asked seqs are warm now (or dropped); `size_bytes` of them came back. Returns the bytes of
-        records the journal lacked, once they are known (when no seq is left): the queue's depth had them."""
-        self.start += self.asked
+    def promoted(self, last_seq: int | None, size_bytes: int) -> int:
+        """The asked records are warm now; `size_bytes` of them came back, the newest `last_seq` (None:
+        none). Returns the bytes of records the journal lacked, once known (when none is left on disk):
+        the queue's depth had them."""
+        self.stored -= self.asked
         self.asked = 0
+        if last_seq is not None:
+            self.after_seq = max(self.after_seq, last_seq)
         self.journal_bytes -= size_bytes
         lost_bytes = 0
-        if self.start == len(self.seqs):
+        if not self.stored:
             lost_bytes, self.journal_bytes = self.journal_bytes, 0
-            self.seqs = array("q")
-            self.start = 0
-        elif self.start >= _COMPACT_MIN and self.start * 2 >= len(self.seqs):
-            del self.seqs[:self.start]
-            self.start = 0
         return lost_bytes
 
     def clear(self) -> None:
@@ -154,5 +150,4 @@ class ColdTail:
             message.flags &= ~COLD
         self.pending.clear()
         self.pending_bytes = self.journal_bytes = 0
-        self.seqs = array("q")
-        self.start = self.asked = 0
+        self.stored = self.asked = 0

@@ -59,11 +59,13 @@ class PageIn:
 
 @dataclass(frozen=True, slots=True)
 class ReadRecords:
-    """Read these cold messages of durable queue `queue` back from the journal whole (record and body),
-    then hand them to Broker.promote on the engine loop (node/core/cold.py). Seqs ascending."""
+    """Read the next `count` live records of durable queue `queue` above seq `after_seq` back from the
+    journal whole (record and body), then hand them to Broker.promote on the engine loop: a cold tail's
+    oldest (node/core/cold.py)."""
 
     queue: str
-    seqs: tuple
+    after_seq: int
+    count: int
 
 
 @dataclass(frozen=True, slots=True)

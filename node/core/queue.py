@@ -478,11 +478,11 @@ class Queue:
         if pager is not None and pager.waiting:
             pager.ask(self._lane_of, effects)
         cold = self.cold
-        if cold is not None and len(cold.seqs) > cold.start and not cold.asked:
+        if cold is not None and cold.stored and not cold.asked:
             # starved: nothing warm for a consumer with credit, and no body is on its way either
-            seqs = cold.ask(self._starved and not pager.requested_bytes and not pager.waiting)
-            if seqs:
-                effects.append(ReadRecords(self.settings.name, seqs))
+            count = cold.ask(self._starved and not pager.requested_bytes and not pager.waiting)
+            if count:
+                effects.append(ReadRecords(self.settings.name, cold.after_seq, count))
 
     def _lane_of(self, group):
         """A group's messages in seq order (None: the ungrouped lane); None when the group is gone."""
@@ -818,12 +818,12 @@ class Queue:
 
     # ---- the cold tail (node/core/cold.py) --------------------------------------------------------
 
-    def restore_cold(self, seqs, size_bytes: int) -> None:
-        """Journal recovery: live seqs (ascending, newer than anything here) whose records stay in the
-        journal until dispatch nears them."""
-        self.depth_messages += len(seqs)
+    def restore_cold(self, count: int, after_seq: int, size_bytes: int) -> None:
+        """Journal recovery: `count` live records above `after_seq` (newer than anything here), whose
+        payloads are `size_bytes` in all, stay in the journal until dispatch nears them."""
+        self.depth_messages += count
         self.depth_bytes += size_bytes
-        self.cold.add_journalled(seqs, size_bytes)
+        self.cold.add_stored(count, after_seq, size_bytes)
 
     def cold_journalled(self, now_ms: int, effects: list) -> None:
         """Some STOREs were reported on disk: pending cold messages among them let go of their bodies."""
@@ -833,25 +833,26 @@ class Queue:
             self._dispatch(now_ms, effects)
 
     def promote(self, records: dict, now_ms: int, effects: list) -> None:
-        """Records the journal read back (seq -> Message, None when it lacks one) for the cold tail's
-        last ReadRecords: they join the warm part in seq order, and dispatch goes on with them."""
+        """Records the journal read back (seq -> Message) for the cold tail's last ReadRecords: the next
+        ones after its `after_seq`. They join the warm part in seq order, and dispatch goes on with them."""
         cold = self.cold
         if cold is None or not cold.asked:
             return
-        seqs = cold.asked_seqs()
-        if seqs[0] not in records:
-            return  # an answer to a read of a queue of the same name deleted since
+        seqs = sorted(seq for seq, message in records.items() if message is not None)
+        if len(seqs) > cold.asked or (seqs and seqs[0] <= cold.after_seq):
+            return  # an answer to a read of a queue of the same name deleted since: not this tail's
         back_bytes = 0
         for seq in seqs:
-            message = records.get(seq)
-            if message is None:
-                self.depth_messages -= 1  # its bytes are taken off once known (ColdTail.promoted)
-                effects.append(Dropped(self.settings.name, seq, "its record is missing from the journal"))
-                continue
+            message = records[seq]
             message.flags |= JOURNALLED
             back_bytes += message.size_bytes
             self._warm(message, self._key_of(message.group_id))
-        self.depth_bytes -= cold.promoted(back_bytes)
+        missing = cold.asked - len(seqs)
+        if missing:  # their bytes leave the depth once known (ColdTail.promoted)
+            self.depth_messages -= missing
+            effects.append(Dropped(self.settings.name, cold.after_seq,
+                                   f"{missing} cold records after this seq are missing from the journal"))
+        self.depth_bytes -= cold.promoted(seqs[-1] if seqs else None, back_bytes)
         self._dispatch(now_ms, effects)
 
     def cold_refusal(self, what: str) -> None:
@@ -871,8 +872,8 @@ class Queue:
         cold = self.cold
         if cold is None or not cold.count:
             return False
-        if not cold.asked and len(cold.seqs) > cold.start:
-            effects.append(ReadRecords(self.settings.name, cold.ask(True)))
+        if not cold.asked and cold.stored:
+            effects.append(ReadRecords(self.settings.name, cold.after_seq, cold.ask(True)))
         return True
 
     def paged_group_bodies(self, group: Group) -> int:

@@ -40,7 +40,9 @@ Rules:
   A read the disk refuses stops the writer like any other I/O it cannot survive: flush() fails from
   then on and the node must be restarted; nothing is lost, the records are on disk.
   `read_records` is the same read, answered with whole Messages (payload included) by on_records(queue,
-  {seq: Message | None}): what dispatch needs of a cold record, of which it kept only the seq.
+  {seq: Message | None}). `read_records_after(queue, seq, count)` reads the next `count` live records
+  above `seq` the same way (the index says which): a cold tail (node/core/cold.py) keeps no seqs, only
+  how many of its messages are on disk, and those are always the queue's newest.
 - `recover(bodies_max_bytes)` keeps bodies only up to that many bytes of live messages, in file order
   (the oldest first), while it reads: later ones come back as records with a None payload, read back
   when dispatch reaches them, so recovering a backlog larger than memory needs no more than its records.
@@ -83,6 +85,8 @@ LOCK_FILE = "journal.lock"
 COMPACT_SUFFIX = ".compact"
 WRITE_CHUNK_BYTES = 4 << 20  # a batch is joined and written in pieces of about this size
 COPY_CHUNK_BYTES = 1 << 20  # compaction reads and writes the old file in pieces of about this size
+# what the engine loop asks the writer to read back: bodies, whole records by seq, the next records after a seq
+_BODIES, _RECORDS, _AFTER = range(3)
 DISK_FULL = "disk full"  # first words of an on_failed error caused by ENOSPC or EDQUOT
 
 
@@ -141,7 +145,7 @@ class Journal:
         # shared, under _wake
         self._wake = threading.Condition()
         self._units: list[_Unit] = []
-        self._reads: list[tuple[bool, str, tuple]] = []  # (whole records?, queue, seqs) the loop wants back
+        self._reads: list[tuple[int, str, tuple]] = []  # (_BODIES/_RECORDS/_AFTER, queue, what) the loop wants
         self._handed_over_bytes = 0
         self._closing = False
         self._fatal: str | None = None
@@ -344,24 +348,34 @@ class Journal:
 
     def read_bodies(self, queue: str, seqs: tuple) -> None:
         """Ask the writer for these bodies of `queue` (engine loop thread); on_bodies answers."""
-        self._ask(False, queue, seqs)
+        self._ask(_BODIES, queue, seqs)
 
     def read_records(self, queue: str, seqs: tuple) -> None:
         """Ask the writer for these whole records of `queue` (engine loop thread); on_records answers."""
-        self._ask(True, queue, seqs)
+        self._ask(_RECORDS, queue, seqs)
 
-    def read_records_now(self, queue: str, seqs: tuple) -> dict:
-        """Before start(), on the caller's thread: these whole records of `queue` ({seq: Message or None}),
-        as on_records would have them (a node reads its cold tails' oldest back before it serves)."""
+    def read_records_after(self, queue: str, after_seq: int, count: int) -> None:
+        """Ask the writer for the next `count` live records of `queue` above seq `after_seq`, whole
+        (engine loop thread); on_records answers with those it has."""
+        self._ask(_AFTER, queue, (after_seq, count))
+
+    def read_records_after_now(self, queue: str, after_seq: int, count: int) -> dict:
+        """Before start(), on the caller's thread: what read_records_after's on_records would get (a node
+        reads its cold tails' oldest back before it serves)."""
         if self._thread is not None:
-            raise RuntimeError("Journal.read_records_now() is for the caller before start(); use read_records")
+            raise RuntimeError("Journal.read_records_after_now() is for the caller before start()")
+        return self._read_after(queue, after_seq, count)
+
+    def _read_after(self, queue: str, after_seq: int, count: int) -> dict:
+        spans = self._stores.get(queue)
+        seqs = spans.seqs_after(after_seq, count) if spans is not None else ()
         return self._read_frames(queue, seqs, records.store_message)
 
-    def _ask(self, whole: bool, queue: str, seqs: tuple) -> None:
+    def _ask(self, kind: int, queue: str, what: tuple) -> None:
         if self._closed:
             return
         with self._wake:
-            self._reads.append((whole, queue, seqs))
+            self._reads.append((kind, queue, what))
             self._wake.notify()
 
     def wake_writer(self) -> None:
@@ -405,11 +419,13 @@ class Journal:
                     return
                 if units:
                     self._write_batch(units)
-                for whole, queue, seqs in reads:
-                    if whole:
-                        self._call(self._on_records, queue, self._read_frames(queue, seqs, records.store_message))
+                for kind, queue, what in reads:
+                    if kind == _AFTER:
+                        self._call(self._on_records, queue, self._read_after(queue, *what))
+                    elif kind == _RECORDS:
+                        self._call(self._on_records, queue, self._read_frames(queue, what, records.store_message))
                     else:
-                        self._call(self._on_bodies, queue, self._read_frames(queue, seqs, records.store_payload))
+                        self._call(self._on_bodies, queue, self._read_frames(queue, what, records.store_payload))
                 self._maybe_compact()
         except BaseException as error:  # a bug: say so loudly, make flush() fail from now on
             log.exception("journal writer of %s stopped", self.path)

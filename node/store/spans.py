@@ -23,7 +23,7 @@ columns appended in that order and searched by bisection:
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from heapq import merge
 from itertools import compress, repeat
 
@@ -147,6 +147,20 @@ class Spans:
         if not self._overflow:
             return live
         return merge(live, sorted((seq, entry[0], entry[1]) for seq, entry in self._overflow.items()))
+
+    def seqs_after(self, seq: int, count: int) -> list[int]:
+        """The first `count` live seqs above `seq`, ascending (a cold tail's next records)."""
+        if self._overflow:
+            self._rebuild()
+        seqs, lengths = self._seqs, self._lengths
+        index = max(bisect_right(seqs, seq), self._head)
+        end = len(seqs)
+        found: list[int] = []
+        while index < end and len(found) < count:
+            if lengths[index]:
+                found.append(seqs[index])
+            index += 1
+        return found
 
     def live_seqs(self) -> array:
         """The live seqs, ascending, in a new array('q')."""

@@ -437,7 +437,7 @@ class Model:
         expect(not self._expect_dead_lettered, f"no DeadLettered for {sorted(self._expect_dead_lettered)}")
         expect(not self._expect_dropped_ttl, f"expired {sorted(self._expect_dropped_ttl)} came back undropped")
         expect(not self._expect_withdrawn, f"no Withdrawn for {sorted(self._expect_withdrawn)}")
-        cold = _cold_seqs(queue)
+        cold = _cold_seqs(queue, [m.seq for m in self._live()])
         if ticked:  # a cold message expires once read back (node/core/cold.py)
             stale = [m for m in self._live(AVAILABLE) if m.expired(self.now_ms) and m.seq not in cold]
             expect(not stale, f"{stale} expired and still queued after tick({self.now_ms})")
@@ -522,9 +522,10 @@ class Model:
                 for did in c.unsettled]
 
 
-def _cold_seqs(queue) -> set:
-    """Seqs in the queue's cold tail (node/core/cold.py), read back or not yet."""
+def _cold_seqs(queue, live_seqs) -> set:
+    """Of `live_seqs`, those in the queue's cold tail (node/core/cold.py): all above its after_seq while it
+    has one, being the queue's newest."""
     cold = getattr(queue, "cold", None)
-    if cold is None:
+    if cold is None or not cold.count:
         return set()
-    return {message.seq for message in cold.pending} | set(cold.seqs[cold.start:])
+    return {seq for seq in live_seqs if seq > cold.after_seq}

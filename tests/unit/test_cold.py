@@ -26,7 +26,7 @@ from node.core.broker import Broker
 from node.core.cold import GROUP_RECORD_BYTES, MESSAGE_RECORD_BYTES, PROMOTE_BATCH_RECORDS
 from node.core.effects import Deliver, Dropped, ReadRecords, Removed, Stored
 from node.core.errors import ResourceLimitExceeded
-from node.core.message import COLD, JOURNALLED, REMOVED, Message, Outcome
+from node.core.message import COLD, JOURNALLED, Message, Outcome
 from node.core.reroute import Reroute
 from node.core.settings import QueueSettings
 from test_dispatch_model import DispatchMachine
@@ -42,6 +42,12 @@ def fresh(message: Message) -> Message:
                    enqueued_at_ms=message.enqueued_at_ms, seq=message.seq)
 
 
+def next_records(disk: dict, read: ReadRecords) -> dict:
+    """What the journal answers a ReadRecords with: the next live records of the queue after its seq."""
+    seqs = sorted(seq for queue, seq in disk if queue == read.queue and seq > read.after_seq)[:read.count]
+    return {seq: fresh(disk[(read.queue, seq)]) for seq in seqs}
+
+
 class ColdMachine(DispatchMachine):
     def __init__(self):
         super().__init__()
@@ -54,8 +60,9 @@ class ColdMachine(DispatchMachine):
         def journal_call():
             effects = call()
             for effect in effects:
-                if type(effect) is Stored:
+                if type(effect) is Stored:  # written at once, reported on disk by a later step
                     self.unjournalled.append((effect.queue, effect.message))
+                    self.disk[(effect.queue, effect.message.seq)] = fresh(effect.message)
                 elif type(effect) is Removed:
                     self.disk.pop((effect.queue, effect.seq), None)
                 elif type(effect) is ReadRecords:
@@ -75,7 +82,7 @@ class ColdMachine(DispatchMachine):
             warm_messages += queue.depth_messages - queue.cold.count
             warm_groups += len(queue.groups)
             cold = queue.cold
-            left = len(cold.seqs) - cold.start
+            left = cold.stored
             if ticked and left and not cold.asked:
                 assert self.broker.records.room_records() < min(left, PROMOTE_BATCH_RECORDS), \
                     f"{queue.settings.name}: {left} cold records, room in the budget, and nothing asked"
@@ -86,18 +93,14 @@ class ColdMachine(DispatchMachine):
     @rule()
     def journal_written(self):
         stores, self.unjournalled = self.unjournalled, []
-        for queue_name, message in stores:
-            if message.state != REMOVED:  # else its REMOVE follows it to disk
-                self.disk[(queue_name, message.seq)] = fresh(message)
         self.step(lambda: self.broker.journalled(stores, self.now_ms), lambda: None)
 
     @precondition(lambda self: self.reads)
     @rule()
     def records_read_back(self):
         read = self.reads.pop(0)
-        records = {seq: (fresh(self.disk[(read.queue, seq)]) if (read.queue, seq) in self.disk else None)
-                   for seq in read.seqs}
-        assert all(record is not None for record in records.values()), f"{read} asks for records not on disk"
+        records = next_records(self.disk, read)
+        assert len(records) == read.count, f"{read} asks for more records than the journal has after its seq"
         self.step(lambda: self.broker.promote(read.queue, records, self.now_ms), lambda: None)
 
     @precondition(lambda self: len(self.sent) > len(self.batch_failed))
@@ -110,6 +113,8 @@ class ColdMachine(DispatchMachine):
             return
         self.batch_failed.update(seqs)
         self.unjournalled = [(q, m) for q, m in self.unjournalled if m.seq not in seqs]
+        for seq in seqs:  # the failed batch is cut off the file
+            self.disk.pop(("q", seq), None)
         answer: list = []
 
         def call():
@@ -147,7 +152,7 @@ class Node:
         self.broker = Broker()
         self.broker.records.max_bytes = messages * MESSAGE_RECORD_BYTES + groups * GROUP_RECORD_BYTES
         self.queue = self.broker.declare_queue(QueueSettings(name="q", **settings))
-        self.disk: dict[int, Message] = {}
+        self.disk: dict[tuple[str, int], Message] = {}
         self.delivered: list[tuple[str, bytes]] = []
         self.reads = 0
         self.now_ms = 0
@@ -163,14 +168,14 @@ class Node:
                 if type(e) is Deliver:
                     self.delivered.append((e.consumer_id, e.message.payload))
                 elif type(e) is Removed:
-                    self.disk.pop(e.seq, None)
-            for _, message in stores:
-                self.disk[message.seq] = fresh(message)
+                    self.disk.pop((e.queue, e.seq), None)
+            for queue_name, message in stores:
+                self.disk[(queue_name, message.seq)] = fresh(message)
             effects = self.broker.journalled(stores, self.now_ms) if stores else []
             if answer_reads:
                 for read in reads:
                     self.reads += 1
-                    effects += self.broker.promote(read.queue, {s: fresh(self.disk[s]) for s in read.seqs}, self.now_ms)
+                    effects += self.broker.promote(read.queue, next_records(self.disk, read), self.now_ms)
         return seen
 
     def send(self, group, count: int = 1) -> None:
@@ -192,7 +197,7 @@ def test_past_the_budget_arrivals_go_cold_and_keep_only_their_seqs_once_on_disk(
     node = Node(2, 1)
     node.send("a", 5)
     cold = node.queue.cold
-    assert cold.count == 3 and not cold.pending and list(cold.seqs) == [3, 4, 5]
+    assert cold.count == cold.stored == 3 and not cold.pending and cold.after_seq == 2
     assert node.queue.stats()["depth_messages"] == 5
     assert node.queue.stats()["cold_messages"] == 3
     assert node.queue.stats()["resident_bytes"] == 2 * len(b"a-1")  # the two warm bodies
@@ -227,7 +232,7 @@ def test_cold_messages_come_back_in_order_as_consumers_drain_the_warm_part():
     assert all(seqs == sorted(seqs) for seqs in by_group.values()), by_group
     # exclusive owners keep their empty groups (and so their budget share)
     assert node.broker.records.messages == 0 and node.broker.records.groups == len(node.queue.groups) == 3
-    assert node.queue.cold.count == 0 and len(node.queue.cold.seqs) == 0
+    assert node.queue.cold.count == 0 and node.queue.cold.journal_bytes == 0
 
 
 def test_a_starved_consumer_reads_past_the_budget_while_a_slow_one_holds_the_warm_part():
@@ -270,9 +275,9 @@ def test_a_recovered_backlog_starts_cold_and_fills_the_budget_at_the_first_dispa
     assert broker.next_seq == 20 and queue.depth_messages == 10 and queue.cold.count == 10
     effects = broker.tick(0)
     reads = [e for e in effects if type(e) is ReadRecords]
-    assert [r.seqs for r in reads] == [(10, 11, 12)]
-    broker.promote("q", {seq: fresh(disk[seq]) for seq in reads[0].seqs}, 0)
-    assert [m.seq for m in queue._log] == [10, 11, 12] and queue.cold.count == 7
+    assert [(r.after_seq, r.count) for r in reads] == [(9, 3)]
+    broker.promote("q", next_records({("q", seq): m for seq, m in disk.items()}, reads[0]), 0)
+    assert [m.seq for m in queue._log] == [10, 11, 12] and queue.cold.count == 7 and queue.cold.after_seq == 12
     assert queue.depth_bytes == sum(m.size_bytes for m in disk.values())
 
 
@@ -280,12 +285,14 @@ def test_a_record_the_journal_lacks_is_dropped_loudly_and_its_bytes_leave_the_de
     node = Node(1, 1)
     node.send("a", 3)
     node.consumer("c", 0)
-    effects = node.broker.set_credit("c", 10, 0)  # starved: asks for 2 and 3
+    effects = node.broker.set_credit("c", 10, 0)  # starved: asks for the two after a-1
     read = next(e for e in effects if type(e) is ReadRecords)
-    assert read.seqs == (2, 3)
-    effects = node.broker.promote("q", {2: fresh(node.disk[2]), 3: None}, 0)
-    assert [e.seq for e in effects if type(e) is Dropped] == [3]
+    assert (read.after_seq, read.count) == (1, 2)
+    effects = node.broker.promote("q", {2: fresh(node.disk[("q", 2)])}, 0)  # a-3's record is gone
+    assert [e.reason for e in effects if type(e) is Dropped] == ["1 cold records after this seq are missing from "
+                                                                 "the journal"]
     assert node.queue.depth_messages == 2 and node.queue.depth_bytes == 2 * len(b"a-1")
+    assert node.queue.cold.count == 0
 
 
 def test_an_answer_for_a_read_the_queue_did_not_ask_is_ignored():
@@ -293,7 +300,13 @@ def test_an_answer_for_a_read_the_queue_did_not_ask_is_ignored():
     node.send("a", 2)
     assert node.queue.cold.count == 1
     assert node.broker.promote("q", {99: Message(b"z", "a", seq=99)}, 0) == []
-    assert node.queue.cold.count == 1 and node.queue.depth_messages == 2
+    node.send("a", 1)
+    assert node.queue.cold.count == 2 and node.queue.cold.after_seq == 1
+    node.queue.cold.asked = 1  # a read is out: an answer below after_seq, or larger than asked, is not its answer
+    stale = {1: Message(b"a-1", "a", seq=1)}
+    assert node.broker.promote("q", stale, 0) == [] and node.queue.cold.count == 2 and node.queue.depth_messages == 3
+    stale = {2: Message(b"a-2", "a", seq=2), 3: Message(b"a-3", "a", seq=3)}
+    assert node.broker.promote("q", stale, 0) == [] and node.queue.cold.count == 2 and node.queue.cold.asked == 1
 
 
 def test_group_purge_move_and_reroute_are_refused_while_a_cold_tail_is_there():
@@ -342,4 +355,4 @@ def test_the_model_helper_sees_pending_and_journalled_cold_seqs():
     stores = [(e.queue, e.message) for e in effects if type(e) is Stored]
     broker.journalled(stores[:2], 0)
     assert stores[1][1].flags & JOURNALLED
-    assert _cold_seqs(queue) == {2, 3} and list(queue.cold.seqs) == [2] and len(queue.cold.pending) == 1
+    assert _cold_seqs(queue, [1, 2, 3]) == {2, 3} and queue.cold.stored == 1 and len(queue.cold.pending) == 1

@@ -945,14 +945,21 @@ def test_after_cold_recovery_the_writer_reads_the_records_back_and_compacts_them
     assert recovery.cold["a"].size_bytes == sum(len(b"%d" % seq * 30) for seq in range(171, 201))
     assert [m.seq for m in recovery.messages["\x00out"]] == list(range(1_001, 1_021))
     callbacks, answers = Callbacks(), Answers()
+    before_start = journal.read_records_after_now("a", 170, 2)  # a cold tail's first read, before serving
+    assert {seq: fields_of(m) for seq, m in before_start.items()} == {
+        seq: fields_of(message(seq, payload=b"%d" % seq * 30, group_id=f"g{seq % 4}")) for seq in (171, 172)}
     journal.start(callbacks.on_durable, callbacks.on_failed, on_records=answers)  # compacts first
     journal.read_records("a", (171, 200, 170))
-    got = answers.wait(1)[0]
+    journal.read_records_after("a", 195, 10)  # the tail's next ones: only 5 are left
+    got, after = answers.wait(2)
     stats = journal.stats()
+    with pytest.raises(RuntimeError, match="before start"):
+        journal.read_records_after_now("a", 170, 2)
     journal.close()
     assert stats["compactions"] == 1
     assert {seq: m and fields_of(m) for seq, m in got[1].items()} == {
         171: fields_of(message(171, payload=b"171" * 30, group_id="g3")),
         200: fields_of(message(200, payload=b"200" * 30, group_id="g0")), 170: None}
+    assert after[0] == "a" and sorted(after[1]) == [196, 197, 198, 199, 200]
     again = recovered(tmp_path)
     assert [m.seq for m in again.messages["a"]] == list(range(171, 201))

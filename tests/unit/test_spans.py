@@ -96,6 +96,8 @@ def run_against_model(actions, tagged):
             entry = model.by_seq.get(seq)
             assert spans.get(seq) == (entry[:2] if entry else None)
         assert spans.live_bytes == sum(length for _, length, _ in model.by_seq.values())
+    for after in sorted(set(seen))[::max(1, len(seen) // 4)]:  # a cold tail's reads (merges the overflow)
+        assert spans.seqs_after(after, 3) == sorted(seq for seq in model.by_seq if seq > after)[:3]
     check_same(spans, model, seen)
     if tagged:
         assert spans.tag_sum() == sum(tag for _, _, tag in model.by_seq.values())
