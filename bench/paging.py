@@ -64,6 +64,7 @@ RSS_TARGET_OWN_GROUPS_MB = 200  # issue 14: 1,000,000 messages, each in its own 
 RSS_TARGET_SHARED_GROUPS_MB = 500  # issue 14: 10,000,000 messages in 1,000 groups
 DRAIN_RATIO_MIN = 0.7  # issue 14: paged drain rate over in-memory drain rate
 DEFAULT_BUDGET_BYTES = 256 << 20  # the node's message_memory_max_bytes default (node/config.py)
+DEFAULT_RECORD_BUDGET_BYTES = 64 << 20  # the node's record_memory_max_bytes default (node/config.py)
 SMALL_BUDGET_BYTES = 8 << 20
 LARGE_BUDGET_BYTES = 4 << 30  # holds any backlog this script drains in memory
 CONSUMERS = 4
@@ -93,11 +94,13 @@ def metric(metrics: str, name: str) -> int | None:
 class Node:
     """One `grouper node` subprocess on a data dir, with a config that sets the node's memory budget."""
 
-    def __init__(self, data_dir: Path, budget_bytes: int, log_path: Path, declare_queue: bool = False):
+    def __init__(self, data_dir: Path, budget_bytes: int, log_path: Path, declare_queue: bool = False,
+                 record_budget_bytes: int = DEFAULT_RECORD_BUDGET_BYTES):
         self.data_dir = data_dir
         self.amqp_port, self.admin_port, self.http_port = (peers.free_port() for _ in range(3))
         config_path = data_dir.parent / f"node-{budget_bytes}.toml"
-        config = f"[node]\nmessage_memory_max_bytes = {budget_bytes}\n"
+        config = (f"[node]\nmessage_memory_max_bytes = {budget_bytes}\n"
+                  f"record_memory_max_bytes = {record_budget_bytes}\n")
         if declare_queue:  # an empty data dir (`sent`): the queue a recovered journal declares, without depth limits
             config += (f"\n[[queue]]\nname = \"{QUEUE}\"\ndurable = true\ngroup_policy = \"exclusive\"\n"
                        "depth_max_messages = 0\ndepth_max_bytes = 0\ngroups_max = 0\n")
@@ -134,6 +137,7 @@ class Node:
                 "depth": metric(metrics, "grouper_queue_depth_messages"),
                 "resident_body_mib": round((metric(metrics, "grouper_queue_resident_bytes") or 0) / MIB, 1),
                 "paged_body_mib": round((metric(metrics, "grouper_queue_paged_bytes") or 0) / MIB, 1),
+                "cold": metric(metrics, "grouper_queue_cold_messages"),
                 "groups": metric(metrics, "grouper_queue_groups"), "load_1m": load_1m()}
 
     def stop(self) -> None:
@@ -155,9 +159,9 @@ def write_backlog(data_dir: Path, messages: int, groups: int) -> float:
     return round(journal_bytes / MIB, 1)
 
 
-def run_recovered(work_dir: Path, messages: int, groups: int, budget_bytes: int) -> dict:
+def run_recovered(work_dir: Path, messages: int, groups: int, budget_bytes: int, record_budget_bytes: int) -> dict:
     result = {"journal_mib": write_backlog(work_dir / "data", messages, groups)}
-    node = Node(work_dir / "data", budget_bytes, work_dir / "node.log")
+    node = Node(work_dir / "data", budget_bytes, work_dir / "node.log", record_budget_bytes=record_budget_bytes)
     try:
         result["ready_s"] = round(node.wait_ready(), 1)
         result["ready"] = node.sample()
@@ -172,11 +176,12 @@ def run_recovered(work_dir: Path, messages: int, groups: int, budget_bytes: int)
     return result
 
 
-def run_sent(work_dir: Path, messages: int, groups: int, budget_bytes: int) -> dict:
+def run_sent(work_dir: Path, messages: int, groups: int, budget_bytes: int, record_budget_bytes: int) -> dict:
     data_dir = work_dir / "data"
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
-    node = Node(data_dir, budget_bytes, work_dir / "node.log", declare_queue=True)
+    node = Node(data_dir, budget_bytes, work_dir / "node.log", declare_queue=True,
+                record_budget_bytes=record_budget_bytes)
     context = multiprocessing.get_context("fork")
     result: dict = {}
     producer = None
@@ -299,9 +304,10 @@ def render_section(reports: list[dict]) -> str:
              "producer. Resident = VmRSS of the node process, in MB (10^6 bytes, as the issue states its targets), "
              "once ready and again after a 10 s settle; peak = VmHWM. The machine has 2 cores shared with other "
              "engineers' work and a nemesis campaign: the load average is given for every row.", "",
-             "| mode | messages | groups | budget MiB | resident MB ready → settled | bytes per message | peak MB "
-             "| bodies in RAM / paged MiB | ready or build s | load | target | date, commit |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+             "| mode | messages | groups | bodies / records budget MiB | resident MB ready → settled "
+             "| bytes per message | peak MB | bodies in RAM / paged MiB | cold messages | ready or build s | load "
+             "| target | date, commit |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     memory = [r for r in reports if r["mode"] in ("recovered", "sent")]
     drains = [r for r in reports if r["mode"] == "drain"]
     for report in sorted(memory, key=lambda r: (r["mode"], r["messages"], r["groups"], -r["budget_bytes"])):
@@ -309,10 +315,12 @@ def render_section(reports: list[dict]) -> str:
         own_groups = report["groups"] >= report["messages"]
         target_mb = RSS_TARGET_OWN_GROUPS_MB if own_groups else RSS_TARGET_SHARED_GROUPS_MB
         full = 1_000_000 if own_groups else 10_000_000
+        records = report.get("record_budget_bytes")  # absent: a run from before cold tails
+        records_text = "none" if records is None else ("0" if not records else f"{records / MIB:,.0f}")
         head = (f"| {report['mode']} | {report['messages']:,} | {report['groups']:,} "
-                f"| {report['budget_bytes'] / MIB:,.0f} ")
+                f"| {report['budget_bytes'] / MIB:,.0f} / {records_text} ")
         if "failed" in result and "settled" not in result:
-            lines.append(head + f"| failed: {result['failed']} | | | | | {report['load_start']} | | "
+            lines.append(head + f"| failed: {result['failed']} | | | | | | {report['load_start']} | | "
                          f"{report['date']}, `{report['commit']}` |")
             continue
         first = result.get("ready") or result.get("built")
@@ -326,20 +334,23 @@ def render_section(reports: list[dict]) -> str:
             judged = f"≤ {target_mb} MB: {verdict(met)}"
         lines.append(head + f"| {first['rss_mb']:,.1f} → {settled['rss_mb']:,.1f} "
                      f"| {settled['rss_mb'] * MB / report['messages']:,.0f} | {settled['peak_rss_mb']:,.1f} "
-                     f"| {settled['resident_body_mib']:,.1f} / {settled['paged_body_mib']:,.1f} | {seconds} "
+                     f"| {settled['resident_body_mib']:,.1f} / {settled['paged_body_mib']:,.1f} "
+                     f"| {settled.get('cold') or 0:,} | {seconds} "
                      f"| {report['load_start']} → {settled['load_1m']} | {judged} | {report['date']}, `{report['commit']}` |")
     if memory:
         lines += ["", "Bytes per message = settled resident set / messages, the node's ~80 MB at rest included. "
-                  "Where they go, and why the two resident targets are missed whatever the budget: the budget "
-                  "bounds bodies only, and every queued message, paged or not, still costs two Python records. "
-                  "The dispatch core's (its Message, seq and lane slot: ~163 B in 1,000 groups, ~427 B with a "
-                  "group of its own; 'Memory: queued messages and groups') and the journal's index of live records "
-                  "(node/store/journal.py: a dict entry seq → (offset, length) per message, ~166 B by tracemalloc "
-                  "of 1,000,000 such entries). 10,000,000 messages are thus ~3.3 GB before any body; 500 MB is "
-                  "~42 B a message in all, so meeting it takes a paged message with no object of its own in "
-                  "either place (e.g. per group, paged seqs and their journal spans in packed arrays). 1,000,000 "
-                  "groups of one message at 200 MB leave ~120 B per group and message, under what a Group alone "
-                  "costs the core today."]
+                  "*bodies / records budget*: `message_memory_max_bytes` / `record_memory_max_bytes` (none: a run "
+                  "from before cold tails, when every queued message kept its record in memory). Where the bytes "
+                  "went before: every queued message, paged or not, cost two Python records, the dispatch core's "
+                  "(Message, seq, lane slot: ~163 B in 1,000 groups, ~427 B with a group of its own) and the "
+                  "journal index's (a dict entry seq → (offset, length), ~166 B), so 10,000,000 messages were "
+                  "~3.3 GB before any body. Now, past the record budget, a queue's newest messages are cold "
+                  "(node/core/cold.py): the core only counts them, and the journal's packed index "
+                  "(node/store/spans.py) holds each in a 20.5-byte entry, everything else in the journal until "
+                  "dispatch nears them; 10,000,000 such messages are ~205 MB, and the warm part stays within the budget "
+                  "(64 MiB by default, ~400,000 messages in 1,000 groups, ~160,000 groups of their own). "
+                  "A recovery reads only the STOREs' headers and leaves the backlog cold, then reads the "
+                  "oldest records back up to the budget before the node serves."]
     if drains:
         lines += ["", "Paged drains: the same recovered backlog drained by 4 lean consumers (prefetch 100, one "
                   "process), once under a budget that holds every body and once under a small one. Rate = messages "
@@ -386,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
                         "recovered, 1,000 otherwise)")
     parser.add_argument("--budget-bytes", type=int, default=DEFAULT_BUDGET_BYTES,
                         help="the node's message_memory_max_bytes (recovered, sent; default 256 MiB)")
+    parser.add_argument("--record-budget-bytes", type=int, default=DEFAULT_RECORD_BUDGET_BYTES,
+                        help="the node's record_memory_max_bytes (recovered, sent; default 64 MiB; 0: every record "
+                        "in memory, as before cold tails)")
     parser.add_argument("--small-budget-bytes", type=int, default=SMALL_BUDGET_BYTES, help="drain: the paged run's")
     parser.add_argument("--large-budget-bytes", type=int, default=LARGE_BUDGET_BYTES, help="drain: the in-memory run's")
     parser.add_argument("--work-dir", type=Path, help="where data dirs and node logs go (default: a temporary dir)")
@@ -404,13 +418,14 @@ def main(argv: list[str] | None = None) -> int:
     work_dir.mkdir(parents=True, exist_ok=True)
     log(f"work dir {work_dir}; load {load_1m()}")
     report = {"mode": args.mode, "messages": messages, "groups": groups, "budget_bytes": args.budget_bytes,
+              "record_budget_bytes": args.record_budget_bytes,
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "commit": commit(), "load_start": load_1m()}
     try:
         if args.mode == "recovered":
-            report["result"] = run_recovered(work_dir, messages, groups, args.budget_bytes)
+            report["result"] = run_recovered(work_dir, messages, groups, args.budget_bytes, args.record_budget_bytes)
         elif args.mode == "sent":
-            report["result"] = run_sent(work_dir, messages, groups, args.budget_bytes)
+            report["result"] = run_sent(work_dir, messages, groups, args.budget_bytes, args.record_budget_bytes)
         else:
             report["result"] = run_drain(work_dir, messages, groups, args.large_budget_bytes, args.small_budget_bytes)
     except RuntimeError as error:  # recorded as a failed row: a benchmark reports failures, not tracebacks
