@@ -162,6 +162,15 @@ def _seq_of(message: Message) -> int:
 
 
 class Queue:
+    # Slots, not a __dict__: past ~30 attributes CPython 3.11 stops sharing an instance dict's keys, and
+    # every attribute read of the dispatch paths got slower (two more attributes cost ~2 us a message)
+    __slots__ = ("settings", "default_group", "_grouping", "groups", "_groups_high", "_empty_owned",
+                 "_tracking_empty_owned", "held_keys", "consumers", "_takers", "_browsers", "_unowned",
+                 "_ungrouped", "_log", "_log_removed", "_log_removed_bytes", "_expiry", "_delayed",
+                 "dead_letter_refusal", "_use_counter", "depth_messages", "depth_bytes", "acquired_messages",
+                 "enqueued_total", "delivered_total", "_first_attach_ms", "_dispatch_started", "pager", "cold",
+                 "_starved")
+
     def __init__(self, settings: QueueSettings, *, fallback_default_group: str = "",
                  records: RecordBudget | None = None):
         self.settings = settings
