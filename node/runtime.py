@@ -339,7 +339,7 @@ class Node:
         # past the node's budget only records come back; bodies are read when dispatch reaches them. In a
         # cluster every body, for now: a restored group that lives elsewhere is handed over once, from memory
         # alone, with a record budget, a durable queue's messages come back as a cold tail (node/core/cold.py):
-        # seqs only, read back whole, oldest first, as the budget makes room and dispatch needs them
+        # only counted, read back whole, oldest first, as the budget makes room and dispatch needs them
         cold = self.cluster is None and self.broker.records.max_bytes > 0
         recovery = self.journal.recover(0 if self.cluster is not None else self.config.message_memory_max_bytes,
                                         cold=cold)

@@ -91,7 +91,7 @@ class ColdTail:
         if not self.pending and not self.stored:
             self.after_seq = message.seq - 1  # a new tail: every warm message is older
         if message.flags & JOURNALLED and not self.pending:
-            self.stored += 1  # its STORE is on disk already (a record read back, then put back)
+            self.stored += 1  # its STORE is on disk already (a recovered record)
             self.journal_bytes += message.size_bytes
         else:
             message.flags |= COLD
