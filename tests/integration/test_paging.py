@@ -5,6 +5,8 @@
 - Past the node's record budget a queue's newest messages go cold (only their seqs in memory; the
   listing and /metrics count them); a group purge is refused, naming the budget; a kill -9 and a
   restart, which recovers the backlog cold, lose nothing; consumers drain it with every group in order.
+  `grouper queue purge` reads a cold tail back and purges all of it, and none of it comes back after a
+  restart.
 - A kill -9 while bodies are being paged in and out loses no accepted message: after the restart,
   which keeps only records past the node's budget, every message the consumer did not accept comes
   back (those it accepted without seeing them settled may or may not), none it saw settled does, and
@@ -173,3 +175,18 @@ def test_past_the_record_budget_a_backlog_waits_cold_and_survives_a_kill_in_grou
     _check_order(received)
     drained = wait_until(lambda: (s := _stats(node))["depth_messages"] == 0 and s, "the queue to be empty")
     assert drained["cold_messages"] == 0 and drained["depth_bytes"] == 0
+
+
+def test_a_queue_purge_reads_a_cold_tail_back_and_purges_every_message(node_factory):
+    records_bytes = 16 << 10  # ~90 warm messages of these 6 groups: most of the 600 go cold
+    node = node_factory(f"[node]\nrecord_memory_max_bytes = {records_bytes}\n\n" + queue_toml(QUEUE, durable=True))
+    sent = _fill(node, per_group=100)
+    wait_until(lambda: _stats(node)["cold_messages"] > 400, "most of the backlog to go cold")
+    purged = node.cli("queue", "purge", QUEUE)
+    assert purged.returncode == 0, purged.stderr
+    assert purged.stdout.strip() == f"purged {len(sent)} messages from queue {QUEUE}"
+    emptied = _stats(node)
+    assert emptied["depth_messages"] == 0 and emptied["cold_messages"] == 0 and emptied["depth_bytes"] == 0
+    node.kill()
+    node.start()  # nothing comes back: the purge's removals are on disk
+    assert _stats(node)["depth_messages"] == 0
