@@ -47,6 +47,26 @@ def _check_order(keys: list[tuple[str, int]]) -> None:
         assert seqs == sorted(seqs), f"group {group} out of order: {seqs[:40]}"
 
 
+def _drain_in_order(node, sent: list[tuple[str, int]]) -> None:
+    """Three consumers take everything sent, each body whole: nothing lost or twice, every group in order."""
+    received: list[tuple[str, int]] = []
+    with Client(node) as client:
+        consumers = [client.consumer(QUEUE, f"worker{i}", credit=40) for i in range(3)]
+        while len(received) < len(sent):
+            assert client.wait_for(lambda: any(c.unread for c in consumers), 10.0), \
+                f"nothing more arrived after {len(received)} of {len(sent)}: {_stats(node)}"
+            for consumer in consumers:
+                fresh = list(consumer.unread)
+                consumer.unread.clear()
+                for item in fresh:
+                    assert item.message.properties["pad"] == PAD, f"{item} came back with a damaged body"
+                consumer.accept(*fresh)
+                consumer.flow(len(fresh))
+                received.extend((item.group, item.seq) for item in fresh)
+    assert sorted(received) == sorted(sent), "lost or duplicated messages"
+    _check_order(received)
+
+
 def test_a_backlog_past_its_budget_is_paged_and_drains_in_group_order_through_several_consumers(node_factory):
     node = node_factory(queue_toml(QUEUE, durable=True, memory_max_bytes=BUDGET_BYTES))
     refused = node.cli("queue", "add", "scratch", "--no-durable", "--memory-max-bytes", "1024")
@@ -62,24 +82,7 @@ def test_a_backlog_past_its_budget_is_paged_and_drains_in_group_order_through_se
     assert metric(text, f'grouper_queue_paged_bytes{{queue="{QUEUE}"}}') > 0
     assert metric(text, f'grouper_queue_resident_bytes{{queue="{QUEUE}"}}') <= BUDGET_BYTES
 
-    received: list[tuple[str, int]] = []
-    with Client(node) as client:
-        consumers = [client.consumer(QUEUE, f"worker{i}", credit=40) for i in range(3)]
-        while len(received) < len(sent):
-            assert client.wait_for(lambda: any(c.unread for c in consumers), 10.0), \
-                f"nothing more arrived after {len(received)} of {len(sent)}: {_stats(node)}"
-            for consumer in consumers:
-                fresh = list(consumer.unread)
-                consumer.unread.clear()
-                if not fresh:
-                    continue
-                for item in fresh:
-                    assert item.message.properties["pad"] == PAD, f"{item} came back with a damaged body"
-                consumer.accept(*fresh)
-                consumer.flow(len(fresh))
-                received.extend((item.group, item.seq) for item in fresh)
-    assert sorted(received) == sorted(sent), "lost or duplicated messages"
-    _check_order(received)
+    _drain_in_order(node, sent)
     drained = wait_until(lambda: (s := _stats(node))["depth_messages"] == 0 and s, "the queue to be empty")
     assert drained["paged_bytes"] == 0
 
@@ -157,22 +160,7 @@ def test_past_the_record_budget_a_backlog_waits_cold_and_survives_a_kill_in_grou
     assert restarted["cold_messages"] > 1000, f"recovery read every record despite the budget: {restarted}"
     # the oldest were read back up to the budget before the node served: none of its warm part is missing
     assert restarted["groups"] == len(GROUPS) and restarted["cold_messages"] < len(sent) - 300, restarted
-    received: list[tuple[str, int]] = []
-    with Client(node) as client:
-        consumers = [client.consumer(QUEUE, f"worker{i}", credit=40) for i in range(3)]
-        while len(received) < len(sent):
-            assert client.wait_for(lambda: any(c.unread for c in consumers), 10.0), \
-                f"nothing more arrived after {len(received)} of {len(sent)}: {_stats(node)}"
-            for consumer in consumers:
-                fresh = list(consumer.unread)
-                consumer.unread.clear()
-                for item in fresh:
-                    assert item.message.properties["pad"] == PAD, f"{item} came back with a damaged body"
-                consumer.accept(*fresh)
-                consumer.flow(len(fresh))
-                received.extend((item.group, item.seq) for item in fresh)
-    assert sorted(received) == sorted(sent), "lost or duplicated messages"
-    _check_order(received)
+    _drain_in_order(node, sent)
     drained = wait_until(lambda: (s := _stats(node))["depth_messages"] == 0 and s, "the queue to be empty")
     assert drained["cold_messages"] == 0 and drained["depth_bytes"] == 0
 

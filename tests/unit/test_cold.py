@@ -111,17 +111,10 @@ class ColdMachine(DispatchMachine):
         seqs = [seq for seq in self.sent if seq not in self.batch_failed and seq in waiting][-count:]
         if not seqs:
             return
-        self.batch_failed.update(seqs)
         self.unjournalled = [(q, m) for q, m in self.unjournalled if m.seq not in seqs]
         for seq in seqs:  # the failed batch is cut off the file
             self.disk.pop(("q", seq), None)
-        answer: list = []
-
-        def call():
-            handed_out, effects = self.broker.take_back([("q", self.sent[seq]) for seq in seqs], self.now_ms)
-            answer.append(handed_out)
-            return effects
-        self.step(call, lambda: self.model.taken_back(seqs, answer[0]))
+        self.take_back(seqs)
 
 
 def machine_for(name: str, examples: int, **queue_settings):

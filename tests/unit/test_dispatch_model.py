@@ -149,7 +149,9 @@ class DispatchMachine(RuleBasedStateMachine):
     @rule(count=st.integers(1, 4))
     def journal_batch_fails(self, count):
         """The journal batch holding the latest `count` sends not in a failed batch yet was not written."""
-        seqs = [seq for seq in self.sent if seq not in self.batch_failed][-count:]
+        self.take_back([seq for seq in self.sent if seq not in self.batch_failed][-count:])
+
+    def take_back(self, seqs: list[int]) -> None:
         self.batch_failed.update(seqs)
         answer: list = []
 
