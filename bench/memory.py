@@ -28,6 +28,10 @@ Scenarios (N = --messages):
 - paged: N messages in 1,000 groups on a durable queue with a 1 MiB memory budget, each with a body of
   its own (PAGED_BODY_BYTES), reported journalled in batches as the journal would and paged out
   (node/core/paging.py). Bytes per queued message with its body in the journal only: the record.
+- cold / cold_own_groups: the same sends (in 1,000 groups / each its own group) past a 1 MiB record
+  budget (record_memory_max_bytes; node/core/cold.py): all but the first few thousand go cold, only
+  counted. Bytes per queued message / per group in the core (the journal's index of ~21 bytes a
+  record is the journal's, not measured here).
 - dispatch: N messages in 1,000 groups through 4 consumers with credit 100, each delivery accepted
   at once. CPU microseconds per message for enqueue + dispatch + settle (process time, no tracemalloc).
 """
@@ -57,10 +61,11 @@ DISPATCH_CONSUMERS = 4
 DISPATCH_CREDIT = 100
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 SCENARIOS = ("per_message", "per_group", "idle_after_drain", "owned_empty_spread", "owned_empty_one", "paged",
-             "dispatch")
+             "cold", "cold_own_groups", "dispatch")
 PAGED_BODY_BYTES = 100  # issue 14's body size
 PAGED_BUDGET_BYTES = 1 << 20
 JOURNALLED_BATCH_MESSAGES = 10_000  # STOREs reported durable at once
+COLD_RECORD_BUDGET_BYTES = 1 << 20  # record_memory_max_bytes of the cold scenarios (node/core/cold.py)
 
 
 def rss_bytes() -> int:
@@ -97,6 +102,8 @@ def scenario(name: str, messages: int, broker: Broker, measure) -> dict:
     """Set up what is not measured, then let `measure(start, stop)` bracket the part that is."""
     if name == "paged":
         return paged(messages, broker, measure)
+    if name.startswith("cold"):
+        return cold(messages, messages if name == "cold_own_groups" else GROUPS_FOR_PER_MESSAGE, broker, measure)
     consumers: list = []
     if name.startswith("owned_empty"):
         count = CONSUMERS_SPREAD if name == "owned_empty_spread" else 1
@@ -124,19 +131,36 @@ def paged(messages: int, broker: Broker, measure) -> dict:
     broker.declare_queue(QueueSettings(name="q", depth_max_messages=0, depth_max_bytes=0, groups_max=0,
                                        memory_max_bytes=PAGED_BUDGET_BYTES))
     with measure:
-        stores = []
-        for seq in range(messages):
-            body = seq.to_bytes(8, "little") * (PAGED_BODY_BYTES // 8) + bytes(PAGED_BODY_BYTES % 8)
-            for effect in broker.enqueue("q", Message(body, group_name(seq % GROUPS_FOR_PER_MESSAGE)), 0):
-                if type(effect) is Stored:
-                    stores.append((effect.queue, effect.message))
-            if len(stores) >= JOURNALLED_BATCH_MESSAGES:
-                broker.journalled(stores, 0)
-                stores = []
-        broker.journalled(stores, 0)
+        send_journalled(broker, messages, GROUPS_FOR_PER_MESSAGE)
     queue = broker.queues["q"]
     assert queue.pager.paged_bytes >= (messages * PAGED_BODY_BYTES) - PAGED_BUDGET_BYTES
     return {"groups": len(queue.groups), "depth": queue.depth_messages}
+
+
+def cold(messages: int, groups: int, broker: Broker, measure) -> dict:
+    """Past a small record budget: the newest messages wait in the journal, only counted here."""
+    broker.records.max_bytes = COLD_RECORD_BUDGET_BYTES
+    broker.declare_queue(QueueSettings(name="q", depth_max_messages=0, depth_max_bytes=0, groups_max=0,
+                                       memory_max_bytes=PAGED_BUDGET_BYTES))
+    with measure:
+        send_journalled(broker, messages, groups)
+    queue = broker.queues["q"]
+    assert queue.cold.count >= messages - COLD_RECORD_BUDGET_BYTES // 160 and not queue.cold.pending
+    return {"groups": len(queue.groups), "depth": queue.depth_messages}
+
+
+def send_journalled(broker: Broker, messages: int, groups: int) -> None:
+    """Send `messages` 100-byte bodies of their own, reporting their STOREs on disk in batches as the journal would."""
+    stores = []
+    for seq in range(messages):
+        body = seq.to_bytes(8, "little") * (PAGED_BODY_BYTES // 8) + bytes(PAGED_BODY_BYTES % 8)
+        for effect in broker.enqueue("q", Message(body, group_name(seq % groups)), 0):
+            if type(effect) is Stored:
+                stores.append((effect.queue, effect.message))
+        if len(stores) >= JOURNALLED_BATCH_MESSAGES:
+            broker.journalled(stores, 0)
+            stores = []
+    broker.journalled(stores, 0)
 
 
 class Bracket:
@@ -215,7 +239,7 @@ def table(messages: int, names: list[str], with_rss: bool) -> str:
             continue
         traced = run_child(name, messages, True)
         resident = run_child(name, messages, False) if with_rss else None
-        unit = "queued message" if name in ("per_message", "paged") else "group"
+        unit = "queued message" if name in ("per_message", "paged", "cold") else "group"
         rows.append(f"| {name} | {messages:,} {unit}s | {per(traced['bytes'], messages)} | "
                     f"{per(resident['bytes'], messages) if resident else '-'} | {traced['groups']:,} | "
                     f"{traced['depth']:,} |")
