@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from node.core.message import COLD, JOURNALLED, Message
+from node.core.message import COLD, JOURNALLED, REMOVED, STATE_MASK, Message
 
 MESSAGE_RECORD_BYTES = 160  # a warm message's record: Message, seq int, browse-log and lane slots
 GROUP_RECORD_BYTES = 256  # a warm group: Group, dict entry, id string, heap entry
@@ -66,11 +66,15 @@ class RecordBudget:
 
 
 class ColdTail:
-    __slots__ = ("budget", "pending", "pending_bytes", "stored", "asked", "after_seq", "journal_bytes")
+    __slots__ = ("budget", "pending", "pending_count", "pending_bytes", "stored", "asked", "after_seq",
+                 "journal_bytes")
 
     def __init__(self, budget: RecordBudget):
         self.budget = budget
-        self.pending: deque[Message] = deque()  # seq order; whole, their STOREs not yet on disk
+        # seq order; whole, their STOREs not yet on disk. A withdrawn one stays (REMOVED) until it is at
+        # the head: a failed batch withdraws thousands, and removing each from a long deque was quadratic
+        self.pending: deque[Message] = deque()
+        self.pending_count = 0  # live ones in `pending`
         self.pending_bytes = 0
         # cold messages on disk, only counted: they are the queue's live records above after_seq (every
         # warm message's seq is at most after_seq; pending ones are newer still), oldest first
@@ -81,22 +85,23 @@ class ColdTail:
 
     @property
     def count(self) -> int:
-        return len(self.pending) + self.stored
+        return self.pending_count + self.stored
 
     def admits(self) -> bool:
         """Whether an arrival goes cold (it would be the warm part's newest otherwise)."""
-        return bool(self.pending) or bool(self.stored) or self.budget.full
+        return bool(self.pending_count) or bool(self.stored) or self.budget.full
 
     def add(self, message: Message) -> None:
-        if not self.pending and not self.stored:
+        if not self.pending_count and not self.stored:
             self.after_seq = message.seq - 1  # a new tail: every warm message is older
-        if message.flags & JOURNALLED and not self.pending:
+        if message.flags & JOURNALLED and not self.pending_count:
             self.stored += 1  # its STORE is on disk already (a recovered record)
             self.journal_bytes += message.size_bytes
         else:
             message.flags |= COLD
             message.group = None
             self.pending.append(message)
+            self.pending_count += 1
             self.pending_bytes += message.size_bytes
 
     def add_stored(self, count: int, after_seq: int, size_bytes: int) -> None:
@@ -109,17 +114,25 @@ class ColdTail:
     def journalled(self) -> None:
         """Let go of the pending messages whose STOREs are on disk now, oldest first."""
         pending = self.pending
-        while pending and pending[0].flags & JOURNALLED:
-            message = pending.popleft()
-            message.flags &= ~COLD
-            self.pending_bytes -= message.size_bytes
-            self.stored += 1
-            self.journal_bytes += message.size_bytes
+        while pending:
+            flags = pending[0].flags
+            if flags & STATE_MASK == REMOVED:
+                pending.popleft()  # withdrawn
+            elif flags & JOURNALLED:
+                message = pending.popleft()
+                message.flags &= ~COLD
+                self.pending_count -= 1
+                self.pending_bytes -= message.size_bytes
+                self.stored += 1
+                self.journal_bytes += message.size_bytes
+            else:
+                break
 
     def withdraw(self, message: Message) -> None:
-        self.pending.remove(message)
+        """A pending arrival whose write failed: gone (REMOVED), dropped from `pending` when at its head."""
+        message.flags = message.flags & ~(COLD | STATE_MASK) | REMOVED
+        self.pending_count -= 1
         self.pending_bytes -= message.size_bytes
-        message.flags &= ~COLD
 
     def ask(self, starved: bool) -> int:
         """How many of the oldest cold records to read back now (after `after_seq`), or 0."""
@@ -149,5 +162,5 @@ class ColdTail:
         for message in self.pending:
             message.flags &= ~COLD
         self.pending.clear()
-        self.pending_bytes = self.journal_bytes = 0
+        self.pending_count = self.pending_bytes = self.journal_bytes = 0
         self.stored = self.asked = 0

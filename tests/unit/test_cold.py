@@ -349,3 +349,17 @@ def test_the_model_helper_sees_pending_and_journalled_cold_seqs():
     broker.journalled(stores[:2], 0)
     assert stores[1][1].flags & JOURNALLED
     assert _cold_seqs(queue, [1, 2, 3]) == {2, 3} and queue.cold.stored == 1 and len(queue.cold.pending) == 1
+
+
+def test_a_failed_batch_in_the_middle_of_pending_arrivals_leaves_the_others_to_go_on():
+    broker = Broker()
+    broker.records.max_bytes = 1  # one warm message fills it
+    queue = broker.declare_queue(QueueSettings(name="q"))
+    effects = [e for text in (b"w", b"a", b"b", b"c", b"d") for e in broker.enqueue("q", Message(text, "g"), 0)]
+    stores = [(e.queue, e.message) for e in effects if type(e) is Stored]
+    failed = [stores[2], stores[3]]  # b and c: their batch was not written
+    handed_out, _ = broker.take_back(failed, 0)
+    assert handed_out == [False, False] and queue.cold.count == 2 and queue.depth_messages == 3
+    broker.journalled([stores[0], stores[1], stores[4]], 0)  # w, a and d are on disk
+    assert queue.cold.stored == 2 and queue.cold.pending_count == 0 and not queue.cold.pending
+    assert queue.cold.journal_bytes == 2 and queue.depth_bytes == 3
