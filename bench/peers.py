@@ -78,12 +78,13 @@ def _process_table() -> dict[int, tuple[int, float]]:
     return table
 
 
-def resident_bytes(pid: int | str = "self") -> dict:
-    """{"VmRSS": bytes, "VmHWM": bytes} of one process from /proc (OSError once it is gone)."""
+def resident_bytes(pid: int | str = "self", names: tuple = ("VmRSS", "VmHWM")) -> dict:
+    """{name: bytes} of one process's memory fields in /proc/PID/status, by default VmRSS and VmHWM
+    (OSError once it is gone)."""
     fields = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         name, _, value = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
+        if name in names:
             fields[name] = int(value.split()[0]) * 1024
     return fields
 

@@ -57,12 +57,7 @@ COMPACTION_WAIT_S = 300  # for the snapshot to be written (a forked child gzips 
 def memory_split(pid: int) -> dict:
     """The resident set's parts (/proc/PID/status): anonymous (the heap) and file-backed (pysyncobj maps
     its raft journal file), which tell a log held in memory from one held in the page cache."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("RssAnon", "RssFile"):
-            fields[name] = int(value.split()[0]) * 1024
-    return fields
+    return resident_bytes(pid, ("RssAnon", "RssFile"))
 
 
 QUEUE_NAMES = [f"orders-{number}" for number in range(QUEUES)]  # one str each, as a table holds them
