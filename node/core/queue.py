@@ -489,9 +489,14 @@ class Queue:
         cold = self.cold
         if cold is not None and cold.stored and not cold.asked:
             # starved: nothing warm for a consumer with credit, and no body is on its way either
-            count = cold.ask(self._starved and not pager.requested_bytes and not pager.waiting)
-            if count:
-                effects.append(ReadRecords(self.settings.name, cold.after_seq, count))
+            self._read_cold(self._starved and not pager.requested_bytes and not pager.waiting, effects)
+
+    def _read_cold(self, past_budget: bool, effects: list) -> None:
+        """Ask the journal for the cold tail's next records, as many as the budget has room for (a whole
+        batch `past_budget`), unless a read is out already."""
+        count = self.cold.ask(past_budget)
+        if count:
+            effects.append(ReadRecords(self.settings.name, self.cold.after_seq, count))
 
     def _lane_of(self, group):
         """A group's messages in seq order (None: the ungrouped lane); None when the group is gone."""
@@ -881,8 +886,7 @@ class Queue:
         cold = self.cold
         if cold is None or not cold.count:
             return False
-        if not cold.asked and cold.stored:
-            effects.append(ReadRecords(self.settings.name, cold.after_seq, cold.ask(True)))
+        self._read_cold(True, effects)
         return True
 
     def paged_group_bodies(self, group: Group) -> int:
