@@ -25,6 +25,7 @@ from node.config import NodeConfig
 from node.core.broker import Broker
 from handler import queue_definitions as definitions
 from node.admin.definitions import fixed_refusal, updated_settings
+from node.admin.flushes import Flushes
 from node.core.effects import Dropped, ReadRecords
 from node.core.errors import AlreadyExists, GrouperError, HandlerUnavailable, NotAllowed, NotFound
 from node.core.settings import QueueSettings
@@ -139,6 +140,8 @@ class LoopControl:
             self._decide(lambda on_result: node.handler.delete_queue(name, seen_revision, on_result))
             return
 
+        flushes = Flushes()
+
         def delete():
             node = self._node
             durable = node.broker.queue(name).settings.durable
@@ -146,7 +149,10 @@ class LoopControl:
             node.server.detach_producers_of(name)
             if durable and node.journal is not None:
                 node.journal.delete(name)
-        return self._call(delete)
+                flushes.after(node.server)
+        self._call(delete)
+        self._written(flushes, f"the deletion of queue {name!r}", "the queue is gone from memory, and a restart "
+                      "may bring it back with its messages")
 
     def list_groups(self, queue: str):
         return self._call(lambda: self._node.broker.list_groups(queue))
@@ -161,36 +167,58 @@ class LoopControl:
         return self._call(lambda: group_page(node.broker.queue(queue), prefix, position, page_size,
                                              node.clock_ms(), label_of))
 
-    def _counted(self, fn):
+    def _counted(self, fn, flushes: Flushes | None = None):
+        """Run fn(now_ms) -> (count, effects) on the engine loop and carry out its effects; with `flushes`,
+        register a wait for the journal records they make."""
         def run():
             count, effects = fn(self._node.clock_ms())
             self._node.server.apply(effects)
+            if flushes is not None:
+                flushes.after(self._node.server, effects)
             return count
         return self._call(run)
+
+    def _written(self, flushes: Flushes, what: str, meanwhile: str) -> None:
+        """Answer only once the journal has on disk what the call changed (node/admin/flushes.py)."""
+        flushes.wait(self._node.config.admin_timeout_ms, what, meanwhile)
 
     def reset_groups(self, queue, group):
         return self._counted(lambda now_ms: self._node.broker.reset_groups(queue, group, now_ms))
 
     def purge_group(self, queue, group, count):
-        return self._counted(lambda now_ms: self._node.broker.purge_group(queue, group, count, now_ms))
+        flushes = Flushes()
+        purged = self._counted(lambda now_ms: self._node.broker.purge_group(queue, group, count, now_ms), flushes)
+        self._written(flushes, f"the purge of group {group!r} of queue {queue!r}",
+                      f"{purged} messages purged in memory, which a restart may bring back")
+        return purged
 
     def purge_queue(self, queue: str) -> tuple[int, int]:
         from node.admin.queue_purge import available_left, purge_batch
         node = self._node
+        flushes = Flushes()
 
         def batch(position: int):  # one engine loop turn (node.admin.queue_purge)
             effects: list = []
             purged, position, done = purge_batch(node.broker.queue(queue), position, node.clock_ms(), effects)
             node.server.apply(effects)
+            flushes.after(node.server, effects)  # each batch's removals go to disk as it ends, not with the tick
             return purged, position, done, available_left(node.broker.queue(queue)) if done else 0
         purged, position, done = 0, 0, False
         while not done:
             count, position, done, left = self._call(lambda position=position: batch(position))
             purged += count
+        self._written(flushes, f"the purge of queue {queue!r}",
+                      f"{purged} messages purged in memory, which a restart may bring back")
         return purged, left
 
     def move_group(self, queue, group, destination, count):
-        return self._counted(lambda now_ms: self._node.broker.move_group(queue, group, destination, count, now_ms))
+        flushes = Flushes()
+        moved = self._counted(lambda now_ms: self._node.broker.move_group(queue, group, destination, count, now_ms),
+                              flushes)
+        self._written(flushes, f"the move of group {group!r} from {queue!r} to {destination!r}",
+                      f"{moved} messages moved in memory, and a restart finds each one at {queue!r} or at "
+                      f"{destination!r}")
+        return moved
 
     def reroute_queue(self, queue, destination, group, count):
         from node.admin.queue_reroute import reroute_queue

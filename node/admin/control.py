@@ -5,6 +5,10 @@ queue definitions (handler/queue_definitions.py); alone, on the node.
 
 The runtime implements it by posting each call into the engine loop thread through the bridge and
 waiting with a deadline; tests implement it over a plain `Broker`. Failures are `GrouperError`s.
+
+A call that removes, moves or deletes messages of a durable queue answers only once the journal has
+its records on disk (node/admin/flushes.py), so what it reports done does not come back after a
+crash; a failed write is a `JournalFailed` naming the journal's failure.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Rules:
 - Runs on the engine loop thread (LoopControl posts each batch through the bridge) over a core
   `Queue`, through the queue's own `take_group_messages`, the same removal as `group purge`: only
   available messages go; messages delivered and not yet settled stay with their consumer.
+- The removals are REMOVE records of the effects each batch returns; LoopControl answers "purged" only
+  once every batch's records are on disk (node/admin/flushes.py).
 - One call looks at most GROUPS_PER_BATCH_MAX groups, so a million groups never hold the loop for
   one long turn: the caller runs batches until `done`, and the loop serves clients in between.
 - Messages in no group (a queue without `default_group`) go once the groups are through, at most

@@ -27,6 +27,7 @@ from node.admin.client import AccessDenied, AdminClient, AdminError, NodeFailure
 from node.admin.control import NodeControl
 from node.admin.credentials import (EVERY_QUEUE, Authenticator, Caller, Unauthenticated, authorization_of,
                                     check_manage, may_see)
+from node.admin.flushes import JournalFailed
 from node.admin.tls import certificate_user
 from node.core.access import Access, Permission
 from node.core.errors import (AlreadyExists, GrouperError, HandlerUnavailable, InvalidConfig, InvalidField,
@@ -61,6 +62,8 @@ STATUS_BY_ERROR: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (InvalidField, grpc.StatusCode.INVALID_ARGUMENT),
     (InvalidConfig, grpc.StatusCode.INVALID_ARGUMENT),
     (ResourceLimitExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    # the change is made in memory but the node's disk did not take its journal records (full, as a rule)
+    (JournalFailed, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (ResourceDeleted, grpc.StatusCode.NOT_FOUND),  # deleted while we looked: for the caller it is gone
     (NotAllowed, grpc.StatusCode.FAILED_PRECONDITION),  # a state rule, not a permission
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),  # the caller's credentials are missing or wrong

@@ -7,7 +7,8 @@ back and never reaches a consumer, not even one attached while the disk is full;
 had before the write failed is refused as "outcome unknown", and once the disk has room its removal
 (of a seq the journal never stored) leaves nothing behind after a restart; an acceptance whose removal
 could not be stored is never settled (the consumer's link is detached), so the message that comes
-back after a restart is one the consumer was never told was gone.
+back after a restart is one the consumer was never told was gone; a `grouper queue purge` whose
+removals could not be stored fails, naming the journal's failure, instead of reporting them purged.
 """
 
 from __future__ import annotations
@@ -185,3 +186,23 @@ def test_an_acceptance_whose_removal_the_full_disk_refused_is_not_settled_and_th
     # what the node settled is gone for good; what it left unsettled may come back, and here it does
     assert not set(back) & settled, sorted(set(back) & settled)[:5]
     assert back == unsettled
+
+
+def test_a_queue_purge_whose_removals_the_full_disk_refused_fails_naming_the_journal_and_comes_back(
+        full_disk_node, small_disk):
+    connection = connect(full_disk_node)
+    try:
+        sender = connection.create_sender(QUEUE)
+        for index in range(ACCEPTED_AT_ONCE):
+            assert send(sender, f"m{index}", group=f"g{index % 6}")[0] == Delivery.ACCEPTED
+    finally:
+        connection.close()
+    filler = fill(small_disk)
+    purge = full_disk_node.cli("queue", "purge", QUEUE)
+    os.remove(filler)
+    # not "purged 300": the operator is told the purge is not stored, and why
+    assert purge.returncode != 0 and not purge.stdout, (purge.stdout, purge.stderr)
+    assert f"the journal could not write the purge of queue {QUEUE!r} (disk full" in purge.stderr, purge.stderr
+    assert "300 messages purged in memory" in purge.stderr and "free the node's disk" in purge.stderr, purge.stderr
+    # as the error says: a restart brings the purge's messages back, nothing lost
+    assert len(served_after_restart(full_disk_node)) == ACCEPTED_AT_ONCE
