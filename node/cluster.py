@@ -20,8 +20,8 @@ from handler.route_table import REFUSED, ROUTES, SNAPSHOT
 from node.core.cluster_protocol import TOUCH_RETRY_INTERVAL_MS, ClusterProtocol, Entry
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
                                JournalRemove, JournalStore, ProposeClaim, ProposeDefinition, ProposeMoveClear,
-                               ProposeQueueDeletion, ProposeQueueSeeds, ProposeTouch, QueueDeleted, Refuse,
-                               Register, Reply, ReportConsumers, StopNode, SubmitForward)
+                               ProposeQueueDeletion, ProposeQueueSeeds, ProposeTouch, QueueDeleted, ReadOutbound,
+                               Refuse, Register, Reply, ReportConsumers, StopNode, SubmitForward)
 from node.core.tally import DECISION_BOUNDS_MS, LatencyTally
 from node.peer.forwarder import Forwarder
 
@@ -49,7 +49,8 @@ class ClusterLink:
             group_timeout_ms=config.group_timeout_ms, routes_max=config.routes_max,
             journalled=journal is not None, follows_consumers=config.route_follow_ms > 0,
             queue_seeds=tuple(settings.to_dict() for settings in config.queues),
-            outbound_max_bytes=config.outbound_max_bytes, outbound_total_max_bytes=config.outbound_total_max_bytes)
+            outbound_max_bytes=config.outbound_max_bytes, outbound_total_max_bytes=config.outbound_total_max_bytes,
+            outbound_memory_max_bytes=config.outbound_memory_max_bytes)
         self._forwarders: dict[str, Forwarder] = {}
         self._claimed_ns: dict[tuple, int] = {}  # (queue, group) -> when this node proposed its claim
         self.raft_decision_latency = LatencyTally(DECISION_BOUNDS_MS)
@@ -57,7 +58,7 @@ class ClusterLink:
             EnqueueLocal: self._enqueue_local, AcceptWhenStored: self._accept_when_stored,
             Refuse: self._refuse, JournalStore: self._journal_store, JournalRemove: self._journal_remove,
             JournalDeclare: self._journal_declare, ApplyBroker: self._apply_broker,
-            AfterFlush: self._after_flush, SubmitForward: self._submit_forward,
+            AfterFlush: self._after_flush, SubmitForward: self._submit_forward, ReadOutbound: self._read_outbound,
             ProposeClaim: self._propose_claim, ProposeTouch: self._propose_touch,
             ProposeMoveClear: self._propose_move_clear,
             ProposeQueueSeeds: self._propose_queue_seeds, QueueDeleted: self._queue_deleted,
@@ -102,6 +103,12 @@ class ClusterLink:
 
     def recover_outbound(self, messages_by_name: dict) -> int:
         return self.protocol.recover_outbound(messages_by_name)
+
+    def outbound_read(self, name: str, records: dict) -> None:
+        """The journal read back paged entries of outbound channel `name` (engine loop thread)."""
+        effects = self.protocol.outbound_read(name, records)
+        if effects:
+            self.carry_out(effects)
 
     def hold_recovered(self) -> None:
         self.protocol.hold_recovered()
@@ -183,6 +190,10 @@ class ClusterLink:
 
     def _submit_forward(self, effect: SubmitForward) -> None:
         self._forwarder(effect.owner).submit(effect.entries)
+
+    def _read_outbound(self, effect: ReadOutbound) -> None:
+        for name, seqs in effect.reads:  # answered through outbound_read, on the engine loop
+            self.journal.read_records(name, seqs)
 
     def _propose_claim(self, effect: ProposeClaim) -> None:
         if len(self._claimed_ns) < DECISIONS_TIMED_MAX:

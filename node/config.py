@@ -104,6 +104,10 @@ class NodeConfig:
     outbound_max_bytes: int = 1 << 30
     # the same for every owner together (the store's share of this node's disk); 0 = no bound
     outbound_total_max_bytes: int = 4 << 30
+    # payload bytes of one owner's backlog kept in memory, given to its forwarder and not acknowledged;
+    # the rest of a durable backlog is only in the journal, read back in order (node/core/outbound.py);
+    # 0 = no bound (all of it in memory)
+    outbound_memory_max_bytes: int = 32 << 20
     # ---- between nodes (README "Security": Between nodes) ----
     cluster_tls_cert_file: str = ""  # PEM node certificate (serverAuth+clientAuth) signed by cluster_tls_ca_file
     cluster_tls_key_file: str = ""  # PEM private key of cluster_tls_cert_file
@@ -168,7 +172,7 @@ class NodeConfig:
                                 f"routes_max groups takes no new one; default {GROUP_TIMEOUT_MS_DEFAULT})")
         if self.owner_failover_ms < 0:
             raise InvalidConfig("owner_failover_ms", "must be >= 0 (0 = a dead owner keeps its groups)")
-        for key in ("outbound_max_bytes", "outbound_total_max_bytes"):
+        for key in ("outbound_max_bytes", "outbound_total_max_bytes", "outbound_memory_max_bytes"):
             if getattr(self, key) < 0:
                 raise InvalidConfig(key, "must be >= 0 bytes (0 = the outbound store has no such bound)")
         if 0 < self.outbound_total_max_bytes < self.outbound_max_bytes:

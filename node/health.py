@@ -333,8 +333,8 @@ class GrouperCollector:
     @staticmethod
     def _outbound_store(cluster: dict):
         """The forwarding backlog in bytes per owner: all of it (what outbound_max_bytes bounds), the part
-        held in memory and the part journalled. Today memory holds every entry; once the outbound store
-        pages, the memory figure falls below the whole while the journal keeps the durable ones."""
+        whose bodies are in memory (outbound_memory_max_bytes pages the rest of a durable backlog) and
+        the part journalled."""
         store = cluster.get("outbound_store", {})
         for key, text in (
                 ("bytes", "payload bytes accepted here waiting for their owner node to take them (bounded by "
@@ -354,7 +354,9 @@ class GrouperCollector:
             refused.add_metric([owner], count)
         yield refused
         for key, text in (("outbound_max_bytes", "bound of the forward backlog per owner node; 0 = none"),
-                          ("outbound_total_max_bytes", "bound of the forward backlog of all owners; 0 = none")):
+                          ("outbound_total_max_bytes", "bound of the forward backlog of all owners; 0 = none"),
+                          ("outbound_memory_max_bytes", "bodies of one owner's forward backlog kept in memory; "
+                                                        "the rest is paged to the journal; 0 = none")):
             if key in cluster:
                 yield GaugeMetricFamily(f"grouper_{key}", text, value=cluster[key])
 

@@ -420,7 +420,11 @@ class AmqpServer:
         self.apply(self.broker.page_in(queue, bodies, self.clock_ms()))
 
     def journal_records(self, queue: str, records: dict) -> None:
-        """A cold tail's records the journal read back whole: they join the warm part."""
+        """Records the journal read back whole: a cold tail's join the warm part; an outbound channel's
+        (a journal name of the cluster's own, starting with NUL) go to their owner's forwarder."""
+        if queue.startswith("\x00"):
+            self.cluster.outbound_read(queue, records)
+            return
         self.apply(self.broker.promote(queue, records, self.clock_ms()))
 
     def journal_failed(self, ticket: int, reason: str) -> None:

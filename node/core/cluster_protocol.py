@@ -25,9 +25,9 @@ acknowledged or received, a raft entry is applied, a proposal failed, a tick, re
   the bound, as it moves messages accepted already (refusing would lose or stall them): a group's
   backlog an old owner hands over, a message relayed to a moving group's new owner (its source
   holds it until this node stores it), and what recovery puts back. The bound is on bytes in the
-  store, in memory and in the journal alike; today every entry is in memory too. The store pages
-  like a queue once queues page to the journal past their memory budget (node/core queue
-  residency); this bound then stays its bound on disk.
+  store, journalled or not. Its bodies page past `outbound_memory_max_bytes` per owner: the
+  forwarder holds at most that much unacknowledged, and the rest of a durable backlog is only in the
+  journal, read back in order as the owner takes what came before (node/core/outbound.py).
 - Forward seqs are node seqs. They must never repeat after a restart, or an owner would take new
   messages for resends: blocks of seqs are reserved in the journal before use, and a batch is
   forwarded only once it, and a reservation covering its seqs, are on disk; batches leave in journal order.
@@ -133,7 +133,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from typing import NamedTuple
 
 from handler.queue_definitions import (CONFLICT, MALFORMED, QUEUES, QUEUES_ALL, TEMPORARY_OF, fixed_changes,
                                        settings_values)
@@ -142,15 +141,15 @@ from node.core.broker import Broker
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
                                JournalRemove, JournalStore, ProposeClaim, ProposeDefinition, ProposeMoveClear,
                                ProposeQueueDeletion, ProposeQueueSeeds, ProposeTouch, QueueDeleted, Refuse,
-                               Register, Reply, ReportConsumers, StopNode, SubmitForward)
+                               Register, Reply, ReportConsumers, StopNode)
 from node.core.errors import AlreadyExists, GrouperError, HandlerUnavailable, ResourceLimitExceeded
 from node.core.message import Message
-from node.core.routing import Inbound, Outbound, Router
+from node.core.outbound import Entry, Outbound, entry_of, outbound_name, parse_outbound_name
+from node.core.routing import Inbound, Router
 from node.core.settings import QueueSettings
 
 log = logging.getLogger("grouper.cluster")
 
-OUTBOUND_PREFIX = "\x00out\x00"  # journal name of an outbound channel: prefix, owner, NUL, queue
 PARK_PREFIX = "\x00park\x00"  # journal name of the messages a new owner parks during a move: prefix, queue
 MARK_PREFIX = "\x00mark\x00"  # journal declaration holding a source's high-water forward seq
 QUEUES_MARK = "\x00queues"  # journal declaration: "revision" of the last queue definition change applied here
@@ -179,27 +178,6 @@ _PARK = "park"
 _RELAY = "relay"
 
 
-class Entry(NamedTuple):
-    """A message on its way to its owner: what a forwarder sends and the owner's servicer receives."""
-
-    forward_seq: int
-    queue: str
-    group_id: str | None  # None: ungrouped; "" is a group of its own
-    payload: bytes  # the encoded AMQP message as received
-    expires_at_ms: int  # 0: never
-    closes_group: bool
-    enqueued_at_ms: int
-
-
-def outbound_name(owner: str, queue: str) -> str:
-    return f"{OUTBOUND_PREFIX}{owner}\x00{queue}"
-
-
-def parse_outbound_name(name: str) -> tuple[str, str]:
-    owner, _, queue = name[len(OUTBOUND_PREFIX):].partition("\x00")
-    return owner, queue
-
-
 class _Flushing:
     """One batch of new outbound entries on its way to disk; `outcome` None until the journal says."""
 
@@ -215,9 +193,11 @@ class ClusterProtocol:
     def __init__(self, node_id: str, broker: Broker, *, handler_timeout_ms: int, group_timeout_ms: int = 0,
                  routes_max: int = 0, journalled: bool = True, seq_reserve_block: int = SEQ_RESERVE_BLOCK,
                  counts: collections.Counter | None = None, follows_consumers: bool = False,
-                 queue_seeds: tuple = (), outbound_max_bytes: int = 0, outbound_total_max_bytes: int = 0):
+                 queue_seeds: tuple = (), outbound_max_bytes: int = 0, outbound_total_max_bytes: int = 0,
+                 outbound_memory_max_bytes: int = 0):
         """`queue_seeds`: the config file's queues, as settings dicts; `outbound_max_bytes`,
-        `outbound_total_max_bytes`: the outbound store's bounds, 0 = none (see the header)."""
+        `outbound_total_max_bytes`: the outbound store's bounds, 0 = none (see the header);
+        `outbound_memory_max_bytes`: its bodies in memory per owner, 0 = no bound (node/core/outbound.py)."""
         self.node_id = node_id
         self.broker = broker
         self.handler_timeout_ms = handler_timeout_ms
@@ -227,7 +207,7 @@ class ClusterProtocol:
         # what happened, for metrics and the simulation: resends_skipped, forwards_forgotten, reserved_again
         self.counts = counts if counts is not None else collections.Counter()
         self.router = Router(node_id, handler_timeout_ms, group_timeout_ms // 2)
-        self.outbound = Outbound()
+        self.outbound = Outbound(outbound_memory_max_bytes, self.counts)
         self.outbound_max_bytes = outbound_max_bytes
         self.outbound_total_max_bytes = outbound_total_max_bytes
         self.outbound_refused: collections.Counter = collections.Counter()  # owner -> sends refused at the bound
@@ -242,7 +222,7 @@ class ClusterProtocol:
         self.registered = False
         self.closed = False
         self._unsubmitted: dict[str, list[Entry]] = {}  # this batch's new outbound entries, per owner
-        self._recovered: dict[str, list[Entry]] = {}  # journalled before a restart: durable already
+        self._recovered: list = []  # SubmitForwards of what was journalled before a restart: durable already
         self.reserved_durable = 0  # the highest seq reservation known to be on disk
         self._batch_reservation = 0  # the reservation journalled in the current batch, if any
         self._flushing: collections.deque[_Flushing] = collections.deque()  # journal order
@@ -320,14 +300,17 @@ class ClusterProtocol:
             owner, queue = parse_outbound_name(name)
             for message in messages:
                 entries.append((message.seq, owner, queue, name, message))
+        ready: dict[str, list[Entry]] = {}
         for seq, owner, queue, name, message in sorted(entries, key=lambda entry: entry[0]):
             self.broker.next_seq = max(self.broker.next_seq, seq + 1)
             known = self.broker.queues.get(queue)
             route_key = known.route_key(message.group_id) if known is not None else message.group_id
             self.outbound.add(owner, seq, (queue, route_key), name, message.size_bytes)
-            self._recovered.setdefault(owner, []).append(_entry(queue, message))
+            ready.setdefault(owner, []).append(entry_of(queue, message))
             # perhaps a handover or a relay before a restart: owed until acknowledged
             self._recovered_top[owner] = max(self._recovered_top.get(owner, 0), seq)
+        for owner, owner_entries in ready.items():  # past the memory budget, paged again
+            self.outbound.ready(owner, owner_entries, self._recovered)
         return len(entries)
 
     def _recover_parked(self, queue_name: str, messages: list) -> None:
@@ -421,7 +404,7 @@ class ClusterProtocol:
             journal_name = outbound_name(owner, queue)
             effects.append(JournalStore(journal_name, message, origin))
         self.outbound.add(owner, message.seq, (queue, route_key), journal_name, message.size_bytes)
-        self._unsubmitted.setdefault(owner, []).append(_entry(queue, message))
+        self._unsubmitted.setdefault(owner, []).append(entry_of(queue, message))
 
     def _reserve_seq(self, seq: int, effects: list) -> None:
         if seq < self.seq_reserved:
@@ -447,8 +430,8 @@ class ClusterProtocol:
         if keys:
             effects.extend(ProposeClaim(chunk, now_ms) for chunk in _chunks(keys))
         if self._recovered:
-            recovered, self._recovered = self._recovered, {}
-            effects.extend(SubmitForward(owner, entries) for owner, entries in recovered.items())
+            effects.extend(self._recovered)
+            self._recovered = []
         if self._unsubmitted:
             # only this batch's own reservation is proven on disk when the batch is
             batch, self._unsubmitted = self._unsubmitted, {}
@@ -547,7 +530,8 @@ class ClusterProtocol:
                         reserved, self._batch_reservation = self._batch_reservation, 0
                         effects.append(AfterFlush((_RESERVATION, reserved)))
                     return
-                effects.extend(SubmitForward(owner, entries) for owner, entries in flushing.batch.items())
+                for owner, entries in flushing.batch.items():
+                    self.outbound.ready(owner, entries, effects)
             self._flushing.popleft()
 
     # ---- the raft member's answers -----------------------------------------------------------
@@ -903,12 +887,29 @@ class ClusterProtocol:
     def acknowledged(self, owner: str, high_water: int) -> list:
         """`owner` holds (stored) everything this node forwarded it up to `high_water`."""
         waiting = len(self.outbound.channels.get(owner, ()))
-        journalled = self.outbound.acknowledge(owner, high_water)
+        effects: list = []
+        journalled = self.outbound.acknowledge(owner, high_water, effects)
         if len(self.outbound.channels.get(owner, ())) < waiting:
             self._outbound_drained(owner)
-        if not self.journalled:
-            return []
-        return [JournalRemove(journal_name, seq) for journal_name, seq in journalled]
+        if self.journalled:
+            effects.extend(JournalRemove(journal_name, seq) for journal_name, seq in journalled)
+        return effects
+
+    def outbound_read(self, name: str, records: dict) -> list:
+        """The journal read back paged entries of outbound channel `name` (seq -> Message, None if it
+        has none): submitted in order once the whole read is back (node/core/outbound.py)."""
+        effects: list = []
+        outbound = self.outbound
+        outbound.read_back(name, records, effects)
+        if outbound.lost:
+            lost, outbound.lost = outbound.lost, []
+            for journal_name, seq in lost:
+                owner, queue = parse_outbound_name(journal_name)
+                log.error("message %d of queue %r waiting for owner node %s is gone from the journal (damaged?): "
+                          "it cannot be forwarded and is dropped", seq, queue, owner)
+                self._outbound_drained(owner)
+            self.counts["forwards_lost"] += len(lost)
+        return effects
 
     def forward_received(self, source: str, entries: list[Entry], reply_to, now_ms: int) -> list:
         """Enqueue a batch `source` forwarded; the Reply comes once it is stored here (or at once if refused)."""
@@ -1239,6 +1240,7 @@ class ClusterProtocol:
             "outbound_refused": dict(sorted(self.outbound_refused.items())),
             "outbound_max_bytes": self.outbound_max_bytes,
             "outbound_total_max_bytes": self.outbound_total_max_bytes,
+            "outbound_memory_max_bytes": self.outbound.memory_max_bytes,
             "moving": len(self.moves),
             "held": len(self.held),
             "parked": sum(len(messages) for messages in self.parked.values()),
@@ -1255,6 +1257,3 @@ def _chunks(items: list) -> list[list]:
     return [items[start:start + CLAIM_KEYS_MAX] for start in range(0, len(items), CLAIM_KEYS_MAX)]
 
 
-def _entry(queue: str, message: Message) -> Entry:
-    return Entry(message.seq, queue, message.group_id, bytes(message.payload), message.expires_at_ms or 0,
-                 message.closes_group, message.enqueued_at_ms or 0)

@@ -195,6 +195,15 @@ class SubmitForward(NamedTuple):
     entries: list
 
 
+class ReadOutbound(NamedTuple):
+    """Read paged entries of `owner`'s outbound channel back from the journal whole: `reads` is
+    ((journal name, seqs), ...); each name's answer (seq -> Message | None) goes to the protocol's
+    `outbound_read` (node/core/outbound.py)."""
+
+    owner: str
+    reads: tuple
+
+
 class ProposeClaim(NamedTuple):
     """Propose routes for `keys` [(queue, group)]; a failure comes back through `claim_failed`."""
 

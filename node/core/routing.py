@@ -1,17 +1,13 @@
 """Where each message group of a cluster lives, as this node knows it, and the messages in transit.
 
-Pure, owned by the engine loop thread. Three parts:
+Pure, owned by the engine loop thread. Two parts (the outbound store, messages on their way to the
+groups' owners, is node/core/outbound.py):
 - `Router`: the node's copy of the replicated routes (fed only by the handler's applied-command
   stream, so it never runs ahead of the raft log) and the messages waiting for a route. A message
   of a group that has messages waiting waits behind them even once a route is known, so a
   producer's order within a group survives a route decision in flight. A wait longer than the
   handler timeout ends the message's journey here: the adapter refuses it; nothing is ever
   enqueued without a route.
-- `Outbound`: messages accepted here for groups owned elsewhere, one ordered channel per owner.
-  Each carries a forward seq (the node seq the message was given here); the owner acknowledges a
-  high-water mark and everything up to it leaves the channel. It counts each channel's messages
-  and payload bytes, all and journalled, so the cluster protocol can bound a channel
-  (outbound_max_bytes) and the metrics show it; it decides nothing itself.
 - `Inbound`: per source node, the highest forward seq already enqueued here, so a resent batch
   (after a lost acknowledgement) is not enqueued twice.
 Memory: every node holds every live route (a million is routes_max's default), so `Routes` packs
@@ -262,93 +258,6 @@ class Router:
 
     def waiting_count(self) -> int:
         return sum(len(items) for items in self.waiting.values())
-
-
-class Outbound:
-    def __init__(self):
-        # owner node -> forward seq -> (route key, journal name or None, payload bytes); dicts keep seq order
-        self.channels: dict[str, dict[int, tuple]] = {}
-        self.key_counts: dict[tuple, int] = {}  # (owner, route key) -> entries in its channel; no zeros
-        self.depth_bytes: dict[str, int] = {}  # owner -> payload bytes in its channel; no zeros
-        self.journal_bytes: dict[str, int] = {}  # owner -> of those, bytes of journalled entries; no zeros
-        self.journal_messages: dict[str, int] = {}  # owner -> journalled entries in its channel; no zeros
-        self.total_bytes = 0  # payload bytes in every channel
-
-    def add(self, owner: str, seq: int, key: tuple[str, str], journal_name: str | None, size_bytes: int) -> None:
-        self.channels.setdefault(owner, {})[seq] = (key, journal_name, size_bytes)
-        _count_up(self.key_counts, (owner, key), 1)
-        _count_up(self.depth_bytes, owner, size_bytes)
-        self.total_bytes += size_bytes
-        if journal_name is not None:
-            _count_up(self.journal_bytes, owner, size_bytes)
-            _count_up(self.journal_messages, owner, 1)
-
-    def count(self, owner: str, key: tuple[str, str]) -> int:
-        """Entries of group `key` on their way to `owner` (not acknowledged yet)."""
-        return self.key_counts.get((owner, key), 0)
-
-    def _drop(self, owner: str, channel: dict, seq: int):
-        entry = channel.pop(seq)
-        _count_down(self.key_counts, (owner, entry[0]), 1)
-        _count_down(self.depth_bytes, owner, entry[2])
-        self.total_bytes -= entry[2]
-        if entry[1] is not None:
-            _count_down(self.journal_bytes, owner, entry[2])
-            _count_down(self.journal_messages, owner, 1)
-        return entry
-
-    def acknowledge(self, owner: str, high_water: int) -> list[tuple[str, int]]:
-        """Drop what `owner` now holds; returns (journal name, seq) of the journalled ones."""
-        channel = self.channels.get(owner)
-        if not channel:
-            return []
-        done = []
-        for seq in channel:
-            if seq > high_water:
-                break
-            done.append(seq)
-        journalled = []
-        for seq in done:
-            journal_name = self._drop(owner, channel, seq)[1]
-            if journal_name is not None:
-                journalled.append((journal_name, seq))
-        return journalled
-
-    def forget(self, owner: str, seqs) -> None:
-        """Drop entries that must not be forwarded (their producers were refused)."""
-        channel = self.channels.get(owner, {})
-        for seq in seqs:
-            if seq in channel:
-                self._drop(owner, channel, seq)
-
-    def owners_by_key(self) -> dict[tuple[str, str], str]:
-        return {key: owner for owner, channel in self.channels.items() for key, _, _ in channel.values()}
-
-    def depths(self) -> dict[str, int]:
-        return {owner: len(channel) for owner, channel in sorted(self.channels.items()) if channel}
-
-    def stats(self) -> dict[str, dict[str, int]]:
-        """Per owner with entries: messages and bytes waiting, those held in memory and those journalled.
-        Today every entry is in memory (a journalled one in the journal too); once the outbound store
-        pages like a queue, memory holds fewer than it has."""
-        return {owner: {"messages": len(channel), "bytes": self.depth_bytes.get(owner, 0),
-                        "memory_messages": len(channel), "memory_bytes": self.depth_bytes.get(owner, 0),
-                        "journal_messages": self.journal_messages.get(owner, 0),
-                        "journal_bytes": self.journal_bytes.get(owner, 0)}
-                for owner, channel in sorted(self.channels.items()) if channel}
-
-
-def _count_up(counts: dict, key, amount: int) -> None:
-    if amount:
-        counts[key] = counts.get(key, 0) + amount
-
-
-def _count_down(counts: dict, key, amount: int) -> None:
-    left = counts.get(key, 0) - amount
-    if left:
-        counts[key] = left
-    else:
-        counts.pop(key, None)
 
 
 class Inbound:

@@ -15,10 +15,10 @@ Rules:
 - The thread waits on a condition when it has nothing to send and while backing off; it never spins.
   `close` wakes it and closes the channel, which cancels the call in flight, so it returns promptly
   even when the owner hangs.
-- Pending entries are bounded by the caller: they are the owner's channel of the outbound store, which
-  the cluster protocol bounds in bytes (outbound_max_bytes; a handover or a relay may pass it, see
-  node/core/cluster_protocol.py). `close` drops them, and the caller resubmits its journalled entries
-  after a restart.
+- Pending entries are bounded by the caller: the outbound store (node/core/outbound.py) submits an
+  owner's entries only while those pending stay within outbound_memory_max_bytes (at least one), and
+  keeps the rest, paged to the journal. `close` drops them, and the caller resubmits its journalled
+  entries after a restart.
 - With cluster TLS (`tls`) the channel is mutual TLS with this node's certificate; when the TLS
   files change the channel is made again with the new ones, as when the owner's address changes.
 """
@@ -35,7 +35,7 @@ from typing import Callable
 
 import grpc
 
-from node.core.cluster_protocol import Entry  # the entries a forwarder sends, made by the protocol
+from node.core.outbound import Entry  # the entries a forwarder sends, made by the protocol
 from proto import peer_pb2, peer_pb2_grpc
 
 log = logging.getLogger(__name__)

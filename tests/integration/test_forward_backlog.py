@@ -1,4 +1,5 @@
-"""A dead owner's forwarding backlog is bounded (outbound_max_bytes), against three real node processes.
+"""A dead owner's forwarding backlog is bounded (outbound_max_bytes) and paged past
+outbound_memory_max_bytes, against three real node processes.
 
 Node 1 owns the groups of `orders` (its consumer was the only one when they were placed), node 2 those
 of `other`. With node 1 killed, node 0 accepts sends for node 1's groups into its outbound store until
@@ -6,7 +7,9 @@ the next would pass the bound, then refuses them with amqp:resource-limit-exceed
 the bound in bytes; sends for node 2's groups go on. /metrics shows the backlog's bytes per owner,
 and node 0 restarted recovers the same backlog from its journal and still refuses past the bound.
 Once node 1 is back, every accepted message reaches its consumer in group order and node 0 takes sends
-for its groups again. Every wait is bounded and polls.
+for its groups again. With a small memory budget, node 0 keeps only a few of the backlog's bodies in
+memory, the rest in its journal alone, also after a kill -9; node 1 back gets all of it, in group order.
+Every wait is bounded and polls.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ OUTBOUND_MAX_BYTES = 20_000  # node 0 holds at most this much for one owner: abo
 BODY = "x" * 1000  # each send's body; its encoded message is a little larger
 GROUPS = ("g0", "g1", "g2")
 SENDS_MAX = 100  # bound of the filling loop: the refusal must come well before it
+OUTBOUND_MEMORY_MAX_BYTES = 4000  # the paging test's budget: bodies of about three of its sends
+PAGED_SENDS = 120  # the paging test's backlog: about forty times its memory budget
 
 
 @pytest.fixture
@@ -119,3 +124,59 @@ def test_a_dead_owners_backlog_is_bounded_refused_naming_it_and_delivered_in_ord
                "node 0's backlog for node 1 drained", timeout_s=WAIT_S)
     assert send_with_condition(sender, grouped(f"g0:after:{BODY}", "g0"))[0] == Delivery.ACCEPTED
     assert bodies(on_owner.fetch_many(1)) == [f"g0:after:{BODY}"]
+
+
+@pytest.fixture
+def paging_cluster(tmp_path):
+    made = Cluster(tmp_path, 3, f"[node]\noutbound_memory_max_bytes = {OUTBOUND_MEMORY_MAX_BYTES}\n")
+    yield made.start()
+    made.kill_all()
+
+
+def backlog(node, owner_id: str) -> dict[str, float]:
+    """The forward backlog's figures for `owner_id` on `node`'s /metrics, by name suffix."""
+    values = metrics(node)
+    prefix = "grouper_forward_backlog_"
+    return {name[len(prefix):].split("{")[0]: value for name, value in values.items()
+            if name.startswith(prefix) and f'owner="{owner_id}"' in name}
+
+
+def test_a_dead_owners_backlog_is_paged_to_the_journal_past_the_memory_budget_and_all_of_it_arrives_in_order(
+        paging_cluster, clients):
+    cluster = paging_cluster
+    source, owner, _spare = cluster.nodes
+    owner_id = cluster.node_ids[1]
+    on_owner = clients.consumer(owner, "orders", "c1")
+    cluster.wait_consumers("orders", {1: 1})
+    clients.send(source, "orders", [grouped(f"{group}:warm", group) for group in GROUPS], name="warm")
+    assert sorted(bodies(on_owner.fetch_many(len(GROUPS)))) == sorted(f"{group}:warm" for group in GROUPS)
+
+    owner.kill()
+    sent = [f"{GROUPS[number % len(GROUPS)]}:{number}:{BODY}" for number in range(PAGED_SENDS)]
+    clients.send(source, "orders", [grouped(body, body.split(":")[0]) for body in sent], name="filler")
+
+    def paged(figures: dict) -> bool:
+        return figures.get("messages") == PAGED_SENDS and figures.get("journal_messages") == PAGED_SENDS
+    wait_until(lambda: paged(backlog(source, owner_id)), "node 0 holds the backlog for node 1", timeout_s=WAIT_S)
+    figures = backlog(source, owner_id)
+    assert figures["journal_bytes"] == figures["bytes"] >= PAGED_SENDS * len(BODY)
+    # the forwarder holds the budget's worth, never more; every other body is in the journal only
+    assert 0 < figures["memory_bytes"] <= OUTBOUND_MEMORY_MAX_BYTES, figures
+    assert figures["memory_messages"] <= OUTBOUND_MEMORY_MAX_BYTES // len(BODY), figures
+    assert metrics(source)["grouper_outbound_memory_max_bytes"] == OUTBOUND_MEMORY_MAX_BYTES
+
+    # killed and restarted, node 0 recovers the backlog from its journal and pages it again
+    source.kill()
+    source.start()
+    wait_until(lambda: paged(backlog(source, owner_id)), "node 0 recovered its backlog for node 1", timeout_s=WAIT_S)
+    assert backlog(source, owner_id)["memory_bytes"] <= OUTBOUND_MEMORY_MAX_BYTES
+
+    owner.start()
+    on_owner = clients.consumer(owner, "orders", "c1-again")
+    delivered = bodies(on_owner.fetch_many(PAGED_SENDS))
+    for group in GROUPS:
+        assert [body for body in delivered if body.startswith(f"{group}:")] == [
+            body for body in sent if body.startswith(f"{group}:")]
+    assert sorted(delivered) == sorted(sent)
+    assert on_owner.poll() is None
+    wait_until(lambda: not backlog(source, owner_id), "node 0's backlog for node 1 drained", timeout_s=WAIT_S)

@@ -33,8 +33,8 @@ from node.core.cluster_protocol import MARK_PREFIX, PARK_PREFIX, ClusterProtocol
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, DetachConsumer, Dropped,
                                EnqueueLocal, JournalDeclare, JournalRemove, JournalStore, ProposeClaim,
                                ProposeDefinition, ProposeMoveClear, ProposeQueueDeletion, ProposeQueueSeeds,
-                               ProposeTouch, QueueDeleted, Refuse, Register, Removed, Reply, ReportConsumers,
-                               StopNode, Stored, SubmitForward, Withdrawn)
+                               ProposeTouch, QueueDeleted, ReadOutbound, Refuse, Register, Removed, Reply,
+                               ReportConsumers, StopNode, Stored, SubmitForward, Withdrawn)
 from node.core.errors import GrouperError, StoreFailed
 from node.core.message import Message
 from node.core.settings import QueueSettings
@@ -66,6 +66,18 @@ class Store:
         del self.records[keep:]
         self.handed = self.taken = self.durable = keep
         self.waiters.clear()
+
+    def live_on_disk(self, name: str) -> dict[int, tuple]:
+        """The live STORE records of `name` among the durable ones: seq -> record."""
+        live: dict[int, tuple] = {}
+        for record in self.records[:self.durable]:
+            if record[0] == "store" and record[1] == name:
+                live[record[2]] = record
+            elif record[0] == "remove" and record[1] == name:
+                live.pop(record[2], None)
+            elif record[0] == "delete" and record[1] == name:
+                live.clear()
+        return live
 
     def recovered(self) -> tuple[dict, dict]:
         """What recovery reads back: declarations by name, and live store records by name and seq."""
@@ -113,6 +125,11 @@ class ForwarderModel:
                                    f"{self.owner} after {self.last_submitted_seq}")
             self.last_submitted_seq = entry.forward_seq
         self.pending.extend(entries)
+        budget = self.sim.config.outbound_memory_max_bytes
+        held_bytes = sum(len(entry.payload) for entry in self.pending)
+        if budget and len(self.pending) > 1 and held_bytes > budget:
+            self.sim.violation(f"{self.node.node_id}'s forwarder to {self.owner} holds {held_bytes} bytes, past "
+                               f"outbound_memory_max_bytes = {budget}")
         self.kick()
 
     def kick(self) -> None:
@@ -202,7 +219,8 @@ class SimNode:
             seq_reserve_block=config.seq_reserve_block, counts=sim.stats,
             follows_consumers=config.route_follow_ms > 0,
             queue_seeds=tuple(settings.to_dict() for settings in config_queues),
-            outbound_max_bytes=config.outbound_max_bytes, outbound_total_max_bytes=config.outbound_total_max_bytes)
+            outbound_max_bytes=config.outbound_max_bytes, outbound_total_max_bytes=config.outbound_total_max_bytes,
+            outbound_memory_max_bytes=config.outbound_memory_max_bytes)
         self._forwarders: dict[str, ForwarderModel] = {}
         self._awaiting_flush: list = []  # callbacks for when everything journalled so far is durable
         self._writer_due = False
@@ -310,6 +328,13 @@ class SimNode:
 
     def journal_remove(self, name: str, seq: int) -> None:
         self.store.records.append(("remove", name, seq))
+
+    def read_outbound(self, name: str, seqs: tuple) -> None:
+        """Journal.read_records for paged outbound entries, answered on the engine loop: what the durable
+        records hold of each seq (None: no live STORE)."""
+        live = self.store.live_on_disk(name)
+        records = {seq: self._message(live[seq]) if seq in live else None for seq in seqs}
+        self.carry_out(self.protocol.outbound_read(name, records))
 
     def journal_declare(self, values: dict) -> None:
         self.store.records.append(("declare", values["name"], dict(values)))
@@ -545,6 +570,10 @@ class SimNode:
                     protocol.flushed(what, reason, sim.now_ms)))
             elif kind is SubmitForward:
                 self._forwarder(effect.owner).submit(effect.entries)
+            elif kind is ReadOutbound:
+                for name, seqs in effect.reads:
+                    self.sim.schedule(sim.rng.randint(1, sim.config.write_ms_max),
+                                      self.guarded(lambda name=name, seqs=seqs: self.read_outbound(name, seqs)), None)
             elif kind is ProposeClaim:
                 keys = effect.keys
                 sim.raft.propose(("claim", tuple(keys), self.node_id, effect.now_ms, sim.config.placement),

@@ -54,7 +54,8 @@ Invariants, after every step:
   hears at most one outcome;
 - per (producer, group), first deliveries come in increasing sequence;
 - each node's outbound store counts, per owner and in all, the bytes its channels hold (its bounds,
-  outbound_max_bytes and outbound_total_max_bytes, refuse sends by these counts).
+  outbound_max_bytes and outbound_total_max_bytes, refuse sends by these counts); a forwarder holds
+  at most outbound_memory_max_bytes (or one entry), and every paged entry read back is in the journal.
 At the end, after a drain with faults off and every node up: nothing is left anywhere, and every
 accepted message was delivered and accepted by a consumer (nothing lost).
 
@@ -110,6 +111,7 @@ class SimConfig:
     routes_max: int = 1_000_000
     outbound_max_bytes: int = 0  # the outbound store's bound per owner (node/config.py); 0: none
     outbound_total_max_bytes: int = 0  # and for all owners together
+    outbound_memory_max_bytes: int = 0  # bodies per owner in memory, the rest paged (node/core/outbound.py); 0: none
     net_delay_ms_max: int = 20  # one way, forwarding calls and replies
     forward_loss: float = 0.05  # a forwarding call never reaches the owner
     ack_loss: float = 0.05  # the owner's reply never reaches the sender
@@ -903,6 +905,9 @@ class Simulation:
                 or sum(sizes.values()) != outbound.total_bytes:
             self.violation(f"{node.node_id}'s outbound store counts {outbound.depth_bytes} bytes per owner "
                            f"({outbound.total_bytes} in all) but its channels hold {sizes}")
+        if self.stats["forwards_lost"]:
+            self.violation(f"{node.node_id} read back {self.stats['forwards_lost']} paged outbound entries the "
+                           f"journal did not have")
 
     def summary(self) -> dict:
         outcomes = collections.Counter(self.outcome.values())

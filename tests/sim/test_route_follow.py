@@ -17,6 +17,7 @@ from tests.sim.simulation import Simulation
 FOLLOW_SWEEP_SEEDS = 60
 FOLLOW_JOURNAL_FAIL_SEEDS = 20
 FOLLOW_OUTBOUND_BOUND_SEEDS = 30  # runs whose outbound stores hold a few messages per owner
+FOLLOW_OUTBOUND_PAGING_SEEDS = 30  # runs whose outbound stores keep about one body per owner in memory
 SWEEP_STEPS = 300
 NODES_BY_SEED = (3, 3, 2, 5)
 ROUTE_FOLLOW_MS = 100
@@ -51,6 +52,13 @@ def test_groups_follow_consumers_past_small_outbound_bounds_which_handovers_and_
     for counted in ("moves_done", "messages_handed_over", "outbound_refused"):
         assert totals[counted] > 0, (counted, totals)
     assert totals["moves_done"] == totals["moves_begun"]
+
+
+def test_groups_follow_consumers_while_the_outbound_store_pages_handovers_and_relays():
+    totals = sweep(FOLLOW_OUTBOUND_PAGING_SEEDS, outbound_memory_max_bytes=10)
+    for counted in ("moves_done", "messages_handed_over", "messages_relayed", "outbound_paged", "outbound_read_back"):
+        assert totals[counted] > 0, (counted, totals)
+    assert totals["moves_done"] == totals["moves_begun"] and totals["forwards_lost"] == 0
 
 
 def test_groups_follow_consumers_with_failed_journal_writes_too():
