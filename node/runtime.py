@@ -360,17 +360,20 @@ class Node:
             self.raft_secrets = read_raft_secrets(config.raft_secret_file) if config.raft_secret_file else ()
             self.cluster = ClusterLink(config.node_id, config, self.broker, self.journal, clock_ms,
                                        peer_tls=self.cluster_tls)
-        else:  # cold tails (node/core/cold.py) are for a node alone for now: a cluster hands groups over whole
+        # cold tails (node/core/cold.py), but not where groups follow their consumers: a group handed to
+        # another node leaves whole, and a cold message's group is not known until it is read back
+        if self.cluster is None or config.route_follow_ms == 0:
             self.broker.records.max_bytes = config.record_memory_max_bytes
 
     def recover(self) -> None:
-        # past the node's budget only records come back; bodies are read when dispatch reaches them. In a
-        # cluster every body, for now: a restored group that lives elsewhere is handed over once, from memory
-        # alone, with a record budget, a durable queue's messages come back as a cold tail (node/core/cold.py):
-        # only counted, read back whole, oldest first, as the budget makes room and dispatch needs them
-        cold = self.cluster is None and self.broker.records.max_bytes > 0
-        recovery = self.journal.recover(0 if self.cluster is not None else self.config.message_memory_max_bytes,
-                                        cold=cold)
+        # past the node's budget only records come back; bodies are read when dispatch reaches them. Where
+        # groups follow their consumers, every body, for now: a restored group that lives elsewhere is handed
+        # over once, from memory. With a record budget, a durable queue's messages come back as a cold tail
+        # (node/core/cold.py): only counted, read back whole, oldest first, as the budget makes room and
+        # dispatch needs them
+        cold = self.broker.records.max_bytes > 0
+        follows = self.cluster is not None and self.config.route_follow_ms > 0
+        recovery = self.journal.recover(0 if follows else self.config.message_memory_max_bytes, cold=cold)
         for settings in self.config.queues:
             self.broker.declare_queue(settings)
         journalled = set()

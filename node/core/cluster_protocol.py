@@ -871,12 +871,17 @@ class ClusterProtocol:
     def _refresh_leases(self, now_ms: int, effects: list) -> None:
         # a route expires only when no node uses it: refresh what this node routed lately, what it
         # holds as owner and what waits in its outbound channels, each naming the node it relies on
-        # (a touch makes a missing route again there, never elsewhere)
-        entries = {key: self.router.routes[key] for key in self.router.take_used() if key in self.router.routes}
+        # (a touch makes a missing route again there, never elsewhere). A cold tail's groups are not
+        # known until it is read back (node/core/cold.py): every route of its queue naming this node is
+        # refreshed while it has one
+        routes = self.router.routes
+        entries = {key: routes[key] for key in self.router.take_used() if key in routes}
         entries.update(self.outbound.owners_by_key())
         for name, queue in self.broker.queues.items():
             if queue.settings.grouping:
                 entries.update(((name, key), self.node_id) for key in queue.busy_route_keys())
+                if queue.cold is not None and queue.cold.count:
+                    entries.update(((name, group), self.node_id) for group in routes.groups_of(name, self.node_id))
         if not entries:
             return
         touches = [(queue, group, node) for (queue, group), node in sorted(entries.items())]

@@ -27,8 +27,10 @@ gigabytes before any body. Past the node's record budget a queue keeps not even 
   or move of one group waits until its queue's cold tail is gone, and a queue purge reads the tail
   back batch by batch to purge it. Records the journal lacks on read-back (a broken journal, never a
   normal path) are dropped loudly, as a missing body is.
-- Cold tails are for a node alone for now: in a cluster a group's messages must be known to hand the
-  group over, so a clustered node keeps every record warm (bodies still page).
+- In a cluster, a node whose groups follow their consumers keeps every record warm for now (bodies
+  still page): a group's messages must be known to hand the group over. Otherwise its cold tails are
+  as a node alone's, and while a queue has one the cluster protocol keeps alive every route of the
+  queue naming this node, since the cold messages' groups are unknown.
 """
 
 from __future__ import annotations

@@ -83,6 +83,16 @@ class Routes(Mapping):
             for packed in groups.values():
                 yield names[packed & _NODE_MASK]
 
+    def groups_of(self, queue: str, owner: str):
+        """The groups of `queue` whose routes name `owner`."""
+        number = self._node_numbers.get(owner)
+        groups = self.by_queue.get(queue)
+        if number is None or groups is None:
+            return
+        for group, packed in groups.items():
+            if packed & _NODE_MASK == number:
+                yield group
+
     def refreshed(self, key) -> int | None:
         """When the log last refreshed the route of `key` (0 without a lease), or None without a route."""
         groups = self.by_queue.get(key[0])

@@ -73,6 +73,11 @@ POLL_S = 0.05
 HANDLER_TIMEOUT_MS = 2000  # refusals of new groups without a majority come this soon
 DISK_BYTES = 128 << 20  # each node's tmpfs
 JOURNAL_COMPACT_MIN_BYTES = 8 << 20  # well below the tmpfs, so a long campaign does not fill it by itself
+# small budgets, so that every round's backlogs page: a busy owner's queue keeps ~30 records warm and the
+# rest cold (node/core/cold.py), a source keeps ~2 KiB of bodies per owner in memory and pages the rest of
+# a dead or slow owner's backlog to its journal (node/core/outbound.py)
+RECORD_MEMORY_MAX_BYTES = 8 << 10
+OUTBOUND_MEMORY_MAX_BYTES = 2 << 10
 TRUNCATION_MARK = "truncating already-applied log entries"  # pysyncobj's CRITICAL line (syncobj.py)
 CONNECTION_MARK_BASE = 0x4E000000  # | a counter: each partition marks its connections with its own value
 
@@ -243,6 +248,8 @@ class Campaign:
 
     def start(self) -> "Campaign":
         config = (f"[node]\njournal_compact_min_bytes = {JOURNAL_COMPACT_MIN_BYTES}\n"
+                  f"record_memory_max_bytes = {RECORD_MEMORY_MAX_BYTES}\n"
+                  f"outbound_memory_max_bytes = {OUTBOUND_MEMORY_MAX_BYTES}\n"
                   + queue_toml(QUEUE, durable=True) + queue_toml(PROBE_QUEUE, durable=True))
         self.cluster = Cluster(self.directory, 3, config, ("--handler-timeout-ms", str(HANDLER_TIMEOUT_MS)))
         if "disk" in self.kinds:

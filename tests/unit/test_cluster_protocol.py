@@ -146,6 +146,18 @@ def test_with_a_group_timeout_ticks_refresh_the_routes_this_node_used():
     assert touches == [ProposeTouch([("q", "g", "n2")], 20)]
 
 
+def test_while_a_queue_has_a_cold_tail_ticks_refresh_every_route_of_it_naming_this_node():
+    # a cold message's group is unknown until it is read back (node/core/cold.py): none of the groups
+    # that may have one here may expire meanwhile, or a send elsewhere could place it on another node
+    cluster = protocol(group_timeout_ms=1000)
+    cluster.applied(ROUTES, [("q", "g1", "n1"), ("q", "g2", "n1"), ("q", "g3", "n2")], 0, 0)
+    cluster.registered_now()
+    assert of(ProposeTouch, cluster.tick(20, {})) == []
+    cluster.broker.restore_cold("q", [7, 8], 200)
+    touches = of(ProposeTouch, cluster.tick(1000, {}))
+    assert touches == [ProposeTouch([("q", "g1", "n1"), ("q", "g2", "n1")], 1000)]
+
+
 def test_an_owner_enqueues_a_forwarded_batch_skips_its_resend_and_replies_once_it_is_stored():
     owner = protocol("n2")
     entries = [Entry(7, "q", "g", b"m1", 0, False, 5), Entry(8, "q", "g", b"m2", 0, False, 5)]
