@@ -158,15 +158,38 @@ def test_termination_grace_covers_the_pre_stop_sleep_and_the_nodes_clean_stop(st
     assert grace_s >= PRE_STOP_SLEEP_S + NODE_STOP_WAIT_S + 5
 
 
-# What a pod's memory holds beside the bodies, measured (docs/benchmarks.md): a queued message's record
-# with its body paged out (bench/memory.py, paged: 163 bytes, rounded up for its group's share), and a
-# route on one pod, node process and raft member together (bench/route_lifecycle.py live, 1,000,000
-# routes: 226-232 MB a pod against 96 MB at rest, 130-136 bytes a route)
-QUEUED_RECORD_BYTES = 200
+# What a pod's memory holds beside its budgets, each from docs/benchmarks.md:
+# - a queued message's journal index entry: "Paging: node memory and paged drains", the recovered
+#   10,000,000 messages in 1,000 groups (budgets 8/64 and 256/64 MiB): resident less ~80 MB at rest, the
+#   bodies in RAM and the 64 MiB of records is 20.7-22.5 bytes a message settled and 27.7-29.5 at the
+#   recovery's peak (the packed index's 20.5, node/store/spans.py, and the cold count's 2.6-5.4,
+#   "Memory: queued messages and groups"), rounded up from the peak;
+# - warm records: "Memory: queued messages and groups", resident 163.9 bytes a paged message and 427.1
+#   a group of its own against the 160 and 160 + 256 record_memory_max_bytes counts them as: up to 3%
+#   more than the budget;
+# - a route on one pod, node process and raft member together: "Routes on 3 nodes", 1,000,000 live
+#   routes: 226-232 MB a pod against 96 MB at rest, 130-136 bytes a route;
+# - an outbound entry beside its body: "Forwarding backlogs", 450-463 bytes a paged message, 644-655
+#   whole (the unbounded runs, and what a restart makes of every entry today), rounded up from 655.
+INDEX_BYTES_PER_QUEUED_MESSAGE = 32
+RECORD_BUDGET_RESIDENT_RATIO = 1.03
 ROUTE_BYTES_PER_POD = 150
+OUTBOUND_ENTRY_BYTES = 660
 POD_AT_REST_BYTES = 100 << 20  # node and raft member with no messages and no routes (96 MB measured)
-MEMORY_ENV = ("GROUPER_MESSAGE_MEMORY_MAX_BYTES", "GROUPER_ROUTES_MAX", "GROUPER_OUTBOUND_MAX_BYTES",
-              "GROUPER_OUTBOUND_TOTAL_MAX_BYTES")
+# The outbound store bounds bytes, not messages, so its entries are counted for messages of this size or
+# more (bench/outbound_memory.py's 1,000-byte bodies): the StatefulSet's comment says so
+OUTBOUND_MESSAGE_MIN_BYTES = 1024
+MEMORY_ENV = ("GROUPER_MESSAGE_MEMORY_MAX_BYTES", "GROUPER_RECORD_MEMORY_MAX_BYTES", "GROUPER_ROUTES_MAX",
+              "GROUPER_OUTBOUND_MAX_BYTES", "GROUPER_OUTBOUND_TOTAL_MAX_BYTES", "GROUPER_OUTBOUND_MEMORY_MAX_BYTES")
+
+
+def outbound_held_bytes(config) -> float:
+    """The outbound stores' share of a pod, whatever the number of pods: every backlog body (until
+    outbound recovery pages, a restart reads each back: docs/benchmarks.md "Forwarding backlogs",
+    recovery peak 434 MB with either budget; at rest the forwarders hold only outbound_memory_max_bytes
+    per owner pod, at most this) and an entry per message, counted through the bytes bound."""
+    return (config.outbound_total_max_bytes
+            + config.outbound_total_max_bytes / OUTBOUND_MESSAGE_MIN_BYTES * OUTBOUND_ENTRY_BYTES)
 
 
 @pytest.fixture(scope="module")
@@ -196,26 +219,39 @@ def test_queue_depths_are_bounded_by_the_volume_not_by_the_pods_memory(config_ma
     volume_bytes = quantity(claim["spec"]["resources"]["requests"]["storage"], "storage")
     assert 0 not in [queue.depth_max_bytes for queue in settings]
     assert sum(queue.depth_max_bytes for queue in settings) <= volume_bytes / 2
+    # and records past their budget go cold, so the depth in messages is no longer what the pod's memory
+    # holds records for: the budget is far below what the queues' depths would take as warm records
+    # (160 bytes each, as the budget counts them)
+    assert config.route_follow_ms == 0  # where groups follow their consumers every record stays warm
+    assert 0 < config.record_memory_max_bytes < sum(queue.depth_max_messages for queue in settings) * 160 / 4
 
 
 def test_what_a_pod_holds_in_memory_adds_up_to_within_its_limit(config_map_config, container):
     config = config_map_config
     settings = [*config.queues, config.template_settings()]
-    assert 0 not in [queue.depth_max_messages for queue in settings] and config.message_memory_max_bytes > 0
+    assert 0 not in [queue.depth_max_messages for queue in settings]
+    assert config.message_memory_max_bytes > 0 and config.record_memory_max_bytes > 0
+    assert config.outbound_total_max_bytes > 0  # else the outbound store would be unbounded
     held_bytes = (POD_AT_REST_BYTES + config.message_memory_max_bytes
-                  + sum(queue.depth_max_messages for queue in settings) * QUEUED_RECORD_BYTES
-                  + config.routes_max * ROUTE_BYTES_PER_POD + config.outbound_total_max_bytes)
+                  + config.record_memory_max_bytes * RECORD_BUDGET_RESIDENT_RATIO
+                  + sum(queue.depth_max_messages for queue in settings) * INDEX_BYTES_PER_QUEUED_MESSAGE
+                  + config.routes_max * ROUTE_BYTES_PER_POD + outbound_held_bytes(config))
     memory_limit_bytes = quantity(container["resources"]["limits"]["memory"], "memory")
     assert held_bytes <= memory_limit_bytes * 3 / 4, held_bytes  # a quarter left for Python's own overhead
 
 
-def test_the_outbound_store_is_bounded_well_inside_the_pods_memory_beside_the_queues(container):
-    # a dead owner's backlog is held in memory too until the outbound store pages: its bounds must leave
-    # the pod room (the sum above counts them)
-    env = env_values(container)
-    config = load(environ={key: env[key] for key in ("GROUPER_OUTBOUND_MAX_BYTES", "GROUPER_OUTBOUND_TOTAL_MAX_BYTES")})
+def test_the_outbound_store_is_bounded_well_inside_the_pods_memory_beside_the_queues(config_map_config, container,
+                                                                                     statefulset):
+    # a dead owner's backlog costs memory too (bodies up to the forwarders' budget, every body at a
+    # restart, a record per message): its bounds must leave the pod room (the sum above counts them), and
+    # the per-owner memory budget must be below the per-owner bound, or the store never pages
+    config = config_map_config
     memory_limit_bytes = quantity(container["resources"]["limits"]["memory"], "memory")
     assert 0 < config.outbound_max_bytes <= config.outbound_total_max_bytes <= memory_limit_bytes / 8
+    assert 0 < config.outbound_memory_max_bytes < config.outbound_max_bytes
+    owner_pods = statefulset["spec"]["replicas"] - 1
+    assert owner_pods * config.outbound_memory_max_bytes <= config.outbound_total_max_bytes
+    assert outbound_held_bytes(config) <= memory_limit_bytes / 4
 
 
 # ---- the pod's peer script, run with dash as the image runs it -----------------------------------
