@@ -28,6 +28,7 @@ from node.admin.definitions import fixed_refusal, updated_settings
 from node.admin.flushes import Flushes
 from node.core.effects import Dropped, ReadRecords
 from node.core.errors import AlreadyExists, GrouperError, HandlerUnavailable, NotAllowed, NotFound
+from node.core.outbound import OUTBOUND_PREFIX
 from node.core.settings import QueueSettings
 from node.health import PROBE_TIMEOUT_MS
 from node.security import Security
@@ -373,7 +374,11 @@ class Node:
         # dispatch needs them
         cold = self.broker.records.max_bytes > 0
         follows = self.cluster is not None and self.config.route_follow_ms > 0
-        recovery = self.journal.recover(0 if follows else self.config.message_memory_max_bytes, cold=cold)
+        # the outbound store's bodies stay in the journal: it pages past its budget and reads back as owners
+        # take their backlogs (node/core/outbound.py), so a restart never loads a dead owner's backlog whole
+        bodiless = OUTBOUND_PREFIX if self.cluster is not None and self.config.outbound_memory_max_bytes else ""
+        recovery = self.journal.recover(0 if follows else self.config.message_memory_max_bytes, cold=cold,
+                                        bodiless_prefix=bodiless)
         for settings in self.config.queues:
             self.broker.declare_queue(settings)
         journalled = set()

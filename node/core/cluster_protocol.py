@@ -144,7 +144,7 @@ from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Enqueu
                                Register, Reply, ReportConsumers, StopNode)
 from node.core.errors import AlreadyExists, GrouperError, HandlerUnavailable, ResourceLimitExceeded
 from node.core.message import Message
-from node.core.outbound import Entry, Outbound, entry_of, outbound_name, parse_outbound_name
+from node.core.outbound import Entry, Outbound, entry_of, parse_outbound_name
 from node.core.routing import Inbound, Router
 from node.core.settings import QueueSettings
 
@@ -291,7 +291,8 @@ class ClusterProtocol:
         return False
 
     def recover_outbound(self, messages_by_name: dict) -> int:
-        """Put journalled outbound messages back in their channels, in seq order."""
+        """Put journalled outbound messages back in their channels, in seq order; those recovered
+        without a body are read back from the journal when their turn comes (node/core/outbound.py)."""
         entries = []
         for name, messages in messages_by_name.items():
             if name.startswith(PARK_PREFIX):
@@ -306,7 +307,8 @@ class ClusterProtocol:
             known = self.broker.queues.get(queue)
             route_key = known.route_key(message.group_id) if known is not None else message.group_id
             self.outbound.add(owner, seq, (queue, route_key), name, message.size_bytes)
-            ready.setdefault(owner, []).append(entry_of(queue, message))
+            # a message recovered without its body (runtime keeps them in the journal) is paged already
+            ready.setdefault(owner, []).append(entry_of(queue, message) if message.payload is not None else seq)
             # perhaps a handover or a relay before a restart: owed until acknowledged
             self._recovered_top[owner] = max(self._recovered_top.get(owner, 0), seq)
         for owner, owner_entries in ready.items():  # past the memory budget, paged again
@@ -401,7 +403,7 @@ class ClusterProtocol:
         journal_name = None
         if durable and self.journalled:
             self._reserve_seq(message.seq, effects)
-            journal_name = outbound_name(owner, queue)
+            journal_name = self.outbound.journal_name(owner, queue)
             effects.append(JournalStore(journal_name, message, origin))
         self.outbound.add(owner, message.seq, (queue, route_key), journal_name, message.size_bytes)
         self._unsubmitted.setdefault(owner, []).append(entry_of(queue, message))

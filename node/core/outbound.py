@@ -7,7 +7,8 @@ their bodies. Rules:
   owner acknowledges a high-water mark, and everything up to it leaves the channel. Per channel it
   counts messages and payload bytes: all of them (what outbound_max_bytes bounds), the journalled
   ones and the paged ones, and per (owner, group) the entries, which a move waits on.
-- An entry is *ready* once its batch is on disk (`ready`; recovered entries at once). Ready entries
+- An entry is *ready* once its batch is on disk (`ready`; recovered entries at once, as bare seqs
+  when recovery left their bodies in the journal: paged from the start). Ready entries
   go to the owner's forwarder (SubmitForward) in forward seq order, never out of it: the owner skips
   a forward seq at or below its high water as a resend, so a later entry overtaking an earlier one
   would lose the earlier.
@@ -96,6 +97,15 @@ class Outbound:
         self.total_bytes = 0  # payload bytes in every channel
         self.lost: list[tuple[str, int]] = []  # (journal name, seq) paged and gone from the journal, to report
         self._lines: dict[str, _Line] = {}
+        self._names: dict[tuple[str, str], str] = {}  # (owner, queue) -> its journal name, one string for all
+
+    def journal_name(self, owner: str, queue: str) -> str:
+        """The journal name of `owner`'s channel entries of `queue`: one string object that every entry's
+        record shares, not one per entry (~60 bytes each)."""
+        name = self._names.get((owner, queue))
+        if name is None:
+            name = self._names[(owner, queue)] = outbound_name(owner, queue)
+        return name
 
     def add(self, owner: str, seq: int, key: tuple[str, str], journal_name: str | None, size_bytes: int) -> None:
         self.channels.setdefault(owner, {})[seq] = (key, journal_name, size_bytes)
@@ -112,9 +122,10 @@ class Outbound:
 
     # ---- to the forwarder, paged past the budget -----------------------------------------------------
 
-    def ready(self, owner: str, entries: list[Entry], effects: list) -> None:
+    def ready(self, owner: str, entries: list, effects: list) -> None:
         """`entries` (added already, in seq order, above any ready before) may leave for `owner`: those
-        the budget has room for are submitted, the rest wait, the journalled ones paged."""
+        the budget has room for are submitted, the rest wait, the journalled ones paged. An entry may be
+        given as its bare seq: journalled, its body not in memory (a restart's), so paged at once."""
         line = self._lines.get(owner)
         if line is None:
             line = self._lines[owner] = _Line()
@@ -122,11 +133,11 @@ class Outbound:
         waiting = line.waiting
         submit = []
         for entry in entries:
-            seq = entry.forward_seq
+            seq = _seq_of(entry)
             if seq not in channel:
                 continue  # acknowledged or forgotten meanwhile
             size_bytes = channel[seq][2]
-            if not waiting and not line.reading and self._room(line, 0, size_bytes):
+            if type(entry) is not int and not waiting and not line.reading and self._room(line, 0, size_bytes):
                 submit.append(entry)
                 line.submitted_bytes += size_bytes
                 line.submitted_top = seq
@@ -139,6 +150,7 @@ class Outbound:
                 waiting.append(entry)
         if submit:
             effects.append(SubmitForward(owner, submit))
+        self._pump(owner, effects)  # paged ones first in line are read back while the budget has room
 
     def _room(self, line: _Line, taken_bytes: int, size_bytes: int) -> bool:
         """Whether the forwarder may hold `size_bytes` more, on top of `taken_bytes` on their way to it."""

@@ -172,10 +172,12 @@ class Journal:
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
-    def recover(self, bodies_max_bytes: int = 0, cold: bool = False) -> Recovery:
+    def recover(self, bodies_max_bytes: int = 0, cold: bool = False, bodiless_prefix: str = "") -> Recovery:
         """Replay the file. `bodies_max_bytes` > 0: keep bodies of at most that many bytes of live
         messages (the oldest first); the others come back with a None payload. `cold`: the queues not
-        named with a leading NUL come back as Recovery.cold, not as messages (see the header)."""
+        named with a leading NUL come back as Recovery.cold, not as messages (see the header).
+        `bodiless_prefix`: messages of names starting with it come back with a None payload, whatever
+        the budget (the cluster's outbound store reads its bodies back as its owners take them)."""
         if self._fd is not None:
             raise RuntimeError("Journal.recover() is called once, before start()")
         self._open()
@@ -198,7 +200,9 @@ class Journal:
                     message = record.message
                     # bodies of live messages in file order (seq order once compacted); the cluster's own
                     # records (names starting with NUL: messages to forward) keep theirs, forwarded from memory
-                    if bodies_max_bytes and not record.queue.startswith("\x00"):
+                    if bodiless_prefix and record.queue.startswith(bodiless_prefix):
+                        message.payload = None
+                    elif bodies_max_bytes and not record.queue.startswith("\x00"):
                         if kept_bytes + message.size_bytes > bodies_max_bytes:
                             message.payload = None
                         else:

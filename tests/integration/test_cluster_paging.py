@@ -1,9 +1,9 @@
 """Cold tails in a cluster, black-box: three real `grouper node` processes and proton clients.
 
-Node 1 owns two groups of a durable queue (its consumer was the only one when they were placed), then
-loses its consumer. Node 0 sends group `a` past node 1's record budget, then group `b`, whose
-messages therefore all go cold on node 1: node 1 knows they are there but not their group. A
-consumer on node 2 waits meanwhile. Routes expire after group_timeout_ms unless a node relies on
+Node 1 owns two groups of a durable queue (its consumer was the only one when they were placed, and
+keeps owning them, idle, while node 0 sends group `a` past node 1's record budget, then group `b`,
+whose messages therefore all go cold on node 1: node 1 knows they are there but not their group).
+Then node 1's consumer leaves; a consumer on node 2 waits. Routes expire after group_timeout_ms unless a node relies on
 them, and `b`'s only reliance is node 1's cold tail; were it to expire, the next send of `b` would
 be placed on node 2, the only node with a consumer, and split the group. So after several group
 timeouts a send of `b` must still reach node 1, behind the cold ones. Node 1 killed and restarted
@@ -57,15 +57,17 @@ def test_a_cold_tail_on_a_groups_owner_keeps_its_routes_and_drains_in_order_afte
     cluster.wait_consumers(QUEUE, {1: 1})
     clients.send(source, QUEUE, [grouped("a:warm", "a"), grouped("b:warm", "b")], name="warm")
     assert sorted(bodies(placing.fetch_many(2))) == ["a:warm", "b:warm"]
-    placing.connection.close()
+    # `placing` keeps owning both groups (exclusive, idle), which keeps their routes alive until the
+    # backlog is there: no moment of this set-up leaves a route that nothing relies on
     watching = clients.consumer(other, QUEUE, "watching")
-    cluster.wait_consumers(QUEUE, {1: 0, 2: 1})
-
+    cluster.wait_consumers(QUEUE, {1: 1, 2: 1})
     sent = [f"a:{number}" for number in range(A_SENDS)] + [f"b:{number}" for number in range(B_SENDS)]
     clients.send(source, QUEUE, [grouped(body, body[0]) for body in sent], name="filler")
     filled = wait_until(lambda: (s := stats(owner))["depth_messages"] == len(sent) and s,
                         "node 1 holds the backlog", timeout_s=WAIT_S)
     assert filled["cold_messages"] >= B_SENDS, filled  # every b, and the newest of a
+    placing.connection.close()  # from now on only the cold tail relies on b's route
+    cluster.wait_consumers(QUEUE, {1: 0, 2: 1})
 
     # several group timeouts with b only cold on node 1: its route must live on
     deadline = time.monotonic() + LEASE_WAITS * GROUP_TIMEOUT_MS / 1000

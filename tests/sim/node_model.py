@@ -303,6 +303,11 @@ class SimNode:
         self.broker.declared = [s for s in self.broker.declared if s not in journalled]
         outbound = {name: [self._message(record) for _, record in sorted(by_seq.items())]
                     for name, by_seq in messages.items() if _reserved_name(name)}
+        if self.sim.config.outbound_memory_max_bytes:  # runtime: the outbound store's bodies stay in the journal
+            for name, recovered in outbound.items():
+                if not name.startswith(PARK_PREFIX):
+                    for message in recovered:
+                        message.payload = None
         if outbound:
             self.protocol.recover_outbound(outbound)
         for name, by_seq in messages.items():

@@ -797,6 +797,32 @@ def test_recovery_keeps_bodies_up_to_its_budget_and_records_past_it(tmp_path):
                     (7, False, 100), (8, False, 100), (9, False, 100), (10, False, 100), (11, True, 100)]
 
 
+def test_recovery_leaves_the_bodies_of_names_with_the_bodiless_prefix_in_the_file_and_reads_them_back(tmp_path):
+    outbound = "\x00out\x00n2\x00a"
+    parked = "\x00park\x00a"
+
+    def fill(journal):
+        journal.declare(queue_settings("a"))
+        for seq in range(1, 4):
+            journal.store(outbound, message(seq, payload=b"o" * 50))
+            journal.store(parked, message(seq + 10, payload=b"p" * 50))
+            journal.store("a", message(seq + 20, payload=b"q" * 50))
+
+    write_and_close(tmp_path, [fill])
+    journal, answers = Journal(tmp_path), Answers()
+    try:
+        recovery = journal.recover(bodiless_prefix="\x00out\x00")
+        journal.start(on_durable=lambda ticket: None, on_failed=lambda ticket, reason: None, on_records=answers)
+        journal.read_records(outbound, (2, 3))
+        [(name, records)] = answers.wait(1)
+    finally:
+        journal.close()
+    assert [(m.seq, m.payload, m.size_bytes) for m in recovery.messages[outbound]] == [
+        (1, None, 50), (2, None, 50), (3, None, 50)]
+    assert all(m.payload is not None for m in recovery.messages[parked] + recovery.messages["a"])
+    assert name == outbound and {seq: bytes(m.payload) for seq, m in records.items()} == {2: b"o" * 50, 3: b"o" * 50}
+
+
 class Answers:
     """What on_records (or on_bodies) handed back, waited for with a deadline."""
 

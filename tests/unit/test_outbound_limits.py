@@ -14,7 +14,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from handler.route_table import MOVES, ROUTES
 from node.core.broker import Broker
-from node.core.cluster_protocol import ClusterProtocol, Entry, outbound_name
+from node.core.cluster_protocol import ClusterProtocol, Entry
+from node.core.outbound import outbound_name
 from node.core.effects import AcceptWhenStored, AfterFlush, EnqueueLocal, JournalStore, Refuse, SubmitForward
 from node.core.errors import ResourceLimitExceeded
 from node.core.message import Message

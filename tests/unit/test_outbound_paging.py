@@ -1,9 +1,10 @@
 """The outbound store's paging (node/core/outbound.py): a forwarder holds at most the budget, the rest of a
 durable backlog waits as records and is read back in order.
 
-Examples first, then a hypothesis machine that drives one owner's channel through entries made ready,
-acknowledgements (some beyond what was submitted, as after a restart whose acknowledgement was lost),
-journal answers in any order, including a record the journal no longer has, against a plain model:
+Examples first, then a hypothesis machine that drives one owner's channel through entries made ready
+(some as bare seqs, as a restart recovers them), acknowledgements (some beyond what was submitted, as
+after a restart whose acknowledgement was lost), journal answers in any order, including a record the
+journal no longer has, against a plain model:
 every entry reaches the forwarder at most once and in forward seq order, none is skipped unless its
 owner acknowledged it (or the journal lost it, reported), and the forwarder never holds more than the
 budget unless it holds a single entry.
@@ -64,6 +65,18 @@ def test_past_the_budget_journalled_entries_are_paged_and_read_back_in_order_as_
     outbound.read_back(NAME, {4: message_of(entry(4)), 5: message_of(entry(5))}, effects)
     assert effects == [SubmitForward(OWNER, [entry(4), entry(5)])]
     assert outbound.stats()[OWNER]["memory_messages"] == 3  # 3, 4, 5 with the forwarder; 6, 7 paged
+
+
+def test_entries_recovered_without_bodies_are_paged_and_the_first_read_back_at_once():
+    # a restart keeps the outbound store's bodies in the journal: its entries come as bare seqs
+    outbound, effects = Outbound(20), []
+    add(outbound, *(entry(seq) for seq in range(1, 5)))
+    outbound.ready(OWNER, [1, 2, 3, 4], effects)
+    assert effects == [ReadOutbound(OWNER, ((NAME, (1, 2)),))]
+    assert outbound.paged_messages == {OWNER: 4}
+    effects = []
+    outbound.read_back(NAME, {1: message_of(entry(1)), 2: message_of(entry(2))}, effects)
+    assert effects == [SubmitForward(OWNER, [entry(1), entry(2)])]
 
 
 def test_an_entry_larger_than_the_budget_still_goes_alone():
@@ -171,8 +184,9 @@ class OutboundPaging(RuleBasedStateMachine):
                 assert type(effect) is ReadOutbound
                 self.reads.extend(effect.reads)
 
-    @rule(sizes=st.lists(st.integers(1, 30), min_size=1, max_size=5), journalled=st.booleans())
-    def ready(self, sizes, journalled):
+    @rule(sizes=st.lists(st.integers(1, 30), min_size=1, max_size=5), journalled=st.booleans(),
+          recovered=st.booleans())
+    def ready(self, sizes, journalled, recovered):
         entries = []
         for size_bytes in sizes:
             made = Entry(self.next_seq, QUEUE, "g", bytes([self.next_seq % 256]) * size_bytes, 0, False, 0)
@@ -183,6 +197,8 @@ class OutboundPaging(RuleBasedStateMachine):
             self.next_seq += 1
         add(self.outbound, *entries, journalled=journalled)
         effects: list = []
+        if journalled and recovered:  # as after a restart: bare seqs, the bodies in the journal only
+            entries = [made.forward_seq for made in entries]
         self.outbound.ready(OWNER, entries, effects)
         self._carry(effects)
 

@@ -224,7 +224,7 @@ def _cluster_node():
 
 
 def test_in_a_cluster_copies_for_another_owner_are_journalled_in_its_channel_before_the_source_removals():
-    from node.core.cluster_protocol import outbound_name
+    from node.core.outbound import outbound_name
     from node.core.effects import AfterFlush, ApplyBroker, JournalStore, ProposeTouch, SubmitForward
 
     broker, cluster = _cluster_node()

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from handler.route_table import MOVES, ROUTES
 from node.core.broker import Broker
-from node.core.cluster_protocol import PARK_PREFIX, ClusterProtocol, Entry, outbound_name
+from node.core.cluster_protocol import PARK_PREFIX, ClusterProtocol, Entry
+from node.core.outbound import outbound_name
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, EnqueueLocal, JournalRemove,
                                JournalStore, ProposeMoveClear, Removed, Reply, Stored)
 from node.core.message import Message, Outcome
