@@ -50,6 +50,7 @@ class ClusterLink:
             journalled=journal is not None, follows_consumers=config.route_follow_ms > 0,
             queue_seeds=tuple(settings.to_dict() for settings in config.queues),
             outbound_max_bytes=config.outbound_max_bytes, outbound_total_max_bytes=config.outbound_total_max_bytes,
+            outbound_max_messages=config.outbound_max_messages,
             outbound_memory_max_bytes=config.outbound_memory_max_bytes)
         self._forwarders: dict[str, Forwarder] = {}
         self._claimed_ns: dict[tuple, int] = {}  # (queue, group) -> when this node proposed its claim

@@ -104,6 +104,10 @@ class NodeConfig:
     outbound_max_bytes: int = 1 << 30
     # the same for every owner together (the store's share of this node's disk); 0 = no bound
     outbound_total_max_bytes: int = 4 << 30
+    # messages this node holds in its outbound store for one owner node: each keeps a record in memory
+    # (~450 bytes, docs/benchmarks.md "Forwarding backlogs") even with its body paged; past it, sends for
+    # that owner are refused; 0 = no bound
+    outbound_max_messages: int = 1_000_000
     # payload bytes of one owner's backlog kept in memory, given to its forwarder and not acknowledged;
     # the rest of a durable backlog is only in the journal, read back in order (node/core/outbound.py);
     # 0 = no bound (all of it in memory)
@@ -175,6 +179,8 @@ class NodeConfig:
         for key in ("outbound_max_bytes", "outbound_total_max_bytes", "outbound_memory_max_bytes"):
             if getattr(self, key) < 0:
                 raise InvalidConfig(key, "must be >= 0 bytes (0 = the outbound store has no such bound)")
+        if self.outbound_max_messages < 0:
+            raise InvalidConfig("outbound_max_messages", "must be >= 0 messages (0 = no bound)")
         if 0 < self.outbound_total_max_bytes < self.outbound_max_bytes:
             raise InvalidConfig("outbound_total_max_bytes", f"{self.outbound_total_max_bytes} bytes is less than "
                                 f"outbound_max_bytes ({self.outbound_max_bytes} bytes), the bound for one owner: "

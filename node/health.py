@@ -355,6 +355,8 @@ class GrouperCollector:
         yield refused
         for key, text in (("outbound_max_bytes", "bound of the forward backlog per owner node; 0 = none"),
                           ("outbound_total_max_bytes", "bound of the forward backlog of all owners; 0 = none"),
+                          ("outbound_max_messages", "bound of the forward backlog per owner node in messages; "
+                                                    "0 = none"),
                           ("outbound_memory_max_bytes", "bodies of one owner's forward backlog kept in memory; "
                                                         "the rest is paged to the journal; 0 = none")):
             if key in cluster:

@@ -11,9 +11,10 @@ acknowledged or received, a raft entry is applied, a proposal failed, a tick, re
 - The outbound store is the journal: each forwarded message is a STORE under a reserved name
   (OUTBOUND_PREFIX owner NUL queue) until its owner acknowledges it, then a REMOVE.
 - The outbound store is bounded in payload bytes: per owner (`outbound_max_bytes`) and for all owners
-  together (`outbound_total_max_bytes`); 0 = no bound. A producer's message for another owner is
-  refused (ResourceLimitExceeded, naming the owner and the bound with its unit) when the bytes held
-  plus its own would pass either bound; an empty channel (an empty store, for the node-wide bound)
+  together (`outbound_total_max_bytes`), and in messages per owner (`outbound_max_messages`: each
+  keeps a record in memory even with its body paged); 0 = no bound. A producer's message for another
+  owner is refused (ResourceLimitExceeded, naming the owner and the bound with its unit) when the
+  bytes held plus its own would pass a byte bound, or the channel holds its message bound; an empty channel (an empty store, for the node-wide bound)
   takes any message, so one larger than a bound is not refused forever. Once a channel refused a
   message it refuses every one, whatever its size, until its owner acknowledges some of its backlog
   (the node-wide bound: until any owner does), so a later, smaller message of a group never slips
@@ -194,9 +195,10 @@ class ClusterProtocol:
                  routes_max: int = 0, journalled: bool = True, seq_reserve_block: int = SEQ_RESERVE_BLOCK,
                  counts: collections.Counter | None = None, follows_consumers: bool = False,
                  queue_seeds: tuple = (), outbound_max_bytes: int = 0, outbound_total_max_bytes: int = 0,
-                 outbound_memory_max_bytes: int = 0):
+                 outbound_max_messages: int = 0, outbound_memory_max_bytes: int = 0):
         """`queue_seeds`: the config file's queues, as settings dicts; `outbound_max_bytes`,
-        `outbound_total_max_bytes`: the outbound store's bounds, 0 = none (see the header);
+        `outbound_total_max_bytes`, `outbound_max_messages`: the outbound store's bounds, 0 = none (see
+        the header);
         `outbound_memory_max_bytes`: its bodies in memory per owner, 0 = no bound (node/core/outbound.py)."""
         self.node_id = node_id
         self.broker = broker
@@ -210,8 +212,10 @@ class ClusterProtocol:
         self.outbound = Outbound(outbound_memory_max_bytes, self.counts)
         self.outbound_max_bytes = outbound_max_bytes
         self.outbound_total_max_bytes = outbound_total_max_bytes
+        self.outbound_max_messages = outbound_max_messages
         self.outbound_refused: collections.Counter = collections.Counter()  # owner -> sends refused at the bound
-        self._rerouting_bytes: collections.Counter = collections.Counter()  # owner -> a reroute batch's copies
+        # owner -> the messages and bytes of a reroute batch's copies for it: [messages, bytes]
+        self._rerouting: dict[str, list[int]] = {}
         # owners whose channel refused a send, None for the node-wide bound: every send is refused until
         # some of the backlog leaves (see the header)
         self._outbound_full: set[str | None] = set()
@@ -372,16 +376,21 @@ class ClusterProtocol:
     def _outbound_refusal(self, owner: str, size_bytes: int, promised: dict | None = None,
                           then: str = "the message was not enqueued; send it again") -> ResourceLimitExceeded | None:
         """Why a message of `size_bytes` for `owner` may not enter the outbound store, or None;
-        `promised`: owner -> bytes on their way into the channels too (a reroute batch's); `then`: what
-        happened and what to do, for the refusal's text."""
+        `promised`: owner -> [messages, bytes] on their way into the channels too (a reroute batch's);
+        `then`: what happened and what to do, for the refusal's text."""
         outbound = self.outbound
-        held_bytes = outbound.depth_bytes.get(owner, 0) + (promised.get(owner, 0) if promised else 0)
-        total_bytes = outbound.total_bytes + (sum(promised.values()) if promised else 0)
+        promised_messages, promised_bytes = promised.get(owner, (0, 0)) if promised else (0, 0)
+        held_bytes = outbound.depth_bytes.get(owner, 0) + promised_bytes
+        held_messages = len(outbound.channels.get(owner, ())) + promised_messages
+        total_bytes = outbound.total_bytes + (sum(both[1] for both in promised.values()) if promised else 0)
         full = self._outbound_full
         if self.outbound_max_bytes and held_bytes and (
                 owner in full or held_bytes + size_bytes > self.outbound_max_bytes):
             full.add(owner)
             limit = f"outbound_max_bytes = {self.outbound_max_bytes} bytes per owner"
+        elif self.outbound_max_messages and (owner in full or held_messages >= self.outbound_max_messages):
+            full.add(owner)  # each message keeps a record in memory, paged or not (node/core/outbound.py)
+            limit = f"outbound_max_messages = {self.outbound_max_messages} messages per owner"
         elif self.outbound_total_max_bytes and total_bytes and (
                 None in full or total_bytes + size_bytes > self.outbound_total_max_bytes):
             full.add(None)
@@ -1204,17 +1213,19 @@ class ClusterProtocol:
         owner = self.router.routes.get(key)
         if owner is None or owner == self.node_id:
             return None
-        refusal = self._outbound_refusal(owner, size_bytes, self._rerouting_bytes,
+        refusal = self._outbound_refusal(owner, size_bytes, self._rerouting,
                                          then="the reroute stops here, the rest left in its queue; run it again")
         if refusal is not None:
             raise refusal
-        self._rerouting_bytes[owner] += size_bytes
+        promised = self._rerouting.setdefault(owner, [0, 0])
+        promised[0] += 1
+        promised[1] += size_bytes
         return owner
 
     def rerouted(self, broker_effects: list, forwards: list, now_ms: int) -> list:
         """A reroute batch: each copy for another node into its outbound channel (a STORE, as a
         handover's) before the source's REMOVEs; a failed write stops the node, as a handover's does."""
-        self._rerouting_bytes.clear()  # what reroute_owner promised is in the channels now
+        self._rerouting.clear()  # what reroute_owner promised is in the channels now
         effects: list = []
         for forward in forwards:
             self._forward_message(forward.owner, forward.queue, forward.route_key, forward.message, forward.durable,
@@ -1247,6 +1258,7 @@ class ClusterProtocol:
             "outbound_refused": dict(sorted(self.outbound_refused.items())),
             "outbound_max_bytes": self.outbound_max_bytes,
             "outbound_total_max_bytes": self.outbound_total_max_bytes,
+            "outbound_max_messages": self.outbound_max_messages,
             "outbound_memory_max_bytes": self.outbound.memory_max_bytes,
             "moving": len(self.moves),
             "held": len(self.held),

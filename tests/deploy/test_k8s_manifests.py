@@ -170,26 +170,23 @@ def test_termination_grace_covers_the_pre_stop_sleep_and_the_nodes_clean_stop(st
 # - a route on one pod, node process and raft member together: "Routes on 3 nodes", 1,000,000 live
 #   routes: 226-232 MB a pod against 96 MB at rest, 130-136 bytes a route;
 # - an outbound entry beside its body: "Forwarding backlogs", 450-463 bytes a paged message, 644-655
-#   whole (the unbounded runs, and what a restart makes of every entry today), rounded up from 655.
+#   whole (the unbounded runs), rounded up from 655.
 INDEX_BYTES_PER_QUEUED_MESSAGE = 32
 RECORD_BUDGET_RESIDENT_RATIO = 1.03
 ROUTE_BYTES_PER_POD = 150
 OUTBOUND_ENTRY_BYTES = 660
 POD_AT_REST_BYTES = 100 << 20  # node and raft member with no messages and no routes (96 MB measured)
-# The outbound store bounds bytes, not messages, so its entries are counted for messages of this size or
-# more (bench/outbound_memory.py's 1,000-byte bodies): the StatefulSet's comment says so
-OUTBOUND_MESSAGE_MIN_BYTES = 1024
 MEMORY_ENV = ("GROUPER_MESSAGE_MEMORY_MAX_BYTES", "GROUPER_RECORD_MEMORY_MAX_BYTES", "GROUPER_ROUTES_MAX",
-              "GROUPER_OUTBOUND_MAX_BYTES", "GROUPER_OUTBOUND_TOTAL_MAX_BYTES", "GROUPER_OUTBOUND_MEMORY_MAX_BYTES")
+              "GROUPER_OUTBOUND_MAX_BYTES", "GROUPER_OUTBOUND_TOTAL_MAX_BYTES", "GROUPER_OUTBOUND_MEMORY_MAX_BYTES",
+              "GROUPER_OUTBOUND_MAX_MESSAGES")
 
 
-def outbound_held_bytes(config) -> float:
-    """The outbound stores' share of a pod, whatever the number of pods: every backlog body (until
-    outbound recovery pages, a restart reads each back: docs/benchmarks.md "Forwarding backlogs",
-    recovery peak 434 MB with either budget; at rest the forwarders hold only outbound_memory_max_bytes
-    per owner pod, at most this) and an entry per message, counted through the bytes bound."""
-    return (config.outbound_total_max_bytes
-            + config.outbound_total_max_bytes / OUTBOUND_MESSAGE_MIN_BYTES * OUTBOUND_ENTRY_BYTES)
+def outbound_held_bytes(config, owner_pods: int) -> float:
+    """The outbound stores' share of a pod with `owner_pods` other pods: the bodies its forwarders hold
+    (outbound_memory_max_bytes per owner; a restart leaves the rest in the journal too, a2b4fa7), at
+    most the store's bound, and a record per message, outbound_max_messages per owner."""
+    return (min(owner_pods * config.outbound_memory_max_bytes, config.outbound_total_max_bytes)
+            + owner_pods * config.outbound_max_messages * OUTBOUND_ENTRY_BYTES)
 
 
 @pytest.fixture(scope="module")
@@ -226,24 +223,25 @@ def test_queue_depths_are_bounded_by_the_volume_not_by_the_pods_memory(config_ma
     assert 0 < config.record_memory_max_bytes < sum(queue.depth_max_messages for queue in settings) * 160 / 4
 
 
-def test_what_a_pod_holds_in_memory_adds_up_to_within_its_limit(config_map_config, container):
+def test_what_a_pod_holds_in_memory_adds_up_to_within_its_limit(config_map_config, container, statefulset):
     config = config_map_config
     settings = [*config.queues, config.template_settings()]
     assert 0 not in [queue.depth_max_messages for queue in settings]
     assert config.message_memory_max_bytes > 0 and config.record_memory_max_bytes > 0
-    assert config.outbound_total_max_bytes > 0  # else the outbound store would be unbounded
+    assert config.outbound_total_max_bytes > 0 and config.outbound_max_messages > 0  # else it would be unbounded
     held_bytes = (POD_AT_REST_BYTES + config.message_memory_max_bytes
                   + config.record_memory_max_bytes * RECORD_BUDGET_RESIDENT_RATIO
                   + sum(queue.depth_max_messages for queue in settings) * INDEX_BYTES_PER_QUEUED_MESSAGE
-                  + config.routes_max * ROUTE_BYTES_PER_POD + outbound_held_bytes(config))
+                  + config.routes_max * ROUTE_BYTES_PER_POD
+                  + outbound_held_bytes(config, statefulset["spec"]["replicas"] - 1))
     memory_limit_bytes = quantity(container["resources"]["limits"]["memory"], "memory")
     assert held_bytes <= memory_limit_bytes * 3 / 4, held_bytes  # a quarter left for Python's own overhead
 
 
 def test_the_outbound_store_is_bounded_well_inside_the_pods_memory_beside_the_queues(config_map_config, container,
                                                                                      statefulset):
-    # a dead owner's backlog costs memory too (bodies up to the forwarders' budget, every body at a
-    # restart, a record per message): its bounds must leave the pod room (the sum above counts them), and
+    # a dead owner's backlog costs memory too (bodies up to the forwarders' budget, a record per
+    # message up to outbound_max_messages): its bounds must leave the pod room (the sum above counts them), and
     # the per-owner memory budget must be below the per-owner bound, or the store never pages
     config = config_map_config
     memory_limit_bytes = quantity(container["resources"]["limits"]["memory"], "memory")
@@ -251,7 +249,7 @@ def test_the_outbound_store_is_bounded_well_inside_the_pods_memory_beside_the_qu
     assert 0 < config.outbound_memory_max_bytes < config.outbound_max_bytes
     owner_pods = statefulset["spec"]["replicas"] - 1
     assert owner_pods * config.outbound_memory_max_bytes <= config.outbound_total_max_bytes
-    assert outbound_held_bytes(config) <= memory_limit_bytes / 4
+    assert outbound_held_bytes(config, owner_pods) <= memory_limit_bytes / 4
 
 
 # ---- the pod's peer script, run with dash as the image runs it -----------------------------------

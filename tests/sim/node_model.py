@@ -220,6 +220,7 @@ class SimNode:
             follows_consumers=config.route_follow_ms > 0,
             queue_seeds=tuple(settings.to_dict() for settings in config_queues),
             outbound_max_bytes=config.outbound_max_bytes, outbound_total_max_bytes=config.outbound_total_max_bytes,
+            outbound_max_messages=config.outbound_max_messages,
             outbound_memory_max_bytes=config.outbound_memory_max_bytes)
         self._forwarders: dict[str, ForwarderModel] = {}
         self._awaiting_flush: list = []  # callbacks for when everything journalled so far is durable

@@ -111,6 +111,7 @@ class SimConfig:
     routes_max: int = 1_000_000
     outbound_max_bytes: int = 0  # the outbound store's bound per owner (node/config.py); 0: none
     outbound_total_max_bytes: int = 0  # and for all owners together
+    outbound_max_messages: int = 0  # the outbound store's bound per owner in messages; 0: none
     outbound_memory_max_bytes: int = 0  # bodies per owner in memory, the rest paged (node/core/outbound.py); 0: none
     net_delay_ms_max: int = 20  # one way, forwarding calls and replies
     forward_loss: float = 0.05  # a forwarding call never reaches the owner

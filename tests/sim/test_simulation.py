@@ -82,12 +82,15 @@ def test_every_invariant_holds_with_small_outbound_bounds_which_refuse_sends_and
 
 def test_every_invariant_holds_when_the_outbound_store_pages_all_but_a_few_bodies_per_owner():
     # a forwarder holds about two messages (their ids are ~8 bytes): a crashed or slow owner's backlog is
-    # paged, read back from the journal as it takes what came before, and a restart pages it again
+    # paged, read back from the journal as it takes what came before, and a restart pages it again; past
+    # a dozen messages for one owner, its sends are refused
     totals: collections.Counter = collections.Counter()
     for seed in range(OUTBOUND_PAGING_SWEEP_SEEDS):
-        sim = Simulation(seed, nodes=NODES_BY_SEED[seed % len(NODES_BY_SEED)], outbound_memory_max_bytes=20)
+        sim = Simulation(seed, nodes=NODES_BY_SEED[seed % len(NODES_BY_SEED)], outbound_memory_max_bytes=20,
+                         outbound_max_messages=12)
         totals.update(sim.run(SWEEP_STEPS).summary())
-    for counted in ("outbound_paged", "outbound_read_back", "crashes", "torn_tails", "resends_skipped"):
+    for counted in ("outbound_paged", "outbound_read_back", "outbound_refused", "crashes", "torn_tails",
+                    "resends_skipped"):
         assert totals[counted] > 0, (counted, totals)
     assert totals["forwards_lost"] == 0 and totals["accepted"] > 2000
 

@@ -8,6 +8,7 @@ and other owners are unaffected; a handover and a relay count but are never refu
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -69,6 +70,20 @@ def test_sends_for_an_owner_are_refused_past_its_bound_naming_the_owner_and_the_
     assert cluster.outbound.depth_bytes == {"n2": 1000}  # nothing accepted was dropped, the refused one not added
     assert cluster.status()["outbound_refused"] == {"n2": 1}
     assert cluster.counts["outbound_refused"] == 1
+
+
+def test_sends_for_an_owner_are_refused_at_its_bound_in_messages_whatever_their_size():
+    # each message keeps a record in memory even with its body paged: bytes alone do not bound that
+    cluster = protocol(outbound_max_bytes=1 << 20, outbound_max_messages=3)
+    for index in range(3):
+        assert of(AcceptWhenStored, send(cluster, f"m{index}", "g2", 10))
+    [refused] = send(cluster, "m3", "g2", 10)
+    assert type(refused) is Refuse and "outbound_max_messages = 3 messages per owner" in refused.error.description
+    assert "owner node n2" in refused.error.description
+    assert of(AcceptWhenStored, send(cluster, "m4", "g3", 10))  # another owner is unaffected
+    flush(cluster)
+    cluster.acknowledged("n2", max(cluster.outbound.channels["n2"]))
+    assert of(AcceptWhenStored, send(cluster, "m5", "g2", 10))  # its owner took its backlog
 
 
 def test_a_refused_send_stores_nothing_and_every_accepted_one_is_forwarded_in_order():
@@ -169,13 +184,14 @@ def test_a_handover_and_a_relay_count_toward_the_bound_but_are_never_refused():
     assert of(Refuse, send(cluster, "m9", "g1", 1))  # a producer's send for n2 is refused meanwhile
 
 
-def test_a_reroute_stops_at_a_full_channel_counting_what_its_batch_promised_and_leaves_the_rest_queued():
+@pytest.mark.parametrize("bound", [{"outbound_max_bytes": 250}, {"outbound_max_messages": 2}])
+def test_a_reroute_stops_at_a_full_channel_counting_what_its_batch_promised_and_leaves_the_rest_queued(bound):
     from node.core.reroute import Reroute
 
     broker = Broker()
     for name in ("source", "target"):
         broker.declare_queue(QueueSettings(name=name, durable=True))
-    cluster = ClusterProtocol("n1", broker, handler_timeout_ms=300, seq_reserve_block=100, outbound_max_bytes=250)
+    cluster = ClusterProtocol("n1", broker, handler_timeout_ms=300, seq_reserve_block=100, **bound)
     cluster.ready(0)
     cluster.applied(ROUTES, [("target", "a", "n2")], 0, 0)  # the destination's group a lives on n2
     for index in range(5):
@@ -184,7 +200,9 @@ def test_a_reroute_stops_at_a_full_channel_counting_what_its_batch_promised_and_
     effects = cluster.rerouted(*reroute.batch(broker, 0, owner_of=cluster.reroute_owner), 0)
     assert len(of(JournalStore, effects)) == 2 and cluster.outbound.depth_bytes == {"n2": 200}
     assert (reroute.moved, reroute.stayed) == (2, 3)
-    assert "owner node n2" in reroute.stayed_reason and "outbound_max_bytes = 250 bytes" in reroute.stayed_reason
+    assert "owner node n2" in reroute.stayed_reason
+    assert ("outbound_max_bytes = 250 bytes" if "outbound_max_bytes" in bound
+            else "outbound_max_messages = 2 messages") in reroute.stayed_reason
     assert broker.queues["source"].depth_messages == 3  # nothing lost: the rest waits in its queue
 
 
@@ -193,10 +211,12 @@ class OutboundBoundsModel(RuleBasedStateMachine):
 
     OWNER_MAX_BYTES = 600
     TOTAL_MAX_BYTES = 1000
+    OWNER_MAX_MESSAGES = 4
 
     def __init__(self):
         super().__init__()
-        self.cluster = protocol(outbound_max_bytes=self.OWNER_MAX_BYTES, outbound_total_max_bytes=self.TOTAL_MAX_BYTES)
+        self.cluster = protocol(outbound_max_bytes=self.OWNER_MAX_BYTES, outbound_total_max_bytes=self.TOTAL_MAX_BYTES,
+                                outbound_max_messages=self.OWNER_MAX_MESSAGES)
         self.held: dict[str, list] = {"n2": [], "n3": []}  # owner -> [(seq, size, submitted)] accepted, not acked
         self.sent: dict[str, list[str]] = {"n2": [], "n3": []}  # owner -> ids accepted, in order
         self.forwarded: dict[str, list[str]] = {"n2": [], "n3": []}  # owner -> ids submitted, in order
@@ -217,6 +237,9 @@ class OutboundBoundsModel(RuleBasedStateMachine):
         total_bytes = sum(size for entries in self.held.values() for _, size, _ in entries)
         refuse = False
         if held_bytes and (owner in self.full or held_bytes + size_bytes > self.OWNER_MAX_BYTES):
+            refuse = True
+            self.full.add(owner)
+        elif owner in self.full or len(self.held[owner]) >= self.OWNER_MAX_MESSAGES:
             refuse = True
             self.full.add(owner)
         elif total_bytes and (None in self.full or total_bytes + size_bytes > self.TOTAL_MAX_BYTES):
