@@ -355,7 +355,7 @@ def render_section(reports: list[dict]) -> str:
     if verdicts:
         lines += [""] + [f"- {text}" for text in verdicts]
     lines += ["", "Where node 0's bytes went (measured by hand on 2026-11-24: gdb on node 0 at `86e52a6`, tracemalloc "
-              "on the outbound core alone, py-spy on node 0 at `ebd19fc`):",
+              "on the outbound core alone at `86e52a6`, py-spy on node 0 at `ebd19fc`):",
               "- **A paged message still costs ~450 B of records.** After 200,000 sends under 32 MiB, glibc's "
               "`malloc_stats` showed 64 MB in use of 77 MB taken: of the ~125 MB of growth ~33 MB are the bodies held "
               "and ~90 MB records (Python objects and their tables). The 1,000,000 row grows about as much per message "
@@ -365,15 +365,19 @@ def render_section(reports: list[dict]) -> str:
               "with 100-byte bodies ~10,000,000 messages, several GB). The outbound core's own share, in-process, is "
               "266 B per paged message: the channel's dict slot and (route key, journal name, size) tuple 116 B, a "
               "(queue, group) key tuple 56 B and a group id string 54 B per message, the seq int 32 B; at these "
-              "commits each entry's journal name is also a string of its own (~60 B); the journal's index adds 20.5 B "
-              "(node/store/spans.py).",
-              "- **A restart loads every body, whatever the budget.** `Journal.recover` keeps the bodies of outbound "
-              "names and `recover_outbound` makes an Entry of each before `Outbound.ready` pages them: the recovery's "
-              "peak is the unbounded run's (VmHWM 434 MB at 200,000, 1,917 MB at 1,000,000, with either budget), and "
-              "the freed bodies stay in glibc's heap (273 MB taken, 63 MB in use; `malloc_trim(0)` through gdb took "
-              "VmRSS from 428 to 224 MB), so after a restart the node stays at the unbounded size. Rows marked "
-              "*uncommitted* ran on a working tree holding another engineer's change in progress, which recovers "
-              "outbound messages without their bodies and shares one journal name string per channel: peak 221 MB.",
+              "commits each entry's journal name is also a string of its own (~60 B; `a2b4fa7` shares one per channel: "
+              "~380 B and ~345 B per paged message there); the journal's index adds 20.5 B (node/store/spans.py).",
+              "- **Until `a2b4fa7` a restart loaded every body, whatever the budget.** `Journal.recover` kept the bodies "
+              "of outbound names and `recover_outbound` made an Entry of each before `Outbound.ready` paged them: the "
+              "recovery's peak was the unbounded run's (VmHWM 434 MB at 200,000, 1,917 MB at 1,000,000, with either budget), and "
+              "the freed bodies stayed in glibc's heap (273 MB taken, 63 MB in use; `malloc_trim(0)` through gdb took "
+              "VmRSS from 428 to 224 MB), so after a restart the node stayed at the unbounded size. `a2b4fa7` (another "
+              "engineer's, committed during these runs; the *uncommitted* rows ran on it in progress) recovers "
+              "outbound messages without their bodies: the recovery's peak falls to 220 MB at 200,000 and 671 MB at "
+              "1,000,000, still above the live state after the sends (188 and 456 MB): ~0.6 KB per message at its "
+              "peak (by the code, recovery holds a bodiless Message and a sort tuple per message before the store "
+              "takes them), "
+              "and the node is left ~137 MB larger at 1,000,000 than before its restart.",
               "- **The drain is the owner's pace.** py-spy on node 0 during a paged drain (300,000 messages): its "
               "forwarder thread spends its time waiting for the owner's acknowledgements (`_blocking`), and the "
               "read-back (`Journal._read_frames`, `decode_body` on the journal thread) is ~2.5% of all threads' samples; the "
@@ -381,8 +385,8 @@ def render_section(reports: list[dict]) -> str:
               "at ~40 µs per message, sets the rate."]
     lines += ["", "Each budget runs on its own fresh cluster, one after the other, so the two drains of a pair are "
               "minutes apart on a machine whose load moves with the neighbours; node CPU per message is the "
-              "steadier comparison. The rows at `ebd19fc` ran from `git archive ebd19fc` (PYTHONPATH on it), because "
-              "the checkout held another engineer's uncommitted changes to node/ then."]
+              "steadier comparison. The rows at `ebd19fc` and `a2b4fa7` ran from a `git archive` of that commit "
+              "(PYTHONPATH on it), so no one's uncommitted edit of node/ could enter them."]
     return "\n".join(lines) + "\n"
 
 
