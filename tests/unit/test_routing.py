@@ -216,6 +216,18 @@ def test_become_ready_reclaims_a_stale_route_instead_of_releasing_to_it():
     assert router.take_claims() == [A]
 
 
+def test_routes_name_the_groups_of_a_queue_that_one_node_owns():
+    routes = Routes()
+    routes.put(("q", "a"), "n1", 5)
+    routes.put(("q", "b"), "n2", 5)
+    routes.put(("q", "c"), "n1", 9)
+    routes.put(("other", "d"), "n1", 5)
+    assert sorted(routes.groups_of("q", "n1")) == ["a", "c"]
+    assert list(routes.groups_of("q", "n3")) == [] and list(routes.groups_of("none", "n1")) == []
+    routes.put(("q", "a"), "n2", 7)  # moved on
+    assert list(routes.groups_of("q", "n1")) == ["c"]
+
+
 def test_routes_without_a_group_timeout_never_go_stale():
     router = ready_router()
     router.learn([("q", "a", "n2")], 0)
