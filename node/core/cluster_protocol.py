@@ -133,6 +133,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import heapq
+import itertools
 import logging
 
 from handler.queue_definitions import (CONFLICT, MALFORMED, QUEUES, QUEUES_ALL, TEMPORARY_OF, fixed_changes,
@@ -296,17 +298,23 @@ class ClusterProtocol:
 
     def recover_outbound(self, messages_by_name: dict) -> int:
         """Put journalled outbound messages back in their channels, in seq order; those recovered
-        without a body are read back from the journal when their turn comes (node/core/outbound.py)."""
-        entries = []
+        without a body are read back from the journal when their turn comes (node/core/outbound.py).
+        Takes the messages out of `messages_by_name`'s outbound lists as it goes (each list is left
+        empty), so that a message's record and the message itself are not both held for every message
+        at once: a 1,000,000-message backlog's recovery would otherwise peak well above what it leaves."""
+        runs = []
         for name, messages in messages_by_name.items():
             if name.startswith(PARK_PREFIX):
                 self._recover_parked(name[len(PARK_PREFIX):], messages)
                 continue
-            owner, queue = parse_outbound_name(name)
-            for message in messages:
-                entries.append((message.seq, owner, queue, name, message))
-        ready: dict[str, list[Entry]] = {}
-        for seq, owner, queue, name, message in sorted(entries, key=lambda entry: entry[0]):
+            if any(earlier.seq > later.seq for earlier, later in itertools.pairwise(messages)):
+                messages.sort(key=_seq_of_message)  # the journal gives each name's in seq order
+            runs.append(_taken(messages, *parse_outbound_name(name), name))
+        ready: dict[str, list[Entry | int]] = {}
+        recovered = 0
+        # one channel may span several journal names (one per queue): merged, not sorted all together
+        for seq, owner, queue, name, message in heapq.merge(*runs):
+            recovered += 1
             self.broker.next_seq = max(self.broker.next_seq, seq + 1)
             known = self.broker.queues.get(queue)
             route_key = known.route_key(message.group_id) if known is not None else message.group_id
@@ -315,9 +323,9 @@ class ClusterProtocol:
             ready.setdefault(owner, []).append(entry_of(queue, message) if message.payload is not None else seq)
             # perhaps a handover or a relay before a restart: owed until acknowledged
             self._recovered_top[owner] = max(self._recovered_top.get(owner, 0), seq)
-        for owner, owner_entries in ready.items():  # past the memory budget, paged again
-            self.outbound.ready(owner, owner_entries, self._recovered)
-        return len(entries)
+        for owner in list(ready):  # past the memory budget, paged again
+            self.outbound.ready(owner, ready.pop(owner), self._recovered)
+        return recovered
 
     def _recover_parked(self, queue_name: str, messages: list) -> None:
         known = self.broker.queues.get(queue_name)
@@ -1241,8 +1249,9 @@ class ClusterProtocol:
         """Messages accepted here that no queue holds yet, per queue (no zeros): to forward (until their
         owner acknowledges them), waiting for a route, or parked behind a move."""
         counts: collections.Counter = collections.Counter()
-        for (_owner, key), count in self.outbound.key_counts.items():
-            counts[key[0]] += count
+        for key_counts in self.outbound.key_counts.values():
+            for key, count in key_counts.items():
+                counts[key[0]] += count
         for key, items in self.router.waiting.items():
             counts[key[0]] += len(items)
         for key, messages in self.parked.items():
@@ -1276,3 +1285,14 @@ def _chunks(items: list) -> list[list]:
     return [items[start:start + CLAIM_KEYS_MAX] for start in range(0, len(items), CLAIM_KEYS_MAX)]
 
 
+def _seq_of_message(message: Message) -> int:
+    return message.seq
+
+
+def _taken(messages: list, owner: str, queue: str, name: str):
+    """`messages` (in seq order) as (seq, owner, queue, name, message), each let go of by the list as it
+    is taken, and the list left empty; seqs are unique across a node, so the merge never compares on."""
+    for index, message in enumerate(messages):
+        messages[index] = None
+        yield message.seq, owner, queue, name, message
+    messages.clear()

@@ -6,7 +6,8 @@ their bodies. Rules:
 - A channel holds its entries in forward seq order (the node seq a message was given here). Its
   owner acknowledges a high-water mark, and everything up to it leaves the channel. Per channel it
   counts messages and payload bytes: all of them (what outbound_max_bytes bounds), the journalled
-  ones and the paged ones, and per (owner, group) the entries, which a move waits on.
+  ones and the paged ones, and per (owner, group) the entries, which a move waits on. The entries of
+  one group share one route key tuple while any is in the channel: a record is kept per message.
 - An entry is *ready* once its batch is on disk (`ready`; recovered entries at once, as bare seqs
   when recovery left their bodies in the journal: paged from the start). Ready entries
   go to the owner's forwarder (SubmitForward) in forward seq order, never out of it: the owner skips
@@ -88,7 +89,12 @@ class Outbound:
         self.counts = counts if counts is not None else collections.Counter()
         # owner node -> forward seq -> (route key, journal name or None, payload bytes); dicts keep seq order
         self.channels: dict[str, dict[int, tuple]] = {}
-        self.key_counts: dict[tuple, int] = {}  # (owner, route key) -> entries in its channel; no zeros
+        # owner -> route key -> entries in its channel; no zeros (an owner's dict stays, perhaps empty)
+        self.key_counts: dict[str, dict[tuple, int]] = {}
+        # owner -> route key -> the one route key tuple (and its group id string) that the records of its
+        # entries share while any is in the channel, not one each (~110 bytes per record). Per owner, not
+        # by (owner, route key): that tuple would cost a group of one entry more than sharing saves.
+        self._keys: dict[str, dict[tuple, tuple]] = {}
         self.depth_bytes: dict[str, int] = {}  # owner -> payload bytes in its channel; no zeros
         self.journal_bytes: dict[str, int] = {}  # owner -> of those, bytes of journalled entries; no zeros
         self.journal_messages: dict[str, int] = {}  # owner -> journalled entries in its channel; no zeros
@@ -108,8 +114,17 @@ class Outbound:
         return name
 
     def add(self, owner: str, seq: int, key: tuple[str, str], journal_name: str | None, size_bytes: int) -> None:
-        self.channels.setdefault(owner, {})[seq] = (key, journal_name, size_bytes)
-        _count_up(self.key_counts, (owner, key), 1)
+        keys = self._keys.get(owner)
+        if keys is None:
+            keys = self._keys[owner] = {}
+            self.key_counts[owner] = {}
+        shared = keys.get(key)
+        if shared is None:
+            keys[key] = shared = key
+            self.key_counts[owner][key] = 1
+        else:
+            self.key_counts[owner][shared] += 1
+        self.channels.setdefault(owner, {})[seq] = (shared, journal_name, size_bytes)
         _count_up(self.depth_bytes, owner, size_bytes)
         self.total_bytes += size_bytes
         if journal_name is not None:
@@ -118,7 +133,7 @@ class Outbound:
 
     def count(self, owner: str, key: tuple[str, str]) -> int:
         """Entries of group `key` on their way to `owner` (not acknowledged yet)."""
-        return self.key_counts.get((owner, key), 0)
+        return self.key_counts.get(owner, {}).get(key, 0)
 
     # ---- to the forwarder, paged past the budget -----------------------------------------------------
 
@@ -234,7 +249,12 @@ class Outbound:
 
     def _drop(self, owner: str, channel: dict, seq: int):
         entry = channel.pop(seq)
-        _count_down(self.key_counts, (owner, entry[0]), 1)
+        key, counts = entry[0], self.key_counts[owner]
+        left = counts[key] - 1
+        if left:
+            counts[key] = left
+        else:  # the group's last entry left: its shared key goes with it
+            del counts[key], self._keys[owner][key]
         _count_down(self.depth_bytes, owner, entry[2])
         self.total_bytes -= entry[2]
         if entry[1] is not None:

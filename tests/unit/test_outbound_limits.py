@@ -170,6 +170,22 @@ def test_a_recovered_backlog_counts_toward_the_bound():
     assert of(Refuse, send(cluster, "m0", "g2", 1))
 
 
+def test_recovery_merges_a_channels_journal_names_in_seq_order_and_empties_their_lists():
+    cluster = protocol()
+    cluster.broker.declare_queue(QueueSettings(name="p", durable=True))
+    by_name = {outbound_name("n2", "q"): [Message(b"q", "g2", seq=seq) for seq in (2, 5, 6)],
+               outbound_name("n2", "p"): [Message(b"p", "g2", seq=seq) for seq in (4, 1)],  # any order
+               outbound_name("n3", "q"): [Message(b"q", "g3", seq=3)]}
+    assert cluster.recover_outbound(by_name) == 6
+    assert all(messages == [] for messages in by_name.values())
+    assert list(cluster.outbound.channels["n2"]) == [1, 2, 4, 5, 6]
+    assert cluster.in_transit() == {"p": 2, "q": 4}
+    forwards = of(SubmitForward, cluster.quiesced(0))
+    assert {forward.owner: [(entry.forward_seq, entry.queue) for entry in forward.entries]
+            for forward in forwards} == {"n2": [(1, "p"), (2, "q"), (4, "p"), (5, "q"), (6, "q")], "n3": [(3, "q")]}
+    assert cluster.broker.next_seq >= 7
+
+
 def test_a_handover_and_a_relay_count_toward_the_bound_but_are_never_refused():
     cluster = protocol(follows_consumers=True, outbound_max_bytes=100)
     for index in range(3):  # g1 lives here

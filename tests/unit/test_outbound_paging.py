@@ -157,6 +157,26 @@ def test_one_read_spans_the_channels_journal_names_and_submits_once_all_are_back
     assert submitted(effects) == [2, 3]
 
 
+def test_the_entries_of_one_group_share_one_route_key_until_its_last_entry_leaves():
+    outbound = Outbound()
+    for seq in (1, 2, 3):  # a new key tuple and group id string per message, as decoded messages bring them
+        outbound.add(OWNER, seq, (QUEUE, "".join(["g", "1"])), NAME, 10)
+    outbound.add(OWNER, 4, (QUEUE, "g2"), NAME, 10)
+    records = outbound.channels[OWNER]
+    assert records[1][0] is records[2][0] is records[3][0] and records[4][0] == (QUEUE, "g2")
+    assert outbound.count(OWNER, (QUEUE, "g1")) == 3
+    outbound.acknowledge(OWNER, 2)
+    assert outbound.count(OWNER, (QUEUE, "g1")) == 1
+    shared = records[3][0]
+    outbound.add(OWNER, 5, (QUEUE, "".join(["g", "1"])), NAME, 10)
+    assert records[5][0] is shared
+    outbound.acknowledge(OWNER, 5)
+    assert outbound.count(OWNER, (QUEUE, "g1")) == 0 and outbound.key_counts == {OWNER: {}}
+    later = (QUEUE, "".join(["g", "1"]))  # the group's last entry left: a new one brings its own key
+    outbound.add(OWNER, 6, later, NAME, 10)
+    assert outbound.channels[OWNER][6][0] is later and outbound.count(OWNER, (QUEUE, "g1")) == 1
+
+
 # ---- against a model -----------------------------------------------------------------------------
 
 class OutboundPaging(RuleBasedStateMachine):
