@@ -280,6 +280,13 @@ class OutboundPaging(RuleBasedStateMachine):
         waiting_whole = [seq for seq in channel if seq not in self.forwarder and seq not in self.durable]
         assert stats["memory_messages"] == len(channel) - len(paged) == len(self.forwarder) + len(waiting_whole)
 
+    @invariant()
+    def each_group_in_the_channel_is_counted_and_its_records_share_one_key(self):
+        channel = self.outbound.channels.get(OWNER, {})
+        counts = collections.Counter(record[0] for record in channel.values())
+        assert self.outbound.key_counts.get(OWNER, {}) == counts
+        assert len({id(record[0]) for record in channel.values()}) == len(counts)
+
     def teardown(self):
         # the owner takes everything it is sent and the journal answers every read: the channel drains
         for _ in range(10_000):
