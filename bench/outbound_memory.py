@@ -389,18 +389,20 @@ def render_section(reports: list[dict]) -> str:
               "(PYTHONPATH on it), so no one's uncommitted edit of node/ could enter them."]
     # measured in-process by bench/outbound_records.py, not by this script's runs
     lines += ["",
-              '**Smaller records, a lower recovery peak** (2026-11-24, tracemalloc on the pure cores alone, '
-              '1,000,000 messages, `python3 bench/outbound_records.py --per-group K`, before with `--root` on a '
-              "`git archive` of `20aa88a`). An outbound entry's record now shares its group's route key tuple and "
-              'group id string with the other entries of that group in the channel (kept per owner while any is '
-              'there, dropped with the last), and `key_counts` is keyed per owner, so no (owner, key) tuple per '
-              'group: **259.8 → 139.7 B per entry** with 100 messages per group, and **356.9 → 342.8 B** with one '
-              'message per group (a (owner, key)-keyed map of shared keys would have cost that case +42 B). '
-              "`recover_outbound` merges the journal's per-name lists, already in seq order, with `heapq.merge` "
-              'instead of sorting a tuple per message, and empties each list as it goes, so a bodiless Message is '
-              'let go as its record is made: against an input of 207 MiB of bodiless Messages the **peak falls '
-              'from 555 to 348 MiB** (one per group) **and from 464 to 207 MiB** (100 per group), leaving 335 and '
-              '143 MiB (348 and 257 before). Whole-node figures (the table above) were not rerun.']
+              "**Smaller records, a lower recovery peak** (2026-11-24, tracemalloc on the pure cores alone, "
+              "1,000,000 messages, each with its own group id string, route key tuple and size int, `python3 "
+              "bench/outbound_records.py --per-group K`, before with `--root` on a `git archive` of `20aa88a`). An "
+              "outbound entry's record now shares its group's route key tuple and group id string with the other "
+              "entries of that group in the channel (kept per owner while any is there, dropped with the last), "
+              "and `key_counts` is keyed per owner, so no (owner, key) tuple per group: **291.8 → 171.7 B per "
+              "entry** with 100 messages per group, and **388.9 → 374.8 B** with one message per group (a map "
+              "keyed by (owner, key) would have cost that case 42 B more than before). What is left per entry is "
+              "the seq int, the size int, the record tuple and the channel's dict slot. `recover_outbound` merges "
+              "the journal's per-name lists, already in seq order, with `heapq.merge` instead of sorting a tuple "
+              "per message, and empties each list as it goes, so a bodiless Message is let go as its record is "
+              "made: against an input of 238 MiB of bodiless Messages the **peak falls from 586 to 379 MiB** (one "
+              "per group) **and from 494 to 238 MiB** (100 per group), leaving 365 and 173 MiB (379 and 287 "
+              "before). Whole-node figures (the table above) were not rerun."]
     return "\n".join(lines) + "\n"
 
 

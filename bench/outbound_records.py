@@ -4,8 +4,8 @@ measures whole nodes).
 
     python3 bench/outbound_records.py [--messages N] [--per-group K] [--root DIR]
 
-- records: N `Outbound.add`s for one owner, K messages per group, each with a route key tuple and a
-  group id string of its own (as decoded messages bring them): traced bytes per entry afterwards.
+- records: N `Outbound.add`s for one owner, K messages per group, each with a route key tuple, a group
+  id string and a size int of its own (as decoded messages bring them): traced bytes per entry.
 - recovery: `ClusterProtocol.recover_outbound` of N bodiless Messages (as `Journal.recover` gives
   outbound names) over two owners' journal names, interleaved seqs, K per group: traced MiB of the
   input, the peak during the call (over the start) and what is left once the input is let go.
@@ -47,7 +47,8 @@ def main() -> None:
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     for seq in range(1, n + 1):
-        outbound.add("n2", 1000 + seq, ("orders", "customer-%07d" % (seq // per_group)), name, 1000)
+        size_bytes = 1000 + seq % 1  # an int of its own per message, as len(payload) gives one
+        outbound.add("n2", 1000 + seq, ("orders", "customer-%07d" % (seq // per_group)), name, size_bytes)
     gc.collect()
     print(f"records: {(tracemalloc.get_traced_memory()[0] - base) / n:.1f} B per entry")
     del outbound
@@ -62,7 +63,7 @@ def main() -> None:
     by_name: dict = {name: [] for name in names}
     for seq in range(1, n + 1):
         message = Message(b"", "customer-%07d" % (seq // per_group), seq=seq)
-        message.payload, message.size_bytes = None, 1000  # bodiless, as the journal recovers them
+        message.payload, message.size_bytes = None, 1000 + seq % 1  # bodiless, as the journal recovers them
         by_name[names[seq % 2]].append(message)
     del message
     gc.collect()
