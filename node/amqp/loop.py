@@ -70,6 +70,7 @@ from node.core.address_settings import split_address
 from node.core.addresses import TOPIC_CAPABILITY, SendTally, split_fqqn, subscription_name
 from node.core.effects import DeadLettered, Delayed, Deliver, DetachConsumer, Dropped, Enqueued, Kept, Removed, Stored
 from node.core.effects import PageIn, ReadRecords
+from node.core.outbound import OUTBOUND_PREFIX
 from node.core.errors import AlreadyExists, GrouperError, NotFound, ResourceLimitExceeded, StoreFailed
 from node.core.message import Message, Outcome
 from node.store.journal import failure_condition
@@ -421,8 +422,8 @@ class AmqpServer:
 
     def journal_records(self, queue: str, records: dict) -> None:
         """Records the journal read back whole: a cold tail's join the warm part; an outbound channel's
-        (a journal name of the cluster's own, starting with NUL) go to their owner's forwarder."""
-        if queue.startswith("\x00"):
+        (node/core/outbound.py) go to their owner's forwarder."""
+        if queue.startswith(OUTBOUND_PREFIX):
             self.cluster.outbound_read(queue, records)
             return
         self.apply(self.broker.promote(queue, records, self.clock_ms()))

@@ -14,11 +14,11 @@ acknowledged or received, a raft entry is applied, a proposal failed, a tick, re
   together (`outbound_total_max_bytes`), and in messages per owner (`outbound_max_messages`: each
   keeps a record in memory even with its body paged); 0 = no bound. A producer's message for another
   owner is refused (ResourceLimitExceeded, naming the owner and the bound with its unit) when the
-  bytes held plus its own would pass a byte bound, or the channel holds its message bound; an empty channel (an empty store, for the node-wide bound)
-  takes any message, so one larger than a bound is not refused forever. Once a channel refused a
-  message it refuses every one, whatever its size, until its owner acknowledges some of its backlog
-  (the node-wide bound: until any owner does), so a later, smaller message of a group never slips
-  in past a refused one while the owner is away. Nothing accepted is dropped: the refusal comes
+  bytes held plus its own would pass a byte bound, or the channel holds its message bound; an empty
+  channel (an empty store, for the node-wide bound) takes any message, so one larger than a bound is
+  not refused forever. Once a channel refused a message it refuses every one, whatever its size,
+  until its owner acknowledges some of its backlog (the node-wide bound: until any owner does), so a
+  later, smaller message of a group never slips in past a refused one while the owner is away. Nothing accepted is dropped: the refusal comes
   before the message is stored, and the channel drains as its owner acknowledges.
   Local groups and other owners are unaffected. An operator's reroute (node/core/reroute.py) obeys
   the bounds as sends do (with the copies its batch already promised): it stops at a full channel,

@@ -158,9 +158,7 @@ class Outbound:
                 line.submitted_top = seq
             elif channel[seq][1] is not None:
                 waiting.append(seq)
-                _count_up(self.paged_bytes, owner, size_bytes)
-                _count_up(self.paged_messages, owner, 1)
-                self.counts["outbound_paged"] += 1
+                self._page(owner, size_bytes)
             else:
                 waiting.append(entry)
         if submit:
@@ -182,7 +180,7 @@ class Outbound:
         run, reads, run_bytes = [], {}, 0
         while waiting:
             item = waiting[0]
-            seq = item if type(item) is int else item.forward_seq
+            seq = _seq_of(item)
             size_bytes = channel[seq][2]
             if not self._room(line, run_bytes, size_bytes):
                 break
@@ -232,6 +230,11 @@ class Outbound:
             else:
                 entries.append(entry)
         self._submit(owner, line, entries, effects)
+
+    def _page(self, owner: str, size_bytes: int) -> None:
+        _count_up(self.paged_bytes, owner, size_bytes)
+        _count_up(self.paged_messages, owner, 1)
+        self.counts["outbound_paged"] += 1
 
     def _unpage(self, owner: str, size_bytes: int) -> None:
         _count_down(self.paged_bytes, owner, size_bytes)
@@ -305,7 +308,9 @@ class Outbound:
     # ---- what it holds ----------------------------------------------------------------------------------
 
     def owners_by_key(self) -> dict[tuple[str, str], str]:
-        return {key: owner for owner, channel in self.channels.items() for key, _, _ in channel.values()}
+        """(queue, route key) -> the owner whose channel holds entries of it: one look per group, not per
+        entry (a dead owner's paged backlog may hold a million entries of a few groups)."""
+        return {key: owner for owner, counts in self.key_counts.items() for key in counts}
 
     def depths(self) -> dict[str, int]:
         return {owner: len(channel) for owner, channel in sorted(self.channels.items()) if channel}
