@@ -177,8 +177,9 @@ class GroupingHandler:
                           f"{_REASONS.get(error, f'raft error {error}')}", None)
             else:
                 propose(callback)
-        log.info("enabling raft code version %d (cluster-wide queue definitions)", QUEUES_CODE_VERSION)
-        self._syncobj.setCodeVersion(QUEUES_CODE_VERSION, callback=enabled)
+        version = self._version_to_enable(QUEUES_CODE_VERSION)
+        log.info("enabling raft code version %d (cluster-wide queue definitions)", version)
+        self._syncobj.setCodeVersion(version, callback=enabled)
 
     def add_member(self, node: str, on_done) -> None:
         self._syncobj.addNodeToCluster(node, callback=self._callback(on_done, on_success=lambda: on_done(None)))
@@ -298,14 +299,22 @@ class GroupingHandler:
             return True
         if not self._code_version_proposed:
             self._code_version_proposed = True
-            log.info("enabling raft code version %d (groups follow their consumers)", MOVES_CODE_VERSION)
+            version = self._version_to_enable(MOVES_CODE_VERSION)
+            log.info("enabling raft code version %d (groups follow their consumers)", version)
 
             def failed(reason):
                 self._code_version_proposed = False
                 log.warning("grouping handler: enabling raft code version %d failed: %s; retrying",
-                            MOVES_CODE_VERSION, reason)
-            self._syncobj.setCodeVersion(MOVES_CODE_VERSION, callback=self._callback(failed))
+                            version, reason)
+            self._syncobj.setCodeVersion(version, callback=self._callback(failed))
         return False
+
+    def _version_to_enable(self, version: int) -> int:
+        """The code version to propose for commands of `version`: the one enabled already when it is
+        newer. pysyncobj refuses (raises, which ended the member) a version below the enabled one, and
+        after a snapshot load a member must enable its commands again (_code_version_usable): with
+        queue definitions (2) enabled, moves (1) asked for 1 (nemesis follow campaigns, 2026-11-24)."""
+        return max(version, self._syncobj.getCodeVersion())
 
     def _code_version_usable(self, version: int, command: str) -> bool:
         """This member can propose `command`, a replicated command of raft code version `version`.

@@ -21,7 +21,7 @@ from node.core.cluster_protocol import TOUCH_RETRY_INTERVAL_MS, ClusterProtocol,
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
                                JournalRemove, JournalStore, ProposeClaim, ProposeDefinition, ProposeMoveClear,
                                ProposeQueueDeletion, ProposeQueueSeeds, ProposeTouch, QueueDeleted, ReadOutbound,
-                               Refuse, Register, Reply, ReportConsumers, StopNode, SubmitForward)
+                               ReadRecords, Refuse, Register, Reply, ReportConsumers, StopNode, SubmitForward)
 from node.core.tally import DECISION_BOUNDS_MS, LatencyTally
 from node.peer.forwarder import Forwarder
 
@@ -60,6 +60,7 @@ class ClusterLink:
             Refuse: self._refuse, JournalStore: self._journal_store, JournalRemove: self._journal_remove,
             JournalDeclare: self._journal_declare, ApplyBroker: self._apply_broker,
             AfterFlush: self._after_flush, SubmitForward: self._submit_forward, ReadOutbound: self._read_outbound,
+            ReadRecords: self._read_records,
             ProposeClaim: self._propose_claim, ProposeTouch: self._propose_touch,
             ProposeMoveClear: self._propose_move_clear,
             ProposeQueueSeeds: self._propose_queue_seeds, QueueDeleted: self._queue_deleted,
@@ -110,6 +111,16 @@ class ClusterLink:
         effects = self.protocol.outbound_read(name, records)
         if effects:
             self.carry_out(effects)
+
+    def cold_records(self, queue: str, records: dict) -> bool:
+        """The journal read back records of a queue's cold tail (engine loop thread): True when they were
+        a sweep's (groups moving away, node/core/cluster_protocol.py), False for the queue's own read-back,
+        which Broker.promote takes next (the protocol first holds the groups living elsewhere)."""
+        effects = self.protocol.cold_records(queue, records, self.clock_ms())
+        if effects is None:
+            return False
+        self.carry_out(effects)
+        return True
 
     def hold_recovered(self) -> None:
         self.protocol.hold_recovered()
@@ -195,6 +206,9 @@ class ClusterLink:
     def _read_outbound(self, effect: ReadOutbound) -> None:
         for name, seqs in effect.reads:  # answered through outbound_read, on the engine loop
             self.journal.read_records(name, seqs)
+
+    def _read_records(self, effect: ReadRecords) -> None:  # answered through cold_records, on the engine loop
+        self.journal.read_records_after(effect.queue, effect.after_seq, effect.count)
 
     def _propose_claim(self, effect: ProposeClaim) -> None:
         if len(self._claimed_ns) < DECISIONS_TIMED_MAX:

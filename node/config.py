@@ -47,7 +47,7 @@ class NodeConfig:
     # bytes of queued messages' records (seq, group, flags; node/core/cold.py counts each message as 160 and
     # each group as 256) all durable queues together keep in RAM; past it a queue's newest messages wait
     # in the journal as 8-byte seqs, read back whole as consumers near them (README "Paging"); 0 = no
-    # budget. A node of a cluster whose groups follow their consumers (route_follow_ms) keeps every record
+    # budget
     record_memory_max_bytes: int = 64 << 20
     connections_max: int = 512  # open AMQP connections; more are refused with a condition
     link_unsettled_max: int = 1000  # unsettled deliveries per consumer link (caps granted credit)

@@ -248,7 +248,8 @@ class GrouperCollector:
     queues: [Queue.stats() rows]; consumers: [(queue, consumer label, owned groups)];
     journal: Journal.stats() or None; cluster: None alone, else {routes, waiting_for_route,
     outbound: {owner: messages}, outbound_store: {owner: Outbound.stats() row}, outbound_refused: {owner:
-    count}, outbound_max_bytes, outbound_total_max_bytes, decisions: {outcome: count}, decision_latency: tally,
+    count}, outbound_max_bytes, outbound_total_max_bytes, moved: {how: count}, cold_sweeps, decisions:
+    {outcome: count}, decision_latency: tally,
     raft_decision_latency: tally, raft: {term, leader, state, has_quorum}}; ready: bool; engine:
     AmqpServer.engine_objects() (connections, links, unsettled_deliveries); resident_bytes: int or
     None (not Linux); unrouted: {multicast address: sends discarded for want of a subscription};
@@ -385,6 +386,14 @@ class GrouperCollector:
             backlog.add_metric([owner], depth)
         yield backlog
         yield from GrouperCollector._outbound_store(cluster)
+        moved = CounterMetricFamily("grouper_moved_messages", "messages of groups following their consumers, by "
+                                    "how: handed over from the queue or its cold tail, relayed, parked, or "
+                                    "recovered here and sent to their group's owner", labels=["how"])
+        for how, count in sorted(cluster.get("moved", {}).items()):
+            moved.add_metric([how], count)
+        yield moved
+        yield CounterMetricFamily("grouper_cold_sweeps", "passes through a cold tail for groups moving away",
+                                  value=cluster.get("cold_sweeps", 0))
         raft = cluster["raft"]
         if raft is not None:
             yield GaugeMetricFamily("grouper_raft_term", "current raft term", value=raft["term"])

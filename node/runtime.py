@@ -361,23 +361,21 @@ class Node:
             self.raft_secrets = read_raft_secrets(config.raft_secret_file) if config.raft_secret_file else ()
             self.cluster = ClusterLink(config.node_id, config, self.broker, self.journal, clock_ms,
                                        peer_tls=self.cluster_tls)
-        # cold tails (node/core/cold.py), but not where groups follow their consumers: a group handed to
-        # another node leaves whole, and a cold message's group is not known until it is read back
-        if self.cluster is None or config.route_follow_ms == 0:
-            self.broker.records.max_bytes = config.record_memory_max_bytes
+        # cold tails (node/core/cold.py); where groups follow their consumers, a group moving away takes its
+        # cold messages along, found by a sweep of the tail (node/core/cluster_protocol.py)
+        self.broker.records.max_bytes = config.record_memory_max_bytes
 
     def recover(self) -> None:
-        # past the node's budget only records come back; bodies are read when dispatch reaches them. Where
-        # groups follow their consumers, every body, for now: a restored group that lives elsewhere is handed
-        # over once, from memory. With a record budget, a durable queue's messages come back as a cold tail
+        # past the node's budget only records come back; bodies are read when dispatch reaches them (or, for
+        # a restored group that lives elsewhere now, when it is handed over). With a record budget, a durable
+        # queue's messages come back as a cold tail
         # (node/core/cold.py): only counted, read back whole, oldest first, as the budget makes room and
         # dispatch needs them
         cold = self.broker.records.max_bytes > 0
-        follows = self.cluster is not None and self.config.route_follow_ms > 0
         # the outbound store's bodies stay in the journal: it pages past its budget and reads back as owners
         # take their backlogs (node/core/outbound.py), so a restart never loads a dead owner's backlog whole
         bodiless = OUTBOUND_PREFIX if self.cluster is not None and self.config.outbound_memory_max_bytes else ""
-        recovery = self.journal.recover(0 if follows else self.config.message_memory_max_bytes, cold=cold,
+        recovery = self.journal.recover(self.config.message_memory_max_bytes, cold=cold,
                                         bodiless_prefix=bodiless)
         for settings in self.config.queues:
             self.broker.declare_queue(settings)
@@ -435,6 +433,8 @@ class Node:
         while reads:
             read = reads.pop(0)
             records = self.journal.read_records_after_now(read.queue, read.after_seq, read.count)
+            if self.cluster is not None:
+                self.cluster.cold_records(read.queue, records)  # holds what may live elsewhere, as recovery does
             for effect in self.broker.promote(read.queue, records, now_ms):
                 if type(effect) is ReadRecords:
                     reads.append(effect)  # the next batch, while the budget has room

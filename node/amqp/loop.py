@@ -426,6 +426,8 @@ class AmqpServer:
         if queue.startswith(OUTBOUND_PREFIX):
             self.cluster.outbound_read(queue, records)
             return
+        if self.cluster is not None and self.cluster.cold_records(queue, records):
+            return  # a sweep's, for groups moving away
         self.apply(self.broker.promote(queue, records, self.clock_ms()))
 
     def journal_failed(self, ticket: int, reason: str) -> None:

@@ -75,7 +75,21 @@ handover never reorders a (producer, group) nor lets two consumers hold the grou
   them); then the rules above resume (O hands over again whatever its journal still held, N parks
   again what it had parked), and what it recovered of a group that is neither its own nor moving
   (an accepted message whose REMOVE a failed journal write lost after its group moved on) goes to
-  the group's owner the same way.
+  the group's owner the same way. This holds where groups stay where they were placed too: there a
+  group moves on when its idle route expires and another node claims it, or by failover (hold_recovered).
+- O's queue may hold some of the group cold (node/core/cold.py: its newest messages, their groups
+  unknown until read back). Once the group has nothing warm or in flight at O, O sweeps the tail: reads
+  it through in seq order (SWEEP_BATCH_RECORDS at a time, its own reads; the queue reads nothing back
+  for dispatch meanwhile, nor until the REMOVEs of what the sweep took are on disk, so no record is
+  read twice) and hands over the records of the groups the pass began with, as a handover does, the
+  rest left cold. A message of a moving group reaching O while its queue would put it cold does not
+  go in it, so a pass never chases its own group's arrivals: one forwarded by another node (bounded:
+  sources stop once they see the move) waits parked (as at N) and is relayed once the group has
+  nothing left at O; one from a producer on O is refused, retriable (parked, a steady producer would
+  keep the group busy at O for good: a park is relayed only once on disk). The group is busy at O (no clear) until a whole pass met all of it: a pass
+  ending while a message of its group is still on its way to disk (whole in memory, not yet in the
+  journal's index) goes again. Read back for dispatch instead, cold records of a group that lives
+  elsewhere now (a restart, a failover) are held and handed to its owner, as recovered ones are.
 - A member that is down holds a move up (its channel to O may hold the group) until it is back or
   failed over; the leader proposes no move while a member is out of reach. Consumers moving again
   mid-handover change nothing: a moving route is not moved again until its move ended.
@@ -143,10 +157,10 @@ from handler.route_table import MEMBERS, MOVES, MOVES_ALL, REFUSED, ROUTES, SNAP
 from node.core.broker import Broker
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
                                JournalRemove, JournalStore, ProposeClaim, ProposeDefinition, ProposeMoveClear,
-                               ProposeQueueDeletion, ProposeQueueSeeds, ProposeTouch, QueueDeleted, Refuse,
-                               Register, Reply, ReportConsumers, StopNode)
+                               ProposeQueueDeletion, ProposeQueueSeeds, ProposeTouch, QueueDeleted, ReadRecords,
+                               Refuse, Register, Reply, ReportConsumers, StopNode)
 from node.core.errors import AlreadyExists, GrouperError, HandlerUnavailable, ResourceLimitExceeded
-from node.core.message import Message
+from node.core.message import REMOVED, STATE_MASK, Message
 from node.core.outbound import Entry, Outbound, entry_of, parse_outbound_name
 from node.core.routing import Inbound, Router
 from node.core.settings import QueueSettings
@@ -166,6 +180,13 @@ TOUCH_RETRY_INTERVAL_MS = CLAIM_RETRY_INTERVAL_MS * 10  # a failed refresh is tr
 CONSUMER_REPORT_INTERVAL_MS = 5000  # consumer counts are re-reported this often even unchanged
 REGISTER_RETRY_INTERVAL_MS = 1000  # until this node's addresses are in the table
 MOVE_CLEAR_RETRY_INTERVAL_MS = 1000  # a clear the log still waits for is proposed again this often
+SWEEP_BATCH_RECORDS = 1024  # cold records a sweep reads back at once (bodies included)
+# groups handed over in one tick stop once this many messages went (a group goes whole): the engine loop
+# serves its clients between ticks, and the journal and forwarders drain what went (bench/follow_moves.py:
+# 1,000,000 messages of 100 groups in one tick held the loop ~50 s and tripled the node's memory)
+HANDOVER_MESSAGES_PER_TICK = 5000
+MOVED_COUNTS = ("messages_handed_over", "cold_handed_over", "messages_relayed", "messages_parked",
+                "restored_handed_over")
 STORED = "stored"  # outcome of a journal batch written to disk
 
 # what an AfterFlush hands back to `flushed`
@@ -174,11 +195,21 @@ _RESERVATION = "reservation"  # (_RESERVATION, reserved): a seq reservation jour
 _INBOUND = "inbound"  # (_INBOUND, source, high_water, reply_to, enqueued): a forwarded batch taken here
 _PARKED = "parked"  # (_PARKED, key, message): a message parked behind a move
 _HANDED = "handed"  # (_HANDED, what): a handover or an unpark, whose memory and journal must agree
+_SWEPT = "swept"  # (_SWEPT, queue, seqs): cold records a sweep handed over, their REMOVEs in this batch
 
 # where a message of a moving group goes (_place_arrival)
 _QUEUE = "queue"
 _PARK = "park"
 _RELAY = "relay"
+
+
+@dataclasses.dataclass(slots=True)
+class _Sweep:
+    """One pass of a cold tail, oldest first: it hands over the records of `keys` (moving away, with
+    nothing warm or in flight here when it began), the others left cold."""
+    keys: set
+    after_seq: int  # the next read starts above it
+    asked: int = 0  # records the read out now asked for
 
 
 class _Flushing:
@@ -252,6 +283,12 @@ class ClusterProtocol:
         self._owed: dict[tuple[str, str], int] = {}
         self._recovered_top: dict[str, int] = {}  # owner -> the highest forward seq recovered for it
         self._clear_due_ms: dict[tuple[str, str], int] = {}  # key -> when its clear may be proposed again
+        # cold tails of groups moving away (see the header): queue -> the sweep reading it through now;
+        # keys whose cold messages a whole sweep handed over; queue -> seqs handed whose REMOVE is not on
+        # disk yet (the queue reads nothing back for dispatch until they are)
+        self._sweeps: dict[str, _Sweep] = {}
+        self._swept: set[tuple[str, str]] = set()
+        self._sweep_removing: dict[str, set[int]] = {}
         # cluster-wide queue definitions (see the header)
         self.queue_seeds = tuple(queue_seeds)
         self.definitions: dict[str, dict] = {}  # name -> settings dict, as the replica holds them
@@ -299,33 +336,39 @@ class ClusterProtocol:
     def recover_outbound(self, messages_by_name: dict) -> int:
         """Put journalled outbound messages back in their channels, in seq order; those recovered
         without a body are read back from the journal when their turn comes (node/core/outbound.py).
-        Takes the messages out of `messages_by_name`'s outbound lists as it goes (each list is left
-        empty), so that a message's record and the message itself are not both held for every message
-        at once: a 1,000,000-message backlog's recovery would otherwise peak well above what it leaves."""
+        Per journal name: a list of Messages (parked ones, and outbound ones with or without a body),
+        or, for outbound names, the journal's bodiless backlog (node/store/journal.py BodilessBacklog:
+        parallel `seqs`, `group_ids` and `size_bytes`, ascending), which costs no Message per entry.
+        Empties each outbound list or backlog as it goes, so that a message's record and what it was
+        recovered from are not both held for every message at once: a 1,000,000-message backlog's
+        recovery would otherwise peak well above what it leaves."""
         runs = []
-        for name, messages in messages_by_name.items():
+        for name, recovered in messages_by_name.items():
             if name.startswith(PARK_PREFIX):
-                self._recover_parked(name[len(PARK_PREFIX):], messages)
+                self._recover_parked(name[len(PARK_PREFIX):], recovered)
                 continue
-            if any(earlier.seq > later.seq for earlier, later in itertools.pairwise(messages)):
-                messages.sort(key=_seq_of_message)  # the journal gives each name's in seq order
-            runs.append(_taken(messages, *parse_outbound_name(name), name))
+            if type(recovered) is not list:
+                runs.append(_taken_bodiless(recovered, *parse_outbound_name(name), name))
+                continue
+            if any(earlier.seq > later.seq for earlier, later in itertools.pairwise(recovered)):
+                recovered.sort(key=_seq_of_message)  # the journal gives each name's in seq order
+            runs.append(_taken(recovered, *parse_outbound_name(name), name))
         ready: dict[str, list[Entry | int]] = {}
-        recovered = 0
+        count = 0
         # one channel may span several journal names (one per queue): merged, not sorted all together
-        for seq, owner, queue, name, message in heapq.merge(*runs):
-            recovered += 1
+        for seq, owner, queue, name, group_id, size_bytes, message in heapq.merge(*runs):
+            count += 1
             self.broker.next_seq = max(self.broker.next_seq, seq + 1)
             known = self.broker.queues.get(queue)
-            route_key = known.route_key(message.group_id) if known is not None else message.group_id
-            self.outbound.add(owner, seq, (queue, route_key), name, message.size_bytes)
+            route_key = known.route_key(group_id) if known is not None else group_id
+            self.outbound.add(owner, seq, (queue, route_key), name, size_bytes)
             # a message recovered without its body (runtime keeps them in the journal) is paged already
-            ready.setdefault(owner, []).append(entry_of(queue, message) if message.payload is not None else seq)
+            ready.setdefault(owner, []).append(entry_of(queue, message) if message is not None else seq)
             # perhaps a handover or a relay before a restart: owed until acknowledged
             self._recovered_top[owner] = max(self._recovered_top.get(owner, 0), seq)
         for owner in list(ready):  # past the memory budget, paged again
             self.outbound.ready(owner, ready.pop(owner), self._recovered)
-        return recovered
+        return count
 
     def _recover_parked(self, queue_name: str, messages: list) -> None:
         known = self.broker.queues.get(queue_name)
@@ -336,10 +379,10 @@ class ClusterProtocol:
 
     def hold_recovered(self) -> None:
         """After recovery, before any consumer: hold every group recovered here until the replica is
-        current; this node may no longer own it, or be the new owner of a move still in progress."""
+        current; this node may no longer own it (a ghost whose REMOVE a failed write lost, its idle route
+        expired and claimed elsewhere since; a group failed over), or be the new owner of a move still in
+        progress. So with or without groups following their consumers."""
         self.broker.made.clear()  # what recovery declared is the journal's, made by no client now
-        if not self.follows_consumers:
-            return
         for name, queue in self.broker.queues.items():
             if queue.settings.grouping:
                 for route_key in queue.busy_route_keys():
@@ -368,6 +411,17 @@ class ClusterProtocol:
                 effects.append(AcceptWhenStored(incoming, durable, producer_settled))
                 return
             if move is not None and move[0] == self.node_id and self._busy(key):
+                if self._parks_here(key):
+                    # behind a cold tail the group may have messages in: a producer here is refused until
+                    # the group has left (parked, its steady sends would keep the move from ever ending:
+                    # the park is relayed only once on disk, and the group is busy while anything is)
+                    effects.append(Refuse(incoming, HandlerUnavailable(
+                        f"group {route_key!r} of queue {queue!r} is moving from node {self.node_id} to "
+                        f"{move[1]}, where its consumers went, and its backlog here is partly past the "
+                        f"node's record budget (record_memory_max_bytes): the message was not enqueued; "
+                        f"send it again shortly")))
+                    self.counts["moving_refused"] += 1
+                    return
                 owner = self.node_id  # behind what the group still has here, handed over after it
         if owner == self.node_id:
             effects.append(EnqueueLocal(incoming, queue, message, durable, producer_settled, now_ms))
@@ -502,6 +556,13 @@ class ClusterProtocol:
                 # restart from the journal makes the two agree, and the move goes on from there
                 self.closed = True
                 effects.append(StopNode(f"{what[1]} was not journalled ({reason})"))
+        elif kind == _SWEPT:
+            _, queue_name, seqs = what  # a failed write stopped the node (its _HANDED says why)
+            removing = self._sweep_removing.get(queue_name, set())
+            removing.difference_update(seqs)
+            if not removing:
+                self._sweep_removing.pop(queue_name, None)
+                self._thaw(queue_name)
         elif kind == _INBOUND:
             _, source, high_water, reply_to, enqueued = what
             if reason is None:
@@ -725,9 +786,10 @@ class ClusterProtocol:
         self._define_recovered(effects)
         self._propose_seeds(now_ms, effects)
         self._propose_again(effects)
-        self._release(self.router.become_ready(now_ms), now_ms, effects)
-        if self.held:
-            self._review_holds(now_ms, effects)
+        released = self.router.become_ready(now_ms)
+        if self.held:  # first: what recovery held is older than what waited for the replica, and the
+            self._review_holds(now_ms, effects)  # broker delivers it now, ahead of those effects
+        self._release(released, now_ms, effects)
         return effects
 
     # ---- queues made and ended on a client's behalf (see the header) ---------------------------
@@ -896,6 +958,11 @@ class ClusterProtocol:
         routes = self.router.routes
         entries = {key: routes[key] for key in self.router.take_used() if key in routes}
         entries.update(self.outbound.owners_by_key())
+        # a moving group's route is spared while the move lasts, but must not be found idle when it ends
+        # (one end may have stopped and held it up past the group timeout): both ends keep it fresh
+        me = self.node_id
+        entries.update((key, routes.get(key, move[1])) for key, move in self.moves.items()
+                       if me in (move[0], move[1]))
         for name, queue in self.broker.queues.items():
             if queue.settings.grouping:
                 entries.update(((name, key), self.node_id) for key in queue.busy_route_keys())
@@ -993,6 +1060,7 @@ class ClusterProtocol:
             elif self.moves.pop(key, None) is not None:
                 self._clear_due_ms.pop(key, None)
                 self._owed.pop(key, None)
+                self._swept.discard(key)
                 self.counts["moves_ended"] += 1
 
     def _place_arrival(self, source: str | None, key: tuple[str, str]) -> str:
@@ -1004,7 +1072,9 @@ class ClusterProtocol:
         if move is not None:
             from_node, to_node, _ = move
             if from_node == me:
-                return _QUEUE if self._busy(key) else _RELAY
+                if not self._busy(key):
+                    return _RELAY
+                return _PARK if self._parks_here(key) else _QUEUE
             if to_node == me:
                 return _QUEUE if source == from_node else _PARK
             return _QUEUE
@@ -1027,24 +1097,31 @@ class ClusterProtocol:
         return owner is not None and owner != self.node_id and (arriving or self._busy(key))
 
     def _review_holds(self, now_ms: int, effects: list) -> None:
-        if self.router.ready:
-            for key in sorted(self.parked):
-                move = self.moves.get(key)
-                # the move it waited behind ended; or the group moves on from here before it did (it
-                # goes behind the rest, which this node holds and hands over)
-                if (self.router.routes.get(key) == self.node_id) if move is None else move[0] == self.node_id:
-                    self._unpark(key, now_ms, effects)
+        if not self.router.ready:
+            return  # every hold stands until the replica is current (_holding), and recovery may hold many
+        for key in sorted(self.parked):
+            move = self.moves.get(key)
+            # the move it waited behind ended; or the group moves on from here before it did (it goes
+            # behind the rest, which this node holds and hands over; into the queue unless it would go
+            # cold there: then it is relayed from here, _relay_parked)
+            if (self.router.routes.get(key) == self.node_id) if move is None else (
+                    move[0] == self.node_id and not self._cold_admits(key[0])):
+                self._unpark(key, now_ms, effects)
         for key in sorted(self.held):
-            if key in self._restored and self.router.ready:
-                self._restored.discard(key)  # what the journal held stays here unless it is moving...
-                move = self.moves.get(key)
+            if key in self._restored:
+                move = self.moves.get(key)  # what the journal held stays here unless it is moving...
                 owner = self.router.routes.get(key)
+                if move is not None and self.node_id not in (move[0], move[1]):
+                    continue  # ...between other nodes: held until that move ends, then sent to its owner
                 if move is None and owner is not None and owner != self.node_id:
                     # ...or its group lives elsewhere now: a consumer's accept whose journal write failed
-                    # after the group moved on, a group failed over. Its owner delivers it, not this node
-                    self._hand_over(key, owner, now_ms, effects)
+                    # after the group moved on, a group failed over. Its owner delivers it, not this node,
+                    # once its paged bodies are back (still held till then, tried again at the next tick)
+                    if not self._hand_over(key, owner, now_ms, effects):
+                        continue
                     self._owed.pop(key, None)
                     self.counts["restored_handed_over"] += 1
+                self._restored.discard(key)
                 holding = key in self.parked or (move is not None and self.node_id in (move[0], move[1]))
             else:
                 holding = self._holding(key)
@@ -1052,14 +1129,36 @@ class ClusterProtocol:
                 self._unhold(key, now_ms, effects)
 
     def _busy(self, key: tuple[str, str]) -> bool:
-        """This node has messages of the group: queued, in flight or parked."""
-        if key in self.parked:
-            return True
+        """This node has messages of the group: queued, in flight or parked; or, moving away from here,
+        perhaps in its queue's cold tail, which no sweep has been through for it yet."""
+        return key in self.parked or self._left_here(key)
+
+    def _left_here(self, key: tuple[str, str]) -> bool:
+        """_busy but for what is parked: queued or in flight here, or perhaps in the cold tail."""
         queue = self.broker.queues.get(key[0])
         if queue is None:
             return False
         group_key = queue.group_key_of_route(key[1])
-        return bool(queue.group_available(group_key) or queue.group_in_flight(group_key))
+        if queue.group_available(group_key) or queue.group_in_flight(group_key):
+            return True
+        move = self.moves.get(key)
+        return move is not None and move[0] == self.node_id and self._sweep_pending(key)
+
+    def _cold_admits(self, queue_name: str) -> bool:
+        """A message enqueued in this queue now would go cold (node/core/cold.py)."""
+        queue = self.broker.queues.get(queue_name)
+        return queue is not None and queue.cold is not None and queue.cold.admits()
+
+    def _sweep_pending(self, key: tuple[str, str]) -> bool:
+        """The queue of group `key` (moving away) has a cold tail no whole sweep went through for it."""
+        queue = self.broker.queues.get(key[0])
+        return queue is not None and queue.cold is not None and bool(queue.cold.count) and key not in self._swept
+
+    def _parks_here(self, key: tuple[str, str]) -> bool:
+        """A message of group `key`, moving away and busy here, waits parked rather than in the queue:
+        behind others parked, or where the queue would put it in its cold tail (a sweep would have to
+        find it there again, and one arriving as the sweep ends could be missed)."""
+        return key in self.parked or self._cold_admits(key[0])
 
     def _hold(self, key: tuple[str, str]) -> None:
         try:
@@ -1100,16 +1199,22 @@ class ClusterProtocol:
         self.counts["messages_parked"] += 1
 
     def _unpark(self, key: tuple[str, str], now_ms: int, effects: list) -> None:
-        """The move ended: what waited behind its handover goes in the queue, in arrival order."""
+        """The move ended: what waited behind its handover goes in the queue, in arrival order. Or the
+        group moves on from here: then only while the queue would not put it cold (the rest is relayed
+        from here once the group has nothing left here, _relay_parked: a parked message going cold
+        behind a finished sweep would be overtaken by the next arrival, relayed)."""
         parked = self.parked[key]
         journalled = self._durable(key[0]) and self.journalled
+        move = self.moves.get(key)
+        leaving = move is not None and move[0] == self.node_id
         unparked = False
         while parked:
             old = parked[0]
             if old.seq in self._parking:
                 break  # its journal write is not known good yet: its producer may still be refused
-            message = Message(old.payload, old.group_id, expires_at_ms=old.expires_at_ms,
-                              closes_group=old.closes_group, enqueued_at_ms=old.enqueued_at_ms)
+            if leaving and self._cold_admits(key[0]):
+                break
+            message = _moved_copy(old)
             try:
                 enqueued = self.broker.enqueue(key[0], message, now_ms)
             except GrouperError as error:
@@ -1154,9 +1259,13 @@ class ClusterProtocol:
         if not self.router.ready:
             return  # a replaying replica may see moves the log has ended since
         clears = []
+        handed_before = self.counts["messages_handed_over"]
         for key, (from_node, to_node, waiting) in sorted(self.moves.items()):
             if from_node == self.node_id:
-                self._hand_over(key, to_node, now_ms, effects)
+                if self.counts["messages_handed_over"] - handed_before < HANDOVER_MESSAGES_PER_TICK:
+                    self._hand_over(key, to_node, now_ms, effects)  # else at a later tick, still held
+                if key in self.parked and self._cold_admits(key[0]):
+                    self._relay_parked(key, to_node, now_ms, effects)
             if self.node_id not in waiting or now_ms < self._clear_due_ms.get(key, 0):
                 continue
             if from_node == self.node_id:
@@ -1168,6 +1277,7 @@ class ClusterProtocol:
                 self._clear_due_ms[key] = now_ms + MOVE_CLEAR_RETRY_INTERVAL_MS
         if clears:
             effects.extend(ProposeMoveClear(chunk) for chunk in _chunks(clears))
+        self._start_sweeps(effects)
 
     def _paid(self, key: tuple[str, str], to_node: str) -> bool:
         """The new owner acknowledged everything this old owner handed over or relayed to it."""
@@ -1175,28 +1285,161 @@ class ClusterProtocol:
         channel = self.outbound.channels.get(to_node)
         return not channel or next(iter(channel)) > owed  # a channel is in forward seq order
 
-    def _hand_over(self, key: tuple[str, str], to_node: str, now_ms: int, effects: list) -> None:
-        """The old owner sends the group's backlog on, once nothing of it is in flight here."""
+    def _hand_over(self, key: tuple[str, str], to_node: str, now_ms: int, effects: list) -> bool:
+        """The old owner sends the group's backlog on, once nothing of it is in flight here (its paged
+        bodies count as in flight until read back). False while it waits for them."""
         queue = self.broker.queues.get(key[0])
         if queue is None:
-            return
+            return True
         if key not in self.held:
             self._hold(key)
         group_key = queue.group_key_of_route(key[1])
         if queue.group_in_flight(group_key):
-            return
+            return False
         if not queue.group_available(group_key):
             queue.hand_over_group(group_key, [])  # nothing to send; an exclusive owner here lets go of
-            return  # the group, which lives at to_node now (else it would hold it idle, unrouted)
+            return True  # the group, which lives at to_node now (else it would hold it idle, unrouted)
         removed: list = []
-        for old in queue.hand_over_group(group_key, removed):
-            message = Message(old.payload, old.group_id, expires_at_ms=old.expires_at_ms,
-                              closes_group=old.closes_group, enqueued_at_ms=old.enqueued_at_ms)
+        taken = queue.hand_over_group(group_key, removed)
+        if not taken:
+            return False  # a body paged out since group_in_flight looked: asked for, waited for
+        for old in taken:
+            message = _moved_copy(old)
             self._forward_message(to_node, key[0], key[1], message, queue.settings.durable, now_ms, effects)
             self._owed[key] = message.seq
             self.counts["messages_handed_over"] += 1
         effects.append(ApplyBroker(removed, None))  # the REMOVEs after the outbound STOREs: a torn tail duplicates
         effects.append(AfterFlush((_HANDED, f"handing group {key[1]!r} of queue {key[0]!r} over to {to_node}")))
+        return True
+
+    def _relay_parked(self, key: tuple[str, str], to_node: str, now_ms: int, effects: list) -> None:
+        """The old owner parked what reached it behind a cold tail: once the group has nothing left here
+        (warm, in flight or cold), it goes on to the new owner, in arrival order."""
+        if self._left_here(key):  # called for a group moving away from here: _left_here weighs its cold tail
+            return
+        parked = self.parked[key]
+        durable = self._durable(key[0])
+        relayed = False
+        while parked and parked[0].seq not in self._parking:  # else its producer may still be refused
+            old = parked.pop(0)
+            message = _moved_copy(old)
+            self._forward_message(to_node, key[0], key[1], message, durable, now_ms, effects)
+            if durable and self.journalled:
+                effects.append(JournalRemove(PARK_PREFIX + key[0], old.seq))  # after the STORE: a torn tail duplicates
+            self._owed[key] = message.seq
+            self.counts["messages_relayed"] += 1
+            relayed = True
+        if relayed:
+            effects.append(AfterFlush((_HANDED, f"relaying parked messages of group {key[1]!r} of queue {key[0]!r} "
+                                                f"to {to_node}")))
+        if not parked:
+            del self.parked[key]
+
+    def _start_sweeps(self, effects: list) -> None:
+        """A queue whose groups move away and has a cold tail is read through for them, once nothing of
+        theirs is warm or in flight here (what a sweep hands over comes after that, in seq order)."""
+        me = self.node_id
+        wanted: dict[str, set] = {}
+        for key, (from_node, _, _) in self.moves.items():
+            if from_node != me or key[0] in self._sweeps or not self._sweep_pending(key):
+                continue
+            queue = self.broker.queues[key[0]]
+            group_key = queue.group_key_of_route(key[1])
+            if key in self.held and not queue.group_available(group_key) and not queue.group_in_flight(group_key):
+                wanted.setdefault(key[0], set()).add(key)
+        for name, keys in sorted(wanted.items()):
+            cold = self.broker.queues[name].cold
+            if cold.asked:
+                continue  # its own read-back is out: the sweep starts at the next tick, above what it brings
+            cold.frozen = True
+            sweep = self._sweeps[name] = _Sweep(keys, cold.after_seq)
+            self._read_on(name, sweep, effects)
+            self.counts["cold_sweeps"] += 1
+
+    def _read_on(self, name: str, sweep: _Sweep, effects: list) -> None:
+        sweep.asked = SWEEP_BATCH_RECORDS
+        effects.append(ReadRecords(name, sweep.after_seq, SWEEP_BATCH_RECORDS))
+
+    def _thaw(self, name: str) -> None:
+        """No sweep of the queue is out and the journal's index has lost what the last one took: the
+        queue may read its cold tail back again."""
+        if name not in self._sweeps and name not in self._sweep_removing:
+            queue = self.broker.queues.get(name)
+            if queue is not None and queue.cold is not None:
+                queue.cold.frozen = False
+
+    def cold_records(self, name: str, records: dict, now_ms: int) -> list | None:
+        """The journal read back the next records of queue `name`'s cold tail (seq -> Message, None if
+        it has none): a sweep's, whose effects are returned; None when the read was the queue's own
+        (Broker.promote takes it)."""
+        sweep = self._sweeps.get(name)
+        if sweep is None or not sweep.asked:
+            self._hold_strays(name, records)
+            return None
+        asked, sweep.asked = sweep.asked, 0
+        effects: list = []
+        queue = self.broker.queues.get(name)
+        if queue is None or queue.cold is None or self.closed:
+            del self._sweeps[name]  # deleted meanwhile (or stopping): nothing is left to sweep
+            return effects
+        seqs = sorted(seq for seq, message in records.items() if message is not None)
+        removing = self._sweep_removing.setdefault(name, set())
+        removed: list = []
+        taken = []
+        for seq in seqs:
+            message = records[seq]
+            route_key = queue.route_key(message.group_id)
+            key = (name, route_key)
+            move = self.moves.get(key)
+            if key not in sweep.keys or seq in removing or move is None or move[0] != self.node_id:
+                continue  # not moving away, or no longer (its move ended): it stays cold here
+            copy = _moved_copy(message)
+            self._forward_message(move[1], name, route_key, copy, True, now_ms, effects)
+            self._owed[key] = copy.seq
+            queue.cold_taken(seq, message.size_bytes, removed)
+            taken.append(seq)
+            self.counts["cold_handed_over"] += 1
+        if taken:
+            removing.update(taken)
+            effects.append(ApplyBroker(removed, None))  # the REMOVEs after the outbound STOREs: a torn tail duplicates
+            effects.append(AfterFlush((_HANDED, f"handing {len(taken)} cold messages of queue {name!r} over")))
+            effects.append(AfterFlush((_SWEPT, name, tuple(taken))))
+        elif not removing:
+            del self._sweep_removing[name]
+        if seqs:
+            sweep.after_seq = seqs[-1]
+        if len(seqs) >= asked:
+            self._read_on(name, sweep, effects)
+            return effects
+        # the tail's end: what the sweep did not meet of its groups is still on its way to disk, whole
+        pending = {(name, queue.route_key(message.group_id)) for message in queue.cold.pending
+                   if message.flags & STATE_MASK != REMOVED}
+        for key in sweep.keys - pending:
+            move = self.moves.get(key)
+            if move is not None and move[0] == self.node_id:
+                self._swept.add(key)
+        del self._sweeps[name]
+        self._thaw(name)
+        return effects
+
+    def _hold_strays(self, name: str, records: dict) -> None:
+        """Cold records about to join queue `name`'s warm part: a group of theirs that lives elsewhere now
+        (or may: the replica is not current) is held first, as recovery holds the groups it sees
+        (hold_recovered), and handed to its owner as they are."""
+        queue = self.broker.queues.get(name)
+        if queue is None or not queue.settings.grouping:
+            return
+        routes, ready = self.router.routes, self.router.ready
+        for message in records.values():
+            if message is None:
+                continue
+            key = (name, queue.route_key(message.group_id))
+            if key in self.held or key[1] is None:
+                continue
+            owner = routes.get(key)
+            if not ready or (key not in self.moves and owner is not None and owner != self.node_id):
+                self._hold(key)
+                self._restored.add(key)
 
     # ---- an operator's reroute (node/core/reroute.py) --------------------------------------------
 
@@ -1272,6 +1515,9 @@ class ClusterProtocol:
             "moving": len(self.moves),
             "held": len(self.held),
             "parked": sum(len(messages) for messages in self.parked.values()),
+            # messages that left or waited for a move since this node started, by how
+            "moved": {how: self.counts[how] for how in MOVED_COUNTS},
+            "cold_sweeps": self.counts["cold_sweeps"],
             "in_transit": self.in_transit(),
             "members": self.members,
         }
@@ -1285,14 +1531,44 @@ def _chunks(items: list) -> list[list]:
     return [items[start:start + CLAIM_KEYS_MAX] for start in range(0, len(items), CLAIM_KEYS_MAX)]
 
 
+def _moved_copy(old: Message) -> Message:
+    """A message leaving where it was (a queue, a park, a cold tail) for a queue or an outbound channel:
+    a new Message (no seq, delivery count or state of its own yet) with what travels with it."""
+    return Message(old.payload, old.group_id, expires_at_ms=old.expires_at_ms, closes_group=old.closes_group,
+                   enqueued_at_ms=old.enqueued_at_ms)
+
+
 def _seq_of_message(message: Message) -> int:
     return message.seq
 
 
 def _taken(messages: list, owner: str, queue: str, name: str):
-    """`messages` (in seq order) as (seq, owner, queue, name, message), each let go of by the list as it
-    is taken, and the list left empty; seqs are unique across a node, so the merge never compares on."""
+    """`messages` (in seq order) as (seq, owner, queue, name, group id, size, message or None when it has
+    no body), each let go of by the list as it is taken, and the list left empty; seqs are unique across
+    a node, so the merge never compares on."""
     for index, message in enumerate(messages):
         messages[index] = None
-        yield message.seq, owner, queue, name, message
+        yield (message.seq, owner, queue, name, message.group_id, message.size_bytes,
+               message if message.payload is not None else None)
     messages.clear()
+
+
+# entries of a bodiless backlog cut off its arrays at once as recovery takes them (see _taken_bodiless)
+RECOVERY_CHUNK_ENTRIES = 4096
+
+
+def _taken_bodiless(backlog, owner: str, queue: str, name: str):
+    """A journal's bodiless backlog (parallel seqs, group ids, sizes; in seq order) as _taken's tuples,
+    and the backlog left empty. Its arrays shrink as they are taken, a chunk at a time, or they would
+    all be held until the last record is made, on top of every record (24 bytes an entry): reversed in
+    place first, each chunk is cut off their ends."""
+    columns = seqs, group_ids, size_bytes = backlog.seqs, backlog.group_ids, backlog.size_bytes
+    for column in columns:
+        column.reverse()
+    while seqs:
+        end = len(seqs)
+        start = max(0, end - RECOVERY_CHUNK_ENTRIES)
+        for index in range(end - 1, start - 1, -1):
+            yield seqs[index], owner, queue, name, group_ids[index], size_bytes[index], None
+        for column in columns:
+            del column[start:]

@@ -27,10 +27,13 @@ gigabytes before any body. Past the node's record budget a queue keeps not even 
   or move of one group waits until its queue's cold tail is gone, and a queue purge reads the tail
   back batch by batch to purge it. Records the journal lacks on read-back (a broken journal, never a
   normal path) are dropped loudly, as a missing body is.
-- In a cluster, a node whose groups follow their consumers keeps every record warm for now (bodies
-  still page): a group's messages must be known to hand the group over. Otherwise its cold tails are
-  as a node alone's, and while a queue has one the cluster protocol keeps alive every route of the
-  queue naming this node, since the cold messages' groups are unknown.
+- In a cluster, while a queue has a cold tail the cluster protocol keeps alive every route of the
+  queue naming this node, since the cold messages' groups are unknown. Where groups follow their
+  consumers, a group moving away may have cold messages here: the protocol sweeps the tail (reads it
+  through, its own reads, `frozen` meanwhile: no read-back for dispatch, so the two never read the same
+  records and what the sweep took is gone from the journal's index before dispatch reads again) and
+  hands over the moving groups' records it meets (`taken`), the rest left cold
+  (node/core/cluster_protocol.py says the rules of the handover).
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ class RecordBudget:
 
 class ColdTail:
     __slots__ = ("budget", "pending", "pending_count", "pending_bytes", "stored", "asked", "after_seq",
-                 "journal_bytes")
+                 "journal_bytes", "frozen")
 
     def __init__(self, budget: RecordBudget):
         self.budget = budget
@@ -84,6 +87,7 @@ class ColdTail:
         self.asked = 0  # of those, the oldest being read back
         self.after_seq = 0
         self.journal_bytes = 0  # their payload bytes, for the queue's resident figure
+        self.frozen = False  # the cluster sweeps the tail: nothing is read back for dispatch meanwhile
 
     @property
     def count(self) -> int:
@@ -138,7 +142,7 @@ class ColdTail:
 
     def ask(self, starved: bool) -> int:
         """How many of the oldest cold records to read back now (after `after_seq`), or 0."""
-        if self.asked:
+        if self.asked or self.frozen:
             return 0
         wanted = min(self.stored, PROMOTE_BATCH_RECORDS)
         if not starved:
@@ -159,6 +163,11 @@ class ColdTail:
         if not self.stored:
             lost_bytes, self.journal_bytes = self.journal_bytes, 0
         return lost_bytes
+
+    def taken(self, size_bytes: int) -> None:
+        """A stored cold record left the queue without being read back for it (a sweep handed it over)."""
+        self.stored -= 1
+        self.journal_bytes -= size_bytes
 
     def clear(self) -> None:
         for message in self.pending:

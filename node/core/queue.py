@@ -869,6 +869,14 @@ class Queue:
         self.depth_bytes -= cold.promoted(seqs[-1] if seqs else None, back_bytes)
         self._dispatch(now_ms, effects)
 
+    def cold_taken(self, seq: int, size_bytes: int, effects: list) -> None:
+        """Stored cold record `seq` of `size_bytes` left for another node (the cluster's sweep read it
+        back): only counted here, so the counts change and its REMOVE is due."""
+        self.depth_messages -= 1
+        self.depth_bytes -= size_bytes
+        self.cold.taken(size_bytes)
+        effects.append(Removed(self.settings.name, seq))
+
     def cold_refusal(self, what: str) -> None:
         """Raise when `what` needs every message of a group and this queue has a cold tail: which groups
         its messages belong to is not known until they are read back."""

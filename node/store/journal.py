@@ -46,6 +46,12 @@ Rules:
 - `recover(bodies_max_bytes)` keeps bodies only up to that many bytes of live messages, in file order
   (the oldest first), while it reads: later ones come back as records with a None payload, read back
   when dispatch reaches them, so recovering a backlog larger than memory needs no more than its records.
+- `recover(bodiless_prefix=P)` makes no Message for the STOREs of names starting with P either: while it
+  reads it keeps each one's (group id, payload length) by seq, and Recovery.messages[name] is a
+  BodilessBacklog of three parallel arrays in seq order (the cluster's outbound store needs nothing
+  more of a message whose body it reads back when its owner takes it; a Message each would cost a
+  million-entry backlog ~110 bytes an entry more while it recovers). Its bodies are read back by
+  `read_records`, as paged ones are.
 - `recover(cold=True)` makes no Message for the STOREs of queues not named with a leading NUL (the
   cluster's own records stay whole): Recovery.cold[queue] is a ColdBacklog of the live seqs, ascending,
   and the sum of their payload lengths. The scan decodes only each STORE's header (records.store_header:
@@ -104,7 +110,8 @@ def failure_condition(error: str) -> str:
 @dataclass
 class Recovery:
     queues: list[dict] = field(default_factory=list)  # live settings dicts, in declaration order
-    messages: dict[str, list[Message]] = field(default_factory=dict)  # per queue, in seq order
+    # per queue, in seq order; a name with recover's bodiless_prefix has a BodilessBacklog instead
+    messages: dict[str, list[Message] | BodilessBacklog] = field(default_factory=dict)
     cut_bytes: int = 0  # bytes of torn or corrupt tail removed from the file
     cold: dict[str, ColdBacklog] = field(default_factory=dict)  # recover(cold=True): per queue
 
@@ -115,6 +122,25 @@ class ColdBacklog:
 
     seqs: array  # array('q') of the live seqs, ascending
     size_bytes: int  # the sum of their payloads' lengths (each Message.size_bytes)
+
+
+@dataclass
+class BodilessBacklog:
+    """The live STOREs of a name recovered with `bodiless_prefix`: no Message each, one slot per record
+    in each of three parallel arrays, in seq order; the bodies are in the journal (read_records)."""
+
+    seqs: array  # array('q'), ascending
+    group_ids: list  # each one's group id: str, or None when ungrouped
+    size_bytes: array  # array('q'): each one's payload length (Message.size_bytes)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+def _bodiless_backlog(by_seq: dict[int, tuple]) -> BodilessBacklog:
+    """What recover kept of a bodiless name (seq -> (group id, payload length)) as parallel arrays."""
+    seqs = array("q", sorted(by_seq))
+    return BodilessBacklog(seqs, [by_seq[seq][0] for seq in seqs], array("q", [by_seq[seq][1] for seq in seqs]))
 
 
 class _Unit:
@@ -176,13 +202,14 @@ class Journal:
         """Replay the file. `bodies_max_bytes` > 0: keep bodies of at most that many bytes of live
         messages (the oldest first); the others come back with a None payload. `cold`: the queues not
         named with a leading NUL come back as Recovery.cold, not as messages (see the header).
-        `bodiless_prefix`: messages of names starting with it come back with a None payload, whatever
-        the budget (the cluster's outbound store reads its bodies back as its owners take them)."""
+        `bodiless_prefix`: names starting with it come back as a BodilessBacklog, whatever the budget
+        (the cluster's outbound store reads their bodies back as its owners take them)."""
         if self._fd is not None:
             raise RuntimeError("Journal.recover() is called once, before start()")
         self._open()
         queues: dict[str, dict] = {}
         messages: dict[str, dict[int, Message]] = {}
+        bodiless: dict[str, dict[int, tuple]] = {}  # bodiless_prefix names: seq -> (group id, payload length)
         kept_bytes = 0  # bodies kept of live messages, with bodies_max_bytes
         stores = self._stores
         with open(self.path, "rb", buffering=COPY_CHUNK_BYTES) as file:
@@ -198,18 +225,21 @@ class Journal:
                     self._live_bytes += length - spans.add(seq, offset, length, group_bytes)
                 elif kind == STORE:
                     message = record.message
+                    self._index_store(record.queue, message.seq, offset, length)
+                    if bodiless_prefix and record.queue.startswith(bodiless_prefix):
+                        bodiless.setdefault(record.queue, {})[message.seq] = (message.group_id, message.size_bytes)
+                        continue
                     # bodies of live messages in file order (seq order once compacted); the cluster's own
                     # records (names starting with NUL: messages to forward) keep theirs, forwarded from memory
-                    if bodiless_prefix and record.queue.startswith(bodiless_prefix):
-                        message.payload = None
-                    elif bodies_max_bytes and not record.queue.startswith("\x00"):
+                    if bodies_max_bytes and not record.queue.startswith("\x00"):
                         if kept_bytes + message.size_bytes > bodies_max_bytes:
                             message.payload = None
                         else:
                             kept_bytes += message.size_bytes
                     messages.setdefault(record.queue, {})[message.seq] = message
-                    self._index_store(record.queue, record.message.seq, offset, length)
                 elif kind == REMOVE:
+                    if record.queue in bodiless:
+                        bodiless[record.queue].pop(record.seq, None)
                     gone = messages.get(record.queue, {}).pop(record.seq, None)
                     if gone is not None and gone.payload is not None and bodies_max_bytes \
                             and not record.queue.startswith("\x00"):
@@ -222,6 +252,7 @@ class Journal:
                 else:
                     queues.pop(record, None)
                     messages.pop(record, None)
+                    bodiless.pop(record, None)
                     self._index_delete(record)
         cold_backlogs = {}
         if cold:
@@ -256,9 +287,11 @@ class Journal:
                                    f"free space or fix permissions on {self.directory}") from error
         self._end = scan.end_offset
         self._publish_file_stats()
-        return Recovery(list(queues.values()),
-                        {queue: [by_seq[seq] for seq in sorted(by_seq)]
-                         for queue, by_seq in messages.items()}, cut_bytes, cold_backlogs)
+        recovered: dict = {queue: [by_seq[seq] for seq in sorted(by_seq)] for queue, by_seq in messages.items()}
+        while bodiless:  # one name's map let go as its arrays are made
+            queue, by_seq = bodiless.popitem()
+            recovered[queue] = _bodiless_backlog(by_seq)
+        return Recovery(list(queues.values()), recovered, cut_bytes, cold_backlogs)
 
     def _cold_backlog(self, queue: str) -> ColdBacklog:
         """What cold recovery tells of `queue`, from its index; the index then drops its group id lengths."""

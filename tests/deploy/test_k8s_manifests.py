@@ -219,7 +219,6 @@ def test_queue_depths_are_bounded_by_the_volume_not_by_the_pods_memory(config_ma
     # and records past their budget go cold, so the depth in messages is no longer what the pod's memory
     # holds records for: the budget is far below what the queues' depths would take as warm records
     # (160 bytes each, as the budget counts them)
-    assert config.route_follow_ms == 0  # where groups follow their consumers every record stays warm
     assert 0 < config.record_memory_max_bytes < sum(queue.depth_max_messages for queue in settings) * 160 / 4
 
 

@@ -24,6 +24,10 @@ Words:
   message for good. An *unconfirmed* acceptance (the connection dropped first) may or may not have
   reached the node. `settle_confirmed` missing counts as true.
 - *dropped*: the connection died before the consumer chose an outcome; the node gives it back.
+  With "after_close": true (optional, default false) it reached the consumer after the consumer had
+  closed its connection: the node sent it before it saw the close and takes back all that was
+  unsettled then, so the consumer never held it, and such a line is left out of every verdict (its
+  client-side stamp comes after the close, perhaps after another consumer got the message again).
 - A *redelivery* is a delivery of an identity that was delivered before (by received_ms), or one
   with delivery_count > 0. A node restarted from its journal may redeliver with delivery_count 0.
 
@@ -171,6 +175,7 @@ def _outcome(line: dict) -> str:
 def check(sends: list[dict], deliveries: list[dict]) -> Report:
     _expect_kind(sends, "send")
     _expect_kind(deliveries, "delivery")
+    deliveries = [line for line in deliveries if not line.get("after_close", False)]
     sends = [{**line, "outcome": _outcome(line)} for line in sends]
     send_outcomes = _send_outcomes(sends)
     accepted_sends = {key for key, outcome in send_outcomes.items() if outcome == "accepted"}

@@ -12,6 +12,10 @@ Rules:
   (rcv-settle-mode second) and logs it once the node settles it ("settle_confirmed": true) or
   once its connection is gone (false). Its credit is a prefetch: one credit comes back per
   settlement, so what it holds unsettled plus its outstanding credit never exceed it.
+- A message reaching a consumer after it closed its connection (a stop) is not taken: the node sent it
+  before it saw the close and gives back whatever was unsettled then. It is logged as "dropped" with
+  "after_close": true, its received_ms stamped when it came (after the close), so the checker can
+  leave it out: the consumer never held it.
 - A lost connection (or a link the node detaches) is retried after a backoff that doubles from
   RECONNECT_DELAY_MIN_S up to `reconnect_delay_max_s`, until the thread is stopped.
 - Every wait is bounded: outcomes at the end of a run, closing, joining, draining.
@@ -366,6 +370,10 @@ class _ConsumerClient(_Client):
                   "group": message.group_id, "producer": properties.get("producer"),
                   "sequence": properties.get("sequence"), "received_ms": self._now_ms(),
                   "delivery_count": message.delivery_count}
+        if self._finishing:  # sent before the node saw this side's close, which gives it back
+            self._write({**record, "settled_ms": record["received_ms"], "confirmed_ms": None, "outcome": "dropped",
+                         "settle_confirmed": False, "after_close": True})
+            return
         self.received += 1
         self.last_received_monotonic_s = time.monotonic()
         self._waiting.append((record, event.delivery))

@@ -20,9 +20,25 @@ Faults (`KINDS`):
   on answering its clients, which is where refusals must be heard.
 - disk: the node's data directory (its own tmpfs) is filled to the last byte, freed after the hold.
 
+Follow mode (`route_follow_ms` > 0, the same on every node; README "Groups follow their consumers"): in
+each round the busy groups' consumers move. They start on the owner as above; at a moment the round's
+seed picks (`FOLLOW_WHENS`: before the fault, a seeded lead time ahead of it; during its hold, a seeded
+way into it; or right after the heal) they are closed and as many attach on another node (the leader
+or the remote one, by the seed). The owner keeps taking the groups' messages until route_follow_ms
+after its consumers left, then the leader moves the groups to the new node and the owner hands their
+backlog over, warm and from its cold tail by a sweep (node/core/cluster_protocol.py), while the fault
+hits the old owner, the new one or the leader. The checker judges the moved consumers like any others:
+holds of one group by the old and the new consumers must not overlap, and order holds across them. A
+follow round fails unless every one of its groups ended routed to the new node; it records how many
+moved, and what the nodes' /metrics counted meanwhile (grouper_moved_messages_total by how,
+grouper_cold_sweeps_total: deltas between looks before the round, before the fault, after the heal
+and at the end; a node's counters restart with it, so what a killed node counted after the last look
+before its death is missing: a lower bound).
+
 Rules:
 - The round's seed decides everything random in it (roles, victim, hold); a failure names it, and
-  `python -m tests.drills.nemesis --kinds KIND --seed SEED --rounds 1` replays that round's choices.
+  `python -m tests.drills.nemesis --kinds KIND --seed SEED --rounds 1` replays that round's choices
+  (with the campaign's --route-follow-ms in follow mode).
 - Everything a round names (producers, groups) is its own: its logs are judged alone.
 - Every wait is bounded; every fault is healed in a `finally`; iptables rules, cgroups and mounts are
   removed when the campaign closes, failed or not.
@@ -36,6 +52,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -43,7 +60,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 from node.admin.client import AdminClient, AdminError
 from node.tools.progress import Progress
@@ -78,6 +97,10 @@ JOURNAL_COMPACT_MIN_BYTES = 8 << 20  # well below the tmpfs, so a long campaign 
 # a dead or slow owner's backlog to its journal (node/core/outbound.py)
 RECORD_MEMORY_MAX_BYTES = 8 << 10
 OUTBOUND_MEMORY_MAX_BYTES = 2 << 10
+FOLLOW_WHENS = ("before", "during", "after")  # when a follow round moves its consumers, relative to the fault
+FOLLOW_LEAD_MAX_ROUTE_FOLLOWS = 2.0  # "before": the fault starts up to this many route_follow_ms after the move
+METRICS_TIMEOUT_S = 2.0  # one look at a node's /metrics
+GROUPS_TIMEOUT_MS = 5000  # one `group list` of the nemesis queue (it asks every member)
 TRUNCATION_MARK = "truncating already-applied log entries"  # pysyncobj's CRITICAL line (syncobj.py)
 CONNECTION_MARK_BASE = 0x4E000000  # | a counter: each partition marks its connections with its own value
 
@@ -204,6 +227,20 @@ class RoundResult:
     # supervisor would: a node whose journal cannot take a forwarded batch stops with 70 by design
     exits: list = dataclasses.field(default_factory=list)
     digests_equal: bool = False  # after the round settled
+    # follow mode (route_follow_ms > 0): when the consumers moved ("before", "during", "after" the fault),
+    # how far from it (ms before the fault began; ms into the hold; 0 = at the heal), from which node to
+    # which (and what the new one was: leader or remote), how many of the round's groups were routed to
+    # the old node before and to the new one at the end, and the nodes' counters of the round (deltas)
+    follow_ms: int = 0
+    follow_when: str = ""
+    follow_offset_ms: int = 0
+    follow_from: str = ""
+    follow_to: str = ""
+    follow_to_role: str = ""
+    groups_at_old_owner: int = 0
+    groups_moved: int = 0
+    moved_messages: dict = dataclasses.field(default_factory=dict)  # how -> messages, summed over nodes
+    cold_sweeps: int = 0
     digests: dict = dataclasses.field(default_factory=dict)
     checker: str = ""
     failure: str = ""  # an assertion or error that ended the round early
@@ -224,6 +261,9 @@ class RoundResult:
                 f"{self.heal_to_new_group_ms} ms, equal digests after {self.heal_to_equal_digests_ms} ms, "
                 f"digests equal {self.digests_equal}, truncations {self.truncation_lines}"
                 + (f", node exits {self.exits}" if self.exits else "")
+                + (f"; follow {self.follow_when} ({self.follow_offset_ms} ms) {self.follow_from} -> {self.follow_to} "
+                   f"({self.follow_to_role}): {self.groups_moved}/{self.groups_at_old_owner} groups moved, "
+                   f"messages {self.moved_messages}, cold sweeps {self.cold_sweeps}" if self.follow_ms else "")
                 + (f"; failure: {self.failure}" if self.failure else "")
                 + (f"\n{self.checker}" if not self.ok and self.checker else ""))
 
@@ -234,10 +274,14 @@ class Campaign:
     """The cluster and the machinery of the faults; `play(kind, seed)` runs one round. Close it (or use it
     as a context manager): that kills the nodes and removes the rules, cgroups and mounts."""
 
-    def __init__(self, directory: Path, kinds: tuple[str, ...] = KINDS, hold_s: tuple[float, float] = HOLD_S):
+    def __init__(self, directory: Path, kinds: tuple[str, ...] = KINDS, hold_s: tuple[float, float] = HOLD_S,
+                 route_follow_ms: int = 0):
+        if route_follow_ms and route_follow_ms < 1000:
+            raise ValueError(f"route_follow_ms must be 0 (off) or at least 1000, got {route_follow_ms}")
         self.directory = Path(directory)
         self.kinds = kinds
         self.hold_s = hold_s
+        self.route_follow_ms = route_follow_ms
         self.rounds = 0
         self.cluster: Cluster | None = None
         self.partitions: Partitions | None = None
@@ -250,6 +294,7 @@ class Campaign:
         config = (f"[node]\njournal_compact_min_bytes = {JOURNAL_COMPACT_MIN_BYTES}\n"
                   f"record_memory_max_bytes = {RECORD_MEMORY_MAX_BYTES}\n"
                   f"outbound_memory_max_bytes = {OUTBOUND_MEMORY_MAX_BYTES}\n"
+                  f"route_follow_ms = {self.route_follow_ms}\n"
                   + queue_toml(QUEUE, durable=True) + queue_toml(PROBE_QUEUE, durable=True))
         self.cluster = Cluster(self.directory, 3, config, ("--handler-timeout-ms", str(HANDLER_TIMEOUT_MS)))
         if "disk" in self.kinds:
@@ -405,6 +450,14 @@ class Campaign:
         hold_s = rng.uniform(*self.hold_s)
         result.hold_ms = round(hold_s * 1000)
         tag = f"r{self.rounds}"
+        follow = None
+        if self.route_follow_ms:  # drawn after the rest, so a round without follow replays as before
+            follow = _Follow(rng.choice(FOLLOW_WHENS), rng.choice(["leader", "remote"]), rng.random())
+            result.follow_ms = self.route_follow_ms
+            result.follow_when, result.follow_to_role = follow.when, follow.to_role
+            result.follow_from = cluster.node_ids[owner]
+            result.follow_to = cluster.node_ids[roles[follow.to_role]]
+        counters = _Counters(cluster.nodes) if follow else None
 
         def consumer(index: int, queue: str, name: str) -> LoggingConsumer:
             made = LoggingConsumer(cluster.nodes[index].url, queue, logs / f"{name}.jsonl", name=name,
@@ -421,8 +474,7 @@ class Campaign:
             load.producers.append(made)
             return made
 
-        consumer(owner, QUEUE, f"{tag}-c0")
-        consumer(owner, QUEUE, f"{tag}-c1")
+        busy = [consumer(owner, QUEUE, f"{tag}-c0"), consumer(owner, QUEUE, f"{tag}-c1")]
         consumer(victim, PROBE_QUEUE, f"{tag}-probe-c")
         self.wait_consumers({(QUEUE, owner): 2, (QUEUE, leader): 0, (QUEUE, remote): 0,
                              (PROBE_QUEUE, victim): 1, **{(PROBE_QUEUE, other): 0 for other in range(3)
@@ -434,8 +486,33 @@ class Campaign:
                          in_flight_max=1)
         self._load(LOAD_S, [*producers, probe], "before the fault")
 
-        healed_ms = getattr(self, f"_{kind}")(victim, hold_s)
+        def move_consumers() -> None:
+            # the old consumers close on their own threads (one at a paused node waits out its bounds)
+            # while the new ones attach; load.finish() joins them all
+            for made in busy:
+                made.client.request_stop()
+            consumer(roles[follow.to_role], QUEUE, f"{tag}-c2")
+            consumer(roles[follow.to_role], QUEUE, f"{tag}-c3")
+        midway = None
+        if follow:
+            routes = self._routes(groups)
+            result.groups_at_old_owner = sum(1 for node in routes.values() if node == result.follow_from)
+            if follow.when == "before":
+                lead_s = follow.fraction * FOLLOW_LEAD_MAX_ROUTE_FOLLOWS * self.route_follow_ms / 1000
+                result.follow_offset_ms = round(lead_s * 1000)
+                move_consumers()
+                time.sleep(lead_s)
+            elif follow.when == "during":
+                result.follow_offset_ms = round(follow.fraction * hold_s * 1000)
+                midway = (follow.fraction * hold_s, move_consumers)
+            counters.look()
+
+        healed_ms = getattr(self, f"_{kind}")(victim, hold_s, midway)
         result.exits += self._restart_exited()
+        if follow:
+            if follow.when == "after":
+                move_consumers()
+            counters.look()
 
         # a node may still stop itself just after the heal (a raft member whose mmap'd journal met the
         # full disk ends on SIGBUS a moment later): restarted while waiting, as a supervisor would
@@ -452,12 +529,52 @@ class Campaign:
         self._load(LOAD_S, producers, "after the recovery")
         for made in producers:
             made.stop()
+        if follow:
+            self._wait_followed(groups, result)
         started_s = time.monotonic()
         while left := in_transit(self.statuses()):
             assert time.monotonic() - started_s < SETTLE_TIMEOUT_S, \
                 f"still in transit after {SETTLE_TIMEOUT_S} s: {left}"
             time.sleep(0.2)
         load.finish(quiet_s=0.5, timeout_s=PROGRESS_TIMEOUT_S)
+        if follow:
+            counters.look()
+            result.moved_messages, result.cold_sweeps = counters.moved(), counters.sweeps()
+
+    def _routes(self, groups: list[str]) -> dict[str, str]:
+        """group -> the node its route names, for those of `groups` the cluster routes (bounded: any node that
+        answers within the recovery bound)."""
+        wanted = set(groups)
+        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+        errors = []
+        while time.monotonic() < deadline:
+            for node in self.cluster.nodes:
+                if node.process is None or node.process.poll() is not None:
+                    continue
+                try:
+                    with AdminClient(node.admin_address, timeout_ms=GROUPS_TIMEOUT_MS) as client:
+                        rows = client.list_groups(QUEUE)
+                except AdminError as error:
+                    errors.append(str(error))
+                    continue
+                return {row["group"]: row["node"] for row in rows if row["group"] in wanted}
+            time.sleep(POLL_S)
+        raise AssertionError(f"no node listed the groups of {QUEUE} within {RECOVERY_TIMEOUT_S} s: {errors[-3:]}")
+
+    def _wait_followed(self, groups: list[str], result: RoundResult) -> None:
+        """Until every group of the round is routed to the node its consumers went to (bounded): the round
+        fails loudly, naming the routes, if they never followed."""
+        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+        while True:
+            routes = self._routes(groups)
+            result.groups_moved = sum(1 for node in routes.values() if node == result.follow_to)
+            if result.groups_moved == len(groups):
+                return
+            assert time.monotonic() < deadline, (
+                f"follow round: {len(groups) - result.groups_moved} of {len(groups)} groups did not follow their "
+                f"consumers from {result.follow_from} to {result.follow_to} within {RECOVERY_TIMEOUT_S} s; "
+                f"routes: {routes}")
+            time.sleep(0.2)
 
     def _load(self, seconds: float, producers: list[GroupedProducer], what: str) -> None:
         deadline = time.monotonic() + seconds
@@ -481,38 +598,50 @@ class Campaign:
 
     # ---- the faults: each returns the wall-clock ms its heal was done -----------------------------
 
-    def _kill(self, victim: int, hold_s: float) -> int:
+    @staticmethod
+    def _hold(hold_s: float, midway) -> None:
+        """Sleep the hold; `midway`, if given, is (delay_s, action): the action runs that far into it."""
+        if midway is None:
+            time.sleep(hold_s)
+            return
+        delay_s, action = midway
+        started_s = time.monotonic()
+        time.sleep(delay_s)
+        action()
+        time.sleep(max(0.0, hold_s - (time.monotonic() - started_s)))
+
+    def _kill(self, victim: int, hold_s: float, midway=None) -> int:
         node = self.cluster.nodes[victim]
         node.kill()  # returns once its raft member is gone too
-        time.sleep(hold_s)
+        self._hold(hold_s, midway)
         healed_ms = now_ms()
         node.start()
         return healed_ms
 
-    def _pause(self, victim: int, hold_s: float) -> int:
+    def _pause(self, victim: int, hold_s: float, midway=None) -> int:
         pids = self._pids(self.cluster.nodes[victim])
         try:
             for pid in pids:
                 self._signal(pid, signal.SIGSTOP)
-            time.sleep(hold_s)
+            self._hold(hold_s, midway)
         finally:
             for pid in pids:
                 self._signal(pid, signal.SIGCONT)
         return now_ms()
 
-    def _partition(self, victim: int, hold_s: float) -> int:
+    def _partition(self, victim: int, hold_s: float, midway=None) -> int:
         try:
             self.partitions.cut(victim)
-            time.sleep(hold_s)
+            self._hold(hold_s, midway)
         finally:
             self.partitions.heal()
         return now_ms()
 
-    def _disk(self, victim: int, hold_s: float) -> int:
+    def _disk(self, victim: int, hold_s: float, midway=None) -> int:
         filler = None
         try:
             filler = fill(self.cluster.nodes[victim].data_dir)
-            time.sleep(hold_s)
+            self._hold(hold_s, midway)
         finally:
             if filler is not None:
                 filler.unlink()
@@ -553,6 +682,60 @@ class Campaign:
                 node.output.append(f"nemesis: node found dead after a round (exit {node.process.returncode}); "
                                    "restarting it")
                 node.start()
+
+
+class _Follow(NamedTuple):
+    when: str  # of FOLLOW_WHENS
+    to_role: str  # where the consumers go: "leader" or "remote"
+    fraction: float  # in [0, 1): how far into the lead ("before") or the hold ("during")
+
+
+class _Counters:
+    """The follow counters of each node's /metrics (grouper_moved_messages_total by how,
+    grouper_cold_sweeps_total), summed over successive looks: a node's counters restart with its process,
+    so a look at a new process counts all it has; a node that does not answer adds nothing that time."""
+
+    def __init__(self, nodes: list):
+        self.nodes = nodes
+        self.last: list[tuple[int, dict] | None] = [None] * len(nodes)  # per node: (pid, counters)
+        self.total: dict[str, float] = {}
+        self.look()
+        self.total = {}  # the first look is the baseline
+
+    def look(self) -> None:
+        for index, node in enumerate(self.nodes):
+            if node.process is None or node.process.poll() is not None:
+                continue
+            counters = follow_counters(node.http_address)
+            if counters is None:
+                continue
+            previous = self.last[index]
+            base = previous[1] if previous is not None and previous[0] == node.process.pid else {}
+            for name, value in counters.items():
+                self.total[name] = self.total.get(name, 0) + max(0.0, value - base.get(name, 0))
+            self.last[index] = (node.process.pid, counters)
+
+    def moved(self) -> dict[str, int]:
+        return {name: round(value) for name, value in sorted(self.total.items()) if name != "cold_sweeps"}
+
+    def sweeps(self) -> int:
+        return round(self.total.get("cold_sweeps", 0))
+
+
+def follow_counters(http_address: str) -> dict[str, float] | None:
+    """{how: grouper_moved_messages_total{how}, "cold_sweeps": grouper_cold_sweeps_total} from a node's
+    /metrics, or None if it did not answer within METRICS_TIMEOUT_S."""
+    try:
+        with urllib.request.urlopen(f"http://{http_address}/metrics", timeout=METRICS_TIMEOUT_S) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    counters = {how: float(value) for how, value in
+                re.findall(r'^grouper_moved_messages_total\{how="([^"]+)"\} (\S+)$', text, re.MULTILINE)}
+    sweeps = re.search(r"^grouper_cold_sweeps_total (\S+)$", text, re.MULTILINE)
+    if sweeps:
+        counters["cold_sweeps"] = float(sweeps.group(1))
+    return counters
 
 
 # ---- judging a round's logs ------------------------------------------------------------------------
@@ -693,6 +876,34 @@ def table(results: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def follow_table(results: list[dict]) -> str:
+    """A markdown table of the follow rounds (route_follow_ms > 0), one row per kind and moment of the
+    consumers' move; empty when the campaign had none."""
+    follows = [result for result in results if result.get("follow_ms")]
+    if not follows:
+        return ""
+    hows = sorted({how for result in follows for how in result.get("moved_messages", {})})
+    rows = ["| kind | consumers moved | rounds | failed rounds (seeds) | rounds where groups moved | groups moved "
+            "| rounds with cold sweeps | cold sweeps | " + " | ".join(how.replace('_', ' ') for how in hows)
+            + " |",
+            "|" + " --- |" * (8 + len(hows))]
+    for kind in KINDS:
+        for when in FOLLOW_WHENS:
+            rounds = [r for r in follows if r["kind"] == kind and r["follow_when"] == when]
+            if not rounds:
+                continue
+            failed = [r for r in rounds if not RoundResult(**r).ok]
+            rows.append("| " + " | ".join([
+                kind, when, str(len(rounds)),
+                f"{len(failed)}" + (f" ({', '.join(str(r['seed']) for r in failed)})" if failed else ""),
+                str(sum(1 for r in rounds if r["groups_moved"])),
+                f"{sum(r['groups_moved'] for r in rounds)} of {sum(r['groups_at_old_owner'] for r in rounds)}",
+                str(sum(1 for r in rounds if r["cold_sweeps"])), str(sum(r["cold_sweeps"] for r in rounds)),
+                *(str(sum(r["moved_messages"].get(how, 0) for r in rounds)) for how in hows),
+            ]) + " |")
+    return "\n".join(rows)
+
+
 def _exits(exits: list) -> str:
     codes: dict[int, int] = {}
     for _, code in exits:
@@ -715,6 +926,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=len(KINDS), help="rounds in all, kinds taken in turn")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {','.join(KINDS)}")
     parser.add_argument("--seed", type=int, default=None, help="seed of the first round (then +1 each round)")
+    parser.add_argument("--route-follow-ms", type=int, default=0,
+                        help="groups follow their consumers after this many ms, and each round moves its consumers "
+                             "around the fault; 0 = off (default), else at least 1000")
     parser.add_argument("--hold-s", default=f"{HOLD_S[0]:g},{HOLD_S[1]:g}", help="MIN,MAX seconds a fault lasts")
     parser.add_argument("--directory", default=None, help="cluster data and logs (default: a new temp directory)")
     parser.add_argument("--results", default=None, help="JSON lines, one per round (default: DIRECTORY/results.jsonl)")
@@ -727,6 +941,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(kinds) - set(KINDS)
     if unknown:
         parser.error(f"unknown kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+    if arguments.route_follow_ms and arguments.route_follow_ms < 1000:
+        parser.error(f"--route-follow-ms must be 0 (off) or at least 1000 (as the nodes require), "
+                     f"got {arguments.route_follow_ms}")
     if arguments.rejudge:
         results = rejudge(Path(arguments.rejudge))
         if arguments.results:
@@ -749,7 +966,9 @@ def main(argv: list[str] | None = None) -> int:
     results_path = Path(arguments.results or directory / "results.jsonl")
     seed = arguments.seed if arguments.seed is not None else random.randrange(1 << 31)
     hold_s = tuple(float(value) for value in arguments.hold_s.split(","))
-    print(f"nemesis: {arguments.rounds} rounds of {kinds} from seed {seed}; logs in {directory}, results in "
+    follow = f", groups following their consumers after {arguments.route_follow_ms} ms" \
+        if arguments.route_follow_ms else ""
+    print(f"nemesis: {arguments.rounds} rounds of {kinds} from seed {seed}{follow}; logs in {directory}, results in "
           f"{results_path}", flush=True)
     results = []
     stop_requested = []  # SIGINT/SIGTERM end the campaign after the round in progress (bounded), cleanly
@@ -759,7 +978,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nemesis: signal {signal_number}: stopping after the round in progress", flush=True)
     for signal_number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signal_number, request_stop)
-    with Campaign(directory, kinds, hold_s) as campaign, Progress(arguments.rounds, "nemesis", "round") as progress:
+    with Campaign(directory, kinds, hold_s, arguments.route_follow_ms) as campaign, Progress(arguments.rounds, "nemesis", "round") as progress:
         for number in range(arguments.rounds):
             if stop_requested:
                 break
@@ -777,6 +996,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _write_table(results: list[dict], out: str | None) -> None:
     text = table(results)
+    follows = follow_table(results)
+    if follows:
+        text += "\n\nGroups following their consumers (the last columns: messages moved, by how):\n\n" + follows
     print(text)
     if out:
         counts = ", ".join(f"{kind}: {sum(1 for result in results if result['kind'] == kind)}" for kind in KINDS)

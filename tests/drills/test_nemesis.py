@@ -52,6 +52,48 @@ def test_a_few_rounds_of_one_fault_each_lose_reorder_and_split_nothing_and_leave
         [result.describe() for result in results]
 
 
+FOLLOW_KINDS = ("kill", "pause")  # one round each, on one cluster: signals to our own children, needing no root
+ROUTE_FOLLOW_MS = 1000
+
+
+def test_rounds_whose_consumers_move_node_take_their_groups_and_backlogs_along_through_a_fault(tmp_path):
+    """Follow mode: each round's consumers leave the groups' owner for another node around the fault (the
+    seed picks when), the groups follow them with what they queued, and the checker finds nothing lost,
+    reordered or held twice across the move."""
+    seeds = [BASE_SEED + len(nemesis.KINDS) * ROUNDS_PER_KIND + number for number in range(len(FOLLOW_KINDS))]
+    with nemesis.Campaign(tmp_path, FOLLOW_KINDS, HOLD_S, ROUTE_FOLLOW_MS) as campaign:
+        results = [campaign.play(kind, seed) for kind, seed in zip(FOLLOW_KINDS, seeds)]
+    for result in results:
+        print(result.describe())
+    failed = [result for result in results if not result.ok]
+    assert not failed, "\n".join(
+        f"{result.describe()}\n  replay: python -m tests.drills.nemesis --kinds {result.kind} --seed {result.seed} "
+        f"--rounds 1 --hold-s {HOLD_S[0]:g},{HOLD_S[1]:g} --route-follow-ms {ROUTE_FOLLOW_MS} (logs under {tmp_path})"
+        for result in failed)
+    # every group of each round started at the old owner and was routed to the consumers' new node at
+    # the end, and messages really went along (handed over, relayed or parked behind the move)
+    assert all(result.groups_at_old_owner == result.groups_moved == nemesis.GROUPS_PER_ROUND
+               and sum(result.moved_messages.values()) > 0 for result in results), \
+        [result.describe() for result in results]
+
+
+def test_the_follow_table_counts_moved_groups_sweeps_and_messages_per_kind_and_moment():
+    def follow_round(kind, seed, when, moved, sweeps, messages):
+        return {**nemesis.dataclasses.asdict(nemesis.RoundResult(kind, seed, 1)), "follow_ms": 1000,
+                "follow_when": when, "groups_at_old_owner": 12, "groups_moved": moved, "cold_sweeps": sweeps,
+                "moved_messages": messages, "digests_equal": True}
+    results = [follow_round("kill", 1, "before", 12, 1, {"cold_handed_over": 5, "messages_relayed": 2}),
+               follow_round("kill", 2, "before", 12, 0, {"cold_handed_over": 0, "messages_relayed": 3}),
+               {**follow_round("pause", 3, "after", 0, 0, {}), "failure": "AssertionError: follow round: ..."},
+               nemesis.dataclasses.asdict(nemesis.RoundResult("disk", 4, 1))]
+    rows = nemesis.follow_table(results).splitlines()
+    assert rows[0].endswith("| cold sweeps | cold handed over | messages relayed |")
+    assert rows[2] == "| kill | before | 2 | 0 | 2 | 24 of 24 | 1 | 1 | 5 | 5 |"
+    assert rows[3] == "| pause | after | 1 | 1 (3) | 0 | 0 of 12 | 0 | 0 | 0 | 0 |"
+    assert len(rows) == 4
+    assert nemesis.follow_table(results[3:]) == ""
+
+
 def _write_lines(path, lines) -> None:
     import json
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))

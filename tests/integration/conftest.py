@@ -1,6 +1,8 @@
 import pytest
 
+from tests.integration.cluster import Cluster
 from tests.integration.harness import NodeProcess
+from tests.integration.test_clustered_groups import Clients
 
 
 @pytest.fixture
@@ -21,3 +23,31 @@ def node_factory(tmp_path):
 @pytest.fixture
 def node(node_factory):
     return node_factory()
+
+
+@pytest.fixture
+def cluster_factory(tmp_path):
+    """Start 3-node clusters with a TOML config text; every node is killed at the end of the test."""
+    made: list[Cluster] = []
+
+    def make(config_text: str = "", *args: str) -> Cluster:
+        cluster = Cluster(tmp_path, 3, config_text, args)
+        made.append(cluster)
+        return cluster.start()
+
+    yield make
+    for cluster in made:
+        cluster.kill_all()
+
+
+@pytest.fixture
+def cluster(cluster_factory):
+    return cluster_factory()
+
+
+@pytest.fixture
+def clients():
+    """AMQP connections a test opens (Clients, tests/integration/test_clustered_groups.py), closed at its end."""
+    made = Clients()
+    yield made
+    made.close()

@@ -21,7 +21,7 @@ from node.admin.client import AdminClient
 from tests.integration.clients import queue_toml
 from tests.integration.cluster import WAIT_S, Cluster
 from tests.integration.harness import grouped, wait_until
-from tests.integration.test_clustered_groups import Clients, bodies
+from tests.integration.test_clustered_groups import bodies
 
 QUEUE = "ledger"
 RECORDS_BYTES = 16 << 10  # node 1 keeps ~90 records warm (node/core/cold.py counts 160 B a message)
@@ -29,13 +29,6 @@ GROUP_TIMEOUT_MS = 1500  # routes nobody relies on expire this soon
 A_SENDS = 300  # group a's messages: past the budget, so all of b's go cold
 B_SENDS = 150
 LEASE_WAITS = 3  # group timeouts waited with b cold
-
-
-@pytest.fixture
-def clients():
-    made = Clients()
-    yield made
-    made.close()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from proton import Delivery
 from tests.integration.cluster import free_ports
 from tests.integration.clients import queue_toml
 from tests.integration.harness import NodeProcess, grouped, send_outcome, wait_until
-from tests.integration.test_clustered_groups import cluster_factory, clients  # noqa: F401
 
 QUEUE = "orders"
 

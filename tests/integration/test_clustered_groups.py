@@ -11,33 +11,12 @@ import json
 import signal
 import time
 
-import pytest
 from proton import Delivery
 
 from tests.integration.clients import queue_toml
-from tests.integration.cluster import Cluster
 from tests.integration.harness import ManualReceiver, connect, grouped, send_outcome
 
 QUEUE = "orders"
-
-
-@pytest.fixture
-def cluster_factory(tmp_path):
-    made: list[Cluster] = []
-
-    def make(config_text: str = "", *args: str) -> Cluster:
-        cluster = Cluster(tmp_path, 3, config_text, args)
-        made.append(cluster)
-        return cluster.start()
-
-    yield make
-    for cluster in made:
-        cluster.kill_all()
-
-
-@pytest.fixture
-def cluster(cluster_factory):
-    return cluster_factory()
 
 
 class Clients:
@@ -66,13 +45,6 @@ class Clients:
                 connection.close()
             except Exception:
                 pass
-
-
-@pytest.fixture
-def clients():
-    made = Clients()
-    yield made
-    made.close()
 
 
 def bodies(helds) -> list[str]:

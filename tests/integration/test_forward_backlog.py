@@ -19,7 +19,7 @@ from proton import Delivery
 
 from tests.integration.cluster import Cluster
 from tests.integration.harness import WAIT_S, grouped, wait_until
-from tests.integration.test_clustered_groups import Clients, bodies
+from tests.integration.test_clustered_groups import bodies
 from tests.integration.test_slow_peers import metrics
 
 OUTBOUND_MAX_BYTES = 20_000  # node 0 holds at most this much for one owner: about 18 of the sends below
@@ -28,13 +28,6 @@ GROUPS = ("g0", "g1", "g2")
 SENDS_MAX = 100  # bound of the filling loop: the refusal must come well before it
 OUTBOUND_MEMORY_MAX_BYTES = 4000  # the paging test's budget: bodies of about three of its sends
 PAGED_SENDS = 120  # the paging test's backlog: about forty times its memory budget
-
-
-@pytest.fixture
-def clients():
-    made = Clients()
-    yield made
-    made.close()
 
 
 @pytest.fixture

@@ -81,6 +81,19 @@ def test_moves_are_proposed_again_after_a_restart_from_a_snapshot(member):
     assert handler.replica.move_clear([], handler.node_id) is None  # proposing one no longer raises
 
 
+def test_moves_are_enabled_again_after_a_snapshot_taken_once_queue_definitions_were_enabled(member):
+    # the snapshot keeps the enabled version (2, definitions) but not the command names: enabling moves
+    # proposed version 1, which pysyncobj refuses below an enabled version by raising, ending the member
+    handler = member()
+    assert define(handler, "orders")[0] is None
+    handler = restarted_from_its_snapshot(member, handler)
+    assert handler._syncobj.getCodeVersion() == QUEUES_CODE_VERSION
+    wait_until(handler._moves_enabled, "moves enabled again after the snapshot load")
+    assert handler._syncobj.getCodeVersion() == QUEUES_CODE_VERSION
+    assert handler.replica.move_clear([], handler.node_id) is None
+    assert define(handler, "invoices")[0] is None  # and definitions still go
+
+
 def test_a_stopped_member_leaves_no_wrong_version_guard_on_pysyncobj_s_logger(member):
     """The guard ends the process when pysyncobj logs a command version it lacks: one left behind by a
     stopped member ended a later test's process (exit 3) in a CI run."""

@@ -13,7 +13,7 @@ import shutil
 
 from tests.integration.cluster import free_ports
 from tests.integration.harness import NodeProcess
-from tests.integration.test_clustered_groups import QUEUE, bodies, cluster, cluster_factory, clients  # noqa: F401
+from tests.integration.test_clustered_groups import QUEUE, bodies
 from tests.integration.harness import grouped
 
 

@@ -18,6 +18,19 @@ keeping only what the simulation exercises. Every decision of the cluster protoc
   timeout, resend from the oldest.
 - the raft member is the simulation's `RaftLog`; its feed arrives through `catch_up`; registration
   goes through the log (moves wait for every registered member), without addresses.
+- the two memory budgets for queued messages, as runtime.Node sets them: the Broker's bodies
+  (`message_memory_max_bytes`, node/core/paging.py) and records (`record_memory_max_bytes`, cold tails of
+  node/core/cold.py; where groups follow their consumers, the protocol's sweeps read a tail through
+  for the groups moving away, answered through `cold_records`). As the engine loop does, the STOREs
+  of each journal unit are kept with its ticket and handed to `Broker.journalled` once the unit is
+  durable (bodies may page out then, pending cold arrivals are let go), and forgotten when it failed.
+  `PageIn` and `ReadRecords` go to the journal writer, which answers them in the order asked, after a
+  seeded delay, from the durable records (Journal.read_bodies, read_records_after); a crash drops the
+  answers still due. Recovery follows Node.recover: bodies kept in journal order up to the budget, or
+  with a record budget each queue's messages as a cold tail read back as far as that budget goes
+  (through `cold_records` first, as the runtime does); then the budgets page bodies out. Not modelled: the loop
+  holding a unit nobody waits for until a later one (every batch ends with a unit here), per-queue
+  memory budgets, browsers and purges (which read bodies and cold tails back too).
 Never imports proton, grpc, pysyncobj, threading or time.
 """
 
@@ -31,12 +44,12 @@ from handler.route_table import MOVES_ALL, SNAPSHOT
 from node.core.broker import Broker
 from node.core.cluster_protocol import MARK_PREFIX, PARK_PREFIX, ClusterProtocol, Entry, parse_outbound_name
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, DetachConsumer, Dropped,
-                               EnqueueLocal, JournalDeclare, JournalRemove, JournalStore, ProposeClaim,
+                               EnqueueLocal, JournalDeclare, JournalRemove, JournalStore, PageIn, ProposeClaim,
                                ProposeDefinition, ProposeMoveClear, ProposeQueueDeletion, ProposeQueueSeeds,
-                               ProposeTouch, QueueDeleted, ReadOutbound, Refuse, Register, Removed, Reply,
-                               ReportConsumers, StopNode, Stored, SubmitForward, Withdrawn)
+                               ProposeTouch, QueueDeleted, ReadOutbound, ReadRecords, Refuse, Register, Removed,
+                               Reply, ReportConsumers, StopNode, Stored, SubmitForward, Withdrawn)
 from node.core.errors import GrouperError, StoreFailed
-from node.core.message import Message
+from node.core.message import AVAILABLE, FETCHED, JOURNALLED, PAGED, STATE_MASK, Message
 from node.core.settings import QueueSettings
 
 JOURNAL_RETRY_INTERVAL_MS = 1000  # node/amqp/loop.py: durable sends are refused this long after a failed write
@@ -78,6 +91,43 @@ class Store:
             elif record[0] == "delete" and record[1] == name:
                 live.clear()
         return live
+
+    def live_after(self, name: str, after_seq: int, count: int) -> list[tuple]:
+        """Journal.read_records_after: the next `count` live STORE records of `name` above `after_seq`
+        among the durable ones, in seq order."""
+        live = self.live_on_disk(name)
+        return [live[seq] for seq in sorted(seq for seq in live if seq > after_seq)[:count]]
+
+    def bodiless(self, bodies_max_bytes: int) -> set[tuple[str, int]]:
+        """Journal.recover(bodies_max_bytes): (name, seq) of the live messages whose bodies recovery
+        leaves in the journal. Bodies are kept in file order, oldest first, while they fit the budget; a
+        REMOVE gives back what its message's body took; the cluster's own names (NUL-led) keep theirs."""
+        kept_bytes = 0
+        kept: dict[tuple[str, int], int] = {}  # live messages recovered with their bodies -> size
+        dropped: set[tuple[str, int]] = set()
+        for record in self.records:
+            kind, name = record[0], record[1]
+            if _reserved_name(name) or kind == "declare":
+                continue
+            if kind == "store":
+                key, size_bytes = (name, record[2]), len(record[3])
+                if kept_bytes + size_bytes > bodies_max_bytes:
+                    dropped.add(key)
+                    kept.pop(key, None)
+                else:
+                    kept_bytes += size_bytes
+                    kept[key] = size_bytes
+                    dropped.discard(key)
+            elif kind == "remove":
+                key = (name, record[2])
+                dropped.discard(key)
+                if key in kept:
+                    kept_bytes -= kept.pop(key)
+            elif kind == "delete":  # the journal forgets the queue's messages, not the bytes they kept
+                for key in [key for key in kept if key[0] == name]:
+                    del kept[key]
+                dropped = {key for key in dropped if key[0] != name}
+        return dropped
 
     def recovered(self) -> tuple[dict, dict]:
         """What recovery reads back: declarations by name, and live store records by name and seq."""
@@ -213,6 +263,10 @@ class SimNode:
         self.alive = True
         self.down_holdings, self.down_outbound, self.down_marks, self.down_mids = set(), [], {}, []
         self.broker = Broker()
+        # runtime.Node: the node's budgets of bodies and of records in memory (where groups follow their
+        # consumers, a group moving away takes its cold messages along: the protocol sweeps the tail)
+        self.broker.memory_max_bytes = config.message_memory_max_bytes
+        self.broker.records.max_bytes = config.record_memory_max_bytes
         self.protocol = ClusterProtocol(
             self.node_id, self.broker, handler_timeout_ms=config.handler_timeout_ms,
             group_timeout_ms=config.group_timeout_ms, routes_max=config.routes_max,
@@ -228,6 +282,11 @@ class SimNode:
         self.journal_stalled = False
         self._journal_failed: str | None = None  # AmqpServer._journal_failed
         self._journal_retry_at_ms = 0
+        # AmqpServer: the STOREs of the batch not handed yet, then (ticket, STOREs) per unit handed, so the
+        # broker hears which are on disk (their bodies may be paged out, cold ones let go)
+        self._stores_unflushed: list = []
+        self._stores_by_ticket: deque = deque()
+        self._read_due_ms = 0  # the journal writer answers reads in the order they were asked
         self.consumers: dict[str, object] = {}  # consumer id -> the simulation's consumer
         self.live: dict[tuple[str, int], str] = {}  # (queue, seq) -> message id held by the broker
         # the replica: log entries applied so far, and when the next ones may be
@@ -288,7 +347,14 @@ class SimNode:
     # ---- recovery (runtime.recover) ----------------------------------------------------------
 
     def recover(self, config_queues=()) -> None:
-        """Node.recover (node/runtime.py): queues, the protocol's declarations and outbound store, messages."""
+        """Node.recover (node/runtime.py): queues, the protocol's declarations and outbound store, messages.
+        Past message_memory_max_bytes only records come back (bodies kept in journal order); with a record
+        budget a queue's messages come back as a cold tail, read back as far as the budget goes before the
+        node serves; then the budgets page bodies out."""
+        config = self.sim.config
+        cold = self.broker.records.max_bytes > 0
+        bodies_max_bytes = config.message_memory_max_bytes
+        bodiless = self.store.bodiless(bodies_max_bytes) if bodies_max_bytes and not cold else set()
         declarations, messages = self.store.recovered()
         for settings in config_queues:
             self.broker.declare_queue(settings)
@@ -304,7 +370,7 @@ class SimNode:
         self.broker.declared = [s for s in self.broker.declared if s not in journalled]
         outbound = {name: [self._message(record) for _, record in sorted(by_seq.items())]
                     for name, by_seq in messages.items() if _reserved_name(name)}
-        if self.sim.config.outbound_memory_max_bytes:  # runtime: the outbound store's bodies stay in the journal
+        if config.outbound_memory_max_bytes:  # runtime: the outbound store's bodies stay in the journal
             for name, recovered in outbound.items():
                 if not name.startswith(PARK_PREFIX):
                     for message in recovered:
@@ -316,10 +382,44 @@ class SimNode:
                 continue
             if name not in self.broker.queues:
                 self.broker.queue(name, create=True)
-            for seq in sorted(by_seq):
-                self.broker.restore(name, self._message(by_seq[seq]))
+            seqs = sorted(by_seq)
+            for seq in seqs:
                 self.live[(name, seq)] = mid_of(by_seq[seq][3])
+            if cold:  # Journal.recover(cold=True): only the live seqs and their payload bytes
+                self.broker.restore_cold(name, seqs, sum(len(by_seq[seq][3]) for seq in seqs))
+                self.sim.stats["cold_recovered"] += len(seqs)
+                continue
+            for seq in seqs:
+                message = self._message(by_seq[seq])
+                if (name, seq) in bodiless:
+                    message.payload = None
+                    self.sim.stats["recovered_bodiless"] += 1
+                self.broker.restore(name, message)
         self.protocol.hold_recovered()
+        if cold:
+            self._read_cold_back()
+        self._count_page_outs(lambda: self.broker.page_out(self.sim.now_ms))
+
+    def _read_cold_back(self) -> None:
+        """Node._read_cold_back: each cold tail's oldest records, read back as far as the record budget
+        goes (Journal.read_records_after_now), before the node serves."""
+        now_ms = self.sim.now_ms
+        reads = [ReadRecords(name, queue.cold.after_seq, count) for name, queue in sorted(self.broker.queues.items())
+                 if queue.cold is not None and (count := queue.cold.ask(False))]
+        while reads:
+            read = reads.pop(0)
+            records = self._records_after(read.queue, read.after_seq, read.count)
+            effects = self.protocol.cold_records(read.queue, records, now_ms)  # holds what may live elsewhere
+            if effects:
+                self.carry_out(effects)
+            for effect in self._count_page_outs(lambda: self.broker.promote(read.queue, records, now_ms)):
+                if type(effect) is ReadRecords:
+                    reads.append(effect)
+                elif type(effect) is Dropped:
+                    self.sim.violation(f"{self.node_id} dropped message {effect.seq} of {effect.queue} at "
+                                       f"recovery: {effect.reason}")
+                else:  # with no consumer attached yet, promotion asks for nothing else
+                    raise AssertionError(f"recovery's read-back of cold records made {effect!r}")
 
     @staticmethod
     def _message(record: tuple) -> Message:
@@ -334,6 +434,70 @@ class SimNode:
 
     def journal_remove(self, name: str, seq: int) -> None:
         self.store.records.append(("remove", name, seq))
+
+    def _read_later(self, fn) -> None:
+        """The writer thread answers a read after its current batch, in the order the reads were asked."""
+        sim = self.sim
+        self._read_due_ms = max(self._read_due_ms, sim.now_ms + sim.rng.randint(1, sim.config.write_ms_max))
+        sim.schedule(self._read_due_ms - sim.now_ms, self.guarded(fn), None)
+
+    def read_bodies(self, name: str, seqs: tuple) -> None:
+        """Journal.read_bodies, answered on the engine loop (AmqpServer.journal_bodies): what the durable
+        records hold of each seq (None: no live STORE)."""
+        live = self.store.live_on_disk(name)
+        bodies = {seq: live[seq][3] if seq in live else None for seq in seqs}
+        self.sim.stats["bodies_read_back"] += sum(body is not None for body in bodies.values())
+        self.apply(self.broker.page_in(name, bodies, self.sim.now_ms))
+
+    def _records_after(self, name: str, after_seq: int, count: int) -> dict:
+        records = {record[2]: self._message(record) for record in self.store.live_after(name, after_seq, count)}
+        self.sim.stats["cold_reads"] += 1
+        self.sim.stats["cold_read_back"] += len(records)
+        return records
+
+    def read_records_after(self, name: str, after_seq: int, count: int) -> None:
+        """Journal.read_records_after, answered on the engine loop (AmqpServer.journal_records): a sweep's
+        records go to the cluster protocol (ClusterLink.cold_records), the queue's own to Broker.promote."""
+        records = self._records_after(name, after_seq, count)
+        effects = self.protocol.cold_records(name, records, self.sim.now_ms)
+        if effects is not None:
+            self.carry_out(effects)
+            return
+        self.apply(self._count_page_outs(lambda: self.broker.promote(name, records, self.sim.now_ms)))
+
+    def _count_page_outs(self, call):
+        """call(), counting the bodies it paged out (Broker.page_out runs inside journalled and promote)
+        and checking the node's budget held where it could."""
+        def paged() -> int:
+            return sum(queue.pager.page_outs for queue in self.broker.queues.values() if queue.pager is not None)
+        before = paged()
+        result = call()
+        self.sim.stats["bodies_paged_out"] += paged() - before
+        self._check_body_budget()
+        return result
+
+    def _check_body_budget(self) -> None:
+        """After a page-out, bodies past message_memory_max_bytes are only those paging may not take:
+        not yet on disk, delivered, read back for dispatch, or of a group held for a hand-over."""
+        budget_bytes = self.sim.config.message_memory_max_bytes
+        if not budget_bytes:
+            return
+        resident_bytes = 0
+        pageable_bytes = 0
+        for queue in self.broker.queues.values():
+            if queue.pager is None:
+                continue
+            resident_bytes += queue.pager.pageable_bytes
+            held = queue.held_keys
+            for message in queue._log:
+                flags = message.flags
+                if flags & (STATE_MASK | PAGED | FETCHED) == AVAILABLE and flags & JOURNALLED \
+                        and not (held and message.group is not None and message.group.key in held):
+                    pageable_bytes += message.size_bytes
+        if resident_bytes > budget_bytes and pageable_bytes:
+            self.sim.violation(f"{self.node_id} keeps {resident_bytes} bytes of bodies, past "
+                               f"message_memory_max_bytes = {budget_bytes}, with {pageable_bytes} of them on "
+                               f"disk and pageable")
 
     def read_outbound(self, name: str, seqs: tuple) -> None:
         """Journal.read_records for paged outbound entries, answered on the engine loop: what the durable
@@ -355,6 +519,9 @@ class SimNode:
         self.carry_out(self.protocol.quiesced(self.sim.now_ms))
         store.handed = len(store.records)
         ticket = store.handed
+        if self._stores_unflushed:
+            self._stores_by_ticket.append((ticket, self._stores_unflushed))
+            self._stores_unflushed = []
         for callback in self._awaiting_flush:
             store.waiters.append((ticket, callback))
         self._awaiting_flush = []
@@ -396,9 +563,18 @@ class SimNode:
         """AmqpServer.journal_durable."""
         store = self.store
         self._journal_failed = None
+        incarnation = self.incarnation
         while store.waiters and store.waiters[0][0] <= store.durable:
             _, callback = store.waiters.popleft()
             callback(None)
+        if not (self.alive and self.incarnation == incarnation):
+            return  # a callback stopped the node (StopNode)
+        if self._stores_by_ticket and self._stores_by_ticket[0][0] <= store.durable:
+            stores = []
+            while self._stores_by_ticket and self._stores_by_ticket[0][0] <= store.durable:
+                stores += self._stores_by_ticket.popleft()[1]
+            # their bodies may be paged out now, and pending cold ones let go
+            self.apply(self._count_page_outs(lambda: self.broker.journalled(stores, self.sim.now_ms)))
 
     def _write_failed(self, upto: int) -> None:
         """Journal._fail_batch (its records are dropped, not retried), then AmqpServer.journal_failed for
@@ -413,6 +589,9 @@ class SimNode:
         self.sim.stats["journal_failures"] += 1
         self._journal_failed = reason
         self._journal_retry_at_ms = self.sim.now_ms + JOURNAL_RETRY_INTERVAL_MS
+        # not on disk: these bodies stay in memory for good; later units' STOREs move down with their tickets
+        self._stores_by_ticket = deque((ticket - failed, stores) for ticket, stores in self._stores_by_ticket
+                                       if ticket > upto)
         waiters, store.waiters = store.waiters, deque()
         for ticket, callback in waiters:
             if ticket > upto:
@@ -477,7 +656,13 @@ class SimNode:
             elif kind is Stored:
                 key = (effect.queue, effect.message.seq)
                 self.journal_store(effect.queue, effect.message, origin)
+                self._stores_unflushed.append((effect.queue, effect.message))
                 self.live[key] = mid_of(effect.message)
+            elif kind is PageIn:
+                self._read_later(lambda effect=effect: self.read_bodies(effect.queue, effect.seqs))
+            elif kind is ReadRecords:
+                self._read_later(lambda effect=effect: self.read_records_after(effect.queue, effect.after_seq,
+                                                                               effect.count))
             elif kind is Removed:
                 self.journal_remove(effect.queue, effect.seq)
                 self.live.pop((effect.queue, effect.seq), None)
@@ -576,6 +761,9 @@ class SimNode:
                     protocol.flushed(what, reason, sim.now_ms)))
             elif kind is SubmitForward:
                 self._forwarder(effect.owner).submit(effect.entries)
+            elif kind is ReadRecords:  # a sweep of a cold tail (ClusterLink._read_records)
+                self._read_later(lambda effect=effect: self.read_records_after(effect.queue, effect.after_seq,
+                                                                               effect.count))
             elif kind is ReadOutbound:
                 for name, seqs in effect.reads:
                     self.sim.schedule(sim.rng.randint(1, sim.config.write_ms_max),

@@ -6,7 +6,10 @@ the failure names the seed, the config and the last steps.
 
 What is modelled (the production classes where they exist):
 - each node: `SimNode` (tests/sim/node_model.py) = the node's own ClusterProtocol and Broker, with a
-  journal that survives crashes (torn tails optional) and forwarders;
+  journal that survives crashes (torn tails optional) and forwarders; optionally the node's memory
+  budgets for queued messages (message_memory_max_bytes, record_memory_max_bytes): bodies paged out to
+  the journal once on disk and read back as dispatch nears them, and cold tails past the record budget,
+  read back from the journal, recovered as cold tails after a restart;
 - the raft cluster: `RaftLog`, one linearizable log applied to a real `RouteTable`, with a leader
   that can be down and per-replica apply lag, replays and snapshot installs; every claim carries the
   config's placement (balanced, as a node's default, or local); the leader's duties
@@ -55,7 +58,13 @@ Invariants, after every step:
 - per (producer, group), first deliveries come in increasing sequence;
 - each node's outbound store counts, per owner and in all, the bytes its channels hold (its bounds,
   outbound_max_bytes and outbound_total_max_bytes, refuse sends by these counts); a forwarder holds
-  at most outbound_memory_max_bytes (or one entry), and every paged entry read back is in the journal.
+  at most outbound_memory_max_bytes (or one entry), and every paged entry read back is in the journal;
+- no node drops a message (a `Dropped` effect): so every body read back for dispatch, and every record
+  of a cold tail read back, was in the journal; a cold message's group counts as held by its node (the
+  "held by exactly one node" invariant above), known from its seq being above its tail's after_seq;
+- after every page-out, a node keeps more than message_memory_max_bytes of bodies only if none of
+  them could be paged (not on disk yet, delivered, read back for dispatch, or of a group held for a
+  hand-over).
 At the end, after a drain with faults off and every node up: nothing is left anywhere, and every
 accepted message was delivered and accepted by a consumer (nothing lost).
 
@@ -113,6 +122,11 @@ class SimConfig:
     outbound_total_max_bytes: int = 0  # and for all owners together
     outbound_max_messages: int = 0  # the outbound store's bound per owner in messages; 0: none
     outbound_memory_max_bytes: int = 0  # bodies per owner in memory, the rest paged (node/core/outbound.py); 0: none
+    # the node's budgets for queued messages (node/config.py): bodies of durable queues in memory, the rest
+    # paged to the journal (node/core/paging.py); their records, the newest past it only counted as a cold
+    # tail (node/core/cold.py); 0: none
+    message_memory_max_bytes: int = 0
+    record_memory_max_bytes: int = 0
     net_delay_ms_max: int = 20  # one way, forwarding calls and replies
     forward_loss: float = 0.05  # a forwarding call never reaches the owner
     ack_loss: float = 0.05  # the owner's reply never reaches the sender
@@ -787,6 +801,11 @@ class Simulation:
                         holders[(name, group_key)].add(node.node_id)
             if depth != len(node.live):
                 self.violation(f"{node.node_id} holds {depth} messages but journalled {len(node.live)}")
+            for key in self._cold_groups(node):  # counted only, their groups unknown to the node
+                self.stats["cold_groups_checked"] += 1
+                if not self._ghosts_only(node, *key):
+                    holders[key].add(node.node_id)
+                    via[key].add(f"{node.node_id}'s cold tail")
             held.extend(node.live.values())
             for key, parked in node.protocol.parked.items():  # behind a move's handover, journalled
                 holders[key].add(node.node_id)
@@ -828,6 +847,16 @@ class Simulation:
                            f"removed under its owner")
         elif route[0] != node_id and node_id not in (self.raft.table.moves.get(key) or [None, None])[:2]:
             self.violation(f"group {key} is owned by a consumer on {node_id} but routed to {route[0]}")
+
+    def _cold_groups(self, node: SimNode) -> set[tuple[str, str]]:
+        """The (queue, group) of the messages in `node`'s cold tails: its queues' live messages above the
+        tail's after_seq (node/core/cold.py), whose groups the node does not know until it reads them back."""
+        after = {name: queue.cold.after_seq for name, queue in node.broker.queues.items()
+                 if queue.cold is not None and queue.cold.count}
+        if not after:
+            return set()
+        return {(name, self.sent[mid][2]) for (name, seq), mid in node.live.items()
+                if name in after and seq > after[name]}
 
     def _ghosts_only(self, node: SimNode, queue: str, group: str) -> bool:
         """Whether every message `node` holds of the group is a ghost: one a consumer accepted whose

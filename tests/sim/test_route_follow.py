@@ -12,15 +12,18 @@ import collections
 
 import pytest
 
+from node.core.cold import GROUP_RECORD_BYTES, MESSAGE_RECORD_BYTES
 from tests.sim.simulation import Simulation
 
 FOLLOW_SWEEP_SEEDS = 60
 FOLLOW_JOURNAL_FAIL_SEEDS = 20
 FOLLOW_OUTBOUND_BOUND_SEEDS = 30  # runs whose outbound stores hold a few messages per owner
 FOLLOW_OUTBOUND_PAGING_SEEDS = 30  # runs whose outbound stores keep about one body per owner in memory
+FOLLOW_BODY_PAGING_SEEDS = 30  # runs whose nodes keep ~15 bodies and a few records of their queues in memory
 SWEEP_STEPS = 300
 NODES_BY_SEED = (3, 3, 2, 5)
 ROUTE_FOLLOW_MS = 100
+RECORD_MEMORY_MAX_BYTES = 4 * (MESSAGE_RECORD_BYTES + GROUP_RECORD_BYTES)  # a few warm groups' worth
 
 
 def scripted(seed: int, **overrides) -> Simulation:
@@ -61,10 +64,36 @@ def test_groups_follow_consumers_while_the_outbound_store_pages_handovers_and_re
     assert totals["moves_done"] == totals["moves_begun"] and totals["forwards_lost"] == 0
 
 
+def test_groups_follow_consumers_while_bodies_page_and_backlogs_go_cold_and_a_moving_group_takes_its_cold_messages():
+    # both budgets, as runtime.Node sets them: bodies past ~200 bytes page out once on disk and a group
+    # handed over has its paged bodies read back first; past a few records a queue's newest messages are
+    # only counted, and a group moving away takes them along (the protocol's sweep of the tail, read back
+    # through cold_records); the invariants check that a moved group's messages are on its new owner only
+    totals = sweep(FOLLOW_BODY_PAGING_SEEDS, message_memory_max_bytes=200, record_memory_max_bytes=RECORD_MEMORY_MAX_BYTES)
+    for counted in ("moves_done", "messages_handed_over", "bodies_paged_out", "bodies_read_back", "cold_read_back",
+                    "cold_recovered", "cold_sweeps", "cold_handed_over", "crashes", "torn_tails"):
+        assert totals[counted] > 0, (counted, totals)
+    assert totals["moves_done"] == totals["moves_begun"]
+
+
 def test_groups_follow_consumers_with_failed_journal_writes_too():
     totals = sweep(FOLLOW_JOURNAL_FAIL_SEEDS, journal_fail_rate=0.02)
     for counted in ("moves_done", "journal_failures", "stops"):
         assert totals[counted] > 0, (counted, totals)
+
+
+def test_a_message_unparked_at_a_moving_groups_old_owner_never_goes_cold_behind_a_finished_sweep():
+    # was a strict xfail: the old owner of a group moving away unparked what it had parked into its queue
+    # once the queue would not put it cold, checked once, but the first ones could fill the record
+    # budget: the next went cold in a tail already swept for the group, and the next arrival was relayed
+    # to the new owner ahead of it (seed 59: p5/q2/g1/7 delivered before /6; seed 194 likewise). _unpark
+    # now stops where the queue would put the next cold, and the rest is relayed from the park
+    for sim, steps in ((Simulation(59, nodes=5, route_follow_ms=ROUTE_FOLLOW_MS, message_memory_max_bytes=100,
+                                   record_memory_max_bytes=RECORD_MEMORY_MAX_BYTES), 178),
+                       (Simulation(194, nodes=2, route_follow_ms=50, message_memory_max_bytes=30,
+                                   record_memory_max_bytes=600, producers_max=6, consumers_max=3), 400)):
+        sim.run(steps)
+        sim.drain()
 
 
 SEND_INTERVAL_MS = 15  # each producer sends this often: well within what one simulated forwarder carries
@@ -122,3 +151,25 @@ def test_a_crash_of_the_old_or_the_new_owner_mid_handover_loses_and_reorders_not
     assert arriving.alive
     sim.drain()
     assert {mid for mid in sent if sim.outcome.get(mid) == "accepted"} <= sim.accepted_by_consumer
+
+
+def test_a_restarted_node_holds_a_recovered_group_moving_between_two_other_nodes_until_the_move_ends():
+    # found by a sweep with failed journal writes (seed 65): n1 restarted with an old message of g2 in its
+    # journal while g2 moved between n2 and n3; its restored hold ended as the move did not involve it,
+    # and n1 delivered the message while n2's consumer held the group. Now it stays held until the move
+    # ends and then goes to the group's owner
+    sim = Simulation(65, route_follow_ms=100, journal_fail_rate=0.02)
+    sim.run(400)
+    sim.drain()
+
+
+def test_a_route_whose_move_outlasted_the_group_timeout_is_not_expired_under_its_new_owner():
+    # was a strict xfail: the table spares a moving group's route, but its touched time was still from
+    # before the move when the move ended; the old owner had stopped on a failed journal write mid-move
+    # (~960 ms, past the group timeout), and the next reaper run removed the route 32 ms after the move
+    # ended, before the new owner's first refresh, while its consumer held ('q1', 'g3') (seed 172). Both
+    # ends of a move now refresh its route while it lasts
+    sim = Simulation(172, route_follow_ms=100, journal_fail_rate=0.02, message_memory_max_bytes=100,
+                     record_memory_max_bytes=RECORD_MEMORY_MAX_BYTES)
+    sim.run(400)
+    sim.drain()

@@ -10,11 +10,11 @@ from __future__ import annotations
 import ast
 import pathlib
 
-from handler.route_table import REFUSED, ROUTES
+from handler.route_table import MOVES, REFUSED, ROUTES
 from node.core.broker import Broker
 from node.core.cluster_protocol import MARK_PREFIX, SEQ_RESERVATION, ClusterProtocol, Entry
 from node.core.outbound import outbound_name
-from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
+from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, EnqueueLocal, JournalDeclare,
                                JournalRemove, JournalStore, ProposeClaim, ProposeTouch, Refuse, Register, Reply,
                                ReportConsumers, StopNode, Stored, SubmitForward)
 from node.core.errors import HandlerUnavailable, ResourceLimitExceeded
@@ -157,6 +157,42 @@ def test_while_a_queue_has_a_cold_tail_ticks_refresh_every_route_of_it_naming_th
     cluster.broker.restore_cold("q", [7, 8], 200)
     touches = of(ProposeTouch, cluster.tick(1000, {}))
     assert touches == [ProposeTouch([("q", "g1", "n1"), ("q", "g2", "n1")], 1000)]
+
+
+def test_a_restarted_owner_delivers_what_it_recovered_before_what_waited_for_its_replica():
+    # nemesis run P, two owner kills (seeds 15016, 15040): a local producer's send waited for the replica;
+    # ready() released it (an EnqueueLocal, carried out after) and then let go of the recovered group,
+    # whose dispatch happened at once: the new message went on the wire ahead of the recovered one
+    broker = Broker()
+    broker.declare_queue(QueueSettings(name="q", durable=True))
+    broker.restore("q", Message(b"recovered", "g", seq=5))
+    cluster = ClusterProtocol("n1", broker, handler_timeout_ms=HANDLER_TIMEOUT_MS, seq_reserve_block=100)
+    cluster.hold_recovered()
+    broker.attach_consumer("q", "c", False, 0)
+    assert of(Deliver, broker.set_credit("c", 5, 0)) == []  # held until the replica is current
+    cluster.applied(ROUTES, [("q", "g", "n1")], 0, 0)
+    assert cluster.arrive("incoming", "q", "g", Message(b"new", "g"), True, False, 1) == []  # waits for it
+    delivered = []
+    for effect in cluster.ready(2):
+        if type(effect) is ApplyBroker:
+            delivered += [deliver.message.payload for deliver in of(Deliver, effect.effects)]
+        elif type(effect) is EnqueueLocal:
+            enqueued = broker.enqueue(effect.queue, effect.message, effect.now_ms)
+            delivered += [deliver.message.payload for deliver in of(Deliver, enqueued)]
+    assert delivered == [b"recovered", b"new"]
+
+
+def test_both_ends_of_a_move_refresh_its_route_and_other_members_do_not():
+    # the table spares a moving group's route, but its touched time must be fresh when the move ends: a
+    # move one end held up past the group timeout would otherwise leave it to the next reaper run
+    moves = [("q", "g", "n1", "n2", ("n1", "n2", "n3"))]
+    for node, touched in (("n1", True), ("n2", True), ("n3", False)):
+        cluster = protocol(node, group_timeout_ms=1000, follows_consumers=True)
+        cluster.applied(MOVES, moves, None, 0)
+        cluster.applied(ROUTES, [("q", "g", "n2")], 0, 0)
+        cluster.registered_now()
+        touches = of(ProposeTouch, cluster.tick(1000, {}))
+        assert touches == ([ProposeTouch([("q", "g", "n2")], 1000)] if touched else []), node
 
 
 def test_an_owner_enqueues_a_forwarded_batch_skips_its_resend_and_replies_once_it_is_stored():

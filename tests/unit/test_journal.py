@@ -798,15 +798,20 @@ def test_recovery_keeps_bodies_up_to_its_budget_and_records_past_it(tmp_path):
 
 
 def test_recovery_leaves_the_bodies_of_names_with_the_bodiless_prefix_in_the_file_and_reads_them_back(tmp_path):
-    outbound = "\x00out\x00n2\x00a"
+    outbound, gone, emptied = "\x00out\x00n2\x00a", "\x00out\x00n2\x00b", "\x00out\x00n3\x00a"
     parked = "\x00park\x00a"
 
     def fill(journal):
         journal.declare(queue_settings("a"))
-        for seq in range(1, 4):
-            journal.store(outbound, message(seq, payload=b"o" * 50))
+        for seq in (1, 2, 3, 4):
+            journal.store(outbound, message(seq, payload=b"o" * (50 + seq), group_id=f"g{seq}"))
             journal.store(parked, message(seq + 10, payload=b"p" * 50))
             journal.store("a", message(seq + 20, payload=b"q" * 50))
+        journal.remove(outbound, 4)  # its group id and size go with it
+        journal.store(gone, message(30, payload=b"o"))
+        journal.delete(gone)  # a deleted name comes back not at all
+        journal.store(emptied, message(31, payload=b"o"))
+        journal.remove(emptied, 31)  # an emptied one comes back empty
 
     write_and_close(tmp_path, [fill])
     journal, answers = Journal(tmp_path), Answers()
@@ -817,10 +822,12 @@ def test_recovery_leaves_the_bodies_of_names_with_the_bodiless_prefix_in_the_fil
         [(name, records)] = answers.wait(1)
     finally:
         journal.close()
-    assert [(m.seq, m.payload, m.size_bytes) for m in recovery.messages[outbound]] == [
-        (1, None, 50), (2, None, 50), (3, None, 50)]
+    backlog = recovery.messages[outbound]  # no Message each: parallel arrays in seq order
+    assert (list(backlog.seqs), backlog.group_ids, list(backlog.size_bytes)) == ([1, 2, 3], ["g1", "g2", "g3"],
+                                                                                  [51, 52, 53])
+    assert gone not in recovery.messages and len(recovery.messages[emptied]) == 0
     assert all(m.payload is not None for m in recovery.messages[parked] + recovery.messages["a"])
-    assert name == outbound and {seq: bytes(m.payload) for seq, m in records.items()} == {2: b"o" * 50, 3: b"o" * 50}
+    assert name == outbound and {seq: bytes(m.payload) for seq, m in records.items()} == {2: b"o" * 52, 3: b"o" * 53}
 
 
 class Answers:

@@ -186,6 +186,55 @@ def test_recovery_merges_a_channels_journal_names_in_seq_order_and_empties_their
     assert cluster.broker.next_seq >= 7
 
 
+def test_recovery_takes_the_journals_bodiless_backlogs_merged_with_lists_and_reads_their_bodies_back():
+    from array import array
+
+    from node.core.effects import ReadOutbound
+    from node.store.journal import BodilessBacklog
+
+    cluster = protocol(outbound_memory_max_bytes=1000)
+    cluster.broker.declare_queue(QueueSettings(name="p", durable=True))
+    bodiless = BodilessBacklog(array("q", [2, 5, 9]), ["g2", None, "g2"], array("q", [10, 20, 30]))
+    with_bodies = [Message(b"p" * 40, "g2", seq=seq) for seq in (1, 4)]  # a queue's: lists stay possible
+    by_name = {outbound_name("n2", "q"): bodiless, outbound_name("n2", "p"): with_bodies,
+               outbound_name("n3", "q"): BodilessBacklog(array("q", [3]), ["g3"], array("q", [7]))}
+    assert cluster.recover_outbound(by_name) == 6
+    assert len(bodiless) == 0 and bodiless.group_ids == [] and len(bodiless.size_bytes) == 0
+    assert with_bodies == []
+    channel = cluster.outbound.channels["n2"]
+    assert [(seq, key, size_bytes) for seq, (key, _name, size_bytes) in channel.items()] == [
+        (1, ("p", "g2"), 40), (2, ("q", "g2"), 10), (4, ("p", "g2"), 40), (5, ("q", None), 20),
+        (9, ("q", "g2"), 30)]
+    assert cluster.outbound.count("n2", ("q", "g2")) == 2 and cluster.in_transit() == {"p": 2, "q": 4}
+    assert cluster.broker.next_seq >= 10 and cluster._recovered_top == {"n2": 9, "n3": 3}
+    effects = cluster.quiesced(0)
+    # the first goes with its body; from the first bodiless one on, all wait paged (the bodied 4 too, behind
+    # 2) and are read back together, the budget having room for them
+    assert [[entry.forward_seq for entry in forward.entries] for forward in of(SubmitForward, effects)] == [[1]]
+    assert {read.owner: read.reads for read in of(ReadOutbound, effects)} == {
+        "n2": ((outbound_name("n2", "q"), (2, 5, 9)), (outbound_name("n2", "p"), (4,))),
+        "n3": ((outbound_name("n3", "q"), (3,)),)}
+
+
+def test_recovery_takes_bodiless_backlogs_longer_than_a_chunk_whole_and_in_seq_order():
+    from array import array
+
+    from node.core.cluster_protocol import RECOVERY_CHUNK_ENTRIES
+    from node.store.journal import BodilessBacklog
+
+    cluster = protocol(outbound_memory_max_bytes=1000)
+    count = 2 * RECOVERY_CHUNK_ENTRIES + 3  # two whole chunks and a part of one, per name
+    seqs = {name: list(range(start, 2 * count + 1, 2)) for name, start in
+            ((outbound_name("n2", "q"), 1), (outbound_name("n2", "p"), 2))}
+    by_name = {name: BodilessBacklog(array("q", taken), [f"g{seq % 7}" for seq in taken], array("q", taken))
+               for name, taken in seqs.items()}
+    assert cluster.recover_outbound(by_name) == 2 * count
+    assert all(len(backlog) == 0 and not backlog.group_ids and not backlog.size_bytes for backlog in by_name.values())
+    channel = cluster.outbound.channels["n2"]
+    assert list(channel) == list(range(1, 2 * count + 1))
+    assert all(channel[seq][0][1] == f"g{seq % 7}" and channel[seq][2] == seq for seq in channel)
+
+
 def test_a_handover_and_a_relay_count_toward_the_bound_but_are_never_refused():
     cluster = protocol(follows_consumers=True, outbound_max_bytes=100)
     for index in range(3):  # g1 lives here

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from handler.route_table import MOVES, ROUTES
 from node.core.broker import Broker
+from node.core.cold import GROUP_RECORD_BYTES, MESSAGE_RECORD_BYTES
+from node.core import cluster_protocol
 from node.core.cluster_protocol import PARK_PREFIX, ClusterProtocol, Entry
 from node.core.outbound import outbound_name
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, EnqueueLocal, JournalRemove,
-                               JournalStore, ProposeMoveClear, Removed, Reply, Stored)
+                               JournalStore, PageIn, ProposeMoveClear, ReadRecords, Refuse, Removed, Reply, Stored)
 from node.core.message import Message, Outcome
 from node.core.settings import QueueSettings
 
@@ -218,3 +220,174 @@ def test_a_restarted_node_sends_what_it_recovered_of_a_group_living_elsewhere_no
     assert store.name == outbound_name("n2", "q") and store.message.payload == b"ghost"
     assert not [effect for batch in of(ApplyBroker, effects) for effect in of(Deliver, batch.effects)]
     assert broker.queues["q"].depth_messages == 0 and cluster.held == set()
+
+
+def test_a_restarted_node_reads_back_the_paged_bodies_of_a_group_living_elsewhere_before_sending_it_on():
+    # recovery past the body budget: the group's messages came back as records; it stays held, its bodies
+    # asked for, and leaves whole once they are back (before: every body was loaded at a restart)
+    broker = Broker()
+    broker.declare_queue(QueueSettings(name="q", durable=True))
+    broker.restore("q", Message(b"first", "g", seq=5))
+    paged = Message(b"second", "g", seq=6)
+    paged.payload = None  # as the journal's recovery returns a message past the body budget
+    broker.restore("q", paged)
+    cluster = ClusterProtocol("n1", broker, handler_timeout_ms=300, follows_consumers=True)
+    cluster.hold_recovered()
+    cluster.applied(ROUTES, [("q", "g", "n2")], 0, 0)
+    effects = cluster.ready(1)
+    assert of(JournalStore, effects) == [] and cluster.held == {("q", "g")}
+    [page_in] = of(PageIn, broker.tick(2))
+    assert page_in.seqs == (6,)
+    assert of(JournalStore, cluster.tick(3, {})) == []  # still waiting for the body: held, nothing sent
+    broker.page_in("q", {6: b"second"}, 4)
+    stores = of(JournalStore, cluster.tick(5, {}))
+    assert [store.message.payload for store in stores] == [b"first", b"second"]
+    assert broker.queues["q"].depth_messages == 0 and cluster.held == set()
+    assert cluster.counts["restored_handed_over"] == 1
+
+
+class ColdOwner(Node):
+    """n1 owning g and h with a record budget of one message and its group: what follows goes cold
+    (node/core/cold.py). `journal` keeps every STORE of queue q whole, as the journal would."""
+
+    def __init__(self):
+        super().__init__("n1")
+        self.broker.records.max_bytes = MESSAGE_RECORD_BYTES + GROUP_RECORD_BYTES
+        self.cluster.applied(ROUTES, [("q", "h", "n1")], 0, 0)
+        self.journal: dict[int, Message] = {}
+        self.unwritten: list = []  # STOREs not on disk yet while `writing` is False
+        self.writing = True
+
+    def deliver(self, effects: list) -> None:
+        super().deliver(effects)
+        for effect in effects:
+            if type(effect) is Stored:
+                stored = effect.message
+                self.unwritten.append(Message(stored.payload, stored.group_id, seq=stored.seq))
+                self.unwritten.append(stored)
+                if self.writing:
+                    self.write()
+            elif type(effect) is Removed:
+                self.journal.pop(effect.seq, None)
+
+    def write(self) -> None:
+        """The journal reports the STOREs so far on disk."""
+        unwritten, self.unwritten = self.unwritten, []
+        for record, stored in zip(unwritten[::2], unwritten[1::2]):
+            self.journal[record.seq] = record
+            self.run([ApplyBroker(self.broker.journalled([("q", stored)], 0), None)])
+
+    def send_to(self, group: str, payload: str, now_ms: int = 0) -> list:
+        return self.run(self.cluster.arrive(payload, "q", group, Message(payload.encode(), group), True, False,
+                                            now_ms))
+
+    def read(self, read: ReadRecords) -> dict:
+        """Journal.read_records_after: the next live records of q above read.after_seq."""
+        seqs = sorted(seq for seq in self.journal if seq > read.after_seq)[:read.count]
+        return {seq: Message(self.journal[seq].payload, self.journal[seq].group_id, seq=seq) for seq in seqs}
+
+
+def test_an_old_owner_sweeps_its_cold_tail_for_a_moving_group_and_hands_it_over_in_order_behind_the_warm_part():
+    old = ColdOwner()
+    for group, payload in (("g", "g0"), ("h", "h0"), ("g", "g1"), ("h", "h1"), ("g", "g2")):
+        old.send_to(group, payload)
+    queue = old.broker.queues["q"]
+    assert queue.cold.count == 4 and queue.cold.stored == 4  # all but g0; which groups is not known
+    old.move()
+    effects = old.tick(1)
+    stores = [store.message.payload for store in of(JournalStore, effects)]
+    assert stores == [b"g0"]  # the warm part first
+    [read] = of(ReadRecords, effects)  # then the tail, read through for g
+    assert queue.cold.frozen and queue.cold.ask(True) == 0  # no read-back for dispatch meanwhile
+    old.run(old.cluster.quiesced(2))
+    old.flush(2)
+    old.cluster.acknowledged("n2", max(old.cluster.outbound.channels["n2"]))
+    old.moved(waiting=("n1",))
+    assert of(ProposeMoveClear, old.tick(2)) == []  # g0 is with n2, but the tail may hold more of g
+    [refused] = of(Refuse, old.send_to("g", "g9", 3))  # a producer here, while the sweep is out: refused,
+    assert "is moving from node n1 to n2" in refused.error.description  # so it cannot keep the move going
+    parked = old.forwarded("n3", 7, "g3", 3)  # another node's send from before it saw the move: parked
+    assert of(JournalStore, parked)[0].name == PARK_PREFIX + "q"
+    effects = old.run(old.cluster.cold_records("q", old.read(read), 4))
+    assert [store.message.payload for store in of(JournalStore, effects)] == [b"g1", b"g2"]
+    assert queue.cold.count == 2 and sorted(m.payload for m in old.journal.values()) == [b"h0", b"h1"]  # h stays cold
+    old.flush(5)
+    assert not queue.cold.frozen  # their REMOVEs are on disk: the queue may read its tail back again
+    effects = old.tick(6)
+    [relayed] = of(JournalStore, effects)
+    assert relayed.message.payload == b"g3" and relayed.name == outbound_name("n2", "q")
+    assert old.cluster.parked == {}
+    old.run(old.cluster.quiesced(7))
+    old.flush(8)
+    channel = old.cluster.outbound.channels["n2"]
+    assert len(channel) == 3  # g1, g2, g3 in forward seq order, behind g0
+    assert of(ProposeMoveClear, old.tick(9)) == []  # n2 has not acknowledged them yet
+    old.cluster.acknowledged("n2", max(channel))
+    assert of(ProposeMoveClear, old.tick(10)) == [ProposeMoveClear([MOVE])]
+
+
+def test_a_sweep_waits_for_what_the_group_has_in_flight_and_leaves_other_groups_cold():
+    old = ColdOwner()
+    old.run(old.broker.attach_consumer("q", "c", False, 0))
+    old.run(old.broker.set_credit("c", 1, 0))
+    for group, payload in (("g", "g0"), ("h", "h0"), ("g", "g1")):
+        old.send_to(group, payload)
+    assert old.delivered == [b"g0"]
+    old.move()
+    assert of(ReadRecords, old.tick(1)) == []  # g0 is in flight: g1 must not overtake it
+    old.run(old.broker.settle("c", 0, Outcome.ACCEPTED, 2))
+    [read] = of(ReadRecords, old.tick(3))
+    effects = old.run(old.cluster.cold_records("q", old.read(read), 4))
+    assert [store.message.payload for store in of(JournalStore, effects)] == [b"g1"]
+    assert old.broker.queues["q"].cold.count == 1  # h0
+    assert old.cluster.cold_records("q", {}, 5) is None  # not a sweep's read: the queue's own
+
+
+def test_cold_records_read_back_of_a_group_living_elsewhere_are_held_and_sent_to_its_owner():
+    # after a cold recovery, a group's messages surface only as they are read back: one whose route names
+    # another node (failed over while this node was down) must not be delivered here
+    old = ColdOwner()
+    old.cluster.applied(ROUTES, [("q", "h", "n2")], 0, 0)
+    old.run(old.broker.attach_consumer("q", "c", False, 0))
+    old.run(old.broker.set_credit("c", 5, 0))
+    queue = old.broker.queues["q"]
+    queue.restore_cold(2, 10, 4)
+    records = {11: Message(b"g9", "g", seq=11), 12: Message(b"h9", "h", seq=12)}
+    queue.cold.ask(True)
+    assert old.cluster.cold_records("q", records, 1) is None
+    old.deliver(old.broker.promote("q", records, 1))
+    assert old.delivered == [b"g9"]  # g lives here; h is held
+    stores = of(JournalStore, old.tick(2))
+    assert [(store.name, store.message.payload) for store in stores] == [(outbound_name("n2", "q"), b"h9")]
+    assert old.cluster.held == set()
+
+
+def test_a_sweep_ending_while_a_message_of_its_group_is_still_on_its_way_to_disk_goes_through_again():
+    old = ColdOwner()
+    old.send_to("g", "g0")
+    old.send_to("h", "h0")
+    old.writing = False
+    old.send_to("g", "g1")  # cold, whole in memory until its STORE is on disk: not in the journal's index
+    old.move()
+    [read] = of(ReadRecords, old.tick(1))
+    assert of(JournalStore, old.run(old.cluster.cold_records("q", old.read(read), 2))) == []  # only h0 there
+    [read] = of(ReadRecords, old.tick(3))  # g1 may still be cold here: another pass
+    old.write()
+    effects = old.run(old.cluster.cold_records("q", old.read(read), 4))
+    assert [store.message.payload for store in of(JournalStore, effects)] == [b"g1"]
+    assert of(ReadRecords, old.tick(5)) == []  # g has nothing cold left
+
+
+def test_an_old_owner_hands_over_a_bounded_number_of_messages_a_tick_each_group_whole(monkeypatch):
+    monkeypatch.setattr(cluster_protocol, "HANDOVER_MESSAGES_PER_TICK", 3)
+    old = Node("n1")
+    old.cluster.applied(ROUTES, [("q", "h", "n1")], 0, 0)
+    for group in ("g", "h"):
+        for number in range(4):
+            old.run(old.cluster.arrive(None, "q", group, Message(f"{group}{number}".encode(), group), True, False, 0))
+    old.run(old.cluster.applied(MOVES, [MOVE + (EVERYONE,), ("q", "h", "n1", "n2", EVERYONE)], None, 0))
+    first = [store.message.payload for store in of(JournalStore, old.tick(1))]
+    assert first == [b"g0", b"g1", b"g2", b"g3"]  # past the bound with g, whole: h waits, held
+    assert old.broker.queues["q"].depth_messages == 4 and old.delivered == []
+    second = [store.message.payload for store in of(JournalStore, old.tick(2))]
+    assert second == [b"h0", b"h1", b"h2", b"h3"]
