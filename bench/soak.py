@@ -19,6 +19,9 @@ Rules:
 - Episodes pre-log what a kill -9 could leave unknown: a send as "timeout" before it leaves (the
   node's acceptance, logged later, wins), a delivery as an unconfirmed acceptance before the accept
   leaves. So a killed client's logs never claim more than the node may have done.
+- Each episode logs to files of its own (episodes/NAME.sends.jsonl, .deliveries.jsonl). A kill -9 can
+  tear a line in the middle of a write that crosses a page of the file, and only a file's last line
+  may be torn: the next episode's lines would follow it if they shared a file.
 - The run's checks are counts and ceilings with generous slack, never times: RSS growth over the
   second half below RSS_GROWTH_MAX_BYTES, engine objects back to zero, every episode that was not
   killed exiting 0, the node alive and its log free of tracebacks, the checker's verdict ok.
@@ -468,8 +471,8 @@ class _Episodes:
         self.counts = {role: {"ended": 0, "killed": 0, "failed": 0} for role in ROLES}
         self.failures: list[str] = []
         self.started = 0
-        self.send_paths = {role: directory / f"episodes-{role}.sends.jsonl" for role in ROLES}
-        self.delivery_paths = {role: directory / f"episodes-{role}.deliveries.jsonl" for role in ROLES}
+        self.send_paths: list[Path] = []  # one per episode: see the rules on torn lines
+        self.delivery_paths: list[Path] = []
 
     def step(self, start: bool = True) -> None:
         now_s = time.monotonic()
@@ -505,12 +508,18 @@ class _Episodes:
     def _start(self, role: str, now_s: float) -> None:
         self.started += 1
         name = f"{role[0]}{self.started}"
-        stderr_path = self.directory / "episodes" / f"{name}.stderr"
-        stderr_path.parent.mkdir(exist_ok=True)
+        logs = self.directory / "episodes"
+        logs.mkdir(exist_ok=True)
+        stderr_path = logs / f"{name}.stderr"
+        send_path, delivery_path = logs / f"{name}.sends.jsonl", logs / f"{name}.deliveries.jsonl"
+        for path in (send_path, delivery_path):
+            path.touch()  # an episode killed before it opens them still has (empty) logs
+        self.send_paths.append(send_path)
+        self.delivery_paths.append(delivery_path)
         with open(stderr_path, "w") as stderr:
             process = subprocess.Popen(
                 [sys.executable, str(Path(__file__).resolve()), "episode", role, "--url", self.url, "--name", name,
-                 "--send-log", str(self.send_paths[role]), "--delivery-log", str(self.delivery_paths[role]),
+                 "--send-log", str(send_path), "--delivery-log", str(delivery_path),
                  "--seed", str(self.rng.randrange(1 << 30))],
                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr, stdin=subprocess.DEVNULL)
         kill_at_s = now_s + self.rng.uniform(KILL_AFTER_MIN_S, KILL_AFTER_MAX_S) if role == "killed" else None
@@ -582,10 +591,10 @@ def run_soak(duration_s: float, work_dir: Path, seed: int = 1, progress=None) ->
             time.sleep(0.2)
         elapsed_s = time.monotonic() - started_s
         result.node_alive = node.process.poll() is None
-        report = check_files([*send_paths, *episodes.send_paths.values()],
-                             [*delivery_paths, *episodes.delivery_paths.values()])
+        report = check_files([*send_paths, *episodes.send_paths],
+                             [*delivery_paths, *episodes.delivery_paths])
         result.checker_ok, result.checker_summary = report.ok, report.summary()
-        result.sends, result.accepted = _send_identities([*send_paths, *episodes.send_paths.values()])
+        result.sends, result.accepted = _send_identities([*send_paths, *episodes.send_paths])
         result.delivered, result.redeliveries = report.delivered, report.redeliveries
         result.messages_per_s = round(report.accepted / elapsed_s, 1)
     finally:

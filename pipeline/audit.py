@@ -78,7 +78,7 @@ LINE_SCHEMA = StructType([StructField(name, kind) for name, kind in [
     ("sequence", LongType()), ("consumer", StringType()), ("outcome", StringType()),
     ("sent_ms", LongType()), ("received_ms", LongType()), ("settled_ms", LongType()),
     ("delivery_count", LongType()), ("settle_confirmed", BooleanType()), ("at_ms", LongType()),
-    ("action", StringType()), ("_corrupt_record", StringType())]])
+    ("action", StringType()), ("after_close", BooleanType()), ("_corrupt_record", StringType())]])
 
 
 class AuditInputError(ValueError):
@@ -208,7 +208,8 @@ class _Judgement:
     @staticmethod
     def _deliveries(lines: DataFrame) -> DataFrame:
         by_identity = Window.partitionBy(*IDENTITY).orderBy("received_ms", *LOG_ORDER)
-        return (lines.filter(F.col("kind") == "delivery")
+        # a line marked after_close never reached a consumer that could hold it: the checker leaves it out too
+        return (lines.filter((F.col("kind") == "delivery") & ~F.coalesce("after_close", F.lit(False)))
                 .select(_queue().alias("queue"), *IDENTITY, "consumer", "received_ms", "settled_ms", "outcome",
                         F.coalesce("delivery_count", F.lit(0)).alias("delivery_count"),
                         F.coalesce("settle_confirmed", F.lit(True)).alias("confirmed"), *LOG_ORDER)
