@@ -536,7 +536,7 @@ class Node:
                 queue = self.broker.queues.get(state.queue)
                 core = queue.consumers.get(state.id) if queue is not None else None
                 if core is not None:
-                    consumers.append((state.queue, state.label, len(core.owned)))
+                    consumers.append((state.queue, state.label, core.owned_count))
             cluster = None
             if self.cluster is not None:
                 router = self.cluster.router

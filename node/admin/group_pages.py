@@ -82,8 +82,8 @@ def consumer_rows(queue, label_of) -> list[dict]:
     for consumer_id, consumer in sorted(queue.consumers.items(), key=lambda item: str(item[0])):
         if consumer.browse:
             continue
-        # any OWNED_SHOWN_MAX of its groups (a set has no order), sorted for reading: never all of them
-        shown = sorted(str(group.key) for group in islice(consumer.owned, OWNED_SHOWN_MAX))
-        rows.append({"consumer": str(consumer_id), "label": label_of(consumer_id), "groups_owned": len(consumer.owned),
+        # its first OWNED_SHOWN_MAX groups, sorted for reading: never all of them
+        shown = sorted(str(group.key) for group in islice(consumer.iter_owned_groups(), OWNED_SHOWN_MAX))
+        rows.append({"consumer": str(consumer_id), "label": label_of(consumer_id), "groups_owned": consumer.owned_count,
                      "groups": shown, "unsettled": len(consumer.unsettled), "credit": consumer.credit})
     return rows

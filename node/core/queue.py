@@ -8,8 +8,9 @@ Rules this module keeps:
 - The next message to dispatch is found through heaps of *groups keyed by their head seq*: one heap
   per consumer for the groups it owns and one for unowned groups. A group whose owner has no credit
   waits in that owner's heap and is never scanned, so a blocked group costs nothing to skip.
-- Heap entries are validated lazily: a group records where it was last placed (`placed_in`,
-  `placed_seq`); any other entry for it is stale and dropped when met.
+- Heap entries are validated lazily: a group keeps the one entry (head seq, group) it was last
+  pushed with (`Group.placed`); any other entry for it is stale and dropped when met. That entry is
+  in its owner's heap, or the unowned heap when it has none, so a change of owner unplaces it.
 - Nothing grows silently: depth in messages and bytes is bounded by the settings.
 - A failed delivery (modified with delivery-failed, or unsettled at its consumer's detach) counts
   in `delivery_count`. It comes back after `redelivery_delay_for_ms`; while it waits at its group's
@@ -21,7 +22,10 @@ Rules this module keeps:
 - Group state is compact, since a queue may track a million groups (bench/memory.py measures it):
   an idle group (nothing queued or in flight, no owner) is forgotten at once, on every path, and
   costs nothing; a group of one message holds it without a container (`Group.lane`); messages share
-  their group's id string; the groups dict is copied small once most of its groups are gone.
+  their group's id string; the groups dict is copied small once most of its groups are gone; a
+  consumer lists its groups in a plain list (`Consumer.owned`), whose stale entries are dropped
+  once they outnumber the live ones (plus OWNED_STALE_MIN), so detach stays proportional to what
+  the consumer owns, and forgotten groups that stale entries keep alive stay as few.
 - Past the node's record budget a durable queue's newest messages form a cold tail (node/core/cold.py):
   counted in its depth but in no group, heap or log until read back whole, oldest first, into the warm
   part; dispatch only ever sees the warm part, a prefix of the queue in seq order.
@@ -48,8 +52,9 @@ from node.core.message import (ACQUIRED, AVAILABLE, CLOSES_GROUP, COLD, HANDED_O
 from node.core.paging import READ_AHEAD_MESSAGES, Pager
 from node.core.settings import QueueSettings
 
-UNOWNED = "unowned"  # placement marker of the unowned-groups heap
-EMPTY_OWNED = "empty-owned"  # placement marker of an empty group kept by its owner (Queue._empty_owned)
+EMPTY_OWNED = "empty-owned"  # Group.placed of an empty group kept by its owner (Queue._empty_owned)
+HELD = "held"  # Group.placed of a closing, reset or rebalanced group: no dispatch until nothing is acquired
+OWNED_STALE_MIN = 16  # stale entries a consumer's owned list may keep beyond its live ones
 GROUPS_SHRINK_MIN = 4096  # groups below which the groups dict is never copied smaller
 LOG_COMPACT_MIN = 1024  # tombstones tolerated in the browse log before compaction is considered
 # payload bytes of tombstones tolerated in the browse log (beyond the queue's live bytes): without it
@@ -61,9 +66,14 @@ class Group:
     """One group's messages and owner. A queue may track a million of these, so it is kept small:
     `lane` is None when the group has no available message, the Message itself when it has one, and a
     deque only from the second on (an empty deque costs ~630 bytes; a group of one message, the
-    million-groups case, needs no container). An emptied deque is dropped, not kept."""
+    million-groups case, needs no container). An emptied deque is dropped, not kept.
 
-    __slots__ = ("key", "lane", "available_count", "acquired", "owner", "held", "placed_in", "placed_seq")
+    Each slot costs 8 bytes a group, so `placed` says in one slot where the group is and whether it
+    is held: the (head seq, group) tuple it was last pushed into a heap with (the only entry of it
+    that is live, found by identity), EMPTY_OWNED, HELD (no dispatch until `acquired` reaches 0;
+    never in a heap meanwhile), or None (in no heap, not held)."""
+
+    __slots__ = ("key", "lane", "available_count", "acquired", "owner", "placed")
 
     def __init__(self, key):
         self.key = key
@@ -71,9 +81,7 @@ class Group:
         self.available_count = 0
         self.acquired = 0  # delivered and not yet settled, by any consumer
         self.owner: Consumer | None = None
-        self.held = False  # closing, reset or rebalanced: no dispatch until `acquired` reaches 0
-        self.placed_in = None  # UNOWNED, a Consumer, EMPTY_OWNED, or None when in no heap
-        self.placed_seq = -1
+        self.placed: tuple | str | None = None
 
     def __lt__(self, other: Group) -> bool:
         # Heap entries are (head seq, group): a seq is one message's, so two entries only tie when
@@ -134,9 +142,13 @@ class Group:
     def idle(self) -> bool:
         return self.available_count == 0 and self.acquired == 0 and self.owner is None
 
+    @property
+    def held(self) -> bool:
+        return self.placed is HELD
+
 
 class Consumer:
-    __slots__ = ("id", "browse", "credit", "unsettled", "ready", "owned", "cursor_seq",
+    __slots__ = ("id", "browse", "credit", "unsettled", "ready", "owned", "owned_count", "cursor_seq",
                  "next_delivery_id", "last_used", "rebalance_due", "unsettled_max")
 
     def __init__(self, consumer_id, browse: bool, unsettled_max: int = 0):
@@ -146,7 +158,10 @@ class Consumer:
         self.credit = 0
         self.unsettled: dict[int, Message] = {}  # delivery id -> message, in delivery order
         self.ready: list = []  # heap of (head seq, Group) for groups this consumer owns
-        self.owned: set[Group] = set()
+        # every group whose owner this is, and stale entries (groups it lost since, perhaps twice): a
+        # list slot is 8 bytes a group where a set's was ~33. Live: `owned_groups()`, counted `owned_count`.
+        self.owned: list[Group] = []
+        self.owned_count = 0
         self.cursor_seq = -1  # browsers: last seq shown
         self.next_delivery_id = 0
         self.last_used = 0  # spreads ties round-robin
@@ -155,6 +170,52 @@ class Consumer:
     @property
     def may_take(self) -> bool:
         return self.credit > 0 and not (self.unsettled_max and len(self.unsettled) >= self.unsettled_max)
+
+    def own(self, group: Group) -> None:
+        group.owner = self
+        owned = self.owned
+        owned.append(group)
+        count = self.owned_count = self.owned_count + 1
+        if len(owned) > 2 * count + OWNED_STALE_MIN:
+            self._drop_stale_owned()
+
+    def disown(self, group: Group) -> None:
+        """The group loses its owner (this consumer). Its heap entry, if any, was in this consumer's
+        heap: it is stale from now on, and a hold stays."""
+        group.owner = None
+        if group.placed is not HELD:
+            group.placed = None
+        count = self.owned_count = self.owned_count - 1
+        if not count:
+            self.owned.clear()  # all stale: the shared policy's usual case, dropped without a look
+        elif len(self.owned) > 2 * count + OWNED_STALE_MIN:
+            self._drop_stale_owned()
+
+    def disown_all(self, owned: list[Group]) -> None:
+        """At detach: `owned` is owned_groups()."""
+        for group in owned:
+            group.owner = None
+            if group.placed is not HELD:
+                group.placed = None
+        self.owned = []
+        self.owned_count = 0
+
+    def _drop_stale_owned(self) -> None:
+        # once the stale entries outnumber the live ones: amortized O(1) per own/disown
+        self.owned = self.owned_groups()
+        assert len(self.owned) == self.owned_count, (self.id, len(self.owned), self.owned_count)
+
+    def iter_owned_groups(self):
+        """owned_groups() lazily, for a look at a few of them."""
+        seen: set[Group] = set()
+        for group in self.owned:
+            if group.owner is self and group not in seen:
+                seen.add(group)
+                yield group
+
+    def owned_groups(self) -> list[Group]:
+        """The groups this consumer owns, each once, in the order it took them."""
+        return list(dict.fromkeys(group for group in self.owned if group.owner is self))
 
 
 def _seq_of(message: Message) -> int:
@@ -182,7 +243,7 @@ class Queue:
         self.groups: dict[object, Group] = {}  # with messages, in flight, or owned; idle ones are forgotten
         self._groups_high = 0  # len(groups) since the dict was last copied small (_forget)
         # groups that became empty while owned, oldest first; an entry is live while the group's
-        # placed_in is EMPTY_OWNED (stale ones are dropped when met, or all at once past a bound)
+        # placed is EMPTY_OWNED (stale ones are dropped when met, or all at once past a bound)
         self._empty_owned: deque[Group] = deque()
         self._tracking_empty_owned = False  # listed only near groups_max (_track_empty_owned)
         self.held_keys: set = set()  # group keys held for the cluster (a move): never dispatched, kept
@@ -335,15 +396,14 @@ class Queue:
         if consumer in self._takers:
             self._takers.remove(consumer)
         dead: list[tuple[Message, str]] = []
-        touched: set[Group] = set(consumer.owned)
+        owned = consumer.owned_groups()
+        touched: set[Group] = set(owned)
         for message in consumer.unsettled.values():
             group = self._settle_one(message, Outcome.MODIFIED, True, now_ms, effects, dead)
             if group is not None:
                 touched.add(group)
         consumer.unsettled.clear()
-        for group in consumer.owned:
-            group.owner = None
-        consumer.owned.clear()
+        consumer.disown_all(owned)
         for group in touched:
             self._after_settle(group)
         if not self.consumers or not any(not c.browse for c in self.consumers.values()):
@@ -439,12 +499,11 @@ class Queue:
         return group
 
     def _after_settle(self, group: Group) -> None:
-        if group.acquired == 0 and group.owner is not None and (
-                group.held or self.settings.group_policy == "shared"):
-            group.owner.owned.discard(group)
-            group.owner = None
         if group.acquired == 0:
-            group.held = False
+            if group.owner is not None and (group.placed is HELD or self.settings.group_policy == "shared"):
+                group.owner.disown(group)
+            if group.placed is HELD:
+                group.placed = None
         self._place_or_forget(group)
 
     # ---- dispatch ----------------------------------------------------------------------------
@@ -517,12 +576,14 @@ class Queue:
             best_group = None
             best_consumer = None
             for consumer in takers:
-                group = self._peek(consumer.ready, consumer, now_ms, effects)
-                if group is not None and (best_group is None or group.placed_seq < best_seq):
-                    best_seq, best_group, best_consumer = group.placed_seq, group, consumer
-            group = self._peek(self._unowned, UNOWNED, now_ms, effects)
-            if group is not None and (best_group is None or group.placed_seq < best_seq):
-                best_seq, best_group, best_consumer = group.placed_seq, group, None
+                entry = self._peek(consumer.ready, now_ms, effects)
+                if entry is not None and (best_group is None or entry[0] < best_seq):
+                    best_seq, best_group = entry
+                    best_consumer = consumer
+            entry = self._peek(self._unowned, now_ms, effects)
+            if entry is not None and (best_group is None or entry[0] < best_seq):
+                best_seq, best_group = entry
+                best_consumer = None
             loose = self._peek_ungrouped(now_ms, effects)
             if loose is not None and (best_group is None or loose.seq < best_seq):
                 self._ungrouped.popleft()
@@ -537,8 +598,7 @@ class Queue:
             if best_consumer is None:
                 heapq.heappop(self._unowned)
                 best_consumer = min(takers, key=_fewest_groups)
-                best_group.owner = best_consumer
-                best_consumer.owned.add(best_group)
+                best_consumer.own(best_group)
                 first = True
             else:
                 heapq.heappop(best_consumer.ready)
@@ -549,9 +609,8 @@ class Queue:
         message = group.pop_head()
         group.available_count -= 1
         group.acquired += 1
-        group.placed_in = None
-        if message.flags & CLOSES_GROUP:
-            group.held = True  # free the group once this and every earlier message is settled
+        # HELD: free the group once this and every earlier message is settled
+        group.placed = HELD if message.flags & CLOSES_GROUP else None
         self._deliver(message, consumer, first, effects)
         self._place_or_forget(group)
         if self.pager is not None and self.pager.paged_bytes and group.lane is not None and consumer.may_take:
@@ -606,10 +665,12 @@ class Queue:
             if browser.credit > 0 and index == len(log):
                 self._starved = True  # at the warm part's end: a cold tail is read back for it
 
-    def _peek(self, heap: list, marker, now_ms: int, effects: list) -> Group | None:
+    def _peek(self, heap: list, now_ms: int, effects: list) -> tuple | None:
+        """The heap's first live entry (head seq, group), stale ones dropped on the way."""
         while heap:
-            seq, group = heap[0]
-            if group.placed_in is not marker or group.placed_seq != seq:
+            entry = heap[0]
+            group = entry[1]
+            if group.placed is not entry:
                 heapq.heappop(heap)
                 continue
             head = group.lane
@@ -617,16 +678,15 @@ class Queue:
                 head = head[0]
             if head.expires_at_ms and head.expires_at_ms <= now_ms:
                 heapq.heappop(heap)
-                group.placed_in = None  # _expire re-places the group, or forgets it once idle
+                group.placed = None  # _expire re-places the group, or forgets it once idle
                 self._expire(head, effects)
                 continue
             if head.flags & PAGED:  # met by a consumer that could take it: ask for its body, it waits
                 heapq.heappop(heap)
-                group.placed_in = None
-                group.placed_seq = -1
+                group.placed = None
                 self.pager.want(group)
                 continue
-            return group
+            return entry
         return None
 
     def _peek_ungrouped(self, now_ms: int, effects: list) -> Message | None:
@@ -647,36 +707,35 @@ class Queue:
 
     def _place_or_forget(self, group: Group) -> None:
         head = group.head()
+        placed = group.placed
         # a head waiting out its redelivery delay holds its whole group: tick() places it when due
-        if head is None or group.held or group.key in self.held_keys or head.available_at_ms:
-            group.placed_seq = -1  # not the last head's seq: that int (32 bytes) would outlive its message
+        if head is None or placed is HELD or group.key in self.held_keys or head.available_at_ms:
             if group.idle:
                 self._forget(group)
             elif self._tracking_empty_owned and head is None and self._empty_and_owned(group):
                 # its exclusive owner keeps it, but it is first to go when groups_max is reached
-                if group.placed_in is not EMPTY_OWNED:
-                    group.placed_in = EMPTY_OWNED
+                if placed is not EMPTY_OWNED:
+                    group.placed = EMPTY_OWNED
                     self._empty_owned.append(group)
                     if len(self._empty_owned) > 2 * len(self.groups) + GROUPS_SHRINK_MIN:
                         self._empty_owned = deque(dict.fromkeys(
-                            g for g in self._empty_owned if g.placed_in is EMPTY_OWNED))
-            else:
-                group.placed_in = None
+                            g for g in self._empty_owned if g.placed is EMPTY_OWNED))
+            elif placed is not HELD:
+                group.placed = None  # drops the last head's seq too: that int (32 bytes) would outlive it
             return
-        target = group.owner if group.owner is not None else UNOWNED
-        if group.placed_in is target and group.placed_seq == head.seq:
+        # a live entry is in the owner's heap (or the unowned one): every change of owner unplaced it
+        if type(placed) is tuple and placed[0] == head.seq:
             return
-        group.placed_in = target
-        group.placed_seq = head.seq
-        heap = self._unowned if target is UNOWNED else target.ready
-        heapq.heappush(heap, (head.seq, group))
+        entry = group.placed = (head.seq, group)
+        owner = group.owner
+        heapq.heappush(self._unowned if owner is None else owner.ready, entry)
 
     def _empty_and_owned(self, group: Group) -> bool:
-        return (group.owner is not None and not group.available_count and not group.acquired and not group.held
-                and group.key not in self.held_keys)
+        return (group.owner is not None and not group.available_count and not group.acquired
+                and group.placed is not HELD and group.key not in self.held_keys)
 
     def _forget(self, group: Group) -> None:
-        group.placed_in = None
+        group.placed = None
         groups = self.groups
         del groups[group.key]
         if self.cold is not None:
@@ -696,9 +755,8 @@ class Queue:
         candidates = self._empty_owned
         while candidates:
             group = candidates.popleft()
-            if group.placed_in is EMPTY_OWNED:
-                group.owner.owned.discard(group)
-                group.owner = None
+            if group.placed is EMPTY_OWNED:
+                group.owner.disown(group)
                 self._forget(group)
                 return True
         return False
@@ -707,7 +765,7 @@ class Queue:
         if not self._tracking_empty_owned:
             self._track_empty_owned()
         candidates = self._empty_owned
-        while candidates and candidates[0].placed_in is not EMPTY_OWNED:
+        while candidates and candidates[0].placed is not EMPTY_OWNED:
             candidates.popleft()  # stale: it has messages again, or was forgotten
         return bool(candidates)
 
@@ -719,7 +777,7 @@ class Queue:
         self._empty_owned.clear()
         for group in self.groups.values():
             if self._empty_and_owned(group):
-                group.placed_in = EMPTY_OWNED
+                group.placed = EMPTY_OWNED
                 self._empty_owned.append(group)
 
     def _make_available(self, message: Message, key, returning: bool = False) -> None:
@@ -826,7 +884,7 @@ class Queue:
             if message.group is not None:
                 touched.append(message.group)
         for group in touched:
-            if self.groups.get(group.key) is group and group.placed_in is None:
+            if self.groups.get(group.key) is group and group.placed is None:
                 self._place_or_forget(group)
         self._dispatch(now_ms, effects)
 
@@ -948,12 +1006,10 @@ class Queue:
                 continue
             count += 1
             if group.acquired and pause:
-                group.held = True
-                group.placed_in = None
+                group.placed = HELD  # its heap entry is stale from now on
                 continue
-            group.owner.owned.discard(group)
-            group.owner = None
-            group.held = False
+            group.owner.disown(group)
+            group.placed = None  # a hold ends with the owner
             self._place_or_forget(group)
         return count
 
@@ -1020,8 +1076,8 @@ class Queue:
         """Deliver nothing more of the group until release_group; what is in flight stays in flight."""
         self.held_keys.add(group_key)
         group = self.groups.get(group_key)
-        if group is not None:
-            group.placed_in = None  # its heap entries are stale from now on
+        if group is not None and group.placed is not HELD:
+            group.placed = None  # its heap entries are stale from now on
 
     def release_group(self, group_key, now_ms: int, effects: list) -> None:
         self.held_keys.discard(group_key)
@@ -1062,8 +1118,7 @@ class Queue:
         group.lane = None
         group.available_count = 0
         if group.owner is not None:
-            group.owner.owned.discard(group)
-            group.owner = None
+            group.owner.disown(group)
         self._place_or_forget(group)  # idle now: forgotten
         return taken
 
@@ -1136,7 +1191,7 @@ def _least_recently_used(consumer: Consumer) -> int:
 
 
 def _fewest_groups(consumer: Consumer) -> tuple[int, int]:
-    return (len(consumer.owned), consumer.last_used)
+    return (consumer.owned_count, consumer.last_used)
 
 
 def _insert_in_order(lane: deque, message: Message, returning: bool) -> None:

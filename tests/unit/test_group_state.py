@@ -25,7 +25,7 @@ from node.core.broker import Broker
 from node.core.effects import Deliver
 from node.core.errors import ResourceLimitExceeded
 from node.core.message import AVAILABLE, REMOVED, Message, Outcome
-from node.core.queue import GROUPS_SHRINK_MIN, Group
+from node.core.queue import GROUPS_SHRINK_MIN, OWNED_STALE_MIN, Group
 from node.core.settings import QueueSettings
 
 
@@ -207,7 +207,7 @@ def test_at_groups_max_an_empty_owned_group_gives_its_place_to_a_new_group():
     send(broker, "c")  # a goes: it was empty with an owner
     assert sorted(queue.groups) == ["b", "c"]
     consumer = queue.consumers["c1"]
-    assert sorted(group.key for group in consumer.owned) == ["b"]
+    assert sorted(group.key for group in consumer.owned_groups()) == ["b"]
     with pytest.raises(ResourceLimitExceeded, match="groups_max=2"):
         send(broker, "d")  # b is in flight and c queued: neither frees itself
     assert sorted(queue.groups) == ["b", "c"] and queue.depth_messages == 2 and in_flight.message.group_id == "b"
@@ -263,6 +263,54 @@ def test_empty_owned_groups_are_listed_only_near_groups_max():
     assert queue._tracking_empty_owned and sorted(queue.groups) == ["b", "c", "d", "e"]
     broker.reset_groups("q", None, 0)  # every group forgotten: below half the limit, the list goes
     assert not queue._tracking_empty_owned and not queue._empty_owned and queue.groups == {}
+
+
+# ---- heap entries and owner lists: stale entries are dropped --------------------------------
+
+def test_a_heap_entry_left_in_a_former_owners_heap_is_stale_and_dropped():
+    broker = broker_with(group_policy="shared")
+    queue = broker.queues["q"]
+    broker.attach_consumer("q", "c1", False, 0)
+    broker.attach_consumer("q", "c2", False, 0)
+    send(broker, "g")
+    send(broker, "g")
+    [first] = deliveries(broker.set_credit("c1", 1, 0))  # c1 owns g: g waits in c1's heap at seq 1
+    c1, c2 = queue.consumers["c1"], queue.consumers["c2"]
+    group = queue.groups["g"]
+    assert c1.ready and c1.ready[0] is group.placed
+    broker.settle("c1", first.delivery_id, Outcome.ACCEPTED, 0)  # g is free: placed in the unowned heap
+    assert group.owner is None and queue._unowned[0] is group.placed and c1.ready[0] is not group.placed
+    [second] = deliveries(broker.set_credit("c2", 1, 0))  # the same head seq as c1's entry, from the unowned heap
+    assert (second.consumer_id, second.message.seq) == ("c2", first.message.seq + 1) and group.owner is c2
+    assert deliveries(broker.set_credit("c1", 1, 0)) == [] and c1.ready == []  # met and dropped
+
+
+def test_a_closing_groups_hold_lasts_until_its_messages_are_settled():
+    broker = broker_with(group_policy="shared")
+    broker.attach_consumer("q", "c1", False, 0)
+    send(broker, "g", closes_group=True)
+    send(broker, "g")
+    [closing] = deliveries(broker.set_credit("c1", 5, 0))
+    group = broker.queues["q"].groups["g"]
+    assert group.held and group.placed not in broker.queues["q"].consumers["c1"].ready
+    [after] = deliveries(broker.settle("c1", closing.delivery_id, Outcome.ACCEPTED, 0))
+    assert after.message.seq == closing.message.seq + 1 and not group.held
+
+
+def test_a_consumers_owned_list_keeps_few_stale_entries_and_counts_each_group_once():
+    broker = broker_with(group_policy="shared")
+    broker.attach_consumer("q", "c1", False, 0)
+    broker.set_credit("c1", 1_000_000, 0)
+    queue = broker.queues["q"]
+    consumer = queue.consumers["c1"]
+    [kept] = deliveries(send(broker, "kept"))  # owned throughout: its message stays unsettled
+    for index in range(1_000):  # each group taken and freed; "again" taken by c1 again and again
+        accept_all(broker, send(broker, "again" if index % 2 else f"g{index}"))
+        assert len(consumer.owned) <= 2 * consumer.owned_count + OWNED_STALE_MIN
+    assert consumer.owned_groups() == [queue.groups["kept"]] and consumer.owned_count == 1
+    assert len(queue.groups) == 1 and kept.message.group_id == "kept"
+    broker.detach_consumer("c1", 0)
+    assert queue.groups["kept"].owner is None and queue.groups["kept"].available_count == 1
 
 
 # ---- the lane of a group against a sorted list ------------------------------------------------
@@ -374,5 +422,7 @@ def test_a_queue_at_groups_max_keeps_order_and_owners_and_loses_nothing(steps, g
             if group.owner is not None:
                 assert group in group.owner.owned
         for consumer in queue.consumers.values():
-            assert all(queue.groups.get(group.key) is group and group.owner is consumer for group in consumer.owned)
+            owned = consumer.owned_groups()
+            assert len(owned) == consumer.owned_count
+            assert all(queue.groups.get(group.key) is group for group in owned)
     assert accepted + refused <= len(steps)
