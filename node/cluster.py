@@ -208,7 +208,7 @@ class ClusterLink:
             self.journal.read_records(name, seqs)
 
     def _read_records(self, effect: ReadRecords) -> None:  # answered through cold_records, on the engine loop
-        self.journal.read_records_after(effect.queue, effect.after_seq, effect.count)
+        self.journal.read_records_after(effect.queue, effect.after_seq, effect.count, effect.max_bytes)
 
     def _propose_claim(self, effect: ProposeClaim) -> None:
         if len(self._claimed_ns) < DECISIONS_TIMED_MAX:

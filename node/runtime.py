@@ -428,11 +428,12 @@ class Node:
         """Before serving, read each recovered cold tail's oldest records back as far as the record budget
         goes, as dispatch would (node/core/cold.py): a restarted node serves its warm part at once."""
         now_ms = self.clock_ms()
-        reads = [ReadRecords(name, queue.cold.after_seq, count) for name, queue in sorted(self.broker.queues.items())
+        reads = [ReadRecords(name, queue.cold.after_seq, count, queue.cold.read_max_bytes)
+                 for name, queue in sorted(self.broker.queues.items())
                  if queue.cold is not None and (count := queue.cold.ask(False))]
         while reads:
             read = reads.pop(0)
-            records = self.journal.read_records_after_now(read.queue, read.after_seq, read.count)
+            records = self.journal.read_records_after_now(read.queue, read.after_seq, read.count, read.max_bytes)
             if self.cluster is not None:
                 self.cluster.cold_records(read.queue, records)  # holds what may live elsewhere, as recovery does
             for effect in self.broker.promote(read.queue, records, now_ms):

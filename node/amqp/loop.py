@@ -1056,7 +1056,7 @@ class AmqpServer:
             elif kind is PageIn:
                 self.journal.read_bodies(effect.queue, effect.seqs)
             elif kind is ReadRecords:
-                self.journal.read_records_after(effect.queue, effect.after_seq, effect.count)
+                self.journal.read_records_after(effect.queue, effect.after_seq, effect.count, effect.max_bytes)
             elif kind is Removed:
                 if self.journal is not None:
                     self.journal.remove(effect.queue, effect.seq)

@@ -79,9 +79,9 @@ handover never reorders a (producer, group) nor lets two consumers hold the grou
   group moves on when its idle route expires and another node claims it, or by failover (hold_recovered).
 - O's queue may hold some of the group cold (node/core/cold.py: its newest messages, their groups
   unknown until read back). Once the group has nothing warm or in flight at O, O sweeps the tail: reads
-  it through in seq order (SWEEP_BATCH_RECORDS at a time, its own reads; the queue reads nothing back
-  for dispatch meanwhile, nor until the REMOVEs of what the sweep took are on disk, so no record is
-  read twice) and hands over the records of the groups the pass began with, as a handover does, the
+  it through in seq order (SWEEP_BATCH_RECORDS at a time, fewer past cold.py's byte bound; its own
+  reads; the queue reads nothing back for dispatch meanwhile, nor until the REMOVEs of what the sweep
+  took are on disk, so no record is read twice) and hands over the records of the groups the pass began with, as a handover does, the
   rest left cold. A message of a moving group reaching O while its queue would put it cold does not
   go in it, so a pass never chases its own group's arrivals: one forwarded by another node (bounded:
   sources stop once they see the move) waits parked (as at N) and is relayed once the group has
@@ -155,6 +155,7 @@ from handler.queue_definitions import (CONFLICT, MALFORMED, QUEUES, QUEUES_ALL, 
                                        settings_values)
 from handler.route_table import MEMBERS, MOVES, MOVES_ALL, REFUSED, ROUTES, SNAPSHOT
 from node.core.broker import Broker
+from node.core.cold import read_missing
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
                                JournalRemove, JournalStore, ProposeClaim, ProposeDefinition, ProposeMoveClear,
                                ProposeQueueDeletion, ProposeQueueSeeds, ProposeTouch, QueueDeleted, ReadRecords,
@@ -1358,7 +1359,8 @@ class ClusterProtocol:
 
     def _read_on(self, name: str, sweep: _Sweep, effects: list) -> None:
         sweep.asked = SWEEP_BATCH_RECORDS
-        effects.append(ReadRecords(name, sweep.after_seq, SWEEP_BATCH_RECORDS))
+        effects.append(ReadRecords(name, sweep.after_seq, SWEEP_BATCH_RECORDS,
+                                   self.broker.queues[name].cold.read_max_bytes))
 
     def _thaw(self, name: str) -> None:
         """No sweep of the queue is out and the journal's index has lost what the last one took: the
@@ -1408,8 +1410,9 @@ class ClusterProtocol:
             del self._sweep_removing[name]
         if seqs:
             sweep.after_seq = seqs[-1]
-        if len(seqs) >= asked:
-            self._read_on(name, sweep, effects)
+        read_bytes = sum(records[seq].size_bytes for seq in seqs)
+        if seqs and not read_missing(asked, len(seqs), read_bytes, queue.cold.read_max_bytes):
+            self._read_on(name, sweep, effects)  # a whole batch, or one its byte bound cut short: more to read
             return effects
         # the tail's end: what the sweep did not meet of its groups is still on its way to disk, whole
         pending = {(name, queue.route_key(message.group_id)) for message in queue.cold.pending

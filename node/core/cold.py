@@ -14,7 +14,11 @@ gigabytes before any body. Past the node's record budget a queue keeps not even 
 - Being the queue's newest, the cold messages on disk are exactly its live records above `after_seq`
   (every warm message's seq is at most that, pending ones are newer than them all), and that is how
   the journal is asked for them: the next N records after `after_seq`, read back whole (`ReadRecords`,
-  records with their bodies) and put in the warm part in seq order. One read per queue at once, of as
+  records with their bodies) and put in the warm part in seq order. A read also stops once the bodies it
+  brought reach the node's `read_max_bytes` (READ_BACK_BYTES_MAX; one record larger than that still comes whole):
+  1,024 records of 1 MiB would otherwise be a GiB in memory at once. So a read comes back with fewer
+  records than asked either because of that bound (the next read goes on) or because the journal lacks
+  them, which `read_missing` tells apart: the journal stops short of the bound only at its last record. One read per queue at once, of as
   many as the budget has room for (at most PROMOTE_BATCH_RECORDS: what consumers settle while a read
   is out makes the next one larger); and past the budget, a whole batch whenever the queue is starved:
   a consumer with credit, or a browser, finds nothing to take in the warm part while no body is being
@@ -45,15 +49,17 @@ from node.core.message import COLD, JOURNALLED, REMOVED, STATE_MASK, Message
 MESSAGE_RECORD_BYTES = 160  # a warm message's record: Message, seq int, browse-log and lane slots
 GROUP_RECORD_BYTES = 256  # a warm group: Group, dict entry, id string, heap entry
 PROMOTE_BATCH_RECORDS = 1024  # cold records read back together
+READ_BACK_BYTES_MAX = 8 << 20  # body bytes past which a read of cold records stops (its last record whole)
 
 
 class RecordBudget:
     """The node's warm records, shared by its durable queues."""
 
-    __slots__ = ("max_bytes", "messages", "groups")
+    __slots__ = ("max_bytes", "messages", "groups", "read_max_bytes")
 
     def __init__(self, max_bytes: int = 0):
         self.max_bytes = max_bytes  # 0: no budget, nothing goes cold
+        self.read_max_bytes = READ_BACK_BYTES_MAX  # a read of cold records stops once its bodies reach this
         self.messages = 0  # warm messages of every durable queue
         self.groups = 0  # their groups
 
@@ -68,6 +74,12 @@ class RecordBudget:
     def room_records(self) -> int:
         """Messages (each of a group of its own, at worst) the budget still has room for."""
         return max(0, self.max_bytes - self.used_bytes) // (MESSAGE_RECORD_BYTES + GROUP_RECORD_BYTES)
+
+
+def read_missing(asked: int, read: int, read_bytes: int, read_max_bytes: int) -> int:
+    """Of `asked` cold records, how many the journal lacks, when a read brought back `read` of them holding
+    `read_bytes` of bodies: a read stopped by its byte bound lacks nothing (the rest comes next)."""
+    return asked - read if read < asked and read_bytes < read_max_bytes else 0
 
 
 class ColdTail:
@@ -92,6 +104,10 @@ class ColdTail:
     @property
     def count(self) -> int:
         return self.pending_count + self.stored
+
+    @property
+    def read_max_bytes(self) -> int:
+        return self.budget.read_max_bytes
 
     def admits(self) -> bool:
         """Whether an arrival goes cold (it would be the warm part's newest otherwise)."""
@@ -150,11 +166,11 @@ class ColdTail:
         self.asked = max(wanted, 0)
         return self.asked
 
-    def promoted(self, last_seq: int | None, size_bytes: int) -> int:
-        """The asked records are warm now; `size_bytes` of them came back, the newest `last_seq` (None:
-        none). Returns the bytes of records the journal lacked, once known (when none is left on disk):
-        the queue's depth had them."""
-        self.stored -= self.asked
+    def promoted(self, read: int, missing: int, last_seq: int | None, size_bytes: int) -> int:
+        """`read` of the asked records are warm now, holding `size_bytes`, the newest `last_seq` (None:
+        none), and `missing` of them the journal lacks (read_missing). Returns the bytes of records the
+        journal lacked, once known (when none is left on disk): the queue's depth had them."""
+        self.stored -= read + missing
         self.asked = 0
         if last_seq is not None:
             self.after_seq = max(self.after_seq, last_seq)

@@ -61,11 +61,13 @@ class PageIn:
 class ReadRecords:
     """Read the next `count` live records of durable queue `queue` above seq `after_seq` back from the
     journal whole (record and body), then hand them to Broker.promote on the engine loop: a cold tail's
-    oldest (node/core/cold.py)."""
+    oldest (node/core/cold.py). The read stops early once the bodies read reach `max_bytes` (the record
+    that reaches it included), and only then or at the journal's last record of the queue."""
 
     queue: str
     after_seq: int
     count: int
+    max_bytes: int
 
 
 @dataclass(frozen=True, slots=True)

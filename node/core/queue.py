@@ -44,7 +44,7 @@ import zlib
 from bisect import bisect_right
 from collections import deque
 
-from node.core.cold import ColdTail, RecordBudget
+from node.core.cold import ColdTail, RecordBudget, read_missing
 from node.core.effects import Deliver, Delayed, DetachConsumer, Dropped, Kept, ReadRecords, Removed, Stored, Withdrawn
 from node.core.errors import GrouperError, InvalidField, NotFound, ResourceDeleted, ResourceLimitExceeded
 from node.core.message import (ACQUIRED, AVAILABLE, CLOSES_GROUP, COLD, HANDED_OUT, JOURNALLED, PAGED, REMOVED,
@@ -557,7 +557,7 @@ class Queue:
         batch `past_budget`), unless a read is out already."""
         count = self.cold.ask(past_budget)
         if count:
-            effects.append(ReadRecords(self.settings.name, self.cold.after_seq, count))
+            effects.append(ReadRecords(self.settings.name, self.cold.after_seq, count, self.cold.read_max_bytes))
 
     def _lane_of(self, group):
         """A group's messages in seq order (None: the ungrouped lane); None when the group is gone."""
@@ -922,12 +922,12 @@ class Queue:
             message.flags |= JOURNALLED
             back_bytes += message.size_bytes
             self._warm(message, self._key_of(message.group_id))
-        missing = cold.asked - len(seqs)
+        missing = read_missing(cold.asked, len(seqs), back_bytes, cold.read_max_bytes)
         if missing:  # their bytes leave the depth once known (ColdTail.promoted)
             self.depth_messages -= missing
             effects.append(Dropped(self.settings.name, cold.after_seq,
                                    f"{missing} cold records after this seq are missing from the journal"))
-        self.depth_bytes -= cold.promoted(seqs[-1] if seqs else None, back_bytes)
+        self.depth_bytes -= cold.promoted(len(seqs), missing, seqs[-1] if seqs else None, back_bytes)
         self._dispatch(now_ms, effects)
 
     def cold_taken(self, seq: int, size_bytes: int, effects: list) -> None:

@@ -40,9 +40,10 @@ Rules:
   A read the disk refuses stops the writer like any other I/O it cannot survive: flush() fails from
   then on and the node must be restarted; nothing is lost, the records are on disk.
   `read_records` is the same read, answered with whole Messages (payload included) by on_records(queue,
-  {seq: Message | None}). `read_records_after(queue, seq, count)` reads the next `count` live records
-  above `seq` the same way (the index says which): a cold tail (node/core/cold.py) keeps no seqs, only
-  how many of its messages are on disk, and those are always the queue's newest.
+  {seq: Message | None}). `read_records_after(queue, seq, count, max_bytes)` reads the next `count` live
+  records above `seq` the same way (the index says which), stopping once their bodies reach `max_bytes`:
+  a cold tail (node/core/cold.py) keeps no seqs, only how many of its messages are on disk, and those are
+  always the queue's newest.
 - `recover(bodies_max_bytes)` keeps bodies only up to that many bytes of live messages, in file order
   (the oldest first), while it reads: later ones come back as records with a None payload, read back
   when dispatch reaches them, so recovering a backlog larger than memory needs no more than its records.
@@ -391,22 +392,38 @@ class Journal:
         """Ask the writer for these whole records of `queue` (engine loop thread); on_records answers."""
         self._ask(_RECORDS, queue, seqs)
 
-    def read_records_after(self, queue: str, after_seq: int, count: int) -> None:
+    def read_records_after(self, queue: str, after_seq: int, count: int, max_bytes: int) -> None:
         """Ask the writer for the next `count` live records of `queue` above seq `after_seq`, whole
-        (engine loop thread); on_records answers with those it has."""
-        self._ask(_AFTER, queue, (after_seq, count))
+        (engine loop thread), stopping once their bodies reach `max_bytes`; on_records answers with
+        those it read."""
+        self._ask(_AFTER, queue, (after_seq, count, max_bytes))
 
-    def read_records_after_now(self, queue: str, after_seq: int, count: int) -> dict:
+    def read_records_after_now(self, queue: str, after_seq: int, count: int, max_bytes: int) -> dict:
         """Before start(), on the caller's thread: what read_records_after's on_records would get (a node
         reads its cold tails' oldest back before it serves)."""
         if self._thread is not None:
             raise RuntimeError("Journal.read_records_after_now() is for the caller before start()")
-        return self._read_after(queue, after_seq, count)
+        return self._read_after(queue, after_seq, count, max_bytes)
 
-    def _read_after(self, queue: str, after_seq: int, count: int) -> dict:
+    def _read_after(self, queue: str, after_seq: int, count: int, max_bytes: int) -> dict:
+        """The next `count` live records above `after_seq`, in seq order, stopping after the record whose
+        body brings the bodies read to `max_bytes`: so fewer come back only past that bound or at the
+        index's last record (node/core/cold.py's read_missing relies on it). Each pass reads no more
+        frames than the bytes still wanted (a frame is never smaller than its body)."""
         spans = self._stores.get(queue)
-        seqs = spans.seqs_after(after_seq, count) if spans is not None else ()
-        return self._read_frames(queue, seqs, records.store_message)
+        seqs = spans.seqs_after(after_seq, count) if spans is not None else []
+        found: dict = {}
+        body_bytes = start = 0
+        while start < len(seqs) and body_bytes < max_bytes:
+            end, frame_bytes = start, 0
+            while end < len(seqs) and (end == start or body_bytes + frame_bytes < max_bytes):
+                frame_bytes += spans.get(seqs[end])[1]
+                end += 1
+            read = self._read_frames(queue, seqs[start:end], records.store_message)
+            found.update(read)
+            body_bytes += sum(message.size_bytes for message in read.values() if message is not None)
+            start = end
+        return found
 
     def _ask(self, kind: int, queue: str, what: tuple) -> None:
         if self._closed:

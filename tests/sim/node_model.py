@@ -267,6 +267,8 @@ class SimNode:
         # consumers, a group moving away takes its cold messages along: the protocol sweeps the tail)
         self.broker.memory_max_bytes = config.message_memory_max_bytes
         self.broker.records.max_bytes = config.record_memory_max_bytes
+        if config.read_back_max_bytes:
+            self.broker.records.read_max_bytes = config.read_back_max_bytes
         self.protocol = ClusterProtocol(
             self.node_id, self.broker, handler_timeout_ms=config.handler_timeout_ms,
             group_timeout_ms=config.group_timeout_ms, routes_max=config.routes_max,
@@ -404,11 +406,12 @@ class SimNode:
         """Node._read_cold_back: each cold tail's oldest records, read back as far as the record budget
         goes (Journal.read_records_after_now), before the node serves."""
         now_ms = self.sim.now_ms
-        reads = [ReadRecords(name, queue.cold.after_seq, count) for name, queue in sorted(self.broker.queues.items())
+        reads = [ReadRecords(name, queue.cold.after_seq, count, queue.cold.read_max_bytes)
+                 for name, queue in sorted(self.broker.queues.items())
                  if queue.cold is not None and (count := queue.cold.ask(False))]
         while reads:
             read = reads.pop(0)
-            records = self._records_after(read.queue, read.after_seq, read.count)
+            records = self._records_after(read.queue, read.after_seq, read.count, read.max_bytes)
             effects = self.protocol.cold_records(read.queue, records, now_ms)  # holds what may live elsewhere
             if effects:
                 self.carry_out(effects)
@@ -449,16 +452,25 @@ class SimNode:
         self.sim.stats["bodies_read_back"] += sum(body is not None for body in bodies.values())
         self.apply(self.broker.page_in(name, bodies, self.sim.now_ms))
 
-    def _records_after(self, name: str, after_seq: int, count: int) -> dict:
-        records = {record[2]: self._message(record) for record in self.store.live_after(name, after_seq, count)}
+    def _records_after(self, name: str, after_seq: int, count: int, max_bytes: int) -> dict:
+        """Journal._read_after: the records in seq order, stopping after the one whose body brings the
+        bodies read to `max_bytes`."""
+        records: dict = {}
+        body_bytes = 0
+        for record in self.store.live_after(name, after_seq, count):
+            if body_bytes >= max_bytes:
+                self.sim.stats["cold_reads_cut"] += 1
+                break
+            message = records[record[2]] = self._message(record)
+            body_bytes += message.size_bytes
         self.sim.stats["cold_reads"] += 1
         self.sim.stats["cold_read_back"] += len(records)
         return records
 
-    def read_records_after(self, name: str, after_seq: int, count: int) -> None:
+    def read_records_after(self, name: str, after_seq: int, count: int, max_bytes: int) -> None:
         """Journal.read_records_after, answered on the engine loop (AmqpServer.journal_records): a sweep's
         records go to the cluster protocol (ClusterLink.cold_records), the queue's own to Broker.promote."""
-        records = self._records_after(name, after_seq, count)
+        records = self._records_after(name, after_seq, count, max_bytes)
         effects = self.protocol.cold_records(name, records, self.sim.now_ms)
         if effects is not None:
             self.carry_out(effects)
@@ -662,7 +674,7 @@ class SimNode:
                 self._read_later(lambda effect=effect: self.read_bodies(effect.queue, effect.seqs))
             elif kind is ReadRecords:
                 self._read_later(lambda effect=effect: self.read_records_after(effect.queue, effect.after_seq,
-                                                                               effect.count))
+                                                                               effect.count, effect.max_bytes))
             elif kind is Removed:
                 self.journal_remove(effect.queue, effect.seq)
                 self.live.pop((effect.queue, effect.seq), None)
@@ -763,7 +775,7 @@ class SimNode:
                 self._forwarder(effect.owner).submit(effect.entries)
             elif kind is ReadRecords:  # a sweep of a cold tail (ClusterLink._read_records)
                 self._read_later(lambda effect=effect: self.read_records_after(effect.queue, effect.after_seq,
-                                                                               effect.count))
+                                                                               effect.count, effect.max_bytes))
             elif kind is ReadOutbound:
                 for name, seqs in effect.reads:
                     self.sim.schedule(sim.rng.randint(1, sim.config.write_ms_max),

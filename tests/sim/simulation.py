@@ -127,6 +127,7 @@ class SimConfig:
     # tail (node/core/cold.py); 0: none
     message_memory_max_bytes: int = 0
     record_memory_max_bytes: int = 0
+    read_back_max_bytes: int = 0  # a read of cold records stops once its bodies reach this (node/core/cold.py); 0: its default
     net_delay_ms_max: int = 20  # one way, forwarding calls and replies
     forward_loss: float = 0.05  # a forwarding call never reaches the owner
     ack_loss: float = 0.05  # the owner's reply never reaches the sender

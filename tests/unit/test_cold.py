@@ -33,6 +33,7 @@ from test_dispatch_model import DispatchMachine
 
 EXPLORE = os.environ.get("GROUPER_MODEL_EXPLORE") == "1"
 RECORD_BUDGET_BYTES = 2 * MESSAGE_RECORD_BYTES + 2 * GROUP_RECORD_BYTES  # two messages of groups of their own
+READ_BACK_MAX_BYTES = 7  # a read of cold records stops at the third body of ~3 bytes
 
 
 def fresh(message: Message) -> Message:
@@ -43,15 +44,22 @@ def fresh(message: Message) -> Message:
 
 
 def next_records(disk: dict, read: ReadRecords) -> dict:
-    """What the journal answers a ReadRecords with: the next live records of the queue after its seq."""
-    seqs = sorted(seq for queue, seq in disk if queue == read.queue and seq > read.after_seq)[:read.count]
-    return {seq: fresh(disk[(read.queue, seq)]) for seq in seqs}
+    """What the journal answers a ReadRecords with: the next live records of the queue after its seq, up to
+    the one whose body brings the bodies read to its max_bytes (Journal._read_after)."""
+    records, body_bytes = {}, 0
+    for seq in sorted(seq for queue, seq in disk if queue == read.queue and seq > read.after_seq)[:read.count]:
+        if body_bytes >= read.max_bytes:
+            break
+        records[seq] = fresh(disk[(read.queue, seq)])
+        body_bytes += records[seq].size_bytes
+    return records
 
 
 class ColdMachine(DispatchMachine):
     def __init__(self):
         super().__init__()
         self.broker.records.max_bytes = RECORD_BUDGET_BYTES
+        self.broker.records.read_max_bytes = READ_BACK_MAX_BYTES  # reads cut short, never taken for lost records
         self.unjournalled: list[tuple[str, Message]] = []  # Stored, not reported on disk yet
         self.disk: dict[tuple[str, int], Message] = {}  # (queue, seq) -> the record as stored
         self.reads: list[ReadRecords] = []  # not answered yet
@@ -100,7 +108,8 @@ class ColdMachine(DispatchMachine):
     def records_read_back(self):
         read = self.reads.pop(0)
         records = next_records(self.disk, read)
-        assert len(records) == read.count, f"{read} asks for more records than the journal has after its seq"
+        whole = next_records(self.disk, ReadRecords(read.queue, read.after_seq, read.count, 1 << 30))
+        assert len(whole) == read.count, f"{read} asks for more records than the journal has after its seq"
         self.step(lambda: self.broker.promote(read.queue, records, self.now_ms), lambda: None)
 
     @precondition(lambda self: len(self.sent) > len(self.batch_failed))
@@ -286,6 +295,23 @@ def test_a_record_the_journal_lacks_is_dropped_loudly_and_its_bytes_leave_the_de
                                                                  "the journal"]
     assert node.queue.depth_messages == 2 and node.queue.depth_bytes == 2 * len(b"a-1")
     assert node.queue.cold.count == 0
+
+
+def test_a_read_cut_short_by_its_byte_bound_loses_nothing_and_the_next_read_goes_on():
+    node = Node(1, 1)
+    node.broker.records.read_max_bytes = 2 * len(b"a-1")
+    node.send("a", 6)
+    node.consumer("c", 0)
+    effects = node.broker.set_credit("c", 10, 0)  # starved: asks for the five after a-1
+    read = next(e for e in effects if type(e) is ReadRecords)
+    assert (read.after_seq, read.count, read.max_bytes) == (1, 5, 6)
+    effects = node.broker.promote("q", next_records(node.disk, read), 0)
+    assert not [e for e in effects if type(e) is Dropped]  # two of five came back: the bound, not a loss
+    assert node.queue.depth_messages == 6 and node.queue.cold.count == 3 and node.queue.cold.after_seq == 3
+    read = next(e for e in effects if type(e) is ReadRecords)
+    assert (read.after_seq, read.count) == (3, 3)
+    node.broker.promote("q", {4: fresh(node.disk[("q", 4)])}, 0)  # short of the bound: 5 and 6 are missing
+    assert node.queue.depth_messages == 4 and node.queue.cold.count == 0
 
 
 def test_an_answer_for_a_read_the_queue_did_not_ask_is_ignored():

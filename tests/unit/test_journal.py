@@ -978,16 +978,16 @@ def test_after_cold_recovery_the_writer_reads_the_records_back_and_compacts_them
     assert recovery.cold["a"].size_bytes == sum(len(b"%d" % seq * 30) for seq in range(171, 201))
     assert [m.seq for m in recovery.messages["\x00out"]] == list(range(1_001, 1_021))
     callbacks, answers = Callbacks(), Answers()
-    before_start = journal.read_records_after_now("a", 170, 2)  # a cold tail's first read, before serving
+    before_start = journal.read_records_after_now("a", 170, 2, 1 << 20)  # a cold tail's first read, before serving
     assert {seq: fields_of(m) for seq, m in before_start.items()} == {
         seq: fields_of(message(seq, payload=b"%d" % seq * 30, group_id=f"g{seq % 4}")) for seq in (171, 172)}
     journal.start(callbacks.on_durable, callbacks.on_failed, on_records=answers)  # compacts first
     journal.read_records("a", (171, 200, 170))
-    journal.read_records_after("a", 195, 10)  # the tail's next ones: only 5 are left
+    journal.read_records_after("a", 195, 10, 1 << 20)  # the tail's next ones: only 5 are left
     got, after = answers.wait(2)
     stats = journal.stats()
     with pytest.raises(RuntimeError, match="before start"):
-        journal.read_records_after_now("a", 170, 2)
+        journal.read_records_after_now("a", 170, 2, 1 << 20)
     journal.close()
     assert stats["compactions"] == 1
     assert {seq: m and fields_of(m) for seq, m in got[1].items()} == {
@@ -996,3 +996,32 @@ def test_after_cold_recovery_the_writer_reads_the_records_back_and_compacts_them
     assert after[0] == "a" and sorted(after[1]) == [196, 197, 198, 199, 200]
     again = recovered(tmp_path)
     assert [m.seq for m in again.messages["a"]] == list(range(171, 201))
+
+
+def test_a_read_of_the_next_records_stops_once_their_bodies_reach_its_byte_bound(tmp_path):
+    # a cold tail of large messages: 1,024 records at once would be a GiB of 1 MiB bodies. The read stops
+    # after the record whose body reaches the bound (one larger than the bound still comes whole), and only
+    # then or at the last record, which node/core/cold.py's read_missing relies on to tell a cut read from
+    # records the journal lacks
+    sizes = {seq: size for seq, size in zip(range(1, 11), (100, 300, 50, 5_000, 10, 10, 10, 700, 20, 30))}
+
+    def fill(journal):
+        journal.declare(queue_settings("a"))
+        for seq, size in sizes.items():
+            journal.store("a", message(seq, payload=bytes(size), group_id="g"))
+
+    write_and_close(tmp_path, [fill])
+    journal = Journal(tmp_path)
+    journal.recover(cold=True)
+
+    def read(after_seq, count, max_bytes):
+        got = journal.read_records_after_now("a", after_seq, count, max_bytes)
+        assert all(got[seq].size_bytes == sizes[seq] for seq in got)
+        return sorted(got)
+
+    assert read(0, 10, 400) == [1, 2]  # 100 + 300 reaches 400
+    assert read(0, 10, 401) == [1, 2, 3]  # 450: the third reaches it
+    assert read(3, 10, 10) == [4]  # 5,000 alone passes the bound: it still comes
+    assert read(4, 10, 1 << 20) == [5, 6, 7, 8, 9, 10]  # under the bound: every record left
+    assert read(4, 3, 1 << 20) == [5, 6, 7]  # the count still bounds it
+    assert read(10, 10, 1) == []
