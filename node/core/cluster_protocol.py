@@ -50,7 +50,9 @@ handover never reorders a (producer, group) nor lets two consumers hold the grou
   holds no entry of the group (O acknowledged them: O has them stored).
 - O holds the group in its queue (delivers none of it) and waits until nothing of it is in flight: a
   consumer on O settles, or releases (detach, crash) what it was given. Then it hands the group's
-  available messages to N through its outbound channel to N, in queue order (new forward seqs,
+  available messages to N through its outbound channel to N, in queue order, over as many ticks as
+  the per-tick bounds (HANDOVER_MESSAGES_PER_TICK, HANDOVER_BYTES_PER_TICK) and its paged bodies' read-
+  back take; the rest stays held, and every piece is journalled as one handover is (new forward seqs,
   journalled as outbound STOREs before the queue's REMOVEs, in one journal batch: a torn tail may
   duplicate one, never lose one; a failed write stops the node, StopNode, as memory and journal
   differ). A message of the group reaching O meanwhile (its producers here, forwards sent before
@@ -86,7 +88,8 @@ handover never reorders a (producer, group) nor lets two consumers hold the grou
   go in it, so a pass never chases its own group's arrivals: one forwarded by another node (bounded:
   sources stop once they see the move) waits parked (as at N) and is relayed once the group has
   nothing left at O; one from a producer on O is refused, retriable (parked, a steady producer would
-  keep the group busy at O for good: a park is relayed only once on disk). The group is busy at O (no clear) until a whole pass met all of it: a pass
+  keep the group busy at O for good: a park is relayed only once on disk). The group is busy at O (no
+  clear) until a whole pass met all of it: a pass
   ending while a message of its group is still on its way to disk (whole in memory, not yet in the
   journal's index) goes again. Read back for dispatch instead, cold records of a group that lives
   elsewhere now (a restart, a failover) are held and handed to its owner, as recovered ones are.
@@ -182,10 +185,12 @@ CONSUMER_REPORT_INTERVAL_MS = 5000  # consumer counts are re-reported this often
 REGISTER_RETRY_INTERVAL_MS = 1000  # until this node's addresses are in the table
 MOVE_CLEAR_RETRY_INTERVAL_MS = 1000  # a clear the log still waits for is proposed again this often
 SWEEP_BATCH_RECORDS = 1024  # cold records a sweep reads back at once (bodies included)
-# groups handed over in one tick stop once this many messages went (a group goes whole): the engine loop
-# serves its clients between ticks, and the journal and forwarders drain what went (bench/follow_moves.py:
-# 1,000,000 messages of 100 groups in one tick held the loop ~50 s and tripled the node's memory)
+# what an old owner hands over in one tick, over all its groups moving away; a group goes in as many
+# ticks as it takes, in order. The engine loop serves its clients between ticks, and the journal and
+# forwarders drain what went (bench/follow_moves.py: 1,000,000 messages of 100 groups in one tick held the
+# loop ~50 s and tripled the node's memory); the bytes bound large messages (the one reaching it goes)
 HANDOVER_MESSAGES_PER_TICK = 5000
+HANDOVER_BYTES_PER_TICK = 16 << 20
 MOVED_COUNTS = ("messages_handed_over", "cold_handed_over", "messages_relayed", "messages_parked",
                 "restored_handed_over")
 STORED = "stored"  # outcome of a journal batch written to disk
@@ -276,6 +281,8 @@ class ClusterProtocol:
         self.moves: dict[tuple[str, str], tuple] = {}  # key -> (from_node, to_node, waiting frozenset)
         self.held: set[tuple[str, str]] = set()  # keys this node holds in its broker for the cluster
         self._restored: set[tuple[str, str]] = set()  # held since recovery until the replica is current
+        # [messages, bytes] the old owner may still hand over this tick (_drive_moves sets it each tick)
+        self._handover_left = [HANDOVER_MESSAGES_PER_TICK, HANDOVER_BYTES_PER_TICK]
         self.parked: dict[tuple[str, str], list] = {}  # key -> [Message] in arrival order (new owner)
         self._parking: set[int] = set()  # park seqs whose journal write is not known good yet
         # key -> the highest forward seq of what this old owner handed over or relayed: the new owner must
@@ -1256,15 +1263,14 @@ class ClusterProtocol:
         return False
 
     def _drive_moves(self, now_ms: int, effects: list) -> None:
+        self._handover_left = [HANDOVER_MESSAGES_PER_TICK, HANDOVER_BYTES_PER_TICK]  # restored groups' too
         self._review_holds(now_ms, effects)
         if not self.router.ready:
             return  # a replaying replica may see moves the log has ended since
         clears = []
-        handed_before = self.counts["messages_handed_over"]
         for key, (from_node, to_node, waiting) in sorted(self.moves.items()):
             if from_node == self.node_id:
-                if self.counts["messages_handed_over"] - handed_before < HANDOVER_MESSAGES_PER_TICK:
-                    self._hand_over(key, to_node, now_ms, effects)  # else at a later tick, still held
+                self._hand_over(key, to_node, now_ms, effects)  # what this tick has room for; the rest later
                 if key in self.parked and self._cold_admits(key[0]):
                     self._relay_parked(key, to_node, now_ms, effects)
             if self.node_id not in waiting or now_ms < self._clear_due_ms.get(key, 0):
@@ -1287,8 +1293,9 @@ class ClusterProtocol:
         return not channel or next(iter(channel)) > owed  # a channel is in forward seq order
 
     def _hand_over(self, key: tuple[str, str], to_node: str, now_ms: int, effects: list) -> bool:
-        """The old owner sends the group's backlog on, once nothing of it is in flight here (its paged
-        bodies count as in flight until read back). False while it waits for them."""
+        """The old owner sends the group's backlog on, once nothing of it is in flight here: what this
+        tick has room for (_handover_left), with bodies in memory (paged ones are asked for, and go at a
+        later tick). True once nothing of it is left here."""
         queue = self.broker.queues.get(key[0])
         if queue is None:
             return True
@@ -1297,21 +1304,27 @@ class ClusterProtocol:
         group_key = queue.group_key_of_route(key[1])
         if queue.group_in_flight(group_key):
             return False
+        left = self._handover_left
         if not queue.group_available(group_key):
-            queue.hand_over_group(group_key, [])  # nothing to send; an exclusive owner here lets go of
-            return True  # the group, which lives at to_node now (else it would hold it idle, unrouted)
+            # nothing to send; an exclusive owner here lets go of the group, which lives at to_node now
+            # (else it would hold it idle, unrouted)
+            return queue.hand_over_group(group_key, [], 0, 0)[1]
+        if left[0] <= 0 or left[1] <= 0:
+            return False  # this tick's room went to other groups: still held, the next tick goes on
         removed: list = []
-        taken = queue.hand_over_group(group_key, removed)
-        if not taken:
-            return False  # a body paged out since group_in_flight looked: asked for, waited for
+        taken, whole = queue.hand_over_group(group_key, removed, left[0], left[1])
         for old in taken:
             message = _moved_copy(old)
             self._forward_message(to_node, key[0], key[1], message, queue.settings.durable, now_ms, effects)
             self._owed[key] = message.seq
             self.counts["messages_handed_over"] += 1
-        effects.append(ApplyBroker(removed, None))  # the REMOVEs after the outbound STOREs: a torn tail duplicates
-        effects.append(AfterFlush((_HANDED, f"handing group {key[1]!r} of queue {key[0]!r} over to {to_node}")))
-        return True
+            left[0] -= 1
+            left[1] -= old.size_bytes
+        if taken:
+            effects.append(ApplyBroker(removed, None))  # the REMOVEs after the outbound STOREs: a torn tail duplicates
+            effects.append(AfterFlush((_HANDED, f"handing {len(taken)} messages of group {key[1]!r} of queue "
+                                                f"{key[0]!r} over to {to_node}")))
+        return whole
 
     def _relay_parked(self, key: tuple[str, str], to_node: str, now_ms: int, effects: list) -> None:
         """The old owner parked what reached it behind a cold tail: once the group has nothing left here

@@ -18,9 +18,10 @@ stays. Its rules:
   Groups that find no room wait for it in the order they asked.
 - A body read back, or returned by its consumer (a release), is FETCHED: it counts in read-ahead, not in
   the budget, and is not paged out again before it is delivered, so nothing is read twice.
-- A group the cluster holds to hand over keeps its bodies, and asks for all those paged before the
-  hold at once (`want_whole`): they leave this node together, and the queue counts missing ones as in
-  flight until they are back.
+- A group the cluster holds to hand over keeps its bodies, and asks for those paged before the hold
+  (`want_whole`) past READ_AHEAD_MESSAGES but within the read-ahead bytes: it leaves this node a window at
+  a time (Queue.hand_over_group). So that other groups' read-ahead cannot stall a move for good, such a
+  group gets one body even when the room is full, once nothing of it is asked for or back untaken.
 - A body a browser needs comes back pageable, not FETCHED: browsing a paged queue must not fill the
   read-ahead room the groups' consumers need.
 Known limit of this first increment: bodies read back for a group keep their room until delivered, so
@@ -69,7 +70,7 @@ class Pager:
         self._browse_seqs: set[int] = set()  # of those, asked for by a browser only
         self._wanting: deque = deque()  # groups (None: the ungrouped lane) waiting to ask, in order
         self._wanting_set: set = set()
-        self._whole: set = set()  # groups asking for every body (a hand-over)
+        self._whole: set = set()  # groups asking past READ_AHEAD_MESSAGES (a hand-over)
         self.page_ins = 0  # bodies read back, ever
         self.page_outs = 0  # bodies paged out, ever
 
@@ -194,6 +195,7 @@ class Pager:
             finished = True
             if lane is not None:
                 counted = 0
+                coming = False  # a body of the group is asked for or back and not taken yet
                 for message in lane:
                     flags = message.flags
                     if flags & STATE_MASK != AVAILABLE:
@@ -203,12 +205,17 @@ class Pager:
                         break
                     if flags & PAGED and flags & REQUESTED:
                         self._browse_seqs.discard(message.seq)  # a group's now: it comes back FETCHED
+                        coming = True
                     elif flags & PAGED:
-                        if not whole and self.fetched_bytes + self.requested_bytes >= self.read_ahead_bytes_max:
+                        if (self.fetched_bytes + self.requested_bytes >= self.read_ahead_bytes_max
+                                and (coming or not whole)):
                             finished = False
                             break
                         self._ask(message)
                         seqs.append(message.seq)
+                        coming = True
+                    elif flags & FETCHED:
+                        coming = True
             if not finished:
                 break
             wanting.popleft()

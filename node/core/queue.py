@@ -958,11 +958,6 @@ class Queue:
         self._read_cold(True, effects)
         return True
 
-    def paged_group_bodies(self, group: Group) -> int:
-        """Available messages of `group` whose bodies are not in memory."""
-        return sum(1 for message in group.messages()
-                   if message.flags & (STATE_MASK | PAGED) == AVAILABLE | PAGED)
-
     def next_deadline_ms(self) -> int | None:
         deadlines = []
         if self._expiry:
@@ -1090,40 +1085,51 @@ class Queue:
         self._dispatch(now_ms, effects)
 
     def group_in_flight(self, group_key) -> int:
-        """Delivered and unsettled, plus (paging) available ones whose bodies are not back yet: a
-        group is handed over whole, bodies included, so those are asked for now and waited for."""
+        """Delivered and not yet settled, by any consumer."""
         group = self.groups.get(group_key)
-        if group is None:
-            return 0
-        paged = self.paged_group_bodies(group) if self.pager is not None and self.pager.paged_bytes else 0
-        if paged:
-            self.pager.want_whole(group)
-        return group.acquired + paged
+        return 0 if group is None else group.acquired
 
     def group_available(self, group_key) -> int:
         group = self.groups.get(group_key)
         return 0 if group is None else group.available_count
 
-    def hand_over_group(self, group_key, effects: list) -> list[Message]:
-        """Remove a held group's available messages, in order, for another node; its owner is freed.
-        Only once nothing of it is in flight: a message delivered here must be settled (or released)
-        before another node may deliver the next."""
+    def hand_over_group(self, group_key, effects: list, messages_max: int,
+                        bytes_max: int) -> tuple[list[Message], bool]:
+        """Remove a held group's next available messages, in order, for another node: at most
+        `messages_max`, and none past the one whose body reaches `bytes_max`, all with their bodies in
+        memory (paged ones further on are asked for, a window at a time: read them back whole and a
+        large group would be in memory twice). Returns them and whether nothing of the group is left
+        here, its owner freed. Only once nothing of it is in flight: a message delivered here must be
+        settled (or released) before another node may deliver the next."""
         group = self.groups.get(group_key)
-        if group is None or group.acquired or group_key not in self.held_keys:
-            return []
-        taken = [message for message in group.messages() if message.state == AVAILABLE]
-        if any(message.flags & PAGED for message in taken):
-            self.pager.want_whole(group)
-            return []  # group_in_flight counted these: the caller waits for them, as for settlements
+        if group is None:
+            return [], True
+        if group.acquired or group_key not in self.held_keys:
+            return [], False
+        taken: list[Message] = []
+        taken_bytes = 0
+        for message in group.messages():
+            if len(taken) >= messages_max or taken_bytes >= bytes_max:
+                break
+            if message.state != AVAILABLE:
+                continue
+            if message.flags & PAGED:
+                self.pager.want_whole(group)
+                break
+            taken.append(message)
+            taken_bytes += message.size_bytes
         for message in taken:
             message.handed_out = True  # a copy lives on at the new owner: a failed write cannot take it back
             self._remove(message, effects)
+        group.available_count -= len(taken)
+        if group.available_count:
+            self._place_or_forget(group)  # held, so in no heap; its head() drops the tombstones just made
+            return taken, False
         group.lane = None
-        group.available_count = 0
         if group.owner is not None:
             group.owner.disown(group)
         self._place_or_forget(group)  # idle now: forgotten
-        return taken
+        return taken, True
 
     def group_rows(self) -> list[dict]:
         rows = []

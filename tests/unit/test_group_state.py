@@ -108,7 +108,8 @@ def test_a_group_handed_over_to_another_node_is_forgotten():
     send(broker, "g")
     queue = broker.queues["q"]
     queue.hold_group("g")
-    assert len(queue.hand_over_group("g", [])) == 1
+    taken, whole = queue.hand_over_group("g", [], 10, 1 << 20)
+    assert len(taken) == 1 and whole
     assert queue.groups == {}
 
 

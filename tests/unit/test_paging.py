@@ -249,14 +249,62 @@ def test_a_group_held_for_a_hand_over_keeps_its_bodies_and_asks_back_those_paged
     queue.hold_group("a")
     queue.page_out(0)  # held: nothing more goes
     assert [m.seq for m in queue.browse_available() if m.flags & PAGED] == [4]
-    assert queue.group_in_flight("b") == 1  # its paged body counts as in flight: the hand-over waits
-    assert queue.hand_over_group("b", []) == []
+    taken, whole = queue.hand_over_group("b", [], 10, 1 << 20)  # what is in memory goes; 4 is asked for
+    assert [m.seq for m in taken] == [3] and not whole
     effects = []
     queue.tick(0, effects)
     assert [seq for e in effects if type(e) is PageIn for seq in e.seqs] == [4]
     queue.page_in({4: b"y" * 10}, 0, effects)
-    assert queue.group_in_flight("b") == 0
-    assert [m.seq for m in queue.hand_over_group("b", [])] == [3, 4]
+    taken, whole = queue.hand_over_group("b", [], 10, 1 << 20)
+    assert [m.seq for m in taken] == [4] and whole and "b" not in queue.groups
+
+
+def test_a_held_group_goes_a_window_at_a_time_within_the_read_ahead_bytes_and_is_never_stalled_by_other_groups():
+    # read back whole before its hand-over, a large group was in memory twice over; now a window of its
+    # bodies comes back at a time (past READ_AHEAD_MESSAGES, within the read-ahead bytes), and when other
+    # groups' read-ahead fills the room it still gets one body a round, so a move cannot stall for good
+    queue = paged_queue(*["a"] * 4, *["b"] * 40, budget_bytes=0)
+    queue.pager.read_ahead_bytes_max = 40
+    effects: list = []
+    queue.attach("c", False, 0, effects)
+    queue.set_credit("c", 0, 0, effects)
+    queue.pager.want(queue.groups["a"])  # a consumer's group read ahead: all 40 bytes of the room, never taken
+    queue.tick(0, effects)
+    queue.page_in({seq: b"%02d" % seq * 5 for e in effects if type(e) is PageIn for seq in e.seqs}, 0, [])
+    assert queue.pager.fetched_bytes == 40
+    queue.hold_group("b")
+    taken, whole = queue.hand_over_group("b", [], 100, 1 << 20)
+    assert taken == [] and not whole
+    handed = []
+    for _ in range(40):
+        effects = []
+        queue.tick(0, effects)
+        asked = [seq for e in effects if type(e) is PageIn for seq in e.seqs]
+        assert len(asked) <= 1  # the room is full: one body a round
+        queue.page_in({seq: b"%02d" % seq * 5 for seq in asked}, 0, [])
+        taken, whole = queue.hand_over_group("b", [], 100, 1 << 20)
+        handed += [m.seq for m in taken]
+        if whole:
+            break
+    assert handed == list(range(5, 45)) and whole
+    assert queue.pager.fetched_bytes == 40  # a's read-ahead stayed as it was
+
+
+def test_a_held_group_with_room_reads_back_a_window_past_the_per_group_message_count():
+    from node.core.paging import READ_AHEAD_MESSAGES
+
+    count = 3 * READ_AHEAD_MESSAGES
+    queue = paged_queue(*["b"] * count, budget_bytes=0)
+    queue.pager.read_ahead_bytes_max = 10 * (2 * READ_AHEAD_MESSAGES)  # room for two groups' windows
+    queue.hold_group("b")
+    assert queue.hand_over_group("b", [], count, 1 << 20) == ([], False)
+    effects: list = []
+    queue.tick(0, effects)
+    asked = [seq for e in effects if type(e) is PageIn for seq in e.seqs]
+    assert asked == list(range(1, 2 * READ_AHEAD_MESSAGES + 1))
+    queue.page_in({seq: b"%02d" % seq * 5 for seq in asked}, 0, [])
+    taken, whole = queue.hand_over_group("b", [], 10, 25)  # and the hand-over's own bounds: 3 bodies reach 25
+    assert [m.seq for m in taken] == [1, 2, 3] and not whole
 
 
 def paged_queue(*groups, budget_bytes: int = 10, **settings) -> Queue:

@@ -223,8 +223,8 @@ def test_a_restarted_node_sends_what_it_recovered_of_a_group_living_elsewhere_no
 
 
 def test_a_restarted_node_reads_back_the_paged_bodies_of_a_group_living_elsewhere_before_sending_it_on():
-    # recovery past the body budget: the group's messages came back as records; it stays held, its bodies
-    # asked for, and leaves whole once they are back (before: every body was loaded at a restart)
+    # recovery past the body budget: the group's messages came back as records; it stays held, what is in
+    # memory goes on at once, the rest once its bodies are back (before: every body was loaded at a restart)
     broker = Broker()
     broker.declare_queue(QueueSettings(name="q", durable=True))
     broker.restore("q", Message(b"first", "g", seq=5))
@@ -235,13 +235,15 @@ def test_a_restarted_node_reads_back_the_paged_bodies_of_a_group_living_elsewher
     cluster.hold_recovered()
     cluster.applied(ROUTES, [("q", "g", "n2")], 0, 0)
     effects = cluster.ready(1)
-    assert of(JournalStore, effects) == [] and cluster.held == {("q", "g")}
+    assert [store.message.payload for store in of(JournalStore, effects)] == [b"first"]
+    assert cluster.held == {("q", "g")} and cluster.counts["restored_handed_over"] == 0
     [page_in] = of(PageIn, broker.tick(2))
     assert page_in.seqs == (6,)
     assert of(JournalStore, cluster.tick(3, {})) == []  # still waiting for the body: held, nothing sent
+    assert broker.queues["q"].delivered_total == 0
     broker.page_in("q", {6: b"second"}, 4)
     stores = of(JournalStore, cluster.tick(5, {}))
-    assert [store.message.payload for store in stores] == [b"first", b"second"]
+    assert [store.message.payload for store in stores] == [b"second"]
     assert broker.queues["q"].depth_messages == 0 and cluster.held == set()
     assert cluster.counts["restored_handed_over"] == 1
 
@@ -378,16 +380,24 @@ def test_a_sweep_ending_while_a_message_of_its_group_is_still_on_its_way_to_disk
     assert of(ReadRecords, old.tick(5)) == []  # g has nothing cold left
 
 
-def test_an_old_owner_hands_over_a_bounded_number_of_messages_a_tick_each_group_whole(monkeypatch):
+def test_an_old_owner_hands_over_a_bounded_number_of_messages_and_bytes_a_tick_a_group_in_pieces(monkeypatch):
     monkeypatch.setattr(cluster_protocol, "HANDOVER_MESSAGES_PER_TICK", 3)
+    monkeypatch.setattr(cluster_protocol, "HANDOVER_BYTES_PER_TICK", 1 << 20)
     old = Node("n1")
     old.cluster.applied(ROUTES, [("q", "h", "n1")], 0, 0)
     for group in ("g", "h"):
         for number in range(4):
             old.run(old.cluster.arrive(None, "q", group, Message(f"{group}{number}".encode(), group), True, False, 0))
     old.run(old.cluster.applied(MOVES, [MOVE + (EVERYONE,), ("q", "h", "n1", "n2", EVERYONE)], None, 0))
-    first = [store.message.payload for store in of(JournalStore, old.tick(1))]
-    assert first == [b"g0", b"g1", b"g2", b"g3"]  # past the bound with g, whole: h waits, held
-    assert old.broker.queues["q"].depth_messages == 4 and old.delivered == []
-    second = [store.message.payload for store in of(JournalStore, old.tick(2))]
-    assert second == [b"h0", b"h1", b"h2", b"h3"]
+    ticks = [[store.message.payload for store in of(JournalStore, old.tick(now_ms))] for now_ms in (1, 2, 3, 4)]
+    # three a tick, each group in order; what is left stays held, never delivered here
+    assert ticks == [[b"g0", b"g1", b"g2"], [b"g3", b"h0", b"h1"], [b"h2", b"h3"], []]
+    assert old.broker.queues["q"].depth_messages == 0 and old.delivered == []
+    monkeypatch.setattr(cluster_protocol, "HANDOVER_MESSAGES_PER_TICK", 100)
+    monkeypatch.setattr(cluster_protocol, "HANDOVER_BYTES_PER_TICK", 5)  # past it with the message that reaches it
+    old.cluster.applied(ROUTES, [("q", "k", "n1")], 0, 0)
+    for number in range(5):
+        old.run(old.cluster.arrive(None, "q", "k", Message(b"k%d" % number * 2, "k"), True, False, 0))
+    old.run(old.cluster.applied(MOVES, [("q", "k", "n1", "n2", EVERYONE)], None, 5))
+    ticks = [[store.message.payload for store in of(JournalStore, old.tick(now_ms))] for now_ms in (6, 7, 8)]
+    assert ticks == [[b"k0k0", b"k1k1"], [b"k2k2", b"k3k3"], [b"k4k4"]]
