@@ -83,8 +83,8 @@ handover never reorders a (producer, group) nor lets two consumers hold the grou
   unknown until read back). Once the group has nothing warm or in flight at O, O sweeps the tail: reads
   it through in seq order (SWEEP_BATCH_RECORDS at a time, fewer past cold.py's byte bound; its own
   reads; the queue reads nothing back for dispatch meanwhile, nor until the REMOVEs of what the sweep
-  took are on disk, so no record is read twice) and hands over the records of the groups the pass began with, as a handover does, the
-  rest left cold. A message of a moving group reaching O while its queue would put it cold does not
+  took are on disk, so no record is read twice) and hands over the records of the groups the pass
+  began with, as a handover does, the rest left cold. A message of a moving group reaching O while its queue would put it cold does not
   go in it, so a pass never chases its own group's arrivals: one forwarded by another node (bounded:
   sources stop once they see the move) waits parked (as at N) and is relayed once the group has
   nothing left at O; one from a producer on O is refused, retriable (parked, a steady producer would
@@ -1308,7 +1308,8 @@ class ClusterProtocol:
         if not queue.group_available(group_key):
             # nothing to send; an exclusive owner here lets go of the group, which lives at to_node now
             # (else it would hold it idle, unrouted)
-            return queue.hand_over_group(group_key, [], 0, 0)[1]
+            queue.hand_over_group(group_key, [], 0, 0)
+            return True
         if left[0] <= 0 or left[1] <= 0:
             return False  # this tick's room went to other groups: still held, the next tick goes on
         removed: list = []

@@ -14,13 +14,14 @@ gigabytes before any body. Past the node's record budget a queue keeps not even 
 - Being the queue's newest, the cold messages on disk are exactly its live records above `after_seq`
   (every warm message's seq is at most that, pending ones are newer than them all), and that is how
   the journal is asked for them: the next N records after `after_seq`, read back whole (`ReadRecords`,
-  records with their bodies) and put in the warm part in seq order. A read also stops once the bodies it
-  brought reach the node's `read_max_bytes` (READ_BACK_BYTES_MAX; one record larger than that still comes whole):
-  1,024 records of 1 MiB would otherwise be a GiB in memory at once. So a read comes back with fewer
-  records than asked either because of that bound (the next read goes on) or because the journal lacks
-  them, which `read_missing` tells apart: the journal stops short of the bound only at its last record. One read per queue at once, of as
-  many as the budget has room for (at most PROMOTE_BATCH_RECORDS: what consumers settle while a read
-  is out makes the next one larger); and past the budget, a whole batch whenever the queue is starved:
+  records with their bodies) and put in the warm part in seq order. A read also stops once the bodies
+  it brought reach the node's `read_max_bytes` (READ_BACK_BYTES_MAX; one record larger than that still
+  comes whole): 1,024 records of 1 MiB would otherwise be a GiB in memory at once. So a read comes back
+  with fewer records than asked either because of that bound (the next read goes on) or because the
+  journal lacks them, which `read_missing` tells apart: the journal stops short of the bound only at its
+  last record. One read per queue at once, of as many as the budget has room for (at most
+  PROMOTE_BATCH_RECORDS: what consumers settle while a read is out makes the next one larger); and past
+  the budget, a whole batch whenever the queue is starved:
   a consumer with credit, or a browser, finds nothing to take in the warm part while no body is being
   read back. A queue asks when it dispatches: room another queue made is seen at its next tick. A slow
   consumer's groups can thus hold the warm part full and the others still get theirs: memory then
