@@ -12,6 +12,7 @@ import collections
 
 import pytest
 
+from node.core import cluster_protocol
 from node.core.cold import GROUP_RECORD_BYTES, MESSAGE_RECORD_BYTES
 from tests.sim.simulation import Simulation
 
@@ -20,6 +21,7 @@ FOLLOW_JOURNAL_FAIL_SEEDS = 20
 FOLLOW_OUTBOUND_BOUND_SEEDS = 30  # runs whose outbound stores hold a few messages per owner
 FOLLOW_OUTBOUND_PAGING_SEEDS = 30  # runs whose outbound stores keep about one body per owner in memory
 FOLLOW_BODY_PAGING_SEEDS = 30  # runs whose nodes keep ~15 bodies and a few records of their queues in memory
+FOLLOW_PIECES_SEEDS = 40  # runs whose old owners hand over two messages a tick
 SWEEP_STEPS = 300
 NODES_BY_SEED = (3, 3, 2, 5)
 ROUTE_FOLLOW_MS = 100
@@ -76,6 +78,24 @@ def test_groups_follow_consumers_while_bodies_page_and_backlogs_go_cold_and_a_mo
     for counted in ("moves_done", "messages_handed_over", "bodies_paged_out", "bodies_read_back", "cold_read_back",
                     "cold_reads_cut",
                     "cold_recovered", "cold_sweeps", "cold_handed_over", "crashes", "torn_tails"):
+        assert totals[counted] > 0, (counted, totals)
+    assert totals["moves_done"] == totals["moves_begun"]
+
+
+def test_groups_follow_consumers_while_old_owners_hand_over_a_few_messages_and_bytes_a_tick(monkeypatch):
+    # the per-tick handover bounds at a couple of messages: groups go in pieces over many ticks, their paged
+    # bodies read back a window at a time, and what arrives meanwhile goes behind them (7b846e5)
+    monkeypatch.setattr(cluster_protocol, "HANDOVER_MESSAGES_PER_TICK", 2)
+    monkeypatch.setattr(cluster_protocol, "HANDOVER_BYTES_PER_TICK", 30)
+    totals: collections.Counter = collections.Counter()
+    for seed in range(FOLLOW_PIECES_SEEDS):
+        sim = Simulation(seed, nodes=NODES_BY_SEED[seed % len(NODES_BY_SEED)], route_follow_ms=ROUTE_FOLLOW_MS,
+                         message_memory_max_bytes=(seed % 3) * 100, read_back_max_bytes=READ_BACK_MAX_BYTES,
+                         record_memory_max_bytes=RECORD_MEMORY_MAX_BYTES if seed % 2 else 0)
+        sim.run(SWEEP_STEPS)
+        sim.drain()
+        totals.update(sim.summary())
+    for counted in ("moves_done", "messages_handed_over", "bodies_read_back", "cold_handed_over"):
         assert totals[counted] > 0, (counted, totals)
     assert totals["moves_done"] == totals["moves_begun"]
 
