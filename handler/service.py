@@ -9,9 +9,11 @@ other members forward theirs to it (pysyncobj does). The leader also has duties,
 handler/leader_duties.py (the reaper and owner failover); a thread of this class only feeds it the
 clock and the raft status and enqueues the commands it returns.
 
-Raft connections go through handler/raft_transport.py: the dialer names the member it meant to
-reach, and a node closes a connection meant for another (a stale address, an IP reused after a
-restart), so the dialer redials and resolves the name again. With `raft_secrets` every raft
+The leader walks a diverged follower's log back by handler/raft_catch_up.py's rule (pysyncobj's own
+could send it forward again at every tick and leave it behind for good). Raft connections go through
+handler/raft_transport.py: the dialer names the member it meant to reach, and a node closes a
+connection meant for another (a stale address, an IP reused after a restart), so the dialer redials
+and resolves the name again. With `raft_secrets` every raft
 connection is encrypted and authenticated with them (pysyncobj's password; see the transport).
 """
 
@@ -23,10 +25,11 @@ import random
 import threading
 import time
 
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
+from pysyncobj import FAIL_REASON, SyncObjConf
 from pysyncobj.monotonic import monotonic as raft_clock
 
 from handler.leader_duties import ExpireIdle, FailOver, FollowConsumers, LeaderDuties, MarkUp, RaftStatus
+from handler.raft_catch_up import CatchUpSyncObj
 from handler.raft_transport import RaftTransport
 from handler.replicated import PYSYNCOBJ_LOGGER, RefuseNewerCommands, RouteTableReplica
 from handler.route_table import PLACEMENT_BALANCED
@@ -97,7 +100,7 @@ class GroupingHandler:
             # turns on pysyncobj's key exchange; the transport encrypts with every secret given
             password=raft_secrets[0] if raft_secrets else None,
         )
-        self._syncobj = SyncObj(node_id, list(partners), conf=conf, consumers=[self.replica],
+        self._syncobj = CatchUpSyncObj(node_id, list(partners), conf=conf, consumers=[self.replica],
                                 transportClass=RaftTransport.with_secrets(raft_secrets) if raft_secrets
                                 else RaftTransport)
         self._syncobj._SyncObj__transport.on_member_lost = self._member_lost  # pysyncobj keeps it private
