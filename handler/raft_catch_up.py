@@ -5,7 +5,7 @@ pysyncobj 0.3.17's leader sends a follower its log from `nextIndex` to the end a
 follower whose log diverges (a leader cut off with proposals it appended and never committed) refuses
 every one of those messages with a reset: the first at its prevLogIdx (walk back one), each later one
 at the follower's last index + 1 (it has no entry at their prevLogIdx). The leader kept the last reset
-it read, so `nextIndex` went back past the divergence at every tick while the log ahead held more than
+it read, so `nextIndex` came back above the divergence at every tick while the log ahead held more than
 one batch, and the follower never caught up: its node refused new groups for minutes (finding 9,
 docs/reliability.md; where groups follow their consumers, moves make entries of tens of KiB).
 
