@@ -1011,14 +1011,15 @@ class Queue:
             self._place_or_forget(group)
         return count
 
-    def take_group_messages(self, group_key, count: int | None, effects: list,
-                            bodies: bool = True) -> list[Message]:
+    def take_group_messages(self, group_key, count: int | None, effects: list, bodies: bool = True,
+                            bytes_max: int | None = None, whole: bool = False) -> list[Message]:
         """Remove up to `count` available messages from a group's head (all with None).
 
         Acquired messages are never taken: they belong to a consumer until settled. `bodies` False
-        (a purge): paged-out messages are taken too; else only up to the first one (see group_head_messages)."""
+        (a purge): paged-out messages are taken too; else only up to the first one (see group_head_messages,
+        which also says `bytes_max` and `whole`)."""
         group = self._group(group_key)
-        taken = self.group_head_messages(group_key, count, bodies)
+        taken = self.group_head_messages(group_key, count, bodies, bytes_max, whole)
         for message in taken:
             self._remove(message, effects)
         group.available_count -= len(taken)
@@ -1043,20 +1044,26 @@ class Queue:
                                     if message.flags & STATE_MASK == AVAILABLE)
         return taken
 
-    def group_head_messages(self, group_key, count: int | None, bodies: bool = True) -> list[Message]:
-        """The first `count` available messages of a group (all with None), left in place. With
-        `bodies` they end before the first one whose body is paged out, and the group's next bodies are
-        asked for (a move copies bodies: the caller moves what it got; called again, the next window)."""
+    def group_head_messages(self, group_key, count: int | None, bodies: bool = True,
+                            bytes_max: int | None = None, whole: bool = False) -> list[Message]:
+        """The first `count` available messages of a group (all with None), left in place, and none past
+        the one whose body reaches `bytes_max` (None: no bound). With `bodies` they end before the first
+        one whose body is paged out, and the group's next bodies are asked for (a move copies bodies: the
+        caller moves what it got; called again, the next window); `whole` asks past READ_AHEAD_MESSAGES
+        (Pager.want_whole: a hand-over)."""
         group = self._group(group_key)
         head: list[Message] = []
+        head_bytes = 0
         for message in group.messages():
-            if count is not None and len(head) >= count:
+            if (count is not None and len(head) >= count) or (bytes_max is not None and head_bytes >= bytes_max):
                 break
             if message.state == AVAILABLE:
                 if bodies and message.flags & PAGED:
-                    self.pager.want(group)  # the next window, within the read-ahead room: never a whole backlog
+                    # the next window, within the read-ahead room: never a whole backlog
+                    (self.pager.want_whole if whole else self.pager.want)(group)
                     break
                 head.append(message)
+                head_bytes += message.size_bytes
         return head
 
     # ---- the cluster's holds (node/core/cluster_protocol.py: groups follow their consumers) ---------
@@ -1106,29 +1113,14 @@ class Queue:
             return [], True
         if group.acquired or group_key not in self.held_keys:
             return [], False
-        taken: list[Message] = []
-        taken_bytes = 0
-        for message in group.messages():
-            if len(taken) >= messages_max or taken_bytes >= bytes_max:
-                break
-            if message.state != AVAILABLE:
-                continue
-            if message.flags & PAGED:
-                self.pager.want_whole(group)
-                break
-            taken.append(message)
-            taken_bytes += message.size_bytes
+        taken = self.take_group_messages(group_key, messages_max, effects, bytes_max=bytes_max, whole=True)
         for message in taken:
             message.handed_out = True  # a copy lives on at the new owner: a failed write cannot take it back
-            self._remove(message, effects)
-        group.available_count -= len(taken)
         if group.available_count:
-            self._place_or_forget(group)  # held, so in no heap; its head() drops the tombstones just made
-            return taken, False
-        group.lane = None
-        if group.owner is not None:
+            return taken, False  # held, so in no heap: the rest goes at the next call
+        if group.owner is not None:  # without one, take_group_messages forgot the group already
             group.owner.disown(group)
-        self._place_or_forget(group)  # idle now: forgotten
+            self._place_or_forget(group)  # idle now: forgotten
         return taken, True
 
     def group_rows(self) -> list[dict]:
