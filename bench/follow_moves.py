@@ -31,7 +31,6 @@ docs/benchmarks.md, rendered from every results/follow-moves-*.json.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import urllib.error
@@ -49,7 +48,6 @@ from cluster import Cluster, NodeProcess, load_1m  # noqa: E402
 from outbound_memory import QUEUE, BudgetRuns, Clients, budget_runs_main, order_check, wait_progress  # noqa: E402
 
 SECTION_HEADING = "## Groups following their consumers: moving a cold backlog"
-RESULTS_DIR = BENCH_DIR / "results"
 REPORT_PATH = REPO_ROOT / "docs" / "benchmarks.md"
 HOST = "127.0.0.1"
 MB = 1_000_000
@@ -357,14 +355,10 @@ def render_section(reports: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def load_reports() -> list[dict]:
-    return [json.loads(path.read_text()) for path in sorted(RESULTS_DIR.glob("follow-moves-*.json"))]
-
-
 def main(argv: list[str] | None = None) -> int:
     return budget_runs_main(BudgetRuns(
         "bench/follow_moves.py", __doc__.split("\n\n", 1)[0], "follow-moves", SECTION_HEADING, render_section,
-        load_reports, run_budget, (DEFAULT_MESSAGES, DEFAULT_GROUPS, DEFAULT_BODY_BYTES, DEFAULT_BUDGETS),
+        run_budget, (DEFAULT_MESSAGES, DEFAULT_GROUPS, DEFAULT_BODY_BYTES, DEFAULT_BUDGETS),
         ("messages queued on node 0", "groups placed on node 0, then moved",
          "the nodes' record_memory_max_bytes of each run, in bytes (0 = every record warm)")), argv)
 

@@ -423,10 +423,6 @@ def render_section(reports: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def load_reports() -> list[dict]:
-    return [json.loads(path.read_text()) for path in sorted(RESULTS_DIR.glob("outbound-memory-*.json"))]
-
-
 @dataclasses.dataclass(frozen=True)
 class BudgetRuns:
     """A benchmark that runs one scenario per budget, each on a fresh cluster, and renders its section
@@ -436,10 +432,13 @@ class BudgetRuns:
     results_prefix: str  # results/<prefix>-<messages>[-<tag>].json
     section_heading: str
     render: object  # render_section(reports) -> str
-    load_reports: object  # () -> list[dict]
     run_budget: object  # run_budget(run_dir, budget, messages, groups, body_bytes) -> dict
     defaults: tuple  # (messages, groups, body_bytes, budgets)
     helps: tuple  # of --messages, --groups, --budgets
+
+    def load_reports(self) -> list[dict]:
+        """Every run's results file, in name order."""
+        return [json.loads(path.read_text()) for path in sorted(RESULTS_DIR.glob(f"{self.results_prefix}-*.json"))]
 
 
 def budget_runs_main(bench: BudgetRuns, argv: list[str] | None) -> int:
@@ -499,7 +498,7 @@ def budget_runs_main(bench: BudgetRuns, argv: list[str] | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     return budget_runs_main(BudgetRuns(
         "bench/outbound_memory.py", __doc__.split("\n\n", 1)[0], "outbound-memory", SECTION_HEADING,
-        render_section, load_reports, run_budget, (DEFAULT_MESSAGES, DEFAULT_GROUPS, DEFAULT_BODY_BYTES, DEFAULT_BUDGETS),
+        render_section, run_budget, (DEFAULT_MESSAGES, DEFAULT_GROUPS, DEFAULT_BODY_BYTES, DEFAULT_BUDGETS),
         ("messages in the backlog", "groups node 1 owns",
          "node 0's outbound_memory_max_bytes of each run, in bytes (0 = no bound)")), argv)
 
