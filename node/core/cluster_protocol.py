@@ -83,16 +83,16 @@ handover never reorders a (producer, group) nor lets two consumers hold the grou
   unknown until read back). Once the group has nothing warm or in flight at O, O sweeps the tail: reads
   it through in seq order (SWEEP_BATCH_RECORDS at a time, fewer past cold.py's byte bound; its own
   reads; the queue reads nothing back for dispatch meanwhile, nor until the REMOVEs of what the sweep
-  took are on disk, so no record is read twice) and hands over the records of the groups the pass
-  began with, as a handover does, the rest left cold. A message of a moving group reaching O while its queue would put it cold does not
-  go in it, so a pass never chases its own group's arrivals: one forwarded by another node (bounded:
-  sources stop once they see the move) waits parked (as at N) and is relayed once the group has
-  nothing left at O; one from a producer on O is refused, retriable (parked, a steady producer would
-  keep the group busy at O for good: a park is relayed only once on disk). The group is busy at O (no
-  clear) until a whole pass met all of it: a pass
-  ending while a message of its group is still on its way to disk (whole in memory, not yet in the
-  journal's index) goes again. Read back for dispatch instead, cold records of a group that lives
-  elsewhere now (a restart, a failover) are held and handed to its owner, as recovered ones are.
+  took are on disk, so no record is read twice) and hands over the records of the groups the pass began
+  with, as a handover does, the rest left cold. A message of a moving group reaching O while its queue
+  would put it cold does not go in it, so a pass never chases its own group's arrivals: one forwarded by
+  another node (bounded: sources stop once they see the move) waits parked (as at N) and is relayed once
+  the group has nothing left at O; one from a producer on O is refused, retriable (parked, a steady
+  producer would keep the group busy at O for good: a park is relayed only once on disk). The group is
+  busy at O (no clear) until a whole pass met all of it: a pass ending while a message of its group is
+  still on its way to disk (whole in memory, not yet in the journal's index) goes again. Read back for
+  dispatch instead, cold records of a group that lives elsewhere now (a restart, a failover) are held
+  and handed to its owner, as recovered ones are.
 - A member that is down holds a move up (its channel to O may hold the group) until it is back or
   failed over; the leader proposes no move while a member is out of reach. Consumers moving again
   mid-handover change nothing: a moving route is not moved again until its move ended.
@@ -1143,14 +1143,18 @@ class ClusterProtocol:
 
     def _left_here(self, key: tuple[str, str]) -> bool:
         """_busy but for what is parked: queued or in flight here, or perhaps in the cold tail."""
+        if self._warm_here(key):
+            return True
+        move = self.moves.get(key)
+        return move is not None and move[0] == self.node_id and self._sweep_pending(key)
+
+    def _warm_here(self, key: tuple[str, str]) -> bool:
+        """Group `key` has messages queued (warm) or in flight in its queue here."""
         queue = self.broker.queues.get(key[0])
         if queue is None:
             return False
         group_key = queue.group_key_of_route(key[1])
-        if queue.group_available(group_key) or queue.group_in_flight(group_key):
-            return True
-        move = self.moves.get(key)
-        return move is not None and move[0] == self.node_id and self._sweep_pending(key)
+        return bool(queue.group_available(group_key) or queue.group_in_flight(group_key))
 
     def _cold_admits(self, queue_name: str) -> bool:
         """A message enqueued in this queue now would go cold (node/core/cold.py)."""
@@ -1358,9 +1362,7 @@ class ClusterProtocol:
         for key, (from_node, _, _) in self.moves.items():
             if from_node != me or key[0] in self._sweeps or not self._sweep_pending(key):
                 continue
-            queue = self.broker.queues[key[0]]
-            group_key = queue.group_key_of_route(key[1])
-            if key in self.held and not queue.group_available(group_key) and not queue.group_in_flight(group_key):
+            if key in self.held and not self._warm_here(key):
                 wanted.setdefault(key[0], set()).add(key)
         for name, keys in sorted(wanted.items()):
             cold = self.broker.queues[name].cold
