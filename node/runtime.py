@@ -319,7 +319,8 @@ class LoopControl:
                 "commit_index": raft.get("commit_index", 0),
                 "waiting_for_route": local["waiting_for_route"], "outbound": local["outbound"],
                 "outbound_bytes": {owner: stats["bytes"] for owner, stats in local["outbound_store"].items()},
-                "in_transit": local["in_transit"], "members": rows}
+                "in_transit": local["in_transit"], "moving": local["moving"], "moves": local["moves"],
+                "members": rows}
 
 
 def _routes_by_node(routes: dict) -> dict[str, int]:

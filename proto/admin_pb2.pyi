@@ -334,7 +334,7 @@ class ClusterMember(_message.Message):
     def __init__(self, node: _Optional[str] = ..., amqp_address: _Optional[str] = ..., admin_address: _Optional[str] = ..., down: _Optional[bool] = ..., connected: _Optional[bool] = ..., routes: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., error: _Optional[str] = ..., consumers: _Optional[_Mapping[str, int]] = ..., raft_member: _Optional[bool] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("node", "leader", "term", "has_quorum", "routes", "members", "waiting_for_route", "outbound", "clustered", "routes_digest", "last_applied", "commit_index", "in_transit", "outbound_bytes")
+    __slots__ = ("node", "leader", "term", "has_quorum", "routes", "members", "waiting_for_route", "outbound", "clustered", "routes_digest", "last_applied", "commit_index", "in_transit", "outbound_bytes", "moving", "moves")
     class OutboundEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -370,6 +370,8 @@ class ClusterStatusResponse(_message.Message):
     COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
     IN_TRANSIT_FIELD_NUMBER: _ClassVar[int]
     OUTBOUND_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MOVING_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
     node: str
     leader: str
     term: int
@@ -384,7 +386,25 @@ class ClusterStatusResponse(_message.Message):
     commit_index: int
     in_transit: _containers.ScalarMap[str, int]
     outbound_bytes: _containers.ScalarMap[str, int]
-    def __init__(self, node: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., has_quorum: _Optional[bool] = ..., routes: _Optional[int] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., waiting_for_route: _Optional[int] = ..., outbound: _Optional[_Mapping[str, int]] = ..., clustered: _Optional[bool] = ..., routes_digest: _Optional[str] = ..., last_applied: _Optional[int] = ..., commit_index: _Optional[int] = ..., in_transit: _Optional[_Mapping[str, int]] = ..., outbound_bytes: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    moving: int
+    moves: _containers.RepeatedCompositeFieldContainer[GroupMove]
+    def __init__(self, node: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., has_quorum: _Optional[bool] = ..., routes: _Optional[int] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., waiting_for_route: _Optional[int] = ..., outbound: _Optional[_Mapping[str, int]] = ..., clustered: _Optional[bool] = ..., routes_digest: _Optional[str] = ..., last_applied: _Optional[int] = ..., commit_index: _Optional[int] = ..., in_transit: _Optional[_Mapping[str, int]] = ..., outbound_bytes: _Optional[_Mapping[str, int]] = ..., moving: _Optional[int] = ..., moves: _Optional[_Iterable[_Union[GroupMove, _Mapping]]] = ...) -> None: ...
+
+class GroupMove(_message.Message):
+    __slots__ = ("queue", "group", "from_node", "to_node", "waiting", "here")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    TO_NODE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    HERE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    from_node: str
+    to_node: str
+    waiting: _containers.RepeatedScalarFieldContainer[str]
+    here: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., from_node: _Optional[str] = ..., to_node: _Optional[str] = ..., waiting: _Optional[_Iterable[str]] = ..., here: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class MoveGroupResponse(_message.Message):
     __slots__ = ("messages_moved",)

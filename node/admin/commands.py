@@ -362,6 +362,13 @@ def _cluster_status(client: AdminClient, args) -> None:
         depths = member["error"] or ", ".join(f"{q['name']}={q['depth_messages']}" for q in member["queues"]) or "-"
         rows.append((member["node"], role, state, member["amqp_address"] or "-", member["routes"], depths))
     print(_table(("NODE", "ROLE", "RAFT", "AMQP", "ROUTES", "QUEUE DEPTHS"), rows))
+    if status["moving"]:
+        shown = status["moves"]
+        print(f"\n{_count(status['moving'], 'group')} moving between nodes"
+              + (f" (the first {len(shown)}):" if len(shown) < status["moving"] else ":"))
+        print(_table(("QUEUE", "GROUP", "FROM", "TO", "WAITING FOR", f"AT {status['node']}"),
+                     [(move["queue"], move["group"], move["from"], move["to"], ", ".join(move["waiting"]),
+                       "; ".join(move["here"]) or "-") for move in shown]))
 
 
 def _group_reset(client: AdminClient, args) -> None:

@@ -431,7 +431,10 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 outbound=status.get("outbound", {}), outbound_bytes=status.get("outbound_bytes", {}),
                 routes_digest=status.get("routes_digest", ""),
                 last_applied=status.get("last_applied", 0), commit_index=status.get("commit_index", 0),
-                in_transit=status.get("in_transit", {}))
+                in_transit=status.get("in_transit", {}), moving=status.get("moving", 0),
+                moves=[admin_pb2.GroupMove(queue=move["queue"], group=move["group"], from_node=move["from"],
+                                           to_node=move["to"], waiting=move["waiting"], here=move["here"])
+                       for move in status.get("moves", [])])
             asked = []  # (row, future): the other members' queue depths, asked of all at once
             for member in status.get("members", []):
                 row = response.members.add(node=member["node"], amqp_address=member.get("amqp_address", ""),

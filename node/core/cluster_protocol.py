@@ -184,6 +184,7 @@ TOUCH_RETRY_INTERVAL_MS = CLAIM_RETRY_INTERVAL_MS * 10  # a failed refresh is tr
 CONSUMER_REPORT_INTERVAL_MS = 5000  # consumer counts are re-reported this often even unchanged
 REGISTER_RETRY_INTERVAL_MS = 1000  # until this node's addresses are in the table
 MOVE_CLEAR_RETRY_INTERVAL_MS = 1000  # a clear the log still waits for is proposed again this often
+MOVES_SHOWN_MAX = 20  # moves status() details (what each waits for here), the oldest keys first
 SWEEP_BATCH_RECORDS = 1024  # cold records a sweep reads back at once (bodies included)
 # what an old owner hands over in one tick, over all its groups moving away; a group goes in as many
 # ticks as it takes, in order. The engine loop serves its clients between ticks, and the journal and
@@ -1532,6 +1533,7 @@ class ClusterProtocol:
             "outbound_max_messages": self.outbound_max_messages,
             "outbound_memory_max_bytes": self.outbound.memory_max_bytes,
             "moving": len(self.moves),
+            "moves": [self._move_report(key, move) for key, move in sorted(self.moves.items())[:MOVES_SHOWN_MAX]],
             "held": len(self.held),
             "parked": sum(len(messages) for messages in self.parked.values()),
             # messages that left or waited for a move since this node started, by how
@@ -1540,6 +1542,37 @@ class ClusterProtocol:
             "in_transit": self.in_transit(),
             "members": self.members,
         }
+
+    def _move_report(self, key: tuple[str, str], move: tuple) -> dict:
+        """What move `key` waits for, as this node sees it: the members yet to clear, and what keeps this
+        one from clearing (_drive_moves' conditions, spelled out for an operator)."""
+        from_node, to_node, waiting = move
+        blocks = []
+        if self.node_id in waiting:
+            if not self.router.ready:
+                blocks.append("this node's replica is not current yet")
+            if from_node == self.node_id:
+                if waiting != {self.node_id}:
+                    blocks.append("the other members' clears (the old owner clears last)")
+                if self._warm_here(key):
+                    queue = self.broker.queues[key[0]]
+                    group_key = queue.group_key_of_route(key[1])
+                    blocks.append(f"{queue.group_available(group_key)} queued and "
+                                  f"{queue.group_in_flight(group_key)} in flight here")
+                if self._sweep_pending(key):
+                    blocks.append("a sweep of the queue's cold tail"
+                                  + (" (reading)" if key[0] in self._sweeps else " (not started)"))
+                if key in self.parked:
+                    blocks.append(f"{len(self.parked[key])} parked here")
+                if not self._paid(key, to_node):
+                    channel = self.outbound.channels.get(to_node)
+                    blocks.append(f"{to_node} to acknowledge forward seq {self._owed.get(key, 0)} (recovered up "
+                                  f"to {self._recovered_top.get(to_node, 0)}; its channel starts at "
+                                  f"{next(iter(channel)) if channel else None})")
+            elif count := self.outbound.count(from_node, key):
+                blocks.append(f"{from_node} to acknowledge messages of the group forwarded to it ({count} left)")
+        return {"queue": key[0], "group": key[1], "from": from_node, "to": to_node, "waiting": sorted(waiting),
+                "here": blocks}
 
     def close(self) -> None:
         self.closed = True

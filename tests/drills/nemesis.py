@@ -425,6 +425,9 @@ class Campaign:
             self._compare_digests(result)
         except Exception as error:  # the round's verdict, with its seed; the campaign goes on
             result.failure = f"{type(error).__name__}: {error}"
+            # each node's own view as the round failed (what every move waits for, among others), before
+            # _revive changes it
+            (logs / "statuses.json").write_text(json.dumps(self.statuses(), indent=1, default=str) + "\n")
         finally:
             self._revive()
         # each node's lines of this round beside the clients' logs, written as the round ends, so a

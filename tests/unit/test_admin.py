@@ -415,3 +415,34 @@ def test_client_errors_of_a_refusal_are_node_failures(node):
     with AdminClient(node.address) as client, pytest.raises(NodeFailure) as raised:
         client.purge_group("nope", "g", None)
     assert raised.value.status == "NOT_FOUND" and raised.value.address == node.address
+
+
+class MovingControl(BrokerControl):
+    """A clustered node's status while a group moves: what the protocol's status() gives (its moves
+    spelled out by ClusterProtocol._move_report)."""
+
+    MOVE = {"queue": "q", "group": "g1", "from": "n1:1", "to": "n2:1", "waiting": ["n1:1", "n3:1"],
+            "here": ["the other members' clears (the old owner clears last)", "2 queued and 0 in flight here"]}
+
+    def cluster_status(self) -> dict:
+        return {"clustered": True, "node": "n1:1", "leader": "n2:1", "term": 3, "has_quorum": True, "routes": 2,
+                "waiting_for_route": 0, "outbound": {}, "outbound_bytes": {}, "routes_digest": "", "in_transit": {},
+                "moving": 2, "moves": [self.MOVE],
+                "members": [{"node": "n1:1", "connected": True, "raft_member": True, "routes": 2}]}
+
+
+def test_cluster_status_shows_the_moving_groups_and_what_each_waits_for(broker, capsys):
+    moving = Node(MovingControl(broker, now_ms=lambda: 1_000))
+    try:
+        code, out, _ = moving.grouper(capsys, "cluster", "status", "--json")
+        assert code == 0
+        status = json.loads(out)
+        assert status["moving"] == 2 and status["moves"] == [MovingControl.MOVE]
+        code, out, _ = moving.grouper(capsys, "cluster", "status")
+    finally:
+        moving.server.stop(None)
+    assert code == 0
+    assert "2 groups moving between nodes (the first 1):" in out
+    [row] = [line for line in out.splitlines() if line.startswith("q ")]
+    assert row.split()[:5] == ["q", "g1", "n1:1", "n2:1", "n1:1,"]
+    assert row.endswith("the other members' clears (the old owner clears last); 2 queued and 0 in flight here")

@@ -111,6 +111,38 @@ def test_the_old_owner_clears_last_once_the_new_owner_stored_the_handover():
     assert of(ProposeMoveClear, old.tick(6)) == []  # proposed again only if the log still waits later
 
 
+def test_status_tells_what_each_member_waits_for_before_it_clears_a_move():
+    old, source = Node("n1"), Node("n3")
+
+    def report(node: Node) -> dict:
+        [move] = node.cluster.status()["moves"]
+        return move
+
+    old.run(old.broker.attach_consumer("q", "c", False, 0))
+    old.run(old.broker.set_credit("c", 1, 0))
+    old.send("m1")
+    old.send("m2")
+    old.move()
+    assert old.cluster.status()["moving"] == 1
+    move = report(old)
+    assert (move["queue"], move["group"], move["from"], move["to"], move["waiting"]) == ("q", "g", "n1", "n2", list(EVERYONE))
+    assert move["here"] == ["the other members' clears (the old owner clears last)", "1 queued and 1 in flight here"]
+    old.run(old.broker.settle("c", 0, Outcome.ACCEPTED, 1))
+    old.tick(2)  # m2 handed over
+    old.moved(waiting=("n1",))
+    old.run(old.cluster.quiesced(3))
+    old.flush(4)
+    [seq] = old.cluster.outbound.channels["n2"]
+    assert report(old)["here"] == [f"n2 to acknowledge forward seq {seq} (recovered up to 0; its channel starts at {seq})"]
+    old.cluster.acknowledged("n2", seq)
+    assert report(old)["here"] == []
+    source.send("m3")
+    source.move()
+    assert report(source)["here"] == ["n1 to acknowledge messages of the group forwarded to it (1 left)"]
+    source.moved(waiting=("n1",))
+    assert report(source)["here"] == [] and report(source)["waiting"] == ["n1"]
+
+
 def test_the_old_owner_relays_what_others_sent_it_before_they_saw_the_move_and_clears_only_after_them():
     old = Node("n1")
     old.move()
