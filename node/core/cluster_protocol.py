@@ -1563,7 +1563,11 @@ class ClusterProtocol:
                     blocks.append("a sweep of the queue's cold tail"
                                   + (" (reading)" if key[0] in self._sweeps else " (not started)"))
                 if key in self.parked:
-                    blocks.append(f"{len(self.parked[key])} parked here")
+                    parked = self.parked[key]
+                    blocks.append(f"{len(parked)} parked here (the first "
+                                  + ("not known on disk yet" if parked[0].seq in self._parking else "on disk")
+                                  + (", relayed once nothing of the group is left here" if self._cold_admits(key[0])
+                                     else ", unparked into the queue") + ")")
                 if not self._paid(key, to_node):
                     channel = self.outbound.channels.get(to_node)
                     blocks.append(f"{to_node} to acknowledge forward seq {self._owed.get(key, 0)} (recovered up "
