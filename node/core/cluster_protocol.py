@@ -87,12 +87,13 @@ handover never reorders a (producer, group) nor lets two consumers hold the grou
   with, as a handover does, the rest left cold. A message of a moving group reaching O while its queue
   would put it cold does not go in it, so a pass never chases its own group's arrivals: one forwarded by
   another node (bounded: sources stop once they see the move) waits parked (as at N) and is relayed once
-  the group has nothing left at O; one from a producer on O is refused, retriable (parked, a steady
-  producer would keep the group busy at O for good: a park is relayed only once on disk). The group is
-  busy at O (no clear) until a whole pass met all of it: a pass ending while a message of its group is
-  still on its way to disk (whole in memory, not yet in the journal's index) goes again. Read back for
-  dispatch instead, cold records of a group that lives elsewhere now (a restart, a failover) are held
-  and handed to its owner, as recovered ones are.
+  the group has nothing left at O, within the handover's bounds a tick and never through O's queue
+  (which would take no more a tick than the record budget has room for); one from a producer on O is
+  refused, retriable (parked, a steady producer would keep the group busy at O for good: a park is
+  relayed only once on disk). The group is busy at O (no clear) until a whole pass met all of it: a
+  pass ending while a message of its group is still on its way to disk (whole in memory, not yet in
+  the journal's index) goes again. Read back for dispatch instead, cold records of a group that lives
+  elsewhere now (a restart, a failover) are held and handed to its owner, as recovered ones are.
 - A member that is down holds a move up (its channel to O may hold the group) until it is back or
   failed over; the leader proposes no move while a member is out of reach. Consumers moving again
   mid-handover change nothing: a moving route is not moved again until its move ended.
@@ -1109,12 +1110,11 @@ class ClusterProtocol:
         if not self.router.ready:
             return  # every hold stands until the replica is current (_holding), and recovery may hold many
         for key in sorted(self.parked):
-            move = self.moves.get(key)
-            # the move it waited behind ended; or the group moves on from here before it did (it goes
-            # behind the rest, which this node holds and hands over; into the queue unless it would go
-            # cold there: then it is relayed from here, _relay_parked)
-            if (self.router.routes.get(key) == self.node_id) if move is None else (
-                    move[0] == self.node_id and not self._cold_admits(key[0])):
+            # the move it waited behind ended. A group moving on from here (before that move ended, or
+            # parked here behind its cold tail) takes what it parked along instead: relayed behind the
+            # rest, once nothing of it is left here (_relay_parked); never through its queue here, which
+            # would take no more than the record budget has room for a tick
+            if key not in self.moves and self.router.routes.get(key) == self.node_id:
                 self._unpark(key, now_ms, effects)
         for key in sorted(self.held):
             if key in self._restored:
@@ -1212,21 +1212,14 @@ class ClusterProtocol:
         self.counts["messages_parked"] += 1
 
     def _unpark(self, key: tuple[str, str], now_ms: int, effects: list) -> None:
-        """The move ended: what waited behind its handover goes in the queue, in arrival order. Or the
-        group moves on from here: then only while the queue would not put it cold (the rest is relayed
-        from here once the group has nothing left here, _relay_parked: a parked message going cold
-        behind a finished sweep would be overtaken by the next arrival, relayed)."""
+        """The move ended: what waited behind its handover goes in the queue, in arrival order."""
         parked = self.parked[key]
         journalled = self._durable(key[0]) and self.journalled
-        move = self.moves.get(key)
-        leaving = move is not None and move[0] == self.node_id
         unparked = False
         while parked:
             old = parked[0]
             if old.seq in self._parking:
                 break  # its journal write is not known good yet: its producer may still be refused
-            if leaving and self._cold_admits(key[0]):
-                break
             message = _moved_copy(old)
             try:
                 enqueued = self.broker.enqueue(key[0], message, now_ms)
@@ -1276,7 +1269,7 @@ class ClusterProtocol:
         for key, (from_node, to_node, waiting) in sorted(self.moves.items()):
             if from_node == self.node_id:
                 self._hand_over(key, to_node, now_ms, effects)  # what this tick has room for; the rest later
-                if key in self.parked and self._cold_admits(key[0]):
+                if key in self.parked:
                     self._relay_parked(key, to_node, now_ms, effects)
             if self.node_id not in waiting or now_ms < self._clear_due_ms.get(key, 0):
                 continue
@@ -1333,15 +1326,20 @@ class ClusterProtocol:
         return whole
 
     def _relay_parked(self, key: tuple[str, str], to_node: str, now_ms: int, effects: list) -> None:
-        """The old owner parked what reached it behind a cold tail: once the group has nothing left here
-        (warm, in flight or cold), it goes on to the new owner, in arrival order."""
+        """What the old owner parked (behind a cold tail, or behind an earlier move's handover): once the
+        group has nothing left here (warm, in flight or cold), it goes on to the new owner, in arrival
+        order, as much as this tick's handover room takes (_handover_left)."""
         if self._left_here(key):  # called for a group moving away from here: _left_here weighs its cold tail
             return
         parked = self.parked[key]
         durable = self._durable(key[0])
         relayed = False
-        while parked and parked[0].seq not in self._parking:  # else its producer may still be refused
+        left = self._handover_left
+        # the head's journal write not known good yet: its producer may still be refused
+        while parked and parked[0].seq not in self._parking and left[0] > 0 and left[1] > 0:
             old = parked.pop(0)
+            left[0] -= 1
+            left[1] -= old.size_bytes
             message = _moved_copy(old)
             self._forward_message(to_node, key[0], key[1], message, durable, now_ms, effects)
             if durable and self.journalled:
@@ -1564,10 +1562,8 @@ class ClusterProtocol:
                                   + (" (reading)" if key[0] in self._sweeps else " (not started)"))
                 if key in self.parked:
                     parked = self.parked[key]
-                    blocks.append(f"{len(parked)} parked here (the first "
-                                  + ("not known on disk yet" if parked[0].seq in self._parking else "on disk")
-                                  + (", relayed once nothing of the group is left here" if self._cold_admits(key[0])
-                                     else ", unparked into the queue") + ")")
+                    blocks.append(f"{len(parked)} parked here, relayed once nothing else of the group is left here"
+                                  + (" and the first is on disk" if parked[0].seq in self._parking else ""))
                 if not self._paid(key, to_node):
                     channel = self.outbound.channels.get(to_node)
                     blocks.append(f"{to_node} to acknowledge forward seq {self._owed.get(key, 0)} (recovered up "

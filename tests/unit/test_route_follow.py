@@ -412,6 +412,31 @@ def test_a_sweep_ending_while_a_message_of_its_group_is_still_on_its_way_to_disk
     assert of(ReadRecords, old.tick(5)) == []  # g has nothing cold left
 
 
+def test_what_an_old_owner_parked_is_relayed_at_the_handovers_rate_never_through_its_queue_at_the_record_budgets(
+        monkeypatch):
+    # campaign X: after a restart, sources' backlogs reached the old owner as the move began and parked
+    # there (26,561 messages); put through its queue at the record budget's ~50 a tick, they held the
+    # move up past the nemesis's 40 s bound
+    monkeypatch.setattr(cluster_protocol, "HANDOVER_MESSAGES_PER_TICK", 8)
+    old = Node("n1")
+    old.broker.records.max_bytes = 2 * (MESSAGE_RECORD_BYTES + GROUP_RECORD_BYTES)
+    old.run(old.broker.attach_consumer("q", "c", False, 0))
+    old.run(old.broker.set_credit("c", 1, 0))
+    old.send("m0")
+    old.move()
+    for seq in range(1, 21):  # n3's, sent before it saw the move: the first few fit in the queue, the rest park
+        old.forwarded("n3", seq, f"m{seq}")
+        old.flush(1)
+    assert old.delivered == [b"m0"] and len(old.cluster.parked[("q", "g")]) >= 15
+    old.run(old.broker.settle("c", 0, Outcome.ACCEPTED, 2))
+    relayed = []
+    for now_ms in range(3, 6):
+        relayed.append([store.message.payload for store in of(JournalStore, old.tick(now_ms))])
+    assert [len(payloads) for payloads in relayed] == [8, 8, 4]  # those queued handed over, then the rest relayed
+    assert [payload for payloads in relayed for payload in payloads] == [f"m{seq}".encode() for seq in range(1, 21)]
+    assert old.cluster.parked == {}
+
+
 def test_an_old_owner_hands_over_a_bounded_number_of_messages_and_bytes_a_tick_a_group_in_pieces(monkeypatch):
     monkeypatch.setattr(cluster_protocol, "HANDOVER_MESSAGES_PER_TICK", 3)
     monkeypatch.setattr(cluster_protocol, "HANDOVER_BYTES_PER_TICK", 1 << 20)
