@@ -32,6 +32,12 @@ Scenarios (N = --messages):
   budget (record_memory_max_bytes; node/core/cold.py): all but the first few thousand go cold, only
   counted. Bytes per queued message / per group in the core (the journal's index of ~21 bytes a
   record is the journal's, not measured here).
+- outbound_paged: N messages in 1,000 groups for one owner node that takes none, added to the outbound
+  store (node/core/outbound.py) and made ready in journalled batches under a 1 MiB forwarding budget, so
+  all but the first ~10,000 wait paged. Bytes per outbound entry with its body in the journal only: the
+  record (the bodies given to the forwarder are the forwarder's, not counted).
+- outbound_timing: the same adds and readies, then every entry acknowledged in steps of 1,000 (no
+  read-back). CPU microseconds per entry for each half (process time, no tracemalloc).
 - dispatch: N messages in 1,000 groups through 4 consumers with credit 100, each delivery accepted
   at once. CPU microseconds per message for enqueue + dispatch + settle (process time, no tracemalloc).
 """
@@ -52,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from node.core.broker import Broker  # noqa: E402
 from node.core.effects import Deliver, Stored  # noqa: E402
 from node.core.message import Message, Outcome  # noqa: E402
+from node.core.outbound import Entry, Outbound  # noqa: E402
 from node.core.settings import QueueSettings  # noqa: E402
 
 PAYLOAD = bytes(150)  # shared by every message: the body is not what is measured
@@ -61,7 +68,7 @@ DISPATCH_CONSUMERS = 4
 DISPATCH_CREDIT = 100
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 SCENARIOS = ("per_message", "per_group", "idle_after_drain", "owned_empty_spread", "owned_empty_one", "paged",
-             "cold", "cold_own_groups", "dispatch")
+             "cold", "cold_own_groups", "outbound_paged", "outbound_timing", "dispatch")
 PAGED_BODY_BYTES = 100  # issue 14's body size
 PAGED_BUDGET_BYTES = 1 << 20
 JOURNALLED_BATCH_MESSAGES = 10_000  # STOREs reported durable at once
@@ -149,6 +156,47 @@ def cold(messages: int, groups: int, broker: Broker, measure) -> dict:
     return {"groups": len(queue.groups), "depth": queue.depth_messages}
 
 
+OUTBOUND_OWNER = "n2"
+OUTBOUND_ACKNOWLEDGE_STEP_ENTRIES = 1_000
+
+
+def outbound_fill(outbound: Outbound, messages: int, groups: int) -> None:
+    """Add `messages` 100-byte entries for one owner and make them ready a journalled batch at a time, as
+    the cluster protocol does once a batch is on disk; the forwarder's effects are dropped (not counted)."""
+    name = outbound.journal_name(OUTBOUND_OWNER, "q")
+    batch: list = []
+    for seq in range(1, messages + 1):
+        group = group_name(seq % groups)
+        outbound.add(OUTBOUND_OWNER, seq, ("q", group), name, PAGED_BODY_BYTES)
+        batch.append(Entry(seq, "q", group, PAYLOAD, 0, False, 0))
+        if len(batch) >= JOURNALLED_BATCH_MESSAGES:
+            outbound.ready(OUTBOUND_OWNER, batch, [])
+            batch = []
+    outbound.ready(OUTBOUND_OWNER, batch, [])
+
+
+def outbound_paged(messages: int, measure) -> dict:
+    outbound = Outbound(memory_max_bytes=PAGED_BUDGET_BYTES)
+    with measure:
+        outbound_fill(outbound, messages, GROUPS_FOR_PER_MESSAGE)
+    assert outbound.paged_messages[OUTBOUND_OWNER] >= messages - PAGED_BUDGET_BYTES // PAGED_BODY_BYTES
+    return {"groups": len(outbound.key_counts[OUTBOUND_OWNER]), "depth": len(outbound.channels[OUTBOUND_OWNER])}
+
+
+def outbound_timing(messages: int) -> dict:
+    outbound = Outbound(memory_max_bytes=PAGED_BUDGET_BYTES)
+    started = time.process_time()
+    outbound_fill(outbound, messages, GROUPS_FOR_PER_MESSAGE)
+    filled = time.process_time()
+    for high_water in range(OUTBOUND_ACKNOWLEDGE_STEP_ENTRIES, messages + OUTBOUND_ACKNOWLEDGE_STEP_ENTRIES,
+                            OUTBOUND_ACKNOWLEDGE_STEP_ENTRIES):
+        outbound.acknowledge(OUTBOUND_OWNER, high_water)
+    acknowledged = time.process_time()
+    assert not outbound.channels[OUTBOUND_OWNER] and not outbound.paged_messages
+    return {"add_us_per_entry": (filled - started) * 1e6 / messages,
+            "acknowledge_us_per_entry": (acknowledged - filled) * 1e6 / messages}
+
+
 def send_journalled(broker: Broker, messages: int, groups: int) -> None:
     """Send `messages` 100-byte bodies of their own, reporting their STOREs on disk in batches as the journal would."""
     stores = []
@@ -211,7 +259,12 @@ def dispatch_timing(messages: int) -> dict:
 def child(name: str, messages: int, use_tracemalloc: bool) -> dict:
     if name == "dispatch":
         return dispatch_timing(messages)
+    if name == "outbound_timing":
+        return outbound_timing(messages)
     bracket = Bracket(use_tracemalloc)
+    if name == "outbound_paged":
+        shape = outbound_paged(messages, bracket)
+        return {"bytes": bracket.bytes, **shape}
     shape = scenario(name, messages, Broker(), bracket)
     return {"bytes": bracket.bytes, **shape}
 
@@ -237,10 +290,16 @@ def table(messages: int, names: list[str], with_rss: bool) -> str:
             rows.append(f"| dispatch | CPU µs per message (enqueue + deliver + accept) | "
                         f"{timing['us_per_message']:.2f} µs | - | - | - |")
             continue
+        if name == "outbound_timing":
+            timing = run_child(name, messages, False)
+            rows.append(f"| outbound_timing | CPU µs per outbound entry (add + ready / acknowledge) | "
+                        f"{timing['add_us_per_entry']:.2f} / {timing['acknowledge_us_per_entry']:.2f} µs | - | - | - |")
+            continue
         traced = run_child(name, messages, True)
         resident = run_child(name, messages, False) if with_rss else None
-        unit = "queued message" if name in ("per_message", "paged", "cold") else "group"
-        rows.append(f"| {name} | {messages:,} {unit}s | {per(traced['bytes'], messages)} | "
+        units = {"per_message": "queued messages", "paged": "queued messages", "cold": "queued messages",
+                 "outbound_paged": "outbound entries"}.get(name, "groups")
+        rows.append(f"| {name} | {messages:,} {units} | {per(traced['bytes'], messages)} | "
                     f"{per(resident['bytes'], messages) if resident else '-'} | {traced['groups']:,} | "
                     f"{traced['depth']:,} |")
     return "\n".join(rows)

@@ -8,6 +8,15 @@ their bodies. Rules:
   counts messages and payload bytes: all of them (what outbound_max_bytes bounds), the journalled
   ones and the paged ones, and per (owner, group) the entries, which a move waits on. The entries of
   one group share one route key tuple while any is in the channel: a record is kept per message.
+- A channel (`Channel`) keeps its records in parallel arrays, not objects: the forward seq (8 bytes),
+  the payload size (8), the id of its route key in the channel's key table (4) and a flag byte
+  (journalled; forgotten), ~21 bytes an entry and ~24 with the arrays' spare room (bench/memory.py
+  outbound_paged: 146 bytes an entry before, as a dict of tuples). The journal name is not kept: it
+  is the channel's name for the key's queue (another name, which only tests give, is kept by seq). An acknowledgement moves a head index past the oldest;
+  a forgotten entry (never ready, so never at the head for long) is flagged and skipped; the arrays
+  are compacted once the dead prefix and the flagged entries are at least half of them and at least
+  CHANNEL_COMPACT_MIN_ENTRIES, so their memory is given back. To its callers a channel is a read-only
+  mapping seq -> (route key, journal name or None, payload bytes) in seq order, as the dict was.
 - An entry is *ready* once its batch is on disk (`ready`; recovered entries at once, as bare seqs
   when recovery left their bodies in the journal: paged from the start). Ready entries
   go to the owner's forwarder (SubmitForward) in forward seq order, never out of it: the owner skips
@@ -16,7 +25,8 @@ their bodies. Rules:
 - Paging, with `memory_max_bytes` per owner (0 = none): the forwarder is given ready entries only
   while the bytes it holds unacknowledged stay within the budget, and always at least one, so an
   entry larger than the budget still goes. A ready journalled entry that cannot go yet is paged: the
-  channel keeps only its record (seq, group, journal name, size) and the body lives in the journal.
+  channel keeps only its record (seq, group, journal name, size) and the body lives in the journal;
+  the forwarder's line keeps the waiting paged seqs as runs in arrays (8 bytes each), not as ints.
   A non-journalled one (its queue is not durable) cannot page and waits whole, in its place. As the
   owner acknowledges, the oldest waiting entries are read back from the journal (ReadOutbound, one
   read per owner at a time; its answers come to `read_back`, a journal name at a time) and
@@ -31,13 +41,22 @@ Never imports threading, grpc, pysyncobj, socket or time.
 from __future__ import annotations
 
 import collections
+from array import array
+from bisect import bisect_left
 from collections import deque
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from node.core.effects import ReadOutbound, SubmitForward
 from node.core.message import Message
 
 OUTBOUND_PREFIX = "\x00out\x00"  # journal name of an outbound channel: prefix, owner, NUL, queue
+# a channel compacts its arrays once this many of their entries are dead (and at least half of them):
+# below it, the dead records cost less than copying the live ones would
+CHANNEL_COMPACT_MIN_ENTRIES = 4096
+_JOURNALLED = 1  # a channel entry's flag: its body is in the journal (under the channel's name for its queue)
+_DEAD = 2  # a channel entry's flag: forgotten (or lost), skipped until the arrays are compacted
+_OTHER_NAME = 4  # a channel entry's flag: journalled under a name of its own (Channel.other_names)
 
 
 class Entry(NamedTuple):
@@ -66,6 +85,237 @@ def entry_of(queue: str, message: Message) -> Entry:
                  message.closes_group, message.enqueued_at_ms or 0)
 
 
+class Channel(Mapping):
+    """One owner's entries, in forward seq order, as parallel arrays (see the header): to read, a mapping
+    seq -> (route key, journal name or None, payload bytes); changed only by its Outbound."""
+
+    __slots__ = ("owner", "seqs", "sizes", "key_ids", "flags", "head", "live", "flagged",
+                 "key_counts", "other_names", "_key_ids", "_keys", "_free_ids", "_journal_name")
+    compact_min_entries = CHANNEL_COMPACT_MIN_ENTRIES  # a class's, so a test's subclass may lower it
+
+    def __init__(self, owner: str, journal_name):
+        self.owner = owner
+        self.seqs = array("q")  # forward seqs, ascending; those below `head` are acknowledged
+        self.sizes = array("q")  # payload bytes
+        self.key_ids = array("I")  # the entry's route key: an index into _keys
+        self.flags = array("B")  # _JOURNALLED, _DEAD, _OTHER_NAME
+        self.head = 0  # the index of the oldest live entry (or len(seqs)): never at a dead one
+        self.live = 0  # entries neither acknowledged nor dead
+        self.flagged = 0  # dead entries at or past `head`
+        self.key_counts: dict[tuple, int] = {}  # route key -> live entries of it; no zeros
+        # seq -> journal name of a live entry journalled under another name than the channel's for its
+        # key's queue (none in the product, which names them so; kept so the mapping gives back any name)
+        self.other_names: dict[int, str] = {}
+        self._key_ids: dict[tuple, int] = {}  # route key -> its id while any entry of it is live
+        self._keys: list = []  # id -> the one route key tuple its entries share (None: free)
+        self._free_ids: list[int] = []
+        self._journal_name = journal_name  # (owner, queue) -> the journal name, one string per channel
+
+    # ---- read: a mapping in seq order ----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self.live
+
+    def __iter__(self):
+        seqs, flags = self.seqs, self.flags
+        if not self.flagged:  # no copy of the arrays: next(iter(channel)) is the head, at once
+            return map(seqs.__getitem__, range(self.head, len(seqs)))
+        return (seqs[index] for index in range(self.head, len(seqs)) if not flags[index] & _DEAD)
+
+    def _index(self, seq) -> int:
+        """The index of live entry `seq`, or -1."""
+        seqs = self.seqs
+        index = bisect_left(seqs, seq, self.head)
+        if index < len(seqs) and seqs[index] == seq and not self.flags[index] & _DEAD:
+            return index
+        return -1
+
+    def __contains__(self, seq) -> bool:
+        return type(seq) is int and self._index(seq) >= 0
+
+    def _record(self, index: int) -> tuple:
+        key, flags = self._keys[self.key_ids[index]], self.flags[index]
+        if not flags & _JOURNALLED:
+            name = None
+        elif flags & _OTHER_NAME:
+            name = self.other_names[self.seqs[index]]
+        else:
+            name = self._journal_name(self.owner, key[0])
+        return key, name, self.sizes[index]
+
+    def __getitem__(self, seq) -> tuple:
+        index = self._index(seq) if type(seq) is int else -1
+        if index < 0:
+            raise KeyError(seq)
+        return self._record(index)
+
+    def get(self, seq, default=None):
+        index = self._index(seq) if type(seq) is int else -1
+        return self._record(index) if index >= 0 else default
+
+    def size_of(self, seq: int) -> int:
+        """The payload bytes of live entry `seq` (KeyError if none): no record tuple made."""
+        index = self._index(seq)
+        if index < 0:
+            raise KeyError(seq)
+        return self.sizes[index]
+
+    def items(self) -> list:
+        """(seq, record) of every live entry, in seq order: a list, for tests and the simulation."""
+        return [(self.seqs[index], self._record(index)) for index in self._live_indexes()]
+
+    def values(self) -> list:
+        return [self._record(index) for index in self._live_indexes()]
+
+    def _live_indexes(self):
+        flags = self.flags
+        return (index for index in range(self.head, len(self.seqs)) if not flags[index] & _DEAD)
+
+    # ---- changed by Outbound ---------------------------------------------------------------------------
+
+    def append(self, seq: int, key: tuple, journal_name: str | None, size_bytes: int) -> None:
+        seqs = self.seqs
+        if len(seqs) > self.head and seqs[-1] >= seq:
+            raise AssertionError(f"outbound channel to {self.owner}: forward seq {seq} after {seqs[-1]}")
+        key_id = self._key_ids.get(key)
+        if key_id is None:
+            key_id = self._free_ids.pop() if self._free_ids else len(self._keys)
+            if key_id == len(self._keys):
+                self._keys.append(key)
+            else:
+                self._keys[key_id] = key
+            self._key_ids[key] = key_id
+            self.key_counts[key] = 1
+        else:
+            self.key_counts[self._keys[key_id]] += 1
+        seqs.append(seq)
+        self.sizes.append(size_bytes)
+        self.key_ids.append(key_id)
+        if journal_name is None:
+            self.flags.append(0)
+        elif journal_name == self._journal_name(self.owner, key[0]):
+            self.flags.append(_JOURNALLED)
+        else:
+            self.flags.append(_JOURNALLED | _OTHER_NAME)
+            self.other_names[seq] = journal_name
+        self.live += 1
+
+    def _release(self, index: int) -> tuple:
+        """Count entry `index` out of its key (the key's id is freed with its last entry); its record."""
+        record = self._record(index)
+        key = record[0]
+        left = self.key_counts[key] - 1
+        if left:
+            self.key_counts[key] = left
+        else:  # the group's last entry left: its shared key goes with it
+            del self.key_counts[key]
+            key_id = self._key_ids.pop(key)
+            self._keys[key_id] = None
+            self._free_ids.append(key_id)
+        if self.flags[index] & _OTHER_NAME:
+            del self.other_names[self.seqs[index]]
+        self.live -= 1
+        return record
+
+    def pop(self, seq: int) -> tuple:
+        """Remove live entry `seq` (KeyError if none), wherever it is: flagged dead; its record."""
+        index = self._index(seq)
+        if index < 0:
+            raise KeyError(seq)
+        record = self._release(index)
+        if index == self.head:
+            self.head += 1
+            self._skip_dead()
+        else:
+            self.flags[index] |= _DEAD
+            self.flagged += 1
+        self._compact()
+        return record
+
+    def pop_through(self, high_water: int) -> list[tuple[int, tuple]]:
+        """Remove the entries up to forward seq `high_water`, from the head: (seq, record) of each."""
+        seqs, done = self.seqs, []
+        end = len(seqs)
+        while self.head < end and seqs[self.head] <= high_water:
+            done.append((seqs[self.head], self._release(self.head)))
+            self.head += 1
+            self._skip_dead()
+        if done:
+            self._compact()
+        return done
+
+    def _skip_dead(self) -> None:
+        flags, end = self.flags, len(self.seqs)
+        while self.flagged and self.head < end and flags[self.head] & _DEAD:
+            self.head += 1
+            self.flagged -= 1
+
+    def _compact(self) -> None:
+        """Give back the arrays' room of acknowledged and dead entries once it is worth a copy (header)."""
+        if not self.live:
+            if self.seqs:  # nothing left: start again, no copy
+                self.seqs, self.sizes, self.key_ids, self.flags = array("q"), array("q"), array("I"), array("B")
+                self.head = self.flagged = 0
+            return
+        garbage = self.head + self.flagged
+        if garbage < self.compact_min_entries or 2 * garbage < len(self.seqs):
+            return
+        if not self.flagged:
+            for column in (self.seqs, self.sizes, self.key_ids, self.flags):
+                del column[:self.head]
+        else:
+            kept = list(self._live_indexes())
+            self.seqs, self.sizes, self.key_ids, self.flags = (
+                array(column.typecode, [column[index] for index in kept])
+                for column in (self.seqs, self.sizes, self.key_ids, self.flags))
+            self.flagged = 0
+        self.head = 0
+
+
+class _Waiting:
+    """A line's ready entries not given yet, in seq order: whole Entries, and runs of paged seqs kept in
+    arrays (8 bytes a seq, not an int object and a deque slot: a dead owner's backlog is all paged)."""
+
+    __slots__ = ("items", "head")
+    compact_min_entries = CHANNEL_COMPACT_MIN_ENTRIES
+
+    def __init__(self):
+        self.items: deque = deque()  # Entry, or array("q") of paged seqs
+        self.head = 0  # the index of the first seq not taken yet in items[0], if that is a run
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def append(self, item) -> None:
+        """An Entry (whole) or a paged entry's seq."""
+        items = self.items
+        if type(item) is not int:
+            items.append(item)
+        elif items and type(items[-1]) is array:
+            items[-1].append(item)
+        else:
+            items.append(array("q", (item,)))
+
+    def first(self):
+        first = self.items[0]
+        return first[self.head] if type(first) is array else first
+
+    def popleft(self):
+        items = self.items
+        first = items[0]
+        if type(first) is not array:
+            return items.popleft()
+        item = first[self.head]
+        self.head += 1
+        if self.head == len(first):
+            items.popleft()
+            self.head = 0
+        elif self.head >= self.compact_min_entries and 2 * self.head >= len(first):
+            del first[:self.head]  # give back the room of what was taken
+            self.head = 0
+        return item
+
+
 class _Line:
     """What of one owner's channel is with its forwarder, and what waits for room there."""
 
@@ -75,7 +325,7 @@ class _Line:
         self.submitted_top = 0  # the highest forward seq given to the forwarder
         self.submitted_bytes = 0  # payload bytes given to the forwarder and not acknowledged yet
         # ready entries not given yet, in seq order: an Entry (whole in memory) or its seq (paged)
-        self.waiting: deque = deque()
+        self.waiting = _Waiting()
         self.reading: set[str] = set()  # journal names whose read-back is still out
         self.run: list = []  # the waiting items that read takes out, in order, submitted together
         self.run_paged: set[int] = set()  # the run's paged seqs not acknowledged meanwhile
@@ -87,14 +337,14 @@ class Outbound:
         self.memory_max_bytes = memory_max_bytes  # per owner, see the header; 0 = no bound
         # entries paged and read back, for metrics and the simulation: outbound_paged, outbound_read_back
         self.counts = counts if counts is not None else collections.Counter()
-        # owner node -> forward seq -> (route key, journal name or None, payload bytes); dicts keep seq order
-        self.channels: dict[str, dict[int, tuple]] = {}
-        # owner -> route key -> entries in its channel; no zeros (an owner's dict stays, perhaps empty)
+        # owner node -> its channel: forward seq -> (route key, journal name or None, payload bytes), in
+        # seq order (a channel stays once made, perhaps empty)
+        self.channels: dict[str, Channel] = {}
+        # owner -> route key -> entries in its channel; no zeros: each channel's own key_counts. Each key
+        # has one tuple (and group id string), shared by its entries' records while any is in the channel
+        # (the channel's key table), not one each. Per owner, not by (owner, route key): that tuple would
+        # cost a group of one entry more than sharing saves.
         self.key_counts: dict[str, dict[tuple, int]] = {}
-        # owner -> route key -> the one route key tuple (and its group id string) that the records of its
-        # entries share while any is in the channel, not one each (~110 bytes per record). Per owner, not
-        # by (owner, route key): that tuple would cost a group of one entry more than sharing saves.
-        self._keys: dict[str, dict[tuple, tuple]] = {}
         self.depth_bytes: dict[str, int] = {}  # owner -> payload bytes in its channel; no zeros
         self.journal_bytes: dict[str, int] = {}  # owner -> of those, bytes of journalled entries; no zeros
         self.journal_messages: dict[str, int] = {}  # owner -> journalled entries in its channel; no zeros
@@ -114,17 +364,13 @@ class Outbound:
         return name
 
     def add(self, owner: str, seq: int, key: tuple[str, str], journal_name: str | None, size_bytes: int) -> None:
-        keys = self._keys.get(owner)
-        if keys is None:
-            keys = self._keys[owner] = {}
-            self.key_counts[owner] = {}
-        shared = keys.get(key)
-        if shared is None:
-            keys[key] = shared = key
-            self.key_counts[owner][key] = 1
-        else:
-            self.key_counts[owner][shared] += 1
-        self.channels.setdefault(owner, {})[seq] = (shared, journal_name, size_bytes)
+        """Entry `seq` (above every seq in the channel) for `owner`; `journal_name` None (not journalled) or,
+        as the product names them, journal_name(owner, key[0]), which the record does not keep."""
+        channel = self.channels.get(owner)
+        if channel is None:
+            channel = self.channels[owner] = Channel(owner, self.journal_name)
+            self.key_counts[owner] = channel.key_counts
+        channel.append(seq, key, journal_name, size_bytes)
         _count_up(self.depth_bytes, owner, size_bytes)
         self.total_bytes += size_bytes
         if journal_name is not None:
@@ -149,14 +395,15 @@ class Outbound:
         submit = []
         for entry in entries:
             seq = _seq_of(entry)
-            if seq not in channel:
+            record = channel.get(seq)
+            if record is None:
                 continue  # acknowledged or forgotten meanwhile
-            size_bytes = channel[seq][2]
+            size_bytes = record[2]
             if type(entry) is not int and not waiting and not line.reading and self._room(line, 0, size_bytes):
                 submit.append(entry)
                 line.submitted_bytes += size_bytes
                 line.submitted_top = seq
-            elif channel[seq][1] is not None:
+            elif record[1] is not None:
                 waiting.append(seq)
                 self._page(owner, size_bytes)
             else:
@@ -179,16 +426,16 @@ class Outbound:
         channel, waiting = self.channels[owner], line.waiting
         run, reads, run_bytes = [], {}, 0
         while waiting:
-            item = waiting[0]
+            item = waiting.first()
             seq = _seq_of(item)
-            size_bytes = channel[seq][2]
+            _key, journal_name, size_bytes = channel[seq]
             if not self._room(line, run_bytes, size_bytes):
                 break
             waiting.popleft()
             run.append(item)
             run_bytes += size_bytes
             if type(item) is int:
-                reads.setdefault(channel[seq][1], []).append(seq)
+                reads.setdefault(journal_name, []).append(seq)
         if not run:
             return
         if not reads:
@@ -221,11 +468,12 @@ class Outbound:
                 continue
             if item not in run_paged:
                 continue  # acknowledged while it was being read: the owner has it (counted then)
-            self._unpage(owner, channel[item][2])
+            _key, journal_name, size_bytes = channel[item]
+            self._unpage(owner, size_bytes)
             self.counts["outbound_read_back"] += 1
             entry = read.get(item)
             if entry is None:
-                self.lost.append((channel[item][1], item))
+                self.lost.append((journal_name, item))
                 self._drop(owner, channel, item)
             else:
                 entries.append(entry)
@@ -243,27 +491,25 @@ class Outbound:
     def _submit(self, owner: str, line: _Line, entries: list, effects: list) -> None:
         if entries:
             channel = self.channels[owner]
-            line.submitted_bytes += sum(channel[entry.forward_seq][2] for entry in entries)
+            line.submitted_bytes += sum(channel.size_of(entry.forward_seq) for entry in entries)
             line.submitted_top = entries[-1].forward_seq
             effects.append(SubmitForward(owner, entries))
         self._pump(owner, effects)
 
     # ---- leaving the channel --------------------------------------------------------------------------
 
-    def _drop(self, owner: str, channel: dict, seq: int):
-        entry = channel.pop(seq)
-        key, counts = entry[0], self.key_counts[owner]
-        left = counts[key] - 1
-        if left:
-            counts[key] = left
-        else:  # the group's last entry left: its shared key goes with it
-            del counts[key], self._keys[owner][key]
-        _count_down(self.depth_bytes, owner, entry[2])
-        self.total_bytes -= entry[2]
-        if entry[1] is not None:
-            _count_down(self.journal_bytes, owner, entry[2])
+    def _drop(self, owner: str, channel: Channel, seq: int) -> tuple:
+        record = channel.pop(seq)
+        self._count_out(owner, record)
+        return record
+
+    def _count_out(self, owner: str, record: tuple) -> None:
+        _key, journal_name, size_bytes = record
+        _count_down(self.depth_bytes, owner, size_bytes)
+        self.total_bytes -= size_bytes
+        if journal_name is not None:
+            _count_down(self.journal_bytes, owner, size_bytes)
             _count_down(self.journal_messages, owner, 1)
-        return entry
 
     def acknowledge(self, owner: str, high_water: int, effects: list | None = None) -> list[tuple[str, int]]:
         """Drop what `owner` now holds; returns (journal name, seq) of the journalled ones. With
@@ -271,20 +517,17 @@ class Outbound:
         channel = self.channels.get(owner)
         if not channel:
             return []
-        done = []
-        for seq in channel:
-            if seq > high_water:
-                break
-            done.append(seq)
+        done = channel.pop_through(high_water)
         journalled = []
         line = self._lines.get(owner)
-        for seq in done:
-            _key, journal_name, size_bytes = self._drop(owner, channel, seq)
+        for seq, record in done:
+            self._count_out(owner, record)
+            _key, journal_name, size_bytes = record
             if line is None:
                 pass
             elif seq <= line.submitted_top:
                 line.submitted_bytes -= size_bytes
-            elif line.waiting and _seq_of(line.waiting[0]) == seq:
+            elif line.waiting and _seq_of(line.waiting.first()) == seq:
                 # never given to this forwarder: the owner took it before a restart here, and its
                 # acknowledgement was lost
                 if type(line.waiting.popleft()) is int:
@@ -300,7 +543,9 @@ class Outbound:
 
     def forget(self, owner: str, seqs) -> None:
         """Drop entries that must not be forwarded (their producers were refused); never ready ones."""
-        channel = self.channels.get(owner, {})
+        channel = self.channels.get(owner)
+        if channel is None:
+            return
         for seq in seqs:
             if seq in channel:
                 self._drop(owner, channel, seq)
