@@ -1563,7 +1563,7 @@ class ClusterProtocol:
                 if key in self.parked:
                     parked = self.parked[key]
                     blocks.append(f"{len(parked)} parked here, relayed once nothing else of the group is left here"
-                                  + (" and the first is on disk" if parked[0].seq in self._parking else ""))
+                                  + ("; the first is not known on disk yet" if parked[0].seq in self._parking else ""))
                 if not self._paid(key, to_node):
                     channel = self.outbound.channels.get(to_node)
                     blocks.append(f"{to_node} to acknowledge forward seq {self._owed.get(key, 0)} (recovered up "
