@@ -105,8 +105,8 @@ class NodeConfig:
     # the same for every owner together (the store's share of this node's disk); 0 = no bound
     outbound_total_max_bytes: int = 4 << 30
     # messages this node holds in its outbound store for one owner node: each keeps a record in memory
-    # (~450 bytes, docs/benchmarks.md "Forwarding backlogs") even with its body paged; past it, sends for
-    # that owner are refused; 0 = no bound
+    # (~30 bytes with its body paged: docs/benchmarks.md, "Outbound channel records in arrays"); past it,
+    # sends for that owner are refused; 0 = no bound
     outbound_max_messages: int = 1_000_000
     # payload bytes of one owner's backlog kept in memory, given to its forwarder and not acknowledged;
     # the rest of a durable backlog is only in the journal, read back in order (node/core/outbound.py);
