@@ -10,13 +10,15 @@ their bodies. Rules:
   one group share one route key tuple while any is in the channel: a record is kept per message.
 - A channel (`Channel`) keeps its records in parallel arrays, not objects: the forward seq (8 bytes),
   the payload size (8), the id of its route key in the channel's key table (4) and a flag byte
-  (journalled; forgotten), ~21 bytes an entry and ~24 with the arrays' spare room (bench/memory.py
-  outbound_paged: 146 bytes an entry before, as a dict of tuples). The journal name is not kept: it
-  is the channel's name for the key's queue (another name, which only tests give, is kept by seq). An acknowledgement moves a head index past the oldest;
-  a forgotten entry (never ready, so never at the head for long) is flagged and skipped; the arrays
-  are compacted once the dead prefix and the flagged entries are at least half of them and at least
-  CHANNEL_COMPACT_MIN_ENTRIES, so their memory is given back. To its callers a channel is a read-only
-  mapping seq -> (route key, journal name or None, payload bytes) in seq order, as the dict was.
+  (journalled; dead), ~21.5 bytes an entry with the arrays' spare room; a paged entry's seq in its
+  line's waiting run adds 8: ~30 bytes a paged entry (bench/memory.py outbound_paged; 146 as a dict
+  of tuples and a deque of ints). The journal name is not kept: it is the channel's name for the
+  key's queue (another name, which only tests give, is kept by seq). An acknowledgement moves a head
+  index past the oldest; a forgotten or lost entry elsewhere is flagged dead and skipped everywhere;
+  the arrays are compacted once the acknowledged and dead entries are at least half of them and at
+  least CHANNEL_COMPACT_MIN_ENTRIES, so their memory is given back. To its callers a channel is a
+  read-only mapping seq -> (route key, journal name or None, payload bytes) in seq order, as the
+  dict it replaced was.
 - An entry is *ready* once its batch is on disk (`ready`; recovered entries at once, as bare seqs
   when recovery left their bodies in the journal: paged from the start). Ready entries
   go to the owner's forwarder (SubmitForward) in forward seq order, never out of it: the owner skips
@@ -42,7 +44,7 @@ from __future__ import annotations
 
 import collections
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -87,7 +89,8 @@ def entry_of(queue: str, message: Message) -> Entry:
 
 class Channel(Mapping):
     """One owner's entries, in forward seq order, as parallel arrays (see the header): to read, a mapping
-    seq -> (route key, journal name or None, payload bytes); changed only by its Outbound."""
+    seq -> (route key, journal name or None, payload bytes); changed only by its Outbound, never while
+    anyone iterates it (a compaction moves the arrays under an iterator, where a dict would raise)."""
 
     __slots__ = ("owner", "seqs", "sizes", "key_ids", "flags", "head", "live", "flagged",
                  "key_counts", "other_names", "_key_ids", "_keys", "_free_ids", "_journal_name")
@@ -234,14 +237,15 @@ class Channel(Mapping):
 
     def pop_through(self, high_water: int) -> list[tuple[int, tuple]]:
         """Remove the entries up to forward seq `high_water`, from the head: (seq, record) of each."""
-        seqs, done = self.seqs, []
-        end = len(seqs)
-        while self.head < end and seqs[self.head] <= high_water:
-            done.append((seqs[self.head], self._release(self.head)))
-            self.head += 1
-            self._skip_dead()
-        if done:
-            self._compact()
+        seqs, flags, head = self.seqs, self.flags, self.head
+        end = bisect_right(seqs, high_water, head)
+        if end == head:
+            return []
+        done = [(seqs[index], self._release(index)) for index in range(head, end) if not flags[index] & _DEAD]
+        self.flagged -= end - head - len(done)  # the dead ones passed are behind the head now
+        self.head = end
+        self._skip_dead()
+        self._compact()
         return done
 
     def _skip_dead(self) -> None:
