@@ -295,8 +295,14 @@ class Cluster:
         self.wait_healthy()
 
     def stop(self) -> None:
-        for node in self.nodes:
-            node.stop()
+        """Every node stopped (SIGTERM, SIGKILL past 15 s), and killed whatever stops the stopping: a
+        benchmark's `finally` leaves no node behind."""
+        try:
+            for node in self.nodes:
+                node.stop()
+        finally:
+            for node in self.nodes:
+                node.kill()
 
     def status(self, via: int | None = None) -> dict | None:
         for index in ([via] if via is not None else range(len(self.nodes))):

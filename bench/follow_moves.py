@@ -249,8 +249,6 @@ def run_budget(work_dir: Path, record_memory_max_bytes: int, messages: int, grou
         for process in helpers.context.active_children():  # a client left running would hold up the exit
             process.terminate()
         cluster.stop()
-        for node in cluster.nodes:
-            node.kill()
     return result
 
 

@@ -288,8 +288,6 @@ def run_budget(work_dir: Path, memory_max_bytes: int, messages: int, groups: int
         log(f"budget {memory_max_bytes:,} B failed: {error}")
     finally:
         cluster.stop()
-        for node in cluster.nodes:
-            node.kill()
     return result
 
 
