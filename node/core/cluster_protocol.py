@@ -60,14 +60,16 @@ handover never reorders a (producer, group) nor lets two consumers hold the grou
   there, else straight into the channel to N (relayed). O proposes its clear last: once every
   other member has cleared (nothing more can reach it), the group is empty here and N acknowledged
   everything O handed over or relayed (what O's producers send later is the group's next anyway).
-- N holds the group from the move (or from the first handover, which can reach N before N's replica
-  applied the move: a forward from the group's owner as N knows it) until the move ends. Meanwhile
-  it queues what O sends, and parks everything else of the group (its producers, other sources):
+- N queues what O sends, and parks everything else of the group (its producers, other sources):
   journalled under PARK_PREFIX, outside the queue, in arrival order. When the move ends, the parked
-  messages go into the queue behind O's, then the group is released. So N delivers only after
-  every message sent before the move is in its queue ahead of everything sent after, and after O's
-  consumers settled. A forward of a group whose route N does not know yet is refused (retriable):
-  a handover and what must wait behind it look alike until it does.
+  messages go into the queue behind O's. So N's queue holds, during the move, only what O sent, in
+  O's order, and O sends it only once none of the group is in flight at O and O holds it: N
+  delivers it as it comes (a consumer that followed the group gets its backlog without waiting for
+  the move's end, which a cold tail puts off by a whole pass of it), and everything sent after the
+  move, parked, goes behind everything sent before it. A handover reaching N before N's replica
+  applied the move (a forward from the group's owner as N knows it) is held until the replica
+  knows the move. A forward of a group whose route N does not know yet is refused (retriable): a
+  handover and what must wait behind it look alike until it does.
 - Moves are driven at `tick` and only while the replica is current (`ready`): a replaying replica
   may see a move the log already ended, and forwarded batches are refused (retriable) until then.
   Clears are proposed again every MOVE_CLEAR_RETRY_INTERVAL_MS while this node is still waited for
@@ -953,7 +955,7 @@ class ClusterProtocol:
         if self.router.lease_ms and now_ms >= self.refresh_due_ms:
             self.refresh_due_ms = now_ms + self.router.lease_ms // 2
             self._refresh_leases(now_ms, effects)
-        if self.moves or self.held:
+        if self.moves or self.held or self.parked:  # parked: a new owner's, unparked once its move ended
             self._drive_moves(now_ms, effects)
         if self.router.to_claim:
             effects.extend(self.quiesced(now_ms))
@@ -1065,7 +1067,7 @@ class ClusterProtocol:
             key = (queue, group)
             if waiting:
                 self.moves[key] = (from_node, to_node, frozenset(waiting))
-                if self.node_id in (from_node, to_node) and key not in self.held:
+                if from_node == self.node_id and key not in self.held:
                     self._hold(key)
             elif self.moves.pop(key, None) is not None:
                 self._clear_due_ms.pop(key, None)
@@ -1087,23 +1089,30 @@ class ClusterProtocol:
                 return _PARK if self._parks_here(key) else _QUEUE
             if to_node == me:
                 return _QUEUE if source == from_node else _PARK
-            return _QUEUE
-        owner = self.router.routes.get(key)
+            owner = to_node  # a move between two other nodes: the group's owner once it ends
+        else:
+            owner = self.router.routes.get(key)
         if source is not None and owner is not None and owner != me:
-            # another node's group sent here: a move this replica has not seen yet. The old owner's
-            # handover goes first; anything else waits behind it
+            # another node's group sent here: a move this replica has not seen yet (its sender's replica is
+            # ahead). The old owner's handover goes first; anything else waits behind it
             return _QUEUE if source == owner else _PARK
         return _PARK if key in self.parked else _QUEUE
 
     def _holding(self, key: tuple[str, str], arriving: bool = False) -> bool:
         """Whether this node must deliver nothing of the group now; `arriving`: a message of it is
         about to be enqueued here."""
-        if not self.router.ready or key in self.parked:
+        if not self.router.ready:
             return True
         move = self.moves.get(key)
-        if move is not None:
-            return self.node_id in (move[0], move[1])
-        owner = self.router.routes.get(key)
+        if move is not None and self.node_id in (move[0], move[1]):
+            # the old owner delivers none of the group; the new owner what its queue has of it, what
+            # the old owner sent: all else waits parked (see the header)
+            return move[0] == self.node_id
+        if key in self.parked:
+            return True
+        # the group's owner, once a move between two other nodes ended; what reached this node meanwhile
+        # waits for a later move here (_place_arrival)
+        owner = self.router.routes.get(key) if move is None else move[1]
         return owner is not None and owner != self.node_id and (arriving or self._busy(key))
 
     def _review_holds(self, now_ms: int, effects: list) -> None:
@@ -1131,7 +1140,7 @@ class ClusterProtocol:
                     self._owed.pop(key, None)
                     self.counts["restored_handed_over"] += 1
                 self._restored.discard(key)
-                holding = key in self.parked or (move is not None and self.node_id in (move[0], move[1]))
+                holding = self._holding(key)
             else:
                 holding = self._holding(key)
             if not holding:

@@ -744,6 +744,8 @@ class SimNode:
     def handle_forward(self, source: str, entries: list[Entry], reply) -> None:
         """ClusterLink.handle_forward's engine loop part: reply(high_water) once the batch is stored here,
         reply(None) when it was refused or its journal write failed."""
+        for entry in entries:
+            self.sim.forwarded_from[(self.node_id, mid_of(entry.payload))] = source
         self.carry_out(self.protocol.forward_received(
             source, entries, lambda high_water, error: reply(high_water if error is None else None),
             self.sim.now_ms))

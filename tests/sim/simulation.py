@@ -48,7 +48,7 @@ Invariants, after every step:
   group, its old and new owner may both hold it (a parked message counts for the node parking it);
   once the move ended, the group's messages are on the new owner only;
 - no two consumers anywhere hold unsettled messages of one group at once, and the new owner of a
-  moving group delivers none of it until the move ended;
+  moving group delivers, until the move ended, only what the old owner sent it;
 - a route is never removed while its group has messages or an owner anywhere: a group a consumer
   owns (an exclusive owner keeps it while idle) has a route, naming the owner's node unless a move
   from or to that node is in progress (messages: the "held by exactly one node" invariant above);
@@ -276,6 +276,9 @@ class Simulation:
         self.confirmed: collections.Counter = collections.Counter()
         self.allowed_duplicates: set[str] = set()
         self.moved: dict[tuple[str, str], int] = {}  # (queue, group) -> moves ended, for the invariants
+        # (node, mid) -> the node that last forwarded the message there (crashes keep it: what a node
+        # recovers came the same way), for what a moving group's new owner may deliver
+        self.forwarded_from: dict[tuple[str, str], str] = {}
         self.ghosts: set[str] = set()  # accepted by a consumer, then recovered from a journal (see crash)
         self._checked: dict = {}  # what the last invariant check saw, to skip unchanged parts
         self._replay = "<the scenario's own calls>"
@@ -699,9 +702,10 @@ class Simulation:
                     self.violation(f"{mid} delivered to {consumer.id} on {node.node_id} while {other.id} on "
                                    f"{other.node.node_id} holds a message of group {(queue, group)} unsettled")
             move = self.raft.table.moves.get((queue, group))
-            if move is not None and node.node_id == move[1]:
+            if move is not None and node.node_id == move[1] and \
+                    self.forwarded_from.get((node.node_id, mid)) != move[0]:
                 self.violation(f"{node.node_id} delivered {mid} while group {(queue, group)} is still moving "
-                               f"there from {move[0]} (waiting for {move[3]})")
+                               f"there from {move[0]} (waiting for {move[3]}), and {move[0]} had not sent it")
         consumer.unsettled[deliver.delivery_id] = mid
         self.trace(f"  {node.node_id} delivers {mid} to {consumer.id}")
         if mid in self.delivered_once:
