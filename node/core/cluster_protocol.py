@@ -1140,10 +1140,7 @@ class ClusterProtocol:
                     self._owed.pop(key, None)
                     self.counts["restored_handed_over"] += 1
                 self._restored.discard(key)
-                holding = self._holding(key)
-            else:
-                holding = self._holding(key)
-            if not holding:
+            if not self._holding(key):
                 self._unhold(key, now_ms, effects)
 
     def _busy(self, key: tuple[str, str]) -> bool:
