@@ -15,7 +15,10 @@ Rules:
   /api/session says so and the page shows it.
 - Actions are POSTs with a JSON body (Content-Type application/json: a form on another site cannot
   send one without a CORS preflight, which this server never grants), and need what the admin method
-  needs: manage on the queue. The page asks for confirmation before it sends one.
+  needs: manage on the queue. The page asks for confirmation before it sends one. node.http_hosts
+  checks Host and Origin before any of it (DNS rebinding, cross-site posts).
+- Paths name only what to do (ROUTES); queue names and group ids travel in the query of a view and
+  the body of an action, never in a path, which a browser normalises ("..", "%2e%2e").
 - Answers are JSON. A failure is {"error": text} with the status from STATUS_BY_ADMIN_ERROR; the text
   is the admin API's, which says who is at fault and what to do. Nothing secret is ever sent back.
 - Bounded: request bodies BODY_MAX_BYTES, group pages as node.admin.group_pages bounds them, member
@@ -28,7 +31,7 @@ import json
 import logging
 from concurrent import futures
 from importlib import resources
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs
 
 from node.admin.client import AdminClient, AdminError
 from node.admin.credentials import Authenticator, Unauthenticated
@@ -49,6 +52,17 @@ STATIC_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
 STATIC_HEADERS = {"Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
                   "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
 API_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+# Every API is a method and a fixed path. A queue's name and a group's id travel in the query (views)
+# or the JSON body (actions), never in the path: a browser resolves "." and ".." segments (and their
+# encoded forms, %2e%2e) before it sends, so a group named ".." once turned ".../groups/../purge" into
+# the whole queue's purge (issue 26)
+ROUTES = {("GET", "/api/session"), ("GET", "/api/cluster"), ("GET", "/api/queues"), ("GET", "/api/groups"),
+          ("POST", "/api/queues"), ("POST", "/api/queues/delete"), ("POST", "/api/queues/purge"),
+          ("POST", "/api/queues/reroute"), ("POST", "/api/groups/reset"), ("POST", "/api/groups/purge"),
+          ("POST", "/api/groups/move")}
+ROUTE_NAMES = ("GET /api/session", "/api/cluster", "/api/queues", "/api/groups?queue=Q", "and POSTs /api/queues "
+               "(a queue's settings)", '/api/queues/delete, /api/queues/purge, /api/queues/reroute with {"queue": Q}',
+               '/api/groups/reset, /api/groups/purge, /api/groups/move with {"queue": Q, "group": G}')
 # the admin API's gRPC status -> HTTP status; absent: 500
 STATUS_BY_ADMIN_ERROR = {
     "INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403, "NOT_FOUND": 404,
@@ -102,50 +116,30 @@ class Console:
             return _failure(400, error.description)
 
     def _api(self, method, path, query, authorization, source, now_ms, content_type, body):
-        segments = [unquote(part) for part in path.split("/")[2:]]  # after "/api"; ids may hold an encoded '/'
         if method == "POST" and content_type.split(";")[0].strip().lower() != "application/json":
             raise ConsoleError(415, "console actions take a JSON body: send Content-Type application/json")
         if len(body) > BODY_MAX_BYTES:
             raise ConsoleError(413, f"the request body is over {BODY_MAX_BYTES} bytes; a queue's settings fit "
                                     f"in far less")
+        if (method, path) not in ROUTES:
+            raise ConsoleError(404, f"no console API {method} {path}: the page calls {', '.join(ROUTE_NAMES)}")
         caller = self._identify(authorization, source, now_ms)
         with LocalAdmin(self._admin_servicer, source, caller.forwarded) as admin:
-            # a queue's name and a group's id stand at positions 1 and 3: the route is the rest
-            route = (method, *("*" if index in (1, 3) else part for index, part in enumerate(segments)))
-            if route == ("GET", "session"):
-                return {"open": self._authenticator.open, "user": caller.user}
-            if route == ("GET", "cluster"):
-                return self._cluster(admin, caller)
-            if route == ("GET", "queues"):
-                return self._queues(admin)
-            if route == ("POST", "queues"):
-                settings = QueueSettings.from_dict(_json_object(body), where="settings")
-                return {"queue": admin.add_queue(settings)}
-            if route == ("POST", "queues", "*", "delete"):
-                admin.delete_queue(segments[1], force=_json_object(body).get("force") is True)
-                return {"deleted": segments[1]}
-            if route == ("POST", "queues", "*", "purge"):
-                purged, left = admin.purge_queue(segments[1])
-                return {"messages_purged": purged, "messages_left": left}
-            if route == ("POST", "queues", "*", "reroute"):
-                return _reroute(admin, segments[1], _json_object(body))
-            if route == ("GET", "queues", "*", "groups"):
-                return admin.group_page(segments[1], query.get("prefix", ""), _integer(query, "position", 0),
-                                        _integer(query, "page_size", PAGE_SIZE_DEFAULT), query.get("node", ""))
-            if route == ("POST", "queues", "*", "groups", "*", "reset"):
-                return {"groups_reset": admin.reset_groups(segments[1], segments[3])}
-            if route == ("POST", "queues", "*", "groups", "*", "purge"):
-                return {"messages_purged": admin.purge_group(segments[1], segments[3], None)}
-            if route == ("POST", "queues", "*", "groups", "*", "move"):
-                destination = _json_object(body).get("destination")
-                if not isinstance(destination, str) or not destination:
-                    raise ConsoleError(400, 'a move needs {"destination": QUEUE} in its body: the queue to move '
-                                            'the group\'s available messages to')
-                return {"messages_moved": admin.move_group(segments[1], segments[3], destination, None)}
-        raise ConsoleError(404, f"no console API {method} {path}: the page calls GET /api/session, /api/cluster, "
-                                f"/api/queues, /api/queues/Q/groups and POSTs /api/queues, /api/queues/Q/delete, /api/queues/Q/purge, "
-                                f"/api/queues/Q/reroute, "
-                                f"/api/queues/Q/groups/G/reset, .../purge and .../move")
+            if method == "GET":
+                return self._view(path, admin, caller, query)
+            return _act(path, admin, _json_object(body))
+
+    def _view(self, path: str, admin: AdminClient, caller, query: dict) -> dict:
+        if path == "/api/session":
+            return {"open": self._authenticator.open, "user": caller.user}
+        if path == "/api/cluster":
+            return self._cluster(admin, caller)
+        if path == "/api/queues":
+            return self._queues(admin)
+        assert path == "/api/groups", path
+        return admin.group_page(_name(query, "queue", "query"), query.get("prefix", ""),
+                                _integer(query, "position", 0), _integer(query, "page_size", PAGE_SIZE_DEFAULT),
+                                query.get("node", ""))
 
     def _identify(self, authorization, source, now_ms):
         if authorization is None and not self._authenticator.open:
@@ -228,6 +222,44 @@ def _percentiles(tally: dict) -> dict:
 
 def _failure(status: int, message: str) -> tuple[int, str, bytes, dict]:
     return status, JSON, json.dumps({"error": message}).encode(), API_HEADERS
+
+
+def _act(path: str, admin: AdminClient, body: dict) -> dict:
+    """A POST: what it names is in `body`, the path says only what to do."""
+    if path == "/api/queues":
+        return {"queue": admin.add_queue(QueueSettings.from_dict(body, where="settings"))}
+    queue = _name(body, "queue")
+    if path == "/api/queues/delete":
+        admin.delete_queue(queue, force=body.get("force") is True)
+        return {"deleted": queue}
+    if path == "/api/queues/purge":
+        purged, left = admin.purge_queue(queue)
+        return {"messages_purged": purged, "messages_left": left}
+    if path == "/api/queues/reroute":
+        return _reroute(admin, queue, body)
+    group = body.get("group")
+    if not isinstance(group, str):
+        raise ConsoleError(400, f'{path} needs {{"queue": QUEUE, "group": GROUP}} in its body: "group" is the '
+                                f'group id (a string), got {type(group).__name__}')
+    if path == "/api/groups/reset":
+        return {"groups_reset": admin.reset_groups(queue, group)}
+    if path == "/api/groups/purge":
+        return {"messages_purged": admin.purge_group(queue, group, None)}
+    assert path == "/api/groups/move", path
+    destination = body.get("destination")
+    if not isinstance(destination, str) or not destination:
+        raise ConsoleError(400, 'a move needs {"destination": QUEUE} in its body: the queue to move the group\'s '
+                                'available messages to')
+    return {"messages_moved": admin.move_group(queue, group, destination, None)}
+
+
+def _name(values: dict, key: str, where: str = "body") -> str:
+    """A queue's name from the body (or the query): a non-empty string."""
+    value = values.get(key)
+    if not isinstance(value, str) or not value:
+        raise ConsoleError(400, f'the request\'s {where} needs "{key}": the name of the queue to act on or show '
+                                f"(a non-empty string), got {value!r}"[:300])
+    return value
 
 
 def _reroute(admin: AdminClient, queue: str, body: dict) -> dict:

@@ -1,6 +1,8 @@
 // Grouper console: the page's whole logic, written here (no library, nothing fetched from elsewhere).
 // Every number comes from the node's JSON API under /api; every action asks for confirmation first.
 // Text is set with textContent only, so ids and names from the broker can never become markup.
+// Queue names and group ids go in a query string or a JSON body, never in a URL's path, which the
+// browser would normalise (a group named ".." would reach its queue's URL).
 "use strict";
 
 const REFRESH_MS = 3000; // the cluster and queues views reload this often while shown
@@ -230,7 +232,7 @@ async function purgeQueue(name) {
                       "are deleted, and so are those in no group; messages delivered and not yet settled stay with " +
                       "their consumers.")) return;
   try {
-    const result = await api("POST", `/api/queues/${encodeURIComponent(name)}/purge`, {});
+    const result = await api("POST", "/api/queues/purge", { queue: name });
     await loadQueues();
     $("queues-result").textContent = `queue ${name}: ${result.messages_purged} message(s) purged` +
       (result.messages_left ? `; ${result.messages_left} arrived while it ran and stay` : "");
@@ -244,7 +246,7 @@ async function reroute(queue, group, resultId, reload) {
   const what = group === null ? `queue ${queue}` : `group ${group} of queue ${queue}`;
   const destination = (window.prompt(`Reroute the available messages of ${what} to which queue or multicast address?`) || "").trim();
   if (!destination) return;
-  const body = { to: destination };
+  const body = { queue, to: destination };
   if (group === null) {
     const count = (window.prompt(`How many, the first in queue order? Leave empty for every available message.`) || "").trim();
     if (count) {
@@ -258,7 +260,7 @@ async function reroute(queue, group, resultId, reload) {
   if (!window.confirm(`Reroute ${how} of ${what} to ${destination}? They leave ${queue} once stored there, each ` +
                       "group in order; a group with deliveries not yet settled stays whole.")) return;
   try {
-    const result = await api("POST", `/api/queues/${encodeURIComponent(queue)}/reroute`, body);
+    const result = await api("POST", "/api/queues/reroute", body);
     await reload();
     $(resultId).textContent = `${what}: ${result.messages_moved} message(s) rerouted to ${destination}`;
     showError(result.messages_stayed ? new Error(`${result.messages_stayed} message(s) stayed in ${queue}: ${result.stayed_reason}`) : null);
@@ -270,13 +272,13 @@ function rerouteQueue(name) { return reroute(name, null, "queues-result", loadQu
 async function deleteQueue(name) {
   if (!window.confirm(`Delete queue ${name} (on every node of a cluster)?`)) return;
   try {
-    await api("POST", `/api/queues/${encodeURIComponent(name)}/delete`, { force: false });
+    await api("POST", "/api/queues/delete", { queue: name, force: false });
   } catch (error) {
     if (error.status !== 409 || !window.confirm(`${error.message}\n\nDelete it anyway, dropping its messages?`)) {
       showError(error);
       return;
     }
-    try { await api("POST", `/api/queues/${encodeURIComponent(name)}/delete`, { force: true }); }
+    try { await api("POST", "/api/queues/delete", { queue: name, force: true }); }
     catch (forced) { showError(forced); return; }
   }
   await loadQueues();
@@ -307,9 +309,10 @@ async function loadGroupChoices() {
 }
 
 function groupQuery(position, pageSize) {
-  const query = new URLSearchParams({ prefix: $("groups-prefix").value, position: String(position),
-                                      page_size: String(pageSize), node: $("groups-node").value });
-  return `/api/queues/${encodeURIComponent($("groups-queue").value)}/groups?${query}`;
+  const query = new URLSearchParams({ queue: $("groups-queue").value, prefix: $("groups-prefix").value,
+                                      position: String(position), page_size: String(pageSize),
+                                      node: $("groups-node").value });
+  return `/api/groups?${query}`;
 }
 
 async function loadGroups(position) {
@@ -317,6 +320,8 @@ async function loadGroups(position) {
   if (!queue) return;
   const pageSize = Math.min(500, Math.max(1, parseInt($("groups-page-size").value, 10) || 50));
   const page = await api("GET", groupQuery(position, pageSize));
+  if ($("groups-queue").value !== queue) return page; // another queue was chosen meanwhile: its answer draws
+  $("groups").dataset.queue = queue;
   Object.assign(state.groups, { queue, position, nextPosition: page.next_position, total: page.groups_total });
   const searched = page.next_position >= page.groups_total ? "every group looked at"
     : `looked at groups up to ${page.next_position} of ${page.groups_total}: Next page goes on`;
@@ -359,7 +364,7 @@ const GROUP_RESULTS = {
 };
 
 async function groupAction(queue, group, action) {
-  const body = {};
+  const body = { queue, group };
   if (action === "move") {
     const destination = window.prompt(`Move group ${group} of queue ${queue} to which queue?`);
     if (!destination) return;
@@ -367,7 +372,7 @@ async function groupAction(queue, group, action) {
   }
   if (!window.confirm(GROUP_ACTIONS[action](queue, group, body))) return;
   try {
-    const result = await api("POST", `/api/queues/${encodeURIComponent(queue)}/groups/${encodeURIComponent(group)}/${action}`, body);
+    const result = await api("POST", `/api/groups/${action}`, body);
     await loadGroups(state.groups.position);
     $("action-result").textContent = GROUP_RESULTS[action](group, result, body);
     showError(null);
