@@ -19,6 +19,7 @@ from handler.route_table import PLACEMENT_BALANCED, PLACEMENTS
 from node.core.address_settings import AddressSettings
 from node.core.errors import InvalidConfig
 from node.core.settings import QueueSettings
+from node.http_hosts import parse_names
 
 ENV_PREFIX = "GROUPER_"
 HTTP_PORT_OFFSET = 3  # http_port = amqp_port + 3 when only amqp_port is given: a second node on one host just works
@@ -71,6 +72,9 @@ class NodeConfig:
     metrics_auth: str = "open"  # /metrics: "open", or "basic" (HTTP basic auth, a user with manage on '#')
     http_tls_cert_file: str = ""  # PEM certificate chain; with http_tls_key_file the HTTP port speaks HTTPS only
     http_tls_key_file: str = ""  # PEM private key of http_tls_cert_file
+    # more names the HTTP port answers to, comma-separated, besides IP addresses, localhost, host,
+    # advertise_host and the machine's name ("*": any; README "Health and metrics", node/http_hosts.py)
+    http_allowed_hosts: str = ""
     # ---- delivery traces of queues with trace = true (README "Auditing deliveries") ----
     trace_dir: str = ""  # where the trace files go; "" = <data_dir>/traces
     trace_file_max_bytes: int = 64 << 20  # a trace file is closed and a new one begun past this size
@@ -157,6 +161,10 @@ class NodeConfig:
                                                        "port in plaintext")
         if self.metrics_auth not in ("open", "basic"):
             raise InvalidConfig("metrics_auth", f"expected open or basic, got {self.metrics_auth!r}")
+        try:
+            parse_names(self.http_allowed_hosts)
+        except ValueError as error:
+            raise InvalidConfig("http_allowed_hosts", str(error)) from None
         cluster_tls = [key for key in ("cluster_tls_cert_file", "cluster_tls_key_file", "cluster_tls_ca_file")
                        if getattr(self, key)]
         if cluster_tls and len(cluster_tls) < 3:

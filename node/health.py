@@ -17,6 +17,9 @@ Rules:
 - With http_tls_cert_file and http_tls_key_file the port speaks HTTPS only. The handshake runs on the
   request's thread, never the accepting one, and the files are read again when they change.
 - Every connection is closed after REQUEST_TIMEOUT_S without a complete request.
+- Every request's Host, and the Origin of every POST, pass node.http_hosts first (421 or 403 with
+  what to do): the port answers only to names the node is known by, so a DNS rebinding page reaches
+  nothing, probes included (they ask by address).
 - `/`, `/console/...` and `/api/...` belong to the web console (node.console), which has its own rules;
   only it takes POSTs, with bodies of at most node.console.BODY_MAX_BYTES (a longer one is refused
   unread: 413).
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import ssl
 import threading
 import time
@@ -39,6 +43,7 @@ from node.config import files_stamp
 from node.console import BODY_MAX_BYTES, JSON
 from node.core.access import Permission
 from node.core.errors import InvalidConfig
+from node.http_hosts import HostPolicy, parse_names
 
 log = logging.getLogger("grouper.health")
 
@@ -61,9 +66,11 @@ class NodeProbe:
 class HealthServer:
     def __init__(self, probe, host: str, port: int, *, security=None, metrics_auth: str = METRICS_AUTH_OPEN,
                  tls_cert_file: str = "", tls_key_file: str = "", clock_ms=lambda: int(time.monotonic() * 1000),
-                 console=None):
+                 console=None, advertise_host: str = "", allowed_hosts: str = ""):
         """`security`: node.security.Security, for metrics_auth "basic"; `tls_*`: serve HTTPS;
-        `console`: node.console.Console, served at `/` and `/api/` (None: those answer 404)."""
+        `console`: node.console.Console, served at `/` and `/api/` (None: those answer 404);
+        `advertise_host`, `allowed_hosts` (http_allowed_hosts): names answered besides `host`, the
+        machine's name, IP addresses and loopback names."""
         self._probe = probe
         self._console = console
         registry = CollectorRegistry(auto_describe=False)
@@ -80,6 +87,11 @@ class HealthServer:
         self._authenticator = Authenticator(security)
         self._clock_ms = clock_ms
         self._tls = _TlsFiles(tls_cert_file, tls_key_file) if tls_cert_file else None
+        try:
+            names = parse_names(allowed_hosts)
+        except ValueError as error:
+            raise InvalidConfig("http_allowed_hosts", str(error)) from None
+        self._hosts = HostPolicy((host, advertise_host, socket.gethostname(), *names), self.scheme)
         handler = type("Handler", (_Handler,), {"server_owner": self})
         self._httpd = _Server((host, port), handler, self._tls)
         self._httpd.daemon_threads = True
@@ -98,9 +110,17 @@ class HealthServer:
         return "https" if self._tls is not None else "http"
 
     def answer(self, path: str, authorization: str | None = None, source: str = "", *, method: str = "GET",
-               query: str = "", content_type: str = "", body: bytes = b"") -> tuple[int, str, bytes, dict]:
+               query: str = "", content_type: str = "", body: bytes = b"", host: str | None = None,
+               origin: str | None = None) -> tuple[int, str, bytes, dict]:
         """(status, content type, body, extra headers) for `method` on `path` with that Authorization header
-        from address `source` (failed logins are throttled per source)."""
+        from address `source` (failed logins are throttled per source); `host`, `origin`: those headers."""
+        refusal = self._hosts.refusal(method, host, origin)
+        if refusal is not None:
+            log.info("HTTP %s %s from %s refused (%d): Host %r, Origin %r", method, path[:100], source,
+                     refusal.status, (host or "")[:100], (origin or "")[:100])
+            if path == "/api" or path.startswith("/api/"):  # the console's script reads {"error": ...}
+                return refusal.status, JSON, json.dumps({"error": refusal.message}).encode(), {}
+            return refusal.status, TEXT, f"{refusal.message}\n".encode(), {}
         if self._console is not None and self._console.serves(path):
             return self._console.answer(method, f"{path}?{query}" if query else path, authorization, source,
                                         self._clock_ms(), content_type, body)
@@ -167,9 +187,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _reply(self, request_body: bytes) -> None:
         path, _, query = self.path.partition("?")
+        hosts = self.headers.get_all("Host") or []  # two are no name at all: refused as one
         self._send(*self.server_owner.answer(path, self.headers.get("Authorization"), self.client_address[0],
                                              method=self.command, query=query,
-                                             content_type=self.headers.get("Content-Type", ""), body=request_body))
+                                             content_type=self.headers.get("Content-Type", ""), body=request_body,
+                                             host=", ".join(hosts) if hosts else None,
+                                             origin=self.headers.get("Origin")))
 
     def _send(self, status: int, content_type: str, body: bytes, headers: dict) -> None:
         self.send_response(status)

@@ -508,7 +508,9 @@ class Node:
             self.health = HealthServer(self, self.config.host, self.config.http_port, security=self.security,
                                        metrics_auth=self.config.metrics_auth,
                                        tls_cert_file=self.config.http_tls_cert_file,
-                                       tls_key_file=self.config.http_tls_key_file, console=console)
+                                       tls_key_file=self.config.http_tls_key_file, console=console,
+                                       advertise_host=self.config.advertise_host,
+                                       allowed_hosts=self.config.http_allowed_hosts)
         except OSError as error:
             raise GrouperError(f"cannot listen for HTTP (health, metrics) on {self.config.host}:"
                                f"{self.config.http_port}: {error.strerror}; is another process using the port? "

@@ -34,8 +34,9 @@ WINDOW = (1280, 900)  # the browser's window in pixels; the screenshot is its vi
 BROWSER_WAIT_S = 20.0  # bound of each wait for the page to show something
 
 
-def browser():
-    """Headless chromium of the system, or a failure naming the packages to install."""
+def browser(arguments: tuple = ()):
+    """Headless chromium of the system, or a failure naming the packages to install; `arguments`: more
+    command-line switches."""
     missing = [name for name in ("chromium", "chromedriver") if shutil.which(name) is None]
     if missing:
         pytest.fail(f"{' and '.join(missing)} not found: the console test needs Debian's chromium and "
@@ -46,7 +47,7 @@ def browser():
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium")
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                     f"--window-size={WINDOW[0]},{WINDOW[1]}", "--no-first-run", "--no-proxy-server"):
+                     f"--window-size={WINDOW[0]},{WINDOW[1]}", "--no-first-run", "--no-proxy-server", *arguments):
         options.add_argument(argument)
     # the driver is named, so selenium never looks for one to download (nothing outside is reachable)
     return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
