@@ -44,6 +44,7 @@ from node.console import BODY_MAX_BYTES, JSON
 from node.core.access import Permission
 from node.core.errors import InvalidConfig
 from node.http_hosts import HostPolicy, parse_names
+from node.security import is_loopback
 
 log = logging.getLogger("grouper.health")
 
@@ -84,6 +85,9 @@ class HealthServer:
                                                 "administrator`), or leave metrics_auth open")
         self._security = security
         self._metrics_auth = metrics_auth
+        warning = open_metrics_warning(metrics_auth, security is not None and security.database is not None, host)
+        if warning:
+            log.warning("%s", warning)
         self._authenticator = Authenticator(security)
         self._clock_ms = clock_ms
         self._tls = _TlsFiles(tls_cert_file, tls_key_file) if tls_cert_file else None
@@ -157,6 +161,15 @@ class HealthServer:
                                f"('#'); an administrator can grant it with `grouper role set ROLE --allow "
                                f"manage:#`\n".encode(), {})
         return None
+
+
+def open_metrics_warning(metrics_auth: str, secured: bool, host: str) -> str | None:
+    """The start-up line of a node with users whose /metrics anyone beyond this machine may read."""
+    if metrics_auth != METRICS_AUTH_OPEN or not secured or is_loopback(host):
+        return None
+    return (f"/metrics is open to anyone who reaches the HTTP port on {host}: it names queues, consumers and "
+            f"members, but no messages or credentials. To ask scrapers for a user with manage on '#', set "
+            f"metrics_auth = \"basic\" (--metrics-auth basic)")
 
 
 class _Handler(BaseHTTPRequestHandler):

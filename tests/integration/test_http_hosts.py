@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 
 import pytest
 
@@ -63,7 +64,8 @@ def test_a_request_by_a_name_the_node_does_not_know_is_misdirected(node, path):
     assert "orders" not in body
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "LOCALHOST.", LISTED, "[::1]", "10.1.2.3"])
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "LOCALHOST.", LISTED, "[::1]", "10.1.2.3",
+                                  socket.gethostname()])
 def test_the_nodes_own_loopback_listed_and_literal_names_are_answered(node, host):
     for name in (host, f"{host}:{port_of(node)}", f"{host}:80"):  # a port mapping may change the port
         status, body = request(node, "GET", "/api/session", {"Host": name})

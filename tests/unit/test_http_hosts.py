@@ -102,3 +102,4 @@ def test_the_node_config_reads_and_checks_http_allowed_hosts():
     assert load(environ={}).http_allowed_hosts == ""
     with pytest.raises(InvalidConfig, match="http_allowed_hosts: 'https://x' is not a host name"):
         load(environ={"GROUPER_HTTP_ALLOWED_HOSTS": "https://x"})
+
