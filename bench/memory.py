@@ -318,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.child, args.messages, args.tracemalloc)))
         return 0
     names = args.only or list(SCENARIOS)
-    print(f"python3 -m bench.memory --messages {args.messages:,}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-          f"Python {sys.version.split()[0]}\n")
+    print(f"python3 -m bench.memory --messages {args.messages:,}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, Python {sys.version.split()[0]}\n")
     print(table(args.messages, names, not args.no_rss))
     return 0
 

@@ -97,8 +97,8 @@ def recover_in_process(data_dir: Path, mode: str) -> dict:
 def journal_only(data_dir: Path, messages: int) -> list[dict]:
     results = []
     for mode in ("cold", "records"):
-        output = subprocess.run([sys.executable, "-m", "bench.recovery", "--recover-here", mode, str(data_dir)], cwd=REPO_ROOT,
-                                check=True, stdout=subprocess.PIPE, text=True).stdout
+        output = subprocess.run([sys.executable, "-m", "bench.recovery", "--recover-here", mode, str(data_dir)],
+                                cwd=REPO_ROOT, check=True, stdout=subprocess.PIPE, text=True).stdout
         results.append(json.loads(output))
         if results[-1]["messages"] != messages:
             results[-1]["failed"] = f"recovered {results[-1]['messages']} messages, not {messages}"
