@@ -235,7 +235,7 @@ def measure(target, workload: Workload, broker_cpu_s, scratch_dir: Path, consume
 
     The consumers are spread round-robin over `consumer_processes` processes; the producer has its own.
     """
-    import lean  # here, in the parent, so that forked client processes do not pay (and count) the import
+    from bench import lean  # here, in the parent, so that forked client processes do not pay (and count) the import
 
     context = multiprocessing.get_context("fork")
     producer_main = lean.producer if target.protocol == "amqp" else stomp_producer

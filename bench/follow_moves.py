@@ -3,8 +3,8 @@ node its consumers went to costs the old node, with every record warm (`record_m
 behaviour before cold tails reached such nodes) and under a small record budget, where most of the backlog
 is cold and is found by sweeps of the old node's cold tail (node/core/cluster_protocol.py's header).
 
-    python3 bench/follow_moves.py [--messages N] [--groups G] [--body-bytes B] [--budgets 0,1048576]
-    python3 bench/follow_moves.py render         # the section again from results/follow-moves-*.json
+    python3 -m bench.follow_moves [--messages N] [--groups G] [--body-bytes B] [--budgets 0,1048576]
+    python3 -m bench.follow_moves render         # the section again from results/follow-moves-*.json
 
 One run per record budget, each on a fresh 3-node cluster (bench/cluster.py's `Cluster`: real `grouper node`
 processes on 127.0.0.1, fresh data dirs, `route_follow_ms = 1000`), one durable queue with exclusive groups:
@@ -37,16 +37,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from bench import clients, peers
+from bench.cluster import Cluster, NodeProcess, load_1m
+from bench.outbound_memory import QUEUE, BudgetRuns, Clients, budget_runs_main, order_check, wait_progress
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
-sys.path.insert(0, str(REPO_ROOT))
-sys.path.insert(0, str(BENCH_DIR))
-
-import clients  # noqa: E402
-import peers  # noqa: E402
-from cluster import Cluster, NodeProcess, load_1m  # noqa: E402
-from outbound_memory import QUEUE, BudgetRuns, Clients, budget_runs_main, order_check, wait_progress  # noqa: E402
-
 SECTION_HEADING = "## Groups following their consumers: moving a cold backlog"
 REPORT_PATH = REPO_ROOT / "docs" / "benchmarks.md"
 HOST = "127.0.0.1"
@@ -300,7 +296,7 @@ def render_section(reports: list[dict]) -> str:
         if 0 in moves and len(moves) > 1:
             budget = min(b for b in moves if b > 0)
             warm, cold = moves[0], moves[budget]
-            command = report.get("command", f"python3 bench/follow_moves.py --messages {report['messages']}")
+            command = report.get("command", f"python3 -m bench.follow_moves --messages {report['messages']}")
             verdicts.append(f"`{command}` ({report['date']}, `{report['commit']}`): the move with a cold tail "
                             f"({budget / MIB:,.0f} MiB) against all warm: **{cold['move_s'] / warm['move_s']:.2f}x** "
                             f"the time to the last delivery, {cold['emptied_s'] / warm['emptied_s']:.2f}x the time "
@@ -345,7 +341,7 @@ def render_section(reports: list[dict]) -> str:
               "rough; the memory figures and node CPU seconds are the steadier ones.",
               "",
               "After `e5da728` (an old owner hands over at most 5,000 messages a tick, each group whole; the fifth "
-              "row, `python3 bench/follow_moves.py --messages 1000000 --budgets 0 --tag bounded-handover`, "
+              "row, `python3 -m bench.follow_moves --messages 1000000 --budgets 0 --tag bounded-handover`, "
               "load 13-16): the warm move of 1,000,000 messages peaked at **771 MB** on node 0 (1,704 before), "
               "node 2 delivered its first message after **7.8 s** (86 before: groups are released as their own "
               "handover arrives), node 0's /metrics went unanswered 4 times (26 before), for about the same CPU "
@@ -365,7 +361,7 @@ def render_section(reports: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     return budget_runs_main(BudgetRuns(
-        "bench/follow_moves.py", __doc__.split("\n\n", 1)[0], "follow-moves", SECTION_HEADING, render_section,
+        "bench.follow_moves", __doc__.split("\n\n", 1)[0], "follow-moves", SECTION_HEADING, render_section,
         run_budget, (DEFAULT_MESSAGES, DEFAULT_GROUPS, DEFAULT_BODY_BYTES, DEFAULT_BUDGETS),
         ("messages queued on node 0", "groups placed on node 0, then moved",
          "the nodes' record_memory_max_bytes of each run, in bytes (0 = every record warm)")), argv)

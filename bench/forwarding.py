@@ -1,6 +1,6 @@
 """Messages/s of node-to-node forwarding over loopback, one Forward call in flight, by batch size.
 
-`python bench/forwarding.py` starts an owner process (this script with `--serve`: a gRPC server
+`python -m bench.forwarding` starts an owner process (this script with `--serve`: a gRPC server
 carrying node.peer.service whose handler just returns the batch's last forward_seq), then, in this
 process, pushes the same messages through a `node.peer.forwarder.Forwarder` once per batch size
 and prints a markdown table. Everything the node pays per message is inside the timing: Entry ->
@@ -18,13 +18,12 @@ import time
 from concurrent import futures
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import grpc
 
-import grpc  # noqa: E402
+from node.peer.forwarder import Entry, Forwarder
+from node.peer.service import SERVER_OPTIONS, add_peer_service
 
-from node.peer.forwarder import Entry, Forwarder  # noqa: E402
-from node.peer.service import SERVER_OPTIONS, add_peer_service  # noqa: E402
-
+REPO_ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
 SERVER_WORKERS = 4
 RUN_TIMEOUT_S = 300  # one row that takes longer than this is reported as failed
@@ -81,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         return serve()
 
-    owner = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True)
+    owner = subprocess.Popen([sys.executable, "-m", "bench.forwarding", "--serve"], cwd=REPO_ROOT,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         address = f"{HOST}:{int(owner.stdout.readline())}"
         rows = []

@@ -1,7 +1,7 @@
 """Large messages past both memory budgets on one real `grouper node`: its peak resident set while it
 drains them, and when it restarts on them.
 
-    python3 bench/large_bodies.py [--messages 800] [--body-bytes 1048576] [--groups 50]
+    python3 -m bench.large_bodies [--messages 800] [--body-bytes 1048576] [--groups 50]
 
 Why: the budgets count records and bodies, but three paths read or kept bodies by record counts, which
 only large bodies show: browse-log tombstones kept every accepted body until their bytes passed the
@@ -28,13 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from proton import Message
 
-from proton import Message  # noqa: E402
-
-from tests.integration.clients import Client, queue_toml  # noqa: E402
-from tests.integration.harness import NodeProcess  # noqa: E402
+from tests.integration.clients import Client, queue_toml
+from tests.integration.harness import NodeProcess
 
 QUEUE = "large"
 RECORD_BUDGET_BYTES = 256 << 10
@@ -72,7 +69,7 @@ def drain(node: NodeProcess, messages: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/large_bodies.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 -m bench.large_bodies", description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=800)
     parser.add_argument("--body-bytes", type=int, default=1 << 20)
     parser.add_argument("--groups", type=int, default=50)

@@ -7,7 +7,7 @@ its names are re-exported here, so `lean.Endpoint`, `lean.MessageEncoder`, ... k
   after each pass, as much credit as it accepted, so at most `prefetch` deliveries are ever unsettled.
 - It moves messages and writes what it saw, in the form clients.py summarises; it never starts
   brokers and never formats tables.
-- `python bench/lean.py --url ... --queue ...` runs one row against any AMQP 1.0 broker and prints
+- `python -m bench.lean --url ... --queue ...` runs one row against any AMQP 1.0 broker and prints
   what clients.py measured (no broker CPU: the broker may be elsewhere).
 """
 
@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import clients
+from bench import clients
 from node.amqp.engine import (ACCEPTED, CONNECTION_REMOTE_CLOSE, DELIVERY, LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH,
                               LINK_REMOTE_OPEN, MODIFIED, REJECTED, RELEASED, TRANSPORT_ERROR,
                               condition_text, delivery_tag, ffi, lib, tag_value, terminus_present)
@@ -337,7 +337,7 @@ def read_password_file(path: str) -> str:
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python bench/lean.py", description="One grouped row against an AMQP 1.0 broker: 1 producer, N "
+        prog="python -m bench.lean", description="One grouped row against an AMQP 1.0 broker: 1 producer, N "
         "consumers, lean.py's clients; prints throughput, latency, order and client CPU as JSON.")
     parser.add_argument("--url", required=True, help="HOST:PORT or amqp://HOST:PORT of the broker")
     parser.add_argument("--queue", required=True, help="the queue to send to and consume from")
@@ -358,7 +358,7 @@ def parser() -> argparse.ArgumentParser:
 
 def target_from_args(args, parse: argparse.ArgumentParser):
     """The Target a row from the command line sends to; bad combinations end in parse.error (exit 2)."""
-    from peers import Target
+    from bench.peers import Target
 
     if args.password_file and not args.user:
         parse.error("--password-file needs --user")

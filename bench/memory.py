@@ -1,6 +1,6 @@
 """What queued messages and groups cost in the dispatch core's memory, in-process, and its dispatch time.
 
-    python bench/memory.py [--messages N] [--only SCENARIO ...] [--no-rss]
+    python -m bench.memory [--messages N] [--only SCENARIO ...] [--no-rss]
 
 Each scenario runs in a child process of its own against node/core's Broker and Queue (no node, no
 AMQP), so one scenario's freed memory never hides the next one's growth. Two figures per scenario:
@@ -53,14 +53,13 @@ import time
 import tracemalloc
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from node.core.broker import Broker
+from node.core.effects import Deliver, Stored
+from node.core.message import Message, Outcome
+from node.core.outbound import Entry, Outbound
+from node.core.settings import QueueSettings
 
-from node.core.broker import Broker  # noqa: E402
-from node.core.effects import Deliver, Stored  # noqa: E402
-from node.core.message import Message, Outcome  # noqa: E402
-from node.core.outbound import Entry, Outbound  # noqa: E402
-from node.core.settings import QueueSettings  # noqa: E402
-
+REPO_ROOT = Path(__file__).resolve().parent.parent
 PAYLOAD = bytes(150)  # shared by every message: the body is not what is measured
 GROUPS_FOR_PER_MESSAGE = 1_000
 CONSUMERS_SPREAD = 100
@@ -270,10 +269,10 @@ def child(name: str, messages: int, use_tracemalloc: bool) -> dict:
 
 
 def run_child(name: str, messages: int, use_tracemalloc: bool) -> dict:
-    command = [sys.executable, __file__, "--child", name, "--messages", str(messages)]
+    command = [sys.executable, "-m", "bench.memory", "--child", name, "--messages", str(messages)]
     if use_tracemalloc:
         command.append("--tracemalloc")
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    output = subprocess.run(command, cwd=REPO_ROOT, check=True, capture_output=True, text=True).stdout
     return json.loads(output)
 
 
@@ -319,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.child, args.messages, args.tracemalloc)))
         return 0
     names = args.only or list(SCENARIOS)
-    print(f"bench/memory.py --messages {args.messages:,}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-          f"Python {sys.version.split()[0]}\n")
+    print(f"python3 -m bench.memory --messages {args.messages:,}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, Python {sys.version.split()[0]}\n")
     print(table(args.messages, names, not args.no_rss))
     return 0
 

@@ -2,8 +2,8 @@
 memory, with its bodies all in memory (`outbound_memory_max_bytes = 0`, the behaviour before paging)
 and under the default budget (32 MiB per owner), and how fast each drains once the owner is back.
 
-    python3 bench/outbound_memory.py [--messages N] [--groups G] [--body-bytes B] [--budgets 0,33554432]
-    python3 bench/outbound_memory.py render      # the section again from results/outbound-memory-*.json
+    python3 -m bench.outbound_memory [--messages N] [--groups G] [--body-bytes B] [--budgets 0,33554432]
+    python3 -m bench.outbound_memory render      # the section again from results/outbound-memory-*.json
 
 One run per budget, each on a fresh 3-node cluster (bench/cluster.py's `Cluster`: real `grouper node`
 processes on 127.0.0.1, fresh data dirs), one durable queue with exclusive groups:
@@ -45,17 +45,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench import clients, lean, peers
+from bench.cluster import Cluster, NodeProcess, load_1m
+from bench.report_file import commit, write_section
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
-sys.path.insert(0, str(REPO_ROOT))
-sys.path.insert(0, str(BENCH_DIR))
-
-import clients  # noqa: E402
-import lean  # noqa: E402
-import peers  # noqa: E402
-from cluster import Cluster, NodeProcess, load_1m  # noqa: E402
-from report_file import commit, write_section  # noqa: E402
-
 SECTION_HEADING = "## Forwarding backlogs: a dead owner's backlog in memory"
 RESULTS_DIR = BENCH_DIR / "results"
 REPORT_PATH = REPO_ROOT / "docs" / "benchmarks.md"
@@ -346,7 +341,7 @@ def render_section(reports: list[dict]) -> str:
             in_memory, paged = rates[0], rates[paged_budget]
             ratio = paged["msgs_per_s"] / in_memory["msgs_per_s"]
             cpu = lambda d: report["messages"] / (d["source_cpu_s"] + d["owner_cpu_s"])  # noqa: E731
-            command = report.get("command", f"python3 bench/outbound_memory.py --messages {report['messages']}")
+            command = report.get("command", f"python3 -m bench.outbound_memory --messages {report['messages']}")
             verdicts.append(f"`{command}` ({report['date']}, `{report['commit']}`): paged ({paged_budget / MIB:,.0f} "
                             f"MiB) / in-memory drain = {ratio:.2f} by wall rate, {cpu(paged) / cpu(in_memory):.2f} "
                             f"by messages per node CPU second; target ≥ {DRAIN_RATIO_MIN}: "
@@ -389,8 +384,8 @@ def render_section(reports: list[dict]) -> str:
     # measured in-process by bench/outbound_records.py, not by this script's runs
     lines += ["",
               "**Smaller records, a lower recovery peak** (2026-11-24, tracemalloc on the pure cores alone, "
-              "1,000,000 messages, each with its own group id string, route key tuple and size int, `python3 "
-              "bench/outbound_records.py --per-group K`, before with `--root` on a `git archive` of `20aa88a`). An "
+              "1,000,000 messages, each with its own group id string, route key tuple and size int, `python3 -m "
+              "bench.outbound_records --per-group K`, before with `--root` on a `git archive` of `20aa88a`). An "
               "outbound entry's record now shares its group's route key tuple and group id string with the other "
               "entries of that group in the channel (kept per owner while any is there, dropped with the last), "
               "and `key_counts` is keyed per owner, so no (owner, key) tuple per group: **291.8 → 171.7 B per "
@@ -404,7 +399,7 @@ def render_section(reports: list[dict]) -> str:
               "before). Whole-node figures (the table above) were not rerun.",
               "",
               "**No Message per bodiless entry at recovery** (2026-11-24, the same bench and input, 1,000,000 "
-              "entries, `python3 bench/outbound_records.py --messages 1000000 --per-group K [--journal DIR]`, before "
+              "entries, `python3 -m bench.outbound_records --messages 1000000 --per-group K [--journal DIR]`, before "
               "with `--root` on a `git archive` of `e9c43dd`). `Journal.recover(bodiless_prefix=...)` no longer "
               "returns a bodiless Message per outbound entry: while it scans it keeps each one's (group id, payload "
               "length) by seq, and it gives each outbound name to `recover_outbound` as three parallel arrays (seqs, "
@@ -425,7 +420,7 @@ def render_section(reports: list[dict]) -> str:
               "of ints: **171.7 → 23.6 B per entry** with 100 messages per group and **374.8 → 262.8 B** with one "
               "per group (the group's key tuple, id string and dict entries are what is left), and the recovery of "
               "1,000,000 bodiless entries peaks at 87 MiB instead of 177 with 100 per group, leaving 33 MiB instead "
-              "of 173. With bodies paged, 1,000 groups: 146.3 → 29.9 B per entry (`bench/memory.py --only "
+              "of 173. With bodies paged, 1,000 groups: 146.3 → 29.9 B per entry (`python3 -m bench.memory --only "
               "outbound_paged`, the section on queued messages above). The whole node (the table's row at "
               "`ab41801`, `--messages 1000000 --budgets 33554432`, one run at load 4-7): **98 B per message, 64 "
               "beyond the bodies held** (379 and 345 at `a2b4fa7`), and a restart's peak of **354 MB** (671), "
@@ -437,7 +432,7 @@ def render_section(reports: list[dict]) -> str:
 class BudgetRuns:
     """A benchmark that runs one scenario per budget, each on a fresh cluster, and renders its section
     from every results file: this script and bench/follow_moves.py."""
-    script: str  # e.g. "bench/outbound_memory.py"
+    module: str  # e.g. "bench.outbound_memory": runs as `python3 -m <module>`
     description: str
     results_prefix: str  # results/<prefix>-<messages>[-<tag>].json
     section_heading: str
@@ -481,7 +476,7 @@ def budget_runs_main(bench: BudgetRuns, argv: list[str] | None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix=f"grouper-{bench.results_prefix}-"))
     say(f"work dir {work_dir}; load {load_1m()}")
-    report = {"command": " ".join([f"python3 {bench.script}", *(argv if argv is not None else sys.argv[1:])]),
+    report = {"command": " ".join([f"python3 -m {bench.module}", *(argv if argv is not None else sys.argv[1:])]),
               "messages": args.messages, "groups": args.groups, "body_bytes": args.body_bytes,
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "commit": commit(), "uncommitted_node_files": tree_changes(), "load_start": load_1m(),
@@ -507,7 +502,7 @@ def budget_runs_main(bench: BudgetRuns, argv: list[str] | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     return budget_runs_main(BudgetRuns(
-        "bench/outbound_memory.py", __doc__.split("\n\n", 1)[0], "outbound-memory", SECTION_HEADING,
+        "bench.outbound_memory", __doc__.split("\n\n", 1)[0], "outbound-memory", SECTION_HEADING,
         render_section, run_budget, (DEFAULT_MESSAGES, DEFAULT_GROUPS, DEFAULT_BODY_BYTES, DEFAULT_BUDGETS),
         ("messages in the backlog", "groups node 1 owns",
          "node 0's outbound_memory_max_bytes of each run, in bytes (0 = no bound)")), argv)

@@ -2,7 +2,7 @@
 of a backlog peaks at: tracemalloc on the pure cores alone, no node, no journal (bench/outbound_memory.py
 measures whole nodes).
 
-    python3 bench/outbound_records.py [--messages N] [--per-group K] [--root DIR] [--journal DIR]
+    python3 -m bench.outbound_records [--messages N] [--per-group K] [--root DIR] [--journal DIR]
 
 - records: N `Outbound.add`s for one owner, K messages per group, each with a route key tuple, a group
   id string and a size int of its own (as decoded messages bring them): traced bytes per entry.

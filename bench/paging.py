@@ -1,10 +1,10 @@
 """Issue 14's paging targets on one real `grouper node`: its resident set under a large durable backlog,
 and how fast a paged backlog drains next to one held in memory.
 
-    python3 bench/paging.py recovered [--messages N] [--groups G] [--budget-bytes B]  # targets 1 and 2
-    python3 bench/paging.py sent [--messages N] [--groups G] [--budget-bytes B]       # target 2, built by sends
-    python3 bench/paging.py drain [--messages N] [--groups G] [--small-budget-bytes B] [--large-budget-bytes B]
-    python3 bench/paging.py render                                                     # the section from results/
+    python3 -m bench.paging recovered [--messages N] [--groups G] [--budget-bytes B]  # targets 1 and 2
+    python3 -m bench.paging sent [--messages N] [--groups G] [--budget-bytes B]       # target 2, built by sends
+    python3 -m bench.paging drain [--messages N] [--groups G] [--small-budget-bytes B] [--large-budget-bytes B]
+    python3 -m bench.paging render                                                     # the section from results/
 
 What and how:
 - recovered: a journal of N durable 100-byte messages in G groups, none delivered, written with the node's
@@ -41,18 +41,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import clients, lean, peers, recovery
+from bench.report_file import commit, write_section
+from bench.route_lifecycle import CountingConsumers
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
-sys.path.insert(0, str(REPO_ROOT))
-sys.path.insert(0, str(BENCH_DIR))
-
-import clients  # noqa: E402
-import lean  # noqa: E402
-import peers  # noqa: E402
-import recovery  # noqa: E402
-from report_file import commit, write_section  # noqa: E402
-from route_lifecycle import CountingConsumers  # noqa: E402
-
 SECTION_HEADING = "## Paging: node memory and paged drains"
 RESULTS_DIR = BENCH_DIR / "results"
 REPORT_PATH = REPO_ROOT / "docs" / "benchmarks.md"

@@ -1,8 +1,8 @@
 """Routes on a real 3-node cluster: the memory of a million live routes, and groups that come and go.
 
-    python bench/route_lifecycle.py live  [--routes 1000000]
-    python bench/route_lifecycle.py churn [--groups 5000000] [--rate-per-s 5000] [--group-timeout-ms 15000]
-    python bench/route_lifecycle.py render
+    python -m bench.route_lifecycle live  [--routes 1000000]
+    python -m bench.route_lifecycle churn [--groups 5000000] [--rate-per-s 5000] [--group-timeout-ms 15000]
+    python -m bench.route_lifecycle render
 
 What: issue 14's two route targets, measured on `grouper node` processes on 127.0.0.1 (bench/cluster.py's
 Cluster: each node runs its raft member as a child process, `python -m handler.member`):
@@ -43,15 +43,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import clients  # noqa: E402
-import lean  # noqa: E402
-import peers  # noqa: E402
-from cluster import Cluster, NodeProcess, load_1m, machine_facts  # noqa: E402
-from node.amqp.engine import ACCEPTED, ffi, lib  # noqa: E402
-from report_file import commit, write_section  # noqa: E402
+from bench import clients, lean, peers
+from bench.cluster import Cluster, NodeProcess, load_1m, machine_facts
+from bench.report_file import commit, write_section
+from node.amqp.engine import ACCEPTED, ffi, lib
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "bench" / "results"

@@ -17,7 +17,7 @@ each node that much. Two measurements:
   snapshot and the member returned what the log held (handler/member.py). That adds pysyncobj: its
   log until compaction, and the snapshot it pickles at compaction.
 Routes look like a node's: GROUP_PREFIX plus a number as the group id, QUEUES queues, NODES nodes.
-Run: `python3 bench/route_memory.py --routes 1000000 [--skip-member]`; prints one JSON object.
+Run: `python3 -m bench.route_memory --routes 1000000 [--skip-member]`; prints one JSON object.
 Never a test: a million routes take a minute or more.
 """
 
@@ -33,15 +33,13 @@ import time
 import tracemalloc
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.peers import free_port, resident_bytes  # noqa: E402
-from handler.leader_duties import GROUP_TIMEOUT_MS_DEFAULT  # noqa: E402
-from handler.member import SNAPSHOT_CHECK_S  # noqa: E402
-from handler.member_process import MemberProcess  # noqa: E402
-from handler.route_table import ROUTES, RouteTable  # noqa: E402
-from node.core.cluster_protocol import CLAIM_KEYS_MAX  # noqa: E402
-from node.core.routing import Router  # noqa: E402
+from bench.peers import free_port, resident_bytes
+from handler.leader_duties import GROUP_TIMEOUT_MS_DEFAULT
+from handler.member import SNAPSHOT_CHECK_S
+from handler.member_process import MemberProcess
+from handler.route_table import ROUTES, RouteTable
+from node.core.cluster_protocol import CLAIM_KEYS_MAX
+from node.core.routing import Router
 
 GROUP_PREFIX = "customer-"  # group ids as users write them: a word and a number
 QUEUES = 4

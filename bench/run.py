@@ -1,6 +1,6 @@
 """Run the grouped workload against Grouper and its peers and write docs/benchmarks.md.
 
-    python bench/run.py [--systems grouper,rabbitmq,activemq] [--messages N] [--quick]
+    python -m bench.run [--systems grouper,rabbitmq,activemq] [--messages N] [--quick]
 
 Every broker is started first and warmed up (a JVM ~100k messages); then the rows are interleaved:
 each row of the matrix (groups x prefetch x durable, 1 producer, 4 consumers) runs on every system
@@ -31,13 +31,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from bench import clients, peers
+from bench.report_file import write_keeping_others
 from node.tools.progress import Progress
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import clients  # noqa: E402
-import peers  # noqa: E402
-from report_file import write_keeping_others  # noqa: E402
 
 REPO_ROOT = peers.REPO_ROOT
 DEFAULT_OUT = REPO_ROOT / "docs" / "benchmarks.md"
@@ -497,7 +493,7 @@ list above is recomputed on every run, these paragraphs are not.
   (p50 0.37 ms). With 10-15 runnable tasks on 2 cores the node gets a fraction of a core and waits
   for one; met in the run above (load 4.7-9.9), they depend on a core being free as much as on the
   node, whose CPU per message is what the other targets measure.
-- **Where the 26 µs go** (`python bench/profile.py`: py-spy at 250 Hz on the node, 1,000 groups,
+- **Where the 26 µs go** (`python -m bench.node_profile`: py-spy at 250 Hz on the node, 1,000 groups,
   prefetch 100, not durable; share of the node's busy samples, a function with what it calls): the
   producer's transfers (`_receive`) 49% — the dispatch core's enqueue and dispatch
   (`Broker.enqueue`, `Queue._dispatch`) 13%, reading the group id (`codec.read_arrival`) 12%;
@@ -530,7 +526,7 @@ list above is recomputed on every run, these paragraphs are not.
   few hundred records, before its write and fsync; settlements already wait for the journal), which
   removes most of that system time and the per-wake-up hand-off; the user-time half needs the
   per-wake-up path itself cheaper (one write per connection per wake-up is already the floor).
-- **Cluster: missed, forwarded 2.03x local** (`python bench/cluster.py --phases single,flows
+- **Cluster: missed, forwarded 2.03x local** (`python -m bench.cluster --phases single,flows
   --messages 50000`, 22:02-22:07, load 3-6, durable, 1,000 groups, prefetch 100, lean clients): one
   node 37.2 µs/msg; 3 nodes with every message forwarded 75.4 (the receiving node 35.0, each of the
   two owners 20.2, that is 40.4 for the owners together, about what a single node spends to take in
@@ -542,7 +538,7 @@ list above is recomputed on every run, these paragraphs are not.
   would have to keep one "acknowledged up to" record per forwarded batch instead of a REMOVE per
   message, and the forwarding path (protobuf per message, the bridge hops per batch) would have to
   cost a few µs per message, like the local path's dispatch core. A short py-spy of the same flow
-  (`bench/cluster.py --phases profile`) puts the receiving node's busy samples 77% in the AMQP
+  (`python3 -m bench.cluster --phases profile`) puts the receiving node's busy samples 77% in the AMQP
   adapter and 12% in cluster routing, the largest Python leaf there being `ClusterLink.carry_out`
   (9% self: the cluster protocol returns several effect records per forwarded message, each
   dispatched in Python); the owner spends 18% in gRPC handler threads (`entries_from_pb` 7% self).
@@ -716,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = None
     results += system_results
     versions.update(system_versions)
-    command = "python bench/run.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python -m bench.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     if args.keep_other_systems and args.json.exists():
         earlier = json.loads(args.json.read_text())
         kept = [r for r in earlier["results"] if r["system"] not in systems]

@@ -1,6 +1,6 @@
 """Soak: one node under clients that come and go for a long time; its memory and engine objects must stay flat.
 
-    python3 bench/soak.py [--duration-s 1800] [--work-dir DIR] [--seed 1] [--no-report | --render-only]
+    python3 -m bench.soak [--duration-s 1800] [--work-dir DIR] [--seed 1] [--no-report | --render-only]
 
 The node frees proton's C objects itself (links, sessions, transports, connections), so a leak is
 ours to find. For `duration_s` one node (a `grouper node` process) serves:
@@ -48,8 +48,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
 QUEUE = "soak"  # the steady load and the killed and detach episodes
 LARGE_QUEUE = "soak-large"
 IDLE_QUEUE = "soak-idle"
@@ -80,7 +78,7 @@ def now_ms() -> int:
 # ---- the episodes: client subprocesses -----------------------------------------------------------
 
 def _episode_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="soak.py episode")
+    parser = argparse.ArgumentParser(prog="python3 -m bench.soak episode")
     parser.add_argument("role", choices=ROLES)
     parser.add_argument("--url", required=True)
     parser.add_argument("--name", required=True)
@@ -518,7 +516,7 @@ class _Episodes:
         self.delivery_paths.append(delivery_path)
         with open(stderr_path, "w") as stderr:
             process = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "episode", role, "--url", self.url, "--name", name,
+                [sys.executable, "-m", "bench.soak", "episode", role, "--url", self.url, "--name", name,
                  "--send-log", str(send_path), "--delivery-log", str(delivery_path),
                  "--seed", str(self.rng.randrange(1 << 30))],
                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr, stdin=subprocess.DEVNULL)
@@ -678,7 +676,7 @@ def write_report(markdown: str, path: Path) -> None:
 
 
 def _command(duration_s: float) -> str:
-    return "python3 bench/soak.py" + ("" if duration_s == 1800 else f" --duration-s {duration_s:g}")
+    return "python3 -m bench.soak" + ("" if duration_s == 1800 else f" --duration-s {duration_s:g}")
 
 
 def main(argv: list[str] | None = None) -> int:

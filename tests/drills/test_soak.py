@@ -9,12 +9,7 @@ ending well, the node alive without tracebacks, and the drill checker's verdict 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import soak  # noqa: E402
+from bench import soak
 
 SOAK_DURATION_S = 60.0
 SEED = 1

@@ -1,14 +1,9 @@
 """The benchmark's lean client encodes and reads messages as proton does (bench/lean.py)."""
 
-import sys
-from pathlib import Path
-
 import pytest
 from proton import Message
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import lean  # noqa: E402
+from bench import lean
 
 
 @pytest.mark.parametrize("durable", [False, True])
@@ -118,13 +113,13 @@ def test_credentials_in_the_url_are_refused_on_the_command_line(capsys):
 
 
 def test_rabbitmqs_url_credentials_still_reach_sasl():
-    from peers import Target
+    from bench.peers import Target
 
     assert lean.credentials(Target("amqp", "amqp://guest:guest@127.0.0.1:5672", "q", ())) == ("guest", "guest")
 
 
 def test_an_endpoint_refuses_plain_without_tls_to_a_broker_off_this_host():
-    from peers import Target
+    from bench.peers import Target
 
     target = Target("amqp", "amqp://192.0.2.1:5672", "q", (), user="u", password="p")
     with pytest.raises(lean.LeanError, match="unencrypted"):

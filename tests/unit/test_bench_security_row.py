@@ -1,13 +1,8 @@
 """bench/run.py's security row: which rows the secured node runs, and how the report states TLS's cost."""
 
 import dataclasses
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import clients  # noqa: E402
-import run  # noqa: E402
+from bench import clients, run
 
 
 def result(variant: str, durable: bool, broker_us: float, throughput: float = 20_000.0) -> dict:

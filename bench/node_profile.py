@@ -1,6 +1,6 @@
 """Where a Grouper node's CPU goes under the grouped workload: py-spy on one node, summarised.
 
-    python bench/profile.py [--messages N] [--durable] [--prefetch N] [--duration-s S] [--native]
+    python -m bench.node_profile [--messages N] [--durable] [--prefetch N] [--duration-s S] [--native]
 
 Starts one `grouper node` (peers.py), runs the grouped workload (1 producer, 4 consumers, 1,000
 groups, prefetch 100 unless told) with lean.py's clients, and records the node with `py-spy record --format raw`
@@ -20,11 +20,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import clients  # noqa: E402
-import peers  # noqa: E402
-import run  # noqa: E402
+from bench import clients, peers, run
 
 SAMPLE_RATE_HZ = 250
 # a sample whose innermost frame waits for the OS (the loop's poll, a condition, fsync) is not CPU
