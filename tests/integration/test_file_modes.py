@@ -1,0 +1,118 @@
+"""Issue 26 finding 7, files: a real node's data directory is 0700 and every file it writes there 0600
+(journal, lock, traces, raft journal and dump), `grouper up`'s directory and log files too, and a
+secret file others can read is named at start (node/file_modes.py). Each data directory exists
+beforehand, 0755, so the node meets a directory too open, as after an upgrade."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+
+from proton import Delivery
+
+from tests.integration.clients import queue_toml
+from tests.integration.cluster import Cluster
+from tests.integration.harness import REPO, ManualReceiver, NodeProcess, connect, grouped, send_outcome, wait_until
+from tests.integration.test_up import START_WAIT_S, free_base_port
+
+CONFIG = queue_toml("orders", trace=True)
+MESSAGES = 20
+
+
+def modes_open_to_others(directory) -> dict[str, str]:
+    """Every path under `directory` (itself included) its group or others may use, with its mode."""
+    found = {}
+    for root, directories, files in os.walk(directory):
+        for path in [root, *(os.path.join(root, name) for name in files)]:
+            mode = stat.S_IMODE(os.lstat(path).st_mode)
+            if mode & 0o077:
+                found[os.path.relpath(path, directory)] = f"{mode:04o}"
+    return found
+
+
+def written_files(directory) -> set[str]:
+    return {os.path.relpath(os.path.join(root, name), directory)
+            for root, _, files in os.walk(directory) for name in files}
+
+
+def send_and_take(node, count: int, taken: int) -> None:
+    connection = connect(node)
+    try:
+        sender = connection.create_sender("orders")
+        for index in range(count):
+            message = grouped(f"m{index}", f"g{index % 4}")
+            message.durable = True
+            assert send_outcome(sender, message)[0] == Delivery.ACCEPTED
+        if taken:
+            for held in ManualReceiver(connection, "orders", "c0").fetch_many(taken):
+                held.accept()
+    finally:
+        connection.close()
+
+
+def test_a_node_keeps_its_data_directory_and_every_file_in_it_private(tmp_path):
+    node = NodeProcess(tmp_path / "node", CONFIG)
+    node.data_dir.chmod(0o755)  # as made under umask 022 (by an operator, or an older version)
+    try:
+        node.start()
+        send_and_take(node, MESSAGES, MESSAGES // 2)
+        wait_until(lambda: list((node.data_dir / "traces").glob("*.jsonl")), "the trace file")
+        assert node.stop() == 0
+    finally:
+        node.kill()
+    assert {"journal.dat", "journal.lock"} <= written_files(node.data_dir)
+    assert any(name.startswith("traces/") for name in written_files(node.data_dir))
+    assert modes_open_to_others(node.data_dir) == {}
+    assert any("made it 0700" in line for line in node.output), node.output
+
+
+def test_a_two_node_cluster_keeps_its_raft_files_private_and_names_a_readable_secret(tmp_path):
+    secret = tmp_path / "raft.secret"
+    secret.write_text("s" * 32 + "\n")
+    secret.chmod(0o644)  # what `openssl rand -base64 32 > raft.secret` leaves under umask 022
+    cluster = Cluster(tmp_path, 2, CONFIG, ("--raft-secret-file", str(secret)))
+    for node in cluster.nodes:
+        node.data_dir.chmod(0o755)
+    try:
+        cluster.start()
+        for node in cluster.nodes:
+            send_and_take(node, MESSAGES // 2, 0)  # a group may live on the other node
+        for node in cluster.nodes:
+            wait_until(lambda: list((node.data_dir / "traces").glob("*.jsonl")), "the trace file")
+        for node in cluster.nodes:
+            assert node.stop() == 0
+    finally:
+        cluster.kill_all()
+    for node in cluster.nodes:
+        assert {"journal.dat", "raft/raft.journal"} <= written_files(node.data_dir)
+        assert modes_open_to_others(node.data_dir) == {}
+        warning = [line for line in node.output if f"secret file {secret}" in line]
+        assert warning and f"chmod 600 {secret}" in warning[0] and "every local user" in warning[0], node.output
+
+
+def test_grouper_up_keeps_its_directory_and_log_files_private(tmp_path):
+    base = free_base_port()
+    process = subprocess.Popen([sys.executable, "-m", "node.cli", "up", "--nodes", "1", "--data-dir",
+                                str(tmp_path / "cluster"), "--base-port", str(base)],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read():
+        for line in process.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("ready"):
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert ready.wait(START_WAIT_S), "\n".join(lines)
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(START_WAIT_S)
+    assert {"node0.log", "node0/journal.dat"} <= written_files(tmp_path / "cluster")
+    assert modes_open_to_others(tmp_path / "cluster") == {}
