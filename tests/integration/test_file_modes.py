@@ -105,8 +105,8 @@ def test_grouper_up_keeps_its_directory_and_log_files_private(tmp_path):
     def read():
         for line in process.stdout:
             lines.append(line.rstrip("\n"))
-            if line.startswith("ready"):
-                ready.set()
+            if line.startswith("node0:"):  # printed once the node is ready (a lone node waits 30 s for a leader
+                ready.set()                 # before `ready`)
 
     threading.Thread(target=read, daemon=True).start()
     try:
