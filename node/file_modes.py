@@ -116,8 +116,8 @@ def secure_start(config, environ=None) -> None:
 def _tighten_directory(path: str) -> None:
     try:
         status = os.stat(path)
-    except FileNotFoundError:
-        return  # made later, under the umask: 0700
+    except OSError:
+        return  # made later, under the umask (0700), or unusable, which the journal names when it opens it
     mode = stat.S_IMODE(status.st_mode)
     if not mode & (stat.S_IRWXG | stat.S_IRWXO):
         return

@@ -105,6 +105,12 @@ def test_start_leaves_a_private_data_directory_alone_and_says_nothing(tmp_path, 
     assert caplog.text == ""
 
 
+def test_start_leaves_a_data_directory_it_cannot_reach_to_the_journal_to_name(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    file_modes.secure_start(NodeConfig(data_dir=str(blocker / "data")), environ={})  # NotADirectoryError inside
+
+
 def test_start_warns_about_a_readable_raft_secret_on_loopback(tmp_path, caplog):
     path = secret(tmp_path / "raft.secret", 0o644)
     with caplog.at_level(logging.WARNING, "grouper.files"):
