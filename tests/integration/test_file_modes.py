@@ -116,3 +116,24 @@ def test_grouper_up_keeps_its_directory_and_log_files_private(tmp_path):
         process.wait(START_WAIT_S)
     assert {"node0.log", "node0/journal.dat"} <= written_files(tmp_path / "cluster")
     assert modes_open_to_others(tmp_path / "cluster") == {}
+
+
+def test_the_raft_member_process_keeps_its_files_private_under_any_umask_of_its_node(tmp_path):
+    """A node run inside another process (tests) does not pass runtime.run's umask: the member process
+    is started with umask 0077 of its own."""
+    from handler.member_process import MemberProcess
+    from tests.integration.cluster import free_ports
+
+    raft_dir = tmp_path / "raft"
+    before = os.umask(0o022)
+    try:
+        member = MemberProcess(f"127.0.0.1:{free_ports(1)[0]}", [], str(raft_dir), on_applied=lambda *_: None,
+                               on_ready=lambda: None, on_lost=lambda: None, election_timeout_min_ms=200,
+                               election_timeout_max_ms=500, routes_max=1000, bind_host="127.0.0.1")
+        try:
+            wait_until(lambda: (raft_dir / "raft.journal").exists(), "the raft journal")
+        finally:
+            member.stop()
+    finally:
+        os.umask(before)
+    assert modes_open_to_others(raft_dir) == {}
