@@ -10,10 +10,11 @@ Rules:
   the change is logged; one this user does not own (a Kubernetes volume's root) is logged, not failed.
   Its files then need no tightening: nobody else can reach them.
 - A secret file (the users file, every `*_key_file`, `*_secret_file`, `*_credential_file` and
-  `*_password_file` setting, the first administrator's password file) must not be readable or writable by others nor writable by its
-  group. Readable by its group only when another user owns it: that is how Kubernetes mounts a Secret
-  (root-owned, group fsGroup, 0440 whatever defaultMode says) and how PostgreSQL accepts a root-owned
-  key 0640; a file the node's own user owns needs no group and must be 0600 or tighter.
+  `*_password_file` setting, the first administrator's password file) must not be readable or
+  writable by others nor writable by its group. Readable by its group only when another user owns
+  it: that is how Kubernetes mounts a Secret (root-owned, group fsGroup, 0440 whatever defaultMode
+  says) and how PostgreSQL accepts a root-owned key 0640; a file the node's own user owns needs no
+  group and must be 0600 or tighter.
 - A loose secret file is a warning naming the file and the `chmod 600` that fixes it; in production
   mode (a user database on a non-loopback host, the condition of node/peer/credentials.py's
   secure-by-default refusal) the node refuses to start, unless allow_loose_secret_files says so.
@@ -36,7 +37,8 @@ from node.users import DEFAULT_PASSWORD_FILE_ENV, DEFAULT_USER_ENV
 log = logging.getLogger("grouper.files")
 
 PRIVATE_UMASK = 0o077  # new files 0600, new directories 0700
-SECRET_SETTING_SUFFIXES = ("_key_file", "_secret_file", "_credential_file", "_password_file")  # config settings naming a secret file
+# config settings naming a secret file, by their names' ends: a new one is checked without a change here
+SECRET_SETTING_SUFFIXES = ("_key_file", "_secret_file", "_credential_file", "_password_file")
 
 
 @dataclasses.dataclass(frozen=True)

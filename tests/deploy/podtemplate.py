@@ -14,11 +14,11 @@ Rules:
 - Volumes are host directories bind-mounted into the container, prepared as the kubelet prepares
   them: a fresh claim is root-owned and gets the pod's fsGroup (group-owned, setgid, group-writable),
   an emptyDir is world-writable, a ConfigMap or a Secret is read-only files (a Secret's group-owned
-  by the fsGroup, with its defaultMode and, with an fsGroup, group read: the kubelet adds 0440). Without the manifest's fsGroup the node cannot write its
-  data dir, exactly as on a real cluster. Secrets are not in the manifests: the caller passes them
-  (name -> {"data": {key: text}}, the shape of a ConfigMap), as `kubectl create secret` would have
-  made them; one the pod names but the caller did not pass is a LookupError, as a pod that waits for
-  a missing Secret never starts.
+  by the fsGroup, with its defaultMode plus the group read the kubelet adds for an fsGroup). Without
+  the manifest's fsGroup the node cannot write its data dir, exactly as on a real cluster. Secrets
+  are not in the manifests: the caller passes them (name -> {"data": {key: text}}, the shape of a
+  ConfigMap), as `kubectl create secret` would have made them; one the pod names but the caller did
+  not pass is a LookupError, as a pod that waits for a missing Secret never starts.
 """
 
 from __future__ import annotations
