@@ -137,3 +137,19 @@ def test_the_raft_member_process_keeps_its_files_private_under_any_umask_of_its_
     finally:
         os.umask(before)
     assert modes_open_to_others(raft_dir) == {}
+
+
+def test_a_node_with_users_on_a_routable_host_refuses_a_users_file_others_can_read(tmp_path):
+    data_dir = tmp_path / "data"
+    added = subprocess.run([sys.executable, "-m", "node.cli", "user", "add", "admin", "--role", "administrator",
+                            "--password-stdin", "--data-dir", str(data_dir)], cwd=REPO, input="secret-password\n",
+                           capture_output=True, text=True, timeout=60)
+    assert added.returncode == 0, added.stderr
+    users = data_dir / "users.json"
+    users.chmod(0o644)  # as a copy made with the wrong umask would be
+    started = subprocess.run([sys.executable, "-m", "node.cli", "node", "--host", "0.0.0.0", "--data-dir",
+                              str(data_dir), "--amqp-port", "0", "--admin-port", "0", "--http-port", "0"],
+                             cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert started.returncode == 1 and "ready" not in started.stdout, started.stdout + started.stderr
+    assert "cannot start: 1 secret file(s) are open to other local users" in started.stderr, started.stderr
+    assert f"chmod 600 {users}" in started.stderr and "allow_loose_secret_files" in started.stderr
