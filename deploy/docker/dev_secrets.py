@@ -17,7 +17,8 @@ Rules:
   and modes. Run as root (as CI does), the files go to uid 10001 with modes 0600/0700; run as
   another user, who cannot give files away, they are made readable to all (keys 0644 in a
   directory 0755), which the script says: the nodes then start only with
-  GROUPER_ALLOW_LOOSE_SECRET_FILES=true (node/file_modes.py). The passwords are random, never written in the YAML.
+  GROUPER_ALLOW_LOOSE_SECRET_FILES=true (node/file_modes.py). The passwords are random, never
+  written in the YAML.
 """
 
 from __future__ import annotations
