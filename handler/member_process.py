@@ -66,7 +66,8 @@ class MemberProcess:
         try:
             self._process = subprocess.Popen([sys.executable, "-m", "handler.member", str(child_end.fileno()),
                                               str(os.getpid())],
-                                             pass_fds=(child_end.fileno(),), env=env, stdin=subprocess.DEVNULL)
+                                             pass_fds=(child_end.fileno(),), env=env, stdin=subprocess.DEVNULL,
+                                             umask=0o077)  # its raft journal and dump: 0600 in a 0700 dir
         finally:
             child_end.close()
         self._channel = Channel(node_end, "raft-member", self._on_message, self._on_closed)

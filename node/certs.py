@@ -258,12 +258,12 @@ def register(subparsers) -> None:
                      LEAF_DAYS_DEFAULT)
     client.add_argument("user", metavar="USER")
     dev = command("dev", _run_dev, "make a CA (unless the directory has one), every node's certificate (SANs: "
-                                   f"its name, {', '.join(DEV_HOSTS + DEV_IPS)}) and one client certificate; "
-                                   "--days is the nodes' and client's validity", LEAF_DAYS_DEFAULT)
+                                   f"its name, {', '.join(DEV_HOSTS + DEV_IPS)}) and a client certificate per --client; "
+                                   "--days is the nodes' and clients' validity", LEAF_DAYS_DEFAULT)
     dev.add_argument("--nodes", type=_list, default=_list(DEV_NODES_DEFAULT), metavar="NAME,...",
                      help=f"node names (default {DEV_NODES_DEFAULT})")
-    dev.add_argument("--client", default=DEV_CLIENT_DEFAULT, metavar="USER",
-                     help=f"user of the client certificate (default {DEV_CLIENT_DEFAULT})")
+    dev.add_argument("--client", type=_list, action="extend", metavar="USER,...",
+                     help=f"users of the client certificates, repeatable (default {DEV_CLIENT_DEFAULT})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,11 +299,13 @@ def _run_client(args) -> None:
 
 def _run_dev(args) -> None:
     names = list(dict.fromkeys(args.nodes))
-    if args.client in names:
-        raise InvalidConfig("--client", f"{args.client!r} is also a node: the files would collide; pick another user")
+    clients = list(dict.fromkeys(args.client or [DEV_CLIENT_DEFAULT]))  # every --client, not just the last
+    for client in clients:
+        if client in names:
+            raise InvalidConfig("--client", f"{client!r} is also a node: the files would collide; pick another user")
     _dns_names(names, "--nodes")
     leaves = [*(path for name in names for path in leaf_paths(args.dir, name, "--nodes")),
-              *leaf_paths(args.dir, args.client, "--client")]
+              *(path for client in clients for path in leaf_paths(args.dir, client, "--client"))]
     _refuse_existing(leaves, args.force)
     ca_paths = [args.dir / CA_CERT_FILE, args.dir / CA_KEY_FILE]
     if not any(path.exists() for path in ca_paths):
@@ -313,7 +315,8 @@ def _run_dev(args) -> None:
         print(f"using the CA in {ca_paths[0]}")
     for name in names:
         _report(make_leaf(args.dir, name, dns=DEV_HOSTS, ips=DEV_IPS, days=args.days, force=args.force))
-    _report(make_leaf(args.dir, args.client, client_only=True, days=args.days, force=args.force))
+    for client in clients:
+        _report(make_leaf(args.dir, client, client_only=True, days=args.days, force=args.force))
 
 
 def _report(paths: tuple[Path, Path]) -> None:

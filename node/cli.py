@@ -206,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
+    if args.command == "up":  # its data directory and the nodes' log files: their user's only (node/file_modes.py)
+        from node.file_modes import keep_private
+        keep_private()
     try:
         return args.run(args)
     except InvalidConfig as error:

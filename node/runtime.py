@@ -30,6 +30,7 @@ from node.core.effects import Dropped, ReadRecords
 from node.core.errors import AlreadyExists, GrouperError, HandlerUnavailable, NotAllowed, NotFound
 from node.core.outbound import OUTBOUND_PREFIX
 from node.core.settings import QueueSettings
+from node.file_modes import secure_start
 from node.health import PROBE_TIMEOUT_MS
 from node.security import Security
 from node.store.journal import Journal
@@ -687,6 +688,7 @@ def run(config: NodeConfig) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     node = None
     try:
+        secure_start(config)  # before anything is created: umask 0077, data dir 0700, secret files checked
         check_data_dir(config)
         node = Node(config)
         node.recover()

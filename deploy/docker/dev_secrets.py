@@ -16,7 +16,9 @@ Rules:
 - The containers run as uid 10001, not the host's user, and a bind mount keeps the host's owners
   and modes. Run as root (as CI does), the files go to uid 10001 with modes 0600/0700; run as
   another user, who cannot give files away, they are made readable to all (keys 0644 in a
-  directory 0755), which the script says. The passwords are random, never written in the YAML.
+  directory 0755), which the script says: the nodes then start only with
+  GROUPER_ALLOW_LOOSE_SECRET_FILES=true (node/file_modes.py). The passwords are random, never
+  written in the YAML.
 """
 
 from __future__ import annotations
@@ -76,7 +78,9 @@ def hand_to_containers(directory: Path) -> str:
     for path in files:
         path.chmod(0o644)
     return (f"readable by every local user (keys too): only root can give files to the containers' uid "
-            f"{CONTAINER_UID}; run this as root, or keep the directory on a single-user machine")
+            f"{CONTAINER_UID}; run this as root, or, on a single-user machine, export "
+            f"GROUPER_ALLOW_LOOSE_SECRET_FILES=true before `docker-compose up` (the nodes refuse such files "
+            f"otherwise)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -89,6 +89,8 @@ log = logging.getLogger(__name__)
 
 JOURNAL_FILE = "journal.dat"
 LOCK_FILE = "journal.lock"
+FILE_MODE = 0o600  # the journal, its lock and compaction files: the node's user only (node/file_modes.py)
+DIRECTORY_MODE = 0o700  # a data directory the journal makes
 COMPACT_SUFFIX = ".compact"
 WRITE_CHUNK_BYTES = 4 << 20  # a batch is joined and written in pieces of about this size
 COPY_CHUNK_BYTES = 1 << 20  # compaction reads and writes the old file in pieces of about this size
@@ -683,7 +685,7 @@ class Journal:
 
     def _write_compacted(self, temporary: str):
         """Copy live frames into `temporary`, fsync it and rename it over the journal."""
-        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, FILE_MODE)
         try:
             copier = _FrameCopier(self._fd, fd, _write_all(fd, records.encode_format(), 0))
             declares = {queue: copier.copy(offset, length)
@@ -714,8 +716,8 @@ class Journal:
 
     def _open(self) -> None:
         try:
-            os.makedirs(self.directory, exist_ok=True)
-            self._lock_fd = os.open(os.path.join(self.directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+            os.makedirs(self.directory, DIRECTORY_MODE, exist_ok=True)
+            self._lock_fd = os.open(os.path.join(self.directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, FILE_MODE)
         except OSError as error:
             raise JournalError(f"journal directory {self.directory} is not usable ({error.strerror}); "
                                f"point data_dir at a writable directory") from error
@@ -729,7 +731,7 @@ class Journal:
         try:
             _unlink_quietly(self.path + COMPACT_SUFFIX)  # a compaction cut short: the old file is whole
             existed = os.path.exists(self.path)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
             if not existed:
                 try:
                     fsync_directory(self.directory)

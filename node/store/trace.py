@@ -25,6 +25,8 @@ import threading
 from collections import deque
 from pathlib import Path
 
+from node.store.journal import DIRECTORY_MODE, FILE_MODE
+
 log = logging.getLogger("grouper.trace")
 
 BUFFER_MAX_BYTES = 16 << 20  # encoded lines waiting for the writer thread; more are dropped
@@ -43,7 +45,7 @@ class TraceFiles:
         self.directory = Path(directory)
         self.file_max_bytes = file_max_bytes
         self.max_bytes = max_bytes
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(DIRECTORY_MODE, parents=True, exist_ok=True)
         self.files: list[tuple[int, int]] = sorted(  # (index, size in bytes), oldest first
             (int(match.group(1)), (self.directory / name).stat().st_size)
             for name in os.listdir(self.directory) if (match := FILE_PATTERN.match(name)))
@@ -101,7 +103,7 @@ class TraceFiles:
     def _open(self) -> None:
         index = self._next_index
         self._next_index += 1
-        self._fd = os.open(self.directory / file_name(index), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = os.open(self.directory / file_name(index), os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
         self.files.append((index, 0))
 
     def _close(self) -> None:

@@ -14,11 +14,11 @@ Rules:
 - Volumes are host directories bind-mounted into the container, prepared as the kubelet prepares
   them: a fresh claim is root-owned and gets the pod's fsGroup (group-owned, setgid, group-writable),
   an emptyDir is world-writable, a ConfigMap or a Secret is read-only files (a Secret's group-owned
-  by the fsGroup, with its defaultMode). Without the manifest's fsGroup the node cannot write its
-  data dir, exactly as on a real cluster. Secrets are not in the manifests: the caller passes them
-  (name -> {"data": {key: text}}, the shape of a ConfigMap), as `kubectl create secret` would have
-  made them; one the pod names but the caller did not pass is a LookupError, as a pod that waits for
-  a missing Secret never starts.
+  by the fsGroup, with its defaultMode plus the group read the kubelet adds for an fsGroup). Without
+  the manifest's fsGroup the node cannot write its data dir, exactly as on a real cluster. Secrets
+  are not in the manifests: the caller passes them (name -> {"data": {key: text}}, the shape of a
+  ConfigMap), as `kubectl create secret` would have made them; one the pod names but the caller did
+  not pass is a LookupError, as a pod that waits for a missing Secret never starts.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ NAMESPACE = "default"
 TEST_LABEL = "grouper.test"  # every container and network made here carries it, for cleanup
 TEST_LABEL_VALUE = "k8s-pod-template"
 CONFIG_MAP_DEFAULT_MODE = 0o644  # the kubelet's defaultMode of ConfigMap and Secret files
+# with an fsGroup the kubelet ORs this into every ConfigMap and Secret file's mode, whatever defaultMode says
+# (SetVolumeOwnership's read-only mask; kubernetes/kubernetes#57923): a Secret 0400 becomes 0440
+FS_GROUP_READ_BITS = 0o440
 CLAIM_MODE = 0o2775  # a claim after the kubelet applied fsGroup: group-owned, setgid, group-writable
 EMPTY_DIR_MODE = 0o777  # the kubelet makes emptyDir volumes world-writable
 
@@ -258,7 +261,7 @@ def pod_container(statefulset: dict, config_maps: dict[str, dict], ordinal: int,
         no_new_privileges=security.get("allowPrivilegeEscalation", True) is False,
         memory_limit_bytes=int(quantity(limits["memory"], f"{where}.resources.limits.memory")) if "memory" in limits else None,
         nano_cpus=int(quantity(limits["cpu"], f"{where}.resources.limits.cpu") * 1e9) if "cpu" in limits else None,
-        mounts=_mounts(statefulset, container, config_maps, where, secrets),
+        mounts=_mounts(statefulset, container, config_maps, where, secrets, fs_group),
         ports={port["name"]: port["containerPort"] for port in container.get("ports", []) if "name" in port},
     )
 
@@ -271,7 +274,11 @@ def _secret(secrets: dict[str, dict] | None, name: str, at: str) -> dict:
 
 
 def _mounts(statefulset: dict, container: dict, config_maps: dict[str, dict], where: str,
-            secrets: dict[str, dict] | None = None) -> list[VolumeMount]:
+            secrets: dict[str, dict] | None = None, fs_group: int | None = None) -> list[VolumeMount]:
+    def file_mode(source: dict) -> int:
+        mode = source.get("defaultMode", CONFIG_MAP_DEFAULT_MODE)
+        return mode | FS_GROUP_READ_BITS if fs_group is not None else mode
+
     volumes = {volume["name"]: volume for volume in statefulset["spec"]["template"]["spec"].get("volumes", [])}
     claims = {claim["metadata"]["name"] for claim in statefulset["spec"].get("volumeClaimTemplates", [])}
     mounts = []
@@ -290,7 +297,7 @@ def _mounts(statefulset: dict, container: dict, config_maps: dict[str, dict], wh
             items = source.get("items") or [{"key": key, "path": key} for key in data]
             mounts.append(VolumeMount(entry["mountPath"], "config", name, True,
                                       {item["path"]: data[item["key"]] for item in items},
-                                      source.get("defaultMode", CONFIG_MAP_DEFAULT_MODE)))
+                                      file_mode(source)))
         elif "secret" in volumes[name]:
             source = volumes[name]["secret"]
             _check_known(source, {"secretName", "defaultMode", "items"}, f"volumes[{name}].secret")
@@ -298,7 +305,7 @@ def _mounts(statefulset: dict, container: dict, config_maps: dict[str, dict], wh
             items = source.get("items") or [{"key": key, "path": key} for key in data]
             mounts.append(VolumeMount(entry["mountPath"], "secret", name, True,
                                       {item["path"]: data[item["key"]] for item in items},
-                                      source.get("defaultMode", CONFIG_MAP_DEFAULT_MODE)))
+                                      file_mode(source)))
         elif "emptyDir" in volumes[name]:
             if volumes[name]["emptyDir"].get("medium"):
                 raise Unsupported(f"volumes[{name}].emptyDir.medium is not emulated")

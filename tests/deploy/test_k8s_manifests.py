@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from node.config import load
+from node.file_modes import secret_file_problem
 from tests.deploy.podtemplate import Unsupported, expand, http_probe, pod_container, quantity, render, resource
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,6 +142,20 @@ def test_the_node_runs_unprivileged_as_uid_10001_with_a_read_only_root(statefuls
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["automountServiceAccountToken"] is False
     assert pod["enableServiceLinks"] is False  # GROUPER_PORT=tcp://... would land among the node's settings
+
+
+def test_secrets_are_mounted_owner_read_only_and_the_node_accepts_them_as_the_kubelet_leaves_them(
+        documents, statefulset):
+    """Issue 26 finding 7: the node refuses a secret file others may read. The manifest asks for 0400; with
+    the fsGroup the kubelet makes the files root:10001 0440, which the node accepts (root owns them)."""
+    volumes = statefulset["spec"]["template"]["spec"]["volumes"]
+    assert {volume["name"]: volume["secret"]["defaultMode"] for volume in volumes if "secret" in volume} == {
+        "tls": 0o400, "auth": 0o400}
+    pod = pod_container(statefulset, config_maps_of(documents), 0, "default", SECRETS)
+    modes = {mount.volume: mount.file_mode for mount in pod.mounts if mount.kind == "secret"}
+    assert modes == {"tls": 0o440, "auth": 0o440}
+    assert all(secret_file_problem(mode, owned_by_node=False) is None for mode in modes.values())
+    assert secret_file_problem(0o440, owned_by_node=True) == "readable by its group"  # were it the node's own
 
 
 def test_requests_fit_within_limits(container):

@@ -265,3 +265,25 @@ def test_register_adds_certs_to_a_grouper_style_parser(tmp_path):
     assert args.run(args) == 0
     ca = certificate(tmp_path / "ca.pem")
     assert (ca.not_valid_after_utc - ca.not_valid_before_utc).days == 7
+
+
+def test_dev_keeps_every_client_given(tmp_path):
+    """Issue 26 finding 7: `--client alice --client bob` made only bob's certificate."""
+    assert certs.main(["dev", "--dir", str(tmp_path), "--nodes", "node1", "--client", "alice",
+                       "--client", "bob,carol"]) == 0
+    for user in ("alice", "bob", "carol"):
+        cert_path, key_path = certs.leaf_paths(tmp_path, user)
+        assert certificate(cert_path).subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == user
+        assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
+
+
+def test_dev_makes_the_default_client_when_none_is_given(tmp_path):
+    assert certs.main(["dev", "--dir", str(tmp_path), "--nodes", "node1"]) == 0
+    assert certs.leaf_paths(tmp_path, certs.DEV_CLIENT_DEFAULT)[0].exists()
+
+
+def test_dev_refuses_a_client_named_like_a_node_among_several(tmp_path, capsys):
+    assert certs.main(["dev", "--dir", str(tmp_path), "--nodes", "node1", "--client", "alice",
+                       "--client", "node1"]) == EXIT_USAGE
+    assert "'node1' is also a node" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
