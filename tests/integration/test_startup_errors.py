@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from tests.integration.cluster import free_ports
-from tests.integration.harness import REPO
+from tests.integration.harness import REPO, with_raft_secret
 
 START_WAIT_S = 30
 
 
 def start(tmp_path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "node.cli", "node", "--amqp-port", "0", "--admin-port", "0", "--http-port", "0",
-               *(("--data-dir", str(tmp_path / "data")) if "--data-dir" not in args else ()), *args]
+               *(("--data-dir", str(tmp_path / "data")) if "--data-dir" not in args else ()), *with_raft_secret(args)]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=START_WAIT_S,
                           env={**os.environ, **(env or {})})
 
