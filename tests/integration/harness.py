@@ -98,6 +98,8 @@ class NodeProcess:
         self.command_prefix: tuple = ()
         # the process's environment (None: this one's), e.g. without the credentials a test set here
         self.environment: dict | None = None
+        # False: a cluster node that names no raft secret gets none (a test of the refusal)
+        self.session_raft_secret = True
         self.process: subprocess.Popen | None = None
         self.amqp_address = ""
         self.amqps_address = ""  # AMQP over TLS, when the node is given a certificate
@@ -116,7 +118,8 @@ class NodeProcess:
         command = [*self.command_prefix, sys.executable, "-m", "node.cli", "node", "--config", str(self.config_path),
                    "--data-dir", str(self.data_dir), "--amqp-port", str(self._amqp_port),
                    "--admin-port", str(self._admin_port), "--http-port", str(self._http_port),
-                   *with_raft_secret(self.args, self.config_path.read_text())]
+                   *(with_raft_secret(self.args, self.config_path.read_text()) if self.session_raft_secret
+                     else self.args)]
         environment = os.environ if self.environment is None else self.environment
         self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, env={**environment, "PYTHONUNBUFFERED": "1"})
