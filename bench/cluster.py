@@ -281,8 +281,13 @@ class Cluster:
         raft_ports = [peers.free_port() for _ in range(size)]
         self.node_ids = [f"{HOST}:{port}" for port in raft_ports]
         peer_list = ",".join(self.node_ids)
+        secret_file = work_dir / "raft.secret"  # every cluster node needs one (node/peer/credentials.py)
+        if not secret_file.exists():
+            with os.fdopen(os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:
+                file.write(os.urandom(32).hex() + "\n")
         self.nodes = [NodeProcess(f"node{i + 1}", work_dir, config_path,
-                                  ("--raft-port", str(port), "--peers", peer_list, *args))
+                                  ("--raft-port", str(port), "--peers", peer_list,
+                                   "--raft-secret-file", str(secret_file), *args))
                       for i, port in enumerate(raft_ports)]
 
     def start(self) -> None:

@@ -152,8 +152,8 @@ def _add_node_command(subparsers) -> None:
     between.add_argument("--raft-secret-file", metavar="FILE",
                          help="raft secrets, one a line: the first encrypts raft traffic, every one is accepted")
     between.add_argument("--allow-insecure-cluster", action="store_true", default=None,
-                         help="let a node with users on a non-loopback host cluster without cluster TLS and a "
-                              "raft secret")
+                         help="let a cluster node start without a raft secret (and, with users on a non-loopback "
+                              "host, without cluster TLS): raft traffic is then unauthenticated")
     parser.set_defaults(run=_run_node)
 
 

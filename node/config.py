@@ -123,7 +123,7 @@ class NodeConfig:
     cluster_tls_server_name: str = ""  # name every peer's certificate must carry, checked instead of the host dialled
     peer_port: int = 5676  # forwarding listener with mutual TLS (with cluster TLS; else on admin_port); 0 = any
     raft_secret_file: str = ""  # raft secrets, one a line: the first encrypts raft traffic, every one is accepted
-    allow_insecure_cluster: bool = False  # a node with users on a non-loopback host may cluster without TLS and secret
+    allow_insecure_cluster: bool = False  # a cluster node may run without a raft secret (and cluster TLS): logged loudly
     allow_loose_secret_files: bool = False  # a node with users on a non-loopback host may start with a secret file
     # that other local users can read (logged as a warning; node/file_modes.py)
     queues: tuple = field(default_factory=tuple)  # QueueSettings declared at start

@@ -14,6 +14,8 @@ Rules:
   with an empty log under its old identity it could vote a second time in a term it already voted
   in, which breaks raft's safety. A member that does not answer (down, starting, or its admin API
   wants credentials) proves nothing: a founding member's first start must not wait for the others.
+  A member on this node's own host is not asked: at this node's admin port it would be this node
+  itself (`grouper up` gives each node of one host its own ports), which knows nothing yet.
 - A secured cluster is asked as the management CLI asks it (`call_options`): over admin TLS when
   this node has it (trusting admin_tls_ca_file and cluster_tls_ca_file, showing this node's admin
   certificate when the members ask for one, checking cluster_tls_server_name if set), as the user
@@ -112,10 +114,11 @@ def refuse_lost_identity(node_id: str, members: list[str], admin_port: int, raft
     `options`: `call_options`' AdminClient keywords."""
     if any(os.path.exists(os.path.join(raft_dir, name)) for name in RAFT_STATE_FILES):
         return
+    own_address = _admin_address(node_id, admin_port)
     for member in members:
-        if member == node_id:
-            continue
         address = _admin_address(member, admin_port)
+        if address == own_address:  # this node itself, or a member on its host with ports of its own
+            continue
         try:
             with AdminClient(address, timeout_ms=IDENTITY_CALL_TIMEOUT_MS, **(options or {})) as client:
                 status = client.cluster_status(local_only=True)

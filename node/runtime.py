@@ -455,6 +455,11 @@ class Node:
         refusal = insecure_cluster_refusal(self.config, users_database=not self.security.open)
         if refusal:
             raise GrouperError(refusal)
+        if self.config.peer_list() and not self.config.raft_secret_file:
+            from node.peer.credentials import RAFT_UNAUTHENTICATED
+            log.error("INSECURE (--allow-insecure-cluster): this node serves a raft cluster without a raft secret; "
+                      "%s (%s:%d). Give every node --raft-secret-file", RAFT_UNAUTHENTICATED, self.config.host,
+                      self.config.raft_port)
         admin_files = admin_tls.ServerFiles.from_config(self.config)  # a bad file fails here, before listening
         tls_context = tls.server_context(self.config) if self.config.tls_cert_file else None
         self.server = AmqpServer(self.broker, self.journal, self.config, self.clock_ms, self.security, tls_context)

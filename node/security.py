@@ -10,6 +10,8 @@ Rules:
 - The database is read again when its file changes (`refresh`, from the engine loop's tick): new
   connections and new links see the new users and permissions, open links keep what they were
   granted. A file that no longer reads keeps the database in force and is logged once per change.
+  A node started without the file turns secured when it appears (logged); one whose file goes away
+  keeps the users it read.
 - Passwords are checked here, on the engine loop: PLAIN derives a key (PBKDF2, 4096 rounds, a few
   ms) once per connection, never per message.
 """
@@ -126,8 +128,14 @@ class Security:
                 log.error("%s did not read (%s); the users read before stay in force", self.users_path, error)
             return False
         self._file_stamp, self._bad_stamp = current, None
+        was_open = self.database is None
         self.database, self.access = database, database.access()
-        log.info("users reloaded from %s: %d users", self.users_path, len(database.users()))
+        if was_open:  # a file added beside a running open node (`grouper user add` after `grouper up`)
+            log.warning("%s appeared: this node is now secured (%d users); new connections must log in%s",
+                        self.users_path, len(database.users()),
+                        ", anonymous ones get the database's anonymous roles" if self.config.allow_anonymous else "")
+        else:
+            log.info("users reloaded from %s: %d users", self.users_path, len(database.users()))
         return True
 
 

@@ -2,8 +2,12 @@
 
 Rules:
 - Each command loads the file, makes one change through `node.users.UserDatabase`, saves it
-  atomically and says what changed. Running nodes reload the file on their own; nothing here
-  talks to a node. A file mounted from a Secret is read-only: edit a copy, then update the Secret.
+  atomically and says what changed and which nodes read that file (`reader_note`): a running node
+  reloads the file it was started with, never another; nothing here talks to a node. A file
+  mounted from a Secret is read-only: edit a copy, then update the Secret.
+- `--data-dir DIR` names DIR/users.json: the file of `grouper node --data-dir DIR` and of every node
+  of `grouper up --data-dir DIR`. With neither flag, beside a `grouper up` cluster in its default
+  directory, the command warns that the cluster reads another file.
 - A password never comes from the command line (it would show in `ps` and in shell history): one
   line on stdin with `--password-stdin`, or a terminal prompt asked twice.
 - Listings show names and roles, never keys.
@@ -28,7 +32,8 @@ from node.core.errors import AlreadyExists, InvalidConfig, NotAllowed, NotFound
 from node.users import FILE_NAME, ITERATIONS_DEFAULT, ITERATIONS_MAX, ITERATIONS_MIN, UserDatabase, validate_name
 
 DATA_DIR_DEFAULT = "./data"  # as `grouper node`
-RELOAD_NOTE = "running nodes pick the change up on their own (they reload the file)"
+UP_DATA_DIR_DEFAULT = "./data/cluster"  # as `grouper up` (node/up.py)
+UP_MARKER = "node0"  # a directory `grouper up` made holds node0/, node1/, ... beside users.json
 
 # First match wins.
 EXIT_BY_ERROR: tuple[tuple[type[BaseException], int], ...] = (
@@ -123,12 +128,27 @@ def _run(action, args: argparse.Namespace, creates: bool) -> int:
         change = action(database, args)
         if change:
             database.save(path)
-            print(f"{change} in {path}; {RELOAD_NOTE}")
+            print(f"{change} in {path}; {reader_note(args, path)}")
+            if args.users_file is None and args.data_dir == DATA_DIR_DEFAULT and \
+                    os.path.isdir(os.path.join(UP_DATA_DIR_DEFAULT, UP_MARKER)):
+                print(f"{command}: note: the `grouper up` cluster in {UP_DATA_DIR_DEFAULT} does not read {path}; "
+                      f"for its nodes give --data-dir {UP_DATA_DIR_DEFAULT}", file=sys.stderr)
         return EXIT_OK
     except tuple(error_type for error_type, _ in EXIT_BY_ERROR) as error:
         exit_code = next(code for error_type, code in EXIT_BY_ERROR if isinstance(error, error_type))
         print(f"{command}: {_describe(error, path)}", file=sys.stderr)
         return exit_code
+
+
+def reader_note(args: argparse.Namespace, path: str) -> str:
+    """Which nodes read `path` and so pick the change up while they run; never more than that."""
+    if args.users_file:
+        return f"nodes started with --users-file {args.users_file} pick the change up while they run"
+    if os.path.isdir(os.path.join(args.data_dir, UP_MARKER)):
+        return (f"the nodes of `grouper up --data-dir {args.data_dir}` read it and pick the change up while they "
+                f"run")
+    return (f"a node started with --data-dir {args.data_dir} (and no --users-file), or with --users-file {path}, "
+            f"reads it and picks the change up while it runs")
 
 
 def _describe(error: BaseException, path: str) -> str:

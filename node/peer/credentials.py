@@ -11,9 +11,11 @@ Rules:
   the files in force, logged once per change.
 - The raft secret file holds one secret per line: the first encrypts, every one is accepted, so a
   secret is rotated member by member without the raft cluster losing its majority.
-- `insecure_cluster_refusal` is the secure-by-default rule, pure: a node that has users and serves
-  a cluster on a non-loopback host needs cluster TLS and a raft secret, unless the operator says
-  `allow_insecure_cluster`.
+- `insecure_cluster_refusal` is the secure-by-default rule, pure: every node with peers needs a raft
+  secret, whatever its host, users or allow_anonymous (without one, pysyncobj unpickles whatever
+  reaches the raft port: anyone who reaches it runs code in the node, loopback included, as any
+  local user reaches 127.0.0.1); a node that has users and serves a cluster on a non-loopback host
+  needs cluster TLS too. Only `allow_insecure_cluster` lets such a node start, and it says so loudly.
 """
 
 from __future__ import annotations
@@ -263,28 +265,39 @@ def read_raft_secrets(path: str) -> tuple[str, ...]:
 def describe(tls: ClusterTls | None, raft_secrets: tuple[str, ...]) -> str:
     """The banner's `cluster security:` line."""
     if tls is None and not raft_secrets:
-        return ("open: forwarding (on the admin port) and raft take no credentials; bind them where only the "
-                "nodes reach them")
+        return ("open (--allow-insecure-cluster): forwarding (on the admin port) and raft take no credentials; "
+                f"{RAFT_UNAUTHENTICATED}")
     forwarding = (f"forwarding over mutual TLS as {tls.material.common_name}" if tls is not None
                   else "forwarding takes no credentials (on the admin port)")
     raft = (f"raft encrypted ({len(raft_secrets)} secret{'s' if len(raft_secrets) > 1 else ''} accepted)"
-            if raft_secrets else "raft takes no credentials")
+            if raft_secrets else f"(--allow-insecure-cluster) {RAFT_UNAUTHENTICATED}")
     return f"{forwarding}; {raft}"
+
+
+RAFT_UNAUTHENTICATED = ("raft traffic is unauthenticated: any process reaching the raft port can run code in this "
+                        "node")
+RAFT_SECRET_HOWTO = ("make a secret readable only by the node's user with `(umask 077; openssl rand -base64 32 > "
+                     "raft.secret)` and give every node the same file with --raft-secret-file raft.secret "
+                     "(raft_secret_file; `grouper up` makes one for its nodes)")
 
 
 def insecure_cluster_refusal(config, users_database: bool) -> str | None:
     """Why this node must not start as configured, or None. Pure: config fields and one fact in."""
-    if not config.peer_list() or config.allow_insecure_cluster or not users_database or is_loopback(config.host):
+    if not config.peer_list() or config.allow_insecure_cluster:
         return None
-    missing = []
-    if not config.cluster_tls_cert_file:
-        missing.append("cluster TLS (cluster_tls_cert_file, cluster_tls_key_file, cluster_tls_ca_file)")
+    needs_tls = users_database and not is_loopback(config.host) and not config.cluster_tls_cert_file
+    if config.raft_secret_file and not needs_tls:
+        return None
+    if not needs_tls:
+        return (f"this node serves a raft cluster (--peers) but has no raft secret (raft_secret_file): without one "
+                f"any process reaching its raft port {config.host}:{config.raft_port}, a local user's included, "
+                f"could run code in this node (pysyncobj unpickles what arrives). To fix it, {RAFT_SECRET_HOWTO}; "
+                f"or pass --allow-insecure-cluster (allow_insecure_cluster) to run it unauthenticated anyway")
+    missing = ["cluster TLS (cluster_tls_cert_file, cluster_tls_key_file, cluster_tls_ca_file)"]
     if not config.raft_secret_file:
         missing.append("raft secret (raft_secret_file)")
-    if not missing:
-        return None
     return (f"this node has users and serves a cluster on {config.host}, but it has no {' and no '.join(missing)}: "
             f"any process reaching its peer or raft port could forward messages or join the raft cluster. Make "
-            f"certificates with `grouper certs dev --dir certs --nodes NAME,...` and a secret with `openssl rand "
-            f"-base64 32 > raft.secret` (README: Security, Between nodes), or pass --allow-insecure-cluster if "
-            f"only the nodes can reach those ports")
+            f"certificates with `grouper certs dev --dir certs --nodes NAME,...` and a secret with `(umask 077; "
+            f"openssl rand -base64 32 > raft.secret)` (README: Security, Between nodes), or pass "
+            f"--allow-insecure-cluster if only the nodes can reach those ports")

@@ -24,6 +24,32 @@ REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 90.0  # a node is ready in about 0.6 s; CI once saw no output at all for 30 s under Spark load
 STOP_TIMEOUT_S = 15.0
 MEMBER_EXIT_TIMEOUT_S = 5.0  # a killed node's raft member child must be gone within this (PR_SET_PDEATHSIG)
+# every cluster node needs a raft secret (node/peer/credentials.py): a node started with --peers and
+# neither --raft-secret-file nor --allow-insecure-cluster gets this session's, one file for all tests
+RAFT_SECRET_FLAGS = ("--raft-secret-file", "--allow-insecure-cluster")
+_session_raft_secret: list[str] = []
+
+
+def session_raft_secret_file() -> str:
+    """One raft secret file (0600) for every cluster node the tests start without one of their own."""
+    if not _session_raft_secret:
+        import secrets
+        import tempfile
+        directory = tempfile.mkdtemp(prefix="grouper-raft-")  # 0700, removed with the machine's tmp
+        path = os.path.join(directory, "raft.secret")
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(secrets.token_urlsafe(32) + "\n")
+        _session_raft_secret.append(path)
+    return _session_raft_secret[0]
+
+
+def with_raft_secret(args: tuple, config_text: str = "") -> tuple:
+    """`args` plus the session's raft secret when they make a cluster node that names none."""
+    if "--peers" not in args or any(flag in args for flag in RAFT_SECRET_FLAGS) or "raft_secret_file" in config_text \
+            or "allow_insecure_cluster" in config_text:
+        return args
+    return (*args, "--raft-secret-file", session_raft_secret_file())
 
 
 def _process_state(pid: int) -> str:
@@ -72,6 +98,8 @@ class NodeProcess:
         self.command_prefix: tuple = ()
         # the process's environment (None: this one's), e.g. without the credentials a test set here
         self.environment: dict | None = None
+        # False: a cluster node that names no raft secret gets none (a test of the refusal)
+        self.session_raft_secret = True
         self.process: subprocess.Popen | None = None
         self.amqp_address = ""
         self.amqps_address = ""  # AMQP over TLS, when the node is given a certificate
@@ -89,7 +117,9 @@ class NodeProcess:
     def start(self) -> "NodeProcess":
         command = [*self.command_prefix, sys.executable, "-m", "node.cli", "node", "--config", str(self.config_path),
                    "--data-dir", str(self.data_dir), "--amqp-port", str(self._amqp_port),
-                   "--admin-port", str(self._admin_port), "--http-port", str(self._http_port), *self.args]
+                   "--admin-port", str(self._admin_port), "--http-port", str(self._http_port),
+                   *(with_raft_secret(self.args, self.config_path.read_text()) if self.session_raft_secret
+                     else self.args)]
         environment = os.environ if self.environment is None else self.environment
         self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, env={**environment, "PYTHONUNBUFFERED": "1"})

@@ -233,6 +233,7 @@ def test_a_node_with_users_on_a_routable_host_refuses_to_cluster_without_tls_and
     assert added.returncode == 0, added.stderr
     node = NodeProcess(data_dir, "", ("--host", "0.0.0.0", "--advertise-host", "10.9.9.9", "--raft-port", "5674",
                                       "--peers", "10.9.9.9:5674,10.9.9.10:5674"))
+    node.session_raft_secret = False
     with pytest.raises(RuntimeError, match="exited with 1") as raised:
         node.start()
     output = str(raised.value)

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from tests.integration.cluster import free_ports
-from tests.integration.harness import REPO
+from tests.integration.harness import REPO, with_raft_secret
 
 START_WAIT_S = 30
 
 
 def start(tmp_path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "node.cli", "node", "--amqp-port", "0", "--admin-port", "0", "--http-port", "0",
-               *(("--data-dir", str(tmp_path / "data")) if "--data-dir" not in args else ()), *args]
+               *(("--data-dir", str(tmp_path / "data")) if "--data-dir" not in args else ()), *with_raft_secret(args)]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=START_WAIT_S,
                           env={**os.environ, **(env or {})})
 
@@ -91,3 +91,15 @@ def test_a_required_data_volume_must_be_mounted(tmp_path):
 def test_a_bad_config_value_is_named(tmp_path):
     result = start(tmp_path, env={"GROUPER_HTTP_PORT": "seventy"})
     assert result.returncode == 2 and "http_port" in result.stderr, result.stderr
+
+
+def test_a_cluster_node_without_a_raft_secret_refuses_to_start_on_loopback_too(tmp_path):
+    [raft] = free_ports(1)
+    command = [sys.executable, "-m", "node.cli", "node", "--amqp-port", "0", "--admin-port", "0", "--http-port", "0",
+               "--data-dir", str(tmp_path / "data"), "--raft-port", str(raft),
+               "--peers", f"127.0.0.1:{raft},127.0.0.1:2"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=START_WAIT_S)
+    assert result.returncode == 1
+    assert "cannot start: this node serves a raft cluster (--peers) but has no raft secret" in result.stderr
+    assert "(umask 077; openssl rand -base64 32 > raft.secret)" in result.stderr
+    assert "--allow-insecure-cluster" in result.stderr, result.stderr

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -12,33 +12,11 @@ import time
 
 from proton import Message
 
-from tests.integration.harness import REPO
+from tests.integration.cli import grouper
+from tests.integration.grouper_up import GrouperUp, descendants, free_base_port, wait_gone
+from tests.integration.harness import REPO, alive
 
 START_WAIT_S = 60.0
-
-
-def free_base_port(span: int = 30) -> int:
-    """A base port with `span` free ports above it (checked by binding each)."""
-    for _ in range(50):
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        base = probe.getsockname()[1]
-        probe.close()
-        if base + span > 65535:
-            continue
-        sockets = []
-        try:
-            for port in range(base, base + span):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise RuntimeError("no run of free ports found")
 
 
 def test_up_starts_three_nodes_prints_the_leader_serves_and_stops_on_ctrl_c(tmp_path):
@@ -58,7 +36,15 @@ def test_up_starts_three_nodes_prints_the_leader_serves_and_stops_on_ctrl_c(tmp_
     threading.Thread(target=read, daemon=True).start()
     try:
         assert ready.wait(START_WAIT_S), "\n".join(lines)
-        assert [line.split(":")[0] for line in lines if line.startswith("node")] == ["node0", "node1", "node2"]
+        assert [line.split(":")[0] for line in lines if line.startswith("node") and " amqp " in line] == \
+            ["node0", "node1", "node2"]
+        users_file = tmp_path / "cluster" / "users.json"  # one file for every node, absent: open
+        for index in range(3):
+            assert f"node{index} security: open: no user database at {users_file}, every client is anonymous and " \
+                   f"may do everything" in lines
+            assert f"node{index} cluster security: forwarding takes no credentials (on the admin port); raft " \
+                   f"encrypted (1 secret accepted)" in lines
+        assert oct((tmp_path / "cluster" / "raft.secret").stat().st_mode & 0o777) == oct(0o600)
         leader = next(line for line in lines if line.startswith("leader: ")).split(": ", 1)[1]
         assert leader in {f"127.0.0.1:{base + 10 * i + 2}" for i in range(3)}
         status = subprocess.run([sys.executable, "-m", "node.cli", "cluster", "status", "--json", "--node",
@@ -91,3 +77,54 @@ def test_up_starts_three_nodes_prints_the_leader_serves_and_stops_on_ctrl_c(tmp_
     assert code == 0, "\n".join(lines)
     assert lines[-2:] == ["stopping", "stopped"]
     assert all((tmp_path / "cluster" / f"node{i}.log").exists() for i in range(3))
+    for index in range(3):  # a node does not ask its own admin port whether the cluster knows it
+        assert "could not ask" not in (tmp_path / "cluster" / f"node{index}.log").read_text()
+
+
+def test_help_names_every_port_of_a_node():
+    result = grouper("up", "--help")
+    assert result.returncode == 0
+    assert "base+10i (AMQP), +1 (admin), +2 (raft), +3 (HTTP)" in " ".join(result.stdout.split())
+
+
+def test_a_sigint_after_the_reader_of_its_output_has_gone_stops_every_node(tmp_path):
+    """`grouper up | head -1`, then Ctrl-C: the failed writes do not skip the shutdown."""
+    read_end, write_end = os.pipe()
+    up = GrouperUp(tmp_path / "cluster")
+    try:
+        up.start(stdout=write_end)
+        os.close(write_end)
+        assert os.read(read_end, 4096).startswith(b"starting 3 nodes")
+        os.close(read_end)  # the reader goes: every later write of grouper up fails
+        tree = up.wait_nodes_ready()
+        code = up.stop()
+        assert wait_gone(tree) == [], f"left running after grouper up stopped: {tree}"
+        assert code == 0, up.process.stderr.read()
+    finally:
+        up.kill_tree()
+
+
+def test_no_node_outlives_a_grouper_up_killed_with_sigkill(tmp_path):
+    up = GrouperUp(tmp_path / "cluster").start()
+    try:
+        tree = descendants(up.process.pid)
+        assert len(tree) == 6  # three nodes and their raft members
+        up.process.kill()
+        up.process.wait()
+        assert wait_gone(tree) == [], f"left running after grouper up was killed: {[p for p in tree if alive(p)]}"
+    finally:
+        up.kill_tree()
+
+
+def test_a_second_grouper_up_on_the_same_ports_says_why_its_node_did_not_start(tmp_path):
+    first = GrouperUp(tmp_path / "first", nodes=1).start()
+    try:
+        second = subprocess.run([sys.executable, "-m", "node.cli", "up", "--nodes", "1", "--data-dir",
+                                 str(tmp_path / "second"), "--base-port", str(first.base_port)], cwd=REPO,
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode == 1
+        assert f"node0 did not start: it exited with status 1; the end of {tmp_path / 'second' / 'node0.log'}:" \
+               in second.stderr
+        assert f"cannot listen for AMQP on 127.0.0.1:{first.base_port}" in second.stderr, second.stderr
+    finally:
+        first.kill_tree()

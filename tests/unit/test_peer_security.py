@@ -190,25 +190,60 @@ SECURED = replace(CLUSTER, cluster_tls_cert_file="n.pem", cluster_tls_key_file="
                   cluster_tls_ca_file="ca.pem", raft_secret_file="raft.secret")
 
 
+LOOPBACK = replace(CLUSTER, host="127.0.0.1", peers="127.0.0.1:5674,127.0.0.1:5684")  # as grouper up runs them
+
+
 @pytest.mark.parametrize("config, users, refused", [
     (CLUSTER, True, True),  # users, a cluster, a routable host, nothing between nodes
     (replace(SECURED, raft_secret_file=""), True, True),
     (replace(SECURED, cluster_tls_cert_file="", cluster_tls_key_file="", cluster_tls_ca_file=""), True, True),
     (SECURED, True, False),
     (replace(CLUSTER, allow_insecure_cluster=True), True, False),  # the operator says so
-    (CLUSTER, False, False),  # no users: the node is open anyway (--allow-anonymous on this host)
-    (replace(CLUSTER, host="127.0.0.1", peers="127.0.0.1:5674,127.0.0.1:5684"), True, False),  # grouper up
-    (replace(CLUSTER, host="localhost", peers="localhost:5674,localhost:5684"), True, False),
     (replace(CLUSTER, peers=""), True, False),  # a single node has no one to talk to
+    (replace(CLUSTER, peers="", host="0.0.0.0", allow_anonymous=True), False, False),
 ])
 def test_a_node_with_users_on_a_routable_host_clusters_only_with_cluster_tls_and_a_raft_secret(config, users, refused):
     assert bool(insecure_cluster_refusal(config, users_database=users)) == refused
 
 
+@pytest.mark.parametrize("config, users", [
+    (CLUSTER, False),  # no users: open to clients, but its raft port must not run a stranger's pickle
+    (replace(CLUSTER, host="0.0.0.0", allow_anonymous=True), False),
+    (LOOPBACK, False),  # `grouper up` before it made a secret: any local user reaches 127.0.0.1
+    (LOOPBACK, True),  # `grouper up --users-file`
+    (replace(LOOPBACK, host="localhost", peers="localhost:5674,localhost:5684"), True),
+])
+def test_every_cluster_node_without_a_raft_secret_is_refused_whatever_its_host_and_users(config, users):
+    refusal = insecure_cluster_refusal(config, users_database=users)
+    assert refusal is not None and "no raft secret" in refusal
+
+
+@pytest.mark.parametrize("config, users", [
+    (replace(LOOPBACK, raft_secret_file="raft.secret"), True),  # loopback: only this machine reaches forwarding
+    (replace(LOOPBACK, raft_secret_file="raft.secret"), False),
+    (replace(CLUSTER, raft_secret_file="raft.secret"), False),  # no users: forwarding is as open as AMQP
+    (replace(CLUSTER, allow_insecure_cluster=True), False),
+    (replace(LOOPBACK, allow_insecure_cluster=True), True),
+])
+def test_a_cluster_node_with_a_raft_secret_or_the_insecure_flag_starts(config, users):
+    assert insecure_cluster_refusal(config, users_database=users) is None
+
+
 def test_the_refusal_names_what_is_missing_and_both_ways_out():
     refusal = insecure_cluster_refusal(replace(SECURED, raft_secret_file=""), users_database=True)
-    assert "it has no raft secret (raft_secret_file):" in refusal and "cluster_tls_cert_file" not in refusal
+    assert "has no raft secret (raft_secret_file):" in refusal and "cluster_tls_cert_file" not in refusal
+    assert "--allow-insecure-cluster" in refusal
+    refusal = insecure_cluster_refusal(replace(SECURED, cluster_tls_cert_file=""), users_database=True)
+    assert "it has no cluster TLS (cluster_tls_cert_file" in refusal and "raft_secret_file" not in refusal
     assert "grouper certs dev" in refusal and "--allow-insecure-cluster" in refusal
+    assert "(umask 077; openssl rand -base64 32 > raft.secret)" in refusal
+
+
+def test_the_refusal_of_a_node_without_a_raft_secret_says_how_to_make_one_and_names_the_flag():
+    refusal = insecure_cluster_refusal(LOOPBACK, users_database=False)
+    assert "127.0.0.1:5674" in refusal and "run code in this node" in refusal
+    assert "(umask 077; openssl rand -base64 32 > raft.secret)" in refusal and "--raft-secret-file" in refusal
+    assert "--allow-insecure-cluster" in refusal
 
 
 @pytest.mark.parametrize("values, key", [
@@ -224,10 +259,12 @@ def test_half_a_cluster_tls_configuration_is_refused_naming_the_missing_setting(
 
 
 def test_the_banner_says_what_protects_forwarding_and_raft(cluster_ca):
-    assert describe(None, ()).startswith("open: ")
+    assert describe(None, ()).startswith("open (--allow-insecure-cluster): ")
     tls = ClusterTls(*files(cluster_ca, "node0"))
     assert describe(tls, (SECRET, SECRET)) == "forwarding over mutual TLS as node0; raft encrypted (2 secrets accepted)"
     assert describe(None, (SECRET,)).endswith("raft encrypted (1 secret accepted)")
+    assert describe(tls, ()).endswith("(--allow-insecure-cluster) raft traffic is unauthenticated: any process "
+                                      "reaching the raft port can run code in this node")
 
 
 # ---- who may forward -----------------------------------------------------------------------------

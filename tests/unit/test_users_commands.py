@@ -14,7 +14,7 @@ from node.admin import users_commands
 from node.core.access import ADMINISTRATOR, ANONYMOUS, Permission
 from node.users import UserDatabase
 
-RELOAD_NOTE = "running nodes pick the change up on their own (they reload the file)"
+RELOAD_NOTE = "pick the change up while they run"
 
 
 class Terminal(io.StringIO):
@@ -54,7 +54,8 @@ def load(users_file) -> UserDatabase:
 def test_user_add_creates_the_file_and_says_nodes_reload_it(run, users_file):
     code, out, err = run("user", "add", "alice", "--role", ADMINISTRATOR, "--password-stdin", stdin="s3cret\n")
     assert (code, err) == (0, "")
-    assert out == f"added user alice with roles administrator in {users_file}; {RELOAD_NOTE}\n"
+    assert out == (f"added user alice with roles administrator in {users_file}; nodes started with --users-file "
+                   f"{users_file} pick the change up while they run\n")
     assert load(users_file).verify_plain("alice", "s3cret")
     assert load(users_file).users() == [("alice", (ADMINISTRATOR,))]
     assert stat.S_IMODE(os.stat(users_file).st_mode) == 0o600
@@ -122,6 +123,37 @@ def test_a_bad_user_name_is_bad_input(run):
     code, _, err = run("user", "add", "bo\tb", "--password-stdin", stdin="s3cret\n")
     assert code == 2
     assert "control character" in err
+
+
+def test_data_dir_of_a_grouper_up_cluster_writes_the_file_its_nodes_read_and_says_so(run, tmp_path):
+    cluster = tmp_path / "cluster"
+    (cluster / "node0").mkdir(parents=True)  # as `grouper up --data-dir` leaves it
+    code, out, err = run("user", "add", "alice", "--password-stdin", stdin="s3cret\n",
+                         location=("--data-dir", str(cluster)))
+    assert (code, err) == (0, "")
+    assert load(str(cluster / "users.json")).users() == [("alice", ())]
+    assert out.endswith(f"the nodes of `grouper up --data-dir {cluster}` read it and pick the change up while "
+                        f"they run\n")
+
+
+def test_a_plain_data_dir_names_the_nodes_that_read_the_file_and_no_others(run, tmp_path):
+    code, out, _ = run("user", "add", "alice", "--password-stdin", stdin="s3cret\n",
+                       location=("--data-dir", str(tmp_path / "node0")))
+    assert code == 0
+    assert out.endswith(f"a node started with --data-dir {tmp_path / 'node0'} (and no --users-file), or with "
+                        f"--users-file {tmp_path / 'node0' / 'users.json'}, reads it and picks the change up while "
+                        f"it runs\n")
+    assert "running nodes" not in out
+
+
+def test_the_default_data_dir_beside_a_grouper_up_cluster_warns_that_the_cluster_reads_another_file(
+        run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "cluster" / "node0").mkdir(parents=True)
+    code, _, err = run("user", "add", "alice", "--password-stdin", stdin="s3cret\n", location=())
+    assert code == 0
+    assert "the `grouper up` cluster in ./data/cluster does not read ./data/users.json; for its nodes give " \
+           "--data-dir ./data/cluster" in err
 
 
 def test_iterations_below_the_minimum_are_bad_usage(run):
