@@ -13,9 +13,16 @@ Rules:
   another receiver gets none of their messages. Closing releases them to the next consumer, their
   delivery count raised.
 - `browse` attaches with distribution mode copy: it prints and never consumes.
+- None of them creates a queue unless given --create: without it each link carries the
+  EXISTING_QUEUE_CAPABILITY, and the node refuses an unknown name, naming the queues close to it
+  (a typo must not make a cluster-wide queue). Other clients keep the node's auto-create.
+- A consumer is named as the console and `grouper groups` name it: CONTAINER/LINK.
+- On a plain connection the SASL exchange is node/tools/handshake.py's (SCRAM-SHA-256 where the
+  node offers it), and proton takes the socket after it; over TLS proton does SASL PLAIN itself.
 - Each line is `key=value` pairs, one message a line, in a fixed order (tests and grep read it).
-- Faults: no node listening, refused credentials, an unknown queue (auto-create off): one line on
-  stderr naming the fault and what to do, exit status EXIT_FAILED; bad flags exit EXIT_USAGE.
+- Faults: no node listening, a port that is not AMQP, refused credentials, a mechanism missing, an
+  unknown queue: one line on stderr naming the fault and what to do, exit status EXIT_FAILED; bad
+  flags exit EXIT_USAGE.
 """
 
 from __future__ import annotations
@@ -23,12 +30,15 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
+from contextlib import contextmanager
 import time
 from urllib.parse import urlsplit
 
 from node.admin.commands import positive_int
 from node.core.errors import InvalidConfig
+from node.tools.handshake import HandshakeRefused, NotAmqp, authenticate, not_amqp_text
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -43,6 +53,8 @@ CONNECT_TIMEOUT_S = 10.0  # TCP connect, SASL and open, each
 RECEIVE_TIMEOUT_S_DEFAULT = 2.0  # `receive` without --count, and `browse`: stop after this long without a message
 COUNT_DEFAULT = 10  # messages `send` sends without --count
 BODY_PRINTED_MAX_CHARS = 60  # a longer body is cut in the printed line
+CREATE_HELP = ("create the queue if it does not exist (a node with auto-create on: in a cluster, on every node); "
+               "without it an unknown queue is refused, naming the queues close to it")
 
 
 class ToolError(Exception):
@@ -87,6 +99,7 @@ def register(subparsers) -> None:
                       help=f"messages in all (default {COUNT_DEFAULT})")
     send.add_argument("--body", metavar="TEXT", help="body of every message (default 'GROUP #SEQ')")
     send.add_argument("--durable", action="store_true", help="mark the messages durable")
+    send.add_argument("--create", action="store_true", help=CREATE_HELP)
     send.set_defaults(run=lambda args: _run(_send, args))
 
     receive = subparsers.add_parser("receive", parents=[connection], help="consume messages from a queue",
@@ -100,6 +113,7 @@ def register(subparsers) -> None:
                          help="settle nothing and stay attached until Ctrl-C: the node keeps these groups "
                               "with this consumer meanwhile")
     receive.add_argument("--hold-s", type=_positive_float, metavar="S", help="with --hold: let go after S seconds")
+    receive.add_argument("--create", action="store_true", help=CREATE_HELP)
     receive.set_defaults(run=lambda args: _run(_receive, args))
 
     browse = subparsers.add_parser("browse", parents=[connection], help="print a queue's messages without "
@@ -108,6 +122,7 @@ def register(subparsers) -> None:
     browse.add_argument("--count", type=positive_int, metavar="N", help="stop after N messages")
     browse.add_argument("--timeout-s", type=_positive_float, default=RECEIVE_TIMEOUT_S_DEFAULT, metavar="S",
                         help=f"stop after S seconds without a message (default {RECEIVE_TIMEOUT_S_DEFAULT})")
+    browse.add_argument("--create", action="store_true", help=CREATE_HELP)
     browse.set_defaults(run=lambda args: _run(_browse, args))
 
 
@@ -141,6 +156,35 @@ def password_for(user: str, args: argparse.Namespace, where: str) -> str:
     return getpass.getpass(f"password for {user} at {where}: ")
 
 
+@contextmanager
+def dialled(sock: socket.socket):
+    """While open, proton's reactor "connects" to this socket, already connected and authenticated,
+    instead of dialling: python-qpid-proton has no public way to take a socket of ours. Its reactor
+    dials through proton._io.IO.connect; the one BlockingConnection made inside takes `sock`."""
+    from proton._io import IO
+
+    dial = IO.__dict__["connect"]
+    IO.connect = staticmethod(lambda address: sock)
+    try:
+        yield
+    finally:
+        IO.connect = dial
+
+
+def existing_queue_only():
+    """A proton link option: the node must not create the queue this link names (node/core/addresses.py)."""
+    from proton.reactor import LinkOption
+
+    from node.core.addresses import EXISTING_QUEUE_CAPABILITY
+
+    class Option(LinkOption):
+        def apply(self, link) -> None:
+            terminus = link.target if link.is_sender else link.source
+            terminus.capabilities.put_symbol(EXISTING_QUEUE_CAPABILITY)
+
+    return Option()
+
+
 class Session:
     """One BlockingConnection to a node, its faults turned into ToolError."""
 
@@ -150,6 +194,7 @@ class Session:
 
         from node.security import is_loopback
 
+        self.create = getattr(args, "create", False)
         scheme, host, port = node_url(args.node or os.environ.get(AMQP_NODE_ENV) or AMQP_NODE_DEFAULT)
         ca = args.ca or os.environ.get(CA_ENV, "")
         if ca:
@@ -161,22 +206,57 @@ class Session:
         if user and scheme == "amqp" and not is_loopback(host):
             raise InvalidConfig("--user", f"the password would cross the network to {self.where} unencrypted: give "
                                           f"--ca PEM (TLS to the node's amqps port) or run on the node's host")
-        options: dict = {}
-        if user:
-            options.update(user=user, password=password_for(user, args, self.where), allowed_mechs="PLAIN",
-                           allow_insecure_mechs=True)  # only over TLS or to loopback: checked above
-        domain = None
-        if scheme == "amqps":
+        password = password_for(user, args, self.where) if user else ""
+        self.container_id = f"{os.path.basename(sys.argv[0]) or 'grouper'}-{os.getpid()}"
+        if scheme == "amqps":  # proton does TLS and SASL; a node offers PLAIN over TLS
             domain = SSLDomain(SSLDomain.MODE_CLIENT)
             if ca:
                 domain.set_trusted_ca_db(ca)
             domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
-        self.consumer = f"{os.path.basename(sys.argv[0]) or 'grouper'}-{os.getpid()}"
+            options: dict = {}
+            if user:
+                options.update(user=user, password=password, allowed_mechs="PLAIN",
+                               allow_insecure_mechs=True)  # proton cannot see that it is under TLS
+            try:
+                self.connection = BlockingConnection(f"{scheme}://{host}:{port}", timeout=CONNECT_TIMEOUT_S,
+                                                     ssl_domain=domain, container_id=self.container_id, **options)
+            except Exception as error:
+                raise ToolError(self.describe(error, user)) from None
+            return
+        # plain AMQP: the SASL exchange is ours (node/tools/handshake.py: SCRAM-SHA-256, which this
+        # proton cannot do), proton gets the socket after it
+        sock = self._authenticated_socket(host, port, user, password)
         try:
-            self.connection = BlockingConnection(f"{scheme}://{host}:{port}", timeout=CONNECT_TIMEOUT_S,
-                                                 ssl_domain=domain, container_id=self.consumer, **options)
+            with dialled(sock):
+                self.connection = BlockingConnection(f"amqp://{host}:{port}", timeout=CONNECT_TIMEOUT_S,
+                                                     container_id=self.container_id, sasl_enabled=False)
         except Exception as error:
+            sock.close()
             raise ToolError(self.describe(error, user)) from None
+
+    def _authenticated_socket(self, host: str, port: int, user: str, password: str) -> socket.socket:
+        try:
+            sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+        except socket.gaierror:
+            raise ToolError(f"cannot resolve the host of {self.where}: give --node an address this machine can "
+                            f"reach") from None
+        except OSError as error:
+            raise ToolError(f"no node listening at {self.where} ({error.strerror or error}): start one with "
+                            f"`grouper up`, or give its AMQP address with --node") from None
+        try:
+            authenticate(sock, user, password)
+        except NotAmqp as error:
+            sock.close()
+            raise ToolError(not_amqp_text(host, port, error.looks_like)) from None
+        except HandshakeRefused as error:
+            sock.close()
+            raise ToolError(f"the node at {self.where} did not let this client in: {error}") from None
+        except OSError as error:
+            sock.close()
+            raise ToolError(f"the SASL exchange with {self.where} failed: {error}") from None
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
 
     def describe(self, error: Exception, user: str = "", queue: str = "") -> str:
         text = str(error)
@@ -188,6 +268,9 @@ class Session:
         condition = getattr(getattr(error, "link", None), "remote_condition", None)
         if condition is not None:  # the connection stands; the node refused or ended the link
             name, description = condition.name or "", condition.description or ""
+            if name == "amqp:not-found" and not self.create and description.startswith(f"no queue {queue!r}"):
+                return (f"{description} at {self.where}: check the name, or give --create to make it (or "
+                        f"`grouper queue add {queue}` first)")
             if name == "amqp:not-found":
                 return (f"queue {queue!r} does not exist on the node at {self.where}, which does not create queues "
                         f"on first use: create it with `grouper queue add {queue}` ({description})")
@@ -205,9 +288,13 @@ class Session:
                     f"given in --node) ({text})")
         return f"talking to the node at {self.where} failed: {text}"
 
+    def _no_create(self) -> list:
+        """Link options: without --create, ask the node for an existing queue only."""
+        return [] if self.create else [existing_queue_only()]
+
     def sender(self, queue: str):
         try:
-            return self.connection.create_sender(queue)
+            return self.connection.create_sender(queue, options=self._no_create())
         except Exception as error:
             raise ToolError(self.describe(error, queue=queue)) from None
 
@@ -216,8 +303,11 @@ class Session:
 
         try:
             # credit 0: each receive() grants one, so a --hold receiver takes no message it does not print
-            return self.connection.create_receiver(queue, credit=0, name=f"{self.consumer}-{queue}",
-                                                   options=Copy() if browse else None)
+            link_name = f"{self.container_id}-{queue}"
+            # the console's and `grouper groups`'s name of a consumer: its client (container) and link
+            self.consumer = f"{self.container_id}/{link_name}"
+            return self.connection.create_receiver(queue, credit=0, name=link_name,
+                                                   options=([Copy()] if browse else []) + self._no_create())
         except Exception as error:
             raise ToolError(self.describe(error, queue=queue)) from None
 
