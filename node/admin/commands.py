@@ -26,6 +26,7 @@ import sys
 from node.admin.client import (DEFAULT_NODE_ADDRESS, TIMEOUT_MS_DEFAULT, AccessDenied, AdminClient, AdminError,
                                InvalidRequest, NodeFailure, NodeUnreachable)
 from node.admin.credentials import basic_metadata
+from node.admin.queue_listing import answered_line, cluster_queues, depth_by_node
 from node.cli import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_queue_flags, queue_changes_from_args,
                       queue_settings_from_args)
 from node.core.errors import InvalidConfig
@@ -191,8 +192,9 @@ def register(subparsers) -> None:
     reroute.add_argument("--group", metavar="GROUP", help="only this group's messages")
     reroute.add_argument("--count", type=positive_int, metavar="N",
                          help="at most N: the first in queue order (with --group: from the group's head)")
-    command(queue_commands, "list", _queue_list, "list queues with depth, consumers and group counts"
-            ).add_argument("--json", action="store_true", help="print a JSON list")
+    command(queue_commands, "list", _queue_list, "list queues with depth, consumers and group counts (in a "
+            "cluster: summed over every node, each node's depth shown; a node that does not answer is named and "
+            "the exit status is 1)").add_argument("--json", action="store_true", help="print a JSON list")
 
     groups = command(subparsers, "groups", _groups, "list a queue's message groups")
     groups.add_argument("queue", metavar="QUEUE")
@@ -311,13 +313,38 @@ def _queue_reroute(client: AdminClient, args) -> None:
 
 
 def _queue_list(client: AdminClient, args) -> None:
-    queues = client.list_queues()
+    """Cluster-wide where it can be, else naming the node listed (node/admin/queue_listing.py)."""
+    try:
+        status = client.cluster_status()
+    except AccessDenied as error:
+        if error.status != "PERMISSION_DENIED":
+            raise
+        status = None  # ListQueues is open to every user; ClusterStatus needs manage on '#'
+    if status is None or not status["clustered"]:
+        queues = client.list_queues()
+        whose = (f"the node at {client.address} only: a cluster-wide list needs `manage` on '#'" if status is None
+                 else f"a single node, at {client.address}")
+        if args.json:
+            print(json.dumps(queues, indent=2))
+            return
+        print(_queue_table(queues))
+        print(f"({whose})")
+        return
+    queues, missing = cluster_queues(status)
     if args.json:
         print(json.dumps(queues, indent=2))
-        return
-    print(_table(("QUEUE", "DEPTH", "ACQUIRED", "CONSUMERS", "GROUPS", "OWNED"),
-                 [(q["name"], q["depth_messages"], q["acquired_messages"], q["consumers"], q["groups"],
-                   q["owned_groups"]) for q in queues]))
+    else:
+        print(_queue_table(queues, by_node=True))
+        print(f"({answered_line(status, missing)})")
+    if missing:
+        raise Stayed("not listed: " + "; ".join(f"the queues of {node} ({why})" for node, why in missing))
+
+
+def _queue_table(queues: list[dict], by_node: bool = False) -> str:
+    headers = ("QUEUE", "DEPTH", "ACQUIRED", "CONSUMERS", "GROUPS", "OWNED")
+    return _table(headers + (("DEPTH BY NODE",) if by_node else ()),
+                  [(q["name"], q["depth_messages"], q["acquired_messages"], q["consumers"], q["groups"],
+                    q["owned_groups"]) + ((depth_by_node(q),) if by_node else ()) for q in queues])
 
 
 def _groups(client: AdminClient, args) -> None:
