@@ -199,7 +199,7 @@ def register(subparsers) -> None:
     groups = command(subparsers, "groups", _groups, "list a queue's message groups")
     groups.add_argument("queue", metavar="QUEUE")
     groups.add_argument("--json", action="store_true",
-                        help="print a JSON list of {group, messages, acquired, consumer, node}")
+                        help="print a JSON list of {group, messages, acquired, consumer, label, node}")
 
     cluster = subparsers.add_parser("cluster", help="the cluster's members, leader and routes")
     cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True,
@@ -349,13 +349,29 @@ def _queue_table(queues: list[dict], by_node: bool = False) -> str:
 
 def _groups(client: AdminClient, args) -> None:
     rows = client.list_groups(args.queue)
+    labels = _consumer_labels(client, args.queue, {r["node"] for r in rows if r["consumer"] is not None})
+    for row in rows:
+        row["label"] = labels.get((row["node"], row["consumer"]), "")
     if args.json:
         print(json.dumps(rows, indent=2))
         return
     clustered = any(r["node"] for r in rows)
-    print(_table(("GROUP", "MESSAGES", "ACQUIRED", "CONSUMER") + (("NODE",) if clustered else ()),
-                 [(r["group"], r["messages"], r["acquired"], "-" if r["consumer"] is None else r["consumer"])
-                  + ((r["node"],) if clustered else ()) for r in rows]))
+    print(_table(("GROUP", "MESSAGES", "ACQUIRED", "CONSUMER", "CLIENT/LINK") + (("NODE",) if clustered else ()),
+                 [(r["group"], r["messages"], r["acquired"], "-" if r["consumer"] is None else r["consumer"],
+                   r["label"] or "-") + ((r["node"],) if clustered else ()) for r in rows]))
+
+
+def _consumer_labels(client: AdminClient, queue: str, nodes: set[str]) -> dict[tuple[str, str], str]:
+    """{(node, consumer id): "client/link"}, as the console's Consumers view names them (`receive`
+    prints the same); a node that does not answer leaves its consumers shown by id alone."""
+    labels = {}
+    for node in sorted(nodes):
+        try:
+            page = client.group_page(queue, page_size=1, node=node)
+        except AdminError:
+            continue
+        labels.update(((node, row["consumer"]), row["label"]) for row in page["consumers"])
+    return labels
 
 
 def _cluster_add(client: AdminClient, args) -> None:

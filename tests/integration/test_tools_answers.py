@@ -100,15 +100,19 @@ def test_other_clients_still_get_queues_made_on_first_use(node):
 
 # ---- 7: one naming of consumers ------------------------------------------------------------------------
 
-def test_receive_names_its_consumer_as_the_console_does(node):
+def test_receive_and_groups_name_a_consumer_as_the_console_does(node):
     grouper_ok("send", "trades", "--create", "--group", "a", "--count", "2", "--node", node.amqp_address)
     holder = Background("receive", "trades", "--count", "1", "--hold", "--node", node.amqp_address)
     try:
         holder.wait_for("holding 1 message(s)")
         printed = messages("\n".join(holder.lines))[0]["consumer"]
         with AdminClient(node.admin_address) as client:
-            page = client.group_page("trades")
+            page = client.group_page("trades")  # what the console's Consumers view shows
         assert [consumer["label"] for consumer in page["consumers"]] == [printed]
+        rows = json.loads(grouper_ok("groups", "trades", "--json", "--node", node.admin_address))
+        assert [(row["group"], row["consumer"], row["label"]) for row in rows] == \
+            [("a", page["consumers"][0]["consumer"], printed)]
+        assert printed in grouper_ok("groups", "trades", "--node", node.admin_address)
     finally:
         holder.stop()
 
