@@ -322,8 +322,8 @@ def _queue_list(client: AdminClient, args) -> None:
         status = None  # ListQueues is open to every user; ClusterStatus needs manage on '#'
     if status is None or not status["clustered"]:
         queues = client.list_queues()
-        whose = (f"the node at {client.address} only: a cluster-wide list needs `manage` on '#'" if status is None
-                 else f"a single node, at {client.address}")
+        whose = (f"the queues of the node at {client.address} only: listing its peers' too takes `manage` on '#'"
+                 if status is None else f"a single node, at {client.address}")
         if args.json:
             print(json.dumps(queues, indent=2))
             return

@@ -29,6 +29,10 @@ def test_a_user_logs_in_with_scram_on_a_plain_loopback_port_without_plain_offere
     grouper_ok("send", "trades", "--create", "--group", "a", "--count", "2", *login, env=password)
     assert by_group(messages(grouper_ok("browse", "trades", *login, env=password))) == {"a": [1, 2]}
     assert by_group(messages(grouper_ok("receive", "trades", "--count", "2", *login, env=password))) == {"a": [1, 2]}
+    perf = grouper("perf", "--messages", "200", "--groups", "4", *login, env=password)  # the lean engine too
+    assert perf.returncode == 0 and "lost 0, duplicates 0, order violations 0" in perf.stdout, perf.stderr
+    wrong = grouper("perf", "--messages", "10", *login, env={"GROUPER_PASSWORD": "wrong-pass"})
+    assert wrong.returncode == 1 and "refused user 'alice' with SCRAM-SHA-256" in wrong.stderr, wrong.stderr
 
 
 def test_a_wrong_password_and_a_missing_mechanism_say_what_is_wrong(node_factory, tmp_path):
@@ -149,3 +153,18 @@ def test_queue_list_of_a_single_node_names_it(node):
     listed = grouper_ok("queue", "list", "--node", node.admin_address)
     assert listed.splitlines()[-1] == f"(a single node, at {node.admin_address})"
 
+
+
+def test_queue_list_for_a_user_who_may_not_see_the_cluster_names_the_node_it_lists(node_factory, tmp_path):
+    users = write_users_file(tmp_path / "users.json", {"watcher": "browse:trades"},
+                             {"alice": "administrator", "wally": "watcher"}, PASSWORD)
+    node = node_factory("", "--users-file", str(users))
+    password = {"GROUPER_PASSWORD": PASSWORD}
+    grouper_ok("send", "trades", "--create", "--group", "a", "--user", "alice", "--node", node.amqp_address,
+               env=password)
+
+    listed = grouper_ok("queue", "list", "--user", "wally", "--node", node.admin_address, env=password)
+
+    assert listed.splitlines()[1].startswith("trades ")
+    assert listed.splitlines()[-1] == (f"(the queues of the node at {node.admin_address} only: listing its peers' "
+                                       f"too takes `manage` on '#')")
