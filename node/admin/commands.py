@@ -192,9 +192,14 @@ def register(subparsers) -> None:
     reroute.add_argument("--group", metavar="GROUP", help="only this group's messages")
     reroute.add_argument("--count", type=positive_int, metavar="N",
                          help="at most N: the first in queue order (with --group: from the group's head)")
-    command(queue_commands, "list", _queue_list, "list queues with depth, consumers and group counts (in a "
-            "cluster: summed over every node, each node's depth shown; a node that does not answer is named and "
-            "the exit status is 1)").add_argument("--json", action="store_true", help="print a JSON list")
+    queue_list = command(queue_commands, "list", _queue_list,
+                         "list queues with depth, consumers and group counts (in a cluster: summed over every "
+                         "node, each node's depth shown; a node that does not answer is named and the exit "
+                         "status is 1)")
+    queue_list.add_argument("--json", action="store_true", help="print a JSON list (in a cluster: each queue's "
+                                                                 "sums, and its stats per node under 'nodes')")
+    queue_list.add_argument("--local", action="store_true",
+                            help="the queues of the node asked only, as it holds them, without asking the others")
 
     groups = command(subparsers, "groups", _groups, "list a queue's message groups")
     groups.add_argument("queue", metavar="QUEUE")
@@ -314,16 +319,18 @@ def _queue_reroute(client: AdminClient, args) -> None:
 
 def _queue_list(client: AdminClient, args) -> None:
     """Cluster-wide where it can be, else naming the node listed (node/admin/queue_listing.py)."""
-    try:
-        status = client.cluster_status()
-    except AccessDenied as error:
-        if error.status != "PERMISSION_DENIED":
-            raise
-        status = None  # ListQueues is open to every user; ClusterStatus needs manage on '#'
+    status, whose = None, f"the queues of the node at {client.address} only (--local)"
+    if not args.local:
+        try:
+            status = client.cluster_status()
+        except AccessDenied as error:
+            if error.status != "PERMISSION_DENIED":
+                raise
+            # ListQueues is open to every user; ClusterStatus needs manage on '#'
+            whose = f"the queues of the node at {client.address} only: listing its peers' too takes `manage` on '#'"
     if status is None or not status["clustered"]:
         queues = client.list_queues()
-        whose = (f"the queues of the node at {client.address} only: listing its peers' too takes `manage` on '#'"
-                 if status is None else f"a single node, at {client.address}")
+        whose = whose if status is None else f"a single node, at {client.address}"
         if args.json:
             print(json.dumps(queues, indent=2))
             return
