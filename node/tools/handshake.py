@@ -23,6 +23,9 @@ from scramp import ScramClient, ScramException
 SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 SCRAM, PLAIN, ANONYMOUS = "SCRAM-SHA-256", "PLAIN", "ANONYMOUS"
 HEADER_BYTES = 8
+HEADER_ANSWER_TIMEOUT_S = 5.0  # a node answers the header at once; an HTTP/1 server waits for a request line
+SILENT = (f"a server silent for {HEADER_ANSWER_TIMEOUT_S:g} s after the AMQP header, as an HTTP/1 server "
+          f"waiting for a request line is (a node's HTTP port)")
 SASL_FRAME_MAX_BYTES = 65536  # a larger frame announced by the peer is not SASL from a node
 _MECHANISMS, _INIT, _CHALLENGE, _RESPONSE, _OUTCOME = 0x40, 0x41, 0x42, 0x43, 0x44
 _OUTCOME_OK, _OUTCOME_AUTH = 0, 1
@@ -122,10 +125,14 @@ def authenticate(sock: socket.socket, user: str, password: str) -> str:
     ready for the client's AMQP header. NotAmqp or HandshakeRefused otherwise."""
     wire = _Wire(sock)
     sock.sendall(SASL_HEADER)
+    timeout_s = sock.gettimeout()
+    sock.settimeout(HEADER_ANSWER_TIMEOUT_S)
     try:
         answer = wire.read_exactly(HEADER_BYTES)
     except socket.timeout:
-        raise NotAmqp("a server that did not answer the AMQP header") from None
+        raise NotAmqp(SILENT) from None
+    finally:
+        sock.settimeout(timeout_s)
     if not answer:  # a node turns an address with too many connections away so, before any byte
         raise HandshakeRefused("it closed the connection without answering the AMQP header: it is no AMQP port, "
                                "or a node turning this address away (too many connections from it: its log "

@@ -58,16 +58,20 @@ def test_a_user_given_to_an_open_node_is_told_the_node_has_no_users(node):
 
 # ---- 2: a port that is not AMQP --------------------------------------------------------------------
 
-def test_the_admin_port_is_named_as_not_amqp_with_the_amqp_port_beside_it(node_factory):
+def test_the_admin_and_http_ports_are_named_as_not_amqp_with_the_amqp_port_beside_them(node_factory):
     port = _free_port_block()
     node = node_factory("", "--amqp-port", str(port), "--admin-port", str(port + 1), "--http-port", str(port + 3))
 
     result = grouper("send", "q", "--group", "g", "--node", node.admin_address)
+    http = grouper("receive", "q", "--node", node.http_address)
 
     assert result.returncode == 1
     assert result.stderr == (f"grouper send: {node.admin_address} is not an AMQP port (it answered like an HTTP/2 "
                              f"server (a node's gRPC admin port)); the AMQP port is {node.amqp_address}: give "
                              f"--node {node.amqp_address}\n")
+    assert http.returncode == 1
+    assert f"{node.http_address} is not an AMQP port (it answered like a server silent for 5 s" in http.stderr
+    assert f"the AMQP port is {node.amqp_address}" in http.stderr and http.stderr.count("\n") == 1
 
 
 def test_a_not_amqp_port_without_an_amqp_neighbour_names_no_port_and_dumps_no_bytes(node):

@@ -4,7 +4,7 @@ the node's answer to an attach that may not create its queue (node/core/addresse
 import pytest
 
 from node.core.addresses import no_such_queue
-from node.tools.handshake import (SASL_HEADER, HandshakeRefused, choose_mechanism, looks_like,
+from node.tools.handshake import (SASL_HEADER, SILENT, HandshakeRefused, choose_mechanism, looks_like,
                                   not_amqp_text)
 
 # what a gRPC (HTTP/2) server sends first: its SETTINGS frame, stream 0
@@ -56,6 +56,12 @@ def test_the_amqp_port_beside_the_admin_port_is_named_once_it_answers_like_one()
     assert asked == [5672]
     assert "the AMQP port is 127.0.0.1:5672" in not_amqp_text("127.0.0.1", 5675, looks_like(b"HTTP/1.0 400"),
                                                                probe)
+
+
+def test_a_port_silent_after_the_header_is_taken_for_an_http_port_and_its_amqp_port_probed():
+    asked = []
+    not_amqp_text("127.0.0.1", 5675, SILENT, lambda host, port: asked.append(port))
+    assert asked == [5672]
 
 
 def test_no_amqp_port_is_named_when_none_answers_beside_it():
