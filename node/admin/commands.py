@@ -26,7 +26,7 @@ import sys
 from node.admin.client import (DEFAULT_NODE_ADDRESS, TIMEOUT_MS_DEFAULT, AccessDenied, AdminClient, AdminError,
                                InvalidRequest, NodeFailure, NodeUnreachable)
 from node.admin.credentials import basic_metadata
-from node.admin.queue_listing import answered_line, cluster_queues, depth_by_node
+from node.admin.queue_listing import depth_by_node, gather
 from node.cli import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_queue_flags, queue_changes_from_args,
                       queue_settings_from_args)
 from node.core.errors import InvalidConfig
@@ -319,32 +319,14 @@ def _queue_reroute(client: AdminClient, args) -> None:
 
 def _queue_list(client: AdminClient, args) -> None:
     """Cluster-wide where it can be, else naming the node listed (node/admin/queue_listing.py)."""
-    status, whose = None, f"the queues of the node at {client.address} only (--local)"
-    if not args.local:
-        try:
-            status = client.cluster_status()
-        except AccessDenied as error:
-            if error.status != "PERMISSION_DENIED":
-                raise
-            # ListQueues is open to every user; ClusterStatus needs manage on '#'
-            whose = f"the queues of the node at {client.address} only: listing its peers' too takes `manage` on '#'"
-    if status is None or not status["clustered"]:
-        queues = client.list_queues()
-        whose = whose if status is None else f"a single node, at {client.address}"
-        if args.json:
-            print(json.dumps(queues, indent=2))
-            return
-        print(_queue_table(queues))
-        print(f"({whose})")
-        return
-    queues, missing = cluster_queues(status)
+    listing = gather(client, args.local)
     if args.json:
-        print(json.dumps(queues, indent=2))
+        print(json.dumps(listing.queues, indent=2))
     else:
-        print(_queue_table(queues, by_node=True))
-        print(f"({answered_line(status, missing)})")
-    if missing:
-        raise Stayed("not listed: " + "; ".join(f"the queues of {node} ({why})" for node, why in missing))
+        print(_queue_table(listing.queues, by_node=listing.clustered))
+        print(f"({listing.whose})")
+    if listing.missing:
+        raise Stayed("not listed: " + "; ".join(f"the queues of {node} ({why})" for node, why in listing.missing))
 
 
 def _queue_table(queues: list[dict], by_node: bool = False) -> str:

@@ -11,10 +11,15 @@ Rules:
   admin address; a caller without `manage` on '#' (ClusterStatus needs it) gets the queues of the node
   asked, named, and told why not the others.
 - Nodes are named as the console and `grouper cluster status` name them: by their raft address.
-- Pure: plain dicts in (AdminClient's shapes), rows and text out.
+- `gather` makes the admin calls; the rest is pure: plain dicts in (AdminClient's shapes), rows and
+  text out.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+from node.admin.client import AccessDenied
 
 SUMMED_FIELDS = ("depth_messages", "depth_bytes", "acquired_messages", "consumers", "browsers", "groups",
                  "owned_groups", "enqueued_total", "delivered_total", "resident_bytes", "paged_bytes",
@@ -49,3 +54,29 @@ def answered_line(status: dict, missing: list[tuple[str, str]]) -> str:
     line = (f"cluster-wide: {len(answered)} of {len(status['members'])} nodes answered "
             f"({', '.join(answered) or 'none'}; asked {status['node']})")
     return line + "".join(f"; {node} did not: {why}" for node, why in missing)
+
+
+@dataclass(frozen=True)
+class Listing:
+    queues: list[dict]  # stats dicts; in a cluster summed, with "nodes": {node: that member's stats}
+    whose: str  # whose queues these are, said under the table
+    missing: list[tuple[str, str]]  # (node, why) of members that did not answer
+    clustered: bool
+
+
+def gather(client, local: bool) -> Listing:
+    """The listing the node at `client` can give this caller: cluster-wide unless `local`."""
+    status, whose = None, f"the queues of the node at {client.address} only (--local)"
+    if not local:
+        try:
+            status = client.cluster_status()
+        except AccessDenied as error:
+            if error.status != "PERMISSION_DENIED":
+                raise
+            # ListQueues is open to every user; ClusterStatus needs manage on '#'
+            whose = f"the queues of the node at {client.address} only: listing its peers' too takes `manage` on '#'"
+    if status is None or not status["clustered"]:
+        whose = whose if status is None else f"a single node, at {client.address}"
+        return Listing(client.list_queues(), whose, [], clustered=False)
+    queues, missing = cluster_queues(status)
+    return Listing(queues, answered_line(status, missing), missing, clustered=True)

@@ -11,11 +11,14 @@ themselves, then hand the authenticated socket to proton with its SASL layer off
   by what it looks like (HTTP/2: a gRPC admin port; HTTP/1; TLS) in `NotAmqp`, and never dumped.
 - Every read is bounded by the socket's timeout; the password never leaves this process but as
   PLAIN's response (the caller allows that only to loopback) or as SCRAM's proof.
+- proton's reactor is handed the authenticated socket by `dialled`, the one place that reaches
+  into proton's internals (proton._io.IO.connect).
 """
 
 from __future__ import annotations
 
 import socket
+from contextlib import contextmanager
 
 from proton import Array, Data, Described, symbol, ulong
 from scramp import ScramClient, ScramException
@@ -177,6 +180,22 @@ def authenticate(sock: socket.socket, user: str, password: str) -> str:
             raise HandshakeRefused(f"it let us in without proving it knows the user's keys ({error}): is it the "
                                    f"node you meant?") from None
     return mechanism
+
+
+@contextmanager
+def dialled(sock: socket.socket):
+    """While open, proton's reactor "connects" to `sock`, already connected and authenticated, instead
+    of dialling: python-qpid-proton has no public way to take a socket of ours. Its reactor dials
+    through proton._io.IO.connect; the one connection opened inside (sasl_enabled=False) takes `sock`.
+    The tools are single-threaded: nothing else dials meanwhile."""
+    from proton._io import IO
+
+    dial = IO.__dict__["connect"]
+    IO.connect = staticmethod(lambda address: sock)
+    try:
+        yield
+    finally:
+        IO.connect = dial
 
 
 # ---- what the tools say ----------------------------------------------------------------------
