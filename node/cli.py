@@ -2,12 +2,15 @@
 
 `grouper node` runs a broker node in the foreground. The management sub-commands (`queue`,
 `groups`, `group`) talk to a running node's admin API; they live in `node.admin.commands`.
-Exit status: 0 success, 1 a failure reported by the node, 2 bad usage or configuration.
+Exit status: 0 success, 1 a failure reported by the node, 2 bad usage or configuration, 141 (as a
+shell reports a command SIGPIPE ended) when stdout's reader went away (`grouper queue list | head -1`):
+the command stops quietly, with no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from node.core.errors import InvalidConfig
@@ -16,6 +19,7 @@ from node.core.settings import QueueSettings
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell shows for a command its pipe's reader left
 
 
 def add_queue_flags(parser: argparse.ArgumentParser) -> None:
@@ -210,12 +214,28 @@ def main(argv: list[str] | None = None) -> int:
         from node.file_modes import keep_private
         keep_private()
     try:
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # here, so a reader gone is noticed inside this try, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
     except InvalidConfig as error:
         print(f"grouper: bad input: {error}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_OK
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: what Python still holds for it is then dropped at exit, not reported
+    as a second BrokenPipeError."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor behind stdout (a test's stand-in): nothing to flush
+        pass
 
 
 if __name__ == "__main__":

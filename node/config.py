@@ -278,7 +278,10 @@ def files_stamp(paths) -> tuple:
     return tuple(stamps)
 
 
-def _coerce(key: str, value, source: str):
+def _coerce(key: str, value, source: str, name: str = ""):
+    """`name`: how the error names the setting, when not `source` + `key` (an environment variable's
+    name is upper case: GROUPER_AMQP_PORT)."""
+    name = name or f"{source}{key}"
     default = _FIELDS[key].default
     if isinstance(default, bool):
         if isinstance(value, str):
@@ -289,7 +292,7 @@ def _coerce(key: str, value, source: str):
                 return False
         if isinstance(value, bool):
             return value
-        raise InvalidConfig(f"{source}{key}", f"expected true or false, got {value!r}")
+        raise InvalidConfig(name, f"expected true or false, got {value!r}")
     if isinstance(default, int):
         if isinstance(value, str):
             try:
@@ -298,9 +301,9 @@ def _coerce(key: str, value, source: str):
                 pass
         elif isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise InvalidConfig(f"{source}{key}", f"expected an integer, got {value!r}")
+        raise InvalidConfig(name, f"expected an integer, got {value!r}")
     if not isinstance(value, str):
-        raise InvalidConfig(f"{source}{key}", f"expected a string, got {value!r}")
+        raise InvalidConfig(name, f"expected a string, got {value!r}")
     return value
 
 
@@ -342,7 +345,7 @@ def load(config_file: str | None = None, environ: dict | None = None, overrides:
     for key in _FIELDS:
         env_key = ENV_PREFIX + key.upper()
         if key not in _TABLES and env_key in environ:
-            values[key] = _coerce(key, environ[env_key], ENV_PREFIX)
+            values[key] = _coerce(key, environ[env_key], ENV_PREFIX, env_key)
     for key, value in (overrides or {}).items():
         if value is not None:
             values[key] = _coerce(key, value, "--") if key not in _TABLES else value

@@ -26,6 +26,7 @@ import sys
 from node.admin.client import (DEFAULT_NODE_ADDRESS, TIMEOUT_MS_DEFAULT, AccessDenied, AdminClient, AdminError,
                                InvalidRequest, NodeFailure, NodeUnreachable)
 from node.admin.credentials import basic_metadata
+from node.admin.queue_listing import depth_by_node, gather
 from node.cli import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_queue_flags, queue_changes_from_args,
                       queue_settings_from_args)
 from node.core.errors import InvalidConfig
@@ -191,13 +192,19 @@ def register(subparsers) -> None:
     reroute.add_argument("--group", metavar="GROUP", help="only this group's messages")
     reroute.add_argument("--count", type=positive_int, metavar="N",
                          help="at most N: the first in queue order (with --group: from the group's head)")
-    command(queue_commands, "list", _queue_list, "list queues with depth, consumers and group counts"
-            ).add_argument("--json", action="store_true", help="print a JSON list")
+    queue_list = command(queue_commands, "list", _queue_list,
+                         "list queues with depth, consumers and group counts (in a cluster: summed over every "
+                         "node, each node's depth shown; a node that does not answer is named and the exit "
+                         "status is 1)")
+    queue_list.add_argument("--json", action="store_true", help="print a JSON list (in a cluster: each queue's "
+                                                                 "sums, and its stats per node under 'nodes')")
+    queue_list.add_argument("--local", action="store_true",
+                            help="the queues of the node asked only, as it holds them, without asking the others")
 
     groups = command(subparsers, "groups", _groups, "list a queue's message groups")
     groups.add_argument("queue", metavar="QUEUE")
     groups.add_argument("--json", action="store_true",
-                        help="print a JSON list of {group, messages, acquired, consumer, node}")
+                        help="print a JSON list of {group, messages, acquired, consumer, label, node}")
 
     cluster = subparsers.add_parser("cluster", help="the cluster's members, leader and routes")
     cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True,
@@ -311,24 +318,49 @@ def _queue_reroute(client: AdminClient, args) -> None:
 
 
 def _queue_list(client: AdminClient, args) -> None:
-    queues = client.list_queues()
+    """Cluster-wide where it can be, else naming the node listed (node/admin/queue_listing.py)."""
+    listing = gather(client, args.local)
     if args.json:
-        print(json.dumps(queues, indent=2))
-        return
-    print(_table(("QUEUE", "DEPTH", "ACQUIRED", "CONSUMERS", "GROUPS", "OWNED"),
-                 [(q["name"], q["depth_messages"], q["acquired_messages"], q["consumers"], q["groups"],
-                   q["owned_groups"]) for q in queues]))
+        print(json.dumps(listing.queues, indent=2))
+    else:
+        print(_queue_table(listing.queues, by_node=listing.clustered))
+        print(f"({listing.whose})")
+    if listing.missing:
+        raise Stayed("not listed: " + "; ".join(f"the queues of {node} ({why})" for node, why in listing.missing))
+
+
+def _queue_table(queues: list[dict], by_node: bool = False) -> str:
+    headers = ("QUEUE", "DEPTH", "ACQUIRED", "CONSUMERS", "GROUPS", "OWNED")
+    return _table(headers + (("DEPTH BY NODE",) if by_node else ()),
+                  [(q["name"], q["depth_messages"], q["acquired_messages"], q["consumers"], q["groups"],
+                    q["owned_groups"]) + ((depth_by_node(q),) if by_node else ()) for q in queues])
 
 
 def _groups(client: AdminClient, args) -> None:
     rows = client.list_groups(args.queue)
+    labels = _consumer_labels(client, args.queue, {r["node"] for r in rows if r["consumer"] is not None})
+    for row in rows:
+        row["label"] = labels.get((row["node"], row["consumer"]), "")
     if args.json:
         print(json.dumps(rows, indent=2))
         return
     clustered = any(r["node"] for r in rows)
-    print(_table(("GROUP", "MESSAGES", "ACQUIRED", "CONSUMER") + (("NODE",) if clustered else ()),
-                 [(r["group"], r["messages"], r["acquired"], "-" if r["consumer"] is None else r["consumer"])
-                  + ((r["node"],) if clustered else ()) for r in rows]))
+    print(_table(("GROUP", "MESSAGES", "ACQUIRED", "CONSUMER", "CLIENT/LINK") + (("NODE",) if clustered else ()),
+                 [(r["group"], r["messages"], r["acquired"], "-" if r["consumer"] is None else r["consumer"],
+                   r["label"] or "-") + ((r["node"],) if clustered else ()) for r in rows]))
+
+
+def _consumer_labels(client: AdminClient, queue: str, nodes: set[str]) -> dict[tuple[str, str], str]:
+    """{(node, consumer id): "client/link"}, as the console's Consumers view names them (`receive`
+    prints the same); a node that does not answer leaves its consumers shown by id alone."""
+    labels = {}
+    for node in sorted(nodes):
+        try:
+            page = client.group_page(queue, page_size=1, node=node)
+        except AdminError:
+            continue
+        labels.update(((node, row["consumer"]), row["label"]) for row in page["consumers"])
+    return labels
 
 
 def _cluster_add(client: AdminClient, args) -> None:

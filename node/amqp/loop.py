@@ -67,7 +67,8 @@ from node.amqp.tracer import Tracer
 from node.core.durability import CALL, CONSUMER, PRODUCER, Durability
 from node.core.access import Permission
 from node.core.address_settings import split_address
-from node.core.addresses import TOPIC_CAPABILITY, SendTally, split_fqqn, subscription_name
+from node.core.addresses import (EXISTING_QUEUE_CAPABILITY, TOPIC_CAPABILITY, SendTally, no_such_queue, split_fqqn,
+                                 subscription_name)
 from node.core.effects import DeadLettered, Delayed, Deliver, DetachConsumer, Dropped, Enqueued, Kept, Removed, Stored
 from node.core.effects import PageIn, ReadRecords
 from node.core.outbound import OUTBOUND_PREFIX
@@ -611,7 +612,8 @@ class AmqpServer:
         if subscribed is not None:
             queue, subscription = subscribed
         else:
-            queue, subscription = self._authorized_queue(connection, address, permission), ""
+            create = EXISTING_QUEUE_CAPABILITY not in symbols(lib.pn_terminus_capabilities(source))
+            queue, subscription = self._authorized_queue(connection, address, permission, create), ""
         address = queue.settings.name  # without the address's parameters
         try:
             effects = self.broker.attach_consumer(address, consumer_id, browse, now_ms,
@@ -707,11 +709,13 @@ class AmqpServer:
             self.journal.delete(name)
 
     def _open_producer(self, link, connection: Connection) -> None:
-        address = text(lib.pn_terminus_get_address(lib.pn_link_remote_target(link)))
+        target = lib.pn_link_remote_target(link)
+        address = text(lib.pn_terminus_get_address(target))
         if address and self.broker.addresses.is_multicast(address):  # copied to its subscriptions
             self.gate.security.access.check(connection.user, Permission.SEND, address)
         elif address:  # messages to 'orders?group-buckets=8' go to orders
-            address = self._authorized_queue(connection, address, Permission.SEND).settings.name
+            create = EXISTING_QUEUE_CAPABILITY not in symbols(lib.pn_terminus_capabilities(target))
+            address = self._authorized_queue(connection, address, Permission.SEND, create).settings.name
         state = Producer(self._next_id(), link, connection, address or None)
         self.producers[state.id] = state
         self._links[link] = state
@@ -721,9 +725,10 @@ class AmqpServer:
         lib.pn_link_open(link)
         lib.pn_link_flow(link, self.config.producer_credit_window)
 
-    def _authorized_queue(self, connection: Connection, address: str, permission: Permission):
+    def _authorized_queue(self, connection: Connection, address: str, permission: Permission, create: bool = True):
         """The queue `address` names, if the connection's user holds `permission` on it, and may create
-        it when it does not exist yet; raises Unauthorized (or NotFound) otherwise. The address's
+        it when it does not exist yet (and `create`: the link did not ask for an existing queue only);
+        raises Unauthorized (or NotFound) otherwise. The address's
         parameters ('orders?group-buckets=1024') shape a queue created here, and must match an existing
         one; permissions are decided on the queue name alone, so parameters never widen them."""
         # a queue declared with a '?' in its name is still reached by that name
@@ -739,6 +744,10 @@ class AmqpServer:
             access.check(connection.user, permission, name)
             return queue
         access.check(connection.user, permission, name)
+        if name not in self.broker.queues and not create:
+            # only names the user may use this way are offered: the refusal tells no other queue's name
+            raise NotFound(no_such_queue(name, (other for other in self.broker.queues
+                                                if access.allows(connection.user, permission, other))))
         if name not in self.broker.queues and self.broker.auto_create:
             access.check(connection.user, Permission.CREATE, name)
         return self.broker.queue(name, create=True, parameters=parameters)

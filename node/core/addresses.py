@@ -23,6 +23,19 @@ from node.core.errors import InvalidField
 FQQN_SEPARATOR = "::"  # ADDRESS::QUEUE, as Artemis spells a fully qualified queue name
 QUEUE_NAME_MAX_CHARS = 255  # as QueueSettings.validate: a subscription name longer than this is refused
 TOPIC_CAPABILITY = "topic"  # a source capability asking for a subscription of its own (Artemis, Qpid JMS)
+# a source or target capability asking for an existing queue: the attach never auto-creates one, and an
+# unknown name is refused naming the queues it is close to (`grouper send/receive/browse` without --create)
+EXISTING_QUEUE_CAPABILITY = "grouper:existing-queue"
+CLOSE_NAMES_MAX = 3  # queue names an unknown one is said to be close to
+
+
+def no_such_queue(name: str, known) -> str:
+    """Why an attach that may not create `name` is refused: it, and the `known` queue names close to it."""
+    from difflib import get_close_matches  # only on this refusal
+
+    close = get_close_matches(name, sorted(known), n=CLOSE_NAMES_MAX)
+    guess = f" (did you mean {' or '.join(repr(other) for other in close)}?)" if close else ""
+    return f"no queue {name!r}{guess}"
 
 
 def split_fqqn(address: str) -> tuple[str, str] | None:

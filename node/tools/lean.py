@@ -5,7 +5,9 @@ Container costs its client ~300-1,000 us of CPU per message, more than the broke
 costs a few. Rules:
 - proton's C engine through `node.amqp.engine` (`lib`, `ffi`), never proton's Python classes on the
   message path. Client-mode transports, SASL ANONYMOUS or PLAIN, one `selectors` loop (`Pump`) per
-  process, one collector shared by its connections.
+  process, one collector shared by its connections. With a user on a plain connection and no
+  mechanism imposed by the caller, the SASL exchange is node/tools/handshake.py's (SCRAM-SHA-256
+  where the node offers it) and the transport has no SASL layer.
 - One wake-up is one batch: read every readable socket into its transport, drain the collector into
   the caller's handler, then one socket write per connection (`Pump.flush`).
 - Messages are encoded by hand from per-group templates (`MessageEncoder`) and read by a walker that
@@ -31,6 +33,7 @@ from urllib.parse import unquote, urlsplit
 
 from node.amqp.codec import skip_value
 from node.amqp.engine import CONNECTION_REMOTE_CLOSE, TRANSPORT_ERROR, condition_text, ffi, lib
+from node.tools.handshake import HandshakeRefused, NotAmqp, authenticate, not_amqp_text
 
 SENT_KEY = "bench_sent_ns"  # application property: the producer's CLOCK_MONOTONIC send time, ns
 SEQ_KEY = "bench_seq"  # application property: the message's number within its group
@@ -221,19 +224,32 @@ class Endpoint:
         context = tls_context(getattr(target, "ca_file", "")) if self.tls else None
         self.transport = lib.pn_transport()
         self.connection = lib.pn_connection()
-        sasl = lib.pn_sasl(self.transport)
-        if user:
-            lib.pn_connection_set_user(self.connection, user.encode())
-            lib.pn_connection_set_password(self.connection, password.encode())
-            # proton cannot see our TLS; the check above keeps PLAIN to TLS or loopback
-            lib.pn_sasl_set_allow_insecure_mechs(sasl, True)
-        lib.pn_sasl_allowed_mechs(sasl, (target.sasl_mechs or ("PLAIN" if user else "ANONYMOUS")).encode())
+        # a user on a plain connection, no mechanism imposed: the exchange is ours (SCRAM-SHA-256 where
+        # offered, node/tools/handshake.py) and the transport has no SASL layer
+        own_sasl = bool(user) and not self.tls and not target.sasl_mechs
+        if not own_sasl:
+            sasl = lib.pn_sasl(self.transport)
+            if user:
+                lib.pn_connection_set_user(self.connection, user.encode())
+                lib.pn_connection_set_password(self.connection, password.encode())
+                # proton cannot see our TLS; the check above keeps PLAIN to TLS or loopback
+                lib.pn_sasl_set_allow_insecure_mechs(sasl, True)
+            lib.pn_sasl_allowed_mechs(sasl, (target.sasl_mechs or ("PLAIN" if user else "ANONYMOUS")).encode())
         lib.pn_connection_set_container(self.connection, container_id.encode())
         lib.pn_connection_set_hostname(self.connection, self.host.encode())
         lib.pn_connection_collect(self.connection, collector)
         lib.pn_transport_bind(self.transport, self.connection)
         self.socket = socket.create_connection((self.host, self.port), timeout=HANDSHAKE_TIMEOUT_S)
         self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if own_sasl:
+            try:
+                authenticate(self.socket, user, password)
+            except NotAmqp as error:
+                self.socket.close()
+                raise LeanError(not_amqp_text(self.host, self.port, error.looks_like)) from None
+            except HandshakeRefused as error:
+                self.socket.close()
+                raise LeanError(f"the node at {self.host}:{self.port} did not let {user!r} in: {error}") from None
         if context is not None:
             try:
                 self.socket = context.wrap_socket(self.socket, server_hostname=self.host)

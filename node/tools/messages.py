@@ -13,9 +13,15 @@ Rules:
   another receiver gets none of their messages. Closing releases them to the next consumer, their
   delivery count raised.
 - `browse` attaches with distribution mode copy: it prints and never consumes.
+- None of them creates a queue unless given --create: without it each link carries the
+  EXISTING_QUEUE_CAPABILITY, and the node refuses an unknown name, naming the queues close to it
+  (a typo must not make a cluster-wide queue). Other clients keep the node's auto-create.
+- A consumer is named as the console and `grouper groups` name it: CONTAINER/LINK.
+- Connecting and logging in is node/tools/session.py's.
 - Each line is `key=value` pairs, one message a line, in a fixed order (tests and grep read it).
-- Faults: no node listening, refused credentials, an unknown queue (auto-create off): one line on
-  stderr naming the fault and what to do, exit status EXIT_FAILED; bad flags exit EXIT_USAGE.
+- Faults: no node listening, a port that is not AMQP, refused credentials, a mechanism missing, an
+  unknown queue: one line on stderr naming the fault and what to do, exit status EXIT_FAILED; bad
+  flags exit EXIT_USAGE.
 """
 
 from __future__ import annotations
@@ -25,28 +31,21 @@ import os
 import signal
 import sys
 import time
-from urllib.parse import urlsplit
 
 from node.admin.commands import positive_int
 from node.core.errors import InvalidConfig
+from node.tools.session import (AMQP_NODE_DEFAULT, AMQP_NODE_ENV, CA_ENV, CONNECT_TIMEOUT_S, PASSWORD_ENV, USER_ENV,
+                                Session, ToolError)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-AMQP_NODE_ENV = "GROUPER_AMQP"  # default --node of these commands (GROUPER_NODE is the admin address)
-AMQP_NODE_DEFAULT = "127.0.0.1:5672"  # `grouper node`'s default AMQP port, node0 of `grouper up`
-USER_ENV = "GROUPER_USER"
-PASSWORD_ENV = "GROUPER_PASSWORD"
-CA_ENV = "GROUPER_CA"
 SEQ_PROPERTY = "seq"  # application property: the message's number within its group, from 1
-CONNECT_TIMEOUT_S = 10.0  # TCP connect, SASL and open, each
 RECEIVE_TIMEOUT_S_DEFAULT = 2.0  # `receive` without --count, and `browse`: stop after this long without a message
 COUNT_DEFAULT = 10  # messages `send` sends without --count
 BODY_PRINTED_MAX_CHARS = 60  # a longer body is cut in the printed line
-
-
-class ToolError(Exception):
-    """A fault a command reports in one line: the text names who is at fault and what to do."""
+CREATE_HELP = ("create the queue if it does not exist (a node with auto-create on: in a cluster, on every node); "
+               "without it an unknown queue is refused, naming the queues close to it")
 
 
 # ---- flags -----------------------------------------------------------------------------------
@@ -68,8 +67,9 @@ def connection_flags() -> argparse.ArgumentParser:
                                                       f"(default ${AMQP_NODE_ENV} or {AMQP_NODE_DEFAULT}, node0 "
                                                       f"of `grouper up`)")
     who = parent.add_argument_group("credentials (README: Security)")
-    who.add_argument("--user", metavar="NAME", help=f"SASL PLAIN as NAME (default ${USER_ENV}); the password comes "
-                                                    f"from --password-stdin, ${PASSWORD_ENV} or a prompt")
+    who.add_argument("--user", metavar="NAME", help=f"log in as NAME (default ${USER_ENV}): SCRAM-SHA-256 on a "
+                                                    f"plain port, PLAIN over TLS; the password comes from "
+                                                    f"--password-stdin, ${PASSWORD_ENV} or a prompt")
     who.add_argument("--password-stdin", action="store_true", help="read the password from one line of stdin")
     who.add_argument("--ca", metavar="PEM", help=f"talk TLS (amqps), trusting these CAs (default ${CA_ENV})")
     return parent
@@ -87,6 +87,7 @@ def register(subparsers) -> None:
                       help=f"messages in all (default {COUNT_DEFAULT})")
     send.add_argument("--body", metavar="TEXT", help="body of every message (default 'GROUP #SEQ')")
     send.add_argument("--durable", action="store_true", help="mark the messages durable")
+    send.add_argument("--create", action="store_true", help=CREATE_HELP)
     send.set_defaults(run=lambda args: _run(_send, args))
 
     receive = subparsers.add_parser("receive", parents=[connection], help="consume messages from a queue",
@@ -100,6 +101,7 @@ def register(subparsers) -> None:
                          help="settle nothing and stay attached until Ctrl-C: the node keeps these groups "
                               "with this consumer meanwhile")
     receive.add_argument("--hold-s", type=_positive_float, metavar="S", help="with --hold: let go after S seconds")
+    receive.add_argument("--create", action="store_true", help=CREATE_HELP)
     receive.set_defaults(run=lambda args: _run(_receive, args))
 
     browse = subparsers.add_parser("browse", parents=[connection], help="print a queue's messages without "
@@ -108,124 +110,8 @@ def register(subparsers) -> None:
     browse.add_argument("--count", type=positive_int, metavar="N", help="stop after N messages")
     browse.add_argument("--timeout-s", type=_positive_float, default=RECEIVE_TIMEOUT_S_DEFAULT, metavar="S",
                         help=f"stop after S seconds without a message (default {RECEIVE_TIMEOUT_S_DEFAULT})")
+    browse.add_argument("--create", action="store_true", help=CREATE_HELP)
     browse.set_defaults(run=lambda args: _run(_browse, args))
-
-
-# ---- connecting ------------------------------------------------------------------------------
-
-def node_url(text: str) -> tuple[str, str, int]:
-    """(scheme, host, port) of HOST:PORT or amqp[s]://HOST:PORT; InvalidConfig naming --node if neither."""
-    parts = urlsplit(text if "//" in text else f"amqp://{text}")
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if parts.scheme not in ("amqp", "amqps") or not parts.hostname or parts.username or parts.path not in ("", "/"):
-        raise InvalidConfig("--node", f"expected HOST:PORT or amqp[s]://HOST:PORT, got {text!r} (credentials go "
-                                      f"in --user)")
-    return parts.scheme, parts.hostname, port or (5671 if parts.scheme == "amqps" else 5672)
-
-
-def password_for(user: str, args: argparse.Namespace, where: str) -> str:
-    from node.admin.commands import password_from_stdin
-
-    if args.password_stdin:
-        return password_from_stdin()
-    if os.environ.get(PASSWORD_ENV):
-        return os.environ[PASSWORD_ENV]
-    if not sys.stdin.isatty():
-        raise InvalidConfig("--user", f"no password for {user}: pipe it in with --password-stdin, set "
-                                      f"${PASSWORD_ENV}, or run on a terminal to be asked")
-    import getpass
-
-    return getpass.getpass(f"password for {user} at {where}: ")
-
-
-class Session:
-    """One BlockingConnection to a node, its faults turned into ToolError."""
-
-    def __init__(self, args: argparse.Namespace):
-        from proton import SSLDomain
-        from proton.utils import BlockingConnection
-
-        from node.security import is_loopback
-
-        scheme, host, port = node_url(args.node or os.environ.get(AMQP_NODE_ENV) or AMQP_NODE_DEFAULT)
-        ca = args.ca or os.environ.get(CA_ENV, "")
-        if ca:
-            scheme = "amqps"
-        self.where = f"{host}:{port}"
-        user = args.user or os.environ.get(USER_ENV, "")
-        if args.password_stdin and not user:
-            raise InvalidConfig("--password-stdin", f"says whose password with --user NAME (or ${USER_ENV})")
-        if user and scheme == "amqp" and not is_loopback(host):
-            raise InvalidConfig("--user", f"the password would cross the network to {self.where} unencrypted: give "
-                                          f"--ca PEM (TLS to the node's amqps port) or run on the node's host")
-        options: dict = {}
-        if user:
-            options.update(user=user, password=password_for(user, args, self.where), allowed_mechs="PLAIN",
-                           allow_insecure_mechs=True)  # only over TLS or to loopback: checked above
-        domain = None
-        if scheme == "amqps":
-            domain = SSLDomain(SSLDomain.MODE_CLIENT)
-            if ca:
-                domain.set_trusted_ca_db(ca)
-            domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
-        self.consumer = f"{os.path.basename(sys.argv[0]) or 'grouper'}-{os.getpid()}"
-        try:
-            self.connection = BlockingConnection(f"{scheme}://{host}:{port}", timeout=CONNECT_TIMEOUT_S,
-                                                 ssl_domain=domain, container_id=self.consumer, **options)
-        except Exception as error:
-            raise ToolError(self.describe(error, user)) from None
-
-    def describe(self, error: Exception, user: str = "", queue: str = "") -> str:
-        text = str(error)
-        if "Name or service not known" in text:
-            return f"cannot resolve the host of {self.where}: give --node an address this machine can reach"
-        if "Connection refused" in text:
-            return (f"no node listening at {self.where} ({text.rsplit(', ', 1)[-1].strip(chr(39) + ')')}): start one "
-                    f"with `grouper up`, or give its AMQP address with --node")
-        condition = getattr(getattr(error, "link", None), "remote_condition", None)
-        if condition is not None:  # the connection stands; the node refused or ended the link
-            name, description = condition.name or "", condition.description or ""
-            if name == "amqp:not-found":
-                return (f"queue {queue!r} does not exist on the node at {self.where}, which does not create queues "
-                        f"on first use: create it with `grouper queue add {queue}` ({description})")
-            if name == "amqp:unauthorized-access":
-                return (f"the node at {self.where} refused access to {queue!r}: {description} (a role with the "
-                        f"permission is granted with `grouper role set`)")
-            return f"the node at {self.where} refused the link to {queue!r}: {name}: {description}"
-        if "unauthorized-access" in text or "authentication" in text.lower() or "sasl" in text.lower():
-            who = f"user {user!r}" if user else "an anonymous client"
-            return (f"the node at {self.where} refused {who}: give a user and password it knows (--user, "
-                    f"--password-stdin or ${PASSWORD_ENV}) ({text})")
-        if "certificate verify failed" in text:
-            return (f"the node's certificate at {self.where} was not verified: give --ca the CA that signed it, and "
-                    f"--node the host name the certificate names (proton refused a certificate naming the IP address "
-                    f"given in --node) ({text})")
-        return f"talking to the node at {self.where} failed: {text}"
-
-    def sender(self, queue: str):
-        try:
-            return self.connection.create_sender(queue)
-        except Exception as error:
-            raise ToolError(self.describe(error, queue=queue)) from None
-
-    def receiver(self, queue: str, browse: bool = False):
-        from proton.reactor import Copy
-
-        try:
-            # credit 0: each receive() grants one, so a --hold receiver takes no message it does not print
-            return self.connection.create_receiver(queue, credit=0, name=f"{self.consumer}-{queue}",
-                                                   options=Copy() if browse else None)
-        except Exception as error:
-            raise ToolError(self.describe(error, queue=queue)) from None
-
-    def close(self) -> None:
-        try:
-            self.connection.close()
-        except Exception:  # the node may be gone already: nothing is left to tell it
-            pass
 
 
 def _run(command, args: argparse.Namespace) -> int:

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from node.core.errors import InvalidConfig
 # proton's C engine (node.amqp.engine, node.tools.lean) is imported where a run needs it: `grouper` builds its
 # parser with this module, and its other commands should not load the library
-from node.tools.messages import AMQP_NODE_DEFAULT, AMQP_NODE_ENV, EXIT_FAILED, EXIT_OK, EXIT_USAGE, node_url
+from node.tools.messages import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from node.tools.session import AMQP_NODE_DEFAULT, AMQP_NODE_ENV, node_url
 
 WINDOW_MESSAGES = 1000  # unsettled sends a producer allows itself, whatever credit the node grants
 DRAIN_STALL_S = 10.0  # once sending is over, consumers this long without a message end the run
@@ -163,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _target_options(args: argparse.Namespace, plan: PerfPlan) -> dict:
-    from node.tools.messages import CA_ENV, USER_ENV, password_for
+    from node.tools.session import CA_ENV, USER_ENV, password_for
 
     ca = args.ca or os.environ.get(CA_ENV, "")
     user = args.user or os.environ.get(USER_ENV, "")

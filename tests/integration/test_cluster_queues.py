@@ -20,7 +20,7 @@ QUEUE = "orders"
 
 
 def queues_of(node) -> dict[str, dict]:
-    result = node.cli("queue", "list", "--json")
+    result = node.cli("queue", "list", "--json", "--local")  # what this node holds
     assert result.returncode == 0, result.stderr
     return {stats["name"]: stats for stats in json.loads(result.stdout)}
 

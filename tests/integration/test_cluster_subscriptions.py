@@ -24,7 +24,7 @@ PER_GROUP = 4
 
 
 def queue_names(node) -> set[str]:
-    result = node.cli("queue", "list", "--json")
+    result = node.cli("queue", "list", "--json", "--local")  # what this node holds
     assert result.returncode == 0, result.stderr
     return {row["name"] for row in json.loads(result.stdout)}
 

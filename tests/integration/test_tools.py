@@ -59,7 +59,8 @@ class Background:
 
 
 def test_receive_prints_what_send_sent_each_group_in_sequence(node):
-    sent = grouper_ok("send", "orders", "--group", "a", "--group", "b", "--count", "6", "--node", node.amqp_address)
+    sent = grouper_ok("send", "orders", "--create", "--group", "a", "--group", "b", "--count", "6", "--node",
+                      node.amqp_address)
     assert "6 message(s) accepted" in sent
 
     received = grouper_ok("receive", "orders", "--count", "6", "--node", node.amqp_address)
@@ -74,7 +75,8 @@ def test_receive_prints_what_send_sent_each_group_in_sequence(node):
 
 
 def test_browse_prints_the_messages_and_leaves_them_queued(node):
-    grouper_ok("send", "orders", "--group", "a", "--count", "3", "--body", "hello", "--node", node.amqp_address)
+    grouper_ok("send", "orders", "--create", "--group", "a", "--count", "3", "--body", "hello", "--node",
+               node.amqp_address)
 
     first = messages(grouper_ok("browse", "orders", "--node", node.amqp_address, "--timeout-s", "1"))
     second = messages(grouper_ok("browse", "orders", "--node", node.amqp_address, "--timeout-s", "1"))
@@ -85,7 +87,8 @@ def test_browse_prints_the_messages_and_leaves_them_queued(node):
 
 
 def test_a_group_held_by_one_receiver_reaches_no_other_until_it_lets_go(node):
-    grouper_ok("send", "orders", "--group", "a", "--group", "b", "--count", "4", "--node", node.amqp_address)
+    grouper_ok("send", "orders", "--create", "--group", "a", "--group", "b", "--count", "4",
+               "--node", node.amqp_address)
     holder = Background("receive", "orders", "--count", "1", "--hold", "--node", node.amqp_address)
     try:
         holder.wait_for("holding 1 message(s) unsettled")
@@ -158,11 +161,13 @@ def test_every_command_names_a_node_that_is_not_listening():
 def test_an_unknown_queue_is_named_when_the_node_creates_none(node_factory):
     node = node_factory("", "--no-auto-create")
     for args in (("send", "missing", "--group", "g"), ("receive", "missing"), ("browse", "missing")):
-        result = grouper(*args, "--node", node.amqp_address)
+        result = grouper(*args, "--create", "--node", node.amqp_address)
         assert result.returncode == 1, result
         assert "queue 'missing' does not exist" in result.stderr and "grouper queue add missing" in result.stderr, \
             result.stderr
         assert result.stderr.count("\n") == 1
+        uncreated = grouper(*args, "--node", node.amqp_address)  # without --create: no queue, whatever the node
+        assert uncreated.returncode == 1 and "no queue 'missing' at" in uncreated.stderr, uncreated.stderr
     result = grouper("perf", "--queue", "missing", "--messages", "10", "--node", node.amqp_address)
     assert result.returncode == 1 and "not-found" in result.stderr, result.stderr
 
@@ -177,9 +182,9 @@ def test_refused_credentials_are_named_and_good_ones_work(node_factory, tmp_path
     anonymous = grouper("receive", "q", "--node", node.amqp_address)
 
     assert wrong.returncode == 1 and "refused user 'alice'" in wrong.stderr, wrong.stderr
-    assert anonymous.returncode == 1 and "refused an anonymous client" in anonymous.stderr, anonymous.stderr
+    assert anonymous.returncode == 1 and "does not let anonymous clients in" in anonymous.stderr, anonymous.stderr
     assert wrong.stderr.count("\n") == anonymous.stderr.count("\n") == 1
-    grouper_ok("send", "q", "--group", "g", "--count", "2", "--user", "alice", "--node", node.amqp_address,
+    grouper_ok("send", "q", "--create", "--group", "g", "--count", "2", "--user", "alice", "--node", node.amqp_address,
                env={"GROUPER_PASSWORD": "right-pass"})
     received = grouper_ok("receive", "q", "--count", "2", "--user", "alice", "--password-stdin",
                           "--node", node.amqp_address, stdin="right-pass\n")
@@ -234,7 +239,7 @@ def test_send_receive_and_perf_talk_tls_with_a_ca_and_log_in(node_factory, tmp_p
     login = ("--user", "alice", "--ca", str(tmp_path / certs.CA_CERT_FILE), "--node", address)
     password = {"GROUPER_PASSWORD": "right-pass"}
 
-    grouper_ok("send", "q", "--group", "g", "--count", "2", *login, env=password)
+    grouper_ok("send", "q", "--create", "--group", "g", "--count", "2", *login, env=password)
     assert by_group(messages(grouper_ok("receive", "q", "--count", "2", *login, env=password))) == {"g": [1, 2]}
     result = grouper("perf", "--messages", "500", "--groups", "5", *login, env=password)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -139,9 +139,10 @@ def test_queue_added_with_flags_is_listed_with_its_counters(node, broker, capsys
     assert listed["name"] == "orders" and listed["depth_messages"] == 2 and listed["groups"] == 2
 
     code, out, _ = node.grouper(capsys, "queue", "list")
-    header, row = out.splitlines()
+    header, row, whose = out.splitlines()
     assert header.split() == ["QUEUE", "DEPTH", "ACQUIRED", "CONSUMERS", "GROUPS", "OWNED"]
     assert row.split() == ["orders", "2", "0", "0", "2", "0"]
+    assert whose == f"(a single node, at {node.address})"  # it says whose queues these are
 
 
 def test_bad_queue_flag_value_exits_2_naming_the_flag_and_creates_nothing(node, broker, capsys):
@@ -241,9 +242,9 @@ def test_groups_json_has_exactly_the_documented_fields(node, busy_queue, capsys)
     code, out, _ = node.grouper(capsys, "groups", "q", "--json")
     assert code == 0
     assert json.loads(out) == [
-        {"group": "g1", "messages": 3, "acquired": 2, "consumer": "c1", "node": ""},
-        {"group": "g2", "messages": 2, "acquired": 0, "consumer": None, "node": ""},
-        {"group": "qpid.no-group", "messages": 1, "acquired": 0, "consumer": None, "node": ""},
+        {"group": "g1", "messages": 3, "acquired": 2, "consumer": "c1", "node": "", "label": ""},
+        {"group": "g2", "messages": 2, "acquired": 0, "consumer": None, "node": "", "label": ""},
+        {"group": "qpid.no-group", "messages": 1, "acquired": 0, "consumer": None, "node": "", "label": ""},
     ]
 
 
@@ -251,17 +252,18 @@ def test_groups_table_shows_owner_or_dash(node, busy_queue, capsys):
     code, out, _ = node.grouper(capsys, "groups", "q")
     assert code == 0
     assert [line.split() for line in out.splitlines()] == [
-        ["GROUP", "MESSAGES", "ACQUIRED", "CONSUMER"],
-        ["g1", "3", "2", "c1"],
-        ["g2", "2", "0", "-"],
-        ["qpid.no-group", "1", "0", "-"],
+        ["GROUP", "MESSAGES", "ACQUIRED", "CONSUMER", "CLIENT/LINK"],
+        ["g1", "3", "2", "c1", "-"],
+        ["g2", "2", "0", "-", "-"],
+        ["qpid.no-group", "1", "0", "-", "-"],
     ]
 
 
 def test_purge_takes_only_available_messages(node, broker, busy_queue, capsys):
     code, out, _ = node.grouper(capsys, "group", "purge", "q", "g1")
     assert code == 0 and out.strip() == "purged 1 message from group g1 of queue q"
-    assert groups_json(node, capsys)["g1"] == {"group": "g1", "messages": 2, "acquired": 2, "consumer": "c1", "node": ""}
+    assert groups_json(node, capsys)["g1"] == {"group": "g1", "messages": 2, "acquired": 2, "consumer": "c1", "node": "",
+                                               "label": ""}
 
     code, out, _ = node.grouper(capsys, "group", "purge", "q", "g2", "--count", "1")
     assert code == 0 and out.strip() == "purged 1 message from group g2 of queue q"
@@ -276,11 +278,12 @@ def test_move_takes_only_available_messages_to_the_destination(node, broker, bus
     code, out, _ = node.grouper(capsys, "group", "move", "q", "g2", "parking", "--count", "5")
     assert code == 0 and out.strip() == "moved 2 messages from group g2 of queue q to queue parking"
 
-    assert groups_json(node, capsys)["g1"] == {"group": "g1", "messages": 2, "acquired": 2, "consumer": "c1", "node": ""}
+    assert groups_json(node, capsys)["g1"] == {"group": "g1", "messages": 2, "acquired": 2, "consumer": "c1", "node": "",
+                                               "label": ""}
     assert "g2" not in groups_json(node, capsys)
     assert groups_json(node, capsys, "parking") == {
-        "g1": {"group": "g1", "messages": 1, "acquired": 0, "consumer": None, "node": ""},
-        "g2": {"group": "g2", "messages": 2, "acquired": 0, "consumer": None, "node": ""},
+        "g1": {"group": "g1", "messages": 1, "acquired": 0, "consumer": None, "node": "", "label": ""},
+        "g2": {"group": "g2", "messages": 2, "acquired": 0, "consumer": None, "node": "", "label": ""},
     }
 
 
@@ -342,7 +345,7 @@ def test_a_node_slower_than_the_deadline_exits_3(capsys):
 
     slow = Node(StuckControl())
     try:
-        code = cli.main(["queue", "list", "--node", slow.address, "--timeout-ms", "100"])
+        code = cli.main(["queue", "list", "--local", "--node", slow.address, "--timeout-ms", "100"])
     finally:
         release.set()
         slow.server.stop(None)
@@ -397,7 +400,7 @@ def test_unexpected_errors_are_logged_and_reported_as_internal(caplog, capsys):
     failing = Node(FailingControl(RuntimeError("broken invariant")))
     try:
         with caplog.at_level(logging.ERROR, logger="node.admin.service"):
-            code = cli.main(["queue", "list", "--node", failing.address])
+            code = cli.main(["queue", "list", "--local", "--node", failing.address])
     finally:
         failing.server.stop(None)
     assert code == 1
