@@ -47,8 +47,8 @@ def test_the_quick_start_cluster_is_secured_by_adding_a_user_to_its_data_dir(tmp
         assert refused.returncode != 0 and "--password-stdin, $GROUPER_PASSWORD or the prompt" in refused.stderr
         # step 2: the newcomer tools with the administrator's credentials
         credentials = {"GROUPER_PASSWORD": PASSWORD}
-        sent = grouper("send", "trades", "--group", "AAPL", "--group", "MSFT", "--count", "4", "--user", "admin",
-                       *amqp, env=credentials)
+        sent = grouper("send", "trades", "--create", "--group", "AAPL", "--group", "MSFT", "--count", "4",
+                       "--user", "admin", *amqp, env=credentials)
         assert sent.returncode == 0, sent.stdout + sent.stderr
         assert f"4 message(s) accepted by {up.amqp(0)} into trades" in sent.stdout
         received = grouper("receive", "trades", "--user", "admin", *amqp, env=credentials)
