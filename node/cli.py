@@ -119,6 +119,9 @@ def _add_node_command(subparsers) -> None:
                           help="/metrics open (default), or HTTP basic auth by a user with manage on '#'")
     security.add_argument("--http-tls-cert-file", metavar="PEM", help="certificate chain: the HTTP port speaks HTTPS")
     security.add_argument("--http-tls-key-file", metavar="PEM", help="private key of --http-tls-cert-file")
+    security.add_argument("--http-allowed-hosts", metavar="NAME,...",
+                          help="more Host names the HTTP port answers to (besides IP addresses, localhost, --host, "
+                               "--advertise-host and the machine's name; '*' any)")
     cluster = parser.add_argument_group("cluster (leave --peers out for a single node)")
     cluster.add_argument("--peers", metavar="HOST:PORT,...",
                          help="raft addresses of the cluster's nodes; this node's own may be listed too")
@@ -165,7 +168,8 @@ NODE_FLAG_KEYS = ("host", "amqp_port", "admin_port", "http_port", "data_dir", "a
                   "peers", "raft_port", "advertise_host", "handler_timeout_ms", "group_timeout_ms",
                   "owner_failover_ms", "route_follow_ms", "placement", "join", "users_file", "allow_anonymous", "sasl_plain_on_loopback",
                   "tls_cert_file", "tls_key_file", "tls_ca_file", "amqps_port", "admin_tls_cert_file",
-                  "admin_tls_key_file", "admin_tls_ca_file", "metrics_auth", "http_tls_cert_file", "http_tls_key_file")
+                  "admin_tls_key_file", "admin_tls_ca_file", "metrics_auth", "http_tls_cert_file", "http_tls_key_file",
+                  "http_allowed_hosts")
 
 NODE_FLAG_KEYS += ("cluster_tls_cert_file", "cluster_tls_key_file", "cluster_tls_ca_file", "cluster_tls_server_name",
                    "peer_port", "raft_secret_file", "allow_insecure_cluster")

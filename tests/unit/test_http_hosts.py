@@ -103,3 +103,12 @@ def test_the_node_config_reads_and_checks_http_allowed_hosts():
     with pytest.raises(InvalidConfig, match="http_allowed_hosts: 'https://x' is not a host name"):
         load(environ={"GROUPER_HTTP_ALLOWED_HOSTS": "https://x"})
 
+
+
+def test_the_node_flag_http_allowed_hosts_reaches_the_config():
+    from node.cli import NODE_FLAG_KEYS, build_parser
+    from node.config import load
+
+    args = build_parser().parse_args(["node", "--http-allowed-hosts", "broker.example,grouper"])
+    overrides = {key: getattr(args, key) for key in NODE_FLAG_KEYS}
+    assert load(overrides=overrides, environ={}).http_allowed_hosts == "broker.example,grouper"
