@@ -134,6 +134,8 @@ def _run(action, args: argparse.Namespace, creates: bool) -> int:
                 print(f"{command}: note: the `grouper up` cluster in {UP_DATA_DIR_DEFAULT} does not read {path}; "
                       f"for its nodes give --data-dir {UP_DATA_DIR_DEFAULT}", file=sys.stderr)
         return EXIT_OK
+    except BrokenPipeError:  # our stdout's reader went away, not a users-file fault: the CLI exits 141 quietly
+        raise
     except tuple(error_type for error_type, _ in EXIT_BY_ERROR) as error:
         exit_code = next(code for error_type, code in EXIT_BY_ERROR if isinstance(error, error_type))
         print(f"{command}: {_describe(error, path)}", file=sys.stderr)

@@ -27,16 +27,21 @@ def test_a_bad_flag_value_is_still_named_by_its_flag_key():
         load(environ={}, overrides={"amqp_port": "five"})
 
 
-def test_a_command_whose_stdout_reader_went_away_exits_quietly(tmp_path):
+@pytest.mark.parametrize("command, made", [
+    (("certs", "ca", "--dir", "{dir}"), "ca.pem"),
+    # the users commands map OSError to their own message: a pipe's reader gone is not a users-file fault
+    (("user", "add", "alice", "--role", "administrator", "--password-stdin", "--data-dir", "{dir}"), "users.json"),
+])
+def test_a_command_whose_stdout_reader_went_away_exits_quietly(tmp_path, command, made):
     """`grouper ... | head -1` after head exited: no BrokenPipeError traceback, 141 as a shell shows."""
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the command prints anything
     try:
-        done = subprocess.run([sys.executable, "-m", "node.cli", "certs", "ca", "--dir", str(tmp_path)],
+        done = subprocess.run([sys.executable, "-m", "node.cli", *(part.format(dir=tmp_path) for part in command)],
                               stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60,
-                              env={**os.environ, "PYTHONPATH": ROOT})
+                              input="alice-password-long-enough\n", env={**os.environ, "PYTHONPATH": ROOT})
     finally:
         os.close(write_end)
-    assert (tmp_path / "ca.pem").exists()  # the command did its work; only its report had nowhere to go
+    assert (tmp_path / made).exists()  # the command did its work; only its report had nowhere to go
     assert done.stderr == ""
     assert done.returncode == EXIT_BROKEN_PIPE
