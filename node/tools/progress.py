@@ -24,7 +24,8 @@ class Progress:
         self.shown = bool(getattr(self.stream, "isatty", lambda: False)())
         self._bar = tqdm(total=total, desc=description, unit=unit, file=self.stream, disable=not self.shown,
                          dynamic_ncols=True, leave=False,
-                         mininterval=0, miniters=1,  # work advances rarely (a round, a row): draw every step unit_scale=unit in ("msg", "task"),
+                         mininterval=0, miniters=1,  # work advances rarely (a round, a row): draw every step
+                         unit_scale=unit in ("msg", "task"),  # counts in the thousands read as 12.3k msg
                          bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {unit} "
                                     "[{elapsed} so far, ~{remaining} left{postfix}]")
 

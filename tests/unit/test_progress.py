@@ -81,3 +81,16 @@ def test_off_a_terminal_the_audit_polls_nothing():
     with AuditProgress(spark, 1, stream=io.StringIO()) as progress:
         progress.step("reading the lines")
         assert not progress._poller.is_alive()
+
+
+def test_a_count_of_messages_is_shown_in_thousands_and_a_count_of_rounds_as_it_is():
+    messages, rounds = Terminal(), Terminal()
+    with Progress(20_000, "bench", "msg", stream=messages) as progress:
+        progress.advance(12_300)
+        drawn_messages = messages.getvalue()
+    with Progress(2_000, "nemesis", "round", stream=rounds) as progress:
+        progress.advance(1_200)
+        drawn_rounds = rounds.getvalue()
+
+    assert "12.3k/20.0k msg" in drawn_messages
+    assert "1200/2000 round" in drawn_rounds
