@@ -28,8 +28,9 @@ from bench import clients
 from node.amqp.engine import (ACCEPTED, CONNECTION_REMOTE_CLOSE, DELIVERY, LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH,
                               LINK_REMOTE_OPEN, MODIFIED, REJECTED, RELEASED, TRANSPORT_ERROR,
                               condition_text, delivery_tag, ffi, lib, tag_value, terminus_present)
+from node.net import is_loopback
 from node.tools.lean import (SELECT_TIMEOUT_S, WINDOW_MESSAGES, RECEIVE_BUFFER_BYTES, Endpoint, LeanError,
-                             MessageEncoder, Pump, _problem, credentials, is_loopback, read_fields, tls_context)
+                             MessageEncoder, Pump, _problem, credentials, read_fields, tls_context)
 
 # the engine's names other bench modules and tests reach as lean.NAME
 __all__ = ["Endpoint", "LeanError", "MessageEncoder", "Pump", "credentials", "is_loopback", "read_fields",

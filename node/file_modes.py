@@ -30,7 +30,7 @@ import os
 import stat
 
 from node.core.errors import GrouperError
-from node.security import is_loopback
+from node.net import is_loopback
 from node.store.journal import DIRECTORY_MODE, FILE_MODE
 from node.users import DEFAULT_PASSWORD_FILE_ENV, DEFAULT_USER_ENV
 

@@ -44,7 +44,7 @@ from node.console import BODY_MAX_BYTES, JSON
 from node.core.access import Permission
 from node.core.errors import InvalidConfig
 from node.http_hosts import HostPolicy, parse_names
-from node.security import is_loopback
+from node.net import is_loopback
 
 log = logging.getLogger("grouper.health")
 

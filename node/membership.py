@@ -49,7 +49,7 @@ def call_options(config, members: list[str], environ=None) -> dict:
     """AdminClient keywords for asking `members` (raft addresses) on this node's behalf."""
     from node.admin.credentials import basic_metadata
     from node.admin.tls import peer_channel_credentials
-    from node.security import is_loopback
+    from node.net import is_loopback_address
 
     environ = os.environ if environ is None else environ
     credentials = peer_channel_credentials(config)
@@ -65,7 +65,7 @@ def call_options(config, members: list[str], environ=None) -> dict:
     if not password:
         raise InvalidConfig(PASSWORD_ENV, f"is empty or unset: ${USER_ENV} ({user}) needs a password to ask the "
                                           f"members")
-    exposed = [member for member in members if not is_loopback(member.rpartition(":")[0].strip("[]"))]
+    exposed = [member for member in members if not is_loopback_address(member)]
     if credentials is None and exposed:
         raise InvalidConfig(USER_ENV, f"the password of {user} would cross the network to {exposed[0]} "
                                       f"unencrypted: give this node admin TLS (admin_tls_cert_file and "

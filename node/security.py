@@ -18,27 +18,18 @@ Rules:
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 
 from node.amqp.sasl import SaslServer
 from node.core.access import Access
 from node.core.errors import GrouperError, InvalidConfig
+from node.net import is_loopback
 from node.users import UserDatabase, bootstrap, stamp
 
 log = logging.getLogger("grouper.security")
 
 SCRAM, PLAIN, EXTERNAL, ANONYMOUS = "SCRAM-SHA-256", "PLAIN", "EXTERNAL", "ANONYMOUS"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
-    except ValueError:
-        return False
 
 
 class Security:

@@ -31,7 +31,8 @@ import time
 import cproton as pn
 from proton import Collector, Connection, Delivery, Link, Terminus, Transport
 
-from pipeline.credentials import EXTERNAL, NO_SECURITY, PLAIN, CredentialError, Security, is_loopback, password, \
+from node.net import is_loopback
+from pipeline.credentials import EXTERNAL, NO_SECURITY, PLAIN, CredentialError, Security, password, \
     tls_context
 
 READ_CHUNK_BYTES = 256 << 10  # one socket read; the transport's capacity bounds it too

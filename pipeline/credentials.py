@@ -16,10 +16,11 @@ Rules:
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import ssl
 from dataclasses import dataclass
+
+from node.net import is_loopback
 
 PASSWORD_FILE_MAX_BYTES = 4096  # a longer "password file" is the wrong file
 PLAIN, EXTERNAL, ANONYMOUS = "PLAIN", "EXTERNAL", "ANONYMOUS"
@@ -62,15 +63,6 @@ class Security:
 
 
 NO_SECURITY = Security()
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]").split("%", 1)[0]).is_loopback
-    except ValueError:
-        return False
 
 
 def check_combination(security: Security, hosts) -> None:

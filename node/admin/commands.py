@@ -30,6 +30,7 @@ from node.admin.queue_listing import depth_by_node, gather
 from node.cli import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_queue_flags, queue_changes_from_args,
                       queue_settings_from_args)
 from node.core.errors import InvalidConfig
+from node.net import is_loopback_address
 
 EXIT_UNREACHABLE = 3
 EXIT_DENIED = 4
@@ -80,12 +81,6 @@ def _resolve_node(args: argparse.Namespace) -> str:
         raise InvalidConfig(NODE_ENV, str(error)) from None
 
 
-def _is_loopback_address(address: str) -> bool:
-    from node.security import is_loopback
-
-    return is_loopback(address.rpartition(":")[0].strip("[]"))
-
-
 def password_from_stdin() -> str:
     """`--password-stdin`: one line, its newline dropped; never empty."""
     line = sys.stdin.readline()
@@ -127,7 +122,7 @@ def _client_options(args: argparse.Namespace, address: str) -> tuple[dict, str]:
     if args.password_stdin and not user:
         raise InvalidConfig("--password-stdin", f"says whose password with --user NAME (or ${USER_ENV})")
     if user:
-        if not tls and not _is_loopback_address(address):
+        if not tls and not is_loopback_address(address):
             raise InvalidConfig("--user", f"the password would cross the network to {address} unencrypted: give "
                                           f"--ca PEM to talk TLS to the node (its admin_tls_cert_file), or run the "
                                           f"command on the node's host against its loopback address")

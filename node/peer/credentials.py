@@ -37,7 +37,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from node.amqp.tls import read_pem
 from node.config import files_stamp
 from node.core.errors import InvalidConfig
-from node.security import is_loopback
+from node.net import is_loopback
 
 log = logging.getLogger("grouper.peer")
 

@@ -23,7 +23,6 @@ costs a few. Rules:
 
 from __future__ import annotations
 
-import ipaddress
 import selectors
 import socket
 import ssl
@@ -33,6 +32,7 @@ from urllib.parse import unquote, urlsplit
 
 from node.amqp.codec import skip_value
 from node.amqp.engine import CONNECTION_REMOTE_CLOSE, TRANSPORT_ERROR, condition_text, ffi, lib
+from node.net import is_loopback
 from node.tools.handshake import HandshakeRefused, NotAmqp, authenticate, not_amqp_text
 
 SENT_KEY = "bench_sent_ns"  # application property: the producer's CLOCK_MONOTONIC send time, ns
@@ -184,15 +184,6 @@ def read_fields(buf: bytes) -> tuple[str | None, int, int]:
 
 
 # ---- one connection ---------------------------------------------------------------------------
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
 
 def credentials(target) -> tuple[str, str]:
     """(user, password) for SASL PLAIN: the target's own fields, else the url's; ("", "") for none."""

@@ -82,7 +82,7 @@ class Session:
         from proton import SSLDomain
         from proton.utils import BlockingConnection
 
-        from node.security import is_loopback
+        from node.net import is_loopback
 
         self.create = getattr(args, "create", False)
         scheme, host, port = node_url(args.node or os.environ.get(AMQP_NODE_ENV) or AMQP_NODE_DEFAULT)
