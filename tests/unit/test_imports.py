@@ -1,6 +1,6 @@
 """The import graph of node/, handler/ and pipeline/, read from the source (AST, nothing imported): no
 module imports itself back through others, and the pure core (node/core) imports no adapter, no
-`handler` module and nothing that does I/O or tells the time (/work/shared/STYLE.md, principle 1).
+`handler` module and nothing that does I/O or tells the time: cores take `now_ms` and return effects.
 
 Imports inside functions count: a lazy import is still a dependency, it only moves the failure.
 The allow-lists name what is known to break the rules today (issue 27); a new violation fails, and so
@@ -185,7 +185,7 @@ def _forbidden_in_core() -> set[tuple[str, str]]:
 
 def test_the_pure_core_imports_no_adapter_no_handler_no_io_and_no_clock():
     new = sorted(_forbidden_in_core() - set(KNOWN_CORE_VIOLATIONS))
-    assert new == [], "node/core must stay pure (STYLE.md principle 1): " + ", ".join(f"{a} imports {b}" for a, b in new)
+    assert new == [], "node/core must stay pure: " + ", ".join(f"{a} imports {b}" for a, b in new)
 
 
 def test_the_known_core_violations_are_still_there():
