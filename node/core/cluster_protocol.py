@@ -34,6 +34,13 @@ acknowledged or received, a raft entry is applied, a proposal failed, a tick, re
   forwarded only once it, and a reservation covering its seqs, are on disk; batches leave in journal order.
 - An owner records, per source node, the highest forward seq it has enqueued (a MARK_PREFIX
   declaration journalled after the messages), so a resend after a lost acknowledgement is skipped.
+  Seqs reach an owner with gaps (local messages and other owners take node seqs too; a restart skips
+  to the next reservation), so no gap is a fault. But a source says, with each batch, its seq bound
+  (its next node seq: every forward seq it ever gave is below it). A mark at or above the bound holds
+  seqs the source never gave: a forged batch took them (a forward seq that jumped ahead), or the
+  source reused seqs (a node whose forwarded queue is not durable restarts from lower seqs). Either
+  way, skipping would drop its new messages as resends: the mark is set back to just below the
+  batch, logged and counted (forward_marks_set_back), and the batch taken.
 - An owner enqueues a forwarded batch at once (its consumers may have it before it is on disk) and
   acknowledges it once it is stored. If that journal write fails, the owner stops (StopNode): the
   batch is in its broker, perhaps delivered, but not on disk, and its source will send it again;
@@ -1014,15 +1021,28 @@ class ClusterProtocol:
             self.counts["forwards_lost"] += len(lost)
         return effects
 
-    def forward_received(self, source: str, entries: list[Entry], reply_to, now_ms: int) -> list:
-        """Enqueue a batch `source` forwarded; the Reply comes once it is stored here (or at once if refused)."""
+    def forward_received(self, source: str, entries: list[Entry], reply_to, now_ms: int, seq_bound: int = 0) -> list:
+        """Enqueue a batch `source` forwarded; the Reply comes once it is stored here (or at once if refused).
+        `seq_bound`: the source's next node seq as it sent the batch (0: not said; see the header)."""
         effects: list = []
         try:
+            if seq_bound and self.inbound.high_water.get(source, 0) >= seq_bound:
+                self._mark_set_back(source, entries[0].forward_seq - 1, seq_bound)
             high_water, enqueued = self._enqueue_forwarded(source, entries, now_ms, effects)
         except GrouperError as error:
             return [Reply(reply_to, None, error)]
         effects.append(AfterFlush((_INBOUND, source, high_water, reply_to, enqueued)))
         return effects
+
+    def _mark_set_back(self, source: str, high_water: int, seq_bound: int) -> None:
+        mark = self.inbound.high_water[source]
+        self.inbound.set_back(source, high_water)
+        self.counts["forward_marks_set_back"] += 1
+        log.error("node %s says it never gave a forward seq at or above %d, but this node's mark for it is %d: a "
+                  "batch taken here as node %s's was not its (forged, from before forwarding took credentials?) or "
+                  "it reused seqs (a restart that lost them). The mark is set back to %d, below its batch, so its "
+                  "messages are taken; a message it sent before that was taken already may arrive twice",
+                  source, seq_bound, mark, source, high_water)
 
     def _enqueue_forwarded(self, source: str, entries: list[Entry], now_ms: int,
                            effects: list) -> tuple[int, bool]:
