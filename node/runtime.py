@@ -10,6 +10,7 @@ Threads and what they own:
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import os
@@ -355,6 +356,7 @@ class Node:
         self.cluster_tls = None  # node.peer.credentials.ClusterTls, in a cluster with cluster TLS
         self.raft_secrets: tuple[str, ...] = ()  # in a cluster with raft_secret_file
         self.raft_members = None  # node.peer.members.RaftMembers, in a cluster: who may forward
+        self.forward_refusals: collections.Counter = collections.Counter()  # kind -> forwarding calls refused
         self.peer_server = self.peer_port = None  # the mutual-TLS peer listener, with cluster TLS
         if config.peer_list():
             from node.cluster import ClusterLink
@@ -551,6 +553,7 @@ class Node:
             if self.cluster is not None:
                 router = self.cluster.router
                 cluster = {**self.cluster.status(), "decisions": dict(router.decisions),
+                           "forward_refusals": dict(self.forward_refusals),
                            "decision_latency": router.decision_latency.snapshot(),
                            "raft_decision_latency": self.cluster.raft_decision_latency.snapshot(),
                            "caught_up": router.ready, "registered": self.cluster.registered}
@@ -582,7 +585,8 @@ class Node:
                 log.warning("this node has no raft secret: it takes forwarded messages on its admin port from anyone "
                             "who reaches it, who can put messages into any queue and group. Give every node the "
                             "cluster's raft_secret_file (or cluster TLS)")
-            add_peer_service(grpc_server, self.cluster.handle_forward, self.config.forward_timeout_ms, check)
+            add_peer_service(grpc_server, self.cluster.handle_forward, self.config.forward_timeout_ms, check,
+                             self.forward_refusals)
 
     def _start_cluster(self) -> None:
         from handler.member_process import MemberProcess
@@ -597,7 +601,7 @@ class Node:
             from node.peer.service import bind_peer_listener
             self.peer_server, self.peer_port = bind_peer_listener(
                 config.host, config.peer_port, self.cluster.handle_forward, self.cluster_tls,
-                config.forward_timeout_ms, members=self.raft_members)
+                config.forward_timeout_ms, members=self.raft_members, refused_counts=self.forward_refusals)
             peer_port = self.peer_port
         raft_dir = os.path.join(config.data_dir, "raft")
         refuse_lost_identity(config.node_id, config.peer_list(), self.admin_port, raft_dir,

@@ -1552,6 +1552,7 @@ class ClusterProtocol:
             "outbound": self.outbound.depths(),
             "outbound_store": self.outbound.stats(),  # per owner: messages and bytes, in memory and journalled
             "outbound_refused": dict(sorted(self.outbound_refused.items())),
+            "forward_marks_set_back": self.counts["forward_marks_set_back"],  # see the header
             "outbound_max_bytes": self.outbound_max_bytes,
             "outbound_total_max_bytes": self.outbound_total_max_bytes,
             "outbound_max_messages": self.outbound_max_messages,

@@ -69,6 +69,7 @@ HandleForward = Callable[[str, list[Entry], int, int], int]
 # what a listener's check answers for a call: (None, "") lets it in, else the status and the reason
 Refusal = tuple[grpc.StatusCode | None, str]
 ADMITTED: Refusal = (None, "")
+_COUNTS_LOCK = threading.Lock()  # over every servicer's refused_counts: listeners may share one
 
 # First match wins, so a subclass must come before its base. `None` means "by the error's own word":
 # UNAVAILABLE when it says a retry can succeed, FAILED_PRECONDITION when not.
@@ -251,7 +252,7 @@ def source_host(peer: str) -> str:
 
 class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
     def __init__(self, handle_forward: HandleForward, timeout_ms: int = TIMEOUT_MS_DEFAULT,
-                 check: Callable[..., Refusal] = open_to_all):
+                 check: Callable[..., Refusal] = open_to_all, refused_counts: Counter | None = None):
         """`check(context, batch)`: who may forward (open_to_all, refuse_all, MembersOnly, SignedByMember)."""
         if timeout_ms < 1:
             raise ValueError(f"timeout_ms must be >= 1, got {timeout_ms}")
@@ -259,8 +260,8 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         self._timeout_ms = timeout_ms
         self._check = check
         self.refusals = RefusalLog()
-        self.refused_counts: Counter[str] = Counter()  # kind ("caller", "seq_jump") -> calls refused
-        self._counts_lock = threading.Lock()
+        # kind ("caller", "seq_jump") -> calls refused; may be shared by a node's listeners (/metrics)
+        self.refused_counts: Counter[str] = refused_counts if refused_counts is not None else Counter()
 
     def Forward(self, request, context):
         code, reason = self._check(context, request)
@@ -281,7 +282,7 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             context.abort(code, _message_for(error, code))
 
     def _refused(self, context: grpc.ServicerContext, kind: str, reason: str) -> None:
-        with self._counts_lock:
+        with _COUNTS_LOCK:
             self.refused_counts[kind] += 1
         source = source_host(context.peer() or "")
         if self.refusals.first(source, reason):
@@ -296,9 +297,10 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
 
 
 def add_peer_service(server: grpc.Server, handle_forward: HandleForward,
-                     timeout_ms: int = TIMEOUT_MS_DEFAULT, check=open_to_all) -> PeerServicer:
+                     timeout_ms: int = TIMEOUT_MS_DEFAULT, check=open_to_all,
+                     refused_counts: Counter | None = None) -> PeerServicer:
     """Serve forwarding on `server`, which must be built with SERVER_OPTIONS."""
-    servicer = PeerServicer(handle_forward, timeout_ms, check)
+    servicer = PeerServicer(handle_forward, timeout_ms, check, refused_counts)
     peer_pb2_grpc.add_PeerServiceServicer_to_server(servicer, server)
     return servicer
 
@@ -308,7 +310,8 @@ ELSEWHERE = ("this node takes forwarded batches only on its peer port, over mutu
 
 
 def bind_peer_listener(host: str, port: int, handle_forward: HandleForward, tls: ClusterTls,
-                       timeout_ms: int = TIMEOUT_MS_DEFAULT, members=None) -> tuple[grpc.Server, int]:
+                       timeout_ms: int = TIMEOUT_MS_DEFAULT, members=None,
+                       refused_counts: Counter | None = None) -> tuple[grpc.Server, int]:
     """The peer listener on host:port (0 picks one) with mutual TLS, bound but not started (start()
     it once the node can take batches); returns it and its port. GrouperError when it cannot bind."""
     server = grpc.server(
@@ -316,7 +319,8 @@ def bind_peer_listener(host: str, port: int, handle_forward: HandleForward, tls:
         maximum_concurrent_rpcs=CONCURRENT_RPCS_MAX,
         options=[("grpc.so_reuseport", 0), *SERVER_OPTIONS])  # no second node silently sharing the port
     # with cluster_tls_server_name the certificates name a common name, not each node's host
-    add_peer_service(server, handle_forward, timeout_ms, MembersOnly(bind_source=not tls.server_name, members=members))
+    add_peer_service(server, handle_forward, timeout_ms, MembersOnly(bind_source=not tls.server_name, members=members),
+                     refused_counts)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound_port = server.add_secure_port(address, tls.server_credentials())
