@@ -12,8 +12,9 @@ Rules:
   batch (another queue, group, body or seq), another source's, or a batch for another owner;
   replayed as it is, its seqs are at or below the owner's mark and are skipped as resends.
 - Verification compares in constant time (hmac.compare_digest) against every accepted key; the digest
-  is computed once. It costs one encoding and one SHA-256 pass over the batch's bytes: ~0.15 ms a
-  side for 1,000 messages of 100 bytes (bench: tests/unit/test_forward_credential.py, the report).
+  is computed once. It costs one encoding and one SHA-256 pass over the batch's bytes, on each side:
+  0.15-0.2 ms for 1,000 messages of 100 bytes, 1.6-1.8 ms for 1,000 of 1,000 bytes (timeit, 2 shared
+  cores; parsing the same 100-byte batch into entries costs 0.77 ms).
 - Pure: hashing only, no grpc, no clock. The servicer's check and the forwarder call it.
 """
 

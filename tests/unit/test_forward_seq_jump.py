@@ -5,10 +5,14 @@ by its local messages and every owner; a restart skips to the next reservation),
 fault. What a source can never do is give a seq at or above its own next node seq, its `seq_bound`:
 a batch doing so is refused; and an owner whose mark for a source is at or above the bound the
 source now says took seqs the source never gave (a forged batch) and sets the mark back, so the
-source's messages all arrive. The owner's side is the pure core, driven here with integers.
+source's messages all arrive. The owner's side is the pure core, driven here with integers; the
+source's, its forwarder against an owner's servicer on 127.0.0.1, with bounded waits.
 """
 
 from __future__ import annotations
+
+import threading
+from concurrent import futures
 
 import grpc
 import pytest
@@ -17,10 +21,16 @@ from node.core.broker import Broker
 from node.core.cluster_protocol import MARK_PREFIX, ClusterProtocol, Entry
 from node.core.effects import AfterFlush, ApplyBroker, JournalDeclare, Reply
 from node.core.settings import QueueSettings
-from node.peer.service import FORWARD_SEQ_LIMIT, PeerServicer, SeqJump, entries_from_pb
+from node.peer.forwarder import Forwarder
+from node.peer.members import RaftMembers, SignedByMember
+from node.peer.service import (FORWARD_SEQ_LIMIT, SERVER_OPTIONS, PeerServicer, SeqJump, add_peer_service,
+                               entries_from_pb, open_to_all)
+from node.peer.signature import Signer, Verifier
 from proto import peer_pb2
 
 REAL, OWNER = "n1", "n2"
+SECRET = "unit-forward-secret-0123456789"
+WAIT_S = 10.0  # longest a wait for a call may take before the test fails
 
 
 def owner() -> ClusterProtocol:
@@ -156,3 +166,59 @@ def test_a_batch_without_a_bound_is_judged_as_before():  # a source from before 
     assert take(cluster, REAL, entries(10**18), seq_bound=0) == 10**18
     assert take(cluster, REAL, entries(6), seq_bound=0) == 10**18
     assert cluster.counts["resends_skipped"] == 1 and cluster.counts["forward_marks_set_back"] == 0
+
+
+# ---- the source's end: its forwarder -----------------------------------------------------------
+
+class Owner:
+    """An owner's servicer on 127.0.0.1, answering `answer(entries)` as its high water; it sees the
+    bound and the credential each call came with."""
+
+    def __init__(self, answer, check=None):
+        self.changed = threading.Condition()
+        self.calls: list[tuple[list[int], int]] = []
+        self._answer = answer
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=[*SERVER_OPTIONS])
+        add_peer_service(self.server, self.handle, check=check or open_to_all)
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def handle(self, source, batch, timeout_ms, seq_bound):
+        with self.changed:
+            self.calls.append(([entry.forward_seq for entry in batch], seq_bound))
+            self.changed.notify_all()
+        return self._answer(batch)
+
+    def wait(self, predicate, what: str) -> None:
+        with self.changed:
+            assert self.changed.wait_for(predicate, WAIT_S), f"not within {WAIT_S} s: {what}; calls {self.calls}"
+
+
+def test_a_forwarder_sends_its_bound_signed_and_an_owner_of_the_cluster_takes_it():
+    check = SignedByMember(Verifier([SECRET], OWNER), RaftMembers(lambda: [REAL, OWNER]))
+    owner_ = Owner(lambda batch: batch[-1].forward_seq, check)
+    acked = []
+    forwarder = Forwarder(REAL, OWNER, lambda: owner_.address, acked.append, signer=Signer([SECRET]))
+    try:
+        forwarder.submit(entries(3, 4), seq_bound=10)
+        owner_.wait(lambda: owner_.calls, "a call")
+    finally:
+        forwarder.close()
+        owner_.server.stop(None).wait(WAIT_S)
+    assert owner_.calls[0] == ([3, 4], 10)
+
+
+def test_an_ack_above_every_seq_the_source_gave_is_not_taken_and_the_entries_stay():
+    owner_ = Owner(lambda batch: 10**18)  # what an owner with a forged mark answers
+    acked, states = [], []
+    forwarder = Forwarder(REAL, OWNER, lambda: owner_.address, acked.append,
+                          on_state=lambda connected, reason: states.append((connected, reason)),
+                          retry_min_ms=10, retry_max_ms=20)
+    try:
+        forwarder.submit(entries(3, 4), seq_bound=10)
+        owner_.wait(lambda: len(owner_.calls) >= 2, "the batch sent again")
+        assert forwarder.pending_count == 2
+    finally:
+        forwarder.close()
+        owner_.server.stop(None).wait(WAIT_S)
+    assert acked == [] and states[0][0] is False and "never gave a forward seq at or above 10" in states[0][1]
