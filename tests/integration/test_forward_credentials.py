@@ -42,7 +42,7 @@ def connections():
 
 
 def start_cluster(directory, secret: str | None) -> Cluster:
-    args = ()
+    args = ("--allow-insecure-cluster",)  # the explicit insecure case: no raft secret at all
     if secret is not None:
         secret_file = directory / "raft.secret"
         secret_file.write_text(secret + "\n")

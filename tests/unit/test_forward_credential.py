@@ -21,11 +21,11 @@ from cryptography.x509.oid import NameOID
 
 from node import certs
 from node.core.errors import InvalidConfig
-from node.peer.credentials import node_usages, read_tls_material
+from node.peer.credentials import ClusterTls, node_usages, read_tls_material
 from node.peer.members import RaftMembers, SignedByMember
-from node.peer.service import ADMITTED, MembersOnly, PeerServicer
+from node.peer.service import ADMITTED, MembersOnly, PeerServicer, bind_peer_listener
 from node.peer.signature import CREDENTIAL_HEADER, Signer, Verifier, batch_digest
-from proto import peer_pb2
+from proto import peer_pb2, peer_pb2_grpc
 
 SECRET = "first-raft-secret-0123456789"
 NEXT_SECRET = "next-raft-secret-0123456789"
@@ -233,3 +233,26 @@ def leaf_without_extended_key_usage(directory, name: str) -> x509.Certificate:
     (directory / f"{name}-key.pem").write_bytes(key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     return certificate
+
+
+def test_over_real_mutual_tls_a_certificate_without_extended_key_usage_is_refused(tmp_path):
+    certs.make_ca(tmp_path)
+    certs.make_leaf(tmp_path, "node1", dns=["localhost"], ips=["127.0.0.1"])
+    leaf_without_extended_key_usage(tmp_path, "node0")
+    taken = []
+    server, port = bind_peer_listener(
+        "127.0.0.1", 0, lambda *args: taken.append(args) or 1,
+        ClusterTls(*(str(tmp_path / name) for name in ("node1.pem", "node1-key.pem", "ca.pem"))),
+        members=RaftMembers(lambda: ["127.0.0.1:5001", "127.0.0.1:5002"]))
+    server.start()
+    try:
+        credentials = grpc.ssl_channel_credentials((tmp_path / "ca.pem").read_bytes(),
+                                                   (tmp_path / "node0-key.pem").read_bytes(),
+                                                   (tmp_path / "node0.pem").read_bytes())
+        with grpc.secure_channel(f"127.0.0.1:{port}", credentials) as channel:
+            with pytest.raises(grpc.RpcError) as raised:
+                peer_pb2_grpc.PeerServiceStub(channel).Forward(batch(), timeout=10)
+    finally:
+        server.stop(None).wait(10)
+    assert raised.value.code() is grpc.StatusCode.PERMISSION_DENIED and "lacks clientAuth" in raised.value.details()
+    assert taken == []
