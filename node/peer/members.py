@@ -6,7 +6,8 @@ Rules:
   per REFRESH_INTERVAL_MS, and again at most once per MISS_REFRESH_INTERVAL_MS when asked about a node
   not in it, so a node that just joined is let in within one refresh, and a removed one is kept out
   within REFRESH_INTERVAL_MS. When no list could be read yet (the raft member is starting) it refuses,
-  retriably (the forwarder retries every failure).
+  retriably (the forwarder retries every failure), and tries again at most once per
+  MISS_REFRESH_INTERVAL_MS: one pool thread at a time waits for the raft member, never every caller.
 - `SignedByMember` is the admin port's check when the cluster has a raft secret and no cluster TLS:
   the batch's credential must verify (node/peer/signature.py), then its source must be a member.
 """
@@ -54,8 +55,8 @@ class RaftMembers:
     def _current(self, source_node: str) -> frozenset[str] | None:
         with self._lock:
             members, age_s = self._members, self._clock() - self._read_s
-            due = (members is None or age_s * 1000 >= REFRESH_INTERVAL_MS
-                   or (source_node not in members and age_s * 1000 >= MISS_REFRESH_INTERVAL_MS))
+            known = members is not None and source_node in members
+            due = age_s * 1000 >= (REFRESH_INTERVAL_MS if known else MISS_REFRESH_INTERVAL_MS)
             if due:
                 self._read_s = self._clock()  # one reader at a time; the others use the list they have
         if not due:

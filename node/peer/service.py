@@ -154,8 +154,8 @@ def caller_refusal(auth: Mapping[str, Sequence[bytes]], usages_of: Callable[[byt
     if missing:
         names = b", ".join(auth.get("x509_common_name") or [b"?"]).decode(errors="replace")
         return grpc.StatusCode.PERMISSION_DENIED, (f"the caller's certificate (CN {names}) lacks {', '.join(missing)}: "
-                                                   f"it is no node certificate (a client's, or one naming no extended key usage), "
-                                                   f"and only nodes forward")
+                                                   f"it is no node certificate (a client's, or one naming no "
+                                                   f"extended key usage), and only nodes forward")
     if hosts_of is not None:
         host = canonical_host(source_node.rpartition(":")[0] if ":" in source_node else source_node)  # HOST[:PORT]
         hosts = hosts_of(certificates[0])

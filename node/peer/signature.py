@@ -1,4 +1,4 @@
-"""The cluster credential of a forwarded batch when the cluster has no TLS: an HMAC of the batch, keyed from the raft secret.
+"""The cluster credential of a forwarded batch without cluster TLS: an HMAC of it keyed from the raft secret.
 
 Rules:
 - Every member holds the raft secret file (up to RAFT_SECRETS_MAX secrets, node/peer/credentials.py):

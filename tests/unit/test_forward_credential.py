@@ -256,3 +256,14 @@ def test_over_real_mutual_tls_a_certificate_without_extended_key_usage_is_refuse
         server.stop(None).wait(10)
     assert raised.value.code() is grpc.StatusCode.PERMISSION_DENIED and "lacks clientAuth" in raised.value.details()
     assert taken == []
+
+
+def test_while_the_raft_member_does_not_answer_it_is_asked_at_most_once_per_pause():
+    asked = []
+    clock = Clock()
+    members = RaftMembers(lambda: asked.append(1) and None, clock)
+    for _ in range(5):
+        assert members.refusal(SOURCE)[0] is grpc.StatusCode.UNAVAILABLE
+    clock.now_s += 1.0
+    assert members.refusal(SOURCE)[0] is grpc.StatusCode.UNAVAILABLE
+    assert len(asked) == 2
