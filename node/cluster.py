@@ -152,7 +152,8 @@ class ClusterLink:
 
     # ---- owner side: a gRPC pool thread ------------------------------------------------------
 
-    def handle_forward(self, source: str, entries: list[Entry], timeout_ms: int, seq_bound: int = 0) -> int:
+    def handle_forward(self, source: str, entries: list[Entry], timeout_ms: int, seq_bound: int = 0,
+                       disputed_high_water: int = 0) -> int:
         """gRPC pool thread: enqueue a forwarded batch and return once it is stored here."""
         done = threading.Event()
         outcome: dict = {}
@@ -162,7 +163,7 @@ class ClusterLink:
             done.set()
 
         self.bridge.post(lambda: self.carry_out(
-            self.protocol.forward_received(source, entries, reply, self.clock_ms(), seq_bound)))
+            self.protocol.forward_received(source, entries, reply, self.clock_ms(), seq_bound, disputed_high_water)))
         if not done.wait(timeout_ms / 1000):
             raise TimeoutError(f"the owner did not store the batch within {timeout_ms} ms")
         if outcome["error"] is not None:

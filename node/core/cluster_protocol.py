@@ -36,11 +36,14 @@ acknowledged or received, a raft entry is applied, a proposal failed, a tick, re
   declaration journalled after the messages), so a resend after a lost acknowledgement is skipped.
   Seqs reach an owner with gaps (local messages and other owners take node seqs too; a restart skips
   to the next reservation), so no gap is a fault. But a source says, with each batch, its seq bound
-  (its next node seq: every forward seq it ever gave is below it). A mark at or above the bound holds
-  seqs the source never gave: a forged batch took them (a forward seq that jumped ahead), or the
-  source reused seqs (a node whose forwarded queue is not durable restarts from lower seqs). Either
-  way, skipping would drop its new messages as resends: the mark is set back to just below the
-  batch, logged and counted (forward_marks_set_back), and the batch taken.
+  (its next node seq: every forward seq it ever gave is below it). A mark at or above the source's
+  current bound holds seqs the source never gave: a forged batch took them (a forward seq that
+  jumped ahead), or the source reused seqs (a node whose forwarded queue is not durable restarts
+  from lower seqs). Skipping would drop its new messages as resends. The owner cannot tell that from
+  a late copy of an old batch (whose old bound is below the mark too), so it answers as to a
+  resend; the source, hearing a high water at or above its bound, keeps its entries and disputes
+  that high water in its next batch; a dispute of the mark as it stands sets it back to just below
+  the batch, logged and counted (forward_marks_set_back), and the batch is taken.
 - An owner enqueues a forwarded batch at once (its consumers may have it before it is on disk) and
   acknowledges it once it is stored. If that journal write fails, the owner stops (StopNode): the
   batch is in its broker, perhaps delivered, but not on disk, and its source will send it again;
@@ -1021,12 +1024,14 @@ class ClusterProtocol:
             self.counts["forwards_lost"] += len(lost)
         return effects
 
-    def forward_received(self, source: str, entries: list[Entry], reply_to, now_ms: int, seq_bound: int = 0) -> list:
+    def forward_received(self, source: str, entries: list[Entry], reply_to, now_ms: int, seq_bound: int = 0,
+                         disputed_high_water: int = 0) -> list:
         """Enqueue a batch `source` forwarded; the Reply comes once it is stored here (or at once if refused).
-        `seq_bound`: the source's next node seq as it sent the batch (0: not said; see the header)."""
+        `seq_bound`: the source's next node seq as it sent the batch (0: not said); `disputed_high_water`:
+        a high water this owner answered it that it says it never reached (see the header)."""
         effects: list = []
         try:
-            if seq_bound and self.inbound.high_water.get(source, 0) >= seq_bound:
+            if 0 < seq_bound <= disputed_high_water == self.inbound.high_water.get(source, 0):
                 self._mark_set_back(source, entries[0].forward_seq - 1, seq_bound)
             high_water, enqueued = self._enqueue_forwarded(source, entries, now_ms, effects)
         except GrouperError as error:

@@ -24,8 +24,10 @@ Rules:
   Without it, a `signer` (node/peer/signature.py) puts the cluster credential on every call.
 - Each batch carries the seq bound its entries were submitted with (the node's next seq then: no
   forward seq this node gave is at or above it). An ack at or above the bound claims seqs this node
-  never gave (the owner took a forged batch as this node's): it is not taken as an ack, and the
-  entries stay pending; the owner, seeing the bound, sets its mark back (node/core/cluster_protocol.py).
+  never gave (the owner took a forged batch as this node's, or this node reused seqs after a
+  restart): it is not taken as an ack, the entries stay pending, and the next attempt disputes that
+  high water (`disputed_high_water`), on which the owner sets its mark back
+  (node/core/cluster_protocol.py). An ack below the bound ends the dispute.
 """
 
 from __future__ import annotations
@@ -65,8 +67,10 @@ FORMAT_VERSION = 1
 FORMAT_VERSIONS_READ = (1,)
 
 
-def batch_to_pb(source_node: str, entries: list[Entry], seq_bound: int = 0) -> peer_pb2.ForwardBatch:
-    batch = peer_pb2.ForwardBatch(source_node=source_node, format_version=FORMAT_VERSION, seq_bound=seq_bound)
+def batch_to_pb(source_node: str, entries: list[Entry], seq_bound: int = 0,
+                disputed_high_water: int = 0) -> peer_pb2.ForwardBatch:
+    batch = peer_pb2.ForwardBatch(source_node=source_node, format_version=FORMAT_VERSION, seq_bound=seq_bound,
+                                  disputed_high_water=disputed_high_water)
     add = batch.messages.add  # builds in place: half the cost of Forwarded(...) then a copy
     for entry in entries:
         add(forward_seq=entry.forward_seq, queue=entry.queue, has_group=entry.group_id is not None,
@@ -125,6 +129,7 @@ class Forwarder:
 
         # forwarder thread only
         self._high_water = 0
+        self._disputed_high_water = 0  # the owner's last answer at or above the bound; 0: none
         self._retry_at = 0.0  # time.monotonic() before which no attempt is made
         self._retry_delay_ms = 0  # 0 while forwarding works
         self._connected: bool | None = None  # None until the first attempt ends
@@ -228,7 +233,7 @@ class Forwarder:
 
     def _attempt(self, batch: list[Entry], seq_bound: int) -> int:
         stub = self._stub_for_current_address()
-        request = batch_to_pb(self.source_node, batch, seq_bound)
+        request = batch_to_pb(self.source_node, batch, seq_bound, self._disputed_high_water)
         metadata = self._signer.metadata(request, self.destination_node) if self._signer is not None else None
         try:
             # blocking, not .future(): a third cheaper per call, and close() cancels it by closing the channel
@@ -240,10 +245,12 @@ class Forwarder:
         except ValueError as error:  # the channel was closed by close() before the call started
             raise _AttemptFailed(f"channel closed: {error}") from None
         if seq_bound and high_water >= seq_bound:
+            self._disputed_high_water = high_water
             raise _AttemptFailed(f"the owner answers high water {high_water}, but this node never gave a forward "
                                  f"seq at or above {seq_bound}: it took a batch as this node's that this node never "
-                                 f"sent (forged?); not taken as an ack: the entries stay and go again, and the "
-                                 f"owner sets its mark back when it sees the bound")
+                                 f"sent (forged?), or this node reused seqs; not taken as an ack: the entries stay "
+                                 f"and go again, disputing that high water, and the owner sets its mark back")
+        self._disputed_high_water = 0
         if high_water < batch[0].forward_seq:
             # a reply that takes nothing would otherwise be resent at once, forever
             raise _AttemptFailed(f"the owner took none of the batch (high water {high_water}, "

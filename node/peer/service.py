@@ -64,8 +64,8 @@ CERTIFICATES_REMEMBERED_MAX = 64  # peers' certificates whose usages were read, 
 
 FORWARD_SEQ_LIMIT = 1 << 63  # a source's seqs are signed 64-bit (node/core/outbound.py): none reaches it
 
-# (source_node, entries, timeout_ms, seq_bound) -> the source's high water here
-HandleForward = Callable[[str, list[Entry], int, int], int]
+# (source_node, entries, timeout_ms, seq_bound, disputed_high_water) -> the source's high water here
+HandleForward = Callable[[str, list[Entry], int, int, int], int]
 # what a listener's check answers for a call: (None, "") lets it in, else the status and the reason
 Refusal = tuple[grpc.StatusCode | None, str]
 ADMITTED: Refusal = (None, "")
@@ -271,7 +271,7 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
         try:
             entries = entries_from_pb(request)
             high_water = self._handle_forward(request.source_node, entries, self._timeout_for(context),
-                                              request.seq_bound)
+                                              request.seq_bound, request.disputed_high_water)
             return peer_pb2.ForwardAck(high_water=high_water)
         except Exception as error:  # every failure leaves as a status code; see STATUS_BY_ERROR
             code = status_for(error)

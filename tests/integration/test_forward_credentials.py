@@ -5,8 +5,9 @@ each carrying the cluster credential (an HMAC keyed from the raft secret). Its m
 each other; a stranger's batch, unsigned or signed with another secret, is refused, logged once per
 source and reason, and puts nothing in any queue; a stranger claiming a member's source with a huge
 forward seq is refused, and that member's real sends all arrive afterwards. A cluster with no secret
-at all (the explicit insecure case) takes the forged jump, but the member's next batch shows it was
-not the member's: the owner logs that, sets its mark back, and the member's sends still all arrive.
+at all (the explicit insecure case) takes the forged jump, but the member, answered a high water
+above its own seq bound, disputes it: the owner logs that, sets its mark back, and the member's
+sends still all arrive.
 Every wait is bounded.
 """
 

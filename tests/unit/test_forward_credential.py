@@ -157,7 +157,7 @@ class Context:
 def test_without_tls_a_signed_batch_from_a_member_is_taken_and_anything_else_refused(caplog):
     taken = []
     check = SignedByMember(Verifier([SECRET], OWNER), RaftMembers(lambda: [SOURCE, OWNER]))
-    servicer = PeerServicer(lambda source, entries, timeout_ms, bound: taken.append((source, entries)) or 7,
+    servicer = PeerServicer(lambda source, entries, timeout_ms, *bounds: taken.append((source, entries)) or 7,
                             check=check)
     signer = Signer([SECRET])
     assert servicer.Forward(batch(), Context(signer.metadata(batch(), OWNER))).high_water == 7

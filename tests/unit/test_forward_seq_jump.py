@@ -3,15 +3,18 @@
 Legitimate forward seqs reach an owner with gaps of any size (they are the source's node seqs, shared
 by its local messages and every owner; a restart skips to the next reservation), so no gap is a
 fault. What a source can never do is give a seq at or above its own next node seq, its `seq_bound`:
-a batch doing so is refused; and an owner whose mark for a source is at or above the bound the
-source now says took seqs the source never gave (a forged batch) and sets the mark back, so the
-source's messages all arrive. The owner's side is the pure core, driven here with integers; the
+a batch doing so is refused. An owner whose mark for a source is at or above the source's bound
+took seqs the source never gave (a forged batch): it answers that mark, the source disputes it in
+its next batch, and the owner sets the mark back, so the source's messages all arrive. A late copy
+of an old batch, whose old bound is below the mark too, disputes nothing and stays a resend (the
+simulation found that case). The owner's side is the pure core, driven here with integers; the
 source's, its forwarder against an owner's servicer on 127.0.0.1, with bounded waits.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -45,10 +48,11 @@ def entries(*seqs: int, body: str = "m") -> list[Entry]:
     return [Entry(seq, "q", "g", f"{body}{seq}".encode(), 0, False, 5) for seq in seqs]
 
 
-def take(cluster: ClusterProtocol, source: str, batch: list[Entry], seq_bound: int, now_ms: int = 10) -> int:
+def take(cluster: ClusterProtocol, source: str, batch: list[Entry], seq_bound: int, now_ms: int = 10,
+         disputed: int = 0) -> int:
     """The batch in, its journal write done; the owner's answer (its high water for `source`). What it
     enqueued is added to `cluster.taken_bodies`."""
-    effects = cluster.forward_received(source, batch, "call", now_ms, seq_bound)
+    effects = cluster.forward_received(source, batch, "call", now_ms, seq_bound, disputed)
     bodies = {entry.forward_seq: entry.payload for entry in batch}
     cluster.__dict__.setdefault("taken_bodies", []).extend(
         bodies[effect.origin[1]] for effect in effects if type(effect) is ApplyBroker)
@@ -132,11 +136,13 @@ def test_after_a_forged_batch_with_a_huge_seq_the_real_sources_messages_all_arri
     # without credentials (a node with no raft secret) a stranger can claim to be n1; its batch says
     # nothing false about itself
     assert take(cluster, REAL, entries(10**18, body="forged"), seq_bound=10**18 + 1) == 10**18
-    # n1's own next batch says it never gave a seq at or above 10: the mark above it is not its
-    for batch, seq_bound in ((entries(6, 8), 10), (entries(9), 11), (entries(12, 13), 14)):
+    # n1's next batch is answered with that mark, above n1's bound: n1 keeps it and disputes the mark
+    assert take(cluster, REAL, entries(6, 8), seq_bound=10) == 10**18
+    assert take(cluster, REAL, entries(6, 8), seq_bound=10, disputed=10**18) == 8
+    for batch, seq_bound in ((entries(9), 11), (entries(12, 13), 14)):
         assert take(cluster, REAL, batch, seq_bound) == batch[-1].forward_seq
     assert queued(cluster) == [b"m3", b"m4", b"forged1000000000000000000", b"m6", b"m8", b"m9", b"m12", b"m13"]
-    assert cluster.counts["forward_marks_set_back"] == 1 and cluster.counts["resends_skipped"] == 0
+    assert cluster.counts["forward_marks_set_back"] == 1 and cluster.counts["resends_skipped"] == 2
     [logged] = [r.getMessage() for r in caplog.records if "never gave a forward seq" in r.getMessage()]
     assert "at or above 10" in logged and f"mark for it is {10**18}" in logged and "set back to 5" in logged
 
@@ -144,7 +150,7 @@ def test_after_a_forged_batch_with_a_huge_seq_the_real_sources_messages_all_arri
 def test_the_set_back_mark_is_journalled_so_a_restarted_owner_keeps_it():
     cluster = owner()
     take(cluster, REAL, entries(10**18), seq_bound=10**18 + 1)
-    effects = cluster.forward_received(REAL, entries(6), "call", 10, 7)
+    effects = cluster.forward_received(REAL, entries(6), "call", 10, 7, 10**18)
     assert [type(effect) for effect in effects] == [ApplyBroker, JournalDeclare, AfterFlush]
     assert effects[1].values == {"name": MARK_PREFIX + REAL, "high_water": 6}
     assert cluster.flushed(effects[-1].what, None, 11) == [Reply("call", 6, None)]
@@ -157,8 +163,27 @@ def test_a_source_that_reused_seqs_after_a_restart_is_taken_not_skipped_as_resen
     # a node forwarding to a queue that is not durable reserves no seqs: restarted, it counts from 1 again
     cluster = owner()
     assert take(cluster, REAL, entries(40, 41), seq_bound=42) == 41
-    assert take(cluster, REAL, entries(1, 2), seq_bound=3) == 2
+    assert take(cluster, REAL, entries(1, 2), seq_bound=3) == 41  # answered as resends: the source disputes it
+    assert take(cluster, REAL, entries(1, 2), seq_bound=3, disputed=41) == 2
     assert queued(cluster) == [b"m40", b"m41", b"m1", b"m2"]
+
+
+def test_a_late_copy_of_an_old_batch_is_a_resend_though_its_old_bound_is_below_the_mark():
+    # simulation seed 0: a duplicated call from n2 (bound 51) arrived after a later one had taken seqs to 56
+    cluster = owner()
+    assert take(cluster, REAL, entries(41, 50), seq_bound=51) == 50
+    assert take(cluster, REAL, entries(54, 56), seq_bound=57) == 56
+    assert take(cluster, REAL, entries(41, 50), seq_bound=51) == 56
+    assert queued(cluster) == [b"m41", b"m50", b"m54", b"m56"]
+    assert cluster.counts["forward_marks_set_back"] == 0
+
+
+def test_a_dispute_of_a_mark_that_moved_on_or_that_the_bound_does_not_contradict_sets_nothing_back():
+    cluster = owner()
+    assert take(cluster, REAL, entries(10**18), seq_bound=10**18 + 1) == 10**18
+    assert take(cluster, REAL, entries(6), seq_bound=10, disputed=10**17) == 10**18  # not the mark as it stands
+    assert take(cluster, REAL, entries(10**18 + 5), seq_bound=10**18 + 6, disputed=10**18) == 10**18 + 5  # bound above
+    assert cluster.counts["forward_marks_set_back"] == 0
 
 
 def test_a_batch_without_a_bound_is_judged_as_before():  # a source from before the bound
@@ -183,9 +208,9 @@ class Owner:
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
         self.server.start()
 
-    def handle(self, source, batch, timeout_ms, seq_bound):
+    def handle(self, source, batch, timeout_ms, seq_bound, disputed_high_water):
         with self.changed:
-            self.calls.append(([entry.forward_seq for entry in batch], seq_bound))
+            self.calls.append(([entry.forward_seq for entry in batch], seq_bound, disputed_high_water))
             self.changed.notify_all()
         return self._answer(batch)
 
@@ -205,20 +230,28 @@ def test_a_forwarder_sends_its_bound_signed_and_an_owner_of_the_cluster_takes_it
     finally:
         forwarder.close()
         owner_.server.stop(None).wait(WAIT_S)
-    assert owner_.calls[0] == ([3, 4], 10)
+    assert owner_.calls[0] == ([3, 4], 10, 0)
 
 
-def test_an_ack_above_every_seq_the_source_gave_is_not_taken_and_the_entries_stay():
-    owner_ = Owner(lambda batch: 10**18)  # what an owner with a forged mark answers
+def test_an_ack_above_every_seq_the_source_gave_is_not_taken_and_disputed_until_the_owner_sets_it_back():
+    marks = [10**18, 10**18, 4]  # an owner with a forged mark answers it until it is disputed
+
+    def answer(batch):
+        return marks.pop(0) if marks else 4
+    owner_ = Owner(answer)
     acked, states = [], []
     forwarder = Forwarder(REAL, OWNER, lambda: owner_.address, acked.append,
                           on_state=lambda connected, reason: states.append((connected, reason)),
                           retry_min_ms=10, retry_max_ms=20)
     try:
         forwarder.submit(entries(3, 4), seq_bound=10)
-        owner_.wait(lambda: len(owner_.calls) >= 2, "the batch sent again")
-        assert forwarder.pending_count == 2
+        owner_.wait(lambda: len(owner_.calls) >= 3, "the batch sent again, disputed")
+        deadline_s = time.monotonic() + WAIT_S
+        while forwarder.pending_count and time.monotonic() < deadline_s:
+            time.sleep(0.01)
     finally:
         forwarder.close()
         owner_.server.stop(None).wait(WAIT_S)
-    assert acked == [] and states[0][0] is False and "never gave a forward seq at or above 10" in states[0][1]
+    assert [call[2] for call in owner_.calls[:3]] == [0, 10**18, 10**18]
+    assert acked == [4] and forwarder.pending_count == 0
+    assert states[0][0] is False and "never gave a forward seq at or above 10" in states[0][1]
