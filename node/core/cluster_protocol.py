@@ -38,8 +38,8 @@ acknowledged or received, a raft entry is applied, a proposal failed, a tick, re
   to the next reservation), so no gap is a fault. But a source says, with each batch, its seq bound
   (its next node seq: every forward seq it ever gave is below it). A mark at or above the source's
   current bound holds seqs the source never gave: a forged batch took them (a forward seq that
-  jumped ahead), or the source reused seqs (a node whose forwarded queue is not durable restarts
-  from lower seqs). Skipping would drop its new messages as resends. The owner cannot tell that from
+  jumped ahead), or the source reused seqs (it lost its journal and its seq reservation, or runs
+  without one: `journalled` False). Skipping would drop its new messages as resends. The owner cannot tell that from
   a late copy of an old batch (whose old bound is below the mark too), so it answers as to a
   resend; the source, hearing a high water at or above its bound, keeps its entries and disputes
   that high water in its next batch; a dispute of the mark as it stands sets it back to just below
@@ -1045,7 +1045,7 @@ class ClusterProtocol:
         self.counts["forward_marks_set_back"] += 1
         log.error("node %s says it never gave a forward seq at or above %d, but this node's mark for it is %d: a "
                   "batch taken here as node %s's was not its (forged, from before forwarding took credentials?) or "
-                  "it reused seqs (a restart that lost them). The mark is set back to %d, below its batch, so its "
+                  "it reused seqs (restarted without its journal). The mark is set back to %d, below its batch, so its "
                   "messages are taken; a message it sent before that was taken already may arrive twice",
                   source, seq_bound, mark, source, high_water)
 

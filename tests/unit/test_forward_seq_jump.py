@@ -160,7 +160,7 @@ def test_the_set_back_mark_is_journalled_so_a_restarted_owner_keeps_it():
 
 
 def test_a_source_that_reused_seqs_after_a_restart_is_taken_not_skipped_as_resends():
-    # a node forwarding to a queue that is not durable reserves no seqs: restarted, it counts from 1 again
+    # a node without its journal (journalled=False, or a lost one) counts from 1 again when restarted
     cluster = owner()
     assert take(cluster, REAL, entries(40, 41), seq_bound=42) == 41
     assert take(cluster, REAL, entries(1, 2), seq_bound=3) == 41  # answered as resends: the source disputes it
