@@ -135,7 +135,7 @@ def test_without_a_raft_secret_a_forged_jump_is_undone_by_the_members_next_batch
     cluster = start_cluster(tmp_path, None)  # nothing authenticates forwarding: the stranger's batch is taken
     try:
         owner = cluster.nodes[1]
-        assert banner_value(owner, "cluster security").startswith("open:")
+        assert banner_value(owner, "cluster security").startswith("open (--allow-insecure-cluster):")
         assert wait_lines(owner, "has no raft secret: it takes forwarded messages on its admin port from anyone")
         # node 0 forwards first, so node 1 has a mark for it; then the stranger leaps it ahead
         first = consume_on_node1_and_send_from_node0(cluster, connections, 1)
