@@ -33,7 +33,7 @@ def serve() -> int:
     """Owner process: print the port, serve until stdin closes."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_WORKERS),
                          options=[*SERVER_OPTIONS, ("grpc.so_reuseport", 0)])
-    add_peer_service(server, lambda source_node, entries, timeout_ms: entries[-1].forward_seq)
+    add_peer_service(server, lambda source_node, entries, timeout_ms, *bounds: entries[-1].forward_seq)
     port = server.add_insecure_port(f"{HOST}:0")
     server.start()
     print(port, flush=True)

@@ -38,6 +38,7 @@ class ClusterLink:
     def __init__(self, node_id: str, config, broker, journal, clock_ms, peer_tls=None):
         self.node_id = node_id
         self.peer_tls = peer_tls  # node.peer.credentials.ClusterTls: forwarders dial with it; None: plaintext
+        self.forward_signer = None  # node.peer.signature.Signer: without peer_tls, the cluster credential
         self.config = config
         self.broker = broker
         self.journal = journal
@@ -151,7 +152,8 @@ class ClusterLink:
 
     # ---- owner side: a gRPC pool thread ------------------------------------------------------
 
-    def handle_forward(self, source: str, entries: list[Entry], timeout_ms: int) -> int:
+    def handle_forward(self, source: str, entries: list[Entry], timeout_ms: int, seq_bound: int = 0,
+                       disputed_high_water: int = 0) -> int:
         """gRPC pool thread: enqueue a forwarded batch and return once it is stored here."""
         done = threading.Event()
         outcome: dict = {}
@@ -161,7 +163,7 @@ class ClusterLink:
             done.set()
 
         self.bridge.post(lambda: self.carry_out(
-            self.protocol.forward_received(source, entries, reply, self.clock_ms())))
+            self.protocol.forward_received(source, entries, reply, self.clock_ms(), seq_bound, disputed_high_water)))
         if not done.wait(timeout_ms / 1000):
             raise TimeoutError(f"the owner did not store the batch within {timeout_ms} ms")
         if outcome["error"] is not None:
@@ -201,7 +203,8 @@ class ClusterLink:
         self.server.after_flush(lambda reason: self.carry_out(protocol.flushed(what, reason, self.clock_ms())))
 
     def _submit_forward(self, effect: SubmitForward) -> None:
-        self._forwarder(effect.owner).submit(effect.entries)
+        # the next seq: above every forward seq this node gave, before any restart too (they are reserved)
+        self._forwarder(effect.owner).submit(effect.entries, self.broker.next_seq)
 
     def _read_outbound(self, effect: ReadOutbound) -> None:
         for name, seqs in effect.reads:  # answered through outbound_read, on the engine loop
@@ -320,7 +323,7 @@ class ClusterLink:
                 self.node_id, owner,
                 resolve_address=lambda: protocol.peer_addresses.get(owner),
                 on_acked=lambda high_water: self.bridge.post(lambda: self.acknowledged(owner, high_water)),
-                call_timeout_ms=self.config.forward_timeout_ms, tls=self.peer_tls)
+                call_timeout_ms=self.config.forward_timeout_ms, tls=self.peer_tls, signer=self.forward_signer)
             self._forwarders[owner] = forwarder
         return forwarder
 

@@ -390,6 +390,15 @@ class GrouperCollector:
         for owner, count in sorted(cluster.get("outbound_refused", {}).items()):
             refused.add_metric([owner], count)
         yield refused
+        forwarding_refused = CounterMetricFamily(
+            "grouper_forward_refused_calls", "forwarded batches this node refused: caller (no valid credential, "
+            "no node certificate, no raft member) or seq_jump (a seq at or above its batch's bound)", labels=["reason"])
+        for reason, count in sorted(cluster.get("forward_refusals", {}).items()):
+            forwarding_refused.add_metric([reason], count)
+        yield forwarding_refused
+        yield CounterMetricFamily("grouper_forward_marks_set_back", "sources whose mark here was above their own seq "
+                                  "bound (a forged batch taken as theirs) and was set back",
+                                  value=cluster.get("forward_marks_set_back", 0))
         for key, text in (("outbound_max_bytes", "bound of the forward backlog per owner node; 0 = none"),
                           ("outbound_total_max_bytes", "bound of the forward backlog of all owners; 0 = none"),
                           ("outbound_max_messages", "bound of the forward backlog per owner node in messages; "

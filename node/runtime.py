@@ -10,6 +10,7 @@ Threads and what they own:
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import os
@@ -355,6 +356,8 @@ class Node:
         self.cluster = None  # node.cluster.ClusterLink, in a cluster
         self.cluster_tls = None  # node.peer.credentials.ClusterTls, in a cluster with cluster TLS
         self.raft_secrets: tuple[str, ...] = ()  # in a cluster with raft_secret_file
+        self.raft_members = None  # node.peer.members.RaftMembers, in a cluster: who may forward
+        self.forward_refusals: collections.Counter = collections.Counter()  # kind -> forwarding calls refused
         self.peer_server = self.peer_port = None  # the mutual-TLS peer listener, with cluster TLS
         if config.peer_list():
             from node.cluster import ClusterLink
@@ -363,6 +366,13 @@ class Node:
             self.raft_secrets = read_raft_secrets(config.raft_secret_file) if config.raft_secret_file else ()
             self.cluster = ClusterLink(config.node_id, config, self.broker, self.journal, clock_ms,
                                        peer_tls=self.cluster_tls)
+            from node.peer.members import RaftMembers
+            # who may forward: read from the raft member on gRPC pool threads (status() is never asked on the loop)
+            self.raft_members = RaftMembers(
+                lambda: self.handler.status()["members"] if self.handler is not None else None)
+            if self.cluster_tls is None and self.raft_secrets:
+                from node.peer.signature import Signer
+                self.cluster.forward_signer = Signer(self.raft_secrets)
         # cold tails (node/core/cold.py); where groups follow their consumers, a group moving away takes its
         # cold messages along, found by a sweep of the tail (node/core/cluster_protocol.py)
         self.broker.records.max_bytes = config.record_memory_max_bytes
@@ -551,6 +561,7 @@ class Node:
             if self.cluster is not None:
                 router = self.cluster.router
                 cluster = {**self.cluster.status(), "decisions": dict(router.decisions),
+                           "forward_refusals": dict(self.forward_refusals),
                            "decision_latency": router.decision_latency.snapshot(),
                            "raft_decision_latency": self.cluster.raft_decision_latency.snapshot(),
                            "caught_up": router.ready, "registered": self.cluster.registered}
@@ -570,9 +581,20 @@ class Node:
 
     def _add_peer_service(self, grpc_server) -> None:
         if self.cluster is not None:
+            from node.peer.members import SignedByMember
             from node.peer.service import ELSEWHERE, add_peer_service, open_to_all, refuse_all
-            add_peer_service(grpc_server, self.cluster.handle_forward, self.config.forward_timeout_ms,
-                             refuse_all(ELSEWHERE) if self.cluster_tls is not None else open_to_all)
+            from node.peer.signature import Verifier
+            if self.cluster_tls is not None:
+                check = refuse_all(ELSEWHERE)
+            elif self.raft_secrets:
+                check = SignedByMember(Verifier(self.raft_secrets, self.config.node_id), self.raft_members)
+            else:
+                check = open_to_all
+                log.warning("this node has no raft secret: it takes forwarded messages on its admin port from anyone "
+                            "who reaches it, who can put messages into any queue and group. Give every node the "
+                            "cluster's raft_secret_file (or cluster TLS)")
+            add_peer_service(grpc_server, self.cluster.handle_forward, self.config.forward_timeout_ms, check,
+                             self.forward_refusals)
 
     def _start_cluster(self) -> None:
         from handler.member_process import MemberProcess
@@ -587,7 +609,7 @@ class Node:
             from node.peer.service import bind_peer_listener
             self.peer_server, self.peer_port = bind_peer_listener(
                 config.host, config.peer_port, self.cluster.handle_forward, self.cluster_tls,
-                config.forward_timeout_ms)
+                config.forward_timeout_ms, members=self.raft_members, refused_counts=self.forward_refusals)
             peer_port = self.peer_port
         raft_dir = os.path.join(config.data_dir, "raft")
         refuse_lost_identity(config.node_id, config.peer_list(), self.admin_port, raft_dir,

@@ -27,14 +27,18 @@ class Forwarded(_message.Message):
     def __init__(self, forward_seq: _Optional[int] = ..., queue: _Optional[str] = ..., has_group: _Optional[bool] = ..., group_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., expires_at_ms: _Optional[int] = ..., closes_group: _Optional[bool] = ..., enqueued_at_ms: _Optional[int] = ...) -> None: ...
 
 class ForwardBatch(_message.Message):
-    __slots__ = ("source_node", "messages", "format_version")
+    __slots__ = ("source_node", "messages", "format_version", "seq_bound", "disputed_high_water")
     SOURCE_NODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SEQ_BOUND_FIELD_NUMBER: _ClassVar[int]
+    DISPUTED_HIGH_WATER_FIELD_NUMBER: _ClassVar[int]
     source_node: str
     messages: _containers.RepeatedCompositeFieldContainer[Forwarded]
     format_version: int
-    def __init__(self, source_node: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Forwarded, _Mapping]]] = ..., format_version: _Optional[int] = ...) -> None: ...
+    seq_bound: int
+    disputed_high_water: int
+    def __init__(self, source_node: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Forwarded, _Mapping]]] = ..., format_version: _Optional[int] = ..., seq_bound: _Optional[int] = ..., disputed_high_water: _Optional[int] = ...) -> None: ...
 
 class ForwardAck(_message.Message):
     __slots__ = ("high_water",)

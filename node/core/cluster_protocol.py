@@ -34,6 +34,16 @@ acknowledged or received, a raft entry is applied, a proposal failed, a tick, re
   forwarded only once it, and a reservation covering its seqs, are on disk; batches leave in journal order.
 - An owner records, per source node, the highest forward seq it has enqueued (a MARK_PREFIX
   declaration journalled after the messages), so a resend after a lost acknowledgement is skipped.
+  Seqs reach an owner with gaps (local messages and other owners take node seqs too; a restart skips
+  to the next reservation), so no gap is a fault. But a source says, with each batch, its seq bound
+  (its next node seq: every forward seq it ever gave is below it). A mark at or above the source's
+  current bound holds seqs the source never gave: a forged batch took them (a forward seq that
+  jumped ahead), or the source reused seqs (it lost its journal and its seq reservation, or runs
+  without one: `journalled` False). Skipping would drop its new messages as resends. The owner cannot tell that from
+  a late copy of an old batch (whose old bound is below the mark too), so it answers as to a
+  resend; the source, hearing a high water at or above its bound, keeps its entries and disputes
+  that high water in its next batch; a dispute of the mark as it stands sets it back to just below
+  the batch, logged and counted (forward_marks_set_back), and the batch is taken.
 - An owner enqueues a forwarded batch at once (its consumers may have it before it is on disk) and
   acknowledges it once it is stored. If that journal write fails, the owner stops (StopNode): the
   batch is in its broker, perhaps delivered, but not on disk, and its source will send it again;
@@ -1014,15 +1024,30 @@ class ClusterProtocol:
             self.counts["forwards_lost"] += len(lost)
         return effects
 
-    def forward_received(self, source: str, entries: list[Entry], reply_to, now_ms: int) -> list:
-        """Enqueue a batch `source` forwarded; the Reply comes once it is stored here (or at once if refused)."""
+    def forward_received(self, source: str, entries: list[Entry], reply_to, now_ms: int, seq_bound: int = 0,
+                         disputed_high_water: int = 0) -> list:
+        """Enqueue a batch `source` forwarded; the Reply comes once it is stored here (or at once if refused).
+        `seq_bound`: the source's next node seq as it sent the batch (0: not said); `disputed_high_water`:
+        a high water this owner answered it that it says it never reached (see the header)."""
         effects: list = []
         try:
+            if 0 < seq_bound <= disputed_high_water == self.inbound.high_water.get(source, 0):
+                self._mark_set_back(source, entries[0].forward_seq - 1, seq_bound)
             high_water, enqueued = self._enqueue_forwarded(source, entries, now_ms, effects)
         except GrouperError as error:
             return [Reply(reply_to, None, error)]
         effects.append(AfterFlush((_INBOUND, source, high_water, reply_to, enqueued)))
         return effects
+
+    def _mark_set_back(self, source: str, high_water: int, seq_bound: int) -> None:
+        mark = self.inbound.high_water[source]
+        self.inbound.set_back(source, high_water)
+        self.counts["forward_marks_set_back"] += 1
+        log.error("node %s says it never gave a forward seq at or above %d, but this node's mark for it is %d: a "
+                  "batch taken here as node %s's was not its (forged, from before forwarding took credentials?) or "
+                  "it reused seqs (restarted without its journal). The mark is set back to %d, below its batch, so its "
+                  "messages are taken; a message it sent before that was taken already may arrive twice",
+                  source, seq_bound, mark, source, high_water)
 
     def _enqueue_forwarded(self, source: str, entries: list[Entry], now_ms: int,
                            effects: list) -> tuple[int, bool]:
@@ -1532,6 +1557,7 @@ class ClusterProtocol:
             "outbound": self.outbound.depths(),
             "outbound_store": self.outbound.stats(),  # per owner: messages and bytes, in memory and journalled
             "outbound_refused": dict(sorted(self.outbound_refused.items())),
+            "forward_marks_set_back": self.counts["forward_marks_set_back"],  # see the header
             "outbound_max_bytes": self.outbound_max_bytes,
             "outbound_total_max_bytes": self.outbound_total_max_bytes,
             "outbound_max_messages": self.outbound_max_messages,

@@ -280,3 +280,7 @@ class Inbound:
     def advance(self, source: str, forward_seq: int) -> None:
         if forward_seq > self.high_water.get(source, 0):
             self.high_water[source] = forward_seq
+
+    def set_back(self, source: str, forward_seq: int) -> None:
+        """Only for a mark the source proves it never reached (ClusterProtocol._mark_set_back)."""
+        self.high_water[source] = forward_seq

@@ -1,8 +1,9 @@
 """What nodes show each other: the cluster's TLS files, the raft secret, and when a node must have them.
 
 Rules:
-- Cluster TLS is three PEM files: this node's certificate (serverAuth and clientAuth: it serves the
-  peer port and dials the other nodes' with it), its key and the cluster CA. They are checked at
+- Cluster TLS is three PEM files: this node's certificate (serverAuth and clientAuth, named in its
+  extended key usage: it serves the peer port and dials the other nodes' with it; a certificate
+  without the extension is refused, here and by the peers), its key and the cluster CA. They are checked at
   start (key matches certificate, certificate signed by the CA, both usages, not expired), so a
   wrong file stops the node with the file named instead of failing every handshake later.
 - The files are read again when they change (checked at most once per RELOAD_CHECK_INTERVAL_S, on
@@ -118,11 +119,13 @@ def canonical_host(host: str) -> str:
 
 
 def node_usages(certificate: x509.Certificate) -> set[str]:
-    """The TLS usages a certificate's extended key usage allows: 'serverAuth', 'clientAuth'."""
+    """The TLS usages a certificate's extended key usage names: 'serverAuth', 'clientAuth'. None without
+    the extension: RFC 5280 lets such a certificate serve any purpose, but a node certificate must say
+    it is one (`grouper certs node` writes both), so another certificate of the same CA cannot pass."""
     try:
         usages = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     except x509.ExtensionNotFound:
-        return {"serverAuth", "clientAuth"}  # no extension: every usage (RFC 5280 4.2.1.12)
+        return set()
     found = set()
     if ExtendedKeyUsageOID.SERVER_AUTH in usages:
         found.add("serverAuth")
@@ -268,7 +271,7 @@ def describe(tls: ClusterTls | None, raft_secrets: tuple[str, ...]) -> str:
         return ("open (--allow-insecure-cluster): forwarding (on the admin port) and raft take no credentials; "
                 f"{RAFT_UNAUTHENTICATED}")
     forwarding = (f"forwarding over mutual TLS as {tls.material.common_name}" if tls is not None
-                  else "forwarding takes no credentials (on the admin port)")
+                  else "forwarding signed with a key from the raft secret (on the admin port)")
     raft = (f"raft encrypted ({len(raft_secrets)} secret{'s' if len(raft_secrets) > 1 else ''} accepted)"
             if raft_secrets else f"(--allow-insecure-cluster) {RAFT_UNAUTHENTICATED}")
     return f"{forwarding}; {raft}"

@@ -21,6 +21,13 @@ Rules:
   entries after a restart.
 - With cluster TLS (`tls`) the channel is mutual TLS with this node's certificate; when the TLS
   files change the channel is made again with the new ones, as when the owner's address changes.
+  Without it, a `signer` (node/peer/signature.py) puts the cluster credential on every call.
+- Each batch carries the seq bound its entries were submitted with (the node's next seq then: no
+  forward seq this node gave is at or above it). An ack at or above the bound claims seqs this node
+  never gave (the owner took a forged batch as this node's, or this node reused seqs after a
+  restart): it is not taken as an ack, the entries stay pending, and the next attempt disputes that
+  high water (`disputed_high_water`), on which the owner sets its mark back
+  (node/core/cluster_protocol.py). An ack below the bound ends the dispute.
 """
 
 from __future__ import annotations
@@ -60,8 +67,10 @@ FORMAT_VERSION = 1
 FORMAT_VERSIONS_READ = (1,)
 
 
-def batch_to_pb(source_node: str, entries: list[Entry]) -> peer_pb2.ForwardBatch:
-    batch = peer_pb2.ForwardBatch(source_node=source_node, format_version=FORMAT_VERSION)
+def batch_to_pb(source_node: str, entries: list[Entry], seq_bound: int = 0,
+                disputed_high_water: int = 0) -> peer_pb2.ForwardBatch:
+    batch = peer_pb2.ForwardBatch(source_node=source_node, format_version=FORMAT_VERSION, seq_bound=seq_bound,
+                                  disputed_high_water=disputed_high_water)
     add = batch.messages.add  # builds in place: half the cost of Forwarded(...) then a copy
     for entry in entries:
         add(forward_seq=entry.forward_seq, queue=entry.queue, has_group=entry.group_id is not None,
@@ -88,7 +97,7 @@ class Forwarder:
                  on_acked: Callable[[int], None],
                  *, batch_messages_max: int = 500, batch_bytes_max: int = 4 << 20,
                  call_timeout_ms: int = 5000, retry_min_ms: int = 100, retry_max_ms: int = 2000,
-                 on_state: Callable[[bool, str], None] | None = None, tls=None):
+                 on_state: Callable[[bool, str], None] | None = None, tls=None, signer=None):
         if batch_messages_max < 1:
             raise ValueError(f"batch_messages_max must be >= 1, got {batch_messages_max}")
         if not 1 <= batch_bytes_max <= MESSAGE_BYTES_MAX // 2:
@@ -103,6 +112,7 @@ class Forwarder:
         self._on_acked = on_acked
         self._on_state = on_state
         self._tls = tls  # node.peer.credentials.ClusterTls, or None: plaintext
+        self._signer = signer  # node.peer.signature.Signer: the cluster credential without TLS, or None
         self._batch_messages_max = batch_messages_max
         self._batch_bytes_max = batch_bytes_max
         self._call_timeout_s = call_timeout_ms / 1000
@@ -113,11 +123,13 @@ class Forwarder:
         self._condition = threading.Condition()
         self._pending: deque[Entry] = deque()
         self._last_submitted_seq = 0
+        self._seq_bound = 0  # the highest bound submitted with entries; 0: none said
         self._closed = False
         self._channel: grpc.Channel | None = None  # replaced by the forwarder thread, closed by either
 
         # forwarder thread only
         self._high_water = 0
+        self._disputed_high_water = 0  # the owner's last answer at or above the bound; 0: none
         self._retry_at = 0.0  # time.monotonic() before which no attempt is made
         self._retry_delay_ms = 0  # 0 while forwarding works
         self._connected: bool | None = None  # None until the first attempt ends
@@ -132,10 +144,13 @@ class Forwarder:
 
     # ---- any thread --------------------------------------------------------------------------
 
-    def submit(self, entries: list[Entry]) -> None:
+    def submit(self, entries: list[Entry], seq_bound: int = 0) -> None:
+        """`seq_bound`: the node's next seq, above every forward seq it gave (0: not said)."""
         if not entries:
             return
         with self._condition:
+            if seq_bound > entries[-1].forward_seq:  # else no bound at all: one the batch breaks is refused
+                self._seq_bound = max(self._seq_bound, seq_bound)
             previous = self._last_submitted_seq
             for entry in entries:
                 if entry.forward_seq <= previous:
@@ -166,11 +181,11 @@ class Forwarder:
     def _run(self) -> None:
         try:
             while True:
-                batch = self._next_batch()
-                if batch is None:
+                taken = self._next_batch()
+                if taken is None:
                     return
                 try:
-                    high_water = self._attempt(batch)
+                    high_water = self._attempt(*taken)
                 except _AttemptFailed as failure:
                     if self._is_closed():
                         return
@@ -193,7 +208,7 @@ class Forwarder:
         with self._condition:
             return self._closed
 
-    def _next_batch(self) -> list[Entry] | None:
+    def _next_batch(self) -> tuple[list[Entry], int] | None:
         """Waits until there is something to send and no backoff to sit out; None once closed."""
         with self._condition:
             while not self._closed:
@@ -206,7 +221,7 @@ class Forwarder:
                     self._condition.wait()
             return None
 
-    def _take_batch(self) -> list[Entry]:
+    def _take_batch(self) -> tuple[list[Entry], int]:
         batch: list[Entry] = []
         size_bytes = 0
         for entry in itertools.islice(self._pending, self._batch_messages_max):
@@ -214,19 +229,28 @@ class Forwarder:
             if batch and size_bytes > self._batch_bytes_max:
                 break
             batch.append(entry)
-        return batch
+        return batch, self._seq_bound if self._seq_bound > batch[-1].forward_seq else 0
 
-    def _attempt(self, batch: list[Entry]) -> int:
+    def _attempt(self, batch: list[Entry], seq_bound: int) -> int:
         stub = self._stub_for_current_address()
-        request = batch_to_pb(self.source_node, batch)
+        request = batch_to_pb(self.source_node, batch, seq_bound, self._disputed_high_water)
+        metadata = self._signer.metadata(request, self.destination_node) if self._signer is not None else None
         try:
             # blocking, not .future(): a third cheaper per call, and close() cancels it by closing the channel
-            high_water = stub.Forward(request, timeout=self._call_timeout_s, wait_for_ready=False).high_water
+            high_water = stub.Forward(request, timeout=self._call_timeout_s, wait_for_ready=False,
+                                      metadata=metadata).high_water
         except grpc.RpcError as error:
             code = error.code()
             raise _AttemptFailed(f"{code.name}: {error.details() or code.name}") from None
         except ValueError as error:  # the channel was closed by close() before the call started
             raise _AttemptFailed(f"channel closed: {error}") from None
+        if seq_bound and high_water >= seq_bound:
+            self._disputed_high_water = high_water
+            raise _AttemptFailed(f"the owner answers high water {high_water}, but this node never gave a forward "
+                                 f"seq at or above {seq_bound}: it took a batch as this node's that this node never "
+                                 f"sent (forged?), or this node reused seqs; not taken as an ack: the entries stay "
+                                 f"and go again, disputing that high water, and the owner sets its mark back")
+        self._disputed_high_water = 0
         if high_water < batch[0].forward_seq:
             # a reply that takes nothing would otherwise be resent at once, forever
             raise _AttemptFailed(f"the owner took none of the batch (high water {high_water}, "

@@ -161,14 +161,18 @@ class ForwarderModel:
         self.owner = owner
         self.pending: deque[Entry] = deque()
         self.last_submitted_seq = 0
-        self.call: tuple[int, list[Entry]] | None = None
+        self.call: tuple[int, list[Entry], int] | None = None  # (number, batch, its seq bound)
         self.high_water = 0
+        self.seq_bound = 0  # node/peer/forwarder.py: the highest bound submitted with entries
+        self.disputed_high_water = 0  # the owner's last answer at or above the call's bound; 0: none
         self.retry_at_ms = 0
         self.retry_delay_ms = 0
         self.kick_due = False
         self.closed = False
 
-    def submit(self, entries: list[Entry]) -> None:
+    def submit(self, entries: list[Entry], seq_bound: int = 0) -> None:
+        if seq_bound > entries[-1].forward_seq:
+            self.seq_bound = max(self.seq_bound, seq_bound)
         for entry in entries:
             if entry.forward_seq <= self.last_submitted_seq:
                 self.sim.violation(f"{self.node.node_id}: forward_seq {entry.forward_seq} submitted to "
@@ -193,8 +197,9 @@ class ForwarderModel:
             return
         batch = list(self.pending)[:sim.config.batch_messages_max]
         number = sim.next_call_number()
-        self.call = (number, batch)
-        sim.network.forward(self, number, batch)
+        bound = self.seq_bound if self.seq_bound > batch[-1].forward_seq else 0
+        self.call = (number, batch, bound)
+        sim.network.forward(self, number, batch, bound, self.disputed_high_water)
         sim.schedule(sim.config.call_timeout_ms, lambda: self.timed_out(number), None)
 
     def _kick_after_backoff(self) -> None:
@@ -204,11 +209,16 @@ class ForwarderModel:
     def replied(self, number: int, high_water: int | None) -> None:
         if self.closed or self.call is None or self.call[0] != number:
             return  # the reply of a call given up on
-        batch = self.call[1]
+        _, batch, bound = self.call
         self.call = None
-        if high_water is None or high_water < batch[0].forward_seq:
+        if bound and high_water is not None and high_water >= bound:  # seqs this node never gave: dispute it
+            self.sim.stats["high_waters_disputed"] += 1
+            self.disputed_high_water = high_water
+            self.failed()
+        elif high_water is None or high_water < batch[0].forward_seq:
             self.failed()
         else:
+            self.disputed_high_water = 0
             self.acked(high_water)
         self.kick()
 
@@ -741,14 +751,15 @@ class SimNode:
     def acknowledged(self, owner: str, high_water: int) -> None:
         self.carry_out(self.protocol.acknowledged(owner, high_water))
 
-    def handle_forward(self, source: str, entries: list[Entry], reply) -> None:
+    def handle_forward(self, source: str, entries: list[Entry], reply, seq_bound: int = 0,
+                       disputed_high_water: int = 0) -> None:
         """ClusterLink.handle_forward's engine loop part: reply(high_water) once the batch is stored here,
         reply(None) when it was refused or its journal write failed."""
         for entry in entries:
             self.sim.forwarded_from[(self.node_id, mid_of(entry.payload))] = source
         self.carry_out(self.protocol.forward_received(
             source, entries, lambda high_water, error: reply(high_water if error is None else None),
-            self.sim.now_ms))
+            self.sim.now_ms, seq_bound, disputed_high_water))
 
     # ---- ClusterLink (node/cluster.py): effects out ------------------------------------------
 
@@ -774,7 +785,7 @@ class SimNode:
                 self.after_flush(lambda reason, what=effect.what: self.carry_out(
                     protocol.flushed(what, reason, sim.now_ms)))
             elif kind is SubmitForward:
-                self._forwarder(effect.owner).submit(effect.entries)
+                self._forwarder(effect.owner).submit(effect.entries, self.broker.next_seq)
             elif kind is ReadRecords:  # a sweep of a cold tail (ClusterLink._read_records)
                 self._read_later(lambda effect=effect: self.read_records_after(effect.queue, effect.after_seq,
                                                                                effect.count, effect.max_bytes))

@@ -198,7 +198,7 @@ class Network:
         self.in_flight: dict[int, tuple[str, str, list]] = {}  # request number -> (owner, source, entries)
         self._next = 1
 
-    def forward(self, forwarder, number: int, batch: list) -> None:
+    def forward(self, forwarder, number: int, batch: list, seq_bound: int = 0, disputed_high_water: int = 0) -> None:
         sim = self.sim
         source = forwarder.node
         if sim.faults_on and sim.rng.random() < sim.config.forward_loss:
@@ -212,9 +212,11 @@ class Network:
             self._next += 1
             self.in_flight[request] = (forwarder.owner, source.node_id, batch)
             sim.schedule(delay_ms + copy * sim.rng.randint(1, 3 * sim.config.call_timeout_ms),
-                         lambda request=request: self._arrive(request, forwarder, number, batch), None)
+                         lambda request=request: self._arrive(request, forwarder, number, batch, seq_bound,
+                                                              disputed_high_water), None)
 
-    def _arrive(self, request: int, forwarder, number: int, batch: list) -> None:
+    def _arrive(self, request: int, forwarder, number: int, batch: list, seq_bound: int = 0,
+                disputed_high_water: int = 0) -> None:
         sim = self.sim
         del self.in_flight[request]
         owner = sim.nodes[forwarder.owner]
@@ -232,7 +234,7 @@ class Network:
 
         sim.trace(f"  {owner.node_id} takes call {number} from {source.node_id} seqs {_seqs(batch)} "
                   f"(high water {owner.inbound.high_water.get(source.node_id, 0)})")
-        owner.handle_forward(source.node_id, batch, owner.guarded(reply))
+        owner.handle_forward(source.node_id, batch, owner.guarded(reply), seq_bound, disputed_high_water)
         owner.end_of_batch()
 
     def _replied(self, forwarder, number: int, high_water) -> None:

@@ -52,7 +52,8 @@ class FakeOwner:
         self.accept_max = accept_max
         self.script: deque = deque()
 
-    def handle(self, source_node: str, batch: list[Entry], timeout_ms: int) -> int:
+    def handle(self, source_node: str, batch: list[Entry], timeout_ms: int, seq_bound: int = 0,
+               disputed_high_water: int = 0) -> int:
         with self.changed:
             self.batches.append([e.forward_seq for e in batch])
             self.timeouts_ms.append(timeout_ms)
@@ -370,7 +371,7 @@ def stub(cleanup):
     raised: list = [None]
     seen: list = []
 
-    def handle(source_node, batch, timeout_ms):
+    def handle(source_node, batch, timeout_ms, seq_bound=0, disputed_high_water=0):
         seen.append((source_node, batch, timeout_ms))
         if raised[0] is not None:
             raise raised[0]

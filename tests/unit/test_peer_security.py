@@ -379,7 +379,7 @@ class Owner:
         self.changed = threading.Condition()
         self.high_water = 0
 
-    def handle(self, source, entries, timeout_ms) -> int:
+    def handle(self, source, entries, timeout_ms, seq_bound=0, disputed_high_water=0) -> int:
         with self.changed:
             self.high_water = max(self.high_water, entries[-1].forward_seq)
             self.changed.notify_all()
