@@ -24,20 +24,18 @@ from typing import Protocol
 
 from scramp import ScramException, ScramMechanism
 
+from node.amqp.sasl_frames import (CHALLENGE, FRAME_HEADER_BYTES, INIT, MECHANISMS, OUTCOME, OUTCOME_AUTH, OUTCOME_OK,
+                                   OUTCOME_SYS, OUTCOME_SYS_PERM, OUTCOME_SYS_TEMP, PERFORMATIVE_BY_NAME, RESPONSE,
+                                   SASL_FRAME_TYPE, Fields, SaslError, binary, decode_performative, frame,
+                                   performative, symbol_array, text, ubyte)
+
 SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
 TLS_HEADER = b"AMQP\x02\x01\x00\x00"
 SUPPORTED_MECHANISMS = ("ANONYMOUS", "PLAIN", "SCRAM-SHA-256", "EXTERNAL")
 ANONYMOUS_IDENTITY = "anonymous"
-OUTCOME_OK, OUTCOME_AUTH, OUTCOME_SYS, OUTCOME_SYS_PERM, OUTCOME_SYS_TEMP = 0, 1, 2, 3, 4
 DECOY_ITERATION_COUNT = 4096  # what an unknown SCRAM user is told; should match the users file's count
 _DECOY_KEY_PROCESS = secrets.token_bytes(32)  # one per process unless the adapter passes its own
-_FRAME_HEADER_BYTES = 8
-_SASL_FRAME_TYPE = 0x01
-_MECHANISMS, _INIT, _CHALLENGE, _RESPONSE, _OUTCOME = 0x40, 0x41, 0x42, 0x43, 0x44
-_PERFORMATIVE_BY_NAME = {b"amqp:sasl-mechanisms:list": _MECHANISMS, b"amqp:sasl-init:list": _INIT,
-                         b"amqp:sasl-challenge:list": _CHALLENGE, b"amqp:sasl-response:list": _RESPONSE,
-                         b"amqp:sasl-outcome:list": _OUTCOME}
 _USER_SHOWN_CHARS_MAX = 64  # a user name longer than this is cut in failure reasons
 
 
@@ -45,14 +43,6 @@ class Authenticator(Protocol):
     def verify_plain(self, user: str, password: str) -> bool: ...
 
     def scram_auth_info(self, user: str) -> tuple[bytes, bytes, bytes, int] | None: ...  # None: unknown
-
-
-class SaslError(Exception):
-    """The exchange cannot go on. `code` is the sasl-outcome code; `fault` is "client" or "node"."""
-
-    def __init__(self, code: int, description: str, fault: str = "client"):
-        super().__init__(description)
-        self.code, self.description, self.fault = code, description, fault
 
 
 @dataclass(frozen=True)
@@ -138,7 +128,7 @@ class SaslServer:
             self._succeed(None, ANONYMOUS_IDENTITY)
             return 0  # the AMQP header itself is proton's: nothing consumed
         if received == SASL_HEADER:
-            output.append(SASL_HEADER + _frame(_performative(_MECHANISMS, _symbol_array(self.offered))))
+            output.append(SASL_HEADER + frame(performative(MECHANISMS, symbol_array(self.offered))))
             self.phase = "init"
             if not self.offered:
                 raise SaslError(OUTCOME_AUTH, "the client presented no TLS certificate and EXTERNAL is the only "
@@ -170,33 +160,33 @@ class SaslServer:
         if size > self.frame_max_bytes:
             raise SaslError(OUTCOME_SYS, f"the client sent a SASL frame of {size} bytes, over the limit of "
                                          f"{self.frame_max_bytes} bytes before authentication (frame_max_bytes)")
-        if size < _FRAME_HEADER_BYTES:
+        if size < FRAME_HEADER_BYTES:
             raise SaslError(OUTCOME_SYS, f"the client sent a malformed frame (size {size} bytes)")
         if available < size:
             return 0
         data_offset_bytes, frame_type = buffer[position + 4] * 4, buffer[position + 5]
-        if data_offset_bytes < _FRAME_HEADER_BYTES or data_offset_bytes > size:
+        if data_offset_bytes < FRAME_HEADER_BYTES or data_offset_bytes > size:
             raise SaslError(OUTCOME_SYS, f"the client sent a malformed frame (data offset {data_offset_bytes} bytes)")
-        if frame_type != _SASL_FRAME_TYPE:
+        if frame_type != SASL_FRAME_TYPE:
             raise SaslError(OUTCOME_SYS, f"the client sent a frame of type {frame_type} during the SASL exchange")
         body = bytes(buffer[position + data_offset_bytes:position + size])
         if body:  # an empty frame is a heartbeat
-            self._on_performative(*_decode_performative(body), output)
+            self._on_performative(*decode_performative(body), output)
         return size
 
-    def _on_performative(self, code: int, fields: _Fields, output: list) -> None:
-        if code == _INIT and self.phase == "init":
+    def _on_performative(self, code: int, fields: Fields, output: list) -> None:
+        if code == INIT and self.phase == "init":
             mechanism = fields.symbol(0, "mechanism", mandatory=True)
             if mechanism not in self.offered:
                 raise SaslError(OUTCOME_AUTH, f"the client asked for SASL mechanism {_shown(mechanism)}; this "
                                               f"listener offers {list(self.offered)}: configure the client for one")
             self.mechanism = mechanism
             self._start(mechanism, fields.binary(1, "initial-response"), output)
-        elif code == _RESPONSE and self.phase == "response":
+        elif code == RESPONSE and self.phase == "response":
             self._finish_scram(fields.binary(0, "response", mandatory=True), output)
-        elif code == _INIT:
+        elif code == INIT:
             raise SaslError(OUTCOME_SYS, "the client sent a second sasl-init: a client bug")
-        elif code in _PERFORMATIVE_BY_NAME.values():
+        elif code in PERFORMATIVE_BY_NAME.values():
             raise SaslError(OUTCOME_SYS, f"the client sent SASL performative 0x{code:02x} out of turn (expected "
                                          f"{'sasl-init' if self.phase == 'init' else 'sasl-response'}): a client bug")
         else:
@@ -208,7 +198,7 @@ class SaslServer:
         if mechanism == "ANONYMOUS":
             self._succeed_with_outcome(ANONYMOUS_IDENTITY, output)
         elif mechanism == "EXTERNAL":
-            authorization = _text(response or b"", "EXTERNAL's authorization id")
+            authorization = text(response or b"", "EXTERNAL's authorization id")
             if authorization and authorization != self.external_identity:
                 raise SaslError(OUTCOME_AUTH, f"EXTERNAL: the certificate of {_shown(self.external_identity)} "
                                               f"may not act for {_shown(authorization)}")
@@ -222,7 +212,7 @@ class SaslServer:
         parts = (response or b"").split(b"\x00")
         if len(parts) != 3 or not parts[1]:
             raise SaslError(OUTCOME_AUTH, "PLAIN: the client's response is not authzid NUL user NUL password")
-        authorization, user, password = (_text(part, "PLAIN's response") for part in parts)
+        authorization, user, password = (text(part, "PLAIN's response") for part in parts)
         if authorization and authorization != user:
             raise SaslError(OUTCOME_AUTH, f"PLAIN: user {_shown(user)} may not act for {_shown(authorization)}")
         try:
@@ -239,17 +229,17 @@ class SaslServer:
             raise SaslError(OUTCOME_AUTH, "SCRAM-SHA-256: the client sent no client-first message in sasl-init")
         server = ScramMechanism("SCRAM-SHA-256").make_server(self._scram_auth_info, s_nonce=self.scram_server_nonce)
         try:
-            server.set_client_first(_text(response, "SCRAM-SHA-256's client-first message"))
+            server.set_client_first(text(response, "SCRAM-SHA-256's client-first message"))
             server_first = server.get_server_first()
         except ScramException as error:
             raise self._scram_failure(error, "client-first") from None
         self._scram = server
         self.phase = "response"
-        output.append(_frame(_performative(_CHALLENGE, _binary(server_first.encode()))))
+        output.append(frame(performative(CHALLENGE, binary(server_first.encode()))))
 
     def _finish_scram(self, response: bytes, output: list) -> None:
         try:
-            self._scram.set_client_final(_text(response, "SCRAM-SHA-256's client-final message"))
+            self._scram.set_client_final(text(response, "SCRAM-SHA-256's client-final message"))
             server_final = self._scram.get_server_final()
         except ScramException as error:
             raise self._scram_failure(error, "client-final") from None
@@ -286,8 +276,8 @@ class SaslServer:
     # ---- outcomes ----------------------------------------------------------------------------
 
     def _succeed_with_outcome(self, identity: str, output: list, additional_data: bytes | None = None) -> None:
-        fields = _ubyte(OUTCOME_OK) + (_binary(additional_data) if additional_data is not None else b"")
-        output.append(_frame(_performative(_OUTCOME, fields, count=2 if additional_data is not None else 1)))
+        fields = ubyte(OUTCOME_OK) + (binary(additional_data) if additional_data is not None else b"")
+        output.append(frame(performative(OUTCOME, fields, count=2 if additional_data is not None else 1)))
         self._succeed(self.mechanism, identity)
 
     def _succeed(self, mechanism: str | None, identity: str) -> None:
@@ -295,7 +285,7 @@ class SaslServer:
 
     def _fail(self, error: SaslError, output: list) -> None:
         if self.phase != "header":
-            output.append(_frame(_performative(_OUTCOME, _ubyte(error.code))))
+            output.append(frame(performative(OUTCOME, ubyte(error.code))))
         self.phase, self.failure, self.fault, self.identity = "failed", error.description, error.fault, None
 
     def _step(self, output: bytes, rest: bytes = b"") -> SaslStep:
@@ -303,123 +293,5 @@ class SaslServer:
         return SaslStep(output, state, self.identity, self.mechanism, rest, self.failure, self.fault)
 
 
-# ---- the few AMQP types SASL uses ------------------------------------------------------------
-
-
-class _Fields:
-    """The fields of one performative's list, read lazily and only inside the frame body."""
-
-    def __init__(self, body: bytes, position: int, end: int, count: int):
-        self.values = []
-        for _ in range(min(count, 3)):  # no SASL performative the server reads has more than 3 fields
-            code, start, value_end = _value_extent(body, position, end)
-            self.values.append((code, body[start:value_end]))
-            position = value_end
-
-    def _field(self, index: int, name: str, codes: tuple, kind: str, mandatory: bool):
-        code, value = self.values[index] if index < len(self.values) else (0x40, b"")
-        if code == 0x40:
-            if mandatory:
-                raise SaslError(OUTCOME_SYS, f"the client left out the mandatory field {name}: a client bug")
-            return None
-        if code not in codes:
-            raise SaslError(OUTCOME_SYS, f"the client sent field {name} as type 0x{code:02x}, not {kind}: a client bug")
-        return value
-
-    def symbol(self, index: int, name: str, mandatory: bool = False) -> str | None:
-        value = self._field(index, name, (0xA3, 0xB3), "a symbol", mandatory)
-        return None if value is None else _text(value, name, "ascii")
-
-    def binary(self, index: int, name: str, mandatory: bool = False) -> bytes | None:
-        return self._field(index, name, (0xA0, 0xB0), "binary", mandatory)
-
-
-def _decode_performative(body: bytes) -> tuple[int, _Fields]:
-    end = len(body)
-    if body[0] != 0x00:
-        raise SaslError(OUTCOME_SYS, "the client sent a SASL frame whose body is not a described list: a client bug")
-    code, start, value_end = _value_extent(body, 1, end)
-    descriptor = body[start:value_end]
-    if code in (0x53, 0x80):
-        performative = int.from_bytes(descriptor, "big")
-    elif code in (0xA3, 0xB3):
-        performative = _PERFORMATIVE_BY_NAME.get(descriptor, -1)
-    else:
-        raise SaslError(OUTCOME_SYS, f"the client sent a performative descriptor of type 0x{code:02x}: a client bug")
-    list_code, list_start, list_end = _value_extent(body, value_end, end)
-    if list_code == 0x45:
-        return performative, _Fields(body, list_start, list_end, 0)
-    if list_code not in (0xC0, 0xD0):
-        raise SaslError(OUTCOME_SYS, "the client sent a performative that is not a list: a client bug")
-    count_bytes = 1 if list_code == 0xC0 else 4
-    if list_end - list_start < count_bytes:
-        raise SaslError(OUTCOME_SYS, "the client sent a truncated list: a client bug")
-    count = int.from_bytes(body[list_start:list_start + count_bytes], "big")
-    return performative, _Fields(body, list_start + count_bytes, list_end, count)
-
-
-_WIDTH_BYTES = {0x40: 0, 0x45: 0, 0x50: 1, 0x53: 1, 0x80: 8}  # null, list0, ubyte, smallulong, ulong
-_SIZED = {0xA0: 1, 0xA1: 1, 0xA3: 1, 0xC0: 1, 0xE0: 1, 0xB0: 4, 0xB1: 4, 0xB3: 4, 0xD0: 4, 0xF0: 4}
-
-
-def _value_extent(body: bytes, position: int, end: int) -> tuple[int, int, int]:
-    """(format code, start of its content, end of the value), all checked to lie before `end`."""
-    if position >= end:
-        raise SaslError(OUTCOME_SYS, "the client sent a truncated SASL frame body: a client bug")
-    code = body[position]
-    position += 1
-    if code in _WIDTH_BYTES:
-        value_end = position + _WIDTH_BYTES[code]
-    elif code in _SIZED:
-        size_bytes = _SIZED[code]
-        if position + size_bytes > end:
-            raise SaslError(OUTCOME_SYS, "the client sent a truncated SASL frame body: a client bug")
-        size = int.from_bytes(body[position:position + size_bytes], "big")
-        position += size_bytes
-        value_end = position + size
-    else:
-        raise SaslError(OUTCOME_SYS, f"the client sent AMQP type 0x{code:02x} where SASL has none: a client bug")
-    if value_end > end:
-        raise SaslError(OUTCOME_SYS, "the client sent a value that runs past its SASL frame: a client bug")
-    return code, position, value_end
-
-
-def _text(value: bytes, name: str, encoding: str = "utf-8") -> str:
-    try:
-        return value.decode(encoding)
-    except UnicodeDecodeError:
-        raise SaslError(OUTCOME_AUTH, f"the client's {name} is not valid {encoding}") from None
-
-
 def _shown(user: str | None) -> str:
     return repr(user if user is None or len(user) <= _USER_SHOWN_CHARS_MAX else user[:_USER_SHOWN_CHARS_MAX] + "...")
-
-
-def _frame(body: bytes) -> bytes:
-    return (_FRAME_HEADER_BYTES + len(body)).to_bytes(4, "big") + bytes((2, _SASL_FRAME_TYPE, 0, 0)) + body
-
-
-def _performative(code: int, fields: bytes, count: int = 1) -> bytes:
-    return bytes((0x00, 0x53, code)) + _sized(0xC0, 0xD0, count.to_bytes(1, "big"), count.to_bytes(4, "big"), fields)
-
-
-def _sized(code8: int, code32: int, count8: bytes, count32: bytes, content: bytes) -> bytes:
-    if len(count8 + content) <= 255:
-        return bytes((code8, len(count8 + content))) + count8 + content
-    return bytes((code32,)) + len(count32 + content).to_bytes(4, "big") + count32 + content
-
-
-def _symbol_array(names: tuple[str, ...]) -> bytes:
-    """array8 of sym8: the supported mechanisms' names are short and few."""
-    elements = b"".join(bytes((len(name),)) + name.encode("ascii") for name in names)
-    return bytes((0xE0, 2 + len(elements), len(names), 0xA3)) + elements
-
-
-def _binary(value: bytes) -> bytes:
-    if len(value) <= 255:
-        return bytes((0xA0, len(value))) + value
-    return b"\xb0" + len(value).to_bytes(4, "big") + value
-
-
-def _ubyte(value: int) -> bytes:
-    return bytes((0x50, value))
