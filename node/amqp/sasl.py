@@ -5,13 +5,20 @@ Rules:
   writes `SaslStep.output`, and once the state is "authenticated" hands `rest` (the client's AMQP
   header and whatever followed it) to a proton transport that has no SASL layer.
 - Nothing is buffered but one partial frame, and a frame announced over `frame_max_bytes` fails the
-  exchange as soon as its 4 size bytes arrive.
+  exchange as soon as its 4 size bytes arrive. While a deferred PLAIN check runs (`defer_plain`),
+  what arrives is kept for proton; the adapter stops reading meanwhile, so that is one read at most.
 - Decoding reads only inside the current frame and fails only with SaslError; the exchange then ends
   with a sasl-outcome (code 1 for the client's credentials or mechanism, 2 for broken protocol or
   a failing authenticator, 4 for a timeout) and every later byte is ignored.
 - Failure reasons go to the node's log: they name the user, never a password or a raw response.
-- SCRAM-SHA-256 is scramp's; an unknown user gets a decoy salt and fails at the proof exactly as a
-  wrong password does, so the client cannot tell them apart.
+- SCRAM-SHA-256 is scramp's; an unknown user gets the authenticator's decoy (`scram_decoy`: a salt of
+  the same length, the same iteration count, the same one every time) and fails at the proof exactly
+  as a wrong password does, so the client cannot tell them apart.
+- Credentials are checked only after the adapter's `held` hook, given the claimed user, let them:
+  a held attempt is refused unchecked (PLAIN before any key derivation, SCRAM-SHA-256 before the
+  proof). With `defer_plain` the PLAIN check itself is the adapter's: the step carries `check`
+  (user, password), and the adapter answers with `checked` once it has verified them, on its own
+  time and thread; this object is still touched by one thread only.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from scramp import ScramException, ScramMechanism
 
@@ -44,6 +51,9 @@ class Authenticator(Protocol):
 
     def scram_auth_info(self, user: str) -> tuple[bytes, bytes, bytes, int] | None: ...  # None: unknown
 
+    # optional: what an unknown user is told, shaped as a real user's auth info and the same every time
+    def scram_decoy(self, user: str) -> tuple[bytes, bytes, bytes, int] | None: ...
+
 
 @dataclass(frozen=True)
 class SaslStep:
@@ -54,13 +64,17 @@ class SaslStep:
     rest: bytes = b""  # authenticated only: the bytes for proton, from the client's AMQP header on
     failure: str | None = None  # failed only: why, for the node's log
     fault: str | None = None  # failed only: "client" or "node"
+    user: str | None = None  # the user name the client claimed, if it got that far (failed or authenticated)
+    check: tuple[str, str] | None = None  # pending, with defer_plain: (user, password) for the adapter to verify
+    held: bool = False  # failed only: refused unchecked because the `held` hook held the attempt
 
 
 class SaslServer:
     def __init__(self, mechanisms: tuple[str, ...], authenticator: Authenticator | None, *,
                  started_ms: int, exchange_timeout_ms: int, frame_max_bytes: int = 4096,
                  allow_plain_amqp: bool = False, external_identity: str | None = None,
-                 scram_server_nonce: str | None = None, decoy_key: bytes | None = None):
+                 scram_server_nonce: str | None = None, decoy_key: bytes | None = None,
+                 held: Callable[[str], str | None] | None = None, defer_plain: bool = False):
         unknown = [name for name in mechanisms if name not in SUPPORTED_MECHANISMS]
         if unknown:
             raise ValueError(f"SASL mechanisms {unknown} are not supported; use some of {SUPPORTED_MECHANISMS}")
@@ -72,12 +86,17 @@ class SaslServer:
         self.allow_plain_amqp = allow_plain_amqp
         self.external_identity = external_identity
         self.scram_server_nonce = scram_server_nonce  # tests fix it; None draws a random one
-        self.decoy_key = decoy_key or _DECOY_KEY_PROCESS
-        self.phase = "header"  # header -> init [-> response] -> authenticated | failed
+        self.decoy_key = decoy_key or _DECOY_KEY_PROCESS  # for an authenticator without scram_decoy
+        self.held = held  # the claimed user -> why attempts for it are held now, or None
+        self.defer_plain = defer_plain
+        self.phase = "header"  # header -> init [-> response | checking] -> authenticated | failed
         self.mechanism: str | None = None
         self.identity: str | None = None
         self.failure: str | None = None
         self.fault: str | None = None
+        self.user: str | None = None  # claimed
+        self._held = False
+        self._check: tuple[str, str] | None = None  # the deferred PLAIN check, until `checked`
         self._buffer = bytearray()
         self._scram = None
         self._scram_user: str | None = None
@@ -92,6 +111,9 @@ class SaslServer:
         if self.phase == "failed":
             return self._step(b"")
         output: list[bytes] = []
+        if self.phase == "checking" and not self.expired(now_ms):
+            self._buffer += data
+            return SaslStep(b"", "pending")  # the check was handed out once, with the step that asked for it
         if self.expired(now_ms):
             self._fail(SaslError(OUTCOME_SYS_TEMP, f"the client did not finish the SASL exchange within "
                                                    f"{self.exchange_timeout_ms} ms (exchange_timeout_ms)"), output)
@@ -116,8 +138,24 @@ class SaslServer:
             del self._buffer[:position]
         return self._step(b"".join(output), rest=rest)
 
+    def checked(self, verified: bool | BaseException) -> SaslStep:
+        """The adapter's answer to a step's `check`: whether the password is right, or the exception
+        its check raised (the node's fault)."""
+        if self.phase != "checking":  # failed meanwhile (expired): nothing more to say
+            return self._step(b"")
+        user, _ = self._check
+        self._check = None
+        output: list[bytes] = []
+        try:
+            self._plain_outcome(user, verified, output)
+        except SaslError as error:
+            self._fail(error, output)
+        rest = bytes(self._buffer) if self.phase == "authenticated" else b""
+        self._buffer.clear()
+        return self._step(b"".join(output), rest=rest)
+
     def expired(self, now_ms: int) -> bool:
-        pending = self.phase in ("header", "init", "response")
+        pending = self.phase in ("header", "init", "response", "checking")
         return pending and now_ms - self.started_ms > self.exchange_timeout_ms
 
     # ---- reading -----------------------------------------------------------------------------
@@ -200,8 +238,10 @@ class SaslServer:
         elif mechanism == "EXTERNAL":
             authorization = text(response or b"", "EXTERNAL's authorization id")
             if authorization and authorization != self.external_identity:
+                self.user = authorization
                 raise SaslError(OUTCOME_AUTH, f"EXTERNAL: the certificate of {_shown(self.external_identity)} "
                                               f"may not act for {_shown(authorization)}")
+            self.user = authorization or self.external_identity
             self._succeed_with_outcome(self.external_identity, output)
         elif mechanism == "PLAIN":
             self._plain(response, output)
@@ -213,16 +253,32 @@ class SaslServer:
         if len(parts) != 3 or not parts[1]:
             raise SaslError(OUTCOME_AUTH, "PLAIN: the client's response is not authzid NUL user NUL password")
         authorization, user, password = (text(part, "PLAIN's response") for part in parts)
+        self.user = user
         if authorization and authorization != user:
             raise SaslError(OUTCOME_AUTH, f"PLAIN: user {_shown(user)} may not act for {_shown(authorization)}")
+        self._refuse_if_held(user)
+        if self.defer_plain:
+            self.phase, self._check = "checking", (user, password)
+            return
         try:
             verified = self.authenticator.verify_plain(user, password)
-        except Exception as error:  # the authenticator is the node's; a bug there is not the client's fault
+        except Exception as error:  # handed on: _plain_outcome names it without its message
+            verified = error
+        self._plain_outcome(user, verified, output)
+
+    def _plain_outcome(self, user: str, verified: bool | BaseException, output: list) -> None:
+        if isinstance(verified, BaseException):  # the authenticator is the node's: not the client's fault
             raise SaslError(OUTCOME_SYS, f"PLAIN: the authenticator failed for user {_shown(user)} "
-                                         f"({type(error).__name__}): a node bug", fault="node") from None
+                                         f"({type(verified).__name__}): a node bug", fault="node")
         if not verified:
             raise SaslError(OUTCOME_AUTH, f"PLAIN: unknown user or wrong password for user {_shown(user)}")
         self._succeed_with_outcome(user, output)
+
+    def _refuse_if_held(self, user: str) -> None:
+        reason = self.held(user) if self.held is not None else None
+        if reason:
+            self._held = True
+            raise SaslError(OUTCOME_AUTH, f"{self.mechanism}: {reason}; refused unchecked")
 
     def _start_scram(self, response: bytes | None, output: list) -> None:
         if not response:
@@ -238,6 +294,7 @@ class SaslServer:
         output.append(frame(performative(CHALLENGE, binary(server_first.encode()))))
 
     def _finish_scram(self, response: bytes, output: list) -> None:
+        self._refuse_if_held(self._scram_user)
         try:
             self._scram.set_client_final(text(response, "SCRAM-SHA-256's client-final message"))
             server_final = self._scram.get_server_final()
@@ -246,7 +303,8 @@ class SaslServer:
         self._succeed_with_outcome(self._scram_user, output, additional_data=server_final.encode())
 
     def _scram_auth_info(self, user: str) -> tuple:
-        self._scram_user = user
+        self._scram_user = self.user = user
+        decoy_of = getattr(self.authenticator, "scram_decoy", None)
         try:
             info = self.authenticator.scram_auth_info(user)
         except LookupError:
@@ -257,6 +315,13 @@ class SaslServer:
         if info is not None:
             return info
         self._scram_user_known = False
+        try:
+            decoy_info = decoy_of(user) if decoy_of is not None else None
+        except Exception as error:
+            self._authenticator_error = error
+            raise
+        if decoy_info is not None:
+            return decoy_info
         decoy = hmac.new(self.decoy_key, b"decoy\x00" + user.encode(), hashlib.sha256).digest()
         return decoy[:16], decoy, decoy, DECOY_ITERATION_COUNT  # no proof can hash to this stored key
 
@@ -287,10 +352,12 @@ class SaslServer:
         if self.phase != "header":
             output.append(frame(performative(OUTCOME, ubyte(error.code))))
         self.phase, self.failure, self.fault, self.identity = "failed", error.description, error.fault, None
+        self._check = None  # no password kept past the exchange
 
     def _step(self, output: bytes, rest: bytes = b"") -> SaslStep:
         state = self.phase if self.phase in ("authenticated", "failed") else "pending"
-        return SaslStep(output, state, self.identity, self.mechanism, rest, self.failure, self.fault)
+        return SaslStep(output, state, self.identity, self.mechanism, rest, self.failure, self.fault, self.user,
+                        self._check if self.phase == "checking" else None, self._held)
 
 
 def _shown(user: str | None) -> str:
