@@ -154,6 +154,15 @@ class SaslServer:
         self._buffer.clear()
         return self._step(b"".join(output), rest=rest)
 
+    def check_refused(self, reason: str) -> SaslStep:
+        """The adapter could not run a step's `check` (too busy): a temporary failure, not the client's."""
+        if self.phase != "checking":
+            return self._step(b"")
+        output: list[bytes] = []
+        self._fail(SaslError(OUTCOME_SYS_TEMP, reason, fault="node"), output)
+        self._buffer.clear()
+        return self._step(b"".join(output))
+
     def expired(self, now_ms: int) -> bool:
         pending = self.phase in ("header", "init", "response", "checking")
         return pending and now_ms - self.started_ms > self.exchange_timeout_ms
