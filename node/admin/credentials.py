@@ -25,10 +25,11 @@ Rules:
   counts as a failure too, so guessing in parallel or without pause only keeps the guesser out
   longer: it is checked again only after a whole delay without attempts. Refusing rather than
   holding an answer back spends neither a pool thread nor a PBKDF2 derivation on a guesser. A
-  success (a password this node verified within VERIFIED_TTL_MS still succeeds while held) clears
-  only its own (address, user) count and trusts that pair (failed_logins says why no other count);
-  callers with no source address (tests of the API alone) are not throttled. Memory: at most
-  THROTTLE_KEYS_MAX entries in each of the throttle's four tables (~200 bytes each, ~8 MB in all).
+  success (a password this node verified within VERIFIED_TTL_MS still succeeds while held) resets
+  no count but trusts its (address, user) pair, which its address's and user's holds then spare
+  (failed_logins says why); callers with no source address (tests of the API alone) are not
+  throttled. Memory: at most THROTTLE_KEYS_MAX entries in each of the throttle's four tables (about
+  200 bytes each, ~8 MB in all).
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ Engine loop thread only. Rules:
   per source address and reason. Only a failed check of credentials (PLAIN, SCRAM-SHA-256,
   EXTERNAL) counts: garbage, a wrong protocol header or a mechanism not offered guesses nothing, and
   an open node has nothing to guess, so those never make the node hold back an answer. A success
-  clears only its own pair's count (failed_logins says why).
+  resets no count; it trusts its (address, user) pair (failed_logins says why). Memory: at most
+  failed_logins.KEYS_MAX (10,000) entries in each of its four tables, about 200 bytes each.
 - PLAIN's key derivation (PBKDF2, a few ms) runs off the engine loop, on PLAIN_CHECK_THREADS
   threads, at most PLAIN_CHECKS_MAX at once (queued included; past it an attempt is refused with a
   temporary failure, uncounted); the connection's input is paused meanwhile and the result comes

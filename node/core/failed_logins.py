@@ -12,15 +12,17 @@ One rule for the AMQP gate (node/amqp/gate.py) and the admin port and /metrics
 - An attempt is refused unchecked (no password work at all) while a key that applies to it is held,
   and that refusal counts as a failure of each key that held it: guessing in parallel or without
   pause only keeps the guesser out longer.
-- A success resets no address's and no user's count. An address's count covers every user tried
-  from it, so one account's success (the attacker's own) says nothing about guesses at the others;
-  a user's count covers every address, so a success from one says nothing about guesses from
-  another. Streaks end on their own after `failure_window_ms` without failures. A success clears
-  only its own pair's count (whoever succeeds knows that password), and makes the pair trusted for
-  `trust_ms`: a trusted pair is held only by its own count, not by its address's or its user's.
-  So a client that logged in before keeps getting in while someone else guesses its user's password
-  from elsewhere, or guesses other users' from its address (one host, NAT), and it cannot lend that
-  to guesses at any other user.
+- A success resets no count. An address's count covers every user tried from it, so one account's
+  success (the attacker's own) says nothing about guesses at the others (issue 26: with a success
+  resetting it, 24 guesses went unthrottled); a user's count covers every address, so a success
+  from one says nothing about guesses from another; and not even the pair's own count, because
+  whoever shares that address (one host, NAT) and guesses that user's password would get a fresh
+  streak at each of the real client's logins. Streaks end on their own after `failure_window_ms`
+  without failures, which is all a user who mistyped waits for.
+- A success makes its pair trusted for `trust_ms`: a trusted pair is held only by its own count,
+  not by its address's or its user's. So a client that logged in before keeps getting in while
+  someone guesses its user's password from elsewhere, or other users' from its address, and it
+  lends nothing to guesses at any other user.
 - Memory is bounded: at most `addresses_max` addresses, `users_max` user names, `pairs_max` pairs
   with a streak and `trusted_max` trusted pairs at once, each the least recently failed (or
   trusted) forgotten first. User names are kept as 16-byte digests, so a long name costs no more
@@ -64,9 +66,6 @@ class _Streaks:
             if len(self._entries) <= self.entries_max and now_ms - oldest[1] < self.window_ms:
                 break
             self._entries.popitem(last=False)
-
-    def clear(self, key) -> None:
-        self._entries.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -117,7 +116,6 @@ class FailedLogins:
 
     def succeeded(self, address: str, user: str, now_ms: int) -> None:
         pair = (address, _digest(user))
-        self._pairs.clear(pair)
         self._trusted.pop(pair, None)
         self._trusted[pair] = now_ms + self.trust_ms
         while len(self._trusted) > self.trusted_max:
@@ -134,10 +132,9 @@ class FailedLogins:
             return [("address", self._addresses, address)]
         digest = _digest(user)
         pair = (address, digest)
-        keys = [("pair", self._pairs, pair)]
-        if self._trusted.get(pair, -1) <= now_ms:
-            keys += [("address", self._addresses, address), ("user", self._users, digest)]
-        return keys
+        if self._trusted.get(pair, -1) > now_ms:
+            return [("pair", self._pairs, pair)]
+        return [("address", self._addresses, address), ("user", self._users, digest), ("pair", self._pairs, pair)]
 
     def _held_ms(self, streaks: _Streaks, key, now_ms: int) -> int:
         count, last_failure_ms = streaks.count(key, now_ms)

@@ -18,7 +18,7 @@ def test_three_failures_hold_nothing_the_fourth_holds_the_address_the_user_and_t
     throttle.failed("10.0.0.1", "admin", 0)
     assert throttle.held("10.0.0.1", "bob", 1) == (DELAY_MIN_MS - 1, "address")
     assert throttle.held("10.0.0.2", "admin", 1) == (DELAY_MIN_MS - 1, "user")
-    assert throttle.held("10.0.0.1", "admin", 1)[0] == DELAY_MIN_MS - 1
+    assert throttle.held("10.0.0.1", "admin", 1) == (DELAY_MIN_MS - 1, "address")  # all three: the address named
     assert throttle.held("10.0.0.2", "bob", 1) == (0, "")
     assert throttle.held("10.0.0.1", "admin", DELAY_MIN_MS) == (0, "")
 
@@ -56,17 +56,19 @@ def test_one_accounts_successes_reset_neither_the_address_nor_another_users_coun
     assert throttle.held("10.0.0.9", "mallory", 10) == (0, "")  # the trusted pair gets in
 
 
-def test_a_success_clears_its_own_pair_only_and_trusts_it_while_others_guess():
+def test_a_success_clears_no_count_and_trusts_its_pair_while_others_guess():
     throttle = FailedLogins(trust_ms=1000)
     fail(throttle, "10.0.0.1", "app", 3)
     throttle.succeeded("10.0.0.1", "app", 0)  # mistyped three times, then right
-    fail(throttle, "10.0.0.66", "app", 10)  # someone guesses app's password from elsewhere
-    fail(throttle, "10.0.0.1", "admin", 10)  # and admin's from app's host
-    assert throttle.held("10.0.0.1", "app", 1) == (0, "")
-    assert throttle.held("10.0.0.2", "app", 1)[1] == "user"
+    throttle.failed("10.0.0.1", "app", 1)  # the pair's streak goes on: held
+    assert throttle.held("10.0.0.1", "app", 1) == (DELAY_MIN_MS, "pair")
+    assert throttle.held("10.0.0.1", "app", 1 + DELAY_MIN_MS) == (0, "")
+    fail(throttle, "10.0.0.66", "app", 10, now_ms=300)  # someone guesses app's password from elsewhere
+    fail(throttle, "10.0.0.1", "admin", 10, now_ms=300)  # and admin's from app's host
+    assert throttle.held("10.0.0.1", "app", 301) == (0, "")  # trusted: only its own count holds it
+    assert throttle.held("10.0.0.2", "app", 301)[1] == "user"
+    assert throttle.held("10.0.0.1", "admin", 301)[1] == "address"
     assert throttle.held("10.0.0.1", "app", 1001)[0] > 0  # trust lapsed: the address and user holds apply
-    fail(throttle, "10.0.0.1", "app", 4, now_ms=2)  # a trusted pair's own failures still hold it
-    assert throttle.held("10.0.0.1", "app", 2) == (DELAY_MIN_MS, "pair")
 
 
 def test_an_unknown_user_name_counts_as_a_known_one_does():
