@@ -18,10 +18,11 @@ Engine loop thread only. Rules:
   resets no count; it trusts its (address, user) pair (failed_logins says why). Memory: at most
   failed_logins.KEYS_MAX (10,000) entries in each of its four tables, about 200 bytes each.
 - PLAIN's key derivation (PBKDF2, a few ms) runs off the engine loop, on PLAIN_CHECK_THREADS
-  threads, at most PLAIN_CHECKS_MAX at once (queued included; past it an attempt is refused with a
-  temporary failure, uncounted); the connection's input is paused meanwhile and the result comes
-  back through the engine's bridge, so proton objects and the SASL server are touched on the loop
-  only. A guesser from many addresses then slows logins, not other clients' traffic.
+  threads niced PLAIN_CHECK_NICE below it, at most PLAIN_CHECKS_MAX at once (queued included; past
+  it an attempt is refused with a temporary failure, uncounted); the connection's input is paused
+  meanwhile and the result comes back through the engine's bridge, so proton objects and the SASL
+  server are touched on the loop only. A guesser from many addresses then slows PLAIN logins, not
+  other clients' traffic (bench/plain_flood.py measures it).
 - proton never sees a client the gate did not let through, so proton's own error for it is not
   logged (`lost`): the gate's refusal line says why.
 - The users file and the TLS files are looked at about once a second and reloaded when changed.
@@ -32,6 +33,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import os
 import threading
 
 from node.amqp import tls
@@ -44,7 +46,16 @@ log = logging.getLogger("grouper.amqp")
 PROVEN_MECHANISMS = frozenset({"PLAIN", "SCRAM-SHA-256", "EXTERNAL"})  # the ones that prove an identity
 FILES_CHECK_INTERVAL_MS = 1000  # how often the users file and TLS files are looked at for changes
 PLAIN_CHECK_THREADS = 2  # threads deriving PLAIN passwords' keys (hashlib's PBKDF2 releases the GIL)
+PLAIN_CHECK_NICE = 10  # their scheduling niceness above the loop's: on a busy machine the loop's clients go first
 PLAIN_CHECKS_MAX = 64  # PLAIN checks queued or running at once; each holds one password until checked
+
+
+def _lower_priority() -> None:
+    """A check thread's first act: yield the CPU to the engine loop (Linux nices threads one by one)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PLAIN_CHECK_NICE)
+    except (AttributeError, OSError):  # elsewhere, or not allowed: the same work at the same priority
+        pass
 
 
 class _Exchange:
@@ -190,7 +201,8 @@ class Gate:
             self.loop.call_soon(self._deliver, exchange)
             return
         if self._check_threads is None:
-            self._check_threads = concurrent.futures.ThreadPoolExecutor(PLAIN_CHECK_THREADS, "grouper-plain-check")
+            self._check_threads = concurrent.futures.ThreadPoolExecutor(
+                PLAIN_CHECK_THREADS, "grouper-plain-check", initializer=_lower_priority)
         connection.socket.pause_reading()  # what the client sends meanwhile waits in the socket
         bridge = connection.engine.bridge
         user, password = check
