@@ -9,11 +9,13 @@ Rules:
   what arrives is kept for proton; the adapter stops reading meanwhile, so that is one read at most.
 - Decoding reads only inside the current frame and fails only with SaslError; the exchange then ends
   with a sasl-outcome (code 1 for the client's credentials or mechanism, 2 for broken protocol or
-  a failing authenticator, 4 for a timeout) and every later byte is ignored.
+  a failing authenticator, 4 for a timeout or a node too busy to check) and every later byte is
+  ignored.
 - Failure reasons go to the node's log: they name the user, never a password or a raw response.
-- SCRAM-SHA-256 is scramp's; an unknown user gets the authenticator's decoy (`scram_decoy`: a salt of
-  the same length, the same iteration count, the same one every time) and fails at the proof exactly
-  as a wrong password does, so the client cannot tell them apart.
+- SCRAM-SHA-256 is scramp's; an unknown user gets the authenticator's decoy (`scram_decoy`, asked for
+  every user so both cost the same: a salt of a real one's length, the same iteration count, the
+  same every time) and fails at the proof exactly as a wrong password does, so the client cannot
+  tell them apart.
 - Credentials are checked only after the adapter's `held` hook, given the claimed user, let them:
   a held attempt is refused unchecked (PLAIN before any key derivation, SCRAM-SHA-256 before the
   proof). With `defer_plain` the PLAIN check itself is the adapter's: the step carries `check`
@@ -314,7 +316,9 @@ class SaslServer:
     def _scram_auth_info(self, user: str) -> tuple:
         self._scram_user = self.user = user
         decoy_of = getattr(self.authenticator, "scram_decoy", None)
+        decoy_info = None
         try:
+            decoy_info = decoy_of(user) if decoy_of is not None else None  # for every user: the same work
             info = self.authenticator.scram_auth_info(user)
         except LookupError:
             info = None
@@ -324,11 +328,6 @@ class SaslServer:
         if info is not None:
             return info
         self._scram_user_known = False
-        try:
-            decoy_info = decoy_of(user) if decoy_of is not None else None
-        except Exception as error:
-            self._authenticator_error = error
-            raise
         if decoy_info is not None:
             return decoy_info
         decoy = hmac.new(self.decoy_key, b"decoy\x00" + user.encode(), hashlib.sha256).digest()
