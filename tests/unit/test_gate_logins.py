@@ -53,12 +53,13 @@ class FakeSocket:
 class FakeLoop:
     def __init__(self):
         self.later: list = []
+        self.soon: list = []
 
     def call_later(self, delay_s, callback, *args):
         self.later.append((delay_s, callback, args))
 
     def call_soon(self, callback, *args):
-        callback(*args)
+        self.soon.append((callback, args))
 
 
 class SaslConnection(Connection):
@@ -105,6 +106,9 @@ class Node:
 
     def answer(self, connection: SaslConnection) -> int | None:
         """The outcome the client got, at once or after the held delay; None if none yet."""
+        soon, self.loop.soon = self.loop.soon, []
+        for callback, args in soon:
+            callback(*args)
         for delay_s, callback, args in self.loop.later:
             if callback == connection.refuse:
                 callback(*args)
