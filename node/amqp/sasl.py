@@ -34,7 +34,7 @@ from typing import Callable, Protocol
 from scramp import ScramException, ScramMechanism
 
 from node.amqp.sasl_frames import (CHALLENGE, FRAME_HEADER_BYTES, INIT, MECHANISMS, OUTCOME, OUTCOME_AUTH, OUTCOME_OK,
-                                   OUTCOME_SYS, OUTCOME_SYS_PERM, OUTCOME_SYS_TEMP, PERFORMATIVE_BY_NAME, RESPONSE,
+                                   OUTCOME_SYS, OUTCOME_SYS_TEMP, PERFORMATIVE_BY_NAME, RESPONSE,
                                    SASL_FRAME_TYPE, Fields, SaslError, binary, decode_performative, frame,
                                    performative, symbol_array, text, ubyte)
 
