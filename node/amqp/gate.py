@@ -1,6 +1,7 @@
 """What a connection passes before the node serves it: admission, the SASL exchange, a deadline.
 
-Engine loop thread only. Rules:
+Engine loop thread only, but for the PLAIN checks' threads, which touch nothing but the users and
+a lock (see below). Rules:
 - A socket from an address that already has connections_per_address_max open is closed at once.
 - Each accepted socket gets a SASL exchange (node/amqp/sasl.py) with the mechanisms the security
   policy offers on its listener; proton sees nothing of the client until the exchange named it.
