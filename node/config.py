@@ -25,6 +25,7 @@ ENV_PREFIX = "GROUPER_"
 HTTP_PORT_OFFSET = 3  # http_port = amqp_port + 3 when only amqp_port is given: a second node on one host just works
 ROUTE_FOLLOW_MIN_MS = 1000  # the shortest route_follow_ms other than 0
 TRACE_FILE_MIN_BYTES = 1024  # the smallest trace_file_max_bytes: a file holds a few lines at least
+PASSWORD_CHARS_MAX = 1024  # node/users.py's PASSWORD_LENGTH_MAX_CHARS: a longer minimum could never be met
 CONNECTIONS_MAX_CEILING = 900  # each connection is a file descriptor; many systems cap a process at 1024 by default
 
 
@@ -61,6 +62,8 @@ class NodeConfig:
     handshake_timeout_ms: int = 10_000  # from accepting a socket to the client's AMQP open (TLS, SASL included)
     sasl_frame_max_bytes: int = 4096  # largest SASL frame read before authentication
     connections_per_address_max: int = 256  # open AMQP connections from one source address (half of connections_max)
+    # fewest characters of a new password (`grouper user add`/`passwd`, GROUPER_DEFAULT_PASSWORD); logins only compare
+    password_chars_min: int = 12
     tls_cert_file: str = ""  # PEM certificate chain; with tls_key_file, AMQP over TLS is served on amqps_port
     tls_key_file: str = ""  # PEM private key of tls_cert_file
     tls_ca_file: str = ""  # PEM CAs whose client certificates are accepted (SASL EXTERNAL); "" = none asked for
@@ -142,6 +145,9 @@ class NodeConfig:
                     "handshake_timeout_ms", "connections_per_address_max"):
             if getattr(self, key) < 1:
                 raise InvalidConfig(key, "must be >= 1")
+        if not 1 <= self.password_chars_min <= PASSWORD_CHARS_MAX:
+            raise InvalidConfig("password_chars_min", f"must be 1..{PASSWORD_CHARS_MAX} characters (12 or more is "
+                                                      f"advised)")
         if not 512 <= self.sasl_frame_max_bytes <= 65536:
             raise InvalidConfig("sasl_frame_max_bytes", "must be 512..65536 (AMQP's SASL frames may be 512 bytes)")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):

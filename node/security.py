@@ -12,8 +12,11 @@ Rules:
   granted. A file that no longer reads keeps the database in force and is logged once per change.
   A node started without the file turns secured when it appears (logged); one whose file goes away
   keeps the users it read.
-- Passwords are checked here, on the engine loop: PLAIN derives a key (PBKDF2, 4096 rounds, a few
-  ms) once per connection, never per message.
+- Passwords are checked here, once per connection, never per message. PLAIN derives a key (PBKDF2,
+  4096 rounds, a few ms): the AMQP gate runs that off the engine loop, and only for attempts its
+  throttle lets through (node/amqp/gate.py); the admin port on its pool threads. SCRAM-SHA-256
+  costs the node a few HMACs, on the loop. A user the file does not have meets a decoy
+  (node/user_decoys.py), computed for known users too.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ class Security:
         """Bootstraps the first administrator if asked, reads the database, and refuses an open node
         on a non-loopback host unless allow_anonymous says so."""
         path = config.users_path()
-        created = bootstrap(path, os.environ if environ is None else environ)
+        created = bootstrap(path, os.environ if environ is None else environ,
+                            password_chars_min=config.password_chars_min)
         if created:
             log.info("created %s with administrator %r (GROUPER_DEFAULT_USER)", path, created)
         database = UserDatabase.load(path) if os.path.exists(path) else None
@@ -82,14 +86,16 @@ class Security:
             offered.append(ANONYMOUS)
         return tuple(offered)
 
-    def sasl_server(self, now_ms: int, tls: bool, client_host: str, certificate_identity: str | None) -> SaslServer:
+    def sasl_server(self, now_ms: int, tls: bool, client_host: str, certificate_identity: str | None, *,
+                    held=None, defer_plain: bool = False) -> SaslServer:
+        """`held` and `defer_plain`: the gate's (node/amqp/sasl.py says what they do)."""
         if certificate_identity is not None and self.scram_auth_info(certificate_identity) is None:
             certificate_identity = None  # a trusted certificate naming no user proves nobody: no EXTERNAL
         return SaslServer(self.mechanisms(tls, client_host, certificate_identity), self,
                           frame_max_bytes=self.config.sasl_frame_max_bytes,
                           allow_plain_amqp=self.database is None or self.config.allow_anonymous,
                           started_ms=now_ms, exchange_timeout_ms=self.config.handshake_timeout_ms,
-                          external_identity=certificate_identity)
+                          external_identity=certificate_identity, held=held, defer_plain=defer_plain)
 
     # ---- the SASL server's authenticator -----------------------------------------------------
 
@@ -98,6 +104,9 @@ class Security:
 
     def scram_auth_info(self, user: str):
         return self.database.scram_auth_info(user) if self.database is not None else None
+
+    def scram_decoy(self, user: str):
+        return self.database.scram_decoy(user) if self.database is not None else None
 
     # ---- reload ------------------------------------------------------------------------------
 

@@ -14,11 +14,16 @@ Rules:
 - Loading validates everything; a bad file is an `InvalidConfig` naming the file and the key path
   (`users.json: users.bob.roles: unknown role 'x'`), so a node refuses it as a whole.
 - Saving is atomic (a temporary file in the same directory, fsync, rename) and the file is 0600.
+- A user the file does not have gets a decoy (node/user_decoys.py) from the file's `decoy_secret`.
+- Passwords set through `add_user` and `set_password` (and so `grouper user` and the bootstrap) have
+  at least `password_chars_min` characters (PASSWORD_CHARS_MIN_DEFAULT unless the node's setting
+  says otherwise); a login's password is only compared, whatever its length.
 
 Format (version 1):
   {"version": 1,
    "roles": {"orders-writer": [{"permissions": ["send"], "queues": ["orders.*"]}]},
    "anonymous_roles": [],
+   "decoy_secret": "<base64 of 32 bytes>",
    "users": {"alice": {"roles": ["administrator"],
                        "scram_sha_256": {"salt": "<base64>", "iterations": 4096,
                                          "stored_key": "<base64>", "server_key": "<base64>"}}}}
@@ -37,6 +42,7 @@ from typing import Iterable, Mapping
 
 import scramp
 
+from node import user_decoys
 from node.config import files_stamp
 from node.core.access import ADMINISTRATOR, ANONYMOUS, Access, Grant
 from node.core.errors import AlreadyExists, InvalidConfig, NotAllowed, NotFound
@@ -47,6 +53,7 @@ FORMAT_VERSION = 1
 FILE_SIZE_MAX_BYTES = 16 << 20  # a users file larger than this is refused unread
 NAME_LENGTH_MAX_CHARS = 255  # user and role names: 1..255 characters, no control characters
 PASSWORD_LENGTH_MAX_CHARS = 1024  # passwords: 1..1024 characters (after SASLprep)
+PASSWORD_CHARS_MIN_DEFAULT = 12  # a new password's fewest characters (node/config.py's password_chars_min default)
 ITERATIONS_MIN = 4096  # PBKDF2 rounds; RFC 7677's minimum for SCRAM-SHA-256
 ITERATIONS_DEFAULT = 4096
 ITERATIONS_MAX = 10_000_000  # scramp's ceiling (a guard against a file that makes every login cost minutes)
@@ -59,13 +66,10 @@ DEFAULT_PASSWORD_ENV = "GROUPER_DEFAULT_PASSWORD"
 DEFAULT_PASSWORD_FILE_ENV = "GROUPER_DEFAULT_PASSWORD_FILE"
 
 _MECHANISM = scramp.ScramMechanism("SCRAM-SHA-256")
-_TOP_KEYS = {"version", "roles", "anonymous_roles", "users"}
+_TOP_KEYS = {"version", "roles", "anonymous_roles", "decoy_secret", "users"}
 _USER_KEYS = {"roles", "scram_sha_256"}
 _SCRAM_KEYS = {"salt", "iterations", "stored_key", "server_key"}
 _GRANT_KEYS = {"permissions", "queues"}
-# verify_plain for an unknown user derives against these, so it takes as long as for a known one
-_DECOY_SALT = b"grouper-decoy-salt"
-_DECOY_KEY = bytes(KEY_LENGTH_BYTES)
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,14 @@ def validate_name(name: str, key: str) -> str:
     return name
 
 
+def password_problem(password: str, chars_min: int) -> str | None:
+    """Why a new password is refused, or None."""
+    if isinstance(password, str) and 0 < len(password) < chars_min:
+        return (f"has {len(password)} characters, fewer than the {chars_min} required (password_chars_min); "
+                f"choose a longer one, such as a few random words")
+    return None
+
+
 def derive(password: str, iterations: int = ITERATIONS_DEFAULT, salt: bytes | None = None) -> Credentials:
     if not isinstance(password, str) or not password:
         raise InvalidConfig("password", "must not be empty")
@@ -117,6 +129,8 @@ class UserDatabase:
         self._roles: dict[str, tuple[Grant, ...]] = {}
         self._anonymous_roles: tuple[str, ...] = ()
         self._users: dict[str, User] = {}
+        self._decoy_secret: bytes | None = None  # the file's; None: derived from the users until saved
+        self._decoy_shape: tuple[int, int] | None = None  # (salt bytes, iterations), cached until users change
 
     # ---- reading and writing ----------------------------------------------------------------
 
@@ -155,6 +169,10 @@ class UserDatabase:
                 raise bad(key, "must be a list of at least one grant")
             database._roles[name] = tuple(_grant(grant, f"{key}.{index}", bad) for index, grant in enumerate(grants))
         database._anonymous_roles = database._known_roles(top.get("anonymous_roles", []), "anonymous_roles", bad)
+        if "decoy_secret" in top:
+            database._decoy_secret = _unb64(top["decoy_secret"], "decoy_secret", bad)
+            if len(database._decoy_secret) != user_decoys.SECRET_BYTES:
+                raise bad("decoy_secret", f"must be {user_decoys.SECRET_BYTES} bytes")
         for name, entry in sorted(_object(top.get("users", {}), "users", None, bad).items()):
             key = f"users.{name}"
             if name_problem(name):
@@ -166,6 +184,8 @@ class UserDatabase:
             if "scram_sha_256" not in entry:
                 raise bad(f"{key}.scram_sha_256", "missing")
             database._users[name] = User(roles, _credentials(entry["scram_sha_256"], f"{key}.scram_sha_256", bad))
+        if database._decoy_secret is None and database._users:  # kept as it is, so decoys never change
+            database._decoy_secret = database._derived_decoy_secret()
         return database
 
     def to_dict(self) -> dict:
@@ -174,6 +194,7 @@ class UserDatabase:
             "roles": {name: [{"permissions": sorted(p.value for p in grant.permissions), "queues": list(grant.queues)}
                              for grant in grants] for name, grants in sorted(self._roles.items())},
             "anonymous_roles": list(self._anonymous_roles),
+            **({"decoy_secret": _b64(self._decoy_secret)} if self._decoy_secret is not None else {}),
             "users": {name: {"roles": list(user.roles), "scram_sha_256": {
                 "salt": _b64(user.credentials.salt), "iterations": user.credentials.iterations,
                 "stored_key": _b64(user.credentials.stored_key), "server_key": _b64(user.credentials.server_key)}}
@@ -183,6 +204,8 @@ class UserDatabase:
     def save(self, path: str) -> None:
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
+        if self._decoy_secret is None:
+            self._decoy_secret = os.urandom(user_decoys.SECRET_BYTES)
         text = json.dumps(self.to_dict(), indent=2) + "\n"
         handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
         try:
@@ -202,8 +225,8 @@ class UserDatabase:
 
     # ---- users ---------------------------------------------------------------------------------
 
-    def add_user(self, name: str, password: str, roles: Iterable[str] = (),
-                 *, iterations: int = ITERATIONS_DEFAULT) -> None:
+    def add_user(self, name: str, password: str, roles: Iterable[str] = (), *, iterations: int = ITERATIONS_DEFAULT,
+                 password_chars_min: int = PASSWORD_CHARS_MIN_DEFAULT) -> None:
         validate_name(name, "user")
         if name == ANONYMOUS:
             raise InvalidConfig("user", f"{ANONYMOUS!r} is reserved for clients that do not log in; "
@@ -211,15 +234,21 @@ class UserDatabase:
         if name in self._users:
             raise AlreadyExists(f"user {name!r} exists already; `grouper user passwd {name}` changes its password")
         roles = self._known_roles(list(roles), "role", _plain)
+        _check_new_password(password, password_chars_min)
         self._users[name] = User(roles, derive(password, iterations))
+        self._decoy_shape = None
 
     def delete_user(self, name: str) -> None:
         self._user(name)
         del self._users[name]
+        self._decoy_shape = None
 
-    def set_password(self, name: str, password: str, *, iterations: int = ITERATIONS_DEFAULT) -> None:
+    def set_password(self, name: str, password: str, *, iterations: int = ITERATIONS_DEFAULT,
+                     password_chars_min: int = PASSWORD_CHARS_MIN_DEFAULT) -> None:
         user = self._user(name)
+        _check_new_password(password, password_chars_min)
         self._users[name] = User(user.roles, derive(password, iterations))
+        self._decoy_shape = None
 
     def set_roles(self, name: str, roles: Iterable[str]) -> None:
         """`name` ANONYMOUS sets the roles of clients that do not log in."""
@@ -279,10 +308,20 @@ class UserDatabase:
         credentials = record.credentials
         return credentials.salt, credentials.stored_key, credentials.server_key, credentials.iterations
 
+    def scram_decoy(self, user: str) -> tuple[bytes, bytes, bytes, int]:
+        """What a user the file does not have is told (node/user_decoys.py), for any name."""
+        secret = self._decoy_secret if self._decoy_secret is not None else self._derived_decoy_secret()
+        if self._decoy_shape is None:
+            self._decoy_shape = user_decoys.typical_shape(
+                ((len(user.credentials.salt), user.credentials.iterations) for user in self._users.values()),
+                ITERATIONS_DEFAULT)
+        return user_decoys.decoy(secret, self._decoy_shape, user)
+
     def verify_plain(self, user: str, password: str) -> bool:
         record = self._users.get(user)
+        decoy_salt, decoy_key, _, decoy_iterations = self.scram_decoy(user)  # for every user: the same work
         if record is None:  # derive all the same, so the time taken does not tell which users exist
-            salt, iterations, expected = _DECOY_SALT, ITERATIONS_DEFAULT, _DECOY_KEY
+            salt, iterations, expected = decoy_salt, decoy_iterations, decoy_key
         else:
             credentials = record.credentials
             salt, iterations, expected = credentials.salt, credentials.iterations, credentials.stored_key
@@ -293,6 +332,10 @@ class UserDatabase:
         return hmac.compare_digest(stored_key, expected) and record is not None
 
     # ---- helpers -------------------------------------------------------------------------------
+
+    def _derived_decoy_secret(self) -> bytes:
+        return user_decoys.derived_secret((name, user.credentials.salt, user.credentials.stored_key,
+                                           user.credentials.server_key) for name, user in self._users.items())
 
     def _user(self, name: str) -> User:
         if name not in self._users:
@@ -309,7 +352,8 @@ class UserDatabase:
         return tuple(sorted(set(names)))
 
 
-def bootstrap(path: str, environ: Mapping[str, str]) -> str | None:
+def bootstrap(path: str, environ: Mapping[str, str],
+              password_chars_min: int = PASSWORD_CHARS_MIN_DEFAULT) -> str | None:
     """The first administrator, from the environment, at first start only (like RabbitMQ's default user)."""
     if os.path.exists(path):
         return None
@@ -338,7 +382,7 @@ def bootstrap(path: str, environ: Mapping[str, str]) -> str | None:
                                       f"{DEFAULT_PASSWORD_ENV}, or {DEFAULT_PASSWORD_FILE_ENV} to a file holding it")
     database = UserDatabase()
     try:
-        database.add_user(name, password_text, [ADMINISTRATOR])
+        database.add_user(name, password_text, [ADMINISTRATOR], password_chars_min=password_chars_min)
     except InvalidConfig as error:
         culprit = DEFAULT_USER_ENV if error.key == "user" else variable
         raise InvalidConfig(culprit, _problem(error)) from None
@@ -349,6 +393,12 @@ def bootstrap(path: str, environ: Mapping[str, str]) -> str | None:
 def stamp(path: str) -> tuple[int, int, int] | None:
     """Changes whenever the file does; None if absent (node.config.files_stamp)."""
     return files_stamp((path,))[0]
+
+
+def _check_new_password(password: str, chars_min: int) -> None:
+    problem = password_problem(password, chars_min)
+    if problem:
+        raise InvalidConfig("password", problem)
 
 
 def _strip_one_newline(text: str) -> str:

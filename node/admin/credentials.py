@@ -17,16 +17,19 @@ Rules:
   changed password or a deleted user is refused from the file's next reload on. Failures are never
   remembered: each one costs the caller a full derivation.
 - Refusals (`Unauthenticated`) say that the caller is at fault and what to give instead.
-- Failed password checks are throttled per source address with the AMQP gate's rule
-  (node.core.admission): from failure number FAILURES_BEFORE_THROTTLE + 1 of a streak (failures
-  less than FAILURE_WINDOW_MS apart), a call with credentials from that address is refused
-  unchecked until THROTTLE_DELAY_MIN_MS after the failure, doubled per further failure up to
-  THROTTLE_DELAY_MAX_MS. An attempt refused that way counts as a failure too, so guessing in
-  parallel or without pause only keeps the address out longer: it is checked again only after a
-  whole delay without attempts. Refusing rather than holding an answer back spends neither a pool
-  thread nor a PBKDF2 derivation on a guesser. A success (a password this node verified within
-  VERIFIED_TTL_MS still succeeds while held) ends the streak; callers with no source address
-  (tests of the API alone) are not throttled.
+- Failed password checks are throttled by node.core.failed_logins (one rule with the AMQP gate):
+  per source address, per user name and per pair of both, from failure number
+  FAILURES_BEFORE_THROTTLE + 1 of a streak (failures less than FAILURE_WINDOW_MS apart) a call with
+  credentials that a held key applies to is refused unchecked until THROTTLE_DELAY_MIN_MS after the
+  failure, doubled per further failure up to THROTTLE_DELAY_MAX_MS. An attempt refused that way
+  counts as a failure too, so guessing in parallel or without pause only keeps the guesser out
+  longer: it is checked again only after a whole delay without attempts. Refusing rather than
+  holding an answer back spends neither a pool thread nor a PBKDF2 derivation on a guesser. A
+  success (a password this node verified within VERIFIED_TTL_MS still succeeds while held) resets
+  no count but trusts its (address, user) pair, which its address's and user's holds then spare
+  (failed_logins says why); callers with no source address (tests of the API alone) are not
+  throttled. Memory: at most THROTTLE_KEYS_MAX entries in each of the throttle's four tables (about
+  200 bytes each, ~8 MB in all).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from node.core.access import ANONYMOUS, Access, Permission
-from node.core.admission import Admission
+from node.core.failed_logins import FailedLogins
 from node.core.errors import GrouperError, InvalidConfig, Unauthorized
 
 AUTHORIZATION_KEY = "authorization"  # gRPC metadata key (lower case, as gRPC requires); HTTP's header name
@@ -54,7 +57,7 @@ FAILURES_BEFORE_THROTTLE = 3  # failed password checks in a row from one address
 THROTTLE_DELAY_MIN_MS = 250  # the first throttled failure holds its address back this long, doubling after
 THROTTLE_DELAY_MAX_MS = 10_000  # at most this long after each failure
 FAILURE_WINDOW_MS = 60_000  # failures further apart than this start a new streak
-ADDRESSES_TRACKED_MAX = 10_000  # source addresses with a failure streak remembered at once, the idlest dropped
+THROTTLE_KEYS_MAX = 10_000  # addresses, user names, pairs with a failure streak and trusted pairs: each at most this
 CREDENTIALS_HINT = ("give --user NAME and a password (--password-stdin, $GROUPER_PASSWORD or the prompt), "
                     "or a client certificate with --cert and --key")
 
@@ -167,39 +170,42 @@ class VerifiedCache:
 
 
 class LoginThrottle:
-    """Failed password checks per source address (node.core.admission's rule), for pool threads."""
+    """Failed password checks by address and user (node.core.failed_logins), for pool threads."""
 
     def __init__(self):
-        self._lock = threading.Lock()  # Admission is plain, single-threaded code
-        self._admission = Admission(failures_before_throttle=FAILURES_BEFORE_THROTTLE,
-                                    throttle_delay_min_ms=THROTTLE_DELAY_MIN_MS,
-                                    throttle_delay_max_ms=THROTTLE_DELAY_MAX_MS, failure_window_ms=FAILURE_WINDOW_MS,
-                                    addresses_tracked_max=ADDRESSES_TRACKED_MAX)
+        self._lock = threading.Lock()  # FailedLogins is plain, single-threaded code
+        self._failed_logins = FailedLogins(
+            failures_before_throttle=FAILURES_BEFORE_THROTTLE, delay_min_ms=THROTTLE_DELAY_MIN_MS,
+            delay_max_ms=THROTTLE_DELAY_MAX_MS, failure_window_ms=FAILURE_WINDOW_MS, addresses_max=THROTTLE_KEYS_MAX,
+            users_max=THROTTLE_KEYS_MAX, pairs_max=THROTTLE_KEYS_MAX, trusted_max=THROTTLE_KEYS_MAX)
 
-    def refuse_if_held(self, source: str, now_ms: int) -> None:
-        """Unauthenticated if `source` is held back; the refusal counts as a failure."""
+    def refuse_if_held(self, source: str, user: str, now_ms: int) -> None:
+        """Unauthenticated if an attempt for `user` from `source` is held back; the refusal counts as a failure."""
         if not source:
             return
         with self._lock:
-            held_ms = self._admission.held_ms(source, now_ms)
-            if held_ms > 0:  # counts: the hold starts again from now, and longer
-                self._admission.failed(source, now_ms)
-                held_ms = self._admission.held_ms(source, now_ms)
+            held_ms, by = self._failed_logins.refuse_if_held(source, user, now_ms)
         if held_ms > 0:
-            raise Unauthenticated(f"too many failed logins in a row from {source}: credentials from there are not "
-                                  f"checked for another {held_ms} ms (after {FAILURES_BEFORE_THROTTLE} failures "
-                                  f"each one holds the address back {THROTTLE_DELAY_MIN_MS} ms, doubling up to "
-                                  f"{THROTTLE_DELAY_MAX_MS} ms); wait without retrying, then give the right password")
+            who = {"address": f"from {source}", "user": f"for user {user!r}",
+                   "pair": f"for user {user!r} from {source}"}[by]
+            raise Unauthenticated(f"too many failed logins in a row {who}: credentials are not checked there for "
+                                  f"another {held_ms} ms (after {FAILURES_BEFORE_THROTTLE} failures each one holds "
+                                  f"back {THROTTLE_DELAY_MIN_MS} ms, doubling up to {THROTTLE_DELAY_MAX_MS} ms); "
+                                  f"wait without retrying, then give the right password")
 
-    def failed(self, source: str, now_ms: int) -> None:
+    def failed(self, source: str, user: str, now_ms: int) -> None:
         if source:
             with self._lock:
-                self._admission.failed(source, now_ms)
+                self._failed_logins.failed(source, user, now_ms)
 
-    def succeeded(self, source: str) -> None:
+    def succeeded(self, source: str, user: str, now_ms: int) -> None:
         if source:
             with self._lock:
-                self._admission.succeeded(source)
+                self._failed_logins.succeeded(source, user, now_ms)
+
+    def stats(self) -> dict:
+        with self._lock:
+            return self._failed_logins.stats()
 
 
 class Authenticator:
@@ -226,14 +232,14 @@ class Authenticator:
             user, password = parse_basic(authorization)
             database = self._verifier.database
             if not self._cache.verified(database, user, password, now_ms):
-                self._throttle.refuse_if_held(source, now_ms)
+                self._throttle.refuse_if_held(source, user, now_ms)
                 if not self._verifier.verify_plain(user, password):
-                    self._throttle.failed(source, now_ms)
+                    self._throttle.failed(source, user, now_ms)
                     raise Unauthenticated(f"user {user!r}: unknown user or wrong password; check --user and the "
                                           f"password, or have an administrator set it with "
                                           f"`grouper user passwd {user}`")
                 self._cache.remember(database, user, password, now_ms)
-            self._throttle.succeeded(source)
+            self._throttle.succeeded(source, user, now_ms)
             return Caller(user, forwarded=((AUTHORIZATION_KEY, authorization),))
         if certificate_user == ANONYMOUS:  # its roles are for clients that did not log in
             raise Unauthenticated(f"a client certificate named {ANONYMOUS!r} identifies nobody; {CREDENTIALS_HINT}")

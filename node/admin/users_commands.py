@@ -9,7 +9,9 @@ Rules:
   of `grouper up --data-dir DIR`. With neither flag, beside a `grouper up` cluster in its default
   directory, the command warns that the cluster reads another file.
 - A password never comes from the command line (it would show in `ps` and in shell history): one
-  line on stdin with `--password-stdin`, or a terminal prompt asked twice.
+  line on stdin with `--password-stdin`, or a terminal prompt asked twice. It has at least
+  password_chars_min characters, the node's setting, read as the node reads it (`--config FILE`'s
+  [node] table, then GROUPER_PASSWORD_CHARS_MIN); a shorter one changes nothing.
 - Listings show names and roles, never keys.
 - `user add` and `role set` create the file when there is none; the others need one.
 - Exit status as `node.cli`, in one table: 0 done; 1 the file's state refused the change (a user
@@ -25,6 +27,7 @@ import json
 import os
 import sys
 
+from node import config
 from node.admin.commands import _table, password_from_stdin
 from node.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from node.core.access import ADMINISTRATOR, ADMINISTRATOR_GRANTS, ANONYMOUS, Grant, Permission
@@ -77,6 +80,9 @@ def register(subparsers) -> None:
                           help="read the password from one line of stdin (default: ask twice on the terminal)")
     password.add_argument("--iterations", type=_iterations, default=ITERATIONS_DEFAULT, metavar="N",
                           help=f"PBKDF2 rounds of the stored SCRAM keys (default {ITERATIONS_DEFAULT})")
+    password.add_argument("--config", metavar="FILE",
+                          help="the node's config file, for its password_chars_min (default 12; the environment's "
+                               "GROUPER_PASSWORD_CHARS_MIN wins over it)")
 
     def command(parent, name: str, action, help_text: str, *parents, creates: bool = False):
         parser = parent.add_parser(name, parents=[location, *parents], help=help_text, description=help_text)
@@ -175,8 +181,14 @@ def _read_password(name: str, args: argparse.Namespace) -> str:
 
 # ---- commands: each returns what it changed, or None when it changed nothing -----------------
 
+def _password_chars_min(args) -> int:
+    return config.load(args.config, os.environ).password_chars_min
+
+
 def _user_add(database: UserDatabase, args) -> str:
-    database.add_user(args.name, _password_if_new(database, args), args.role, iterations=args.iterations)
+    chars_min = _password_chars_min(args)
+    database.add_user(args.name, _password_if_new(database, args), args.role, iterations=args.iterations,
+                      password_chars_min=chars_min)
     return f"added user {args.name} with roles {_names(tuple(sorted(set(args.role))))}"
 
 
@@ -200,7 +212,9 @@ def _user_delete(database: UserDatabase, args) -> str:
 def _user_passwd(database: UserDatabase, args) -> str:
     if args.name not in dict(database.users()):  # ask for no password for a user that is not there
         raise NotFound(f"there is no user {args.name!r}; `grouper user list` shows the users")
-    database.set_password(args.name, _read_password(args.name, args), iterations=args.iterations)
+    chars_min = _password_chars_min(args)
+    database.set_password(args.name, _read_password(args.name, args), iterations=args.iterations,
+                          password_chars_min=chars_min)
     return f"set the password of user {args.name}"
 
 

@@ -5,13 +5,22 @@ Rules:
   writes `SaslStep.output`, and once the state is "authenticated" hands `rest` (the client's AMQP
   header and whatever followed it) to a proton transport that has no SASL layer.
 - Nothing is buffered but one partial frame, and a frame announced over `frame_max_bytes` fails the
-  exchange as soon as its 4 size bytes arrive.
+  exchange as soon as its 4 size bytes arrive. While a deferred PLAIN check runs (`defer_plain`),
+  what arrives is kept for proton; the adapter stops reading meanwhile, so that is one read at most.
 - Decoding reads only inside the current frame and fails only with SaslError; the exchange then ends
   with a sasl-outcome (code 1 for the client's credentials or mechanism, 2 for broken protocol or
-  a failing authenticator, 4 for a timeout) and every later byte is ignored.
+  a failing authenticator, 4 for a timeout or a node too busy to check) and every later byte is
+  ignored.
 - Failure reasons go to the node's log: they name the user, never a password or a raw response.
-- SCRAM-SHA-256 is scramp's; an unknown user gets a decoy salt and fails at the proof exactly as a
-  wrong password does, so the client cannot tell them apart.
+- SCRAM-SHA-256 is scramp's; an unknown user gets the authenticator's decoy (`scram_decoy`, asked for
+  every user so both cost the same: a salt of a real one's length, the same iteration count, the
+  same every time) and fails at the proof exactly as a wrong password does, so the client cannot
+  tell them apart.
+- Credentials are checked only after the adapter's `held` hook, given the claimed user, let them:
+  a held attempt is refused unchecked (PLAIN before any key derivation, SCRAM-SHA-256 before the
+  proof). With `defer_plain` the PLAIN check itself is the adapter's: the step carries `check`
+  (user, password), and the adapter answers with `checked` once it has verified them, on its own
+  time and thread; this object is still touched by one thread only.
 """
 
 from __future__ import annotations
@@ -20,24 +29,22 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from scramp import ScramException, ScramMechanism
+
+from node.amqp.sasl_frames import (CHALLENGE, FRAME_HEADER_BYTES, INIT, MECHANISMS, OUTCOME, OUTCOME_AUTH, OUTCOME_OK,
+                                   OUTCOME_SYS, OUTCOME_SYS_TEMP, PERFORMATIVE_BY_NAME, RESPONSE,
+                                   SASL_FRAME_TYPE, Fields, SaslError, binary, decode_performative, frame,
+                                   performative, symbol_array, text, ubyte)
 
 SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
 TLS_HEADER = b"AMQP\x02\x01\x00\x00"
 SUPPORTED_MECHANISMS = ("ANONYMOUS", "PLAIN", "SCRAM-SHA-256", "EXTERNAL")
 ANONYMOUS_IDENTITY = "anonymous"
-OUTCOME_OK, OUTCOME_AUTH, OUTCOME_SYS, OUTCOME_SYS_PERM, OUTCOME_SYS_TEMP = 0, 1, 2, 3, 4
 DECOY_ITERATION_COUNT = 4096  # what an unknown SCRAM user is told; should match the users file's count
 _DECOY_KEY_PROCESS = secrets.token_bytes(32)  # one per process unless the adapter passes its own
-_FRAME_HEADER_BYTES = 8
-_SASL_FRAME_TYPE = 0x01
-_MECHANISMS, _INIT, _CHALLENGE, _RESPONSE, _OUTCOME = 0x40, 0x41, 0x42, 0x43, 0x44
-_PERFORMATIVE_BY_NAME = {b"amqp:sasl-mechanisms:list": _MECHANISMS, b"amqp:sasl-init:list": _INIT,
-                         b"amqp:sasl-challenge:list": _CHALLENGE, b"amqp:sasl-response:list": _RESPONSE,
-                         b"amqp:sasl-outcome:list": _OUTCOME}
 _USER_SHOWN_CHARS_MAX = 64  # a user name longer than this is cut in failure reasons
 
 
@@ -46,13 +53,8 @@ class Authenticator(Protocol):
 
     def scram_auth_info(self, user: str) -> tuple[bytes, bytes, bytes, int] | None: ...  # None: unknown
 
-
-class SaslError(Exception):
-    """The exchange cannot go on. `code` is the sasl-outcome code; `fault` is "client" or "node"."""
-
-    def __init__(self, code: int, description: str, fault: str = "client"):
-        super().__init__(description)
-        self.code, self.description, self.fault = code, description, fault
+    # optional: what an unknown user is told, shaped as a real user's auth info and the same every time
+    def scram_decoy(self, user: str) -> tuple[bytes, bytes, bytes, int] | None: ...
 
 
 @dataclass(frozen=True)
@@ -64,13 +66,17 @@ class SaslStep:
     rest: bytes = b""  # authenticated only: the bytes for proton, from the client's AMQP header on
     failure: str | None = None  # failed only: why, for the node's log
     fault: str | None = None  # failed only: "client" or "node"
+    user: str | None = None  # the user name the client claimed, if it got that far (failed or authenticated)
+    check: tuple[str, str] | None = None  # pending, with defer_plain: (user, password) for the adapter to verify
+    held: bool = False  # failed only: refused unchecked because the `held` hook held the attempt
 
 
 class SaslServer:
     def __init__(self, mechanisms: tuple[str, ...], authenticator: Authenticator | None, *,
                  started_ms: int, exchange_timeout_ms: int, frame_max_bytes: int = 4096,
                  allow_plain_amqp: bool = False, external_identity: str | None = None,
-                 scram_server_nonce: str | None = None, decoy_key: bytes | None = None):
+                 scram_server_nonce: str | None = None, decoy_key: bytes | None = None,
+                 held: Callable[[str], str | None] | None = None, defer_plain: bool = False):
         unknown = [name for name in mechanisms if name not in SUPPORTED_MECHANISMS]
         if unknown:
             raise ValueError(f"SASL mechanisms {unknown} are not supported; use some of {SUPPORTED_MECHANISMS}")
@@ -82,12 +88,17 @@ class SaslServer:
         self.allow_plain_amqp = allow_plain_amqp
         self.external_identity = external_identity
         self.scram_server_nonce = scram_server_nonce  # tests fix it; None draws a random one
-        self.decoy_key = decoy_key or _DECOY_KEY_PROCESS
-        self.phase = "header"  # header -> init [-> response] -> authenticated | failed
+        self.decoy_key = decoy_key or _DECOY_KEY_PROCESS  # for an authenticator without scram_decoy
+        self.held = held  # the claimed user -> why attempts for it are held now, or None
+        self.defer_plain = defer_plain
+        self.phase = "header"  # header -> init [-> response | checking] -> authenticated | failed
         self.mechanism: str | None = None
         self.identity: str | None = None
         self.failure: str | None = None
         self.fault: str | None = None
+        self.user: str | None = None  # claimed
+        self._held = False
+        self._check: tuple[str, str] | None = None  # the deferred PLAIN check, until `checked`
         self._buffer = bytearray()
         self._scram = None
         self._scram_user: str | None = None
@@ -102,6 +113,9 @@ class SaslServer:
         if self.phase == "failed":
             return self._step(b"")
         output: list[bytes] = []
+        if self.phase == "checking" and not self.expired(now_ms):
+            self._buffer += data
+            return SaslStep(b"", "pending")  # the check was handed out once, with the step that asked for it
         if self.expired(now_ms):
             self._fail(SaslError(OUTCOME_SYS_TEMP, f"the client did not finish the SASL exchange within "
                                                    f"{self.exchange_timeout_ms} ms (exchange_timeout_ms)"), output)
@@ -126,8 +140,33 @@ class SaslServer:
             del self._buffer[:position]
         return self._step(b"".join(output), rest=rest)
 
+    def checked(self, verified: bool | BaseException) -> SaslStep:
+        """The adapter's answer to a step's `check`: whether the password is right, or the exception
+        its check raised (the node's fault)."""
+        if self.phase != "checking":  # failed meanwhile (expired): nothing more to say
+            return self._step(b"")
+        user, _ = self._check
+        self._check = None
+        output: list[bytes] = []
+        try:
+            self._plain_outcome(user, verified, output)
+        except SaslError as error:
+            self._fail(error, output)
+        rest = bytes(self._buffer) if self.phase == "authenticated" else b""
+        self._buffer.clear()
+        return self._step(b"".join(output), rest=rest)
+
+    def check_refused(self, reason: str) -> SaslStep:
+        """The adapter could not run a step's `check` (too busy): a temporary failure, not the client's."""
+        if self.phase != "checking":
+            return self._step(b"")
+        output: list[bytes] = []
+        self._fail(SaslError(OUTCOME_SYS_TEMP, reason, fault="node"), output)
+        self._buffer.clear()
+        return self._step(b"".join(output))
+
     def expired(self, now_ms: int) -> bool:
-        pending = self.phase in ("header", "init", "response")
+        pending = self.phase in ("header", "init", "response", "checking")
         return pending and now_ms - self.started_ms > self.exchange_timeout_ms
 
     # ---- reading -----------------------------------------------------------------------------
@@ -138,7 +177,7 @@ class SaslServer:
             self._succeed(None, ANONYMOUS_IDENTITY)
             return 0  # the AMQP header itself is proton's: nothing consumed
         if received == SASL_HEADER:
-            output.append(SASL_HEADER + _frame(_performative(_MECHANISMS, _symbol_array(self.offered))))
+            output.append(SASL_HEADER + frame(performative(MECHANISMS, symbol_array(self.offered))))
             self.phase = "init"
             if not self.offered:
                 raise SaslError(OUTCOME_AUTH, "the client presented no TLS certificate and EXTERNAL is the only "
@@ -170,33 +209,33 @@ class SaslServer:
         if size > self.frame_max_bytes:
             raise SaslError(OUTCOME_SYS, f"the client sent a SASL frame of {size} bytes, over the limit of "
                                          f"{self.frame_max_bytes} bytes before authentication (frame_max_bytes)")
-        if size < _FRAME_HEADER_BYTES:
+        if size < FRAME_HEADER_BYTES:
             raise SaslError(OUTCOME_SYS, f"the client sent a malformed frame (size {size} bytes)")
         if available < size:
             return 0
         data_offset_bytes, frame_type = buffer[position + 4] * 4, buffer[position + 5]
-        if data_offset_bytes < _FRAME_HEADER_BYTES or data_offset_bytes > size:
+        if data_offset_bytes < FRAME_HEADER_BYTES or data_offset_bytes > size:
             raise SaslError(OUTCOME_SYS, f"the client sent a malformed frame (data offset {data_offset_bytes} bytes)")
-        if frame_type != _SASL_FRAME_TYPE:
+        if frame_type != SASL_FRAME_TYPE:
             raise SaslError(OUTCOME_SYS, f"the client sent a frame of type {frame_type} during the SASL exchange")
         body = bytes(buffer[position + data_offset_bytes:position + size])
         if body:  # an empty frame is a heartbeat
-            self._on_performative(*_decode_performative(body), output)
+            self._on_performative(*decode_performative(body), output)
         return size
 
-    def _on_performative(self, code: int, fields: _Fields, output: list) -> None:
-        if code == _INIT and self.phase == "init":
+    def _on_performative(self, code: int, fields: Fields, output: list) -> None:
+        if code == INIT and self.phase == "init":
             mechanism = fields.symbol(0, "mechanism", mandatory=True)
             if mechanism not in self.offered:
                 raise SaslError(OUTCOME_AUTH, f"the client asked for SASL mechanism {_shown(mechanism)}; this "
                                               f"listener offers {list(self.offered)}: configure the client for one")
             self.mechanism = mechanism
             self._start(mechanism, fields.binary(1, "initial-response"), output)
-        elif code == _RESPONSE and self.phase == "response":
+        elif code == RESPONSE and self.phase == "response":
             self._finish_scram(fields.binary(0, "response", mandatory=True), output)
-        elif code == _INIT:
+        elif code == INIT:
             raise SaslError(OUTCOME_SYS, "the client sent a second sasl-init: a client bug")
-        elif code in _PERFORMATIVE_BY_NAME.values():
+        elif code in PERFORMATIVE_BY_NAME.values():
             raise SaslError(OUTCOME_SYS, f"the client sent SASL performative 0x{code:02x} out of turn (expected "
                                          f"{'sasl-init' if self.phase == 'init' else 'sasl-response'}): a client bug")
         else:
@@ -208,10 +247,12 @@ class SaslServer:
         if mechanism == "ANONYMOUS":
             self._succeed_with_outcome(ANONYMOUS_IDENTITY, output)
         elif mechanism == "EXTERNAL":
-            authorization = _text(response or b"", "EXTERNAL's authorization id")
+            authorization = text(response or b"", "EXTERNAL's authorization id")
             if authorization and authorization != self.external_identity:
+                self.user = authorization
                 raise SaslError(OUTCOME_AUTH, f"EXTERNAL: the certificate of {_shown(self.external_identity)} "
                                               f"may not act for {_shown(authorization)}")
+            self.user = authorization or self.external_identity
             self._succeed_with_outcome(self.external_identity, output)
         elif mechanism == "PLAIN":
             self._plain(response, output)
@@ -222,42 +263,62 @@ class SaslServer:
         parts = (response or b"").split(b"\x00")
         if len(parts) != 3 or not parts[1]:
             raise SaslError(OUTCOME_AUTH, "PLAIN: the client's response is not authzid NUL user NUL password")
-        authorization, user, password = (_text(part, "PLAIN's response") for part in parts)
+        authorization, user, password = (text(part, "PLAIN's response") for part in parts)
+        self.user = user
         if authorization and authorization != user:
             raise SaslError(OUTCOME_AUTH, f"PLAIN: user {_shown(user)} may not act for {_shown(authorization)}")
+        self._refuse_if_held(user)
+        if self.defer_plain:
+            self.phase, self._check = "checking", (user, password)
+            return
         try:
             verified = self.authenticator.verify_plain(user, password)
-        except Exception as error:  # the authenticator is the node's; a bug there is not the client's fault
+        except Exception as error:  # handed on: _plain_outcome names it without its message
+            verified = error
+        self._plain_outcome(user, verified, output)
+
+    def _plain_outcome(self, user: str, verified: bool | BaseException, output: list) -> None:
+        if isinstance(verified, BaseException):  # the authenticator is the node's: not the client's fault
             raise SaslError(OUTCOME_SYS, f"PLAIN: the authenticator failed for user {_shown(user)} "
-                                         f"({type(error).__name__}): a node bug", fault="node") from None
+                                         f"({type(verified).__name__}): a node bug", fault="node")
         if not verified:
             raise SaslError(OUTCOME_AUTH, f"PLAIN: unknown user or wrong password for user {_shown(user)}")
         self._succeed_with_outcome(user, output)
+
+    def _refuse_if_held(self, user: str) -> None:
+        reason = self.held(user) if self.held is not None else None
+        if reason:
+            self._held = True
+            raise SaslError(OUTCOME_AUTH, f"{self.mechanism}: {reason}; refused unchecked")
 
     def _start_scram(self, response: bytes | None, output: list) -> None:
         if not response:
             raise SaslError(OUTCOME_AUTH, "SCRAM-SHA-256: the client sent no client-first message in sasl-init")
         server = ScramMechanism("SCRAM-SHA-256").make_server(self._scram_auth_info, s_nonce=self.scram_server_nonce)
         try:
-            server.set_client_first(_text(response, "SCRAM-SHA-256's client-first message"))
+            server.set_client_first(text(response, "SCRAM-SHA-256's client-first message"))
             server_first = server.get_server_first()
         except ScramException as error:
             raise self._scram_failure(error, "client-first") from None
         self._scram = server
         self.phase = "response"
-        output.append(_frame(_performative(_CHALLENGE, _binary(server_first.encode()))))
+        output.append(frame(performative(CHALLENGE, binary(server_first.encode()))))
 
     def _finish_scram(self, response: bytes, output: list) -> None:
+        self._refuse_if_held(self._scram_user)
         try:
-            self._scram.set_client_final(_text(response, "SCRAM-SHA-256's client-final message"))
+            self._scram.set_client_final(text(response, "SCRAM-SHA-256's client-final message"))
             server_final = self._scram.get_server_final()
         except ScramException as error:
             raise self._scram_failure(error, "client-final") from None
         self._succeed_with_outcome(self._scram_user, output, additional_data=server_final.encode())
 
     def _scram_auth_info(self, user: str) -> tuple:
-        self._scram_user = user
+        self._scram_user = self.user = user
+        decoy_of = getattr(self.authenticator, "scram_decoy", None)
+        decoy_info = None
         try:
+            decoy_info = decoy_of(user) if decoy_of is not None else None  # for every user: the same work
             info = self.authenticator.scram_auth_info(user)
         except LookupError:
             info = None
@@ -267,6 +328,8 @@ class SaslServer:
         if info is not None:
             return info
         self._scram_user_known = False
+        if decoy_info is not None:
+            return decoy_info
         decoy = hmac.new(self.decoy_key, b"decoy\x00" + user.encode(), hashlib.sha256).digest()
         return decoy[:16], decoy, decoy, DECOY_ITERATION_COUNT  # no proof can hash to this stored key
 
@@ -286,8 +349,8 @@ class SaslServer:
     # ---- outcomes ----------------------------------------------------------------------------
 
     def _succeed_with_outcome(self, identity: str, output: list, additional_data: bytes | None = None) -> None:
-        fields = _ubyte(OUTCOME_OK) + (_binary(additional_data) if additional_data is not None else b"")
-        output.append(_frame(_performative(_OUTCOME, fields, count=2 if additional_data is not None else 1)))
+        fields = ubyte(OUTCOME_OK) + (binary(additional_data) if additional_data is not None else b"")
+        output.append(frame(performative(OUTCOME, fields, count=2 if additional_data is not None else 1)))
         self._succeed(self.mechanism, identity)
 
     def _succeed(self, mechanism: str | None, identity: str) -> None:
@@ -295,131 +358,15 @@ class SaslServer:
 
     def _fail(self, error: SaslError, output: list) -> None:
         if self.phase != "header":
-            output.append(_frame(_performative(_OUTCOME, _ubyte(error.code))))
+            output.append(frame(performative(OUTCOME, ubyte(error.code))))
         self.phase, self.failure, self.fault, self.identity = "failed", error.description, error.fault, None
+        self._check = None  # no password kept past the exchange
 
     def _step(self, output: bytes, rest: bytes = b"") -> SaslStep:
         state = self.phase if self.phase in ("authenticated", "failed") else "pending"
-        return SaslStep(output, state, self.identity, self.mechanism, rest, self.failure, self.fault)
-
-
-# ---- the few AMQP types SASL uses ------------------------------------------------------------
-
-
-class _Fields:
-    """The fields of one performative's list, read lazily and only inside the frame body."""
-
-    def __init__(self, body: bytes, position: int, end: int, count: int):
-        self.values = []
-        for _ in range(min(count, 3)):  # no SASL performative the server reads has more than 3 fields
-            code, start, value_end = _value_extent(body, position, end)
-            self.values.append((code, body[start:value_end]))
-            position = value_end
-
-    def _field(self, index: int, name: str, codes: tuple, kind: str, mandatory: bool):
-        code, value = self.values[index] if index < len(self.values) else (0x40, b"")
-        if code == 0x40:
-            if mandatory:
-                raise SaslError(OUTCOME_SYS, f"the client left out the mandatory field {name}: a client bug")
-            return None
-        if code not in codes:
-            raise SaslError(OUTCOME_SYS, f"the client sent field {name} as type 0x{code:02x}, not {kind}: a client bug")
-        return value
-
-    def symbol(self, index: int, name: str, mandatory: bool = False) -> str | None:
-        value = self._field(index, name, (0xA3, 0xB3), "a symbol", mandatory)
-        return None if value is None else _text(value, name, "ascii")
-
-    def binary(self, index: int, name: str, mandatory: bool = False) -> bytes | None:
-        return self._field(index, name, (0xA0, 0xB0), "binary", mandatory)
-
-
-def _decode_performative(body: bytes) -> tuple[int, _Fields]:
-    end = len(body)
-    if body[0] != 0x00:
-        raise SaslError(OUTCOME_SYS, "the client sent a SASL frame whose body is not a described list: a client bug")
-    code, start, value_end = _value_extent(body, 1, end)
-    descriptor = body[start:value_end]
-    if code in (0x53, 0x80):
-        performative = int.from_bytes(descriptor, "big")
-    elif code in (0xA3, 0xB3):
-        performative = _PERFORMATIVE_BY_NAME.get(descriptor, -1)
-    else:
-        raise SaslError(OUTCOME_SYS, f"the client sent a performative descriptor of type 0x{code:02x}: a client bug")
-    list_code, list_start, list_end = _value_extent(body, value_end, end)
-    if list_code == 0x45:
-        return performative, _Fields(body, list_start, list_end, 0)
-    if list_code not in (0xC0, 0xD0):
-        raise SaslError(OUTCOME_SYS, "the client sent a performative that is not a list: a client bug")
-    count_bytes = 1 if list_code == 0xC0 else 4
-    if list_end - list_start < count_bytes:
-        raise SaslError(OUTCOME_SYS, "the client sent a truncated list: a client bug")
-    count = int.from_bytes(body[list_start:list_start + count_bytes], "big")
-    return performative, _Fields(body, list_start + count_bytes, list_end, count)
-
-
-_WIDTH_BYTES = {0x40: 0, 0x45: 0, 0x50: 1, 0x53: 1, 0x80: 8}  # null, list0, ubyte, smallulong, ulong
-_SIZED = {0xA0: 1, 0xA1: 1, 0xA3: 1, 0xC0: 1, 0xE0: 1, 0xB0: 4, 0xB1: 4, 0xB3: 4, 0xD0: 4, 0xF0: 4}
-
-
-def _value_extent(body: bytes, position: int, end: int) -> tuple[int, int, int]:
-    """(format code, start of its content, end of the value), all checked to lie before `end`."""
-    if position >= end:
-        raise SaslError(OUTCOME_SYS, "the client sent a truncated SASL frame body: a client bug")
-    code = body[position]
-    position += 1
-    if code in _WIDTH_BYTES:
-        value_end = position + _WIDTH_BYTES[code]
-    elif code in _SIZED:
-        size_bytes = _SIZED[code]
-        if position + size_bytes > end:
-            raise SaslError(OUTCOME_SYS, "the client sent a truncated SASL frame body: a client bug")
-        size = int.from_bytes(body[position:position + size_bytes], "big")
-        position += size_bytes
-        value_end = position + size
-    else:
-        raise SaslError(OUTCOME_SYS, f"the client sent AMQP type 0x{code:02x} where SASL has none: a client bug")
-    if value_end > end:
-        raise SaslError(OUTCOME_SYS, "the client sent a value that runs past its SASL frame: a client bug")
-    return code, position, value_end
-
-
-def _text(value: bytes, name: str, encoding: str = "utf-8") -> str:
-    try:
-        return value.decode(encoding)
-    except UnicodeDecodeError:
-        raise SaslError(OUTCOME_AUTH, f"the client's {name} is not valid {encoding}") from None
+        return SaslStep(output, state, self.identity, self.mechanism, rest, self.failure, self.fault, self.user,
+                        self._check if self.phase == "checking" else None, self._held)
 
 
 def _shown(user: str | None) -> str:
     return repr(user if user is None or len(user) <= _USER_SHOWN_CHARS_MAX else user[:_USER_SHOWN_CHARS_MAX] + "...")
-
-
-def _frame(body: bytes) -> bytes:
-    return (_FRAME_HEADER_BYTES + len(body)).to_bytes(4, "big") + bytes((2, _SASL_FRAME_TYPE, 0, 0)) + body
-
-
-def _performative(code: int, fields: bytes, count: int = 1) -> bytes:
-    return bytes((0x00, 0x53, code)) + _sized(0xC0, 0xD0, count.to_bytes(1, "big"), count.to_bytes(4, "big"), fields)
-
-
-def _sized(code8: int, code32: int, count8: bytes, count32: bytes, content: bytes) -> bytes:
-    if len(count8 + content) <= 255:
-        return bytes((code8, len(count8 + content))) + count8 + content
-    return bytes((code32,)) + len(count32 + content).to_bytes(4, "big") + count32 + content
-
-
-def _symbol_array(names: tuple[str, ...]) -> bytes:
-    """array8 of sym8: the supported mechanisms' names are short and few."""
-    elements = b"".join(bytes((len(name),)) + name.encode("ascii") for name in names)
-    return bytes((0xE0, 2 + len(elements), len(names), 0xA3)) + elements
-
-
-def _binary(value: bytes) -> bytes:
-    if len(value) <= 255:
-        return bytes((0xA0, len(value))) + value
-    return b"\xb0" + len(value).to_bytes(4, "big") + value
-
-
-def _ubyte(value: int) -> bytes:
-    return bytes((0x50, value))

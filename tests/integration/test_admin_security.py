@@ -476,4 +476,4 @@ def test_failed_logins_hold_their_address_back_on_the_admin_port_and_for_metrics
     time.sleep(held_ms / 1000)
     assert http_get(f"{url}/metrics", ("admin", PASSWORD))[0] == 200  # and ends the streak
     assert list_as("manager", PASSWORD) == ""
-    assert "wrong password" in list_as("admin", "guess")  # a new streak: checked again
+    assert "wrong password" in list_as("admin", "guess")  # past the hold: checked again

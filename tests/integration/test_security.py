@@ -7,9 +7,9 @@ and for the exchanges no client library makes (sasl_socket.py), and rhea under N
 Rules of this file:
 - Users and roles are made once per module with the CLI (`grouper role set`, `grouper user add
   --password-stdin`); a test that edits them gets its own copy of the users file.
-- The node's failure throttle is per source address and every client here is 127.0.0.1, so a test
-  that makes failed attempts gets a node of its own; the module's shared node (`secured`) sees only
-  successful logins and serves the authorization tests.
+- The node's failure throttle counts per source address (and user), and every client here is
+  127.0.0.1, so a test that makes failed attempts gets a node of its own; the module's shared node
+  (`secured`) sees only successful logins and serves the authorization tests.
 - Every wait is bounded. The only timing assertions are lower bounds (the throttle's delay, the
   handshake deadline not firing early).
 """
@@ -46,7 +46,7 @@ USERS = {"writer": "writer", "reader": "reader", "browser": "browser", "admin": 
 QUEUES = ("orders.x", "orders.y", "orders.a.b", "billing")  # declared; auto-create stays on, so create is checked
 QUEUES_CONFIG = "".join(f'[[queue]]\nname = "{name}"\n\n' for name in QUEUES)
 RETRY_INTERVAL_S = 0.2  # between attempts while waiting for a reload; failed logins are throttled after 3
-THROTTLE_DELAY_MIN_S = 0.25  # node/core/admission.py: the 4th failure in a row is held 250 ms, doubling
+THROTTLE_DELAY_MIN_S = 0.25  # node/core/failed_logins.py: the 4th failure in a row is held 250 ms, doubling
 
 
 # ---- the CLI, users and certificates -----------------------------------------------------------

@@ -196,9 +196,38 @@ def test_failed_logins_from_one_address_are_refused_unchecked_while_it_is_held(u
     # once a whole delay passed without attempts, the next one is checked again
     now_ms = last_failure_ms + (THROTTLE_DELAY_MIN_MS << 3)
     assert authenticator.identify(basic_value("sender", PASSWORD), None, now_ms, "10.0.0.1").user == "sender"
-    # that success ended the streak: the next failures are checked, the throttle starts over
+    # that success does not end the address's streak: the next failure holds it again
     with pytest.raises(Unauthenticated, match="wrong password"):
         authenticator.identify(basic_value("viewer", "guess"), None, now_ms + 1, "10.0.0.1")
+    with pytest.raises(Unauthenticated, match=r"too many failed logins in a row from 10\.0\.0\.1"):
+        authenticator.identify(basic_value("manager", "a guess"), None, now_ms + 2, "10.0.0.1")
+
+
+def test_successes_of_ones_own_account_do_not_reset_the_throttle_on_guesses_at_another(users):
+    # issue 26 finding 5: with one low-privilege account, 30 guesses on the admin port went unthrottled
+    security = CountingSecurity(users)
+    authenticator = Authenticator(security)
+    refusals = 0
+    for now_ms in range(30):
+        assert authenticator.identify(basic_value("viewer", PASSWORD), None, now_ms, "10.0.0.9").user == "viewer"
+        try:
+            authenticator.identify(basic_value("admin", f"guess {now_ms}"), None, now_ms, "10.0.0.9")
+        except Unauthenticated as error:
+            refusals += "too many failed logins" in str(error)
+    assert security.checks == 1 + FAILURES_BEFORE_THROTTLE + 1  # viewer once (then remembered), 4 guesses
+    assert refusals == 30 - FAILURES_BEFORE_THROTTLE - 1
+
+
+def test_guesses_at_one_user_from_many_addresses_hold_that_user_but_not_a_client_that_logged_in_before(users):
+    security = CountingSecurity(users)
+    authenticator = Authenticator(security, VerifiedCache(ttl_ms=1))  # remembers nothing past 1 ms
+    assert authenticator.identify(basic_value("admin", PASSWORD), None, 0, "10.0.0.1").user == "admin"
+    for number in range(FAILURES_BEFORE_THROTTLE + 1):
+        with pytest.raises(Unauthenticated, match="wrong password"):
+            authenticator.identify(basic_value("admin", "guess"), None, 10, f"10.1.0.{number}")
+    with pytest.raises(Unauthenticated, match="too many failed logins in a row for user 'admin'"):
+        authenticator.identify(basic_value("admin", PASSWORD), None, 11, "10.2.0.1")
+    assert authenticator.identify(basic_value("admin", PASSWORD), None, 11, "10.0.0.1").user == "admin"
 
 
 def test_a_password_verified_before_still_works_from_a_held_address(users):

@@ -54,9 +54,10 @@ def test_the_throttle_holds_back_the_address_acted_for():
             as_user(servicer, "admin", "guess", source="10.0.0.7").list_queues()
     with pytest.raises(AccessDenied, match="too many failed logins in a row from 10.0.0.7"):
         as_user(servicer, "admin", source="10.0.0.7").list_queues()
-    assert as_user(servicer, "admin", source="10.0.0.8").list_queues() == []  # another address is not held
+    # another address is not held (for another user: admin's own count holds admin everywhere)
+    assert as_user(servicer, "viewer", source="10.0.0.8").list_queues() == []
     for _ in range(FAILURES_BEFORE_THROTTLE + 1):  # an IPv6 address, as grpc writes it ('ipv6:[::1]:port')
         with pytest.raises(AccessDenied, match="wrong password"):
-            as_user(servicer, "admin", "guess", source="::1").list_queues()
+            as_user(servicer, "manager", "guess", source="::1").list_queues()
     with pytest.raises(AccessDenied, match="too many failed logins in a row from ::1"):  # not verified before
-        as_user(servicer, "viewer", source="::1").list_queues()
+        as_user(servicer, "sender", source="::1").list_queues()

@@ -25,7 +25,7 @@ def database() -> UserDatabase:
     database = UserDatabase()
     database.set_role("orders-writer", WRITER)
     database.add_user("alice", "alice-secret", [ADMINISTRATOR])
-    database.add_user("bob", "bob-secret", ["orders-writer"])
+    database.add_user("bob", "bob-secret-phrase", ["orders-writer"])
     return database
 
 
@@ -44,7 +44,7 @@ def test_a_saved_database_loads_back_the_same(database, path):
     assert loaded.users() == [("alice", (ADMINISTRATOR,)), ("bob", ("orders-writer",))]
     assert loaded.roles() == {"orders-writer": tuple(WRITER)}
     assert loaded.anonymous_roles == ("orders-writer",)
-    assert loaded.verify_plain("bob", "bob-secret")
+    assert loaded.verify_plain("bob", "bob-secret-phrase")
     access = loaded.access()
     assert access.allows("bob", Permission.SEND, "orders.eu")
     assert not access.allows("bob", Permission.CONSUME, "orders.eu")
@@ -66,7 +66,7 @@ def test_the_file_has_the_documented_shape(database, path):
 def test_the_file_holds_no_password(database, path):
     database.save(path)
     text = open(path).read()
-    assert "bob-secret" not in text and "alice-secret" not in text
+    assert "bob-secret-phrase" not in text and "alice-secret" not in text
 
 
 def test_the_file_is_readable_by_its_owner_only_even_over_a_looser_one(database, path):
@@ -110,10 +110,10 @@ def test_stamp_changes_when_the_file_does(database, path):
 # ---- passwords and SCRAM ----------------------------------------------------------------------------
 
 def test_verify_plain_accepts_the_right_password_only(database):
-    assert database.verify_plain("bob", "bob-secret")
+    assert database.verify_plain("bob", "bob-secret-phrase")
     assert not database.verify_plain("bob", "alice-secret")
     assert not database.verify_plain("bob", "")
-    assert not database.verify_plain("nobody", "bob-secret")
+    assert not database.verify_plain("nobody", "bob-secret-phrase")
 
 
 def test_verify_plain_derives_a_key_for_an_unknown_user_too(database, monkeypatch):
@@ -126,9 +126,9 @@ def test_verify_plain_derives_a_key_for_an_unknown_user_too(database, monkeypatc
 
 
 def test_set_password_replaces_the_old_one(database):
-    database.set_password("bob", "new-secret", iterations=8192)
-    assert database.verify_plain("bob", "new-secret")
-    assert not database.verify_plain("bob", "bob-secret")
+    database.set_password("bob", "new-secret-phrase", iterations=8192)
+    assert database.verify_plain("bob", "new-secret-phrase")
+    assert not database.verify_plain("bob", "bob-secret-phrase")
     assert database.scram_auth_info("bob")[3] == 8192
 
 
@@ -143,14 +143,14 @@ def _scram_login(database: UserDatabase, user: str, password: str) -> None:
 
 def test_scram_auth_info_lets_a_scramp_server_authenticate_a_scramp_client(database, path):
     database.save(path)
-    _scram_login(UserDatabase.load(path), "bob", "bob-secret")
+    _scram_login(UserDatabase.load(path), "bob", "bob-secret-phrase")
 
 
 def test_a_scramp_server_refuses_a_wrong_password_and_an_unknown_user(database):
     with pytest.raises(scramp.ScramException):
         _scram_login(database, "bob", "wrong")
     with pytest.raises(scramp.ScramException):
-        _scram_login(database, "nobody", "bob-secret")
+        _scram_login(database, "nobody", "bob-secret-phrase")
     assert database.scram_auth_info("nobody") is None
 
 
@@ -158,7 +158,7 @@ def test_scram_auth_info_is_salt_stored_key_server_key_iterations(database):
     salt, stored_key, server_key, iterations = database.scram_auth_info("bob")
     assert (type(salt), type(stored_key), type(server_key), type(iterations)) == (bytes, bytes, bytes, int)
     assert (salt, stored_key, server_key, iterations) == scramp.ScramMechanism().make_auth_info(
-        "bob-secret", iteration_count=iterations, salt=salt)
+        "bob-secret-phrase", iteration_count=iterations, salt=salt)
 
 
 # ---- editing rules ----------------------------------------------------------------------------------
@@ -177,7 +177,7 @@ def test_bad_user_names_are_refused(database, name, problem):
 @pytest.mark.parametrize("password, iterations, problem", [
     ("", ITERATIONS_DEFAULT, "must not be empty"),
     ("x" * 1025, ITERATIONS_DEFAULT, "longer than 1024"),
-    ("secret", 4095, "4096..10000000"),
+    ("secret-pass-phrase", 4095, "4096..10000000"),
 ])
 def test_bad_passwords_and_iterations_are_refused(database, password, iterations, problem):
     with pytest.raises(InvalidConfig, match=problem):
@@ -224,23 +224,23 @@ def test_administrator_cannot_be_redefined_or_deleted(database):
 # ---- the first administrator ------------------------------------------------------------------------
 
 def test_bootstrap_creates_the_file_with_the_default_user_as_administrator(path):
-    assert bootstrap(path, {DEFAULT_USER_ENV: "admin", DEFAULT_PASSWORD_ENV: "s3cret"}) == "admin"
+    assert bootstrap(path, {DEFAULT_USER_ENV: "admin", DEFAULT_PASSWORD_ENV: "s3cret-pass-phrase"}) == "admin"
     database = UserDatabase.load(path)
     assert database.users() == [("admin", (ADMINISTRATOR,))]
-    assert database.verify_plain("admin", "s3cret")
+    assert database.verify_plain("admin", "s3cret-pass-phrase")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
 def test_bootstrap_reads_a_password_file_stripping_one_trailing_newline(path, tmp_path):
     secret = tmp_path / "password"
-    secret.write_text("s3cret \n")
+    secret.write_text("s3cret-pass-phrase \n")
     assert bootstrap(path, {DEFAULT_USER_ENV: "admin", DEFAULT_PASSWORD_FILE_ENV: str(secret)}) == "admin"
-    assert UserDatabase.load(path).verify_plain("admin", "s3cret ")
+    assert UserDatabase.load(path).verify_plain("admin", "s3cret-pass-phrase ")
 
 
 def test_bootstrap_strips_only_one_newline_and_refuses_the_next(path, tmp_path):
     secret = tmp_path / "password"
-    secret.write_text("s3cret\n\n")  # SASLprep forbids control characters in a password
+    secret.write_text("s3cret-pass-phrase\n\n")  # SASLprep forbids control characters in a password
     with pytest.raises(InvalidConfig, match="control characters") as caught:
         bootstrap(path, {DEFAULT_USER_ENV: "admin", DEFAULT_PASSWORD_FILE_ENV: str(secret)})
     assert caught.value.key == DEFAULT_PASSWORD_FILE_ENV
@@ -249,7 +249,7 @@ def test_bootstrap_strips_only_one_newline_and_refuses_the_next(path, tmp_path):
 def test_bootstrap_leaves_an_existing_file_alone(database, path):
     database.save(path)
     before = open(path).read()
-    assert bootstrap(path, {DEFAULT_USER_ENV: "admin", DEFAULT_PASSWORD_ENV: "s3cret"}) is None
+    assert bootstrap(path, {DEFAULT_USER_ENV: "admin", DEFAULT_PASSWORD_ENV: "s3cret-pass-phrase"}) is None
     assert open(path).read() == before
 
 
@@ -263,8 +263,8 @@ def test_bootstrap_without_the_variables_creates_nothing(path):
     ({DEFAULT_USER_ENV: "admin", DEFAULT_PASSWORD_ENV: ""}, DEFAULT_PASSWORD_ENV),
     ({DEFAULT_USER_ENV: "admin", DEFAULT_PASSWORD_ENV: "a", DEFAULT_PASSWORD_FILE_ENV: "/x"}, DEFAULT_PASSWORD_ENV),
     ({DEFAULT_USER_ENV: "admin", DEFAULT_PASSWORD_FILE_ENV: "/nonexistent/password"}, DEFAULT_PASSWORD_FILE_ENV),
-    ({DEFAULT_PASSWORD_ENV: "s3cret"}, DEFAULT_USER_ENV),
-    ({DEFAULT_USER_ENV: "ad\nmin", DEFAULT_PASSWORD_ENV: "s3cret"}, DEFAULT_USER_ENV),
+    ({DEFAULT_PASSWORD_ENV: "s3cret-pass-phrase"}, DEFAULT_USER_ENV),
+    ({DEFAULT_USER_ENV: "ad\nmin", DEFAULT_PASSWORD_ENV: "s3cret-pass-phrase"}, DEFAULT_USER_ENV),
 ])
 def test_bootstrap_names_the_variable_at_fault_and_creates_nothing(path, environ, culprit):
     with pytest.raises(InvalidConfig) as caught:

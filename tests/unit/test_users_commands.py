@@ -42,7 +42,7 @@ def run(users_file, monkeypatch, capsys):
 def populated(run):
     assert run("user", "add", "alice", "--role", ADMINISTRATOR, "--password-stdin", stdin="alice-secret\n")[0] == 0
     assert run("role", "set", "orders-writer", "--allow", "send:orders.*")[0] == 0
-    assert run("user", "add", "bob", "--role", "orders-writer", "--password-stdin", stdin="bob-secret\n")[0] == 0
+    assert run("user", "add", "bob", "--role", "orders-writer", "--password-stdin", stdin="bob-secret-phrase\n")[0] == 0
 
 
 def load(users_file) -> UserDatabase:
@@ -52,35 +52,36 @@ def load(users_file) -> UserDatabase:
 # ---- user add ----------------------------------------------------------------------------------------
 
 def test_user_add_creates_the_file_and_says_nodes_reload_it(run, users_file):
-    code, out, err = run("user", "add", "alice", "--role", ADMINISTRATOR, "--password-stdin", stdin="s3cret\n")
+    code, out, err = run("user", "add", "alice", "--role", ADMINISTRATOR, "--password-stdin",
+                         stdin="s3cret-pass-phrase\n")
     assert (code, err) == (0, "")
     assert out == (f"added user alice with roles administrator in {users_file}; nodes started with --users-file "
                    f"{users_file} pick the change up while they run\n")
-    assert load(users_file).verify_plain("alice", "s3cret")
+    assert load(users_file).verify_plain("alice", "s3cret-pass-phrase")
     assert load(users_file).users() == [("alice", (ADMINISTRATOR,))]
     assert stat.S_IMODE(os.stat(users_file).st_mode) == 0o600
     assert "s3cret" not in open(users_file).read()
 
 
 def test_data_dir_means_its_users_json_and_defaults_to_data(run, tmp_path, monkeypatch):
-    assert run("user", "add", "alice", "--password-stdin", stdin="s3cret\n",
+    assert run("user", "add", "alice", "--password-stdin", stdin="s3cret-pass-phrase\n",
                location=("--data-dir", str(tmp_path / "node0")))[0] == 0
     assert load(str(tmp_path / "node0" / "users.json")).users() == [("alice", ())]
     monkeypatch.chdir(tmp_path)
-    assert run("user", "add", "bob", "--password-stdin", stdin="s3cret\n", location=())[0] == 0
+    assert run("user", "add", "bob", "--password-stdin", stdin="s3cret-pass-phrase\n", location=())[0] == 0
     assert load(str(tmp_path / "data" / "users.json")).users() == [("bob", ())]
 
 
 def test_user_add_asks_twice_on_a_terminal(run, users_file, monkeypatch):
-    answers = iter(["s3cret", "s3cret"])
+    answers = iter(["s3cret-pass-phrase", "s3cret-pass-phrase"])
     monkeypatch.setattr("getpass.getpass", lambda prompt: next(answers))
     monkeypatch.setattr("sys.stdin", Terminal())
     assert cli.main(["user", "add", "alice", "--users-file", users_file]) == 0
-    assert load(users_file).verify_plain("alice", "s3cret")
+    assert load(users_file).verify_plain("alice", "s3cret-pass-phrase")
 
 
 def test_two_different_entries_on_a_terminal_change_nothing(users_file, monkeypatch, capsys):
-    answers = iter(["s3cret", "s3cert"])
+    answers = iter(["s3cret-pass-phrase", "s3cert-pass-phrase"])
     monkeypatch.setattr("getpass.getpass", lambda prompt: next(answers))
     monkeypatch.setattr("sys.stdin", Terminal())
     assert cli.main(["user", "add", "alice", "--users-file", users_file]) == 2
@@ -103,24 +104,24 @@ def test_an_empty_password_line_is_refused(run, users_file):
 
 
 def test_a_password_is_never_taken_from_the_command_line(run):
-    assert run("user", "add", "alice", "--password", "s3cret")[0] == 2
+    assert run("user", "add", "alice", "--password", "s3cret-pass-phrase")[0] == 2
 
 
 def test_adding_an_existing_user_fails_without_asking_for_a_password(run, populated):
-    code, _, err = run("user", "add", "bob", "--password-stdin", stdin="other\n")
+    code, _, err = run("user", "add", "bob", "--password-stdin", stdin="another-pass-phrase\n")
     assert code == 1
     assert "user 'bob' exists already; `grouper user passwd bob`" in err
 
 
 def test_adding_with_an_unknown_role_is_bad_input_and_creates_nothing(run, users_file):
-    code, _, err = run("user", "add", "alice", "--role", "nope", "--password-stdin", stdin="s3cret\n")
+    code, _, err = run("user", "add", "alice", "--role", "nope", "--password-stdin", stdin="s3cret-pass-phrase\n")
     assert code == 2
     assert "unknown role 'nope'" in err
     assert not os.path.exists(users_file)
 
 
 def test_a_bad_user_name_is_bad_input(run):
-    code, _, err = run("user", "add", "bo\tb", "--password-stdin", stdin="s3cret\n")
+    code, _, err = run("user", "add", "bo\tb", "--password-stdin", stdin="s3cret-pass-phrase\n")
     assert code == 2
     assert "control character" in err
 
@@ -128,7 +129,7 @@ def test_a_bad_user_name_is_bad_input(run):
 def test_data_dir_of_a_grouper_up_cluster_writes_the_file_its_nodes_read_and_says_so(run, tmp_path):
     cluster = tmp_path / "cluster"
     (cluster / "node0").mkdir(parents=True)  # as `grouper up --data-dir` leaves it
-    code, out, err = run("user", "add", "alice", "--password-stdin", stdin="s3cret\n",
+    code, out, err = run("user", "add", "alice", "--password-stdin", stdin="s3cret-pass-phrase\n",
                          location=("--data-dir", str(cluster)))
     assert (code, err) == (0, "")
     assert load(str(cluster / "users.json")).users() == [("alice", ())]
@@ -137,7 +138,7 @@ def test_data_dir_of_a_grouper_up_cluster_writes_the_file_its_nodes_read_and_say
 
 
 def test_a_plain_data_dir_names_the_nodes_that_read_the_file_and_no_others(run, tmp_path):
-    code, out, _ = run("user", "add", "alice", "--password-stdin", stdin="s3cret\n",
+    code, out, _ = run("user", "add", "alice", "--password-stdin", stdin="s3cret-pass-phrase\n",
                        location=("--data-dir", str(tmp_path / "node0")))
     assert code == 0
     assert out.endswith(f"a node started with --data-dir {tmp_path / 'node0'} (and no --users-file), or with "
@@ -150,14 +151,14 @@ def test_the_default_data_dir_beside_a_grouper_up_cluster_warns_that_the_cluster
         run, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data" / "cluster" / "node0").mkdir(parents=True)
-    code, _, err = run("user", "add", "alice", "--password-stdin", stdin="s3cret\n", location=())
+    code, _, err = run("user", "add", "alice", "--password-stdin", stdin="s3cret-pass-phrase\n", location=())
     assert code == 0
     assert "the `grouper up` cluster in ./data/cluster does not read ./data/users.json; for its nodes give " \
            "--data-dir ./data/cluster" in err
 
 
 def test_iterations_below_the_minimum_are_bad_usage(run):
-    code, _, err = run("user", "add", "alice", "--iterations", "1000", "--password-stdin", stdin="s3cret\n")
+    code, _, err = run("user", "add", "alice", "--iterations", "1000", "--password-stdin", stdin="s3cret-pass-phrase\n")
     assert code == 2
     assert "--iterations" in err
 
@@ -165,16 +166,16 @@ def test_iterations_below_the_minimum_are_bad_usage(run):
 # ---- user passwd, delete, roles, list ------------------------------------------------------------
 
 def test_user_passwd_replaces_the_password(run, users_file, populated):
-    code, out, _ = run("user", "passwd", "bob", "--iterations", "8192", "--password-stdin", stdin="new-secret\n")
+    code, out, _ = run("user", "passwd", "bob", "--iterations", "8192", "--password-stdin", stdin="new-secret-phrase\n")
     assert code == 0
     assert RELOAD_NOTE in out
     database = load(users_file)
-    assert database.verify_plain("bob", "new-secret") and not database.verify_plain("bob", "bob-secret")
+    assert database.verify_plain("bob", "new-secret-phrase") and not database.verify_plain("bob", "bob-secret-phrase")
     assert database.scram_auth_info("bob")[3] == 8192
 
 
 def test_user_passwd_of_an_unknown_user_fails(run, populated):
-    code, _, err = run("user", "passwd", "nobody", "--password-stdin", stdin="s3cret\n")
+    code, _, err = run("user", "passwd", "nobody", "--password-stdin", stdin="s3cret-pass-phrase\n")
     assert code == 1
     assert "there is no user 'nobody'" in err
 
@@ -281,7 +282,7 @@ def test_a_malformed_file_is_bad_input_naming_the_key(run, users_file, populated
 def test_a_file_that_cannot_be_written_fails_saying_so(run, tmp_path):
     (tmp_path / "not-a-directory").write_text("")
     location = ("--users-file", str(tmp_path / "not-a-directory" / "users.json"))
-    code, _, err = run("user", "add", "alice", "--password-stdin", stdin="s3cret\n", location=location)
+    code, _, err = run("user", "add", "alice", "--password-stdin", stdin="s3cret-pass-phrase\n", location=location)
     assert code == 1
     assert "cannot read or write" in err and "Secret" in err
 
