@@ -54,3 +54,6 @@ class JournalFailure(str):
     def of(cls, error: OSError, path: str, records_count: int, size_bytes: int) -> JournalFailure:
         kind = DISK_FULL if error.errno in (errno.ENOSPC, errno.EDQUOT) else WRITE_FAILED
         return cls(kind, path, records_count, size_bytes, str(error))
+
+    def __getnewargs__(self) -> tuple:  # so copy and pickle make it again from its fields, not its text
+        return self.kind, self.path, self.records_count, self.size_bytes, self.error
