@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import errno
 import logging
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -20,7 +22,7 @@ from node.amqp.conditions import INTERNAL_ERROR, RESOURCE_LIMIT, journal_failure
 from node.core.message import Message
 from node.core.settings import QueueSettings
 from node.store import records
-from node.store.failures import DISK_FULL, WRITE_FAILED
+from node.store.failures import DISK_FULL, WRITE_FAILED, JournalFailure
 from node.store.journal import COMPACT_SUFFIX, JOURNAL_FILE, Journal, JournalError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -648,6 +650,13 @@ def test_a_failed_batch_is_reported_as_data_what_where_how_much_and_who_must_act
     assert broken.kind == WRITE_FAILED and broken.records_count == 1 and "Input/output error" in broken.error
     # the engine loop's one table maps the kind, not the words
     assert (failure_condition(full), failure_condition(broken)) == (RESOURCE_LIMIT, INTERNAL_ERROR)
+
+
+def test_a_journal_failure_is_copied_and_pickled_with_its_fields():
+    failure = JournalFailure.of(OSError(errno.ENOSPC, "No space left on device"), "/data/journal.dat", 3, 120)
+    for again in (copy.copy(failure), copy.deepcopy(failure), pickle.loads(pickle.dumps(failure))):
+        assert type(again) is JournalFailure and again == failure
+        assert (again.kind, again.path, again.records_count, again.size_bytes) == (DISK_FULL, "/data/journal.dat", 3, 120)
 
 
 # ---- kill -9 ----------------------------------------------------------------------------------
