@@ -1237,15 +1237,18 @@ PROFILE_WAITING = re.compile(
     r"^(?:[\w.]*\.)?(?:wait|poll|select|_blocking|_serve|sleep) \("
     r"|^_worker \(concurrent/futures/thread\.py:81\)")
 def _fsync_lines() -> str:
-    """The journal's `os.fsync` lines: a sample there waits for the disk."""
-    try:
-        source = (REPO_ROOT / "node" / "store" / "journal.py").read_text().splitlines()
-    except OSError:
-        return "0"
-    return "|".join(str(number) for number, line in enumerate(source, 1) if "os.fsync(" in line) or "0"
+    """Where the journal calls `os.fsync`, as regex alternatives `module.py:line`: a sample there waits for the disk."""
+    places = []
+    for module in ("writer", "compaction", "recovery"):  # the journal's modules that fsync (node/store/)
+        try:
+            source = (REPO_ROOT / "node" / "store" / f"{module}.py").read_text().splitlines()
+        except OSError:
+            continue
+        places += [rf"{module}\.py:{number}" for number, line in enumerate(source, 1) if "os.fsync(" in line]
+    return "|".join(places) or "0"
 
 
-PROFILE_FSYNC = re.compile(rf"^Journal\.\w+ \(node/store/journal\.py:(?:{_fsync_lines()})\)")
+PROFILE_FSYNC = re.compile(rf"^[\w.]+ \(node/store/(?:{_fsync_lines()})\)")
 # Where a busy sample's time goes: the innermost frame matching one of these, first match wins.
 PROFILE_CATEGORIES = (
     ("journal (encode, write)", re.compile(r"node/store/")),

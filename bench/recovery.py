@@ -85,7 +85,7 @@ def recover_in_process(data_dir: Path, mode: str) -> dict:
     recovery = journal.recover(cold=True) if mode == "cold" else journal.recover(bodies_max_bytes=256 << 20)
     cpu_s, wall_s = time.process_time() - cpu_start, time.monotonic() - wall_start
     memory = resident_bytes(os.getpid())
-    index = journal._stores[QUEUE]
+    index = journal._writer.index.stores[QUEUE]  # node/store/index.py, the caller's until start()
     index_bytes = sum(sys.getsizeof(column) for column in (index._seqs, index._offsets, index._lengths))
     messages = len(recovery.cold[QUEUE].seqs) if mode == "cold" else len(recovery.messages[QUEUE])
     journal.close()

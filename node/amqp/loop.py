@@ -54,7 +54,7 @@ import time
 
 from node.amqp import codec
 from node.amqp.bridge import Bridge
-from node.amqp.conditions import RESOURCE_DELETED, RESOURCE_LIMIT, condition_for
+from node.amqp.conditions import RESOURCE_DELETED, RESOURCE_LIMIT, condition_for, journal_failure_condition
 from node.amqp.connection import Connection
 from node.amqp.gate import Gate
 from node.amqp.engine import (ACCEPTED, CONNECTION_REMOTE_CLOSE, CONNECTION_REMOTE_OPEN, DELIVERY, LINK_FLOW,
@@ -74,7 +74,7 @@ from node.core.effects import PageIn, ReadRecords
 from node.core.outbound import OUTBOUND_PREFIX
 from node.core.errors import AlreadyExists, GrouperError, NotFound, ResourceLimitExceeded, StoreFailed
 from node.core.message import Message, Outcome
-from node.store.journal import failure_condition
+from node.store.failures import JournalFailure
 
 log = logging.getLogger("grouper.amqp")
 
@@ -431,7 +431,7 @@ class AmqpServer:
             return  # a sweep's, for groups moving away
         self.apply(self.broker.promote(queue, records, self.clock_ms()))
 
-    def journal_failed(self, ticket: int, reason: str) -> None:
+    def journal_failed(self, ticket: int, reason: JournalFailure) -> None:
         """The batch ending at `ticket` could not be written: take back its sends, refuse their producers."""
         now_ms = self.clock_ms()
         refused = self.durability.failed(ticket, reason, now_ms)
@@ -455,7 +455,7 @@ class AmqpServer:
                 continue
             if kind == PRODUCER:
                 error = StoreFailed(reason, outcome_unknown=unknown)
-                self._settle_send(target, (failure_condition(reason), error.description))
+                self._settle_send(target, (journal_failure_condition(reason), error.description))
             elif link not in unstored:
                 unstored.append(link)
         self.apply(effects)
@@ -463,7 +463,7 @@ class AmqpServer:
             if consumer.alive:  # not settled: the removal is not on disk, and a restart would deliver it again
                 self._forget_link(consumer)
                 self._close_link(consumer.link, (
-                    failure_condition(reason), f"the node could not store this link's settlements ({reason}); "
+                    journal_failure_condition(reason), f"the node could not store this link's settlements ({reason}); "
                     f"a message whose acceptance it did not settle may be delivered again: attach again"))
                 self._dirty.add(consumer.connection)
 

@@ -174,7 +174,7 @@ def decode_body(body: bytes | memoryview) -> tuple[int, object]:
 
 
 def store_payload(frame: bytes | memoryview) -> tuple[int, bytes]:
-    """(seq, payload) of one whole STORE frame read back for paging (node/store/journal.py).
+    """(seq, payload) of one whole STORE frame read back for paging (node/store/reads.py).
     Raises ValueError for anything else: the journal's index pointed at the wrong bytes."""
     body = _store_body(frame)
     _, _, queue_length, group_length, seq, _, _, _ = _STORE.unpack_from(body)

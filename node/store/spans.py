@@ -1,6 +1,6 @@
 """Spans: one queue's index of live STOREs in the journal, seq -> (offset, length), packed in arrays.
 
-The journal (node/store/journal.py) keeps one per queue; whoever owns the journal's index owns it
+The journal's index (node/store/index.py) keeps one per queue; whoever owns the journal's index owns it
 (the caller before Journal.start(), the writer thread after). Pure: no threads, files or clocks.
 
 A queue's STOREs reach the journal almost always in increasing seq order (seqs are node-wide and

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import errno
 import logging
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -16,11 +18,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings as hypothesis_settings, strategies as st
 
+from node.amqp.conditions import INTERNAL_ERROR, RESOURCE_LIMIT, journal_failure_condition as failure_condition
 from node.core.message import Message
 from node.core.settings import QueueSettings
 from node.store import records
-from node.store.journal import (COMPACT_SUFFIX, JOURNAL_FILE, Journal, JournalError,
-                                failure_condition)
+from node.store.failures import DISK_FULL, WRITE_FAILED, JournalFailure
+from node.store.journal import COMPACT_SUFFIX, JOURNAL_FILE, Journal, JournalError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 10
@@ -619,6 +622,41 @@ def test_a_failed_fsync_fails_every_ticket_of_its_batch(tmp_path, monkeypatch):
     assert [t for t, _ in callbacks.failed] == [2, 3]
     assert failure_condition(callbacks.failed[0][1]) == "amqp:internal-error"
     assert [m.seq for m in recovered(tmp_path).messages["q"]] == [1, 4]
+
+
+def test_a_failed_batch_is_reported_as_data_what_where_how_much_and_who_must_act(tmp_path, monkeypatch):
+    journal, callbacks = started(tmp_path)
+
+    def disk_full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", disk_full)
+    monkeypatch.setattr(os, "pwritev", disk_full)
+    journal.store("q", message(1))
+    journal.remove("q", 1)
+    full_bytes = journal.pending_bytes()
+    callbacks.wait_reported(journal.flush())
+    monkeypatch.undo()
+    fail_syncs(monkeypatch)
+    journal.store("q", message(2))
+    callbacks.wait_reported(journal.flush())
+    monkeypatch.undo()
+    journal.close()
+
+    [(_, full), (_, broken)] = callbacks.failed
+    assert (full.kind, full.path, full.records_count, full.size_bytes, full.fault) \
+        == (DISK_FULL, str(tmp_path / JOURNAL_FILE), 2, full_bytes, "operator")
+    assert full.startswith("disk full: ") and "free space" in full  # the words producers have always read
+    assert broken.kind == WRITE_FAILED and broken.records_count == 1 and "Input/output error" in broken.error
+    # the engine loop's one table maps the kind, not the words
+    assert (failure_condition(full), failure_condition(broken)) == (RESOURCE_LIMIT, INTERNAL_ERROR)
+
+
+def test_a_journal_failure_is_copied_and_pickled_with_its_fields():
+    failure = JournalFailure.of(OSError(errno.ENOSPC, "No space left on device"), "/data/journal.dat", 3, 120)
+    for again in (copy.copy(failure), copy.deepcopy(failure), pickle.loads(pickle.dumps(failure))):
+        assert type(again) is JournalFailure and again == failure
+        assert (again.kind, again.path, again.records_count, again.size_bytes) == (DISK_FULL, "/data/journal.dat", 3, 120)
 
 
 # ---- kill -9 ----------------------------------------------------------------------------------
