@@ -90,7 +90,7 @@ def test_a_required_data_volume_must_be_mounted(tmp_path):
 
 def test_a_bad_config_value_is_named(tmp_path):
     result = start(tmp_path, env={"GROUPER_HTTP_PORT": "seventy"})
-    assert result.returncode == 2 and "http_port" in result.stderr, result.stderr
+    assert result.returncode == 2 and "GROUPER_HTTP_PORT: expected an integer" in result.stderr, result.stderr
 
 
 def test_a_cluster_node_without_a_raft_secret_refuses_to_start_on_loopback_too(tmp_path):
