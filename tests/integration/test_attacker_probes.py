@@ -2,15 +2,10 @@
 every probe must fail ("How to test it": a CI file that starts the quick start and a production-style
 cluster and tries each).
 
-The targets, each started once for the module and killed in its finalizer:
-- quick_start: `grouper up` with 3 nodes on free ports, open as the README's first command leaves it.
-  The probes that need users secure it the README's way while it runs (`grouper user add admin --role
-  administrator --password-stdin --data-dir DATA_DIR`, and mallory, an account of the attacker's own
-  with a low-privilege role), so the probes before them meet the open cluster, those after it the
-  secured one;
-- production: 3 `grouper node`s on 127.0.0.1 with a users file (admin and mallory), cluster TLS from
-  `grouper certs dev` (mallory gets a client certificate of the cluster CA), a raft secret made 0600
-  by the README's command, PLAIN on loopback and /metrics behind a login.
+The targets (tests/integration/probe_targets.py), each started once for the module and killed in its
+finalizer: the quick start (`grouper up`, 3 nodes, open, then secured the README's way while it runs
+by the probes that need users) and a production-style cluster (users file, cluster TLS, raft secret
+0600, on 127.0.0.1).
 
 Rules of this file:
 - Each probe is one test per target; the helpers come from the tests that guard each fix, imported.
@@ -25,12 +20,8 @@ from __future__ import annotations
 
 import base64
 import json
-import re
-import socket
 import stat
-import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -40,187 +31,61 @@ import pytest
 from proton import Delivery
 from proton.utils import BlockingConnection
 
-from node.admin.client import AdminClient
-from node.admin.credentials import basic_metadata, basic_value
+from node.admin.credentials import basic_value
 from node.peer.signature import Signer
-from node.tools.handshake import authenticate, dialled
 from proto import peer_pb2_grpc
-from tests.integration.cli import grouper_ok, write_users_file
-from tests.integration.cluster import Cluster
 from tests.integration.grouper_up import GrouperUp, malicious_frame, send_to_raft_port
 from tests.integration.harness import ManualReceiver, grouped, send_outcome
+from tests.integration.probe_targets import (PASSWORD, POLL_S, WAIT_S, Production, Target, production_cluster,
+                                             production_target, quick_start_target, secure_quick_start)
 from tests.integration.sasl_socket import CHALLENGE, OUTCOME, OUTCOME_AUTH, OUTCOME_OK, RESPONSE, SaslSocket, \
     performative, sasl_init
-from tests.integration.test_cluster_security import banner_value, secure
 from tests.integration.test_file_modes import modes_open_to_others, written_files
 from tests.integration.test_forward_credentials import HUGE_SEQ, OTHER_SECRET, forged_batch, refused
 from tests.integration.test_http_hosts import REBOUND, request
 from tests.integration.test_login_probes import THROTTLE_DELAY_MIN_S, plain_s, server_first
 from tests.unit.test_sasl import ScramClient
 
-PASSWORD = "probe-admin-password"  # admin's, and mallory's (an account of the attacker's own)
-MALLORY_ROLE = ("mallory-only", "consume:mallory.#")  # mallory may consume from her own queues, nothing more
-WAIT_S = 20.0  # bound of every wait for the targets to reach a state
-POLL_S = 0.1
 MARKER_WAIT_S = 3.0  # a frame that runs is unpickled within milliseconds of arriving
-CONNECT_TIMEOUT_S = 10.0
 GROUPS = [f"g{n}" for n in range(4)]
 SENDS_PER_GROUP = 5
 REFUSED_AT_THE_PEER_PORT = {grpc.StatusCode.UNAVAILABLE,  # the TLS handshake failed
                             grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
 
 
-@dataclass
-class Target:
-    """One cluster under probe: its addresses by node index, and how to log in once it has users."""
-    name: str
-    amqp: list[str]
-    admin: list[str]
-    http: list[str]
-    raft_ports: list[int]
-    node_ids: list[str]
-    plain_on_loopback: bool  # whether PLAIN is offered without TLS (else the probes log in with SCRAM)
-    secured: bool = False  # admin and mallory exist
-    peer: list[str] = field(default_factory=list)  # the peer ports (cluster TLS), when it has them
-
-    def admin_client(self, index: int) -> AdminClient:
-        return AdminClient(self.admin[index], metadata=basic_metadata("admin", PASSWORD) if self.secured else ())
-
-    def status(self, index: int = 0) -> dict:
-        with self.admin_client(index) as admin:
-            return admin.cluster_status()
-
-    def wait_status(self, predicate, what: str, index: int = 0) -> dict:
-        deadline = time.monotonic() + WAIT_S
-        status = None
-        while time.monotonic() < deadline:
-            try:
-                status = self.status(index)
-            except Exception as error:  # a node still starting answers UNAVAILABLE
-                status = {"error": str(error)}
-            if "error" not in status and predicate(status):
-                return status
-            time.sleep(POLL_S)
-        raise AssertionError(f"{self.name} did not reach: {what} within {WAIT_S} s; last status: {status}")
-
-    def wait_leader(self, index: int = 0) -> dict:
-        return self.wait_status(lambda s: s["leader"] and all(m["connected"] and m["amqp_address"]
-                                                              for m in s["members"]),
-                                "a leader and every member connected", index)
-
-    def connect(self, index: int, user: str = "admin") -> BlockingConnection:
-        """An AMQP connection to node `index`: anonymous while open, else logged in as `user` with
-        SCRAM-SHA-256 (node/tools/handshake.py; pip's proton cannot) before proton takes the socket."""
-        if not self.secured:
-            return BlockingConnection(f"amqp://{self.amqp[index]}", timeout=CONNECT_TIMEOUT_S)
-        host, port = self.amqp[index].rsplit(":", 1)
-        sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
-        try:
-            authenticate(sock, user, PASSWORD)
-            sock.setblocking(False)
-            with dialled(sock):
-                return BlockingConnection(f"amqp://{self.amqp[index]}", timeout=CONNECT_TIMEOUT_S,
-                                          sasl_enabled=False)
-        except Exception:
-            sock.close()
-            raise
-
-    def http_headers(self, index: int = 0) -> dict:
-        """What the console's own page sends: its Host, and a login once the target has users."""
-        headers = {"Host": self.http[index]}
-        if self.secured:
-            headers["Authorization"] = basic_value("admin", PASSWORD)
-        return headers
-
-
-# ---- the targets ------------------------------------------------------------------------------
+# ---- the targets (tests/integration/probe_targets.py), each once for the module ----------------
 
 @pytest.fixture(scope="module")
 def quick_start_up(tmp_path_factory):
     up = GrouperUp(tmp_path_factory.mktemp("quick-start") / "cluster")
     try:
-        up.start()
-        yield up
+        yield up.start()
     finally:
         up.kill_tree()
 
 
 @pytest.fixture(scope="module")
 def quick_start(quick_start_up) -> Target:
-    up = quick_start_up
-    target = Target("quick_start", [up.amqp(i) for i in range(3)], [up.admin(i) for i in range(3)],
-                    [f"127.0.0.1:{up.base_port + 10 * i + 3}" for i in range(3)],
-                    [up.raft_port(i) for i in range(3)], [f"127.0.0.1:{up.raft_port(i)}" for i in range(3)],
-                    plain_on_loopback=False)
-    target.wait_leader()
-    return target
+    return quick_start_target(quick_start_up)
 
 
 @pytest.fixture(scope="module")
-def secured_quick_start(quick_start, quick_start_up) -> Target:
-    """The quick start secured while it runs, as the README says: admin first, then mallory."""
-    data_dir = str(quick_start_up.data_dir)
-    grouper_ok("user", "add", "admin", "--role", "administrator", "--password-stdin", "--data-dir", data_dir,
-               stdin=PASSWORD + "\n")
-    grouper_ok("role", "set", MALLORY_ROLE[0], "--allow", MALLORY_ROLE[1], "--data-dir", data_dir)
-    grouper_ok("user", "add", "mallory", "--role", MALLORY_ROLE[0], "--password-stdin", "--data-dir", data_dir,
-               stdin=PASSWORD + "\n")
-    wait_users_read(quick_start_up, 2)
-    quick_start.secured = True
-    return quick_start
-
-
-def wait_users_read(up: GrouperUp, users: int) -> None:
-    """Until every node's log says it read a users file with `users` users (the last such line)."""
-    said = re.compile(r"now secured \((\d+) users\)|users reloaded from .*: (\d+) users")
-    logs = [up.data_dir / f"node{index}.log" for index in range(up.nodes)]
-    deadline = time.monotonic() + WAIT_S
-
-    def counts() -> list[int | None]:
-        found = []
-        for log in logs:
-            matches = said.findall(log.read_text())
-            found.append(int(matches[-1][0] or matches[-1][1]) if matches else None)
-        return found
-
-    while counts() != [users] * len(logs):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the nodes of grouper up did not read {users} users within {WAIT_S} s: {counts()}")
-        time.sleep(POLL_S)
+def secured_quick_start(quick_start_up, quick_start) -> Target:
+    return secure_quick_start(quick_start_up, quick_start)
 
 
 @pytest.fixture(scope="module")
-def production_cluster(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("production")
-    cert_dir, secrets = directory / "certs", directory / "secrets"
-    grouper_ok("certs", "dev", "--dir", str(cert_dir), "--nodes", "node0,node1,node2", "--client", "mallory")
-    secrets.mkdir(mode=0o700)
-    users = write_users_file(secrets / "users.json", dict([MALLORY_ROLE]),
-                             {"admin": "administrator", "mallory": MALLORY_ROLE[0]}, PASSWORD)
-    # README, Security: Between nodes
-    subprocess.run(["sh", "-c", "(umask 077; openssl rand -base64 32 > raft.secret)"], cwd=secrets, check=True,
-                   timeout=WAIT_S)
-    cluster = Cluster(directory, 3, '[node]\nmetrics_auth = "basic"\n')
-    for index, node in enumerate(cluster.nodes):
-        secure(node, index, cert_dir, secrets / "raft.secret")
-        node.args += ("--users-file", str(users), "--sasl-plain-on-loopback")
+def production_made(tmp_path_factory) -> Production:
+    made = production_cluster(tmp_path_factory.mktemp("production"))
     try:
-        for node in cluster.nodes:  # not cluster.start(): its status calls carry no login
-            node.start()
-        yield cluster, cert_dir, secrets
+        yield made
     finally:
-        cluster.kill_all()
+        made.cluster.kill_all()
 
 
 @pytest.fixture(scope="module")
-def production(production_cluster) -> Target:
-    cluster, _, _ = production_cluster
-    target = Target("production", [node.amqp_address for node in cluster.nodes],
-                    [node.admin_address for node in cluster.nodes], [node.http_address for node in cluster.nodes],
-                    list(cluster.raft_ports), list(cluster.node_ids), plain_on_loopback=True, secured=True,
-                    peer=[banner_value(node, "peer") for node in cluster.nodes])
-    target.wait_leader()
-    return target
+def production(production_made) -> Target:
+    return production_target(production_made)
 
 
 TARGETS = ["quick_start", "production"]
@@ -324,8 +189,8 @@ def forward_through(channel: grpc.Channel, batch) -> grpc.RpcError:
 
 
 def test_the_peer_port_refuses_a_caller_without_a_node_certificate_and_node0s_sends_all_arrive(
-        production, production_cluster, connections):
-    _, cert_dir, _ = production_cluster
+        production, production_made, connections):
+    cert_dir = production_made.cert_dir
     queue, peer = "probe.peer", production.peer[1]
     forged = forged_batch(production.node_ids[0], queue, HUGE_SEQ)
     ca = (cert_dir / "ca.pem").read_bytes()
@@ -427,12 +292,12 @@ def test_every_data_directory_is_private_and_every_file_in_it_too(target_with_us
         assert private_modes(data_dir) == "0700"
         assert modes_open_to_others(data_dir) == {}
         return
-    cluster, cert_dir, secrets = request.getfixturevalue("production_cluster")
-    for node in cluster.nodes:
+    made = request.getfixturevalue("production_made")
+    for node in made.cluster.nodes:
         assert "raft/raft.journal" in written_files(node.data_dir)
         assert private_modes(node.data_dir) == "0700"
         assert modes_open_to_others(node.data_dir) == {}
-    for secret in (secrets / "users.json", secrets / "raft.secret", *sorted(cert_dir.glob("*-key.pem"))):
+    for secret in (made.secrets / "users.json", made.secrets / "raft.secret", *sorted(made.cert_dir.glob("*-key.pem"))):
         assert private_modes(secret) == "0600", secret
 
 
