@@ -19,7 +19,7 @@ RUN groupadd --system --gid 10001 grouper \
         --shell /usr/sbin/nologin grouper \
  && mkdir -p /var/lib/grouper /etc/grouper \
  && chown 10001:10001 /var/lib/grouper \
- && chmod 0750 /var/lib/grouper \
+ && chmod 0700 /var/lib/grouper \
  && python3 -m venv "$VIRTUAL_ENV"
 
 # Dependencies first: they change rarely, so this layer stays cached while the project changes.

@@ -88,7 +88,7 @@ def test_the_image_runs_a_single_node_as_uid_10001_on_its_volume_and_reports_hea
         exit_code, output = container.exec_run(["sh", "-c", "id -u; stat -c '%u %a' /var/lib/grouper; "
                                                             "ls /var/lib/grouper"])
         uid, data_dir_owner, *files = output.decode().splitlines()
-        assert exit_code == 0 and uid == "10001" and data_dir_owner == "10001 750", output.decode()
+        assert exit_code == 0 and uid == "10001" and data_dir_owner == "10001 700", output.decode()
         assert files, f"the node wrote nothing to its data volume: {output.decode()}"
         # the management CLI in the image reaches the node's admin port (default 127.0.0.1:5673), with
         # the bootstrapped administrator's credentials; without them it is refused (exit 4)
