@@ -1,7 +1,9 @@
 """A queue's consumers and browsers: their credit, the groups each owns, and when dispatch opens. Pure.
 
 Rules this module keeps:
-- A group has at most one owner. A consumer lists its groups in a plain list (`Consumer.owned`, 8 bytes
+- A group has at most one owner. `exclusive`: the owner keeps the group for its lifetime (or until the
+  group is closed or reset). `shared`: it keeps it only while it holds unsettled messages of it.
+- A consumer lists its groups in a plain list (`Consumer.owned`, 8 bytes
   a group where a set's slot was ~33), whose stale entries are dropped once they outnumber the live ones
   (plus OWNED_STALE_MIN), so detach stays proportional to what the consumer owns.
 - `Consumers.takers` holds exactly the acquiring consumers that may take a message now: credit left and

@@ -12,6 +12,7 @@ Rules this module keeps:
   redelivery delay is in no heap, so no later message of it overtakes what waits.
 - An idle group (nothing queued or in flight, no owner) is forgotten at once, on every path; the dict
   is copied small once most of its groups are gone (a dict never gives back its deleted keys' room).
+  Messages share their group's id string: a million messages of one group keep one string.
 - groups_max counts every tracked group, an empty one kept by its exclusive owner included, but such a
   group frees itself: a new group past groups_max takes the place of the group empty longest with an
   owner (nothing of it is queued or in flight, so no order can break). A new group is refused only
