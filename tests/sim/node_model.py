@@ -511,7 +511,7 @@ class SimNode:
                 continue
             resident_bytes += queue.pager.pageable_bytes
             held = queue.held_keys
-            for message in queue._log:
+            for message in queue._store.log:
                 flags = message.flags
                 if flags & (STATE_MASK | PAGED | FETCHED) == AVAILABLE and flags & JOURNALLED \
                         and not (held and message.group is not None and message.group.key in held):

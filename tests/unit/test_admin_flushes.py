@@ -92,7 +92,7 @@ def removed_seqs(loop: FakeLoop, queue: str = "q") -> set[int]:
 
 def test_a_queue_purge_answers_with_every_removal_on_disk():
     broker = filled()
-    seqs = {message.seq for message in broker.queue("q")._log}
+    seqs = {message.seq for message in broker.queue("q")._store.log}
     admin, loop = control(broker)
     assert admin.purge_queue("q") == (12, 0)
     assert removed_seqs(loop) == seqs and loop.pending == []

@@ -203,7 +203,7 @@ def test_past_the_budget_arrivals_go_cold_and_keep_only_their_seqs_once_on_disk(
     assert node.queue.stats()["depth_messages"] == 5
     assert node.queue.stats()["cold_messages"] == 3
     assert node.queue.stats()["resident_bytes"] == 2 * len(b"a-1")  # the two warm bodies
-    assert [m.seq for m in node.queue._log] == [1, 2]
+    assert [m.seq for m in node.queue._store.log] == [1, 2]
 
 
 def test_an_arrival_waits_whole_until_its_store_is_on_disk_and_a_failed_write_withdraws_it():
@@ -279,7 +279,7 @@ def test_a_recovered_backlog_starts_cold_and_fills_the_budget_at_the_first_dispa
     reads = [e for e in effects if type(e) is ReadRecords]
     assert [(r.after_seq, r.count) for r in reads] == [(9, 3)]
     broker.promote("q", next_records({("q", seq): m for seq, m in disk.items()}, reads[0]), 0)
-    assert [m.seq for m in queue._log] == [10, 11, 12] and queue.cold.count == 7 and queue.cold.after_seq == 12
+    assert [m.seq for m in queue._store.log] == [10, 11, 12] and queue.cold.count == 7 and queue.cold.after_seq == 12
     assert queue.depth_bytes == sum(m.size_bytes for m in disk.values())
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from node.core.message import Outcome
-from node.core.queue import Queue
+from node.core.queue_dispatch import Dispatcher
 
 
 # ---- exclusive -----------------------------------------------------------------------------------
@@ -542,13 +542,13 @@ def test_a_deep_blocked_group_costs_nothing_to_skip(make, policy, monkeypatch):
         h.send("a", f"a{n}")
     h.attach("c2", 1)  # 100k messages of a wait ahead of one of b
     peeks = []
-    original = Queue._peek
+    original = Dispatcher._peek
 
     def counting_peek(self, *args):
         peeks.append(1)
         return original(self, *args)
 
-    monkeypatch.setattr(Queue, "_peek", counting_peek)
+    monkeypatch.setattr(Dispatcher, "_peek", counting_peek)
     assert h.send("b", "b1") == [("c2", "b1")]
     assert len(peeks) <= 4
     assert h.stats()["depth_messages"] == 100_001

@@ -25,7 +25,9 @@ from node.core.broker import Broker
 from node.core.effects import Deliver
 from node.core.errors import ResourceLimitExceeded
 from node.core.message import AVAILABLE, REMOVED, Message, Outcome
-from node.core.queue import GROUPS_SHRINK_MIN, OWNED_STALE_MIN, Group
+from node.core.queue_consumers import OWNED_STALE_MIN
+from node.core.queue_groups import GROUPS_SHRINK_MIN
+from node.core.queue_lanes import Group
 from node.core.settings import QueueSettings
 
 
@@ -137,7 +139,7 @@ def test_a_closed_queue_keeps_no_group():
     send(broker, "b")
     queue = broker.queues["q"]
     queue.close([])
-    assert queue.groups == {} and not queue._empty_owned
+    assert queue.groups == {} and not queue._groups.empty_owned
 
 
 # ---- what a group holds -------------------------------------------------------------------
@@ -243,10 +245,10 @@ def test_stale_entries_of_empty_owned_groups_stay_bounded():
     accept_all(broker, send(broker, "b"))
     accept_all(broker, send(broker, "c"))  # at groups_max: b, empty and owned, makes room; listing starts
     queue = broker.queues["q"]
-    assert sorted(queue.groups) == ["a", "c"] and queue._tracking_empty_owned
+    assert sorted(queue.groups) == ["a", "c"] and queue._groups.tracking_empty_owned
     for _ in range(3 * GROUPS_SHRINK_MIN):
         accept_all(broker, send(broker, "c"))  # empty and owned after each: one more entry each time
-    assert len(queue._empty_owned) <= 2 * len(queue.groups) + GROUPS_SHRINK_MIN + 1
+    assert len(queue._groups.empty_owned) <= 2 * len(queue.groups) + GROUPS_SHRINK_MIN + 1
     accept_all(broker, send(broker, "d"))  # c, listed many times over, makes room once
     assert sorted(queue.groups) == ["a", "d"] and in_flight.message.group_id == "a"
 
@@ -258,12 +260,12 @@ def test_empty_owned_groups_are_listed_only_near_groups_max():
     for group in ("a", "b"):
         accept_all(broker, send(broker, group))
     queue = broker.queues["q"]
-    assert not queue._tracking_empty_owned and not queue._empty_owned  # far from the limit: no cost
+    assert not queue._groups.tracking_empty_owned and not queue._groups.empty_owned  # far from the limit: no cost
     for group in ("c", "d", "e"):
         accept_all(broker, send(broker, group))  # e meets the limit: a goes
-    assert queue._tracking_empty_owned and sorted(queue.groups) == ["b", "c", "d", "e"]
+    assert queue._groups.tracking_empty_owned and sorted(queue.groups) == ["b", "c", "d", "e"]
     broker.reset_groups("q", None, 0)  # every group forgotten: below half the limit, the list goes
-    assert not queue._tracking_empty_owned and not queue._empty_owned and queue.groups == {}
+    assert not queue._groups.tracking_empty_owned and not queue._groups.empty_owned and queue.groups == {}
 
 
 # ---- heap entries and owner lists: stale entries are dropped --------------------------------
@@ -280,7 +282,7 @@ def test_a_heap_entry_left_in_a_former_owners_heap_is_stale_and_dropped():
     group = queue.groups["g"]
     assert c1.ready and c1.ready[0] is group.placed
     broker.settle("c1", first.delivery_id, Outcome.ACCEPTED, 0)  # g is free: placed in the unowned heap
-    assert group.owner is None and queue._unowned[0] is group.placed and c1.ready[0] is not group.placed
+    assert group.owner is None and queue._groups.unowned[0] is group.placed and c1.ready[0] is not group.placed
     [second] = deliveries(broker.set_credit("c2", 1, 0))  # the same head seq as c1's entry, from the unowned heap
     assert (second.consumer_id, second.message.seq) == ("c2", first.message.seq + 1) and group.owner is c2
     assert deliveries(broker.set_credit("c1", 1, 0)) == [] and c1.ready == []  # met and dropped

@@ -9,14 +9,14 @@ from __future__ import annotations
 from node.core.broker import Broker
 from node.core.effects import Deliver
 from node.core.message import Message, Outcome
-from node.core.queue import LOG_COMPACT_MIN_BYTES
+from node.core.queue_store import LOG_COMPACT_MIN_BYTES
 from node.core.settings import QueueSettings
 
 MESSAGE_BYTES = 1 << 20
 
 
 def payload_bytes_kept(queue) -> int:
-    return sum(message.size_bytes for message in queue._log)  # tombstones included: what stays alive
+    return sum(message.size_bytes for message in queue._store.log)  # tombstones included: what stays alive
 
 
 def test_accepted_large_messages_do_not_stay_alive_in_the_browse_log():
@@ -67,7 +67,7 @@ def test_a_paged_backlog_drained_keeps_tombstones_within_its_resident_bytes_not_
             queue.set_credit("c", 1, 0, effects)
             accepted += 1
         assert asked or delivered, f"stuck after {accepted} accepted"
-        kept_max = max(kept_max, sum(m.size_bytes for m in queue._log
+        kept_max = max(kept_max, sum(m.size_bytes for m in queue._store.log
                                      if m.payload is not None and m.flags & STATE_MASK == REMOVED))
     assert queue.depth_messages == 0
     assert kept_max <= LOG_COMPACT_MIN_BYTES + body_bytes, kept_max  # the resident bytes are less here

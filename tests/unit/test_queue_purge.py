@@ -15,7 +15,7 @@ def purge_all(queue, groups_max: int) -> tuple[int, int]:
     """(messages purged, batches run)."""
     purged, position, done, batches = 0, 0, False, 0
     # each batch but the last takes groups_max groups, then messages in no group as many at a time
-    batches_max = len(queue.groups) // groups_max + len(queue._ungrouped) // groups_max + 2
+    batches_max = len(queue.groups) // groups_max + len(queue._groups.ungrouped) // groups_max + 2
     while not done:
         count, position, done = purge_batch(queue, position, 2000, [], groups_max=groups_max)
         purged += count
@@ -63,6 +63,6 @@ def test_messages_in_no_group_go_too_after_the_groups_a_batch_at_a_time_and_deli
 
     assert purge_all(queue, 2) == (6, 4)  # the groups' batch, then the 5 loose messages 2 at a time
     assert available_left(queue) == 0 and queue.depth_messages == 1 == queue.acquired_messages
-    assert not queue._ungrouped  # no tombstones left in the lane
+    assert not queue._groups.ungrouped  # no tombstones left in the lane
     broker.enqueue("q", Message(b"y", None), 1000)
     assert purge_batch(queue, 0, 2000, [], groups_max=2)[0] == 1  # the lane still takes new ones

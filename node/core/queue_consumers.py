@@ -1,0 +1,192 @@
+"""A queue's consumers and browsers: their credit, the groups each owns, and when dispatch opens. Pure.
+
+Rules this module keeps:
+- A group has at most one owner. `exclusive`: the owner keeps the group for its lifetime (or until the
+  group is closed or reset). `shared`: it keeps it only while it holds unsettled messages of it.
+- A consumer lists its groups in a plain list (`Consumer.owned`, 8 bytes
+  a group where a set's slot was ~33), whose stale entries are dropped once they outnumber the live ones
+  (plus OWNED_STALE_MIN), so detach stays proportional to what the consumer owns.
+- `Consumers.takers` holds exactly the acquiring consumers that may take a message now: credit left and
+  below their unsettled cap. Dispatch looks at no other consumer.
+- Dispatch opens once consumers_before_dispatch consumers granted credit (not merely attached: a link
+  attaches before it flows) or time_before_dispatch_ms after the first attach, whichever comes first;
+  it closes again when the last acquiring consumer leaves.
+"""
+
+from __future__ import annotations
+
+from node.core.errors import NotFound
+from node.core.message import Message
+from node.core.queue_lanes import HELD, Group
+from node.core.settings import QueueSettings
+
+OWNED_STALE_MIN = 16  # stale entries a consumer's owned list may keep beyond its live ones
+
+
+class Consumer:
+    __slots__ = ("id", "browse", "credit", "unsettled", "ready", "owned", "owned_count", "cursor_seq",
+                 "next_delivery_id", "last_used", "rebalance_due", "unsettled_max")
+
+    def __init__(self, consumer_id, browse: bool, unsettled_max: int = 0):
+        self.id = consumer_id
+        self.browse = browse
+        self.unsettled_max = unsettled_max  # deliveries held unsettled at once, whatever the credit; 0 = no cap
+        self.credit = 0
+        self.unsettled: dict[int, Message] = {}  # delivery id -> message, in delivery order
+        self.ready: list = []  # heap of (head seq, Group) for groups this consumer owns
+        # every group whose owner this is, and stale entries (groups it lost since, perhaps twice): a
+        # list slot is 8 bytes a group where a set's was ~33. Live: `owned_groups()`, counted `owned_count`.
+        self.owned: list[Group] = []
+        self.owned_count = 0
+        self.cursor_seq = -1  # browsers: last seq shown
+        self.next_delivery_id = 0
+        self.last_used = 0  # spreads ties round-robin
+        self.rebalance_due = False  # group_rebalance: reset owners when this consumer first has credit
+
+    @property
+    def may_take(self) -> bool:
+        return self.credit > 0 and not (self.unsettled_max and len(self.unsettled) >= self.unsettled_max)
+
+    def own(self, group: Group) -> None:
+        group.owner = self
+        owned = self.owned
+        owned.append(group)
+        count = self.owned_count = self.owned_count + 1
+        if len(owned) > 2 * count + OWNED_STALE_MIN:
+            self._drop_stale_owned()
+
+    def disown(self, group: Group) -> None:
+        """The group loses its owner (this consumer). Its heap entry, if any, was in this consumer's
+        heap: it is stale from now on, and a hold stays."""
+        group.owner = None
+        if group.placed is not HELD:
+            group.placed = None
+        count = self.owned_count = self.owned_count - 1
+        if not count:
+            self.owned.clear()  # all stale: the shared policy's usual case, dropped without a look
+        elif len(self.owned) > 2 * count + OWNED_STALE_MIN:
+            self._drop_stale_owned()
+
+    def disown_all(self, owned: list[Group]) -> None:
+        """At detach: `owned` is owned_groups()."""
+        for group in owned:
+            group.owner = None
+            if group.placed is not HELD:
+                group.placed = None
+        self.owned = []
+        self.owned_count = 0
+
+    def _drop_stale_owned(self) -> None:
+        # once the stale entries outnumber the live ones: amortized O(1) per own/disown
+        self.owned = self.owned_groups()
+        assert len(self.owned) == self.owned_count, (self.id, len(self.owned), self.owned_count)
+
+    def iter_owned_groups(self):
+        """owned_groups() lazily, for a look at a few of them."""
+        seen: set[Group] = set()
+        for group in self.owned:
+            if group.owner is self and group not in seen:
+                seen.add(group)
+                yield group
+
+    def owned_groups(self) -> list[Group]:
+        """The groups this consumer owns, each once, in the order it took them."""
+        return list(dict.fromkeys(group for group in self.owned if group.owner is self))
+
+
+class Consumers:
+    """The queue's consumers by id, which of them may take now, and the dispatch gate."""
+
+    __slots__ = ("settings", "by_id", "takers", "browsers", "first_attach_ms", "dispatch_started")
+
+    def __init__(self, settings: QueueSettings):
+        self.settings = settings
+        self.by_id: dict[object, Consumer] = {}  # browsers included; the queue's `consumers`
+        # both never rebound: the dispatcher holds them too
+        self.takers: list[Consumer] = []  # acquiring consumers with credit > 0 (sync_taker)
+        self.browsers: list[Consumer] = []
+        self.first_attach_ms: int | None = None
+        self.dispatch_started = False
+
+    def add(self, consumer_id, browse: bool, now_ms: int, unsettled_max: int) -> Consumer:
+        consumer = Consumer(consumer_id, browse, unsettled_max)
+        self.by_id[consumer_id] = consumer
+        if browse:
+            self.browsers.append(consumer)
+            return consumer
+        if self.first_attach_ms is None:
+            self.first_attach_ms = now_ms
+        # An AMQP consumer attaches before it grants credit: resetting owners now would hand the
+        # freed groups straight back to the consumers that have credit. Reset at its first credit.
+        consumer.rebalance_due = self.settings.group_rebalance
+        return consumer
+
+    def remove(self, consumer_id) -> Consumer | None:
+        """Forget a consumer (None: it was not here); the caller settles what it held."""
+        consumer = self.by_id.pop(consumer_id, None)
+        if consumer is None:
+            return None
+        if consumer.browse:
+            self.browsers.remove(consumer)
+        elif consumer in self.takers:
+            self.takers.remove(consumer)
+        return consumer
+
+    def close_gate_if_none_left(self) -> None:
+        """Once no acquiring consumer is left, the dispatch rules start over at the next attach."""
+        if not self.by_id or not any(not c.browse for c in self.by_id.values()):
+            self.first_attach_ms = None
+            self.dispatch_started = False
+
+    def get(self, consumer_id) -> Consumer:
+        consumer = self.by_id.get(consumer_id)
+        if consumer is None:
+            raise NotFound(f"no consumer {consumer_id!r} on queue {self.settings.name!r}")
+        return consumer
+
+    def sync_taker(self, consumer: Consumer) -> None:
+        """`takers` holds exactly the acquiring consumers that may take a message now."""
+        listed = consumer in self.takers
+        if consumer.may_take and not listed:
+            self.takers.append(consumer)
+        elif listed and not consumer.may_take:
+            self.takers.remove(consumer)
+
+    def dispatch_open(self, now_ms: int) -> bool:
+        if self.dispatch_started:
+            return True
+        s = self.settings
+        count_rule = s.consumers_before_dispatch > 0
+        time_rule = s.time_before_dispatch_ms > 0
+        # Count consumers that granted credit, not attached ones: a link attaches before it flows,
+        # and counting it at attach would open dispatch while only the others can take groups.
+        # Before dispatch starts no credit is spent, so the takers are exactly those consumers.
+        ready = len(self.takers)
+        if not count_rule and not time_rule:
+            self.dispatch_started = True
+        elif count_rule and ready >= s.consumers_before_dispatch:
+            self.dispatch_started = True
+        elif time_rule and self.first_attach_ms is not None and \
+                now_ms >= self.first_attach_ms + s.time_before_dispatch_ms:
+            self.dispatch_started = True
+        return self.dispatch_started
+
+    def deadline_ms(self) -> int | None:
+        """When time_before_dispatch_ms opens dispatch; None: no such wait."""
+        if not self.dispatch_started and self.first_attach_ms is not None and \
+                self.settings.time_before_dispatch_ms > 0:
+            return self.first_attach_ms + self.settings.time_before_dispatch_ms
+        return None
+
+    def clear(self) -> None:
+        self.by_id.clear()
+        self.takers.clear()
+        self.browsers.clear()
+
+
+def least_recently_used(consumer: Consumer) -> int:
+    return consumer.last_used
+
+
+def fewest_groups(consumer: Consumer) -> tuple[int, int]:
+    return (consumer.owned_count, consumer.last_used)
