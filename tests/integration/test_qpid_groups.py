@@ -420,7 +420,7 @@ def test_groups_query_shows_messages_acquired_and_owner_per_group(node_factory, 
     assert rows["B"]["consumer"] == rows["C"]["consumer"]
     if policy == "shared":
         assert rows[QPID_DEFAULT_GROUP] == {"group": QPID_DEFAULT_GROUP, "messages": 1, "acquired": 0,
-                                            "consumer": None, "node": ""}
+                                            "consumer": None, "label": "", "node": ""}
 
     owner_of_a = rows["A"]["consumer"]
     a1.accept()
