@@ -17,11 +17,13 @@ import threading
 import time
 
 from handler.route_table import REFUSED, ROUTES, SNAPSHOT
-from node.core.cluster_protocol import TOUCH_RETRY_INTERVAL_MS, ClusterProtocol, Entry
+from node.core.cluster import ClusterProtocol
+from node.core.cluster.routes import TOUCH_RETRY_INTERVAL_MS
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
                                JournalRemove, JournalStore, ProposeClaim, ProposeDefinition, ProposeMoveClear,
                                ProposeQueueDeletion, ProposeQueueSeeds, ProposeTouch, QueueDeleted, ReadOutbound,
                                ReadRecords, Refuse, Register, Reply, ReportConsumers, StopNode, SubmitForward)
+from node.core.outbound import Entry
 from node.core.tally import DECISION_BOUNDS_MS, LatencyTally
 from node.peer.forwarder import Forwarder
 

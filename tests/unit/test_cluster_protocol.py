@@ -12,8 +12,8 @@ import pathlib
 
 from handler.route_table import MOVES, REFUSED, ROUTES
 from node.core.broker import Broker
-from node.core.cluster_protocol import MARK_PREFIX, SEQ_RESERVATION, ClusterProtocol, Entry
-from node.core.outbound import outbound_name
+from node.core.cluster import MARK_PREFIX, SEQ_RESERVATION, ClusterProtocol
+from node.core.outbound import Entry, outbound_name
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, EnqueueLocal, JournalDeclare,
                                JournalRemove, JournalStore, ProposeClaim, ProposeTouch, Refuse, Register, Reply,
                                ReportConsumers, StopNode, Stored, SubmitForward)
