@@ -4,7 +4,7 @@
 effects reach (enqueue_local, accept_when_stored, refuse, apply, after_flush, journal_durable,
 journal_failed, consumer_counts, the end of a batch of the engine loop, journal recovery), each
 keeping only what the simulation exercises. Every decision of the cluster protocol is the production
-`ClusterProtocol`'s (node/core/cluster_protocol.py); here only the I/O is modelled:
+`ClusterProtocol`'s (node/core/cluster/); here only the I/O is modelled:
 - `Store` is the journal: an append-only list of records; `flush` hands the records so far to the
   writer as one unit; after a seeded delay the writer takes every unit handed by then as one batch,
   and after another the engine loop hears it is durable and runs what waited for it (fn(None)). Units

@@ -1,5 +1,5 @@
 """Groups follow their consumers, simulated: the leader moves a group whose owner lost its consumers,
-and the handover (node/core/cluster_protocol.py) keeps every invariant through every fault.
+and the handover (node/core/cluster/handover.py) keeps every invariant through every fault.
 
 Beyond the invariants every simulation checks after every step (tests/sim/simulation.py), a moving
 group's new owner delivers none of it until the move ends, no two consumers anywhere hold a group at

@@ -1,5 +1,5 @@
 """Queues a node makes on a client's behalf become cluster-wide definitions, and subscriptions whose
-link ended, or whose node is gone, are deleted cluster-wide (node/core/cluster_protocol.py)."""
+link ended, or whose node is gone, are deleted cluster-wide (node/core/cluster/definitions.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""How one node applies the cluster-wide queue definitions the raft feed brings (node/core/cluster_protocol.py)."""
+"""How one node applies the cluster-wide queue definitions the raft feed brings (node/core/cluster/definitions.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The outbound store's bounds (outbound_max_bytes per owner, outbound_total_max_bytes for all owners) in
-node/core/cluster_protocol.py, by example and against a reference model, with time as integers.
+node/core/cluster/forwarding.py, by example and against a reference model, with time as integers.
 
 A producer's send for an owner whose channel is full is refused naming the owner and the bound with its
 unit; nothing accepted is dropped; the channel takes sends again once its owner acknowledges; local groups

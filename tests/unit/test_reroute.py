@@ -209,7 +209,7 @@ def test_against_a_reference_model_each_group_keeps_its_order_and_nothing_is_los
         assert _bodies(broker, "source", g) == order[len([b for b in target if b in order]):]
 
 
-# ---- in a cluster: node/core/cluster_protocol.py places each copy as a send's ---------------------
+# ---- in a cluster: node/core/cluster/ places each copy as a send's ---------------------
 
 def _cluster_node():
     from handler.route_table import ROUTES

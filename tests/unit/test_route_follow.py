@@ -1,4 +1,4 @@
-"""Groups follow their consumers: the handover of node/core/cluster_protocol.py, one node at a time, by example.
+"""Groups follow their consumers: the handover of node/core/cluster/handover.py, one node at a time, by example.
 
 Each test drives one ClusterProtocol as its node would (effects carried out by hand, time as integers)
 through a move of group g of queue q from n1 to n2, with n3 a third member. The seeded simulation

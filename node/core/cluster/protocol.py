@@ -43,7 +43,6 @@ class ClusterProtocol:
     closed = Delegated("context", "closed")
     seq_reserved = Delegated("forwarding", "seq_reserved")
     reserved_durable = Delegated("forwarding", "reserved_durable")
-    outbound_refused = Delegated("forwarding", "outbound_refused")
     members = Delegated("routing", "members")
     peer_addresses = Delegated("routing", "peer_addresses")
     registered = Delegated("routing", "registered")
