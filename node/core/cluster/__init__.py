@@ -5,9 +5,10 @@ Rules:
   and every decision goes out as effects (node/core/effects.py) for the caller to carry out.
 - Modules import only those below them (top first): protocol (the facade: the event entry points);
   owner (batches forwarded here, de-duplication marks); routes (the route table's feed and proposals);
-  definitions (cluster-wide queue definitions); handover (moves: placement, hand over, relay); sweep
-  (cold tails of moving groups); holds; parking; recovery and status (read by the facade only);
-  forwarding (outbound channels, bounds, seq reservations, acknowledgements); context (what all share).
+  definitions (cluster-wide queue definitions); recovery (the journal's state put back); handover
+  (moves: placement, hand over, relay); sweep (cold tails of moving groups); holds; parking; forwarding
+  (outbound channels, bounds, seq reservations, acknowledgements); status (reads the facade it is
+  handed); context (what all share).
 - A journal answer comes back through the continuation object an AfterFlush carries, whose
   `flushed(reason, now_ms, effects)` belongs to the concern that wrote it (no tags).
 - docs/cluster-protocol.md: what each module owns, the entry points, sequence diagrams.

@@ -3,10 +3,10 @@ moves a group's route from O (the old owner) to N (the new one); this module hol
 and parks so that the move never reorders a (producer, group) nor lets two consumers hold the group.
 
 Rules:
-- Forwarding and the owner side ask `placement(key, source, owner)` where a message of a group goes:
-  QUEUE (this node's queue, held if it must be), PARK (behind a handover), RELAY (on to the new owner),
-  REFUSE (a producer here, its group moving away behind a cold tail), AS_ROUTED (no move concerns it).
-  They never read the holds, parks or sweeps themselves.
+- A producer's send (protocol.py) and a forwarded entry (owner.py) ask `placement(key, source, owner)`
+  where a message of a group goes: QUEUE (this node's queue, held if it must be), PARK (behind a
+  handover), RELAY (on to the new owner), REFUSE (a producer here, its group moving away behind a cold
+  tail), AS_ROUTED (no move concerns it). They never read the holds, parks or sweeps themselves.
 - O holds the group (delivers none of it) and, once nothing of it is in flight, hands its available
   messages to N through its outbound channel, in queue order, within HANDOVER_MESSAGES_PER_TICK and
   HANDOVER_BYTES_PER_TICK a tick; the outbound STOREs go before the queue's REMOVEs in one journal batch

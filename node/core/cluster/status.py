@@ -5,7 +5,7 @@ Rules:
 - Reads only: nothing here changes the protocol's state or returns effects.
 - A move's report spells out, for an operator, what keeps this node from clearing it: the conditions
   of handover.py `drive`, in words.
-- Imports no module of this package but for its types: the facade (protocol.py) hands it its concerns.
+- Imports no module of this package: the facade (protocol.py) hands itself over, and its concerns with it.
 """
 
 from __future__ import annotations
