@@ -2,25 +2,19 @@
 broker, the config file's seeds, and the queues this node makes or ends on a client's behalf.
 
 Rules (docs/cluster-protocol.md tells them whole):
-- A definition is applied to the broker: declared, or given the new settings when only fields a live
-  queue may change differ. A queue differing in a fixed field is declared again if it is empty and has
-  no consumer; otherwise it keeps its settings (logged), since regrouping held messages splits groups.
-  A deletion drops the queue here, messages and consumers included.
+- A definition is applied to the broker; a queue differing in a fixed field is declared again only if it
+  is empty and has no consumer (regrouping held messages splits groups). A deletion drops the queue.
 - Each change is applied once: the revision of the last one applied is journalled (QUEUES_MARK), and a
-  replayed log skips what was applied before. Once the replica is current (`ready`), every definition
-  is applied again where this node differs, and a config-file queue deleted cluster-wide is dropped if
-  it is empty.
-- The config file's queues are seeds: proposed once the replica is current, again every
-  SEED_RETRY_INTERVAL_MS until they commit, so the cluster's definition wins.
+  replayed log skips what was applied before; once the replica is current (`ready`) every definition is
+  applied again where this node differs. The config file's queues are seeds: the cluster's wins.
 - A queue made here for a client (the broker's `made`) is proposed as a definition at the end of the
-  batch that made it, ahead of any claim of that batch; a subscription that ended here (the broker's
-  `ended`) is deleted cluster-wide once its definition committed; a failed proposal is made again every
-  DEFINITION_RETRY_INTERVAL_MS. On a CONFLICT the cluster's definition applies here (an empty queue's
-  consumers are detached, naming what differs). A temporary subscription names its node (TEMPORARY_OF):
-  its node deletes those no live link holds, and every node those of a node marked down.
+  batch that made it, ahead of its claims; a subscription that ended here (`ended`) is deleted
+  cluster-wide once its definition committed; failed proposals are made again after
+  DEFINITION_RETRY_INTERVAL_MS. On a CONFLICT the cluster's definition applies here. A temporary
+  subscription names its node (TEMPORARY_OF), which deletes those no live link holds; every node
+  deletes those of a node marked down.
 - Imports only context.py of this package.
 """
-
 from __future__ import annotations
 
 import dataclasses

@@ -31,7 +31,8 @@ import collections
 import logging
 
 from node.core.cluster.context import SEQ_RESERVATION, STORED, Context, MustAgree
-from node.core.effects import AfterFlush, ApplyBroker, JournalDeclare, JournalRemove, JournalStore
+from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, JournalDeclare, JournalRemove,
+                               JournalStore, Refuse)
 from node.core.errors import ResourceLimitExceeded
 from node.core.message import Message
 from node.core.outbound import Outbound, entry_of, parse_outbound_name
@@ -131,6 +132,18 @@ class Forwarding:
             f"outbound store, which is full at {limit} (this message is {size_bytes} bytes; once full, the store "
             f"takes none until {owner} takes some): is {owner} down or unreachable? So {then} once {owner} takes "
             f"its backlog (grouper cluster status shows it), or raise the limit")
+
+    def send(self, owner: str, item: tuple, now_ms: int, effects: list) -> None:
+        """A producer's message for `owner`: refused at a bound, else into its channel and accepted once stored."""
+        incoming, queue, route_key, message, durable, producer_settled = item
+        refusal = self.refusal(owner, message.size_bytes)
+        if refusal is not None:
+            self.outbound_refused[owner] += 1
+            self.context.counts["outbound_refused"] += 1
+            effects.append(Refuse(incoming, refusal))
+            return
+        self.forward(owner, queue, route_key, message, durable, now_ms, effects)
+        effects.append(AcceptWhenStored(incoming, durable, producer_settled))
 
     def forward(self, owner: str, queue: str, route_key: str, message: Message, durable: bool,
                 now_ms: int, effects: list, origin: tuple | None = None) -> None:

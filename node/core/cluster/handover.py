@@ -24,12 +24,12 @@ Rules:
 
 from __future__ import annotations
 
-from node.core.cluster.context import PARK_PREFIX, Context, MustAgree, chunks, moved_copy
+from node.core.cluster.context import Context, MustAgree, chunks, moved_copy
 from node.core.cluster.forwarding import Forwarding
 from node.core.cluster.holds import Holds
 from node.core.cluster.parking import Parking
 from node.core.cluster.sweep import Sweeps
-from node.core.effects import AfterFlush, ApplyBroker, JournalRemove, ProposeMoveClear
+from node.core.effects import AfterFlush, ApplyBroker, ProposeMoveClear
 from node.core.errors import HandlerUnavailable
 from node.core.message import Message
 
@@ -126,7 +126,12 @@ class Handovers:
 
     # ---- the moves the log brings --------------------------------------------------------------------
 
-    def moves_changed(self, moves) -> None:
+    def moves_changed(self, moves, snapshot: bool = False) -> None:
+        """MOVES (waiting empty: the move ended), or MOVES_ALL (`snapshot`: what it does not hold ended)."""
+        if snapshot:
+            fresh = {(entry[0], entry[1]) for entry in moves}
+            moves = [(queue, group, "", "", ()) for queue, group in sorted(self.moves)
+                     if (queue, group) not in fresh] + list(moves)
         for queue, group, from_node, to_node, waiting in moves:
             key = (queue, group)
             if waiting:
@@ -138,6 +143,11 @@ class Handovers:
                 self.owed.pop(key, None)
                 self.sweeps.swept.discard(key)
                 self.context.counts["moves_ended"] += 1
+
+    def routes_removed(self, routes) -> None:
+        """ROUTES: a removed route ends its move."""
+        self.moves_changed([(queue, group, "", "", ()) for queue, group, owner in routes
+                            if owner is None and (queue, group) in self.moves])
 
     # ---- what is here of a group ---------------------------------------------------------------------
 
@@ -190,7 +200,7 @@ class Handovers:
         for key in sorted(self.parked):
             # the move it waited behind ended. A group moving on from here (before that move ended, or
             # parked here behind its cold tail) takes what it parked along instead: relayed behind the
-            # rest, once nothing of it is left here (_relay_parked); never through its queue here, which
+            # rest, once nothing of it is left here (parking.py `relay`); never through its queue here, which
             # would take no more than the record budget has room for a tick
             if key not in self.moves and routes.get(key) == me:
                 self.parking.unpark(key, now_ms, effects)
@@ -225,8 +235,10 @@ class Handovers:
         for key, (from_node, to_node, waiting) in sorted(self.moves.items()):
             if from_node == me:
                 self.hand_over(key, to_node, now_ms, effects)  # what this tick has room for; the rest later
-                if key in self.parked:
-                    self._relay_parked(key, to_node, now_ms, effects)
+                # what it parked (behind a cold tail, or an earlier move's handover) goes on once nothing
+                # else of the group is left here (left_here weighs its cold tail)
+                if key in self.parked and not self.left_here(key):
+                    self.parking.relay(key, to_node, self.left, self.owed, now_ms, effects)
             if me not in waiting or now_ms < self.clear_due_ms.get(key, 0):
                 continue
             if from_node == me:
@@ -280,33 +292,3 @@ class Handovers:
             effects.append(AfterFlush(MustAgree(self.context, f"handing {len(taken)} messages of group {key[1]!r} "
                                                               f"of queue {key[0]!r} over to {to_node}")))
         return whole
-
-    def _relay_parked(self, key: tuple[str, str], to_node: str, now_ms: int, effects: list) -> None:
-        """What the old owner parked (behind a cold tail, or behind an earlier move's handover): once the
-        group has nothing left here (warm, in flight or cold), it goes on to the new owner, in arrival
-        order, as much as this tick's handover room takes (`left`)."""
-        if self.left_here(key):  # called for a group moving away from here: left_here weighs its cold tail
-            return
-        context = self.context
-        parked = self.parked[key]
-        unsure = self.parking.unsure
-        durable = context.durable(key[0])
-        relayed = False
-        left = self.left
-        # the head's journal write not known good yet: its producer may still be refused
-        while parked and parked[0].seq not in unsure and left[0] > 0 and left[1] > 0:
-            old = parked.pop(0)
-            left[0] -= 1
-            left[1] -= old.size_bytes
-            message = moved_copy(old)
-            self.forwarding.forward(to_node, key[0], key[1], message, durable, now_ms, effects)
-            if durable and context.journalled:
-                effects.append(JournalRemove(PARK_PREFIX + key[0], old.seq))  # after the STORE: a torn tail duplicates
-            self.owed[key] = message.seq
-            context.counts["messages_relayed"] += 1
-            relayed = True
-        if relayed:
-            effects.append(AfterFlush(MustAgree(context, f"relaying parked messages of group {key[1]!r} of queue "
-                                                         f"{key[0]!r} to {to_node}")))
-        if not parked:
-            del self.parked[key]

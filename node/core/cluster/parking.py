@@ -8,7 +8,9 @@ Rules:
 - Unparking puts the group's parked messages in its queue in arrival order, each a REMOVE of its park
   after the STORE of its queue (a torn tail duplicates one, never loses one); a failed write stops the
   node (MustAgree).
-- Imports only context.py of this package; handover.py decides when to park, unpark or relay.
+- A relay (the old owner's parks, once nothing else of the group is left there) goes to the new owner in
+  arrival order within the tick's handover room, each outbound STORE before its park's REMOVE.
+- Imports context and forwarding of this package; handover.py decides when to park, unpark or relay.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 
 from node.core.cluster.context import PARK_PREFIX, Context, MustAgree, moved_copy
+from node.core.cluster.forwarding import Forwarding
 from node.core.effects import AfterFlush, ApplyBroker, JournalRemove, JournalStore
 from node.core.errors import GrouperError
 from node.core.message import Message
@@ -45,8 +48,9 @@ class Parked:
 
 
 class Parking:
-    def __init__(self, context: Context):
+    def __init__(self, context: Context, forwarding: Forwarding):
         self.context = context
+        self.forwarding = forwarding
         self.parked: dict[tuple[str, str], list] = {}  # key -> [Message] in arrival order
         self.unsure: set[int] = set()  # park seqs whose journal write is not known good yet
 
@@ -86,6 +90,31 @@ class Parking:
         if unparked:
             effects.append(AfterFlush(MustAgree(
                 context, f"unparking messages of group {key[1]!r} of queue {key[0]!r}")))
+        if not parked:
+            del self.parked[key]
+
+    def relay(self, key: tuple[str, str], to_node: str, left: list, owed: dict, now_ms: int, effects: list) -> None:
+        """What the old owner parked, its group with nothing else left here: on to the new owner, in arrival
+        order, as much as this tick's handover room `left` ([messages, bytes]) takes; `owed`: handover.py's."""
+        context = self.context
+        parked = self.parked[key]
+        durable = context.durable(key[0])
+        relayed = False
+        # the head's journal write not known good yet: its producer may still be refused
+        while parked and parked[0].seq not in self.unsure and left[0] > 0 and left[1] > 0:
+            old = parked.pop(0)
+            left[0] -= 1
+            left[1] -= old.size_bytes
+            message = moved_copy(old)
+            self.forwarding.forward(to_node, key[0], key[1], message, durable, now_ms, effects)
+            if durable and context.journalled:
+                effects.append(JournalRemove(PARK_PREFIX + key[0], old.seq))  # after the STORE: a torn tail duplicates
+            owed[key] = message.seq
+            context.counts["messages_relayed"] += 1
+            relayed = True
+        if relayed:
+            effects.append(AfterFlush(MustAgree(
+                context, f"relaying parked messages of group {key[1]!r} of queue {key[0]!r} to {to_node}")))
         if not parked:
             del self.parked[key]
 

@@ -4,15 +4,12 @@ Rules:
 - Pure, owned by the engine loop thread. Each entry point takes `now_ms` where time matters and returns
   effects (node/core/effects.py), which the caller carries out in order: node/cluster.py with the
   server, the journal, the forwarders and the raft member; tests/sim/node_model.py with simulated ones.
-- Entry points: a message arrives (`arrive`), a batch of the engine loop ends (`quiesced`), a journal
-  batch is flushed (`flushed`: the AfterFlush's continuation goes on), a forward is acknowledged or
-  received, a raft entry is applied (`applied`), a proposal's outcome, a `tick`, recovery, `ready`.
 - A grouped message is enqueued here only when the route of its group names this node; otherwise it goes
   to the outbound channel of its owner (forwarding.py). Either way the producer hears "accepted" only
-  once the message is stored (journalled when its queue is durable), here or in the outbound store.
-  Where a message of a moving group goes is the handover's answer (handover.py `placement`).
-- The top of the package: it builds the concerns and nothing imports it but the package's __init__.
-Never imports threading, grpc, pysyncobj, socket or time. docs/cluster-protocol.md shows the whole.
+  once the message is stored, here or in the outbound store. Where a message of a moving group goes is
+  the handover's answer (handover.py `placement`).
+- The top of the package: it builds the concerns; only the package's __init__ imports it. Never imports
+  threading, grpc, pysyncobj, socket or time. docs/cluster-protocol.md lists the entry points.
 """
 
 from __future__ import annotations
@@ -57,22 +54,19 @@ class ClusterProtocol:
                  counts: collections.Counter | None = None, follows_consumers: bool = False,
                  queue_seeds: tuple = (), outbound_max_bytes: int = 0, outbound_total_max_bytes: int = 0,
                  outbound_max_messages: int = 0, outbound_memory_max_bytes: int = 0):
-        """`queue_seeds`: the config file's queues, as settings dicts; `outbound_max_bytes`,
-        `outbound_total_max_bytes`, `outbound_max_messages`: the outbound store's bounds, 0 = none;
-        `outbound_memory_max_bytes`: its bodies in memory per owner, 0 = no bound (forwarding.py);
-        `follows_consumers`: groups follow their consumers (route_follow_ms > 0; every node agrees)."""
+        """`queue_seeds`: the config file's queues, as settings dicts; `outbound_*`: the outbound store's
+        bounds, 0 = none (forwarding.py); `follows_consumers`: route_follow_ms > 0 (every node agrees)."""
         self.node_id = node_id
         self.broker = broker
         self.router = Router(node_id, handler_timeout_ms, group_timeout_ms // 2)
         # what happened, for metrics and the simulation: resends_skipped, forwards_forgotten, reserved_again
         self.counts = counts if counts is not None else collections.Counter()
         self.context = context = Context(node_id, broker, self.router, self.counts, journalled)
-        self.forwarding = Forwarding(context, seq_reserve_block=seq_reserve_block,
-                                     outbound_max_bytes=outbound_max_bytes,
-                                     outbound_total_max_bytes=outbound_total_max_bytes,
-                                     outbound_max_messages=outbound_max_messages,
-                                     outbound_memory_max_bytes=outbound_memory_max_bytes)
-        self.parking = Parking(context)
+        self.forwarding = Forwarding(
+            context, seq_reserve_block=seq_reserve_block, outbound_max_bytes=outbound_max_bytes,
+            outbound_total_max_bytes=outbound_total_max_bytes, outbound_max_messages=outbound_max_messages,
+            outbound_memory_max_bytes=outbound_memory_max_bytes)
+        self.parking = Parking(context, self.forwarding)
         self.holds = Holds(context)
         self.handovers = Handovers(context, self.forwarding, self.parking, self.holds)
         self.owner = OwnerSide(context, self.handovers, follows_consumers)
@@ -106,7 +100,7 @@ class ClusterProtocol:
         """Put journalled outbound and parked messages back (recovery.py)."""
         return recovery.recover_outbound(messages_by_name, self.forwarding, self.parking)
 
-    def hold_recovered(self) -> None:
+    def hold_recovered(self) -> None:  # holds.py
         self.holds.hold_recovered()
 
     # ---- arrivals --------------------------------------------------------------------------------
@@ -137,16 +131,8 @@ class ClusterProtocol:
                 owner = self.node_id  # behind what the group still has here, handed over after it
         if owner == self.node_id:
             effects.append(EnqueueLocal(incoming, queue, message, durable, producer_settled, now_ms))
-            return
-        forwarding = self.forwarding
-        refusal = forwarding.refusal(owner, message.size_bytes)
-        if refusal is not None:
-            forwarding.outbound_refused[owner] += 1
-            self.counts["outbound_refused"] += 1
-            effects.append(Refuse(incoming, refusal))
-            return
-        forwarding.forward(owner, queue, route_key, message, durable, now_ms, effects)
-        effects.append(AcceptWhenStored(incoming, durable, producer_settled))
+        else:
+            self.forwarding.send(owner, item, now_ms, effects)
 
     def _release(self, released, now_ms: int, effects: list) -> None:
         for owner, item in released:
@@ -186,8 +172,7 @@ class ClusterProtocol:
     def touch_failed(self, now_ms: int) -> None:
         self.routing.touch_failed(now_ms)
 
-    def registered_now(self) -> None:
-        """This node's addresses are in the table."""
+    def registered_now(self) -> None:  # this node's addresses are in the table
         self.routing.registered = True
 
     def applied(self, kind: str, payload, at_ms, now_ms: int) -> list:
@@ -195,10 +180,8 @@ class ClusterProtocol:
         effects: list = []
         if kind == ROUTES:
             self._release(self.routing.learn(payload, at_ms, now_ms), now_ms, effects)
-            if self.moves:  # a removed route ends its move
-                ended = [(queue, group, "", "", ()) for queue, group, owner in payload
-                         if owner is None and (queue, group) in self.moves]
-                self.handovers.moves_changed(ended)
+            if self.moves:
+                self.handovers.routes_removed(payload)
             if self.held:
                 self.handovers.review_holds(now_ms, effects)
         elif kind == SNAPSHOT:
@@ -206,11 +189,7 @@ class ClusterProtocol:
         elif kind == REFUSED:
             self.routing.refused(payload, effects)
         elif kind == MOVES or kind == MOVES_ALL:
-            if kind == MOVES_ALL:  # what the snapshot does not hold has ended
-                fresh = {(entry[0], entry[1]) for entry in payload}
-                payload = [(queue, group, "", "", ()) for queue, group in sorted(self.moves)
-                           if (queue, group) not in fresh] + list(payload)
-            self.handovers.moves_changed(payload)
+            self.handovers.moves_changed(payload, snapshot=kind == MOVES_ALL)
             self.handovers.review_holds(now_ms, effects)
         elif kind == QUEUES:
             self.queue_definitions.applied(payload, effects)
@@ -279,9 +258,8 @@ class ClusterProtocol:
         return self.owner.forward_received(source, entries, reply_to, now_ms, seq_bound, disputed_high_water)
 
     def cold_records(self, name: str, records: dict, now_ms: int) -> list | None:
-        """The journal read back records of queue `name`'s cold tail: a sweep's, whose effects are
-        returned (sweep.py); None when the read was the queue's own (Broker.promote takes it), whose
-        groups living elsewhere are held first (holds.py)."""
+        """Records of queue `name`'s cold tail read back: a sweep's, whose effects are returned (sweep.py); None
+        for the queue's own (Broker.promote takes them), whose groups living elsewhere are held first."""
         effects = self.handovers.sweeps.cold_records(name, records, now_ms)
         if effects is None:
             self.holds.hold_strays(name, records)
@@ -290,10 +268,9 @@ class ClusterProtocol:
     # ---- an operator's reroute (node/core/reroute.py) --------------------------------------------
 
     def reroute_owner(self, queue: str, route_key: str, size_bytes: int) -> str | None:
-        """Where a rerouted message of group (queue, route_key) and `size_bytes` goes, as a send's would:
-        None here (a group with no route gets one naming this node: the broker's `entered`), else its
-        owner. Raises while the answer may change under it, and when the owner's outbound channel, with
-        the copies this batch already promised it, is at its bound (the reroute stops there)."""
+        """Where a rerouted message of group (queue, route_key) goes, as a send's would: None here, else its
+        owner. Raises while the answer may change under it, and when the owner's channel, with the copies
+        this batch promised it, is at its bound (the reroute stops there)."""
         key = (queue, route_key)
         if not self.router.ready:
             raise HandlerUnavailable(f"node {self.node_id} is catching up with the raft log and cannot tell "
