@@ -1,7 +1,7 @@
 """Issue 14's cold tails where groups follow their consumers: what moving a group's queued backlog to the
 node its consumers went to costs the old node, with every record warm (`record_memory_max_bytes = 0`, the
 behaviour before cold tails reached such nodes) and under a small record budget, where most of the backlog
-is cold and is found by sweeps of the old node's cold tail (node/core/cluster_protocol.py's header).
+is cold and is found by sweeps of the old node's cold tail (node/core/cluster/sweep.py, docs/cluster-protocol.md).
 
     python3 -m bench.follow_moves [--messages N] [--groups G] [--body-bytes B] [--budgets 0,1048576]
     python3 -m bench.follow_moves render         # the section again from results/follow-moves-*.json

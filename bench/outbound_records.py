@@ -40,7 +40,7 @@ def main() -> None:
         parser.error("--messages and --per-group must be at least 1")
     sys.path.insert(0, args.root)  # before an installed copy of the package, which may be another tree
     from node.core.broker import Broker
-    from node.core.cluster_protocol import ClusterProtocol
+    from node.core.cluster import ClusterProtocol
     from node.core.message import Message
     from node.core.outbound import Outbound, outbound_name
     from node.core.settings import QueueSettings
@@ -105,7 +105,7 @@ def main() -> None:
 
 def from_journal(directory: str, n: int, per_group: int) -> None:
     from node.core.broker import Broker
-    from node.core.cluster_protocol import ClusterProtocol
+    from node.core.cluster import ClusterProtocol
     from node.core.message import Message
     from node.core.outbound import OUTBOUND_PREFIX, outbound_name
     from node.core.settings import QueueSettings

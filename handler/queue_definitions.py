@@ -2,7 +2,7 @@
 
 Owns, as replicated by the raft cluster beside the route table (handler/replicated.py), each declared
 queue's settings (a plain dict, QueueSettings.to_dict's shape) and the names deleted since. Every node
-applies the definitions to its own broker (node/core/cluster_protocol.py), so all nodes hold the same
+applies the definitions to its own broker (node/core/cluster/definitions.py), so all nodes hold the same
 settings, nodes that join later and nodes restarting included: they get them from the log or the
 snapshot. The rules of a replicated command hold (see handler/route_table.py): deterministic, no
 clock, plain data, never raising for input from the cluster (malformed input gets MALFORMED), and
@@ -27,13 +27,13 @@ A definition may carry, beside the settings, TEMPORARY_OF: the node whose link a
 queue serves (a `topic` attach that is not durable). The nodes delete it cluster-wide when that link
 ends, when that node restarts (its links are gone), or when the owner-failover policy marks that node
 down, so a subscription nobody can consume never collects copies for ever
-(node/core/cluster_protocol.py). `settings_values` leaves the key out for QueueSettings.
+(node/core/cluster/definitions.py). `settings_values` leaves the key out for QueueSettings.
 Never imports pysyncobj, threading, time, random, socket, grpc or proton.
 """
 
 from __future__ import annotations
 
-# the kinds of the applied-command feed (handler/replicated.py sends them, node/core/cluster_protocol.py reads them)
+# the kinds of the applied-command feed (handler/replicated.py sends them, node/core/cluster/ reads them)
 QUEUES = "queues"  # [(revision, name, settings dict or None)], None = deleted cluster-wide
 # after a snapshot: (revision, {name: settings dict}, {deleted name: revision of its deletion}), all known
 QUEUES_ALL = "queues_all"

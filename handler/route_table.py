@@ -24,7 +24,7 @@ and split their tables, a mode in the log cannot.
   and the fewest routes of the queue.
 - Either way, with no consumer on the queue anywhere: the proposer's node (messages wait where they
   were sent). A claim naming an unknown placement is malformed: None for every key.
-Moves (groups follow their consumers; node/core/cluster_protocol.py has the handover itself):
+Moves (groups follow their consumers; node/core/cluster/handover.py has the handover itself):
 - `follow_consumers(queue, from_node, now_ms)`, proposed by the leader's duties, moves the routes of
   `queue` that name `from_node` to the nodes that consume the queue (fewest routes of the queue
   first), at most MOVES_PER_COMMAND_MAX a command, and only while `from_node` has no consumer on the
@@ -57,7 +57,7 @@ from node.core.group_map import VALUE_MAX, GroupMap
 ROUTES_MAX_DEFAULT = 1_000_000  # routes (queue, group) held cluster-wide; more are refused
 
 # the kinds of the applied-command feed each replica reports to its node (handler/replicated.py sends
-# it, node/core/cluster_protocol.py reads it), with their payloads
+# it, node/core/cluster/ reads it), with their payloads
 ROUTES = "routes"  # [(queue, group, node or None)], None = route removed; at_ms: their refresh time
 REFUSED = "refused"  # [(queue, group)] refused by the table (routes_max reached)
 SNAPSHOT = "snapshot"  # every route [(queue, group, node, touched_ms)], replacing all known before

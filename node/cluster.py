@@ -1,6 +1,6 @@
 """The node's side of a cluster: the adapter that carries out what the cluster protocol decides.
 
-node/core/cluster_protocol.py decides (routing, the outbound store, seq reservations, taking
+node/core/cluster/ decides (routing, the outbound store, seq reservations, taking
 forwarded batches); this module feeds it the clock and the events, and carries out its effects with
 the server (node/amqp/loop.py), the journal, one Forwarder per owner and the grouping handler; a
 StopNode ends the process at once (exit 70), for the supervisor to restart it.
@@ -17,11 +17,13 @@ import threading
 import time
 
 from handler.route_table import REFUSED, ROUTES, SNAPSHOT
-from node.core.cluster_protocol import TOUCH_RETRY_INTERVAL_MS, ClusterProtocol, Entry
+from node.core.cluster import ClusterProtocol
+from node.core.cluster.routes import TOUCH_RETRY_INTERVAL_MS
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
                                JournalRemove, JournalStore, ProposeClaim, ProposeDefinition, ProposeMoveClear,
                                ProposeQueueDeletion, ProposeQueueSeeds, ProposeTouch, QueueDeleted, ReadOutbound,
                                ReadRecords, Refuse, Register, Reply, ReportConsumers, StopNode, SubmitForward)
+from node.core.outbound import Entry
 from node.core.tally import DECISION_BOUNDS_MS, LatencyTally
 from node.peer.forwarder import Forwarder
 
@@ -115,7 +117,7 @@ class ClusterLink:
 
     def cold_records(self, queue: str, records: dict) -> bool:
         """The journal read back records of a queue's cold tail (engine loop thread): True when they were
-        a sweep's (groups moving away, node/core/cluster_protocol.py), False for the queue's own read-back,
+        a sweep's (groups moving away, node/core/cluster/sweep.py), False for the queue's own read-back,
         which Broker.promote takes next (the protocol first holds the groups living elsewhere)."""
         effects = self.protocol.cold_records(queue, records, self.clock_ms())
         if effects is None:

@@ -374,7 +374,7 @@ class Node:
                 from node.peer.signature import Signer
                 self.cluster.forward_signer = Signer(self.raft_secrets)
         # cold tails (node/core/cold.py); where groups follow their consumers, a group moving away takes its
-        # cold messages along, found by a sweep of the tail (node/core/cluster_protocol.py)
+        # cold messages along, found by a sweep of the tail (node/core/cluster/sweep.py)
         self.broker.records.max_bytes = config.record_memory_max_bytes
 
     def recover(self) -> None:

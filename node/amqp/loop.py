@@ -704,7 +704,7 @@ class AmqpServer:
         if queue is None or queue.consumers:
             return
         durable = queue.settings.durable
-        self.apply(self.broker.unsubscribe(name))  # in a cluster, on every node (node/core/cluster_protocol.py)
+        self.apply(self.broker.unsubscribe(name))  # in a cluster, on every node (node/core/cluster/definitions.py)
         if durable and self.journal is not None:
             self.journal.delete(name)
 

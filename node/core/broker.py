@@ -26,7 +26,7 @@ Rules:
   made here on a client's behalf (auto-created by an attach, a send or a dead letter; a subscription
   an attach made) is recorded in `made`, and every subscription queue deleted here because its link
   ended (`unsubscribe`) in `ended`, for the cluster to define or delete on every node
-  (node/core/cluster_protocol.py). Likewise `entered` records the (queue, route key) of every group
+  (node/core/cluster/definitions.py). Likewise `entered` records the (queue, route key) of every group
   this node itself put messages in (an admin move, a dead letter): those came by no route, and the
   cluster gives their group one. A node alone records nothing.
 """

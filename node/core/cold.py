@@ -38,7 +38,7 @@ gigabytes before any body. Past the node's record budget a queue keeps not even 
   through, its own reads, `frozen` meanwhile: no read-back for dispatch, so the two never read the same
   records and what the sweep took is gone from the journal's index before dispatch reads again) and
   hands over the moving groups' records it meets (`taken`), the rest left cold
-  (node/core/cluster_protocol.py says the rules of the handover).
+  (node/core/cluster/sweep.py and docs/cluster-protocol.md say the rules of the handover).
 """
 
 from __future__ import annotations

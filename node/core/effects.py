@@ -125,7 +125,7 @@ class Delayed:
     until_ms: int
 
 
-# ---- what the cluster protocol (node/core/cluster_protocol.py) asks its adapter to do -----------------
+# ---- what the cluster protocol (node/core/cluster/) asks its adapter to do ----------------------------
 # Named tuples: built once per message on the hot path, where a frozen dataclass costs twice as much.
 # `incoming` is the server's handle on a producer's delivery and `reply_to` the gRPC call waiting for a
 # forwarded batch: opaque to the core, handed back untouched.
@@ -185,9 +185,10 @@ class ApplyBroker(NamedTuple):
 
 class AfterFlush(NamedTuple):
     """Once everything journalled so far is on disk, or failed, hand `what` back to the protocol's
-    `flushed(what, reason, now_ms)` (reason None: on disk)."""
+    `flushed(what, reason, now_ms)` (reason None: on disk). `what` is the continuation of the concern
+    that asked (node/core/cluster/), opaque to the adapters."""
 
-    what: tuple
+    what: object
 
 
 class SubmitForward(NamedTuple):

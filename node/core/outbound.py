@@ -1,6 +1,6 @@
 """The outbound store: messages accepted here for groups owned by other nodes, one channel per owner.
 
-Pure, owned by the engine loop thread through the cluster protocol (node/core/cluster_protocol.py),
+Pure, owned by the engine loop thread through the cluster protocol (node/core/cluster/forwarding.py),
 which decides what enters a channel and when; this module keeps the channels, counts them and pages
 their bodies. Rules:
 - A channel holds its entries in forward seq order (the node seq a message was given here). Its

@@ -282,5 +282,5 @@ class Inbound:
             self.high_water[source] = forward_seq
 
     def set_back(self, source: str, forward_seq: int) -> None:
-        """Only for a mark the source proves it never reached (ClusterProtocol._mark_set_back)."""
+        """Only for a mark the source proves it never reached (node/core/cluster/owner.py)."""
         self.high_water[source] = forward_seq

@@ -27,7 +27,7 @@ Rules:
   never gave (the owner took a forged batch as this node's, or this node reused seqs after a
   restart): it is not taken as an ack, the entries stay pending, and the next attempt disputes that
   high water (`disputed_high_water`), on which the owner sets its mark back
-  (node/core/cluster_protocol.py). An ack below the bound ends the dispute.
+  (node/core/cluster/owner.py). An ack below the bound ends the dispute.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ seed picks (`FOLLOW_WHENS`: before the fault, a seeded lead time ahead of it; du
 way into it; or right after the heal) they are closed and as many attach on another node (the leader
 or the remote one, by the seed). The owner keeps taking the groups' messages until route_follow_ms
 after its consumers left, then the leader moves the groups to the new node and the owner hands their
-backlog over, warm and from its cold tail by a sweep (node/core/cluster_protocol.py), while the fault
+backlog over, warm and from its cold tail by a sweep (node/core/cluster/sweep.py), while the fault
 hits the old owner, the new one or the leader. The checker judges the moved consumers like any others:
 holds of one group by the old and the new consumers must not overlap, and order holds across them. A
 follow round fails unless every one of its groups ended routed to the new node; it records how many

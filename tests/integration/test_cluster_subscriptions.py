@@ -1,5 +1,5 @@
 """Queues and subscriptions an attach makes in a cluster become cluster-wide definitions: three real
-node processes and python-qpid-proton clients (node/core/cluster_protocol.py, "A queue this node
+node processes and python-qpid-proton clients (node/core/cluster/definitions.py, "A queue this node
 makes on a client's behalf").
 
 Settings are read by what they do: an attach whose address parameters differ from a queue's settings

@@ -4,7 +4,7 @@ A group is placed on the node its first consumers were on. When they leave that 
 the group, with what it has queued there, moves after route_follow_ms to the node they went to, while
 producers on other nodes keep sending, and its consumer there gets every message in order. With a
 record budget the backlog is mostly cold on the old node, and a kill -9 brings it back cold: the move
-sweeps the cold tail for the groups' messages (node/core/cluster_protocol.py).
+sweeps the cold tail for the groups' messages (node/core/cluster/sweep.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 effects reach (enqueue_local, accept_when_stored, refuse, apply, after_flush, journal_durable,
 journal_failed, consumer_counts, the end of a batch of the engine loop, journal recovery), each
 keeping only what the simulation exercises. Every decision of the cluster protocol is the production
-`ClusterProtocol`'s (node/core/cluster_protocol.py); here only the I/O is modelled:
+`ClusterProtocol`'s (node/core/cluster/); here only the I/O is modelled:
 - `Store` is the journal: an append-only list of records; `flush` hands the records so far to the
   writer as one unit; after a seeded delay the writer takes every unit handed by then as one batch,
   and after another the engine loop hears it is durable and runs what waited for it (fn(None)). Units
@@ -42,7 +42,7 @@ from collections import deque
 from handler.queue_definitions import CONFLICT, QUEUES_ALL
 from handler.route_table import MOVES_ALL, SNAPSHOT
 from node.core.broker import Broker
-from node.core.cluster_protocol import MARK_PREFIX, PARK_PREFIX, ClusterProtocol, Entry, parse_outbound_name
+from node.core.cluster import MARK_PREFIX, PARK_PREFIX, ClusterProtocol
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, DetachConsumer, Dropped,
                                EnqueueLocal, JournalDeclare, JournalRemove, JournalStore, PageIn, ProposeClaim,
                                ProposeDefinition, ProposeMoveClear, ProposeQueueDeletion, ProposeQueueSeeds,
@@ -50,6 +50,7 @@ from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Delive
                                Reply, ReportConsumers, StopNode, Stored, SubmitForward, Withdrawn)
 from node.core.errors import GrouperError, StoreFailed
 from node.core.message import AVAILABLE, FETCHED, JOURNALLED, PAGED, STATE_MASK, Message
+from node.core.outbound import Entry, parse_outbound_name
 from node.core.settings import QueueSettings
 
 JOURNAL_RETRY_INTERVAL_MS = 1000  # node/amqp/loop.py: durable sends are refused this long after a failed write

@@ -1,5 +1,5 @@
 """Groups follow their consumers, simulated: the leader moves a group whose owner lost its consumers,
-and the handover (node/core/cluster_protocol.py) keeps every invariant through every fault.
+and the handover (node/core/cluster/handover.py) keeps every invariant through every fault.
 
 Beyond the invariants every simulation checks after every step (tests/sim/simulation.py), a moving
 group's new owner delivers none of it until the move ends, no two consumers anywhere hold a group at
@@ -12,7 +12,7 @@ import collections
 
 import pytest
 
-from node.core import cluster_protocol
+from node.core.cluster import handover
 from node.core.cold import GROUP_RECORD_BYTES, MESSAGE_RECORD_BYTES
 from tests.sim.simulation import Simulation
 
@@ -85,8 +85,8 @@ def test_groups_follow_consumers_while_bodies_page_and_backlogs_go_cold_and_a_mo
 def test_groups_follow_consumers_while_old_owners_hand_over_a_few_messages_and_bytes_a_tick(monkeypatch):
     # the per-tick handover bounds at a couple of messages: groups go in pieces over many ticks, their paged
     # bodies read back a window at a time, and what arrives meanwhile goes behind them (7b846e5)
-    monkeypatch.setattr(cluster_protocol, "HANDOVER_MESSAGES_PER_TICK", 2)
-    monkeypatch.setattr(cluster_protocol, "HANDOVER_BYTES_PER_TICK", 30)
+    monkeypatch.setattr(handover, "HANDOVER_MESSAGES_PER_TICK", 2)
+    monkeypatch.setattr(handover, "HANDOVER_BYTES_PER_TICK", 30)
     totals: collections.Counter = collections.Counter()
     for seed in range(FOLLOW_PIECES_SEEDS):
         sim = Simulation(seed, nodes=NODES_BY_SEED[seed % len(NODES_BY_SEED)], route_follow_ms=ROUTE_FOLLOW_MS,

@@ -77,7 +77,7 @@ def test_every_invariant_holds_over_many_seeds_with_every_fault_injected():
     assert totals["accepted"] > 20_000
     # seqs reach owners with gaps, lost and duplicated calls and restarts, yet no owner ever answers a
     # source a high water at or above the source's own seq bound: only a forged batch makes one
-    # (node/core/cluster_protocol.py), so the dispute that sets a mark back never fires here
+    # (node/core/cluster/owner.py), so the dispute that sets a mark back never fires here
     assert totals["high_waters_disputed"] == 0
 
 

@@ -422,7 +422,7 @@ def test_client_errors_of_a_refusal_are_node_failures(node):
 
 class MovingControl(BrokerControl):
     """A clustered node's status while a group moves: what the protocol's status() gives (its moves
-    spelled out by ClusterProtocol._move_report)."""
+    spelled out by node/core/cluster/status.py move_report)."""
 
     MOVE = {"queue": "q", "group": "g1", "from": "n1:1", "to": "n2:1", "waiting": ["n1:1", "n3:1"],
             "here": ["the other members' clears (the old owner clears last)", "2 queued and 0 in flight here"]}

@@ -1,5 +1,5 @@
 """Queues a node makes on a client's behalf become cluster-wide definitions, and subscriptions whose
-link ended, or whose node is gone, are deleted cluster-wide (node/core/cluster_protocol.py)."""
+link ended, or whose node is gone, are deleted cluster-wide (node/core/cluster/definitions.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 from handler.queue_definitions import ADDED, CONFLICT, QUEUES, TEMPORARY_OF
 from handler.route_table import MEMBERS
 from node.core.broker import Broker
-from node.core.cluster_protocol import DEFINITION_RETRY_INTERVAL_MS, ClusterProtocol
+from node.core.cluster import ClusterProtocol
+from node.core.cluster.definitions import DEFINITION_RETRY_INTERVAL_MS
 from node.core.effects import DetachConsumer, ProposeClaim, ProposeDefinition, ProposeQueueDeletion
 from node.core.errors import AlreadyExists, GrouperError
 from node.core.message import Message

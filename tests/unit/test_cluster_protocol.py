@@ -12,8 +12,8 @@ import pathlib
 
 from handler.route_table import MOVES, REFUSED, ROUTES
 from node.core.broker import Broker
-from node.core.cluster_protocol import MARK_PREFIX, SEQ_RESERVATION, ClusterProtocol, Entry
-from node.core.outbound import outbound_name
+from node.core.cluster import MARK_PREFIX, SEQ_RESERVATION, ClusterProtocol
+from node.core.outbound import Entry, outbound_name
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, EnqueueLocal, JournalDeclare,
                                JournalRemove, JournalStore, ProposeClaim, ProposeTouch, Refuse, Register, Reply,
                                ReportConsumers, StopNode, Stored, SubmitForward)
@@ -288,7 +288,7 @@ def test_the_pure_cores_import_no_thread_socket_clock_or_network_library():
     files = []
     for path in PURE:
         target = REPO / path
-        files += sorted(target.glob("*.py")) if target.is_dir() else [target]
+        files += sorted(target.rglob("*.py")) if target.is_dir() else [target]
     assert len(files) > 5
     for file in files:
         for node in ast.walk(ast.parse(file.read_text())):

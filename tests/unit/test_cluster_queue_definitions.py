@@ -1,10 +1,10 @@
-"""How one node applies the cluster-wide queue definitions the raft feed brings (node/core/cluster_protocol.py)."""
+"""How one node applies the cluster-wide queue definitions the raft feed brings (node/core/cluster/definitions.py)."""
 
 from __future__ import annotations
 
 from handler.queue_definitions import QUEUES, QUEUES_ALL
 from node.core.broker import Broker
-from node.core.cluster_protocol import QUEUES_MARK, ClusterProtocol
+from node.core.cluster import QUEUES_MARK, ClusterProtocol
 from node.core.effects import ApplyBroker, JournalDeclare, ProposeQueueSeeds, QueueDeleted
 from node.core.message import Message
 from node.core.settings import QueueSettings

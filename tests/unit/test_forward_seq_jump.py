@@ -21,8 +21,9 @@ import grpc
 import pytest
 
 from node.core.broker import Broker
-from node.core.cluster_protocol import MARK_PREFIX, ClusterProtocol, Entry
+from node.core.cluster import MARK_PREFIX, ClusterProtocol
 from node.core.effects import AfterFlush, ApplyBroker, JournalDeclare, Reply
+from node.core.outbound import Entry
 from node.core.settings import QueueSettings
 from node.peer.forwarder import Forwarder
 from node.peer.members import RaftMembers, SignedByMember

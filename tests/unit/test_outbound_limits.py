@@ -1,5 +1,5 @@
 """The outbound store's bounds (outbound_max_bytes per owner, outbound_total_max_bytes for all owners) in
-node/core/cluster_protocol.py, by example and against a reference model, with time as integers.
+node/core/cluster/forwarding.py, by example and against a reference model, with time as integers.
 
 A producer's send for an owner whose channel is full is refused naming the owner and the bound with its
 unit; nothing accepted is dropped; the channel takes sends again once its owner acknowledges; local groups
@@ -15,8 +15,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from handler.route_table import MOVES, ROUTES
 from node.core.broker import Broker
-from node.core.cluster_protocol import ClusterProtocol, Entry
-from node.core.outbound import outbound_name
+from node.core.cluster import ClusterProtocol
+from node.core.outbound import Entry, outbound_name
 from node.core.effects import AcceptWhenStored, AfterFlush, EnqueueLocal, JournalStore, Refuse, SubmitForward
 from node.core.errors import ResourceLimitExceeded
 from node.core.message import Message
@@ -206,7 +206,7 @@ def test_recovery_takes_the_journals_bodiless_backlogs_merged_with_lists_and_rea
         (1, ("p", "g2"), 40), (2, ("q", "g2"), 10), (4, ("p", "g2"), 40), (5, ("q", None), 20),
         (9, ("q", "g2"), 30)]
     assert cluster.outbound.count("n2", ("q", "g2")) == 2 and cluster.in_transit() == {"p": 2, "q": 4}
-    assert cluster.broker.next_seq >= 10 and cluster._recovered_top == {"n2": 9, "n3": 3}
+    assert cluster.broker.next_seq >= 10 and cluster.forwarding.recovered_top == {"n2": 9, "n3": 3}
     effects = cluster.quiesced(0)
     # the first goes with its body; from the first bodiless one on, all wait paged (the bodied 4 too, behind
     # 2) and are read back together, the budget having room for them
@@ -219,7 +219,7 @@ def test_recovery_takes_the_journals_bodiless_backlogs_merged_with_lists_and_rea
 def test_recovery_takes_bodiless_backlogs_longer_than_a_chunk_whole_and_in_seq_order():
     from array import array
 
-    from node.core.cluster_protocol import RECOVERY_CHUNK_ENTRIES
+    from node.core.cluster.recovery import RECOVERY_CHUNK_ENTRIES
     from node.store.journal import BodilessBacklog
 
     cluster = protocol(outbound_memory_max_bytes=1000)

@@ -209,11 +209,11 @@ def test_against_a_reference_model_each_group_keeps_its_order_and_nothing_is_los
         assert _bodies(broker, "source", g) == order[len([b for b in target if b in order]):]
 
 
-# ---- in a cluster: node/core/cluster_protocol.py places each copy as a send's ---------------------
+# ---- in a cluster: node/core/cluster/ places each copy as a send's ---------------------
 
 def _cluster_node():
     from handler.route_table import ROUTES
-    from node.core.cluster_protocol import ClusterProtocol
+    from node.core.cluster import ClusterProtocol
 
     broker = _broker()
     cluster = ClusterProtocol("n1", broker, handler_timeout_ms=300, seq_reserve_block=100)

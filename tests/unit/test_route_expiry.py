@@ -1,6 +1,6 @@
 """Routes with a lifecycle: the route table and the leader's reaper together, over time.
 
-Nodes are modelled as ClusterProtocol refreshes routes (node/core/cluster_protocol.py, _refresh_leases):
+Nodes are modelled as ClusterProtocol refreshes routes (node/core/cluster/routes.py, _refresh_leases):
 every quarter of the group timeout, each live group's route is touched with the time, naming its node.
 A group is live while it has messages or an owner; then it goes quiet and nobody touches its route.
 The leader's duties (handler/leader_duties.py) run on the same clock and their ExpireIdle commands are

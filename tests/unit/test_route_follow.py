@@ -1,4 +1,4 @@
-"""Groups follow their consumers: the handover of node/core/cluster_protocol.py, one node at a time, by example.
+"""Groups follow their consumers: the handover of node/core/cluster/handover.py, one node at a time, by example.
 
 Each test drives one ClusterProtocol as its node would (effects carried out by hand, time as integers)
 through a move of group g of queue q from n1 to n2, with n3 a third member. The seeded simulation
@@ -10,9 +10,8 @@ from __future__ import annotations
 from handler.route_table import MOVES, ROUTES
 from node.core.broker import Broker
 from node.core.cold import GROUP_RECORD_BYTES, MESSAGE_RECORD_BYTES
-from node.core import cluster_protocol
-from node.core.cluster_protocol import PARK_PREFIX, ClusterProtocol, Entry
-from node.core.outbound import outbound_name
+from node.core.cluster import PARK_PREFIX, ClusterProtocol, handover
+from node.core.outbound import Entry, outbound_name
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, EnqueueLocal, JournalRemove,
                                JournalStore, PageIn, ProposeMoveClear, ReadRecords, Refuse, Removed, Reply, Stored)
 from node.core.message import Message, Outcome
@@ -449,7 +448,7 @@ def test_what_an_old_owner_parked_is_relayed_at_the_handovers_rate_never_through
     # campaign X: after a restart, sources' backlogs reached the old owner as the move began and parked
     # there (26,561 messages); put through its queue at the record budget's ~50 a tick, they held the
     # move up past the nemesis's 40 s bound
-    monkeypatch.setattr(cluster_protocol, "HANDOVER_MESSAGES_PER_TICK", 8)
+    monkeypatch.setattr(handover, "HANDOVER_MESSAGES_PER_TICK", 8)
     old = Node("n1")
     old.broker.records.max_bytes = 2 * (MESSAGE_RECORD_BYTES + GROUP_RECORD_BYTES)
     old.run(old.broker.attach_consumer("q", "c", False, 0))
@@ -473,8 +472,8 @@ def test_what_an_old_owner_parked_is_relayed_at_the_handovers_rate_never_through
 
 
 def test_an_old_owner_hands_over_a_bounded_number_of_messages_and_bytes_a_tick_a_group_in_pieces(monkeypatch):
-    monkeypatch.setattr(cluster_protocol, "HANDOVER_MESSAGES_PER_TICK", 3)
-    monkeypatch.setattr(cluster_protocol, "HANDOVER_BYTES_PER_TICK", 1 << 20)
+    monkeypatch.setattr(handover, "HANDOVER_MESSAGES_PER_TICK", 3)
+    monkeypatch.setattr(handover, "HANDOVER_BYTES_PER_TICK", 1 << 20)
     old = Node("n1")
     old.cluster.applied(ROUTES, [("q", "h", "n1")], 0, 0)
     for group in ("g", "h"):
@@ -485,8 +484,8 @@ def test_an_old_owner_hands_over_a_bounded_number_of_messages_and_bytes_a_tick_a
     # three a tick, each group in order; what is left stays held, never delivered here
     assert ticks == [[b"g0", b"g1", b"g2"], [b"g3", b"h0", b"h1"], [b"h2", b"h3"], []]
     assert old.broker.queues["q"].depth_messages == 0 and old.delivered == []
-    monkeypatch.setattr(cluster_protocol, "HANDOVER_MESSAGES_PER_TICK", 100)
-    monkeypatch.setattr(cluster_protocol, "HANDOVER_BYTES_PER_TICK", 5)  # past it with the message that reaches it
+    monkeypatch.setattr(handover, "HANDOVER_MESSAGES_PER_TICK", 100)
+    monkeypatch.setattr(handover, "HANDOVER_BYTES_PER_TICK", 5)  # past it with the message that reaches it
     old.cluster.applied(ROUTES, [("q", "k", "n1")], 0, 0)
     for number in range(5):
         old.run(old.cluster.arrive(None, "q", "k", Message(b"k%d" % number * 2, "k"), True, False, 0))

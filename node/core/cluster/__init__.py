@@ -1,0 +1,20 @@
+"""The cluster protocol of one node, as a package: one module per concern, one-way dependencies.
+
+Rules:
+- Pure: never imports proton, grpc, pysyncobj, threading, socket or time; time comes in as `now_ms`,
+  and every decision goes out as effects (node/core/effects.py) for the caller to carry out.
+- Modules import only those below them (top first): protocol (the facade: the event entry points);
+  owner (batches forwarded here, de-duplication marks); routes (the route table's feed and proposals);
+  definitions (cluster-wide queue definitions); recovery (the journal's state put back); handover
+  (moves: placement, hand over, relay); sweep (cold tails of moving groups); holds; parking; forwarding
+  (outbound channels, bounds, seq reservations, acknowledgements); status (reads the facade it is
+  handed); context (what all share).
+- A journal answer comes back through the continuation object an AfterFlush carries, whose
+  `flushed(reason, now_ms, effects)` belongs to the concern that wrote it (no tags).
+- docs/cluster-protocol.md: what each module owns, the entry points, sequence diagrams.
+"""
+
+from node.core.cluster.context import CLAIM_KEYS_MAX, MARK_PREFIX, PARK_PREFIX, QUEUES_MARK, SEQ_RESERVATION
+from node.core.cluster.protocol import ClusterProtocol
+
+__all__ = ["CLAIM_KEYS_MAX", "MARK_PREFIX", "PARK_PREFIX", "QUEUES_MARK", "SEQ_RESERVATION", "ClusterProtocol"]
