@@ -367,15 +367,26 @@ class Node:
             self.cluster = ClusterLink(config.node_id, config, self.broker, self.journal, clock_ms,
                                        peer_tls=self.cluster_tls)
             from node.peer.members import RaftMembers
-            # who may forward: read from the raft member on gRPC pool threads (status() is never asked on the loop)
-            self.raft_members = RaftMembers(
-                lambda: self.handler.status()["members"] if self.handler is not None else None)
+            # who may forward: read on gRPC pool threads (status() is never asked on the loop)
+            self.raft_members = RaftMembers(self._members_who_may_forward)
             if self.cluster_tls is None and self.raft_secrets:
                 from node.peer.signature import Signer
                 self.cluster.forward_signer = Signer(self.raft_secrets)
         # cold tails (node/core/cold.py); where groups follow their consumers, a group moving away takes its
         # cold messages along, found by a sweep of the tail (node/core/cluster/sweep.py)
         self.broker.records.max_bytes = config.record_memory_max_bytes
+
+    def _members_who_may_forward(self) -> list[str] | None:
+        """The raft member's partners and the nodes registered through raft (the replicated members
+        table). A node that joined with --join knows as raft partners only the members in its --peers
+        and those added after it, but every member registers itself through raft, so the table names
+        them all. Asked on gRPC pool threads: the table is read on the engine loop, through the bridge."""
+        if self.handler is None or self.bridge is None:
+            return None
+        partners = self.handler.status()["members"]
+        cluster = self.cluster
+        registered = self.bridge.call(lambda: list(cluster.members.get("nodes", {})), self.config.admin_timeout_ms)
+        return sorted(set(partners) | set(registered))
 
     def recover(self) -> None:
         # past the node's budget only records come back; bodies are read when dispatch reaches them (or, for

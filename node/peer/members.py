@@ -1,8 +1,11 @@
 """Who may forward, beyond the certificate: the raft membership, and the cluster credential without TLS.
 
 Rules:
-- `RaftMembers` answers, on gRPC pool threads, whether a node id is a current raft member. It keeps
-  the raft member's list, read through `read_members` (a call to the raft member process) at most once
+- `RaftMembers` answers, on gRPC pool threads, whether a node id is a current member: the raft
+  member's partners and the nodes registered through raft (node/runtime.py `_members_who_may_forward`:
+  a node that joined with --join has as raft partners only its --peers and later members, while the
+  replicated members table names every node that registered). It keeps that list, read through
+  `read_members` (a call to the raft member process and one through the bridge) at most once
   per REFRESH_INTERVAL_MS, and again at most once per MISS_REFRESH_INTERVAL_MS when asked about a node
   not in it, so a node that just joined is let in within one refresh, and a removed one is kept out
   within REFRESH_INTERVAL_MS. When no list could be read yet (the raft member is starting) it refuses,
