@@ -174,7 +174,7 @@ def test_an_unknown_queue_is_named_when_the_node_creates_none(node_factory):
 
 def test_refused_credentials_are_named_and_good_ones_work(node_factory, tmp_path):
     users = write_users_file(tmp_path / "users.json", {"reader": "consume:orders.#"},
-                             {"alice": "administrator", "bob": "reader"}, "right-pass")
+                             {"alice": "administrator", "bob": "reader"}, "right-pass-phrase")
     node = node_factory("", "--users-file", str(users), "--sasl-plain-on-loopback")
 
     wrong = grouper("send", "q", "--group", "g", "--user", "alice", "--password-stdin", "--node", node.amqp_address,
@@ -185,12 +185,12 @@ def test_refused_credentials_are_named_and_good_ones_work(node_factory, tmp_path
     assert anonymous.returncode == 1 and "does not let anonymous clients in" in anonymous.stderr, anonymous.stderr
     assert wrong.stderr.count("\n") == anonymous.stderr.count("\n") == 1
     grouper_ok("send", "q", "--create", "--group", "g", "--count", "2", "--user", "alice", "--node", node.amqp_address,
-               env={"GROUPER_PASSWORD": "right-pass"})
+               env={"GROUPER_PASSWORD": "right-pass-phrase"})
     received = grouper_ok("receive", "q", "--count", "2", "--user", "alice", "--password-stdin",
-                          "--node", node.amqp_address, stdin="right-pass\n")
+                          "--node", node.amqp_address, stdin="right-pass-phrase\n")
     assert by_group(messages(received)) == {"g": [1, 2]}
     not_allowed = grouper("send", "q", "--group", "g", "--user", "bob", "--node", node.amqp_address,
-                          env={"GROUPER_PASSWORD": "right-pass"})
+                          env={"GROUPER_PASSWORD": "right-pass-phrase"})
     assert not_allowed.returncode == 1 and "refused access to 'q'" in not_allowed.stderr, not_allowed.stderr
 
 
@@ -231,13 +231,13 @@ def test_send_receive_and_perf_talk_tls_with_a_ca_and_log_in(node_factory, tmp_p
 
     certs.make_ca(tmp_path)
     cert_file, key_file = certs.make_leaf(tmp_path, "localhost", ips=("127.0.0.1",))
-    users = write_users_file(tmp_path / "users.json", {}, {"alice": "administrator"}, "right-pass")
+    users = write_users_file(tmp_path / "users.json", {}, {"alice": "administrator"}, "right-pass-phrase")
     node = node_factory("", "--users-file", str(users), "--tls-cert-file", str(cert_file), "--tls-key-file",
                         str(key_file), "--amqps-port", "0")
     # the certificate's name: proton checks the host given against it
     address = "localhost:" + node.amqps_address.rsplit(":", 1)[1]
     login = ("--user", "alice", "--ca", str(tmp_path / certs.CA_CERT_FILE), "--node", address)
-    password = {"GROUPER_PASSWORD": "right-pass"}
+    password = {"GROUPER_PASSWORD": "right-pass-phrase"}
 
     grouper_ok("send", "q", "--create", "--group", "g", "--count", "2", *login, env=password)
     assert by_group(messages(grouper_ok("receive", "q", "--count", "2", *login, env=password))) == {"g": [1, 2]}

@@ -11,7 +11,7 @@ from tests.integration.cluster import Cluster
 from tests.integration.harness import connect, wait_until
 from tests.integration.test_tools import Background, _free_port_block, by_group, messages
 
-PASSWORD = "right-pass"
+PASSWORD = "right-pass-phrase"
 
 
 def _secured(node_factory, tmp_path, *args: str):

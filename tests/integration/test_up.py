@@ -42,8 +42,8 @@ def test_up_starts_three_nodes_prints_the_leader_serves_and_stops_on_ctrl_c(tmp_
         for index in range(3):
             assert f"node{index} security: open: no user database at {users_file}, every client is anonymous and " \
                    f"may do everything" in lines
-            assert f"node{index} cluster security: forwarding takes no credentials (on the admin port); raft " \
-                   f"encrypted (1 secret accepted)" in lines
+            assert f"node{index} cluster security: forwarding signed with a key from the raft secret (on the admin " \
+                   f"port); raft encrypted (1 secret accepted)" in lines
         assert oct((tmp_path / "cluster" / "raft.secret").stat().st_mode & 0o777) == oct(0o600)
         leader = next(line for line in lines if line.startswith("leader: ")).split(": ", 1)[1]
         assert leader in {f"127.0.0.1:{base + 10 * i + 2}" for i in range(3)}
