@@ -51,3 +51,15 @@ def clients():
     made = Clients()
     yield made
     made.close()
+
+
+@pytest.fixture
+def connections():
+    """Connections a test opens and appends here (proton BlockingConnection), closed at its end."""
+    made = []
+    yield made
+    for connection in made:
+        try:
+            connection.close()
+        except Exception:  # already closed, or its node killed: nothing left to release
+            pass

@@ -29,7 +29,6 @@ from typing import Callable
 import grpc
 import pytest
 from proton import Delivery
-from proton.utils import BlockingConnection
 
 from node.admin.credentials import basic_value
 from node.peer.signature import Signer
@@ -99,17 +98,6 @@ def target(request) -> Target:
 @pytest.fixture(params=TARGETS)
 def target_with_users(request) -> Target:
     return request.getfixturevalue({"quick_start": "secured_quick_start"}.get(request.param, request.param))
-
-
-@pytest.fixture
-def connections():
-    made: list[BlockingConnection] = []
-    yield made
-    for connection in made:
-        try:
-            connection.close()
-        except Exception:
-            pass
 
 
 # ---- 1. raft ports ----------------------------------------------------------------------------

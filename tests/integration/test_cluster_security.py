@@ -91,17 +91,6 @@ def secured(tmp_path_factory):
         cluster.kill_all()
 
 
-@pytest.fixture
-def connections():
-    made = []
-    yield made
-    for connection in made:
-        try:
-            connection.close()
-        except Exception:
-            pass
-
-
 def test_a_secured_cluster_forwards_each_group_to_its_owner_in_order(secured, connections):
     cluster, _, _ = secured
     for index, node in enumerate(cluster.nodes):

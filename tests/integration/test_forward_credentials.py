@@ -31,17 +31,6 @@ WAIT_S = 20.0
 HUGE_SEQ = 10 ** 18
 
 
-@pytest.fixture
-def connections():
-    made = []
-    yield made
-    for connection in made:
-        try:
-            connection.close()
-        except Exception:
-            pass
-
-
 def start_cluster(directory, secret: str | None) -> Cluster:
     args = ("--allow-insecure-cluster",)  # the explicit insecure case: no raft secret at all
     if secret is not None:
