@@ -19,7 +19,7 @@ from node.core.broker import Broker
 from node.core.effects import Removed, Stored
 from node.core.message import Message
 from node.core.settings import QueueSettings
-from node.runtime import LoopControl
+from node.admin.loop_control import LoopControl
 
 WRITTEN, FAILED, SILENT = "written", "failed", "silent"  # what the fake journal does with a batch
 

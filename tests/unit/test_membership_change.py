@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from node.core.errors import HandlerUnavailable, NotFound
-from node.runtime import LoopControl
+from node.admin.loop_control import LoopControl
 
 
 class FakeHandler:
