@@ -77,7 +77,7 @@ def write_config(path: Path, record_memory_max_bytes: int) -> None:
 # ---- what node 0 shows ------------------------------------------------------------------------
 
 def scrape(node: NodeProcess) -> str:
-    """`node`'s /metrics page. A node whose engine loop does not answer in time says 503 (node/http/server.py):
+    """`node`'s /metrics page. A node whose engine loop does not answer in time says 503 (node/http_port/server.py):
     asked again until METRICS_GIVE_UP_S, and counted in UNANSWERED, which the report gives per phase."""
     deadline = time.monotonic() + METRICS_GIVE_UP_S
     while True:

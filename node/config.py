@@ -19,7 +19,7 @@ from handler.route_table import PLACEMENT_BALANCED, PLACEMENTS
 from node.core.address_settings import AddressSettings
 from node.core.errors import InvalidConfig
 from node.core.settings import QueueSettings
-from node.http.hosts import parse_names
+from node.http_port.hosts import parse_names
 
 ENV_PREFIX = "GROUPER_"
 HTTP_PORT_OFFSET = 3  # http_port = amqp_port + 3 when only amqp_port is given: a second node on one host just works
@@ -76,7 +76,7 @@ class NodeConfig:
     http_tls_cert_file: str = ""  # PEM certificate chain; with http_tls_key_file the HTTP port speaks HTTPS only
     http_tls_key_file: str = ""  # PEM private key of http_tls_cert_file
     # more names the HTTP port answers to, comma-separated, besides IP addresses, localhost, host,
-    # advertise_host and the machine's name ("*": any; README "Health and metrics", node/http/hosts.py)
+    # advertise_host and the machine's name ("*": any; README "Health and metrics", node/http_port/hosts.py)
     http_allowed_hosts: str = ""
     # ---- delivery traces of queues with trace = true (README "Auditing deliveries") ----
     trace_dir: str = ""  # where the trace files go; "" = <data_dir>/traces

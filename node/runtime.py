@@ -3,14 +3,14 @@
 Rules:
 - This module wires; it holds no broker, admin or probe logic. What the node hosts lives beside it:
   recovery in node/recovery.py, the admin API's LoopControl in node/admin/loop_control.py, what the
-  HTTP endpoints read in node/http/probes.py, the start-up checks and the banner in node/preflight.py.
+  HTTP endpoints read in node/http_port/probes.py, the start-up checks and the banner in node/preflight.py.
 - Nothing listens before recovery is done, and "ready" is printed only once every listener serves.
 
 Threads and what they own:
 - the engine loop thread (node.amqp.loop): the sockets, every proton object, the `Broker` core;
 - the journal writer thread: the journal file (it reports back through the bridge);
 - gRPC pool threads: nothing; admin calls enter the loop through `Bridge.call` with a deadline;
-- the HTTP threads (node.http): nothing; readiness and metrics read the loop through the bridge;
+- the HTTP threads (node.http_port): nothing; readiness and metrics read the loop through the bridge;
 - the main thread: waits for SIGINT/SIGTERM, then asks the loop to stop and waits for it.
 """
 
@@ -34,7 +34,7 @@ from node.file_modes import secure_start
 from node.preflight import check_data_dir, check_port_free, print_banner
 from node.recovery import recover
 from node.security import Security
-from node.http.probes import metrics_snapshot, readiness
+from node.http_port.probes import metrics_snapshot, readiness
 from node.store.journal import Journal
 from node.store.trace import TraceWriter
 
@@ -65,7 +65,7 @@ class Node:
         self.security = None
         self.admin_server = None
         self.admin_port = None
-        self.health = None  # node.http.server.HealthServer, once started
+        self.health = None  # node.http_port.server.HealthServer, once started
         self.serving = False  # recovered and listening: the first half of readiness
         self.handler = None  # the grouping handler's raft member, in a cluster
         self.cluster = None  # node.cluster.ClusterLink, in a cluster
@@ -164,7 +164,7 @@ class Node:
     def start_health(self) -> None:
         from node.admin import tls as admin_tls
         from node.console import Console
-        from node.http.server import HealthServer
+        from node.http_port.server import HealthServer
 
         # the console calls this node's admin API in process; the other members over their admin ports
         console = Console(self, self.security, self.admin_servicer,
@@ -183,7 +183,7 @@ class Node:
                                f"Set --http-port") from None
         self.health.start()
 
-    # ---- what the HTTP endpoints ask (HTTP threads): node/http/probes.py --------------------
+    # ---- what the HTTP endpoints ask (HTTP threads): node/http_port/probes.py --------------------
 
     def readiness(self) -> tuple[bool, str]:
         return readiness(self)

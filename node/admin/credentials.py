@@ -3,7 +3,7 @@
 Rules:
 - No gRPC, HTTP or sockets here, and no clock: time is `now_ms`, an argument. Passwords are checked
   by the `Verifier` passed in (`node.security.Security`); the adapters (`node.admin.service`,
-  `node.http.server`) hand over the header and the verified certificate name they received, from their
+  `node.http_port.server`) hand over the header and the verified certificate name they received, from their
   pool threads, so the cache takes a lock (held for dict operations only, never for a derivation).
 - A node without a users file is open: every caller is `anonymous` with every permission, and
   credentials are not looked at, as before security existed.

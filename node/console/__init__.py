@@ -15,7 +15,7 @@ Rules:
   /api/session says so and the page shows it.
 - Actions are POSTs with a JSON body (Content-Type application/json: a form on another site cannot
   send one without a CORS preflight, which this server never grants), and need what the admin method
-  needs: manage on the queue. The page asks for confirmation before it sends one. node.http.hosts
+  needs: manage on the queue. The page asks for confirmation before it sends one. node.http_port.hosts
   checks Host and Origin before any of it (DNS rebinding, cross-site posts).
 - Paths name only what to do (ROUTES); queue names and group ids travel in the query of a view and
   the body of an action, never in a path, which a browser normalises ("..", "%2e%2e").
@@ -80,7 +80,7 @@ class ConsoleError(Exception):
 
 class Console:
     def __init__(self, probe, security, admin_servicer, *, admin_credentials=None, admin_server_name: str = ""):
-        """`probe`: what node.http's endpoints ask (readiness); `security`: node.security.Security or
+        """`probe`: what node.http_port's endpoints ask (readiness); `security`: node.security.Security or
         None (open); `admin_servicer`: this node's AdminServicer; the other members' admin ports are
         dialled with `admin_credentials` (TLS) and `admin_server_name`, as the members dial each other."""
         self._probe = probe

@@ -28,7 +28,7 @@ from node.core.broker import Broker
 from node.core.errors import InvalidConfig, Unauthorized
 from node.core.message import Message
 from node.core.settings import QueueSettings
-from node.http.server import CHALLENGE, HealthServer
+from node.http_port.server import CHALLENGE, HealthServer
 from node.users import UserDatabase
 from proto import admin_pb2
 from tests.unit.test_admin import BrokerControl

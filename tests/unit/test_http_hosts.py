@@ -1,4 +1,4 @@
-"""node.http.hosts: the names the HTTP port answers to and the pages that may act through it."""
+"""node.http_port.hosts: the names the HTTP port answers to and the pages that may act through it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from node.config import load
 from node.core.errors import InvalidConfig
-from node.http.hosts import HostPolicy, parse_names, split_host
+from node.http_port.hosts import HostPolicy, parse_names, split_host
 
 QUICK_START = HostPolicy(("127.0.0.1", "", "build-host"))  # host, advertise_host, the machine's name
 EVERYWHERE = HostPolicy(("0.0.0.0", "node0", "node0", "grouper.example", "broker.internal"))

@@ -36,7 +36,7 @@ KNOWN_CORE_VIOLATIONS = {
 
 # What node/core may never import: the adapters and the handler (any of `node` outside node/core counts
 # as an adapter), and what does I/O, blocks or tells the time
-CORE_FORBIDDEN = ("node.amqp", "node.peer", "node.admin", "node.store", "node.console", "node.http",
+CORE_FORBIDDEN = ("node.amqp", "node.peer", "node.admin", "node.store", "node.console", "node.http_port",
                   "node.runtime", "node.tools", "handler", "grpc", "proton", "cproton", "pysyncobj", "threading",
                   "_thread", "socket", "selectors", "asyncio", "uvloop", "time", "subprocess", "multiprocessing",
                   "concurrent")
@@ -195,7 +195,7 @@ def test_the_known_core_violations_are_still_there():
 
 
 def test_the_rule_names_adapters_clocks_and_threads_but_not_their_namesakes():
-    for name in ("time", "threading.Lock", "node.amqp.loop", "node.config", "node.http.metrics", "grpc.aio",
+    for name in ("time", "threading.Lock", "node.amqp.loop", "node.config", "node.http_port.metrics", "grpc.aio",
                  "handler", "handler.route_table", "proton.reactor", "pysyncobj"):
         assert _core_may_not_import(name), name
     for name in ("timeit", "node.core.queue", "node.core", "grpcx", "heapq", "handlers"):

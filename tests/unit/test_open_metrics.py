@@ -1,6 +1,6 @@
 """A secured node whose /metrics stay open (metrics_auth "open", the default) says so at start."""
 
-from node.http.server import open_metrics_warning
+from node.http_port.server import open_metrics_warning
 
 
 def test_a_secured_node_says_at_start_when_its_metrics_are_open_beyond_this_machine():

@@ -8,7 +8,7 @@ Rules:
   truly wedged. /readyz answers 200 only when the node can serve (journal recovered, and in a cluster
   joined with a known raft leader and a caught-up replica); otherwise 503 with the reason in one line.
 - /metrics is the Prometheus text format, built by `prometheus_client` from one snapshot per scrape
-  (node/http/metrics.py; node/http/probes.py reads the snapshot of the node).
+  (node/http_port/metrics.py; node/http_port/probes.py reads the snapshot of the node).
   An engine loop that does not answer in time makes it 503, not a page of stale numbers.
 - Who may read what: /healthz and /readyz are open to every client (supervisors and load balancers
   carry no credentials). /metrics is open with metrics_auth "open" (as RabbitMQ's Prometheus plugin);
@@ -18,7 +18,7 @@ Rules:
 - With http_tls_cert_file and http_tls_key_file the port speaks HTTPS only. The handshake runs on the
   request's thread, never the accepting one, and the files are read again when they change.
 - Every connection is closed after REQUEST_TIMEOUT_S without a complete request.
-- Every request's Host, and the Origin of every POST, pass node.http.hosts first (421 or 403 with
+- Every request's Host, and the Origin of every POST, pass node.http_port.hosts first (421 or 403 with
   what to do): the port answers only to names the node is known by, so a DNS rebinding page reaches
   nothing, probes included (they ask by address).
 - `/`, `/console/...` and `/api/...` belong to the web console (node.console), which has its own rules;
@@ -43,8 +43,8 @@ from node.config import files_stamp
 from node.console import BODY_MAX_BYTES, JSON
 from node.core.access import Permission
 from node.core.errors import InvalidConfig
-from node.http.hosts import HostPolicy, parse_names
-from node.http.metrics import GrouperCollector
+from node.http_port.hosts import HostPolicy, parse_names
+from node.http_port.metrics import GrouperCollector
 from node.net import is_loopback
 
 log = logging.getLogger("grouper.health")

@@ -1,7 +1,7 @@
 """What the HTTP endpoints read of a running node: readiness (/readyz) and the metrics snapshot (/metrics).
 
 Rules:
-- Called on the HTTP threads (node/http/server.py): the broker, the server and the cluster link are read on the
+- Called on the HTTP threads (node/http_port/server.py): the broker, the server and the cluster link are read on the
   engine loop through `Bridge.call`, with PROBE_TIMEOUT_MS as its deadline; only the raft member's
   handle is asked from the HTTP thread.
 - One loop visit and one raft status per scrape: the metrics snapshot carries readiness too.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from node.http.server import PROBE_TIMEOUT_MS
+from node.http_port.server import PROBE_TIMEOUT_MS
 
 
 def resident_bytes() -> int | None:

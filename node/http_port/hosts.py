@@ -2,7 +2,7 @@
 DNS rebinding and cross-site requests (issue 26).
 
 Rules:
-- Pure: no socket, no threading, no time. node.http.server passes each request's method and its Host and
+- Pure: no socket, no threading, no time. node.http_port.server passes each request's method and its Host and
   Origin headers; a refusal is (status, message), the message saying what to do.
 - Host, on every request. A DNS rebinding page is served under the attacker's name, which then
   resolves to this node, so the browser sends that name as Host. A request is answered only when its

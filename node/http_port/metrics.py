@@ -1,8 +1,8 @@
 """The node's Prometheus metrics: one collector turns one probe snapshot into metric families.
 
 Rules:
-- Pure translation: the snapshot (node/http/probes.py `metrics_snapshot`) is read once per scrape by
-  the server (node/http/server.py); nothing here reads the node, the engine loop or the clock.
+- Pure translation: the snapshot (node/http_port/probes.py `metrics_snapshot`) is read once per scrape by
+  the server (node/http_port/server.py); nothing here reads the node, the engine loop or the clock.
 - Names carry their units (`_bytes`, `_seconds`, `_total`), as Prometheus asks.
 """
 
