@@ -92,7 +92,7 @@ def run(args) -> int:
                     say(f"grouper up: node{node.index} did not start: {node.reason()}", sys.stderr)
                 return 1
         for node in nodes:
-            say(f"node{node.index}: amqp {node.amqp}  admin {node.admin}  http {node.http_port}"
+            say(f"node{node.index}: amqp {node.amqp}  admin {node.admin}  http {node.http}"
                 + (f"  raft {raft[node.index]}" if raft else ""))
         for node in nodes:
             say(f"node{node.index} security: {node.security}")
