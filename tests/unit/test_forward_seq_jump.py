@@ -31,6 +31,7 @@ from node.peer.service import (FORWARD_SEQ_LIMIT, SERVER_OPTIONS, PeerServicer, 
                                entries_from_pb, open_to_all)
 from node.peer.signature import Signer, Verifier
 from proto import peer_pb2
+from tests.unit.test_forward_credential import Context  # a stand-in for grpc.ServicerContext
 
 REAL, OWNER = "n1", "n2"
 SECRET = "unit-forward-secret-0123456789"
@@ -87,27 +88,11 @@ def test_a_batch_below_its_bound_has_any_gaps_it_likes(seqs, seq_bound):
     assert [entry.forward_seq for entry in entries_from_pb(pb(*seqs, seq_bound=seq_bound))] == list(seqs)
 
 
-class Context:
-    def __init__(self, peer: str):
-        self._peer = peer
-        self.aborted = None
-
-    def peer(self):
-        return self._peer
-
-    def time_remaining(self):
-        return None
-
-    def abort(self, code, details):
-        self.aborted = (code, details)
-        raise grpc.RpcError(details)
-
-
 def test_the_servicer_refuses_a_jump_with_invalid_argument_logs_it_once_per_source_and_counts_it(caplog):
     handled = []
     servicer = PeerServicer(lambda *args: handled.append(args) or 1)
     for peer in ("ipv4:10.0.0.9:1000", "ipv4:10.0.0.9:1001"):
-        context = Context(peer)
+        context = Context(peer=peer)
         with pytest.raises(grpc.RpcError):
             servicer.Forward(pb(5, 10**18, seq_bound=100), context)
         assert context.aborted[0] is grpc.StatusCode.INVALID_ARGUMENT and "jumps ahead" in context.aborted[1]
