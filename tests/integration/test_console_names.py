@@ -17,7 +17,8 @@ from proton.utils import BlockingConnection
 
 from node.admin.client import AdminClient
 from tests.integration.harness import WAIT_S, NodeProcess, grouped
-from tests.integration.test_console import BROWSER_WAIT_S, browser, confirm, group_row, open_view, text_of, wait_page
+from tests.integration.test_console import driver  # noqa: F401 (the module's one browser, a fixture)
+from tests.integration.test_console import confirm, group_row, open_view, text_of, wait_page
 
 QUEUE = "orders"
 ODD_QUEUES = ("..", "a/b", "%2e%2e", ".")  # queue names a browser would read as path syntax if put in a path
@@ -38,16 +39,6 @@ def node(tmp_path_factory):
         yield started
     finally:
         started.kill()
-
-
-@pytest.fixture(scope="module")
-def driver():
-    chromium = browser()
-    chromium.set_page_load_timeout(BROWSER_WAIT_S)
-    try:
-        yield chromium
-    finally:
-        chromium.quit()
 
 
 def send(node, queue: str, groups) -> None:
