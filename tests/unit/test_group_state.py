@@ -295,7 +295,7 @@ def test_a_closing_groups_hold_lasts_until_its_messages_are_settled():
     send(broker, "g")
     [closing] = deliveries(broker.set_credit("c1", 5, 0))
     group = broker.queues["q"].groups["g"]
-    assert group.held and group.placed not in broker.queues["q"].consumers["c1"].ready
+    assert group.paused and group.placed not in broker.queues["q"].consumers["c1"].ready
     [after] = deliveries(broker.settle("c1", closing.delivery_id, Outcome.ACCEPTED, 0))
     assert after.message.seq == closing.message.seq + 1 and not group.held
 
