@@ -2,7 +2,7 @@
 
 Rules:
 - Each command is one `AdminClient` call and a few printed lines; the node does the work and the
-  validation. Queue flags come from `node.cli` so `grouper node` config and `queue add` agree.
+  validation. Queue flags come from `node.admin.queue_flags` so `grouper node` config and `queue add` agree.
 - Results go to stdout (tables, or JSON with `--json`); failures go to stderr, and the exit status
   says who can fix them, in one table: 1 the node refused (its message is quoted), 2 bad usage or
   a value the node rejected, 3 the node could not be reached, 4 the node did not accept the
@@ -27,13 +27,11 @@ from node.admin.client import (DEFAULT_NODE_ADDRESS, TIMEOUT_MS_DEFAULT, AccessD
                                InvalidRequest, NodeFailure, NodeUnreachable)
 from node.admin.credentials import basic_metadata
 from node.admin.queue_listing import depth_by_node, gather
-from node.cli import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_queue_flags, queue_changes_from_args,
-                      queue_settings_from_args)
+from node.admin.queue_flags import add_queue_flags, queue_changes_from_args, queue_settings_from_args
 from node.core.errors import InvalidConfig
+from node.exit_codes import EXIT_DENIED, EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from node.net import is_loopback_address
 
-EXIT_UNREACHABLE = 3
-EXIT_DENIED = 4
 NODE_ENV = "GROUPER_NODE"
 USER_ENV = "GROUPER_USER"
 PASSWORD_ENV = "GROUPER_PASSWORD"
