@@ -28,7 +28,8 @@ import os
 import sys
 
 from node import config
-from node.admin.commands import _table, password_from_stdin
+from node.admin.arguments import password_from_stdin
+from node.admin.command_output import table
 from node.core.access import ADMINISTRATOR, ADMINISTRATOR_GRANTS, ANONYMOUS, Grant, Permission
 from node.core.errors import AlreadyExists, InvalidConfig, NotAllowed, NotFound
 from node.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -231,7 +232,7 @@ def _user_list(database: UserDatabase, args) -> None:
         return
     rows = [(name, _names(roles)) for name, roles in database.users()]
     rows.append((f"({ANONYMOUS})", _names(database.anonymous_roles)))
-    print(_table(("USER", "ROLES"), rows))
+    print(table(("USER", "ROLES"), rows))
 
 
 def _role_set(database: UserDatabase, args) -> str:
@@ -255,7 +256,7 @@ def _role_list(database: UserDatabase, args) -> None:
                                   "queues": list(grant.queues)} for grant in grants]
                           for name, grants in every_role.items()}, indent=2))
         return
-    print(_table(("ROLE", "GRANTS"), [(name + (" (built in)" if name == ADMINISTRATOR else ""), _grants(grants))
+    print(table(("ROLE", "GRANTS"), [(name + (" (built in)" if name == ADMINISTRATOR else ""), _grants(grants))
                                       for name, grants in every_role.items()]))
 
 
