@@ -1,10 +1,11 @@
-"""The benchmark's AMQP 1.0 load generator: the lean engine client (node/tools/lean.py), no reactor.
+"""The benchmark's AMQP 1.0 load generator: producer and consumer processes on the lean engine client.
 
-The engine (connections, the selectors pump, message templates and the field reader) lives in the
-package as `node.tools.lean`, shared with `grouper perf`; its rules are in that module's header and
-its names are re-exported here, so `lean.Endpoint`, `lean.MessageEncoder`, ... keep working. Here:
+The client (connections, the selectors pump, link traffic, message templates and the field reader) is
+the package `node.client`, shared with `grouper perf` and the pipeline; its rules are in its modules'
+headers and the names bench code and tests reach as `lean.NAME` are re-exported here. Here:
 - The benchmark's producer and consumer processes: a consumer grants `prefetch` credit at attach and,
-  after each pass, as much credit as it accepted, so at most `prefetch` deliveries are ever unsettled.
+  after each pass, as much credit as it accepted, so at most `prefetch` deliveries are ever unsettled
+  (node/client/traffic.py).
 - It moves messages and writes what it saw, in the form clients.py summarises; it never starts
   brokers and never formats tables.
 - `python -m bench.lean --url ... --queue ...` runs one row against any AMQP 1.0 broker and prints
@@ -25,16 +26,17 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from bench import clients
-from node.amqp.engine import (ACCEPTED, CONNECTION_REMOTE_CLOSE, DELIVERY, LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH,
-                              LINK_REMOTE_OPEN, MODIFIED, REJECTED, RELEASED, TRANSPORT_ERROR,
-                              condition_text, delivery_tag, ffi, lib, tag_value, terminus_present)
+from node.amqp.engine import ACCEPTED, MODIFIED, REJECTED, RELEASED, condition_text, delivery_tag, lib, tag_value
+from node.client.encoding import MessageEncoder, read_fields
+from node.client.endpoint import Endpoint, LeanError, connect, credentials, tls_context
+from node.client.pump import SELECT_TIMEOUT_S, Pump
+from node.client.traffic import WINDOW_MESSAGES, Traffic
 from node.net import is_loopback
-from node.tools.lean import (SELECT_TIMEOUT_S, WINDOW_MESSAGES, RECEIVE_BUFFER_BYTES, Endpoint, LeanError,
-                             MessageEncoder, Pump, _problem, credentials, read_fields, tls_context)
 
-# the engine's names other bench modules and tests reach as lean.NAME
-__all__ = ["Endpoint", "LeanError", "MessageEncoder", "Pump", "credentials", "is_loopback", "read_fields",
-           "tls_context", "producer", "consumers", "parser", "target_from_args", "main"]
+# the client's names other bench modules and tests reach as lean.NAME
+__all__ = ["Endpoint", "LeanError", "MessageEncoder", "Pump", "connect", "credentials", "is_loopback", "read_fields",
+           "tls_context", "Producer", "Consumers", "producer", "consumers", "parser", "target_from_args", "main",
+           "SELECT_TIMEOUT_S"]
 
 PASSWORD_FILE_MAX_BYTES = 4096
 
@@ -50,7 +52,8 @@ class Producer:
         self.rate_per_s = workload.rate_per_s
         self.window_messages = window_messages
         self.encoder = MessageEncoder(workload.body_bytes, workload.durable, target.routing_subject)
-        self.pump = Pump(self._on_event)
+        self.traffic = Traffic(None, self._outcome, self._failed)
+        self.pump = self.traffic.pump
         self.endpoint = self.pump.connect(target, "bench-producer")
         self.link = self.endpoint.sender("bench-producer", target.send_address)
         self.opened = False
@@ -58,22 +61,16 @@ class Producer:
         self.first_send_ns = self.last_send_ns = 0
         self.outcome_seen = bytearray(self.total)
         self.error = ""
+        self.traffic.add_producer(self)
 
     @property
     def settled(self) -> int:
         return self.accepted + self.rejected + self.released + self.modified
 
-    def _on_event(self, kind: int, event) -> None:
-        if kind == DELIVERY:
-            delivery = lib.pn_event_delivery(event)
-            if lib.pn_delivery_updated(delivery):
-                self._outcome(delivery)
-        elif kind == LINK_REMOTE_OPEN:
-            self.opened = terminus_present(lib.pn_link_remote_target(self.link))  # null: refused
-        elif kind in (LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH, CONNECTION_REMOTE_CLOSE, TRANSPORT_ERROR):
-            self.error = self.error or _problem(kind, event)
+    def _failed(self, state, problem: str) -> None:
+        self.error = self.error or problem
 
-    def _outcome(self, delivery) -> None:
+    def _outcome(self, producer, delivery) -> None:
         # A delivery's second event (RabbitMQ sends the outcome, then the settlement) can wait in the
         # collector after the first has settled it: each tag (the send's number) counts once.
         number = int(tag_value(delivery))
@@ -204,53 +201,24 @@ class Consumers:
 
     def __init__(self, target, indexes: list, prefetch: int):
         self.prefetch = prefetch
-        self.pump = Pump(self._on_event)
-        self.by_link: dict = {}
-        self.consumers: list[_Consumer] = []
-        self._buffer = ffi.new("char[]", RECEIVE_BUFFER_BYTES)
-        self._buffer_bytes = RECEIVE_BUFFER_BYTES
+        self.traffic = Traffic(self._message, None, self._failed)
+        self.pump = self.traffic.pump
+        self.consumers: list[_Consumer] = self.traffic.consumers
         for index in indexes:
             endpoint = self.pump.connect(target, f"bench-consumer-{index}")
             for number, address in enumerate(target.consumer_addresses[index]):
-                link = endpoint.receiver(f"bench-c{index}-{number}", address)
-                lib.pn_link_flow(link, prefetch)
-                consumer = _Consumer(index, link)
-                self.by_link[link] = consumer
-                self.consumers.append(consumer)
+                consumer = _Consumer(index, endpoint.receiver(f"bench-c{index}-{number}", address))
+                self.traffic.add_consumer(consumer, prefetch)
 
-    def _on_event(self, kind: int, event) -> None:
-        if kind == DELIVERY:
-            self._receive(lib.pn_event_delivery(event))
-        elif kind == LINK_REMOTE_OPEN:
-            link = lib.pn_event_link(event)
-            consumer = self.by_link.get(link)
-            if consumer is not None:
-                consumer.opened = terminus_present(lib.pn_link_remote_source(link))  # null: refused
-        elif kind in (LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH):
-            consumer = self.by_link.get(lib.pn_event_link(event))
-            if consumer is not None:
-                consumer.error = consumer.error or _problem(kind, event) or "link detached by the broker"
-        elif kind in (CONNECTION_REMOTE_CLOSE, TRANSPORT_ERROR):
-            problem = _problem(kind, event)
-            if problem:
-                for consumer in self.consumers:
-                    consumer.error = consumer.error or problem
+    def _failed(self, consumer, problem: str) -> None:
+        if consumer is not None:
+            consumer.error = consumer.error or problem or "link detached by the broker"
+        elif problem:
+            for each in self.consumers:
+                each.error = each.error or problem
 
-    def _receive(self, delivery) -> None:
-        if not lib.pn_delivery_readable(delivery) or lib.pn_delivery_partial(delivery):
-            return  # an update of a delivery already read, or more frames to come
-        link = lib.pn_delivery_link(delivery)
-        size = lib.pn_delivery_pending(delivery)
-        if size > self._buffer_bytes:
-            self._buffer_bytes = max(size, 2 * self._buffer_bytes)
-            self._buffer = ffi.new("char[]", self._buffer_bytes)
-        count = lib.pn_link_recv(link, self._buffer, size)
-        payload = ffi.unpack(self._buffer, max(count, 0))
-        lib.pn_link_advance(link)
-        lib.pn_delivery_update(delivery, ACCEPTED)
-        lib.pn_delivery_settle(delivery)
+    def _message(self, consumer, payload: bytes) -> None:
         received_ns = time.monotonic_ns()
-        consumer = self.by_link[link]
         group, seq, sent_ns = read_fields(payload)
         consumer.count += 1
         consumer.groups.append(group)
@@ -258,19 +226,12 @@ class Consumers:
         consumer.received_ns.append(received_ns)
         consumer.latencies_ns.append(received_ns - sent_ns)
         consumer.last_accept_ns = received_ns
-        consumer.accepted_since_flow += 1
 
     def top_up(self) -> None:
-        """Credit back what each link accepted since the last pass: one flow frame per link per pass."""
-        for consumer in self.consumers:
-            if consumer.accepted_since_flow:
-                lib.pn_link_flow(consumer.link, consumer.accepted_since_flow)
-                consumer.accepted_since_flow = 0
+        self.traffic.top_up()
 
     def pass_once(self, timeout_s: float) -> None:
-        self.pump.flush()
-        self.pump.run_once(timeout_s)
-        self.top_up()
+        self.traffic.pass_once(timeout_s)
 
 
 def consumers(target, indexes: list, workload, readies, stop, progress, result_paths) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from pipeline import messages
 from pipeline.amqp_client import Acquisition, AmqpConnection, AuthenticationFailed, ClientError, Producer, TlsFailed
-from pipeline.credentials import Security
+from pipeline.security import Security
 from tests.pipeline.conftest import SECURED_USER, amqps_address, start_secured_node
 
 TIMEOUT_MS = 10_000

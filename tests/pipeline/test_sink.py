@@ -230,15 +230,14 @@ class GroupOrderCheck:
         self.thread = threading.Thread(target=self._run, name="order-check", daemon=True)
 
     def _attach(self, queue: str, name: str):
-        from proton import Link
+        from node.amqp.engine import lib
 
         connection = self.connection
-        link = connection.session.receiver(name)
-        link.source.address = queue
-        link.snd_settle_mode = Link.SND_SETTLED
+        link = connection.endpoint.receiver(name, queue, open_now=False)
+        lib.pn_link_set_snd_settle_mode(link, lib.PN_SND_SETTLED)
         owner = _OrderedLink(self, link, name)
         connection.attach(link, owner, f"consumer {name}")
-        link.flow(CONSUMER_CREDIT)
+        lib.pn_link_flow(link, CONSUMER_CREDIT)
         return owner
 
     def _run(self) -> None:
@@ -266,29 +265,30 @@ class GroupOrderCheck:
 
 class _OrderedLink:
     def __init__(self, check: GroupOrderCheck, link, name: str):
-        import cproton
+        from node.amqp.engine import ffi, lib
 
-        self.pn = cproton
+        self.lib, self.ffi = lib, ffi
         self.check = check
         self.link = link
-        self._link = link._impl
         self.name = name
         self.detached = False
         self.message = Message()
 
     def on_delivery(self, delivery) -> None:
-        pn, link = self.pn, self._link
-        if pn.pn_link_current(link) != delivery or pn.pn_delivery_partial(delivery):
+        lib, ffi, link = self.lib, self.ffi, self.link
+        if lib.pn_link_current(link) != delivery or lib.pn_delivery_partial(delivery):
             return
-        _, payload = pn.pn_link_recv(link, pn.pn_delivery_pending(delivery))
-        pn.pn_link_advance(link)
-        pn.pn_delivery_settle(delivery)
+        size = lib.pn_delivery_pending(delivery)
+        buffer = ffi.new("char[]", size)
+        lib.pn_link_recv(link, buffer, size)
+        lib.pn_link_advance(link)
+        lib.pn_delivery_settle(delivery)
         message = self.message
-        message.decode(payload)
+        message.decode(ffi.unpack(buffer, size))
         self.check.record(self.name, message.group_id, int(message.body))
-        credit = pn.pn_link_credit(link)
+        credit = lib.pn_link_credit(link)
         if credit < CONSUMER_CREDIT // 2:
-            pn.pn_link_flow(link, CONSUMER_CREDIT - credit)
+            lib.pn_link_flow(link, CONSUMER_CREDIT - credit)
 
     def on_detached(self) -> None:
         self.detached = True
