@@ -3,7 +3,7 @@
 Rules:
 - The client is node/client's (connection.py, links.py, acquisition.py: proton's C engine through
   node/amqp/engine.py, one connection driven by the thread that uses it, every wait bounded, a
-  producer's window of unsettled sends, a consumer holding until accept or release, accepts confirmed
+  sender's window of unsettled sends, a receiver holding until accept or release, accepts confirmed
   with receiver-settle-mode second). This module is what the pipeline adds: who the client is
   (pipeline/security.py `Security`), how it dials and wraps TLS, and errors worded in the pipeline's
   options (tls, caFile, certFile, passwordFile, timeoutMs) naming what to change.
@@ -27,12 +27,12 @@ from node.client.acquisition import Acquisition
 from node.client.connection import (AuthenticationFailed, ClientError, ClientTimeout, Connection, DeliveryRefused,
                                     LinkRefused, NodeUnreachable, TlsFailed)
 from node.client.endpoint import Endpoint
-from node.client.links import Consumer, Producer, Taken
+from node.client.links import Receiver, Sender, Taken
 from node.net import is_loopback
 from pipeline.security import EXTERNAL, NO_SECURITY, PLAIN, CredentialError, Security, password, tls_context
 
 # the client's names the pipeline and its tests reach here
-__all__ = ["AmqpConnection", "Acquisition", "Consumer", "Producer", "Taken", "ClientError", "NodeUnreachable",
+__all__ = ["AmqpConnection", "Acquisition", "Receiver", "Sender", "Taken", "ClientError", "NodeUnreachable",
            "LinkRefused", "DeliveryRefused", "ClientTimeout", "AuthenticationFailed", "TlsFailed", "split_address"]
 
 _SASL_MECHANISM = re.compile(r"\[mech=([^\]]*)\]")

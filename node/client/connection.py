@@ -79,7 +79,7 @@ class Connection:
         self.session = endpoint.session
         self._collector = collector
         self._buffer = ffi.new("char[]", OUTPUT_CHUNK_BYTES)
-        self._links: dict = {}  # pn_link_t -> the Producer or Consumer that owns it
+        self._links: dict = {}  # pn_link_t -> the Sender or Receiver that owns it
         self.failure: str = ""  # why the connection is unusable ("" while it is fine)
         self.failure_error: ClientError | None = None  # a refused login or TLS, raised as itself by check()
         self.closed = False

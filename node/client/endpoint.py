@@ -102,17 +102,15 @@ class Endpoint:
 
     def sender(self, name: str, address: str, open_now: bool = True):
         """A sender link to `address`; `open_now=False` leaves the attach to the caller (modes first)."""
-        link = lib.pn_sender(self.session, name.encode())
-        lib.pn_terminus_set_address(lib.pn_link_target(link), address.encode())
-        lib.pn_terminus_set_address(lib.pn_link_source(link), name.encode())
-        if open_now:
-            lib.pn_link_open(link)
-        return link
+        return self._link(lib.pn_sender(self.session, name.encode()), name, address, open_now)
 
     def receiver(self, name: str, address: str, open_now: bool = True):
-        link = lib.pn_receiver(self.session, name.encode())
-        lib.pn_terminus_set_address(lib.pn_link_source(link), address.encode())
-        lib.pn_terminus_set_address(lib.pn_link_target(link), name.encode())
+        return self._link(lib.pn_receiver(self.session, name.encode()), address, name, open_now)
+
+    @staticmethod
+    def _link(link, source: str, target: str, open_now: bool):
+        lib.pn_terminus_set_address(lib.pn_link_source(link), source.encode())
+        lib.pn_terminus_set_address(lib.pn_link_target(link), target.encode())
         if open_now:
             lib.pn_link_open(link)
         return link
@@ -201,12 +199,11 @@ def connect(target, container_id: str, collector) -> Endpoint:
     if own_sasl:
         try:
             authenticate(sock, user, password)
-        except NotAmqp as error:
+        except (NotAmqp, HandshakeRefused) as error:
             sock.close()
-            raise LeanError(not_amqp_text(host, port, error.looks_like)) from None
-        except HandshakeRefused as error:
-            sock.close()
-            raise LeanError(f"the node at {host}:{port} did not let {user!r} in: {error}") from None
+            refusal = (not_amqp_text(host, port, error.looks_like) if isinstance(error, NotAmqp)
+                       else f"the node at {host}:{port} did not let {user!r} in: {error}")
+            raise LeanError(refusal) from None
     if context is not None:
         try:
             sock = context.wrap_socket(sock, server_hostname=host)

@@ -1,11 +1,12 @@
-"""The blocking client's links: a producer with a window of unsettled sends, a consumer that holds.
+"""The blocking client's links: a sender with a window of unsettled sends, a receiver that holds.
 
 Rules:
-- A producer counts a message as written only when the node settles it as accepted; any other
-  outcome is kept (with the node's condition) and raised by the next `send` or `flush`.
-- A consumer holds what it took unsettled until the caller accepts or releases it. Accepts use
-  receiver-settle-mode second: an accept is confirmed once the node has settled, so the removal is
-  applied (and journalled, for durable queues) when `confirmed()` says so.
+- A sender (a producer's link) counts a message as written only when the node settles it as
+  accepted; any other outcome is kept (with the node's condition) and raised by the next `send` or
+  `flush`.
+- A receiver (a consumer's link) holds what it took unsettled until the caller accepts or releases
+  it. Accepts use receiver-settle-mode second: an accept is confirmed once the node has settled, so
+  the removal is applied (and journalled, for durable queues) when `confirmed()` says so.
 - Credit is granted only by `drain` and `await_one`, never behind the caller's back.
 - proton's C engine through node/amqp/engine.py; each link belongs to one node/client/connection.py
   `Connection` and is driven by its thread.
@@ -23,7 +24,7 @@ RECEIVE_BUFFER_BYTES = 64 << 10  # a delivery larger than this is read through a
 _TERMINAL = {ACCEPTED: "accepted", REJECTED: "rejected", RELEASED: "released", MODIFIED: "modified"}
 
 
-class Producer:
+class Sender:
     """One sender link with a bounded window of unsettled deliveries."""
 
     def __init__(self, connection: Connection, queue: str, name: str, window_messages: int):
@@ -101,17 +102,17 @@ class Producer:
 
 
 class Taken:
-    """A message a consumer holds: its bytes, and the unsettled delivery (None for a browser's copy)."""
+    """A message a receiver holds: its bytes, and the unsettled delivery (None for a browser's copy)."""
 
-    __slots__ = ("payload", "delivery", "consumer")
+    __slots__ = ("payload", "delivery", "receiver")
 
-    def __init__(self, payload: bytes, delivery, consumer: "Consumer"):
+    def __init__(self, payload: bytes, delivery, receiver: "Receiver"):
         self.payload = payload
         self.delivery = delivery
-        self.consumer = consumer
+        self.receiver = receiver
 
 
-class Consumer:
+class Receiver:
     """One receiver link; credit is granted only by `drain` and `await_one`, never behind the caller's back."""
 
     def __init__(self, connection: Connection, queue: str, name: str, browse: bool):

@@ -41,7 +41,7 @@ class _Target:
     sasl_mechs: str = ""
 
 
-class _Producer:
+class _Sender:
     def __init__(self, index: int, link, groups: list, quota: int, rate_per_s: float):
         self.index, self.link, self.groups = index, link, groups
         self.quota = quota  # messages to send (0: until the duration ends)
@@ -58,7 +58,7 @@ class _Producer:
         return self.sent - self.accepted - self.refused
 
 
-class _Consumer:
+class _Receiver:
     def __init__(self, index: int, link):
         self.index, self.link = index, link
         self.accepted_since_flow = 0
@@ -77,8 +77,8 @@ class Run:
         self.encoder = MessageEncoder(plan.body_bytes, plan.durable, group_as_subject=False)
         self.ledger = Ledger()
         self.latencies_ns: list = []
-        self.producers: list[_Producer] = []
-        self.consumers: list[_Consumer] = []
+        self.producers: list[_Sender] = []
+        self.consumers: list[_Receiver] = []
         self.errors: list[str] = []
         self.targets = [_Target(url, **target_options) for url in plan.nodes]
 
@@ -95,7 +95,7 @@ class Run:
         names = [f"perf-g{index:05d}" for index in range(plan.groups)]
         for index in range(plan.consumers):
             endpoint = self._endpoint(index, f"perf-consumer-{index}")
-            consumer = _Consumer(index, endpoint.receiver(f"perf-consumer-{index}", plan.queue))
+            consumer = _Receiver(index, endpoint.receiver(f"perf-consumer-{index}", plan.queue))
             self.consumers.append(consumer)
             self.traffic.add_consumer(consumer, plan.prefetch)
         quotas = [plan.messages // plan.producers + (index < plan.messages % plan.producers)
@@ -103,7 +103,7 @@ class Run:
         for index in range(plan.producers):
             endpoint = self._endpoint(index, f"perf-producer-{index}")
             link = endpoint.sender(f"perf-producer-{index}", plan.queue)
-            producer = _Producer(index, link, names[index::plan.producers], quotas[index],
+            producer = _Sender(index, link, names[index::plan.producers], quotas[index],
                                  plan.rate_per_s / plan.producers)
             producer.done = plan.messages > 0 and quotas[index] == 0
             self.producers.append(producer)
@@ -117,7 +117,7 @@ class Run:
             state.error = problem or "link detached by the node"
             self.errors.append(state.error)
 
-    def _outcome(self, producer: _Producer, delivery) -> None:
+    def _outcome(self, producer: _Sender, delivery) -> None:
         state = lib.pn_delivery_remote_state(delivery)
         if state == ACCEPTED:
             producer.accepted += 1
@@ -127,7 +127,7 @@ class Run:
             return  # not an outcome yet
         lib.pn_delivery_settle(delivery)
 
-    def _message(self, consumer: _Consumer, payload: bytes) -> None:
+    def _message(self, consumer: _Receiver, payload: bytes) -> None:
         group, seq, sent_ns = read_fields(payload)
         consumer.received += 1
         if group is None or seq < 0:
@@ -137,7 +137,7 @@ class Run:
         self.ledger.record(group, seq)
         self.latencies_ns.append(time.monotonic_ns() - sent_ns)
 
-    def _send_due(self, producer: _Producer, start_ns: int, now_ns: int, sending_over: bool) -> None:
+    def _send_due(self, producer: _Sender, start_ns: int, now_ns: int, sending_over: bool) -> None:
         if producer.done or producer.error:
             return
         if sending_over or (producer.quota and producer.sent >= producer.quota):

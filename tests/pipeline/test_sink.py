@@ -76,11 +76,11 @@ def test_every_message_layout_the_sink_encodes_decodes_with_protons_own_decoder(
 
 def test_a_producer_never_holds_more_unsettled_deliveries_than_its_window(grouper_node):
     from pipeline import messages
-    from pipeline.amqp_client import AmqpConnection, Producer
+    from pipeline.amqp_client import AmqpConnection, Sender
 
     connection = AmqpConnection(grouper_node.amqp_address, 10_000, "window-test")
     try:
-        producer = Producer(connection, "sink-window", "window-test", window_messages=3)
+        producer = Sender(connection, "sink-window", "window-test", window_messages=3)
         most_unsettled = 0
         for seq in range(200):
             producer.send(messages.encode("g", str(seq)))
