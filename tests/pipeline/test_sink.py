@@ -92,6 +92,25 @@ def test_a_producer_never_holds_more_unsettled_deliveries_than_its_window(groupe
     assert [m.body for m in consume(grouper_node, "sink-window", 200)] == [str(seq) for seq in range(200)]
 
 
+def test_a_sender_or_receiver_used_after_its_connection_closed_raises_a_client_error(grouper_node):
+    """close() frees proton's objects: a later send or settle is refused, never run on freed memory."""
+    from pipeline import messages
+    from pipeline.amqp_client import Acquisition, AmqpConnection, ClientError, Sender
+
+    connection = AmqpConnection(grouper_node.amqp_address, 10_000, "closed-test")
+    sender = Sender(connection, "sink-closed", "closed-test", window_messages=10)
+    sender.send(messages.encode("g", "before"))
+    sender.flush()
+    acquisition = Acquisition(connection, "sink-closed", False, 10, 1, "closed-test-reader")
+    taken = acquisition.take(1, 1000)
+    connection.close()
+    with pytest.raises(ClientError, match="closed by this client"):
+        sender.send(messages.encode("g", "after"))
+    with pytest.raises(ClientError, match="closed by this client"):
+        acquisition.accept(taken)
+    assert [m.body for m in consume(grouper_node, "sink-closed", 1)] == ["before"]  # released by the close
+
+
 def test_rows_arrive_with_group_body_properties_message_id_and_durable_header(grouper_spark, grouper_node):
     rows = [("g1", "a", 1, True, "k-1"), ("g2", "b", 2, False, "k-2"), (None, "c", 3, None, "k-3")]
     df = grouper_spark.createDataFrame(rows, "grp string, text string, n long, flag boolean, key string")
