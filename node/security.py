@@ -43,7 +43,7 @@ class Security:
         self.access = database.access() if database is not None else Access.open()
         self._file_stamp = stamp(users_path)
         self._bad_stamp = None  # the stamp of a file that did not read, logged once
-        from node.admin.credentials import LoginThrottle
+        from node.admin.callers import LoginThrottle
         # failed logins per source address on the admin port and /metrics, one throttle for both
         # (the AMQP gate keeps its own, on the engine loop)
         self.login_throttle = LoginThrottle()

@@ -25,7 +25,7 @@ import sys
 
 from node.admin.client import (DEFAULT_NODE_ADDRESS, TIMEOUT_MS_DEFAULT, AccessDenied, AdminClient, AdminError,
                                InvalidRequest, NodeFailure, NodeUnreachable)
-from node.admin.credentials import basic_metadata
+from node.admin.callers import basic_metadata
 from node.admin.queue_listing import depth_by_node, gather
 from node.cli import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_queue_flags, queue_changes_from_args,
                       queue_settings_from_args)

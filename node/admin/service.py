@@ -5,7 +5,7 @@ Rules:
   which posts into the engine loop thread and waits with a deadline.
 - Settings are validated by the node (`QueueSettings.from_dict`), so a bad value fails with
   INVALID_ARGUMENT naming the field whatever client sent it.
-- Every call is identified (`node.admin.credentials`) and authorized before its work: each method
+- Every call is identified (`node.admin.callers`) and authorized before its work: each method
   needs `manage` on the queues its request names, in one table, `QUEUES_MANAGED`; cluster-wide
   methods need it on '#'. ListQueues is open to every identified caller and lists the queues it may
   manage or browse. An answer spanning the cluster asks the other members with the caller's own
@@ -25,7 +25,7 @@ import grpc
 
 from node.admin.client import AccessDenied, AdminClient, AdminError, NodeFailure, api_version_refusal
 from node.admin.control import NodeControl
-from node.admin.credentials import (EVERY_QUEUE, Authenticator, Caller, Unauthenticated, authorization_of,
+from node.admin.callers import (EVERY_QUEUE, Authenticator, Caller, Unauthenticated, authorization_of,
                                     check_manage, may_see)
 from node.admin.flushes import JournalFailed
 from node.admin.tls import certificate_user
