@@ -28,7 +28,8 @@ from node.amqp.sasl import SaslServer
 from node.core.access import Access
 from node.core.errors import GrouperError, InvalidConfig
 from node.net import is_loopback
-from node.users import UserDatabase, bootstrap, stamp
+from node.users import UserDatabase, bootstrap
+from node.users_file import stamp
 
 log = logging.getLogger("grouper.security")
 

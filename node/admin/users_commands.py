@@ -32,7 +32,9 @@ from node.admin.commands import _table, password_from_stdin
 from node.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from node.core.access import ADMINISTRATOR, ADMINISTRATOR_GRANTS, ANONYMOUS, Grant, Permission
 from node.core.errors import AlreadyExists, InvalidConfig, NotAllowed, NotFound
-from node.users import FILE_NAME, ITERATIONS_DEFAULT, ITERATIONS_MAX, ITERATIONS_MIN, UserDatabase, validate_name
+from node.scram_keys import ITERATIONS_DEFAULT, ITERATIONS_MAX, ITERATIONS_MIN
+from node.users import UserDatabase
+from node.users_file import FILE_NAME, validate_name
 
 DATA_DIR_DEFAULT = "./data"  # as `grouper node`
 UP_DATA_DIR_DEFAULT = "./data/cluster"  # as `grouper up` (node/up.py)
