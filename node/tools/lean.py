@@ -30,7 +30,7 @@ import struct
 import time
 from urllib.parse import unquote, urlsplit
 
-from node.amqp.codec import skip_value
+from node.amqp.type_encoding import skip_value
 from node.amqp.engine import CONNECTION_REMOTE_CLOSE, TRANSPORT_ERROR, condition_text, ffi, lib
 from node.net import is_loopback
 from node.tools.handshake import HandshakeRefused, NotAmqp, authenticate, not_amqp_text
