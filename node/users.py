@@ -75,6 +75,7 @@ class UserDatabase:
         if self._decoy_secret is None:
             self._decoy_secret = os.urandom(user_decoys.SECRET_BYTES)
         users_file.write(path, self.to_dict())
+
     # ---- users ---------------------------------------------------------------------------------
 
     def add_user(self, name: str, password: str, roles: Iterable[str] = (), *, iterations: int = ITERATIONS_DEFAULT,
