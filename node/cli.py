@@ -144,8 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands.register(subparsers)
     from node.admin import users_commands
     users_commands.register(subparsers)
-    from node import certs
-    certs.register(subparsers)
+    from node import certs_commands
+    certs_commands.register(subparsers)
     from node.tools import messages, perf
     messages.register(subparsers)
     perf.register(subparsers)

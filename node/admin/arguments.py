@@ -18,7 +18,7 @@ import os
 import sys
 
 from node.admin.client import DEFAULT_NODE_ADDRESS, TIMEOUT_MS_DEFAULT
-from node.admin.credentials import basic_metadata
+from node.admin.callers import basic_metadata
 from node.core.errors import InvalidConfig
 from node.net import is_loopback_address
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from concurrent import futures
 
 from node.admin.control import NodeControl
-from node.admin.credentials import Caller
+from node.admin.callers import Caller
 from node.admin.member_calls import MemberCalls
 from node.admin.wire import queue_stats_to_pb
 from node.core.errors import InvalidField

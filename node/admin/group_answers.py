@@ -11,7 +11,7 @@ Rules:
 from __future__ import annotations
 
 from node.admin.control import NodeControl
-from node.admin.credentials import Caller
+from node.admin.callers import Caller
 from node.admin.member_calls import MemberCalls
 from node.admin.wire import group_row_to_pb, messages_max
 from proto import admin_pb2

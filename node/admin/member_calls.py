@@ -16,7 +16,7 @@ import grpc
 
 from node.admin.client import AccessDenied, AdminClient, AdminError, NodeFailure
 from node.admin.control import NodeControl
-from node.admin.credentials import Caller
+from node.admin.callers import Caller
 from node.core.errors import GrouperError, NotAllowed, NotFound, Unauthorized
 from proto import admin_pb2
 

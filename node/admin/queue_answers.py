@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Callable
 
 from node.admin.control import NodeControl
-from node.admin.credentials import Caller, may_see
+from node.admin.callers import Caller, may_see
 from node.admin.member_calls import MemberCalls
 from node.admin.wire import messages_max, queue_stats_to_pb, settings_changes_from_pb, settings_from_pb
 from node.core.access import Access, Permission

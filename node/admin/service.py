@@ -3,7 +3,7 @@
 Rules:
 - Owns nothing. It runs on gRPC pool threads and reaches the node only through `NodeControl`,
   which posts into the engine loop thread and waits with a deadline.
-- Every call is identified (`node.admin.credentials`) and authorized before its work: each method
+- Every call is identified (`node.admin.callers`) and authorized before its work: each method
   needs `manage` on the queues its request names, in one table, `QUEUES_MANAGED`; cluster-wide
   methods need it on '#'. ListQueues is open to every identified caller and lists the queues it may
   manage or browse. An answer spanning the cluster asks the other members with the caller's own
@@ -28,7 +28,7 @@ import grpc
 from node.admin.client import api_version_refusal
 from node.admin.cluster_answers import ClusterAnswers
 from node.admin.control import NodeControl
-from node.admin.credentials import EVERY_QUEUE, Authenticator, Caller, Unauthenticated, authorization_of, check_manage
+from node.admin.callers import EVERY_QUEUE, Authenticator, Caller, Unauthenticated, authorization_of, check_manage
 from node.admin.flushes import JournalFailed
 from node.admin.group_answers import GroupAnswers
 from node.admin.member_calls import MemberCalls, NodeUnavailable

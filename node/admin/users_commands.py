@@ -33,7 +33,9 @@ from node.admin.command_output import table
 from node.core.access import ADMINISTRATOR, ADMINISTRATOR_GRANTS, ANONYMOUS, Grant, Permission
 from node.core.errors import AlreadyExists, InvalidConfig, NotAllowed, NotFound
 from node.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from node.users import FILE_NAME, ITERATIONS_DEFAULT, ITERATIONS_MAX, ITERATIONS_MIN, UserDatabase, validate_name
+from node.scram_keys import ITERATIONS_DEFAULT, ITERATIONS_MAX, ITERATIONS_MIN
+from node.users import UserDatabase
+from node.users_file import FILE_NAME, validate_name
 
 DATA_DIR_DEFAULT = "./data"  # as `grouper node`
 UP_DATA_DIR_DEFAULT = "./data/cluster"  # as `grouper up` (node/up.py)

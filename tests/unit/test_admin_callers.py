@@ -18,7 +18,7 @@ import pytest
 from node import certs, cli, config
 from node.admin import arguments, commands
 from node.admin.client import AccessDenied, AdminClient
-from node.admin.credentials import (ANONYMOUS, AUTHORIZATION_KEY, EVERY_QUEUE, FAILURES_BEFORE_THROTTLE,
+from node.admin.callers import (ANONYMOUS, AUTHORIZATION_KEY, EVERY_QUEUE, FAILURES_BEFORE_THROTTLE,
                                     HEADER_LENGTH_MAX_CHARS, THROTTLE_DELAY_MIN_MS,
                                     Authenticator, Caller, Unauthenticated, VerifiedCache, authorization_of,
                                     basic_metadata, basic_value, check_manage, may_see, parse_basic)
