@@ -39,7 +39,7 @@ DECISIONS_TIMED_MAX = 100_000
 class ClusterLink:
     def __init__(self, node_id: str, config, broker, journal, clock_ms, peer_tls=None):
         self.node_id = node_id
-        self.peer_tls = peer_tls  # node.peer.credentials.ClusterTls: forwarders dial with it; None: plaintext
+        self.peer_tls = peer_tls  # node.peer.cluster_secrets.ClusterTls: forwarders dial with it; None: plaintext
         self.forward_signer = None  # node.peer.signature.Signer: without peer_tls, the cluster credential
         self.config = config
         self.broker = broker

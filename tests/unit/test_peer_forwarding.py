@@ -418,7 +418,7 @@ def test_an_unexpected_error_is_internal_and_logged(stub, caplog):
 
 
 def test_the_error_table_lists_subclasses_before_their_base():
-    types = [error_type for error_type, _ in STATUS_BY_ERROR]
+    types = [row.error for row in STATUS_BY_ERROR]
     for index, error_type in enumerate(types):
         assert not any(issubclass(later, error_type) and later is not error_type for later in types[index + 1:])
 
