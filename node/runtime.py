@@ -86,7 +86,7 @@ class Node:
             self.raft_members = RaftMembers(self._members_who_may_forward)
             if self.cluster_tls is None and self.raft_secrets:
                 from node.peer.signature import Signer
-                self.cluster.forward_signer = Signer(self.raft_secrets)
+                self.cluster.forwarders.signer = Signer(self.raft_secrets)
         # cold tails (node/core/cold.py); where groups follow their consumers, a group moving away takes its
         # cold messages along, found by a sweep of the tail (node/core/cluster/sweep.py)
         self.broker.records.max_bytes = config.record_memory_max_bytes
@@ -232,7 +232,7 @@ class Node:
                 on_applied=lambda kind, payload, at_ms: self.bridge.post(
                     lambda: self.cluster.applied(kind, payload, at_ms)),
                 on_ready=lambda: self.bridge.post(self.cluster.ready),
-                on_lost=self.cluster.stop_node, loop=self.server.loop,
+                on_lost=self.cluster.proposals.stop_node, loop=self.server.loop,
                 election_timeout_min_ms=config.election_timeout_min_ms,
                 election_timeout_max_ms=config.election_timeout_max_ms,
                 routes_max=config.routes_max, group_timeout_ms=config.group_timeout_ms,

@@ -256,3 +256,33 @@ class Forwarder:
             self._on_state(connected, reason)
         except Exception:  # the caller's bug must not stop forwarding
             log.exception("on_state(%s, %r) for %s failed", connected, reason, self.destination_node)
+
+
+class Forwarders:
+    """A node's forwarders, one per owner, made on first use; engine loop thread (`close` at shutdown).
+    `resolve_address(owner)` is asked on each forwarder's thread; `on_acked(owner, high_water)` runs
+    there too, so it must only post to the engine loop."""
+
+    def __init__(self, source_node: str, resolve_address: Callable[[str], str | None],
+                 on_acked: Callable[[str, int], None], *, call_timeout_ms: int, tls=None):
+        self.source_node = source_node
+        self.signer = None  # node.peer.signature.Signer: without `tls`, the cluster credential; set before use
+        self._resolve_address = resolve_address
+        self._on_acked = on_acked
+        self._call_timeout_ms = call_timeout_ms
+        self._tls = tls  # node.peer.cluster_secrets.ClusterTls, or None: plaintext
+        self._forwarders: dict[str, Forwarder] = {}
+
+    def to(self, owner: str) -> Forwarder:
+        forwarder = self._forwarders.get(owner)
+        if forwarder is None:
+            resolve, on_acked = self._resolve_address, self._on_acked
+            forwarder = self._forwarders[owner] = Forwarder(
+                self.source_node, owner, resolve_address=lambda: resolve(owner),
+                on_acked=lambda high_water: on_acked(owner, high_water),
+                call_timeout_ms=self._call_timeout_ms, tls=self._tls, signer=self.signer)
+        return forwarder
+
+    def close(self) -> None:
+        for forwarder in self._forwarders.values():
+            forwarder.close()
