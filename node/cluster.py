@@ -7,40 +7,28 @@ StopNode ends the process at once (exit 70), for the supervisor to restart it.
 Engine loop thread only, except the callbacks of other threads, which only post to the engine loop
 through the bridge: `handle_forward` (a gRPC pool thread, which then waits for the reply), the
 forwarders' acks and the handler's proposal outcomes (the raft member channel's reader thread).
+What goes to the grouping handler, and what comes back of it, is its collaborator's:
+node/cluster_proposals.py (ClusterProposals, which also carries out Reply, QueueDeleted and StopNode);
+the forwarders are node/peer/forwarder.py's Forwarders.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import threading
-import time
 
 from handler.route_table import REFUSED, ROUTES, SNAPSHOT
+from node.cluster_proposals import ClusterProposals
 from node.core.cluster import ClusterProtocol
-from node.core.cluster.routes import TOUCH_RETRY_INTERVAL_MS
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
-                               JournalRemove, JournalStore, ProposeClaim, ProposeDefinition, ProposeMoveClear,
-                               ProposeQueueDeletion, ProposeQueueSeeds, ProposeTouch, QueueDeleted, ReadOutbound,
-                               ReadRecords, Refuse, Register, Reply, ReportConsumers, StopNode, SubmitForward)
+                               JournalRemove, JournalStore, ReadOutbound, ReadRecords, Refuse, SubmitForward)
 from node.core.outbound import Entry
-from node.core.tally import DECISION_BOUNDS_MS, LatencyTally
-from node.peer.forwarder import Forwarder
-
-log = logging.getLogger("grouper.cluster")
-
-EXIT_STOPPED = 70  # the exit status of a StopNode, as of the engine loop's stop on a broken invariant
-# raft decisions are timed per group from this node's claim to its route arriving here, in
-# nanoseconds (the pure core's clock counts whole ms, too coarse for a 5 ms target); at most this
-# many claims are timed at once, the rest pass untimed
-DECISIONS_TIMED_MAX = 100_000
+from node.peer.forwarder import Forwarders
 
 
 class ClusterLink:
     def __init__(self, node_id: str, config, broker, journal, clock_ms, peer_tls=None):
         self.node_id = node_id
-        self.peer_tls = peer_tls  # node.peer.credentials.ClusterTls: forwarders dial with it; None: plaintext
-        self.forward_signer = None  # node.peer.signature.Signer: without peer_tls, the cluster credential
+        self.peer_tls = peer_tls  # node.peer.cluster_secrets.ClusterTls: forwarders dial with it; None: plaintext
         self.config = config
         self.broker = broker
         self.journal = journal
@@ -55,21 +43,20 @@ class ClusterLink:
             outbound_max_bytes=config.outbound_max_bytes, outbound_total_max_bytes=config.outbound_total_max_bytes,
             outbound_max_messages=config.outbound_max_messages,
             outbound_memory_max_bytes=config.outbound_memory_max_bytes)
-        self._forwarders: dict[str, Forwarder] = {}
-        self._claimed_ns: dict[tuple, int] = {}  # (queue, group) -> when this node proposed its claim
-        self.raft_decision_latency = LatencyTally(DECISION_BOUNDS_MS)
+        # one per owner; without peer_tls the runtime gives them the cluster credential (forwarders.signer)
+        self.forwarders = Forwarders(
+            node_id, lambda owner: self.protocol.peer_addresses.get(owner),
+            lambda owner, high_water: self.bridge.post(lambda: self.acknowledged(owner, high_water)),
+            call_timeout_ms=config.forward_timeout_ms, tls=peer_tls)
+        self.proposals = ClusterProposals(self)  # what the protocol asks of the grouping handler
+        self.raft_decision_latency = self.proposals.decision_latency
         self._carry = {
             EnqueueLocal: self._enqueue_local, AcceptWhenStored: self._accept_when_stored,
             Refuse: self._refuse, JournalStore: self._journal_store, JournalRemove: self._journal_remove,
             JournalDeclare: self._journal_declare, ApplyBroker: self._apply_broker,
             AfterFlush: self._after_flush, SubmitForward: self._submit_forward, ReadOutbound: self._read_outbound,
             ReadRecords: self._read_records,
-            ProposeClaim: self._propose_claim, ProposeTouch: self._propose_touch,
-            ProposeMoveClear: self._propose_move_clear,
-            ProposeQueueSeeds: self._propose_queue_seeds, QueueDeleted: self._queue_deleted,
-            ProposeDefinition: self._propose_definition, ProposeQueueDeletion: self._propose_queue_deletion,
-            ReportConsumers: self._report_consumers, Register: self._register, Reply: self._reply,
-            StopNode: self._stop_node,
+            **self.proposals.carry(),  # Propose*, QueueDeleted, ReportConsumers, Register, Reply, StopNode
         }
 
     def attach(self, server, handler, bridge, addresses: dict[str, str]) -> None:
@@ -139,8 +126,8 @@ class ClusterLink:
             self.carry_out(self.protocol.quiesced(self.clock_ms()))
 
     def applied(self, kind: str, payload, at_ms) -> None:
-        if self._claimed_ns and kind in (ROUTES, REFUSED, SNAPSHOT):
-            self._decided(kind, payload)
+        if self.proposals.claimed_ns and kind in (ROUTES, REFUSED, SNAPSHOT):
+            self.proposals.decided(kind, payload)
         self.carry_out(self.protocol.applied(kind, payload, at_ms, self.clock_ms()))
 
     def ready(self) -> None:
@@ -206,7 +193,7 @@ class ClusterLink:
 
     def _submit_forward(self, effect: SubmitForward) -> None:
         # the next seq: above every forward seq this node gave, before any restart too (they are reserved)
-        self._forwarder(effect.owner).submit(effect.entries, self.broker.next_seq)
+        self.forwarders.to(effect.owner).submit(effect.entries, self.broker.next_seq)
 
     def _read_outbound(self, effect: ReadOutbound) -> None:
         for name, seqs in effect.reads:  # answered through outbound_read, on the engine loop
@@ -215,123 +202,8 @@ class ClusterLink:
     def _read_records(self, effect: ReadRecords) -> None:  # answered through cold_records, on the engine loop
         self.journal.read_records_after(effect.queue, effect.after_seq, effect.count, effect.max_bytes)
 
-    def _propose_claim(self, effect: ProposeClaim) -> None:
-        if len(self._claimed_ns) < DECISIONS_TIMED_MAX:
-            claimed_ns = time.monotonic_ns()
-            for queue, group in effect.keys:
-                self._claimed_ns.setdefault((queue, group), claimed_ns)
-        self.handler.claim(effect.keys, effect.now_ms, on_failed=self._claim_failed_elsewhere)
-
-    def _claim_failed_elsewhere(self, keys, reason: str) -> None:  # raft member channel thread
-        self.bridge.post(lambda: self._claim_failed(keys, reason))
-
-    def _claim_failed(self, keys, reason: str) -> None:
-        for queue, group in keys:
-            self._claimed_ns.pop((queue, group), None)
-        self.protocol.claim_failed(keys, reason)
-
-    def _decided(self, kind: str, payload) -> None:
-        """Time the claims this node made whose routes arrived; forget those refused or caught up on
-        by a snapshot (no decision of theirs was seen here)."""
-        decided_ns = time.monotonic_ns()
-        claimed_ns, tally = self._claimed_ns, self.raft_decision_latency
-        for entry in payload:
-            since_ns = claimed_ns.pop((entry[0], entry[1]), None)
-            if since_ns is not None and kind == ROUTES and entry[2] is not None:
-                tally.observe((decided_ns - since_ns) / 1e6)
-
-    def _propose_touch(self, effect: ProposeTouch) -> None:
-        self.handler.touch(effect.entries, effect.now_ms, on_failed=self._touch_failed_elsewhere)
-
-    def _touch_failed_elsewhere(self, entries, reason: str) -> None:  # raft member channel thread
-        log.info("refreshing %d routes failed (%s); retrying in %d ms", len(entries), reason,
-                 TOUCH_RETRY_INTERVAL_MS)
-        self.bridge.post(lambda: self.protocol.touch_failed(self.clock_ms()))
-
-    def _propose_move_clear(self, effect: ProposeMoveClear) -> None:
-        self.handler.move_clear(effect.entries)  # a lost one is proposed again at a later tick
-
-    def _propose_queue_seeds(self, effect: ProposeQueueSeeds) -> None:
-        waiting = [len(effect.seeds)]
-        failures: list = []
-
-        def done(reason, _result, name):  # raft member channel thread
-            if reason is not None:
-                failures.append(f"{name}: {reason}")
-            waiting[0] -= 1
-            if waiting[0] == 0:
-                if failures:
-                    log.info("proposing config-file queues as cluster-wide definitions failed (%s); retrying",
-                             "; ".join(failures))
-                    self.bridge.post(lambda: self.protocol.queue_seeds_failed(self.clock_ms()))
-                else:
-                    self.bridge.post(self.protocol.queues_seeded)
-        for values in effect.seeds:
-            self.handler.define_queue(values, True, lambda reason, result, name=values["name"]: done(reason, result, name))
-
-    def _propose_definition(self, effect: ProposeDefinition) -> None:
-        values, protocol = effect.values, self.protocol
-
-        def done(reason, result):  # raft member channel thread
-            outcome, held = (result[0], result[1]) if reason is None else (None, None)
-            self.bridge.post(lambda: self.carry_out(protocol.definition_proposed(
-                values, reason, outcome, held, self.clock_ms())))
-        self.handler.define_queue(values, False, done)
-
-    def _propose_queue_deletion(self, effect: ProposeQueueDeletion) -> None:
-        name, protocol = effect.name, self.protocol
-
-        def done(reason, _result):  # raft member channel thread
-            self.bridge.post(lambda: self.carry_out(protocol.deletion_proposed(name, reason, self.clock_ms())))
-        self.handler.delete_queue(name, effect.seen_revision, done)
-
-    def _queue_deleted(self, effect: QueueDeleted) -> None:
-        self.server.detach_producers_of(effect.queue)
-        if effect.durable and self.journal is not None:
-            self.journal.delete(effect.queue)
-
-    def _report_consumers(self, effect: ReportConsumers) -> None:
-        self.handler.report_consumers(effect.counts, effect.now_ms)
-
-    def _register(self, effect: Register) -> None:
-        addresses = self.addresses
-        self.handler.register(addresses["peer_address"], addresses["amqp_address"], addresses["admin_address"],
-                              effect.now_ms, on_done=self._registered_elsewhere)
-
-    def _registered_elsewhere(self, error) -> None:  # raft member channel thread
-        if error is None:
-            self.bridge.post(self.protocol.registered_now)
-
-    def _reply(self, effect: Reply) -> None:
-        effect.reply_to(effect.high_water, effect.error)
-
-    def _stop_node(self, effect: StopNode) -> None:
-        self.stop_node(effect.reason)
-
-    @staticmethod
-    def stop_node(reason: str) -> None:
-        """Any thread. At once, as the engine loop stops on a broken invariant: a clean shutdown would
-        go on serving, while it drains, messages the journal does not hold (or, without its raft
-        member, groups it cannot route)."""
-        log.critical("stopping the node: %s; the supervisor restarts it and it recovers from its journal", reason)
-        logging.shutdown()
-        os._exit(EXIT_STOPPED)
-
-    def _forwarder(self, owner: str) -> Forwarder:
-        forwarder = self._forwarders.get(owner)
-        if forwarder is None:
-            protocol = self.protocol
-            forwarder = Forwarder(
-                self.node_id, owner,
-                resolve_address=lambda: protocol.peer_addresses.get(owner),
-                on_acked=lambda high_water: self.bridge.post(lambda: self.acknowledged(owner, high_water)),
-                call_timeout_ms=self.config.forward_timeout_ms, tls=self.peer_tls, signer=self.forward_signer)
-            self._forwarders[owner] = forwarder
-        return forwarder
-
     # ---- shutdown ----------------------------------------------------------------------------
 
     def close(self) -> None:
         self.protocol.close()
-        for forwarder in self._forwarders.values():
-            forwarder.close()
+        self.forwarders.close()

@@ -16,7 +16,7 @@ Rules:
   says) and how PostgreSQL accepts a root-owned key 0640; a file the node's own user owns needs no
   group and must be 0600 or tighter.
 - A loose secret file is a warning naming the file and the `chmod 600` that fixes it; in production
-  mode (a user database on a non-loopback host, the condition of node/peer/credentials.py's
+  mode (a user database on a non-loopback host, the condition of node/peer/cluster_secrets.py's
   secure-by-default refusal) the node refuses to start, unless allow_loose_secret_files says so.
 - `secret_file_problem`, `production_mode` and `secret_file_verdict` are pure; `secure_start` is the
   one adapter (umask, chmod, stat, log).

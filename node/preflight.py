@@ -63,7 +63,7 @@ def print_banner(node) -> None:
     banner.append(f"security: {node.security.describe()}")
     if node.cluster is not None:
         banner.append(f"node: {config.node_id}")
-        from node.peer.credentials import describe
+        from node.peer.cluster_secrets import describe
         if node.peer_port is not None:
             banner.append(f"peer: {config.host}:{node.peer_port}")
         banner.append(f"cluster security: {describe(node.cluster_tls, node.raft_secrets)}")

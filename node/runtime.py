@@ -69,14 +69,14 @@ class Node:
         self.serving = False  # recovered and listening: the first half of readiness
         self.handler = None  # the grouping handler's raft member, in a cluster
         self.cluster = None  # node.cluster.ClusterLink, in a cluster
-        self.cluster_tls = None  # node.peer.credentials.ClusterTls, in a cluster with cluster TLS
+        self.cluster_tls = None  # node.peer.cluster_secrets.ClusterTls, in a cluster with cluster TLS
         self.raft_secrets: tuple[str, ...] = ()  # in a cluster with raft_secret_file
         self.raft_members = None  # node.peer.members.RaftMembers, in a cluster: who may forward
         self.forward_refusals: collections.Counter = collections.Counter()  # kind -> forwarding calls refused
         self.peer_server = self.peer_port = None  # the mutual-TLS peer listener, with cluster TLS
         if config.peer_list():
             from node.cluster import ClusterLink
-            from node.peer.credentials import ClusterTls, read_raft_secrets
+            from node.peer.cluster_secrets import ClusterTls, read_raft_secrets
             self.cluster_tls = ClusterTls.from_config(config)
             self.raft_secrets = read_raft_secrets(config.raft_secret_file) if config.raft_secret_file else ()
             self.cluster = ClusterLink(config.node_id, config, self.broker, self.journal, clock_ms,
@@ -86,7 +86,7 @@ class Node:
             self.raft_members = RaftMembers(self._members_who_may_forward)
             if self.cluster_tls is None and self.raft_secrets:
                 from node.peer.signature import Signer
-                self.cluster.forward_signer = Signer(self.raft_secrets)
+                self.cluster.forwarders.signer = Signer(self.raft_secrets)
         # cold tails (node/core/cold.py); where groups follow their consumers, a group moving away takes its
         # cold messages along, found by a sweep of the tail (node/core/cluster/sweep.py)
         self.broker.records.max_bytes = config.record_memory_max_bytes
@@ -111,12 +111,12 @@ class Node:
         from node.admin.service import AdminServicer, serve
 
         self.security = Security.from_config(self.config)
-        from node.peer.credentials import insecure_cluster_refusal
+        from node.peer.cluster_secrets import insecure_cluster_refusal
         refusal = insecure_cluster_refusal(self.config, users_database=not self.security.open)
         if refusal:
             raise GrouperError(refusal)
         if self.config.peer_list() and not self.config.raft_secret_file:
-            from node.peer.credentials import RAFT_UNAUTHENTICATED
+            from node.peer.cluster_secrets import RAFT_UNAUTHENTICATED
             log.error("INSECURE (--allow-insecure-cluster): this node serves a raft cluster without a raft secret; "
                       "%s (%s:%d). Give every node --raft-secret-file", RAFT_UNAUTHENTICATED, self.config.host,
                       self.config.raft_port)
@@ -193,8 +193,8 @@ class Node:
 
     def _add_peer_service(self, grpc_server) -> None:
         if self.cluster is not None:
-            from node.peer.members import SignedByMember
-            from node.peer.service import ELSEWHERE, add_peer_service, open_to_all, refuse_all
+            from node.peer.members import ELSEWHERE, SignedByMember, open_to_all, refuse_all
+            from node.peer.service import add_peer_service
             from node.peer.signature import Verifier
             if self.cluster_tls is not None:
                 check = refuse_all(ELSEWHERE)
@@ -232,7 +232,7 @@ class Node:
                 on_applied=lambda kind, payload, at_ms: self.bridge.post(
                     lambda: self.cluster.applied(kind, payload, at_ms)),
                 on_ready=lambda: self.bridge.post(self.cluster.ready),
-                on_lost=self.cluster.stop_node, loop=self.server.loop,
+                on_lost=self.cluster.proposals.stop_node, loop=self.server.loop,
                 election_timeout_min_ms=config.election_timeout_min_ms,
                 election_timeout_max_ms=config.election_timeout_max_ms,
                 routes_max=config.routes_max, group_timeout_ms=config.group_timeout_ms,

@@ -1,24 +1,13 @@
 """The outbound store: messages accepted here for groups owned by other nodes, one channel per owner.
 
 Pure, owned by the engine loop thread through the cluster protocol (node/core/cluster/forwarding.py),
-which decides what enters a channel and when; this module keeps the channels, counts them and pages
-their bodies. Rules:
+which decides what enters a channel and when; this module keeps the channels (OutboundChannel,
+node/core/outbound_channel.py), counts them and pages their bodies (Line, node/core/outbound_line.py).
+Entry and the journal names are node/core/outbound_entry.py's. Rules:
 - A channel holds its entries in forward seq order (the node seq a message was given here). Its
   owner acknowledges a high-water mark, and everything up to it leaves the channel. Per channel it
   counts messages and payload bytes: all of them (what outbound_max_bytes bounds), the journalled
-  ones and the paged ones, and per (owner, group) the entries, which a move waits on. The entries of
-  one group share one route key tuple while any is in the channel: a record is kept per message.
-- A channel (`Channel`) keeps its records in parallel arrays, not objects: the forward seq (8 bytes),
-  the payload size (8), the id of its route key in the channel's key table (4) and a flag byte
-  (journalled; dead), ~21.5 bytes an entry with the arrays' spare room; a paged entry's seq in its
-  line's waiting run adds 8: ~30 bytes a paged entry (bench/memory.py outbound_paged; 146 as a dict
-  of tuples and a deque of ints). The journal name is not kept: it is the channel's name for the
-  key's queue (another name, which only tests give, is kept by seq). An acknowledgement moves a head
-  index past the oldest; a forgotten or lost entry elsewhere is flagged dead and skipped everywhere;
-  the arrays are compacted once the acknowledged and dead entries are at least half of them and at
-  least CHANNEL_COMPACT_MIN_ENTRIES, so their memory is given back. To its callers a channel is a
-  read-only mapping seq -> (route key, journal name or None, payload bytes) in seq order, as the
-  dict it replaced was.
+  ones and the paged ones, and per (owner, group) the entries, which a move waits on.
 - An entry is *ready* once its batch is on disk (`ready`; recovered entries at once, as bare seqs
   when recovery left their bodies in the journal: paged from the start). Ready entries
   go to the owner's forwarder (SubmitForward) in forward seq order, never out of it: the owner skips
@@ -43,297 +32,15 @@ Never imports threading, grpc, pysyncobj, socket or time.
 from __future__ import annotations
 
 import collections
-from array import array
-from bisect import bisect_left, bisect_right
-from collections import deque
-from collections.abc import Mapping
-from typing import NamedTuple
 
 from node.core.effects import ReadOutbound, SubmitForward
 from node.core.message import Message
+from node.core.outbound_channel import OutboundChannel
+from node.core.outbound_entry import OUTBOUND_PREFIX, Entry, entry_of, outbound_name, parse_outbound_name
+from node.core.outbound_line import Line, seq_of
 
-OUTBOUND_PREFIX = "\x00out\x00"  # journal name of an outbound channel: prefix, owner, NUL, queue
-# a channel compacts its arrays once this many of their entries are dead (and at least half of them):
-# below it, the dead records cost less than copying the live ones would
-CHANNEL_COMPACT_MIN_ENTRIES = 4096
-_JOURNALLED = 1  # a channel entry's flag: its body is in the journal (under the channel's name for its queue)
-_DEAD = 2  # a channel entry's flag: forgotten (or lost), skipped until the arrays are compacted
-_OTHER_NAME = 4  # a channel entry's flag: journalled under a name of its own (Channel.other_names)
-
-
-class Entry(NamedTuple):
-    """A message on its way to its owner: what a forwarder sends and the owner's servicer receives."""
-
-    forward_seq: int
-    queue: str
-    group_id: str | None  # None: ungrouped; "" is a group of its own
-    payload: bytes  # the encoded AMQP message as received
-    expires_at_ms: int  # 0: never
-    closes_group: bool
-    enqueued_at_ms: int
-
-
-def outbound_name(owner: str, queue: str) -> str:
-    return f"{OUTBOUND_PREFIX}{owner}\x00{queue}"
-
-
-def parse_outbound_name(name: str) -> tuple[str, str]:
-    owner, _, queue = name[len(OUTBOUND_PREFIX):].partition("\x00")
-    return owner, queue
-
-
-def entry_of(queue: str, message: Message) -> Entry:
-    return Entry(message.seq, queue, message.group_id, bytes(message.payload), message.expires_at_ms or 0,
-                 message.closes_group, message.enqueued_at_ms or 0)
-
-
-class Channel(Mapping):
-    """One owner's entries, in forward seq order, as parallel arrays (see the header): to read, a mapping
-    seq -> (route key, journal name or None, payload bytes); changed only by its Outbound, never while
-    anyone iterates it (a compaction moves the arrays under an iterator, where a dict would raise)."""
-
-    __slots__ = ("owner", "seqs", "sizes", "key_ids", "flags", "head", "live", "flagged",
-                 "key_counts", "other_names", "_key_ids", "_keys", "_free_ids", "_journal_name")
-    compact_min_entries = CHANNEL_COMPACT_MIN_ENTRIES  # a class's, so a test's subclass may lower it
-
-    def __init__(self, owner: str, journal_name):
-        self.owner = owner
-        self.seqs = array("q")  # forward seqs, ascending; those below `head` are acknowledged
-        self.sizes = array("q")  # payload bytes
-        self.key_ids = array("I")  # the entry's route key: an index into _keys
-        self.flags = array("B")  # _JOURNALLED, _DEAD, _OTHER_NAME
-        self.head = 0  # the index of the oldest live entry (or len(seqs)): never at a dead one
-        self.live = 0  # entries neither acknowledged nor dead
-        self.flagged = 0  # dead entries at or past `head`
-        self.key_counts: dict[tuple, int] = {}  # route key -> live entries of it; no zeros
-        # seq -> journal name of a live entry journalled under another name than the channel's for its
-        # key's queue (none in the product, which names them so; kept so the mapping gives back any name)
-        self.other_names: dict[int, str] = {}
-        self._key_ids: dict[tuple, int] = {}  # route key -> its id while any entry of it is live
-        self._keys: list = []  # id -> the one route key tuple its entries share (None: free)
-        self._free_ids: list[int] = []
-        self._journal_name = journal_name  # (owner, queue) -> the journal name, one string per channel
-
-    # ---- read: a mapping in seq order ----------------------------------------------------------------
-
-    def __len__(self) -> int:
-        return self.live
-
-    def __iter__(self):
-        seqs, flags = self.seqs, self.flags
-        if not self.flagged:  # no copy of the arrays: next(iter(channel)) is the head, at once
-            return map(seqs.__getitem__, range(self.head, len(seqs)))
-        return (seqs[index] for index in range(self.head, len(seqs)) if not flags[index] & _DEAD)
-
-    def _index(self, seq) -> int:
-        """The index of live entry `seq`, or -1."""
-        seqs = self.seqs
-        index = bisect_left(seqs, seq, self.head)
-        if index < len(seqs) and seqs[index] == seq and not self.flags[index] & _DEAD:
-            return index
-        return -1
-
-    def __contains__(self, seq) -> bool:
-        return type(seq) is int and self._index(seq) >= 0
-
-    def _record(self, index: int) -> tuple:
-        key, flags = self._keys[self.key_ids[index]], self.flags[index]
-        if not flags & _JOURNALLED:
-            name = None
-        elif flags & _OTHER_NAME:
-            name = self.other_names[self.seqs[index]]
-        else:
-            name = self._journal_name(self.owner, key[0])
-        return key, name, self.sizes[index]
-
-    def __getitem__(self, seq) -> tuple:
-        index = self._index(seq) if type(seq) is int else -1
-        if index < 0:
-            raise KeyError(seq)
-        return self._record(index)
-
-    def get(self, seq, default=None):
-        index = self._index(seq) if type(seq) is int else -1
-        return self._record(index) if index >= 0 else default
-
-    def size_of(self, seq: int) -> int:
-        """The payload bytes of live entry `seq` (KeyError if none): no record tuple made."""
-        index = self._index(seq)
-        if index < 0:
-            raise KeyError(seq)
-        return self.sizes[index]
-
-    def items(self) -> list:
-        """(seq, record) of every live entry, in seq order: a list, for tests and the simulation."""
-        return [(self.seqs[index], self._record(index)) for index in self._live_indexes()]
-
-    def values(self) -> list:
-        return [self._record(index) for index in self._live_indexes()]
-
-    def _live_indexes(self):
-        flags = self.flags
-        return (index for index in range(self.head, len(self.seqs)) if not flags[index] & _DEAD)
-
-    # ---- changed by Outbound ---------------------------------------------------------------------------
-
-    def append(self, seq: int, key: tuple, journal_name: str | None, size_bytes: int) -> None:
-        seqs = self.seqs
-        if len(seqs) > self.head and seqs[-1] >= seq:
-            raise AssertionError(f"outbound channel to {self.owner}: forward seq {seq} after {seqs[-1]}")
-        key_id = self._key_ids.get(key)
-        if key_id is None:
-            key_id = self._free_ids.pop() if self._free_ids else len(self._keys)
-            if key_id == len(self._keys):
-                self._keys.append(key)
-            else:
-                self._keys[key_id] = key
-            self._key_ids[key] = key_id
-            self.key_counts[key] = 1
-        else:
-            self.key_counts[self._keys[key_id]] += 1
-        seqs.append(seq)
-        self.sizes.append(size_bytes)
-        self.key_ids.append(key_id)
-        if journal_name is None:
-            self.flags.append(0)
-        elif journal_name == self._journal_name(self.owner, key[0]):
-            self.flags.append(_JOURNALLED)
-        else:
-            self.flags.append(_JOURNALLED | _OTHER_NAME)
-            self.other_names[seq] = journal_name
-        self.live += 1
-
-    def _release(self, index: int) -> tuple:
-        """Count entry `index` out of its key (the key's id is freed with its last entry); its record."""
-        record = self._record(index)
-        key = record[0]
-        left = self.key_counts[key] - 1
-        if left:
-            self.key_counts[key] = left
-        else:  # the group's last entry left: its shared key goes with it
-            del self.key_counts[key]
-            key_id = self._key_ids.pop(key)
-            self._keys[key_id] = None
-            self._free_ids.append(key_id)
-        if self.flags[index] & _OTHER_NAME:
-            del self.other_names[self.seqs[index]]
-        self.live -= 1
-        return record
-
-    def pop(self, seq: int) -> tuple:
-        """Remove live entry `seq` (KeyError if none), wherever it is: flagged dead; its record."""
-        index = self._index(seq)
-        if index < 0:
-            raise KeyError(seq)
-        record = self._release(index)
-        if index == self.head:
-            self.head += 1
-            self._skip_dead()
-        else:
-            self.flags[index] |= _DEAD
-            self.flagged += 1
-        self._compact()
-        return record
-
-    def pop_through(self, high_water: int) -> list[tuple[int, tuple]]:
-        """Remove the entries up to forward seq `high_water`, from the head: (seq, record) of each."""
-        seqs, flags, head = self.seqs, self.flags, self.head
-        end = bisect_right(seqs, high_water, head)
-        if end == head:
-            return []
-        done = [(seqs[index], self._release(index)) for index in range(head, end) if not flags[index] & _DEAD]
-        self.flagged -= end - head - len(done)  # the dead ones passed are behind the head now
-        self.head = end
-        self._skip_dead()
-        self._compact()
-        return done
-
-    def _skip_dead(self) -> None:
-        flags, end = self.flags, len(self.seqs)
-        while self.flagged and self.head < end and flags[self.head] & _DEAD:
-            self.head += 1
-            self.flagged -= 1
-
-    def _compact(self) -> None:
-        """Give back the arrays' room of acknowledged and dead entries once it is worth a copy (header)."""
-        if not self.live:
-            if self.seqs:  # nothing left: start again, no copy
-                self.seqs, self.sizes, self.key_ids, self.flags = array("q"), array("q"), array("I"), array("B")
-                self.head = self.flagged = 0
-            return
-        garbage = self.head + self.flagged
-        if garbage < self.compact_min_entries or 2 * garbage < len(self.seqs):
-            return
-        if not self.flagged:
-            for column in (self.seqs, self.sizes, self.key_ids, self.flags):
-                del column[:self.head]
-        else:
-            kept = list(self._live_indexes())
-            self.seqs, self.sizes, self.key_ids, self.flags = (
-                array(column.typecode, [column[index] for index in kept])
-                for column in (self.seqs, self.sizes, self.key_ids, self.flags))
-            self.flagged = 0
-        self.head = 0
-
-
-class _Waiting:
-    """A line's ready entries not given yet, in seq order: whole Entries, and runs of paged seqs kept in
-    arrays (8 bytes a seq, not an int object and a deque slot: a dead owner's backlog is all paged)."""
-
-    __slots__ = ("items", "head")
-    compact_min_entries = CHANNEL_COMPACT_MIN_ENTRIES
-
-    def __init__(self):
-        self.items: deque = deque()  # Entry, or array("q") of paged seqs
-        self.head = 0  # the index of the first seq not taken yet in items[0], if that is a run
-
-    def __bool__(self) -> bool:
-        return bool(self.items)
-
-    def append(self, item) -> None:
-        """An Entry (whole) or a paged entry's seq."""
-        items = self.items
-        if type(item) is not int:
-            items.append(item)
-        elif items and type(items[-1]) is array:
-            items[-1].append(item)
-        else:
-            items.append(array("q", (item,)))
-
-    def first(self):
-        first = self.items[0]
-        return first[self.head] if type(first) is array else first
-
-    def popleft(self):
-        items = self.items
-        first = items[0]
-        if type(first) is not array:
-            return items.popleft()
-        item = first[self.head]
-        self.head += 1
-        if self.head == len(first):
-            items.popleft()
-            self.head = 0
-        elif self.head >= self.compact_min_entries and 2 * self.head >= len(first):
-            del first[:self.head]  # give back the room of what was taken
-            self.head = 0
-        return item
-
-
-class _Line:
-    """What of one owner's channel is with its forwarder, and what waits for room there."""
-
-    __slots__ = ("submitted_top", "submitted_bytes", "waiting", "reading", "run", "run_paged", "read")
-
-    def __init__(self):
-        self.submitted_top = 0  # the highest forward seq given to the forwarder
-        self.submitted_bytes = 0  # payload bytes given to the forwarder and not acknowledged yet
-        # ready entries not given yet, in seq order: an Entry (whole in memory) or its seq (paged)
-        self.waiting = _Waiting()
-        self.reading: set[str] = set()  # journal names whose read-back is still out
-        self.run: list = []  # the waiting items that read takes out, in order, submitted together
-        self.run_paged: set[int] = set()  # the run's paged seqs not acknowledged meanwhile
-        self.read: dict[int, Entry | None] = {}  # seq -> what the read brought back (None: missing)
+# OUTBOUND_PREFIX, Entry and the names are outbound_entry's; kept importable from here, where most callers look
+__all__ = ["OUTBOUND_PREFIX", "Entry", "Outbound", "entry_of", "outbound_name", "parse_outbound_name"]
 
 
 class Outbound:
@@ -343,7 +50,7 @@ class Outbound:
         self.counts = counts if counts is not None else collections.Counter()
         # owner node -> its channel: forward seq -> (route key, journal name or None, payload bytes), in
         # seq order (a channel stays once made, perhaps empty)
-        self.channels: dict[str, Channel] = {}
+        self.channels: dict[str, OutboundChannel] = {}
         # owner -> route key -> entries in its channel; no zeros: each channel's own key_counts. Each key
         # has one tuple (and group id string), shared by its entries' records while any is in the channel
         # (the channel's key table), not one each. Per owner, not by (owner, route key): that tuple would
@@ -356,7 +63,7 @@ class Outbound:
         self.paged_messages: dict[str, int] = {}  # owner -> paged entries in its channel; no zeros
         self.total_bytes = 0  # payload bytes in every channel
         self.lost: list[tuple[str, int]] = []  # (journal name, seq) paged and gone from the journal, to report
-        self._lines: dict[str, _Line] = {}
+        self._lines: dict[str, Line] = {}
         self._names: dict[tuple[str, str], str] = {}  # (owner, queue) -> its journal name, one string for all
 
     def journal_name(self, owner: str, queue: str) -> str:
@@ -372,7 +79,7 @@ class Outbound:
         as the product names them, journal_name(owner, key[0]), which the record does not keep."""
         channel = self.channels.get(owner)
         if channel is None:
-            channel = self.channels[owner] = Channel(owner, self.journal_name)
+            channel = self.channels[owner] = OutboundChannel(owner, self.journal_name)
             self.key_counts[owner] = channel.key_counts
         channel.append(seq, key, journal_name, size_bytes)
         _count_up(self.depth_bytes, owner, size_bytes)
@@ -393,12 +100,12 @@ class Outbound:
         given as its bare seq: journalled, its body not in memory (a restart's), so paged at once."""
         line = self._lines.get(owner)
         if line is None:
-            line = self._lines[owner] = _Line()
+            line = self._lines[owner] = Line()
         channel = self.channels[owner]
         waiting = line.waiting
         submit = []
         for entry in entries:
-            seq = _seq_of(entry)
+            seq = seq_of(entry)
             record = channel.get(seq)
             if record is None:
                 continue  # acknowledged or forgotten meanwhile
@@ -416,7 +123,7 @@ class Outbound:
             effects.append(SubmitForward(owner, submit))
         self._pump(owner, effects)  # paged ones first in line are read back while the budget has room
 
-    def _room(self, line: _Line, taken_bytes: int, size_bytes: int) -> bool:
+    def _room(self, line: Line, taken_bytes: int, size_bytes: int) -> bool:
         """Whether the forwarder may hold `size_bytes` more, on top of `taken_bytes` on their way to it."""
         held_bytes = line.submitted_bytes + taken_bytes
         return not self.memory_max_bytes or not held_bytes or held_bytes + size_bytes <= self.memory_max_bytes
@@ -431,7 +138,7 @@ class Outbound:
         run, reads, run_bytes = [], {}, 0
         while waiting:
             item = waiting.first()
-            seq = _seq_of(item)
+            seq = seq_of(item)
             _key, journal_name, size_bytes = channel[seq]
             if not self._room(line, run_bytes, size_bytes):
                 break
@@ -492,7 +199,7 @@ class Outbound:
         _count_down(self.paged_bytes, owner, size_bytes)
         _count_down(self.paged_messages, owner, 1)
 
-    def _submit(self, owner: str, line: _Line, entries: list, effects: list) -> None:
+    def _submit(self, owner: str, line: Line, entries: list, effects: list) -> None:
         if entries:
             channel = self.channels[owner]
             line.submitted_bytes += sum(channel.size_of(entry.forward_seq) for entry in entries)
@@ -502,7 +209,7 @@ class Outbound:
 
     # ---- leaving the channel --------------------------------------------------------------------------
 
-    def _drop(self, owner: str, channel: Channel, seq: int) -> tuple:
+    def _drop(self, owner: str, channel: OutboundChannel, seq: int) -> tuple:
         record = channel.pop(seq)
         self._count_out(owner, record)
         return record
@@ -531,7 +238,7 @@ class Outbound:
                 pass
             elif seq <= line.submitted_top:
                 line.submitted_bytes -= size_bytes
-            elif line.waiting and _seq_of(line.waiting.first()) == seq:
+            elif line.waiting and seq_of(line.waiting.first()) == seq:
                 # never given to this forwarder: the owner took it before a restart here, and its
                 # acknowledgement was lost
                 if type(line.waiting.popleft()) is int:
@@ -574,10 +281,6 @@ class Outbound:
                         "journal_bytes": self.journal_bytes.get(owner, 0)}
                 for owner, channel in sorted(self.channels.items()) if channel}
 
-
-def _seq_of(item) -> int:
-    """The forward seq of a waiting item: a paged entry's seq, or a whole Entry."""
-    return item if type(item) is int else item.forward_seq
 
 
 def _count_up(counts: dict, key, amount: int) -> None:

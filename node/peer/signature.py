@@ -1,7 +1,7 @@
 """The cluster credential of a forwarded batch without cluster TLS: an HMAC of it keyed from the raft secret.
 
 Rules:
-- Every member holds the raft secret file (up to RAFT_SECRETS_MAX secrets, node/peer/credentials.py):
+- Every member holds the raft secret file (up to RAFT_SECRETS_MAX secrets, node/peer/cluster_secrets.py):
   the first signs, every one verifies, so a secret is rotated member by member as raft's is.
 - The key is not the secret: it is HMAC-SHA256(secret, KEY_LABEL), so the raft secret itself never
   keys anything but raft, and a credential made for forwarding is good for nothing else.

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 90.0  # a node is ready in about 0.6 s; CI once saw no output at all for 30 s under Spark load
 STOP_TIMEOUT_S = 15.0
 MEMBER_EXIT_TIMEOUT_S = 5.0  # a killed node's raft member child must be gone within this (PR_SET_PDEATHSIG)
-# every cluster node needs a raft secret (node/peer/credentials.py): a node started with --peers and
+# every cluster node needs a raft secret (node/peer/cluster_secrets.py): a node started with --peers and
 # neither --raft-secret-file nor --allow-insecure-cluster gets this session's, one file for all tests
 RAFT_SECRET_FLAGS = ("--raft-secret-file", "--allow-insecure-cluster")
 _session_raft_secret: list[str] = []

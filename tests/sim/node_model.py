@@ -13,9 +13,10 @@ keeping only what the simulation exercises. Every decision of the cluster protoc
   batch's records are dropped, never written, and what waited for them hears fn(reason). A crash keeps
   the durable records and, with torn tails, any longer prefix of what had been handed to the writer
   (recovery trusts the file up to the first bad frame, not unit boundaries).
-- `ForwarderModel` is `node/peer/forwarder.py` without threads: one call in flight, a batch of the
-  oldest pending entries, drop up to the owner's high water on a reply, back off on failure or
-  timeout, resend from the oldest.
+- `ForwarderModel` is `node/peer/forwarder.py` without threads: it drives the same pure ForwardSender
+  (node/core/cluster/forward_sender.py: one call in flight, a batch of the oldest pending entries,
+  drop up to the owner's high water on a reply, back off on failure or timeout, resend from the
+  oldest), with simulated calls and timeouts.
 - the raft member is the simulation's `RaftLog`; its feed arrives through `catch_up`; registration
   goes through the log (moves wait for every registered member), without addresses.
 - the two memory budgets for queued messages, as runtime.Node sets them: the Broker's bodies
@@ -43,6 +44,7 @@ from handler.queue_definitions import CONFLICT, QUEUES_ALL
 from handler.route_table import MOVES_ALL, SNAPSHOT
 from node.core.broker import Broker
 from node.core.cluster import MARK_PREFIX, PARK_PREFIX, ClusterProtocol
+from node.core.cluster.forward_sender import Call, ForwardSender
 from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, DetachConsumer, Dropped,
                                EnqueueLocal, JournalDeclare, JournalRemove, JournalStore, PageIn, ProposeClaim,
                                ProposeDefinition, ProposeMoveClear, ProposeQueueDeletion, ProposeQueueSeeds,
@@ -156,51 +158,46 @@ def _reserved_name(name: str) -> bool:
 # ---- forwarding ----------------------------------------------------------------------------------
 
 class ForwarderModel:
+    """node/peer/forwarder.py without threads: it drives the same ForwardSender, with simulated calls and
+    timeouts (a reply after the call's timeout is one given up on)."""
+
     def __init__(self, node: "SimNode", owner: str):
         self.node = node
         self.sim = node.sim
         self.owner = owner
-        self.pending: deque[Entry] = deque()
-        self.last_submitted_seq = 0
-        self.call: tuple[int, list[Entry], int] | None = None  # (number, batch, its seq bound)
-        self.high_water = 0
-        self.seq_bound = 0  # node/peer/forwarder.py: the highest bound submitted with entries
-        self.disputed_high_water = 0  # the owner's last answer at or above the call's bound; 0: none
-        self.retry_at_ms = 0
-        self.retry_delay_ms = 0
+        config = self.sim.config
+        self.sender = ForwardSender(batch_messages_max=config.batch_messages_max, retry_min_ms=config.retry_min_ms,
+                                    retry_max_ms=config.retry_max_ms)
+        self.call: tuple[int, Call] | None = None  # (the simulation's call number, the call in flight)
         self.kick_due = False
         self.closed = False
 
     def submit(self, entries: list[Entry], seq_bound: int = 0) -> None:
-        if seq_bound > entries[-1].forward_seq:
-            self.seq_bound = max(self.seq_bound, seq_bound)
-        for entry in entries:
-            if entry.forward_seq <= self.last_submitted_seq:
-                self.sim.violation(f"{self.node.node_id}: forward_seq {entry.forward_seq} submitted to "
-                                   f"{self.owner} after {self.last_submitted_seq}")
-            self.last_submitted_seq = entry.forward_seq
-        self.pending.extend(entries)
+        try:
+            self.sender.submit(entries, seq_bound)
+        except ValueError as error:
+            self.sim.violation(f"{self.node.node_id}: submitted to {self.owner}: {error}")
         budget = self.sim.config.outbound_memory_max_bytes
-        held_bytes = sum(len(entry.payload) for entry in self.pending)
-        if budget and len(self.pending) > 1 and held_bytes > budget:
+        pending = self.sender.pending
+        held_bytes = sum(len(entry.payload) for entry in pending)
+        if budget and len(pending) > 1 and held_bytes > budget:
             self.sim.violation(f"{self.node.node_id}'s forwarder to {self.owner} holds {held_bytes} bytes, past "
                                f"outbound_memory_max_bytes = {budget}")
         self.kick()
 
     def kick(self) -> None:
-        sim = self.sim
-        if self.closed or self.call is not None or not self.pending:
+        sim, sender = self.sim, self.sender
+        if self.closed:
             return
-        if sim.now_ms < self.retry_at_ms:
-            if not self.kick_due:
+        call = sender.take_call(sim.now_ms)
+        if call is None:
+            if sender.in_flight is None and sender.pending and not self.kick_due:  # backing off
                 self.kick_due = True
-                sim.schedule(self.retry_at_ms - sim.now_ms, self._kick_after_backoff, None)
+                sim.schedule(sender.retry_at_ms - sim.now_ms, self._kick_after_backoff, None)
             return
-        batch = list(self.pending)[:sim.config.batch_messages_max]
         number = sim.next_call_number()
-        bound = self.seq_bound if self.seq_bound > batch[-1].forward_seq else 0
-        self.call = (number, batch, bound)
-        sim.network.forward(self, number, batch, bound, self.disputed_high_water)
+        self.call = (number, call)
+        sim.network.forward(self, number, call.entries, call.seq_bound, call.disputed_high_water)
         sim.schedule(sim.config.call_timeout_ms, lambda: self.timed_out(number), None)
 
     def _kick_after_backoff(self) -> None:
@@ -208,41 +205,28 @@ class ForwarderModel:
         self.kick()
 
     def replied(self, number: int, high_water: int | None) -> None:
+        """The owner's answer to call `number`: its high water, None for an error status."""
         if self.closed or self.call is None or self.call[0] != number:
             return  # the reply of a call given up on
-        _, batch, bound = self.call
+        call = self.call[1]
         self.call = None
-        if bound and high_water is not None and high_water >= bound:  # seqs this node never gave: dispute it
-            self.sim.stats["high_waters_disputed"] += 1
-            self.disputed_high_water = high_water
-            self.failed()
-        elif high_water is None or high_water < batch[0].forward_seq:
-            self.failed()
+        if high_water is None:
+            outcome = self.sender.failed(call, "the owner answered with an error", self.sim.now_ms)
         else:
-            self.disputed_high_water = 0
-            self.acked(high_water)
+            outcome = self.sender.answered(call, high_water, self.sim.now_ms)
+        if outcome.disputed:
+            self.sim.stats["high_waters_disputed"] += 1
+        if outcome.acked_high_water:
+            self.node.acknowledged(self.owner, outcome.acked_high_water)
         self.kick()
 
     def timed_out(self, number: int) -> None:
         if self.closed or self.call is None or self.call[0] != number:
             return
+        call = self.call[1]
         self.call = None
-        self.failed()
+        self.sender.failed(call, "no answer within call_timeout_ms", self.sim.now_ms)
         self.kick()
-
-    def acked(self, high_water: int) -> None:
-        while self.pending and self.pending[0].forward_seq <= high_water:
-            self.pending.popleft()
-        self.retry_delay_ms = 0
-        self.retry_at_ms = 0
-        if high_water > self.high_water:
-            self.high_water = high_water
-            self.node.acknowledged(self.owner, high_water)
-
-    def failed(self) -> None:
-        config = self.sim.config
-        self.retry_delay_ms = min(config.retry_max_ms, max(config.retry_min_ms, self.retry_delay_ms * 2))
-        self.retry_at_ms = self.sim.now_ms + self.retry_delay_ms
 
 
 # ---- the node ------------------------------------------------------------------------------------

@@ -144,15 +144,14 @@ def test_the_node_sends_the_channel_version_this_member_speaks():
 # ---- peer forwarding: ForwardBatch.format_version ------------------------------------------------
 
 def forward_batch(version: int):
-    from node.peer.forwarder import Entry, batch_to_pb
+    from node.peer.forward_batch import Entry, batch_to_pb
     batch = batch_to_pb("10.0.0.1:5675", [Entry(1, "q", "g", b"payload", 0, False, 5)])
     batch.format_version = version
     return batch
 
 
 def test_a_batch_names_the_peer_format_version_and_one_without_it_is_version_1():
-    from node.peer.forwarder import FORMAT_VERSION, FORMAT_VERSIONS_READ
-    from node.peer.service import entries_from_pb
+    from node.peer.forward_batch import FORMAT_VERSION, FORMAT_VERSIONS_READ, entries_from_pb
     from proto import peer_pb2
     assert forward_batch(FORMAT_VERSION).format_version == FORMAT_VERSION in FORMAT_VERSIONS_READ
     old = peer_pb2.ForwardBatch.FromString(forward_batch(0).SerializeToString())  # as sources before versions
@@ -163,7 +162,8 @@ def test_a_batch_names_the_peer_format_version_and_one_without_it_is_version_1()
 def test_a_batch_of_a_peer_format_version_this_node_does_not_read_is_refused_so_the_source_keeps_it(version):
     import grpc
     from node.core.errors import NotAllowed
-    from node.peer.service import entries_from_pb, status_for
+    from node.peer.forward_batch import entries_from_pb
+    from node.peer.service import status_for
     with pytest.raises(NotAllowed) as refused:
         entries_from_pb(forward_batch(version))
     text = str(refused.value)

@@ -21,9 +21,10 @@ from cryptography.x509.oid import NameOID
 
 from node import certs
 from node.core.errors import InvalidConfig
-from node.peer.credentials import ClusterTls, node_usages, read_tls_material
-from node.peer.members import RaftMembers, SignedByMember
-from node.peer.service import ADMITTED, MembersOnly, PeerServicer, bind_peer_listener
+from node.peer.cluster_secrets import ClusterTls
+from node.peer.members import ADMITTED, MembersOnly, RaftMembers, SignedByMember
+from node.peer.node_certificate import node_usages, read_tls_material
+from node.peer.service import PeerServicer, bind_peer_listener
 from node.peer.signature import CREDENTIAL_HEADER, Signer, Verifier, batch_digest
 from proto import peer_pb2, peer_pb2_grpc
 

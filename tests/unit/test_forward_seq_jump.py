@@ -26,9 +26,9 @@ from node.core.effects import AfterFlush, ApplyBroker, JournalDeclare, Reply
 from node.core.outbound import Entry
 from node.core.settings import QueueSettings
 from node.peer.forwarder import Forwarder
-from node.peer.members import RaftMembers, SignedByMember
-from node.peer.service import (FORWARD_SEQ_LIMIT, SERVER_OPTIONS, PeerServicer, SeqJump, add_peer_service,
-                               entries_from_pb, open_to_all)
+from node.peer.forward_batch import FORWARD_SEQ_LIMIT, SeqJump, entries_from_pb
+from node.peer.members import RaftMembers, SignedByMember, open_to_all
+from node.peer.service import SERVER_OPTIONS, PeerServicer, add_peer_service
 from node.peer.signature import Signer, Verifier
 from proto import peer_pb2
 from tests.unit.test_forward_credential import Context  # a stand-in for grpc.ServicerContext

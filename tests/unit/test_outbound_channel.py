@@ -1,5 +1,5 @@
-"""An outbound channel's records in arrays (node/core/outbound.py Channel) behave as the dict of tuples they
-replace: a hypothesis machine adds entries (ascending forward seqs, some groups shared), acknowledges high
+"""An outbound channel's records in arrays (node/core/outbound_channel.py OutboundChannel) behave as the dict
+of tuples they replace: a hypothesis machine adds entries (ascending forward seqs, some groups shared), acknowledges high
 waters, forgets present entries anywhere and compacts, against a plain dict seq -> (key, journal name or
 None, size) in insertion order; after every step the length, the order, membership, lookups, the head and
 the per-group counts agree, and the entries of one group share one key tuple. The compaction threshold is
@@ -15,19 +15,21 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from node.core.outbound import Channel, Entry, _Waiting
+from node.core.outbound import Entry
+from node.core.outbound_channel import OutboundChannel
+from node.core.outbound_line import Waiting
 
 OWNER = "n2"
 QUEUES = ("orders", "audit")
 GROUPS = ("g0", "g1", "g2", None)
 
 
-class SmallChannel(Channel):
+class SmallChannel(OutboundChannel):
     __slots__ = ()
     compact_min_entries = 3
 
 
-class SmallWaiting(_Waiting):
+class SmallWaiting(Waiting):
     __slots__ = ()
     compact_min_entries = 2
 
@@ -37,7 +39,7 @@ def journal_name(owner: str, queue: str) -> str:
 
 
 def test_a_channel_reads_as_the_dict_it_replaces():
-    channel = Channel(OWNER, journal_name)
+    channel = OutboundChannel(OWNER, journal_name)
     for seq in (1, 2, 4, 5, 6):
         channel.append(seq, ("orders", f"g{seq % 2}"), None if seq == 5 else journal_name(OWNER, "orders"), 10 * seq)
     channel.pop(4)
@@ -52,14 +54,14 @@ def test_a_channel_reads_as_the_dict_it_replaces():
 
 
 def test_a_seq_at_or_below_the_last_breaks_the_channel_rule():
-    channel = Channel(OWNER, journal_name)
+    channel = OutboundChannel(OWNER, journal_name)
     channel.append(5, ("orders", "g0"), None, 1)
     with pytest.raises(AssertionError):
         channel.append(5, ("orders", "g0"), None, 1)
 
 
 def test_a_journal_name_other_than_the_channels_own_is_kept_until_its_entry_leaves():
-    channel = Channel(OWNER, journal_name)
+    channel = OutboundChannel(OWNER, journal_name)
     channel.append(1, ("orders", "g0"), "elsewhere", 1)
     channel.append(2, ("orders", "g0"), "".join(["n2/", "orders"]), 1)  # equal to the channel's: not kept
     assert channel[1][1] == "elsewhere" and channel[2][1] == "n2/orders" and channel.other_names == {1: "elsewhere"}

@@ -15,7 +15,7 @@ import pytest
 
 from node.core.errors import (AlreadyExists, GrouperError, InvalidField, NotAllowed, NotFound,
                               ResourceLimitExceeded)
-from node.peer.forwarder import Entry, Forwarder
+from node.peer.forwarder import Entry, Forwarder, Forwarders
 from node.peer.service import (SERVER_OPTIONS, STATUS_BY_ERROR, TIMEOUT_MS_DEFAULT, PeerServicer, add_peer_service,
                                status_for)
 from proto import peer_pb2, peer_pb2_grpc
@@ -138,7 +138,7 @@ def cleanup():
     items: list = []
     yield items.append
     for item in reversed(items):
-        item.close() if isinstance(item, Forwarder) else item.stop()
+        item.close() if isinstance(item, (Forwarder, Forwarders)) else item.stop()
 
 
 def start_forwarder(cleanup, resolve_address, acks: Acks, **options) -> Forwarder:
@@ -418,7 +418,7 @@ def test_an_unexpected_error_is_internal_and_logged(stub, caplog):
 
 
 def test_the_error_table_lists_subclasses_before_their_base():
-    types = [error_type for error_type, _ in STATUS_BY_ERROR]
+    types = [row.error for row in STATUS_BY_ERROR]
     for index, error_type in enumerate(types):
         assert not any(issubclass(later, error_type) and later is not error_type for later in types[index + 1:])
 
@@ -468,3 +468,19 @@ def test_the_handler_waits_until_the_sooner_of_the_callers_deadline_and_the_serv
                                                                                              timeout_ms):
     servicer = PeerServicer(lambda *args: 0, timeout_ms=5000)
     assert servicer._timeout_for(_Context(remaining_s)) == timeout_ms
+
+
+def test_a_nodes_forwarders_are_one_per_owner_and_tell_acks_by_owner(cleanup):
+    owner, acks, destinations = FakeOwner(), Acks(), []
+
+    def on_acked(destination: str, high_water: int) -> None:
+        destinations.append(destination)
+        acks.on_acked(high_water)
+    server = start_owner(cleanup, owner)
+    forwarders = Forwarders("x", lambda destination: server.address if destination == "a" else None, on_acked,
+                            call_timeout_ms=1000)
+    cleanup(forwarders)
+    assert forwarders.to("a") is forwarders.to("a") and forwarders.to("b") is not forwarders.to("a")
+    forwarders.to("a").submit(entries(1, 3))
+    acks.wait_for_high_water(3)
+    assert owner.durable == entries(1, 3) and destinations == ["a"] and acks.values == [3]

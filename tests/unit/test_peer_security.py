@@ -20,13 +20,13 @@ from cryptography import x509
 from node import certs
 from node.config import NodeConfig, files_stamp
 from node.core.errors import InvalidConfig
-from node.peer import credentials
-from node.peer.credentials import (RAFT_SECRET_CHARS_MIN, RAFT_SECRETS_MAX, ClusterTls, certificate_hosts, describe,
-                                   insecure_cluster_refusal, parse_raft_secrets, read_raft_secrets,
-                                   read_tls_material)
+from node.peer import cluster_secrets
+from node.peer.cluster_secrets import (RAFT_SECRET_CHARS_MIN, RAFT_SECRETS_MAX, ClusterTls, describe,
+                                       insecure_cluster_refusal, parse_raft_secrets, read_raft_secrets)
 from node.peer.forwarder import Forwarder
-from node.peer.service import (ADMITTED, ELSEWHERE, PeerServicer, RefusalLog, bind_peer_listener, caller_refusal,
-                               refuse_all, source_host)
+from node.peer.members import ADMITTED, ELSEWHERE, caller_refusal, refuse_all
+from node.peer.node_certificate import certificate_hosts, read_tls_material
+from node.peer.service import PeerServicer, RefusalLog, bind_peer_listener, source_host
 from proto import peer_pb2, peer_pb2_grpc
 
 WAIT_S = 10.0  # longest any single wait in this file may take before the test fails
@@ -131,9 +131,9 @@ def test_changed_files_are_taken_at_the_next_look_after_the_check_interval(clust
     copy_files(cluster_ca, "node1", tmp_path)
     touch_later(paths[0])
     assert tls.current_generation() == 1  # within the interval: not looked at
-    clock.now_s += credentials.RELOAD_CHECK_INTERVAL_S
+    clock.now_s += cluster_secrets.RELOAD_CHECK_INTERVAL_S
     assert tls.current_generation() == 2 and tls.material.common_name == "node1"
-    clock.now_s += credentials.RELOAD_CHECK_INTERVAL_S
+    clock.now_s += cluster_secrets.RELOAD_CHECK_INTERVAL_S
     assert not tls.refresh()  # unchanged since
 
 
@@ -144,13 +144,13 @@ def test_a_half_written_change_keeps_the_files_in_force_and_is_logged_once(clust
     Path(paths[0]).write_bytes((cluster_ca / "node1.pem").read_bytes())  # the certificate before its key
     touch_later(paths[0])
     for _ in range(3):
-        clock.now_s += credentials.RELOAD_CHECK_INTERVAL_S
+        clock.now_s += cluster_secrets.RELOAD_CHECK_INTERVAL_S
         assert not tls.refresh()
     assert tls.generation == 1 and tls.material.common_name == "node0"
     assert [r.levelname for r in caplog.records if "do not check out" in r.message] == ["ERROR"]
     Path(paths[1]).write_bytes((cluster_ca / "node1-key.pem").read_bytes())
     touch_later(paths[1])
-    clock.now_s += credentials.RELOAD_CHECK_INTERVAL_S
+    clock.now_s += cluster_secrets.RELOAD_CHECK_INTERVAL_S
     assert tls.refresh() and tls.material.common_name == "node1"
 
 
@@ -176,7 +176,7 @@ def test_a_raft_secret_file_that_cannot_be_used_is_refused_saying_why(text, prob
 def test_reading_the_raft_secret_file_names_it_when_it_is_absent_or_too_large(tmp_path):
     with pytest.raises(InvalidConfig, match=r"raft_secret_file: cannot read .*absent"):
         read_raft_secrets(str(tmp_path / "absent"))
-    (tmp_path / "big").write_text("x" * (credentials.RAFT_SECRET_FILE_BYTES_MAX + 1))
+    (tmp_path / "big").write_text("x" * (cluster_secrets.RAFT_SECRET_FILE_BYTES_MAX + 1))
     with pytest.raises(InvalidConfig, match="is 4097 bytes"):
         read_raft_secrets(str(tmp_path / "big"))
     (tmp_path / "ok").write_text(SECRET + "\n")
@@ -485,7 +485,7 @@ def test_a_forwarder_whose_certificate_another_ca_signed_stops_and_resumes_once_
         acks.wait(lambda: acks.states and acks.states[-1][0] is False, "forwarding stopped")
         copy_files(cluster_ca, "node0", tmp_path)  # rotated to a certificate the cluster CA signed
         touch_later(paths[0])
-        clock.now_s += credentials.RELOAD_CHECK_INTERVAL_S
+        clock.now_s += cluster_secrets.RELOAD_CHECK_INTERVAL_S
         acks.wait(lambda: acks.high_water == 3, "forwarding resumed with the new certificate")
     finally:
         forwarder.close()
@@ -499,7 +499,7 @@ def _unchecked(paths, clock) -> ClusterTls:
     tls._lock, tls._bad_stamps, tls._checked_s, tls.generation = threading.Lock(), None, clock(), 1
     tls._stamps = files_stamp(paths)
     cert, key, ca = (Path(path).read_bytes() for path in paths)
-    tls.material = credentials.TlsMaterial(cert, key, ca, "node0", NOW)
+    tls.material = cluster_secrets.TlsMaterial(cert, key, ca, "node0", NOW)
     return tls
 
 

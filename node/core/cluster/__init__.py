@@ -8,7 +8,8 @@ Rules:
   definitions (cluster-wide queue definitions); recovery (the journal's state put back); handover
   (moves: placement, hand over, relay); sweep (cold tails of moving groups); holds; parking; forwarding
   (outbound channels, bounds, seq reservations, acknowledgements); status (reads the facade it is
-  handed); context (what all share).
+  handed); context (what all share). forward_sender stands apart, importing none of them: the
+  forwarding channel to one owner, driven by node/peer/forwarder.py and by the simulation.
 - A journal answer comes back through the continuation object an AfterFlush carries, whose
   `flushed(reason, now_ms, effects)` belongs to the concern that wrote it (no tags).
 - docs/cluster-protocol.md: what each module owns, the entry points, sequence diagrams.

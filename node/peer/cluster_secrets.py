@@ -1,11 +1,10 @@
-"""What nodes show each other: the cluster's TLS files, the raft secret, and when a node must have them.
+"""The cluster's secrets, as a node holds them: its cluster TLS files in force, the raft secret, and when a
+node must have them.
 
 Rules:
-- Cluster TLS is three PEM files: this node's certificate (serverAuth and clientAuth, named in its
-  extended key usage: it serves the peer port and dials the other nodes' with it; a certificate
-  without the extension is refused, here and by the peers), its key and the cluster CA. They are checked at
-  start (key matches certificate, certificate signed by the CA, both usages, not expired), so a
-  wrong file stops the node with the file named instead of failing every handshake later.
+- Cluster TLS is three PEM files: this node's certificate, its key and the cluster CA, checked at
+  start by node/peer/node_certificate.py, so a wrong file stops the node with the file named instead
+  of failing every handshake later.
 - The files are read again when they change (checked at most once per RELOAD_CHECK_INTERVAL_S, on
   each new peer connection and each forwarding attempt): new connections use the new files, open
   ones keep theirs. A change that does not check out (a key written before its certificate) keeps
@@ -22,23 +21,18 @@ Rules:
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import logging
 import sys
 import threading
 import time
-from dataclasses import dataclass
 
 import grpc
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from node.amqp.tls import read_pem
 from node.config import files_stamp
 from node.core.errors import InvalidConfig
 from node.net import is_loopback
+from node.peer.node_certificate import TlsMaterial, read_tls_material
 
 log = logging.getLogger("grouper.peer")
 
@@ -46,102 +40,6 @@ RELOAD_CHECK_INTERVAL_S = 1.0  # how often the TLS files' stamps are compared, a
 RAFT_SECRET_CHARS_MIN = 16  # a shorter secret is refused: the key is derived from it with a fixed salt
 RAFT_SECRETS_MAX = 4  # lines of the raft secret file: the current secret and the ones still accepted
 RAFT_SECRET_FILE_BYTES_MAX = 4096  # a larger file is not a secret file
-CERT_FILE_KEYS = ("cluster_tls_cert_file", "cluster_tls_key_file", "cluster_tls_ca_file")
-
-
-@dataclass(frozen=True)
-class TlsMaterial:
-    certificate_chain: bytes
-    private_key: bytes
-    ca_certificates: bytes
-    common_name: str
-    not_after: datetime.datetime
-
-
-def read_tls_material(cert_file: str, key_file: str, ca_file: str, now: datetime.datetime) -> TlsMaterial:
-    """Reads and checks the three files; InvalidConfig names the setting and file at fault."""
-    certificate_chain = read_pem(cert_file, "cluster_tls_cert_file")
-    private_key = read_pem(key_file, "cluster_tls_key_file")
-    ca_certificates = read_pem(ca_file, "cluster_tls_ca_file")
-    try:
-        chain = x509.load_pem_x509_certificates(certificate_chain)
-    except ValueError:
-        raise InvalidConfig("cluster_tls_cert_file", f"{cert_file} holds no PEM certificate") from None
-    try:
-        cas = x509.load_pem_x509_certificates(ca_certificates)
-    except ValueError:
-        raise InvalidConfig("cluster_tls_ca_file", f"{ca_file} holds no PEM certificate") from None
-    try:
-        key = serialization.load_pem_private_key(private_key, password=None)
-    except (ValueError, TypeError) as error:
-        raise InvalidConfig("cluster_tls_key_file", f"{key_file} holds no unencrypted PEM private key "
-                                                    f"({error})") from None
-    leaf = chain[0]
-    if key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) != \
-            leaf.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo):
-        raise InvalidConfig("cluster_tls_key_file", f"{key_file} is not the key of {cert_file}")
-    issuers = chain[1:] + cas
-    if not any(_issued_by(leaf, issuer) for issuer in issuers):
-        raise InvalidConfig("cluster_tls_cert_file", f"{cert_file} (issuer {leaf.issuer.rfc4514_string()}) is not "
-                                                     f"signed by a CA in {ca_file}: the other nodes would refuse it")
-    missing = sorted({"serverAuth", "clientAuth"} - node_usages(leaf))
-    if missing:
-        raise InvalidConfig("cluster_tls_cert_file", f"{cert_file} lacks extended key usage {', '.join(missing)}: a "
-                                                     f"node serves and dials with one certificate; make one with "
-                                                     f"`grouper certs node NAME`")
-    if leaf.not_valid_after_utc <= now:
-        raise InvalidConfig("cluster_tls_cert_file",
-                            f"{cert_file} expired on {leaf.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
-    names = leaf.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    return TlsMaterial(certificate_chain, private_key, ca_certificates,
-                       str(names[0].value) if names else leaf.subject.rfc4514_string(), leaf.not_valid_after_utc)
-
-
-def certificate_hosts(certificate: x509.Certificate) -> frozenset[str]:
-    """The hosts a certificate names, as a TLS client checks them: its DNS names (lower case) and IP
-    addresses (canonical text); its subject CN only when it has no subjectAltName (RFC 6125)."""
-    try:
-        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        common = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-        return frozenset(canonical_host(str(common[0].value)) for _ in common[:1])
-    return frozenset([name.lower() for name in names.get_values_for_type(x509.DNSName)]
-                     + [str(address) for address in names.get_values_for_type(x509.IPAddress)])
-
-
-def canonical_host(host: str) -> str:
-    """A host as certificate_hosts writes it: an IP address in canonical text, a name in lower case."""
-    host = host.strip("[]")
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        return host.lower()
-
-
-def node_usages(certificate: x509.Certificate) -> set[str]:
-    """The TLS usages a certificate's extended key usage names: 'serverAuth', 'clientAuth'. None without
-    the extension: RFC 5280 lets such a certificate serve any purpose, but a node certificate must say
-    it is one (`grouper certs node` writes both), so another certificate of the same CA cannot pass."""
-    try:
-        usages = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    except x509.ExtensionNotFound:
-        return set()
-    found = set()
-    if ExtendedKeyUsageOID.SERVER_AUTH in usages:
-        found.add("serverAuth")
-    if ExtendedKeyUsageOID.CLIENT_AUTH in usages:
-        found.add("clientAuth")
-    return found
-
-
-def _issued_by(certificate: x509.Certificate, issuer: x509.Certificate) -> bool:
-    try:
-        certificate.verify_directly_issued_by(issuer)
-    except (InvalidSignature, ValueError, TypeError):  # a bad signature, another issuer's name, a key type
-        return False
-    return True
-
-
 
 
 class ClusterTls:
@@ -154,7 +52,7 @@ class ClusterTls:
         self._clock = clock
         self._lock = threading.Lock()
         self._stamps = files_stamp(self.paths)
-        self.material = read_tls_material(*self.paths, now=_utc_now())
+        self.material: TlsMaterial = read_tls_material(*self.paths, now=_utc_now())
         self.generation = 1
         self._checked_s = clock()
         self._bad_stamps = None
