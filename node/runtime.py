@@ -146,12 +146,12 @@ class Node:
                            on_records=lambda queue, records: self.bridge.post(
                                lambda: self.server.journal_records(queue, records)))
         self.server.apply([])  # journals the declarations made during recovery
-        self.server.start()
+        self.server.thread.start()
         self.serving = True
 
     def _listen(self, what: str, port: int, tls: bool) -> int:
         try:
-            return self.server.listen(self.config.host, port, tls)
+            return self.server.listener.listen(self.config.host, port, tls)
         except OSError as error:
             raise GrouperError(f"cannot listen for {what} on {self.config.host}:{port}: "
                                f"{error.strerror or error}; is another process using the port?") from None
@@ -253,7 +253,7 @@ class Node:
         if self.health is not None:
             self.health.stop()
         if self.server is not None:
-            self.server.stop(STOP_WAIT_S)
+            self.server.thread.stop(STOP_WAIT_S)
         if self.cluster is not None:
             self.cluster.close()
         if self.handler is not None:
@@ -266,7 +266,7 @@ class Node:
         self.journal.close()
 
     def wait_alive(self, stop_event: threading.Event) -> None:
-        while not stop_event.is_set() and self.server.is_alive():
+        while not stop_event.is_set() and self.server.thread.is_alive():
             stop_event.wait(0.5)
 
 

@@ -20,7 +20,7 @@ import pytest
 from proton import Connection, Message, Transport
 from proton.utils import BlockingConnection
 
-from node.amqp.loop import OUTPUT_MAX_BYTES
+from node.amqp.connections import OUTPUT_MAX_BYTES
 from tests.integration.clients import queue_toml
 
 WAIT_S = 20.0  # bound of every wait on the node
