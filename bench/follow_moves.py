@@ -38,7 +38,8 @@ import urllib.request
 from pathlib import Path
 
 from bench import clients, peers
-from bench.cluster import Cluster, NodeProcess, load_1m
+from bench.cluster_nodes import Cluster, NodeProcess
+from bench.machine import load_1m
 from bench.outbound_memory import QUEUE, BudgetRuns, Clients, budget_runs_main, order_check, wait_progress
 
 BENCH_DIR = Path(__file__).resolve().parent

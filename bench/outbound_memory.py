@@ -46,7 +46,8 @@ import urllib.request
 from pathlib import Path
 
 from bench import clients, lean, peers
-from bench.cluster import Cluster, NodeProcess, load_1m
+from bench.cluster_nodes import Cluster, NodeProcess
+from bench.machine import load_1m
 from bench.report_file import commit, write_section
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -233,7 +234,7 @@ def run_budget(work_dir: Path, memory_max_bytes: int, messages: int, groups: int
 
         source.kill()
         restarted = time.monotonic()
-        result["restart_ready_s"] = round(source.start(), 1)
+        result["restart_ready_s"] = round(source.start_timed(), 1)
 
         def whole(figures: dict) -> bool:
             return figures.get("messages") == messages and figures.get("journal_messages") == messages
@@ -244,7 +245,7 @@ def run_budget(work_dir: Path, memory_max_bytes: int, messages: int, groups: int
         log(f"node 0 killed, restarted, backlog whole in {result['recovered_s']} s: {brief(result['recovered'])}")
 
         cpu_start_s = source.cpu_seconds()
-        result["owner_ready_s"] = round(owner.start(), 1)
+        result["owner_ready_s"] = round(owner.start_timed(), 1)
         drain_start, drain_start_ns = time.monotonic(), time.monotonic_ns()  # the owner is ready: forwarding starts
         owner_cpu_start_s = owner.cpu_seconds()
         ready, stop, progress, process, result_path = helpers.consumer(owner, workload, "drain-consumer")

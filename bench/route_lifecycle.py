@@ -44,7 +44,8 @@ import urllib.request
 from pathlib import Path
 
 from bench import clients, lean, peers
-from bench.cluster import Cluster, NodeProcess, load_1m, machine_facts
+from bench.cluster_nodes import Cluster, NodeProcess
+from bench.machine import load_1m, machine_facts
 from bench.report_file import commit, write_section
 from node.amqp.engine import ACCEPTED, ffi, lib
 

@@ -1,0 +1,101 @@
+"""The benchmarks' `grouper node` processes and clusters, on the integration tests' harness.
+
+tests/integration/harness.py's `NodeProcess` and tests/integration/cluster.py's `Cluster` start, wait
+for, restart and kill a node for the tests and the benchmarks alike; this module adds only what a
+benchmark needs on top: a name and a directory per node under the run's work directory, the seconds
+a start took, the CPU of a node's process tree, consumer counts that hold on every node, and a
+cluster that is ready once every member is connected. Stopping never raises: a benchmark's `finally`
+must leave no node behind and still write its report. Runs on the benchmark's main thread only.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from bench import peers
+from bench.phase_log import log
+from tests.integration import cluster as test_cluster
+from tests.integration import harness
+
+HOST = "127.0.0.1"
+CLUSTER_WAIT_S = 30.0  # leader elected, members connected, consumer counts known
+
+
+class NodeProcess(harness.NodeProcess):
+    """One `grouper node` named `name`: data in work_dir/name/data, its config the text of `config_path`;
+    a restart reuses its data dir and its AMQP, admin and HTTP ports."""
+
+    def __init__(self, name: str, work_dir: Path, config_path: Path, args: tuple = ()):
+        self.name = name
+        self.dir = Path(work_dir) / name
+        super().__init__(self.dir / "data", Path(config_path).read_text(), args)
+
+    def start_timed(self) -> float:
+        """Start and wait for "ready"; returns the seconds from the command to "ready"."""
+        started = time.monotonic()
+        self.start()
+        return time.monotonic() - started
+
+    @property
+    def http_port(self) -> int:
+        return int(self.http_address.rsplit(":", 1)[1])
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def cpu_seconds(self) -> float:
+        """utime + stime of the node process and its raft member child (a process of its own)."""
+        return peers.tree_cpu_seconds(self.process.pid)
+
+    def log_tail(self, lines: int = 5) -> str:
+        return " | ".join(self.output[-lines:])
+
+
+class Cluster(test_cluster.Cluster):
+    """`size` benchmark nodes named node1, node2, ... on raft ports the tests' harness picks."""
+
+    def __init__(self, work_dir: Path, config_path: Path, size: int = 3, args: tuple = ()):
+        self.raft_ports = test_cluster.free_ports(size)
+        self.node_ids = [f"{HOST}:{port}" for port in self.raft_ports]
+        peer_list = ",".join(self.node_ids)
+        self.nodes = [NodeProcess(f"node{i + 1}", work_dir, config_path, ("--raft-port", str(port), "--peers",
+                                                                          peer_list, *args))
+                      for i, port in enumerate(self.raft_ports)]
+
+    def start(self) -> "Cluster":
+        for node in self.nodes:
+            node.start()
+        self.wait_healthy()
+        return self
+
+    def stop(self) -> None:
+        """Every node stopped (SIGTERM, SIGKILL past the harness's stop timeout) and killed if the stop
+        failed; what failed is logged, not raised."""
+        for node in self.nodes:
+            for end in (node.stop, node.kill):
+                try:
+                    end()
+                except (RuntimeError, AssertionError, OSError) as error:
+                    log(f"{node.name}: {str(error).splitlines()[0]}")
+
+    def wait_healthy(self, via: int | None = None) -> dict:
+        """A leader with a quorum, every member connected and registered, as seen from `via`."""
+        return self.wait_for(lambda s: bool(s["leader"]) and s["has_quorum"]
+                             and all(m["connected"] and m["amqp_address"] for m in s["members"]),
+                             "a leader and every member connected", CLUSTER_WAIT_S, via)
+
+    def leader(self) -> int:
+        return self.index_of(self.wait_healthy()["leader"])
+
+    def wait_consumers(self, queue: str, counts: dict[int, int], timeout_s: float = CLUSTER_WAIT_S) -> None:
+        """Until the route table knows exactly `counts` consumers on `queue` per node index, and none on
+        the nodes `counts` leaves out."""
+        super().wait_consumers(queue, {index: counts.get(index, 0) for index in range(len(self.nodes))}, timeout_s)
+
+    def cpu_seconds(self) -> list[float]:
+        return [node.cpu_seconds() for node in self.nodes]
