@@ -20,8 +20,10 @@ CATEGORIES = (
     ("journal (node/store/)", ("node/store/",)),
     ("peer forwarding: gRPC, protobuf, node/peer/", ("node/peer/", "grpc/", "google/protobuf/", "proto/")),
     ("raft (pysyncobj, handler/)", ("pysyncobj/", "handler/")),
-    ("cluster protocol (node/core/cluster/, node/cluster.py)", ("node/core/cluster/", "node/cluster.py",
-                                                                "node/core/routing.py")),
+    # the route cache and the outbound store serve forwarding only: they go where the protocol goes
+    ("cluster protocol and routes (node/core/cluster/, node/cluster.py)",
+     ("node/core/cluster/", "node/cluster.py", "node/core/routing.py", "node/core/group_map.py",
+      "node/core/outbound.py")),
     ("queues (node/core/queue*)", ("node/core/queue",)),
     ("dispatch core (node/core/: broker, access, settings)", ("node/core/",)),
     ("AMQP engine loop (node/amqp/)", ("node/amqp/",)),
