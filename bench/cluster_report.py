@@ -13,12 +13,10 @@ from bench.cluster_tables import (PLACEMENT_EVEN_PCT, _n, placement_spread, rend
 from bench.machine import LOAD_QUIET_BELOW, LOAD_WAIT_BUDGET_S, LOAD_WAIT_PHASE_MAX_S
 from bench.node_readings import DECISION_TARGET_MS
 from bench.profile_categories import AMQP_CATEGORIES, FORWARDING_CATEGORIES
+from bench.report_file import copied_text
 
 
 SECTION_HEADING = "## Cluster (3 nodes)"
-NOTES = Path(__file__).resolve().parent.parent / "docs" / "benchmarks-method.md"
-ANALYSIS_HEADING = "## Cluster (3 nodes): analysis"  # sections of NOTES
-METHOD_HEADING = "## Cluster (3 nodes): method"
 # the profile's parts in the breakdown, with their names in results written before issue 27
 FORWARDING_PARTS = (*FORWARDING_CATEGORIES, "peer forwarding", "cluster routing")
 AMQP_PARTS = (*AMQP_CATEGORIES, "proton", "AMQP adapter")
@@ -148,8 +146,8 @@ def render_section(report: dict) -> str:
     lines += (render_flows(report) + render_latency(report) + render_leader(report) + render_owner(report)
               + render_stability(report))
     lines += render_profile(report)
-    lines += ["", "### Analysis", ""] + breakdown_lines(report) + ["", notes(ANALYSIS_HEADING), "", "### Method", "",
-                                                                  notes(METHOD_HEADING), ""]
+    lines += ["", "### Analysis", ""] + breakdown_lines(report) + ["", copied_text("cluster-analysis"), "",
+                                                                  "### Method", "", copied_text("cluster-method"), ""]
     return "\n".join(lines)
 
 
@@ -219,14 +217,6 @@ def variation_note(report: dict) -> str:
                  f"{_n(targets['new_group_accept_p99_ms_worst'], 1)} ms; leader kill worst "
                  f"{_n(before_targets.get('leader_kill_worst_ms'))} → {_n(targets['leader_kill_worst_ms'])} ms.")
     return " ".join(parts)
-
-
-def notes(heading: str) -> str:
-    """The text of section `heading` of NOTES, without its heading line."""
-    text = NOTES.read_text()
-    start = text.index(f"\n{heading}\n") + len(heading) + 2
-    end = text.find("\n## ", start)
-    return text[start:end if end != -1 else len(text)].strip()
 
 
 def previous_summary(path: Path) -> dict | None:

@@ -32,7 +32,7 @@ from importlib import metadata
 from pathlib import Path
 
 from bench import clients, peers
-from bench.report_file import write_keeping_others
+from bench.report_file import copied_text, write_keeping_others
 from node.tools.progress import Progress
 
 REPO_ROOT = peers.REPO_ROOT
@@ -328,8 +328,8 @@ def render(report: dict) -> str:
     lines += observations(results) or ["- nothing unusual was detected."]
     lines += ["", "## Against the target (computed from the table)", ""]
     lines += target_check(results)
-    lines += ["", TARGET_ANALYSIS.strip(), ""]
-    lines += ["", METHOD.strip(), ""]
+    lines += ["", copied_text("run-analysis"), ""]
+    lines += ["", copied_text("run-method"), ""]
     return "\n".join(lines)
 
 
@@ -474,168 +474,6 @@ def target_check(results: list[dict]) -> list[str]:
     return lines or ["- no Grouper row was measured."]
 
 
-TARGET_ANALYSIS = """
-## Where the node's microseconds go, and what the missed targets would take
-
-Written from the run above (2026-11-23 22:08-22:14 UTC, load average 4.7-9.9 from other work on
-the machine, the load of each row in the table), the profiles and the extra runs named below; the
-list above is recomputed on every run, these paragraphs are not.
-
-- **The engine loop took the reactor's cost away.** The same workload (1,000 groups, prefetch 100)
-  cost the node 370 µs/msg not durable and 438 durable with the reactor adapter (2026-11-22); it now
-  costs 26 and 40, a quarter of ActiveMQ Classic's and a quarter to a third of RabbitMQ's in the
-  same run, and the lean client lets it carry 26,600 msgs/s on one node while sharing 2 cores with
-  its clients.
-- **A second run** (`--groups 1000 --probe-groups 0`, 22:29-22:34 UTC, load 9.1-15.3) gave the
-  same ratios: broker CPU 29.4 µs/msg not durable and 41.0 durable (0.31x and 0.22x ActiveMQ
-  Classic's, 0.23-0.38x RabbitMQ's), prefetch 1 1.92x (not durable) and 2.84x (durable). The two
-  targets that need the machine missed there: 14,516 msgs/s, and p99 54.9 ms paced at 7,258 msgs/s
-  (p50 0.37 ms). With 10-15 runnable tasks on 2 cores the node gets a fraction of a core and waits
-  for one; met in the run above (load 4.7-9.9), they depend on a core being free as much as on the
-  node, whose CPU per message is what the other targets measure.
-- **Where the 26 µs go** (`python -m bench.node_profile`: py-spy at 250 Hz on the node, 1,000 groups,
-  prefetch 100, not durable; share of the node's busy samples, a function with what it calls): the
-  producer's transfers (`_receive`) 49% — the dispatch core's enqueue and dispatch
-  (`Broker.enqueue`, `Queue._dispatch`) 13%, reading the group id (`codec.read_arrival`) 12%;
-  writing each connection's frames (`Connection.flush`: proton-c encoding the frames and the socket
-  write) 19%; the deliveries to consumers (`_deliver`, with the `x-opt-enqueued-time` splice) 12%;
-  consumers' dispositions (`_disposition`, `Queue.settle`) 8%; credit (`_on_link_flow`) 3%; the
-  event loop outside our code (socket reads, callbacks) 9%. By where the CPU executes (`--native`,
-  same workload): Python in the dispatch core (`core/queue.py`, `broker.py`) 24%, in the loop
-  adapter (`amqp/loop.py`, `connection.py`) 17%, in the codec 15%; proton-c and cffi 19%; `write`
-  system calls 11%; malloc and memcpy 8%; the code of uvloop and libuv themselves under 1%. No
-  single part dominates any more: a further halving needs the dispatch core's per-message Python
-  (about 6 µs) and the codec's (about 4 µs) to shrink together, for instance by taking deliveries
-  for a whole batch in one core call and stamping the enqueue time only where a consumer asks for
-  it.
-- **Durable adds 13 µs**, and most of it is handing batches to the journal writer:
-  `Journal.flush` → `Condition.notify`, once per batch, is 13% of the node's busy samples
-  (`--durable`; py-spy counts a thread that is runnable but not scheduled as busy, so part of it is
-  the woken writer taking the loop's core on this 2-core machine); `_end_batch` with it 14%;
-  encoding STORE and REMOVE records (`Journal.store`, `Journal.remove`) 6%; the writer thread
-  itself 3% (its fsync waits are not counted).
-- **Missed: prefetch 1, durable, 2.27x prefetch 100's** (90 against 40 µs/msg; not durable 1.63x,
-  met). At prefetch 1 each consumer has one delivery in flight, so a wake-up carries about one
-  message, and what a wake-up costs is paid per message: uvloop's callback, the event drain, one
-  socket write per connection, proton's frame per disposition and per flow (the non-durable row:
-  1.6x). Durable adds one journal unit, one hand-off and one write plus fsync per wake-up, which
-  prefetch 100 shares between ~100 messages. Measured apart (a separate run at load 13-15, 30,000
-  messages, two repetitions): system time of the node is 22-36 µs/msg at prefetch 1 durable against
-  2 at prefetch 100 durable (9-12 at prefetch 1 not durable), user time 77-84 against 40-47. What
-  it would take: group commit across wake-ups (the writer waits up to about a millisecond, or for a
-  few hundred records, before its write and fsync; settlements already wait for the journal), which
-  removes most of that system time and the per-wake-up hand-off; the user-time half needs the
-  per-wake-up path itself cheaper (one write per connection per wake-up is already the floor).
-- **Cluster: missed, forwarded 2.03x local** (`python -m bench.cluster --phases single,flows
-  --messages 50000`, 22:02-22:07, load 3-6, durable, 1,000 groups, prefetch 100, lean clients): one
-  node 37.2 µs/msg; 3 nodes with every message forwarded 75.4 (the receiving node 35.0, each of the
-  two owners 20.2, that is 40.4 for the owners together, about what a single node spends to take in
-  and deliver a message itself); 3 nodes with the consumers on the receiving node 41.0. So a
-  forwarded message costs a second full node's work: the receiving node still takes the AMQP
-  transfer, reads the group, settles it and journals it in its outbound store (STORE and REMOVE
-  records, durable), and adds the forwarding batch; the owner enqueues, journals, delivers and
-  settles again. For 1.3x the receiving node would have to spend ≤ 11 µs/msg: the outbound store
-  would have to keep one "acknowledged up to" record per forwarded batch instead of a REMOVE per
-  message, and the forwarding path (protobuf per message, the bridge hops per batch) would have to
-  cost a few µs per message, like the local path's dispatch core. A short py-spy of the same flow
-  (`python3 -m bench.cluster --phases profile`) puts the receiving node's busy samples 77% in the AMQP
-  adapter and 12% in cluster routing, the largest Python leaf there being `ClusterLink.carry_out`
-  (9% self: the cluster protocol returns several effect records per forwarded message, each
-  dispatched in Python); the owner spends 18% in gRPC handler threads (`entries_from_pb` 7% self).
-  The section "Cluster (3 nodes)" below is older: it was measured with the reactor adapter and the
-  proton client (2026-11-22).
-- **uvloop against asyncio** (two nodes started side by side, one with `uvloop` hidden from its
-  path, rows alternated, 3 pairs each, load 7-9): prefetch 100 not durable 24.7 against 23.8 µs/msg,
-  durable 38.7 against 37.2: no difference, a wake-up is shared by ~100 messages; prefetch 1 not
-  durable 64.8 against 72.9 µs/msg, uvloop cheaper in each of the 3 pairs (by 8-14%), since every
-  message is a wake-up there.
-- **The clients.** lean.py costs 12-21 µs of client CPU per message at prefetch 100 (a proton
-  Container cost 320-470 in the last reactor-era run) and 30-47 with Grouper at prefetch 1, where
-  each consumer wakes for each message; stomp.py costs 60-137.
-"""
-
-
-METHOD = """
-## Method
-
-- **All brokers up, rows interleaved.** `run.py` starts every system first, each as a subprocess of
-  the run with a private directory under a temporary work dir, listening only on 127.0.0.1
-  (`bench/peers.py`). Each gets an unreported warm-up row (1,000 groups, prefetch 100, not durable):
-  100,000 messages for ActiveMQ, whose JIT needs them (its broker CPU per message measured ~2.5x
-  higher cold), 20,000 for the others. Then every row of the matrix runs on every system in turn, the
-  order of the systems rotating from row to row, so that other work on the shared machine falls on
-  all of them alike; only one broker carries traffic at a time (the idle ones cost a few % of a core).
-- **Clients.** The producer runs in one process and the 4 consumers in another (multiprocessing,
-  fork; `--consumer-processes N` spreads the consumers over N processes), each consumer with its own
-  connection. AMQP 1.0 clients (Grouper, RabbitMQ) are `bench/lean.py`: proton's C engine through
-  cffi over plain sockets and one `selectors` loop per process, messages encoded from per-group
-  templates and read only as far as the group id and the two bench properties; it costs ~10-15 µs
-  of client CPU per message at prefetch 100 where a proton Container cost 320-470. The ActiveMQ
-  clients use stomp.py because Debian's ActiveMQ has no AMQP module. The `client CPU` column shows
-  what the clients took from the 2 cores the broker also runs on.
-- **Producer.** AMQP: sends whenever it has link credit and fewer than 1,000 sends unsettled,
-  and counts the broker's outcomes; durable rows set the message header `durable`. STOMP: `SEND`
-  without receipts (a receipt per message would make every send synchronous), header
-  `persistent:true|false`, then `DISCONNECT` with a receipt. Each message carries the group id
-  (AMQP `properties.group-id`; STOMP `JMSXGroupID`), its sequence number within the group and the
-  producer's CLOCK_MONOTONIC send time as application properties / headers.
-- **Paced rows** (`paced` in the notes): the producer sends on a schedule at half the system's own
-  maximum rate (its unpaced row with 1,000 groups, prefetch 100, not durable, in the same run), so
-  the latency columns show the broker's latency under load rather than a backlog.
-- **Consumers and prefetch.** AMQP: the receiver grants `prefetch` credit at attach and, after each
-  pass of its loop, as much credit as it accepted, so at most `prefetch` deliveries are unsettled
-  per consumer. STOMP: `ack:client-individual` with `activemq.prefetchSize:<prefetch>`, `ACK` per
-  message. Every message is accepted as soon as it is received.
-- **Systems.**
-  - *Grouper*: one queue per row declared in a generated TOML config (`group_policy = "exclusive"`,
-    `durable` per row), node started with `--amqp-port 0 --admin-port 0` and read for `ready`.
-  - *RabbitMQ plain queue*: one classic queue, 4 competing consumers; the no-groups reference (its
-    order violations show what grouping is there to prevent).
-  - *RabbitMQ hash + SAC*: RabbitMQ's own recipe for ordered groups: an `x-consistent-hash` exchange
-    (producer address `/exchange/NAME`, AMQP `subject` = group id = routing key) bound with weight 1
-    to 4 classic queues declared with `x-single-active-consumer: true`; consumer *i* attaches to
-    queue *i* (`/amq/queue/NAME-i`). Declarations go over AMQP 0-9-1 with pika on the same port.
-    Durable rows: durable exchange and queues plus persistent (durable) messages. With few groups
-    the hash can leave queues (and so consumers) idle: see `busiest consumer`.
-  - *ActiveMQ Classic*: a queue per row, created on first use, default policies (message group map:
-    1024 groups); durable rows send `persistent:true` (KahaDB).
-- **Throughput** = distinct messages received ÷ (last consumer accept − first producer send).
-- **Latency** = consumer receive time − producer send time, over every message (p50, p99). In the
-  unpaced rows the producer runs flat out, so latency includes the time spent queued behind the
-  backlog: a saturation latency. The paced rows give the latency under half the maximum load.
-- **Send s** = first to last send by the producer. Where it is much shorter than the row, the
-  broker let the producer run far ahead (generous producer credit or async sends) and the latency
-  columns mostly measure that backlog; where it is close to the row's length the broker held the
-  producer back (flow control) and latency stays low at the same throughput.
-- **Broker CPU µs/msg** = utime+stime (plus reaped children) summed over the broker's process tree
-  from /proc, read just before the producer starts and just after the last message is received,
-  divided by messages. **Client CPU** is the same for the client processes (from `os.times()`).
-- **Order check.** Every consumer records (group, sequence, receive time). Per group, all consumers'
-  receipts are merged by receive time; a message received after a later message of its group counts
-  as one *order violation*. *Groups split* = groups delivered to more than one consumer. *Lost / dup*
-  = sent minus distinct received / received more than once.
-- **Ordering probe.** Besides the issue's matrix (4 and 1,000 groups × prefetch 1 and 100 × durable
-  or not), each system gets a non-durable row with 5,000 groups at the largest prefetch
-  (`--probe-groups`): more groups than
-  ActiveMQ's default group map keeps (1,024), where PLATFORM.md saw ActiveMQ reorder.
-- **Load** is the machine's 1-minute load average just before the row: other work on the shared
-  machine plus the tail of this run's previous row (a busy row alone accounts for about 2). A row
-  measured under a high load is slower than the system is.
-- **Comparing across protocols.** ActiveMQ is driven over STOMP by stomp.py, whose client now costs
-  several times more CPU per message than lean.py (see the client-cost lines under Observations). On
-  2 shared cores that dearer client takes CPU from the broker, so ActiveMQ's msgs/s and its ×Grouper
-  ratio measure the client as well as the broker. Compare msgs/s among the AMQP rows (Grouper and
-  RabbitMQ share one client); compare broker CPU µs/msg across all systems.
-- **Security rows** (`Grouper over TLS, SASL PLAIN`): a second Grouper node, started beside the
-  first with a users file (one administrator, `grouper user add --password-stdin`, a random password)
-  and a development certificate (`node/certs.py`, made in the run's work dir), runs the 1,000-group,
-  prefetch-100 rows on its amqps port: every client (lean.py, Python `ssl` around the socket, TLS 1.2
-  or later, Python's default ciphers) logs in with SASL PLAIN. Its rows run in the same round as the
-  plain node's rows of the same key (the order rotating as for the other systems); the Observations
-  give the difference in broker CPU per message, the cost of TLS (the login is once per connection,
-  so it is not in the per-message cost). `--security no` leaves them out.
-- **Failures** are reported in the row (`FAILED` and the reason, or a note), never replaced by numbers.
-"""
 
 
 def main(argv: list[str] | None = None) -> int:
