@@ -20,7 +20,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from bench import clients, peers, run
+from bench import clients, peers
+from bench.matrix import Row
 from bench.profile_categories import WAITING, fsync_frames
 
 SAMPLE_RATE_HZ = 250
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     work_dir = Path(tempfile.mkdtemp(prefix="grouper-profile-"))
-    row = run.Row("grouper", 1000, args.prefetch, args.durable, args.messages)
+    row = Row("grouper", 1000, args.prefetch, args.durable, args.messages)
     node = peers.Grouper(work_dir)
     node.start([row])
     raw = args.out or work_dir / "profile.txt"

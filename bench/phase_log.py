@@ -1,6 +1,6 @@
-"""The cluster benchmarks' log lines and their phase bar: one line per event, timestamped, printed
-above the progress bar when one is drawn. Owns the bar's handle while a run lasts (main sets it);
-never measures anything."""
+"""A benchmark run's log lines: one line per event, timestamped, printed above the run's progress bar
+when one is drawn (bench.run's messages, bench.cluster's phases). Holds the bar's handle while a run
+lasts (its main sets and clears PROGRESS); never measures anything."""
 
 from __future__ import annotations
 
