@@ -96,38 +96,7 @@ def run_phases(args, phases: set[str]) -> int:
     cluster = Cluster(work_dir, config_path)
     try:
         cluster.start()
-        log(f"[cluster] ready; leader node {cluster.leader() + 1}")
-        report["idle_cpu_pct_cluster"] = idle_cpu_pct(cluster.nodes)
-        log(f"[cluster] idle CPU per node: {report['idle_cpu_pct_cluster']} % of a core")
-        if "flows" in phases:
-            report["flows"] += run_flows(cluster, work_dir, args.messages, gate)
-            phase_done(phases, "flows")
-        if "latency" in phases:
-            b1 = next((row for row in report["flows"] if row.get("key") == "b1" and row.get("throughput_per_s")), None)
-            half_load = round(b1["throughput_per_s"] / 2) if b1 else HALF_LOAD_DEFAULT_PER_S
-            report["latency"] = phase(gate, "latency", lambda: run_latency(cluster, work_dir, half_load), cluster)
-            log(f"[latency] {json.dumps(report['latency'])}")
-            phase_done(phases, "latency")
-        if "leader" in phases:
-            report["leader_kill"] = phase(gate, "leader kill",
-                                          lambda: run_leader_kills(cluster, work_dir, args.repeats), cluster)
-            phase_done(phases, "leader")
-        if "owner" in phases:
-            report["owner_kill"] = phase(gate, "owner kill", lambda: run_owner_kills(cluster, work_dir, args.repeats),
-                                         cluster)
-            phase_done(phases, "owner")
-        if "stability" in phases:
-            report["stability"] = phase(gate, "stability", lambda: run_stability(cluster, work_dir, args.stability_s),
-                                        cluster)
-            log(f"[stability] {json.dumps(report['stability'])}")
-            phase_done(phases, "stability")
-        if "profile" in phases:
-            try:
-                report["profile"] = run_profile(cluster, work_dir, args.messages)
-            except Exception as error:
-                report["profile"] = {"failed": f"{type(error).__name__}: {error}"}
-            log(f"[profile] {json.dumps(report['profile'])[:2000]}")
-            phase_done(phases, "profile")
+        run_on_cluster(cluster, args, phases, gate, work_dir, report)
     finally:
         cluster.stop()
     if "placement" in phases:
@@ -142,6 +111,42 @@ def run_phases(args, phases: set[str]) -> int:
     write_section(args.out, SECTION_HEADING, render_section(report))
     log(f"done in {report['duration_s']:.0f} s; targets {report['targets']}; wrote {args.out} and {args.json}")
     return 0
+
+
+def run_on_cluster(cluster: Cluster, args, phases: set[str], gate: LoadGate, work_dir: Path, report: dict) -> None:
+    """The phases asked for that share the started 3-node cluster, in order, their results into `report`."""
+    log(f"[cluster] ready; leader node {cluster.leader() + 1}")
+    report["idle_cpu_pct_cluster"] = idle_cpu_pct(cluster.nodes)
+    log(f"[cluster] idle CPU per node: {report['idle_cpu_pct_cluster']} % of a core")
+    if "flows" in phases:
+        report["flows"] += run_flows(cluster, work_dir, args.messages, gate)
+        phase_done(phases, "flows")
+    if "latency" in phases:
+        b1 = next((row for row in report["flows"] if row.get("key") == "b1" and row.get("throughput_per_s")), None)
+        half_load = round(b1["throughput_per_s"] / 2) if b1 else HALF_LOAD_DEFAULT_PER_S
+        report["latency"] = phase(gate, "latency", lambda: run_latency(cluster, work_dir, half_load), cluster)
+        log(f"[latency] {json.dumps(report['latency'])}")
+        phase_done(phases, "latency")
+    if "leader" in phases:
+        report["leader_kill"] = phase(gate, "leader kill",
+                                      lambda: run_leader_kills(cluster, work_dir, args.repeats), cluster)
+        phase_done(phases, "leader")
+    if "owner" in phases:
+        report["owner_kill"] = phase(gate, "owner kill", lambda: run_owner_kills(cluster, work_dir, args.repeats),
+                                     cluster)
+        phase_done(phases, "owner")
+    if "stability" in phases:
+        report["stability"] = phase(gate, "stability", lambda: run_stability(cluster, work_dir, args.stability_s),
+                                    cluster)
+        log(f"[stability] {json.dumps(report['stability'])}")
+        phase_done(phases, "stability")
+    if "profile" in phases:
+        try:
+            report["profile"] = run_profile(cluster, work_dir, args.messages)
+        except Exception as error:
+            report["profile"] = {"failed": f"{type(error).__name__}: {error}"}
+        log(f"[profile] {json.dumps(report['profile'])[:2000]}")
+        phase_done(phases, "profile")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench import peers, phase_log
 from bench.interleave import run_interleaved
-from bench.matrix import SYSTEMS, VARIANTS, WARMUP_MESSAGES, matrix, paced_rows, security_rows
+from bench.matrix import SYSTEMS, VARIANTS, WARMUP_MESSAGES, Row, matrix, paced_rows, security_rows
 from bench.phase_log import log
 from bench.report_file import write_keeping_others
 from bench.run_report import client_versions, machine_facts, render
@@ -32,7 +32,7 @@ DEFAULT_OUT = REPO_ROOT / "docs" / "benchmarks.md"
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "last-run.json"
 
 
-def main(argv: list[str] | None = None) -> int:
+def options() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated: grouper,rabbitmq,activemq")
     parser.add_argument("--messages", type=int, default=20_000, help="messages per row (default 20000)")
@@ -55,8 +55,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="run nothing: rewrite --out from the results already in --json")
     parser.add_argument("--keep-other-systems", action="store_true",
                         help="keep rows of systems not run now from the --json file of an earlier run")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = options()
+    args = parser.parse_args(argv)
     if args.render_only:
         write_keeping_others(args.out, render(json.loads(args.json.read_text())))
         print(f"wrote {args.out} from {args.json}")
@@ -67,19 +71,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown system(s): {', '.join(unknown)}")
     if args.security not in ("yes", "no"):
         parser.error("--security takes yes or no")
-    messages = 2000 if args.quick else args.messages
+    command = "python -m bench.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    return run_table(args, systems, command)
+
+
+def planned_rows(args, systems: list[str], messages: int) -> tuple[list[str], list[Row], list[Row], dict]:
+    """(systems, with grouper-tls when it runs; the matrix's rows; the paced rows; warm-up messages by system)."""
     groups_list = [int(x) for x in args.groups.split(",")]
     prefetch_list = [int(x) for x in args.prefetch.split(",")]
     durable_list = [{"no": False, "yes": True}[x.strip()] for x in args.durable.split(",")]
-    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="grouper-bench-"))
-    work_dir.mkdir(parents=True, exist_ok=True)
-
-    # SIGTERM unwinds like Ctrl-C, so every broker started so far is stopped on the way out.
-    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
-    log(f"work dir {work_dir}; {messages} messages per row")
-    started = time.monotonic()
-    results: list[dict] = []
-    versions = client_versions()
     variants = [variant for system in systems for variant in VARIANTS[system]]
     rows = matrix(variants, messages, groups_list, prefetch_list, durable_list, args.probe_groups)
     if args.security == "yes" and "grouper" in systems:
@@ -89,18 +89,30 @@ def main(argv: list[str] | None = None) -> int:
             systems = [*systems, "grouper-tls"]
     paced = paced_rows(variants, messages) if args.paced == "yes" else []
     warmup_messages = {system: 2000 if args.quick else count for system, count in WARMUP_MESSAGES.items()}
+    return systems, rows, paced, warmup_messages
+
+
+def run_table(args, systems: list[str], command: str) -> int:
+    """Run the rows, then write the results file and the report."""
+    messages = 2000 if args.quick else args.messages
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="grouper-bench-"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    # SIGTERM unwinds like Ctrl-C, so every broker started so far is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
+    log(f"work dir {work_dir}; {messages} messages per row")
+    started = time.monotonic()
+    versions = client_versions()
+    systems, rows, paced, warmup_messages = planned_rows(args, systems, messages)
     total_messages = (sum(row.messages for row in rows + paced)
                       + sum(warmup_messages[system] for system in systems if system in warmup_messages))
     with Progress(total_messages, "bench", "msg") as progress:
         phase_log.PROGRESS = progress
         try:
-            system_results, system_versions = run_interleaved(systems, rows, paced, warmup_messages, work_dir,
-                                                              args.consumer_processes, log, progress)
+            results, system_versions = run_interleaved(systems, rows, paced, warmup_messages, work_dir,
+                                                       args.consumer_processes, log, progress)
         finally:
             phase_log.PROGRESS = None
-    results += system_results
     versions.update(system_versions)
-    command = "python -m bench.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     if args.keep_other_systems and args.json.exists():
         earlier = json.loads(args.json.read_text())
         kept = [r for r in earlier["results"] if r["system"] not in systems]
@@ -126,7 +138,6 @@ def main(argv: list[str] | None = None) -> int:
     write_keeping_others(args.out, render(report))
     log(f"done in {report['duration_s']:.0f} s; wrote {args.out} and {args.json}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
