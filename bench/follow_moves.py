@@ -6,7 +6,7 @@ is cold and is found by sweeps of the old node's cold tail (node/core/cluster/sw
     python3 -m bench.follow_moves [--messages N] [--groups G] [--body-bytes B] [--budgets 0,1048576]
     python3 -m bench.follow_moves render         # the section again from results/follow-moves-*.json
 
-One run per record budget, each on a fresh 3-node cluster (bench/cluster.py's `Cluster`: real `grouper node`
+One run per record budget, each on a fresh 3-node cluster (bench/cluster_nodes.py's `Cluster`: real `grouper node`
 processes on 127.0.0.1, fresh data dirs, `route_follow_ms = 1000`), one durable queue with exclusive groups:
 1. a lean consumer with no credit attaches on node 0 alone, so every new group is placed there and nothing
    is delivered; node 1's lean producer sends N messages of B bytes over G groups. Every one must be

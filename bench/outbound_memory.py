@@ -5,7 +5,7 @@ and under the default budget (32 MiB per owner), and how fast each drains once t
     python3 -m bench.outbound_memory [--messages N] [--groups G] [--body-bytes B] [--budgets 0,33554432]
     python3 -m bench.outbound_memory render      # the section again from results/outbound-memory-*.json
 
-One run per budget, each on a fresh 3-node cluster (bench/cluster.py's `Cluster`: real `grouper node`
+One run per budget, each on a fresh 3-node cluster (bench/cluster_nodes.py's `Cluster`: real `grouper node`
 processes on 127.0.0.1, fresh data dirs), one durable queue with exclusive groups:
 1. a lean consumer on node 1 alone, so new groups are placed there; node 0's lean producer sends 20
    messages per group for G groups, and the consumer receives them: node 1 owns the G groups. The

@@ -4,7 +4,7 @@
     python -m bench.route_lifecycle churn [--groups 5000000] [--rate-per-s 5000] [--group-timeout-ms 15000]
     python -m bench.route_lifecycle render
 
-What: issue 14's two route targets, measured on `grouper node` processes on 127.0.0.1 (bench/cluster.py's
+What: issue 14's two route targets, measured on `grouper node` processes on 127.0.0.1 (bench/cluster_nodes.py's
 Cluster: each node runs its raft member as a child process, `python -m handler.member`):
 - live: N distinct groups, one message each, sent through all 3 nodes as fast as they take them; once
   every node's `grouper_routes` (/metrics) is N, the resident set (VmRSS) and peak (VmHWM) of each
