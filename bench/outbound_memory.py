@@ -48,7 +48,7 @@ from pathlib import Path
 from bench import clients, lean, peers
 from bench.cluster_nodes import Cluster, NodeProcess
 from bench.machine import load_1m
-from bench.report_file import commit, write_section
+from bench.report_file import commit, copied_text, write_section
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -349,83 +349,9 @@ def render_section(reports: list[dict]) -> str:
                             f"{'**met**' if ratio >= DRAIN_RATIO_MIN else '**missed**'}")
     if verdicts:
         lines += [""] + [f"- {text}" for text in verdicts]
-    lines += ["", "Where node 0's bytes went (measured by hand on 2026-11-24: gdb on node 0 at `86e52a6`, tracemalloc "
-              "on the outbound core alone at `86e52a6`, py-spy on node 0 at `ebd19fc`):",
-              "- **A paged message still costs ~450 B of records.** After 200,000 sends under 32 MiB, glibc's "
-              "`malloc_stats` showed 64 MB in use of 77 MB taken: of the ~125 MB of growth ~33 MB are the bodies held "
-              "and ~90 MB records (Python objects and their tables). The 1,000,000 row grows about as much per message "
-              "(432 B), so "
-              "the budget bounds bodies, not records: the backlog still grows node memory in step with its length "
-              "(the default outbound_max_bytes of 1 GiB per owner is ~1,000,000 such messages, ~0.45 GB of records; "
-              "with 100-byte bodies ~10,000,000 messages, several GB). The outbound core's own share, in-process, is "
-              "266 B per paged message: the channel's dict slot and (route key, journal name, size) tuple 116 B, a "
-              "(queue, group) key tuple 56 B and a group id string 54 B per message, the seq int 32 B; at these "
-              "commits each entry's journal name is also a string of its own (~60 B; `a2b4fa7` shares one per channel: "
-              "~380 B and ~345 B per paged message there); the journal's index adds 20.5 B (node/store/spans.py).",
-              "- **Until `a2b4fa7` a restart loaded every body, whatever the budget.** `Journal.recover` kept the bodies "
-              "of outbound names and `recover_outbound` made an Entry of each before `Outbound.ready` paged them: the "
-              "recovery's peak was the unbounded run's (VmHWM 434 MB at 200,000, 1,917 MB at 1,000,000, with either budget), and "
-              "the freed bodies stayed in glibc's heap (273 MB taken, 63 MB in use; `malloc_trim(0)` through gdb took "
-              "VmRSS from 428 to 224 MB), so after a restart the node stayed at the unbounded size. `a2b4fa7` (another "
-              "engineer's, committed during these runs; the *uncommitted* rows ran on it in progress) recovers "
-              "outbound messages without their bodies: the recovery's peak falls to 220 MB at 200,000 and 671 MB at "
-              "1,000,000, still above the live state after the sends (188 and 456 MB): ~0.6 KB per message at its "
-              "peak (by the code, recovery holds a bodiless Message and a sort tuple per message before the store "
-              "takes them), "
-              "and the node is left ~137 MB larger at 1,000,000 than before its restart.",
-              "- **The drain is the owner's pace.** py-spy on node 0 during a paged drain (300,000 messages): its "
-              "forwarder thread spends its time waiting for the owner's acknowledgements (`_blocking`), and the "
-              "read-back (`Journal._read_frames`, `decode_body` on the journal thread) is ~2.5% of all threads' samples; the "
-              "paged drain costs node 0 ~9 µs more CPU per message (20.5 s against 11.4 s at 1,000,000) but node 1, "
-              "at ~40 µs per message, sets the rate."]
-    lines += ["", "Each budget runs on its own fresh cluster, one after the other, so the two drains of a pair are "
-              "minutes apart on a machine whose load moves with the neighbours; node CPU per message is the "
-              "steadier comparison. The rows at `ebd19fc` and `a2b4fa7` ran from a `git archive` of that commit "
-              "(PYTHONPATH on it), so no one's uncommitted edit of node/ could enter them."]
-    # measured in-process by bench/outbound_records.py, not by this script's runs
-    lines += ["",
-              "**Smaller records, a lower recovery peak** (2026-11-24, tracemalloc on the pure cores alone, "
-              "1,000,000 messages, each with its own group id string, route key tuple and size int, `python3 -m "
-              "bench.outbound_records --per-group K`, before with `--root` on a `git archive` of `20aa88a`). An "
-              "outbound entry's record now shares its group's route key tuple and group id string with the other "
-              "entries of that group in the channel (kept per owner while any is there, dropped with the last), "
-              "and `key_counts` is keyed per owner, so no (owner, key) tuple per group: **291.8 → 171.7 B per "
-              "entry** with 100 messages per group, and **388.9 → 374.8 B** with one message per group (a map "
-              "keyed by (owner, key) would have cost that case 42 B more than before). What is left per entry is "
-              "the seq int, the size int, the record tuple and the channel's dict slot. `recover_outbound` merges "
-              "the journal's per-name lists, already in seq order, with `heapq.merge` instead of sorting a tuple "
-              "per message, and empties each list as it goes, so a bodiless Message is let go as its record is "
-              "made: against an input of 238 MiB of bodiless Messages the **peak falls from 586 to 379 MiB** (one "
-              "per group) **and from 494 to 238 MiB** (100 per group), leaving 365 and 173 MiB (379 and 287 "
-              "before). Whole-node figures (the table above) were not rerun.",
-              "",
-              "**No Message per bodiless entry at recovery** (2026-11-24, the same bench and input, 1,000,000 "
-              "entries, `python3 -m bench.outbound_records --messages 1000000 --per-group K [--journal DIR]`, before "
-              "with `--root` on a `git archive` of `e9c43dd`). `Journal.recover(bodiless_prefix=...)` no longer "
-              "returns a bodiless Message per outbound entry: while it scans it keeps each one's (group id, payload "
-              "length) by seq, and it gives each outbound name to `recover_outbound` as three parallel arrays (seqs, "
-              "group ids, sizes) in seq order, which `recover_outbound` cuts down 4,096 entries at a time as it makes "
-              "the records. Its input falls **from 238 to 86 MiB** (the group id strings, which the records keep, and "
-              "24 B of arrays per entry), and its peak **from 379 to 369 MiB** with one entry per group (365 MiB "
-              "left either way) **and from 238 to 177 MiB** with 100 per group (173 left). From a real journal "
-              "(`--journal`: 1,000,000 STOREs of 260-byte bodies, one per group, recovered as runtime does), "
-              "`Journal.recover`'s peak falls **from 294 to 244 MiB** and what it hands over from 250 to 105 MiB, "
-              "but the whole recovery's peak stays where it was (391 and 390 MiB): it is reached at the end, by the "
-              "records and the journal's index, 378 and 386 MiB left. Those 8 MiB are no more memory: the seq and "
-              "size ints, taken out of the arrays, are asked for as 32 bytes each where the decoder's were 28 "
-              "(tracemalloc at 100,000 entries, by line), and pymalloc gives either 32.",
-              "",
-              "**Records in arrays** (2026-11-25, `c5d4826`; the same bench, before with `--root` on a `git "
-              "archive` of `2467641`). A channel keeps its records as parallel arrays (forward seq, size, route key "
-              "id, a flag byte) and its forwarder's line the paged seqs as arrays, not a dict of tuples and a deque "
-              "of ints: **171.7 → 23.6 B per entry** with 100 messages per group and **374.8 → 262.8 B** with one "
-              "per group (the group's key tuple, id string and dict entries are what is left), and the recovery of "
-              "1,000,000 bodiless entries peaks at 87 MiB instead of 177 with 100 per group, leaving 33 MiB instead "
-              "of 173. With bodies paged, 1,000 groups: 146.3 → 29.9 B per entry (`python3 -m bench.memory --only "
-              "outbound_paged`, the section on queued messages above). The whole node (the table's row at "
-              "`ab41801`, `--messages 1000000 --budgets 33554432`, one run at load 4-7): **98 B per message, 64 "
-              "beyond the bodies held** (379 and 345 at `a2b4fa7`), and a restart's peak of **354 MB** (671), "
-              "leaving 204 MB (593)."]
+    lines += ["", copied_text("outbound-memory-analysis")]
+    lines += ["", copied_text("outbound-memory-method")]
+    lines += ["", copied_text("outbound-memory-records")]
     return "\n".join(lines) + "\n"
 
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from bench import clients, lean, peers
 from bench.cluster_nodes import Cluster, NodeProcess
 from bench.machine import load_1m, machine_facts
-from bench.report_file import commit, write_section
+from bench.report_file import commit, copied_text, write_section
 from node.amqp.engine import ACCEPTED, ffi, lib
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -414,50 +414,9 @@ def render_section(reports: list[dict]) -> str:
                          f"{', '.join(f'{g / 1e6:+.1f}' for g in s['growth_first_to_last_quarter_bytes'])} | "
                          f"{', '.join(f'{(c - b) / 1e6:+.1f}' for b, c in zip(rss['mid'], rss['end']))} |")
         lines.append("")
-    lines += ANALYSIS.strip("\n").splitlines() if ANALYSIS.strip() else []
+    lines += copied_text("route-lifecycle-analysis").splitlines()
     return "\n".join(lines).rstrip("\n") + "\n"
 
-
-ANALYSIS = """
-Written from the runs above (2026-11-24: live at 13:48 UTC before, at 16:05 and 16:13 UTC after, the
-300,000 one at 16:19 UTC; churn at 13:30 UTC before, 1,000,000 at 16:21 UTC after); the tables are rewritten from the JSON files, these
-paragraphs are not.
-
-- **1,000,000 live routes: met, 226-232 MB a node (was 422-424).** At 31b29ba each node held 422.5-423.7
-  MB: node process 205.9-207.4 MB, raft member 215.5-217.8 MB, both holding each route in a dict per
-  queue (~127 B by tracemalloc). Since 6692e17 both hold a queue's routes in a GroupMap
-  (node/core/group_map.py: ~29 B a route, bench/route_memory.py): at ccd05a9 (16:05, load 2.7 → 3.1)
-  226.2-228.0 MB, at 5d4b2d0 (16:13, load 1.3 → 2.0) 228.1-231.6 MB: node process 112.8-113.5 MB
-  (68 MB at rest: ~45 B a route, the GroupMap's 29 and ~15 not broken down here), member
-  115.2-118.1 MB (28 MB at rest: ~88 B a route, the GroupMap's 29 and ~60 more: pysyncobj's raft log,
-  which neither run compacted, as pysyncobj waits for 5,000 entries or 300 s and a claim carries up
-  to 1,000 routes; in a single member, compaction and the memory return took 1,000,000 routes from
-  144.5 to 68.7 MB, bench/route_memory.py). Sampling on for 60 s after every node knew every route
-  changed nothing (peak = resident). No group was refused; 12,204 and 14,513 new groups per second.
-- **The member's log is bounded since b795cbb** (after both million-route runs, so shown by the scaled
-  300,000 run and bench/route_memory.py): the member asks for a compaction every 200,000 route changes
-  and returns the memory the log held (malloc_trim, and the journal mapping's pages unmapped). With
-  300,000 routes each member settled at 38.9-39.4 MB (peak 52.7-53.8 MB before its compaction), ~36 B
-  a route over its 28 MB at rest; a single member given 1,000,000 routes held 95.1 MB once all were
-  applied and 68.7 MB after its last compaction (bench/route_memory.py, "Memory: routes"). A node at a
-  million routes would thus hold ~113 + ~70-95 MB: an estimate from those two measurements, not a
-  3-node run (the million-route benchmark was run twice, both before the bound).
-- **5,000,000 groups over time (run before GroupMap, at dd76bc2): every one accepted, at most 88,082
-  live.** 4,995 new groups per second for 1,006 s with a 15 s group timeout; from 20 s in the leader's
-  reaper held every node at 68,000-88,000 routes (5,000/s × 15 s plus a reaper round and the claims in
-  flight), under 100,000 and far under routes_max (1,000,000), which a cluster without expiry would
-  have reached in 200 s. Memory leveled off at ~156 MB a node after ~120 s and crept +1.2 to +2.4 MB
-  over the last half (3.9 million groups); not re-run with GroupMap, whose emptied buckets stay (two
-  list slots each) but whose routes cost a quarter of what they did.
-- **1,000,000 groups over time with GroupMap (scaled, 16:21 UTC, cf9a05c): every one accepted, at most
-  82,385 live, memory flat.** 4,990 new groups per second for 205 s, 15 s group timeout. Node + member
-  ~118 MB a node at the end (103.0-104.8 MB at the first sample), against ~156-162 MB in the 5,000,000
-  run before GroupMap; from the middle to the end -0.8 to -4.1 MB. The members' bounded log shows: their
-  peak 42.4-44.1 MB, settled 37.9-38.8 MB.
-- The load average (1 minute) was 1.3-3.1 during the million-route runs after the change, 2.9-11.7
-  during the scaled churn run and 11.6-26.8 during the 5,000,000 one: other engineers' tests and the
-  nemesis campaign shared the 2 cores.
-"""
 
 
 def render(out: Path) -> None:
