@@ -18,7 +18,6 @@ from bench.phase_log import log
 from tests.integration import cluster as test_cluster
 from tests.integration import harness
 
-HOST = "127.0.0.1"
 CLUSTER_WAIT_S = 30.0  # leader elected, members connected, consumer counts known
 
 
@@ -57,15 +56,15 @@ class NodeProcess(harness.NodeProcess):
 
 
 class Cluster(test_cluster.Cluster):
-    """`size` benchmark nodes named node1, node2, ... on raft ports the tests' harness picks."""
+    """`size` benchmark nodes named node1, node2, ..., each with the queues of `config_path`, on raft ports
+    the tests' harness picks."""
 
     def __init__(self, work_dir: Path, config_path: Path, size: int = 3, args: tuple = ()):
-        self.raft_ports = test_cluster.free_ports(size)
-        self.node_ids = [f"{HOST}:{port}" for port in self.raft_ports]
-        peer_list = ",".join(self.node_ids)
-        self.nodes = [NodeProcess(f"node{i + 1}", work_dir, config_path, ("--raft-port", str(port), "--peers",
-                                                                          peer_list, *args))
-                      for i, port in enumerate(self.raft_ports)]
+        self.config_path = Path(config_path)
+        super().__init__(work_dir, size, self.config_path.read_text(), args)
+
+    def make_node(self, index: int, directory: Path, config_text: str, args: tuple) -> NodeProcess:
+        return NodeProcess(f"node{index + 1}", directory, self.config_path, args)
 
     def start(self) -> "Cluster":
         for node in self.nodes:
