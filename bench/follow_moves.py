@@ -38,9 +38,9 @@ import urllib.request
 from pathlib import Path
 
 from bench import clients, peers
+from bench.budget_runs import QUEUE, BudgetRuns, Clients, budget_runs_main, order_check, wait_progress
 from bench.cluster_nodes import Cluster, NodeProcess
 from bench.machine import load_1m
-from bench.outbound_memory import QUEUE, BudgetRuns, Clients, budget_runs_main, order_check, wait_progress
 from bench.report_file import copied_text
 
 BENCH_DIR = Path(__file__).resolve().parent
