@@ -5,8 +5,8 @@ A part is a list of path prefixes, relative to the repository root or to site-pa
 moved within a package stays in its part, and a new package needs one line here. The first part
 (in table order) with a prefix of the frame's path wins, so a narrower prefix goes above a wider
 one ("node/core/cluster/" above "node/core/"). Also here: which samples wait rather than run (a
-socket, a condition, the disk), which are not CPU and are left out of the shares. Pure: reads the
-journal's source once, for where it syncs, and never a profile's file."""
+socket, a condition, the disk), which are not CPU and are left out of the shares. Reads nothing but
+the journal's source (where it syncs): never a node, never a profile's file."""
 
 from __future__ import annotations
 
