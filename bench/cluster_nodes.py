@@ -2,9 +2,10 @@
 
 tests/integration/harness.py's `NodeProcess` and tests/integration/cluster.py's `Cluster` start, wait
 for, restart and kill a node for the tests and the benchmarks alike; this module adds only what a
-benchmark needs on top: a name and a directory per node under the run's work directory, the seconds
-a start took, the CPU of a node's process tree, consumer counts that hold on every node, and a
-cluster that is ready once every member is connected. Stopping never raises: a benchmark's `finally`
+benchmark needs on top: a name and a directory per node under the run's work directory (its data
+and, once it stops or is killed, its output in node.log), the seconds a start took, the CPU of a
+node's process tree, consumer counts that hold on every node, and a cluster that is ready once every
+member is connected. Stopping never raises: a benchmark's `finally`
 must leave no node behind and still write its report. Runs on the benchmark's main thread only.
 """
 
@@ -53,6 +54,23 @@ class NodeProcess(harness.NodeProcess):
 
     def log_tail(self, lines: int = 5) -> str:
         return " | ".join(self.output[-lines:])
+
+    def stop(self) -> int:
+        try:
+            return super().stop()
+        finally:
+            self.save_log()
+
+    def kill(self) -> None:
+        try:
+            super().kill()
+        finally:
+            self.save_log()
+
+    def save_log(self) -> None:
+        """The node's output so far (every start's) into dir/node.log, where a benchmark's work dir keeps it."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "node.log").write_text("".join(f"{line}\n" for line in self.output))
 
 
 class Cluster(test_cluster.Cluster):
