@@ -5,8 +5,8 @@ for, restart and kill a node for the tests and the benchmarks alike; this module
 benchmark needs on top: a name and a directory per node under the run's work directory (its data
 and, once it stops or is killed, its output in node.log), the seconds a start took, the CPU of a
 node's process tree, consumer counts that hold on every node, and a cluster that is ready once every
-member is connected. Stopping never raises: a benchmark's `finally`
-must leave no node behind and still write its report. Runs on the benchmark's main thread only.
+member is connected. Stopping never raises: a benchmark's `finally` must leave no node behind and
+still write its report. Runs on the benchmark's main thread only.
 """
 
 from __future__ import annotations
