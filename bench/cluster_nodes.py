@@ -23,13 +23,17 @@ CLUSTER_WAIT_S = 30.0  # leader elected, members connected, consumer counts know
 
 
 class NodeProcess(harness.NodeProcess):
-    """One `grouper node` named `name`: data in work_dir/name/data, its config the text of `config_path`;
-    a restart reuses its data dir and its AMQP, admin and HTTP ports."""
+    """One `grouper node` named `name`: its output in work_dir/name/node.log, its data in `data_dir`
+    (default work_dir/name/data; a journal a benchmark wrote there is what it recovers), its config the
+    text of `config_path` (none: the defaults); a restart reuses its data dir and its AMQP, admin and
+    HTTP ports."""
 
-    def __init__(self, name: str, work_dir: Path, config_path: Path, args: tuple = ()):
+    def __init__(self, name: str, work_dir: Path, config_path: Path | None = None, args: tuple = (), *,
+                 data_dir: Path | None = None, start_timeout_s: float = harness.START_TIMEOUT_S):
         self.name = name
         self.dir = Path(work_dir) / name
-        super().__init__(self.dir / "data", Path(config_path).read_text(), args)
+        super().__init__(data_dir or self.dir / "data", Path(config_path).read_text() if config_path else "", args)
+        self.start_timeout_s = start_timeout_s
 
     def start_timed(self) -> float:
         """Start and wait for "ready"; returns the seconds from the command to "ready"."""
@@ -55,22 +59,35 @@ class NodeProcess(harness.NodeProcess):
     def log_tail(self, lines: int = 5) -> str:
         return " | ".join(self.output[-lines:])
 
-    def stop(self) -> int:
+    @property
+    def log_path(self) -> Path:
+        """Where the node's output is, once it has stopped or been killed."""
+        return self.dir / "node.log"
+
+    def stop(self) -> int | None:
+        """SIGTERM, and SIGKILL past the harness's stop timeout; a stop that needed the kill is logged, not
+        raised. Returns the exit status (None: killed)."""
         try:
             return super().stop()
+        except RuntimeError as error:
+            log(f"{self.name}: {str(error).splitlines()[0]}")
+            return None
         finally:
             self.save_log()
 
     def kill(self) -> None:
+        """SIGKILL, and wait for the raft member child too; one that outlives its node is logged, not raised."""
         try:
             super().kill()
+        except AssertionError as error:
+            log(f"{self.name}: {error}")
         finally:
             self.save_log()
 
     def save_log(self) -> None:
-        """The node's output so far (every start's) into dir/node.log, where a benchmark's work dir keeps it."""
+        """The node's output so far (every start's) into log_path, where a benchmark's work dir keeps it."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "node.log").write_text("".join(f"{line}\n" for line in self.output))
+        self.log_path.write_text("".join(f"{line}\n" for line in self.output))
 
 
 class Cluster(test_cluster.Cluster):
@@ -91,14 +108,10 @@ class Cluster(test_cluster.Cluster):
         return self
 
     def stop(self) -> None:
-        """Every node stopped (SIGTERM, SIGKILL past the harness's stop timeout) and killed if the stop
-        failed; what failed is logged, not raised."""
+        """Every node stopped (SIGTERM, SIGKILL past the harness's stop timeout); what failed is logged."""
         for node in self.nodes:
-            for end in (node.stop, node.kill):
-                try:
-                    end()
-                except (RuntimeError, AssertionError, OSError) as error:
-                    log(f"{node.name}: {str(error).splitlines()[0]}")
+            node.stop()
+            node.kill()
 
     def wait_healthy(self, via: int | None = None) -> dict:
         """A leader with a quorum, every member connected and registered, as seen from `via`."""
