@@ -16,7 +16,7 @@ What and how:
   500 MB.
 - sent: the same backlog built live by bench/lean.py's producer on an empty node (recovery and live
   sends page along different paths, so both are shown). Sends take this machine minutes per million.
-- drain: the same recovered backlog drained twice by 4 lean consumers (bench/route_lifecycle.py's
+- drain: the same recovered backlog drained twice by 4 lean consumers (bench/distinct_groups.py's
   counting consumers, prefetch 100), once under a budget that holds every body and once under a small
   one (default 8 MiB) that pages most of them; each drain is timed from the consumers' attach to the
   last delivery, and the node's CPU seconds are read over the same span. Target: paged rate at least
@@ -43,8 +43,8 @@ from pathlib import Path
 
 from bench import clients, lean, peers, recovery
 from bench.cluster_nodes import NodeProcess
+from bench.distinct_groups import CountingConsumers
 from bench.report_file import commit, write_section
-from bench.route_lifecycle import CountingConsumers
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
