@@ -13,8 +13,12 @@ import time
 from pathlib import Path
 
 from bench import clients, peers
+from bench.grouper_peers import Grouper, SecuredGrouper
 from bench.matrix import PACED_FRACTION, PACED_KEY, VARIANTS, Row
+from bench.other_brokers import ActiveMQ, RabbitMQ
 from node.tools.progress import Progress
+PEERS = {"grouper": Grouper, "rabbitmq": RabbitMQ, "activemq": ActiveMQ, "grouper-tls": SecuredGrouper}
+
 
 def run_interleaved(systems: list[str], rows: list[Row], paced: list[Row], warmup_messages: dict, work_dir: Path,
                     consumer_processes: int, log, progress: Progress) -> tuple[list[dict], dict]:
@@ -63,7 +67,7 @@ def run_interleaved(systems: list[str], rows: list[Row], paced: list[Row], warmu
 
 
 def _start(system: str, rows: list[Row], warmup_messages: int, work_dir: Path, log):
-    peer = peers.PEERS[system](work_dir)
+    peer = PEERS[system](work_dir)
     try:
         log(f"[{system}] starting")
         began = time.monotonic()

@@ -20,7 +20,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from bench import clients, peers
+from bench import clients
+from bench.grouper_peers import Grouper
 from bench.matrix import Row
 from bench.profile_categories import WAITING, fsync_frames
 
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work_dir = Path(tempfile.mkdtemp(prefix="grouper-profile-"))
     row = Row("grouper", 1000, args.prefetch, args.durable, args.messages)
-    node = peers.Grouper(work_dir)
+    node = Grouper(work_dir)
     node.start([row])
     raw = args.out or work_dir / "profile.txt"
     command = ["py-spy", "record", "-p", str(node.process.pid), "--format", "raw", "--rate", str(SAMPLE_RATE_HZ),
