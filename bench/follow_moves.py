@@ -6,7 +6,7 @@ is cold and is found by sweeps of the old node's cold tail (node/core/cluster/sw
     python3 -m bench.follow_moves [--messages N] [--groups G] [--body-bytes B] [--budgets 0,1048576]
     python3 -m bench.follow_moves render         # the section again from results/follow-moves-*.json
 
-One run per record budget, each on a fresh 3-node cluster (bench/cluster.py's `Cluster`: real `grouper node`
+One run per record budget, each on a fresh 3-node cluster (bench/cluster_nodes.py's `Cluster`: real `grouper node`
 processes on 127.0.0.1, fresh data dirs, `route_follow_ms = 1000`), one durable queue with exclusive groups:
 1. a lean consumer with no credit attaches on node 0 alone, so every new group is placed there and nothing
    is delivered; node 1's lean producer sends N messages of B bytes over G groups. Every one must be
@@ -38,8 +38,10 @@ import urllib.request
 from pathlib import Path
 
 from bench import clients, peers
-from bench.cluster import Cluster, NodeProcess, load_1m
-from bench.outbound_memory import QUEUE, BudgetRuns, Clients, budget_runs_main, order_check, wait_progress
+from bench.budget_runs import QUEUE, BudgetRuns, Clients, budget_runs_main, order_check, wait_progress
+from bench.cluster_nodes import Cluster, NodeProcess
+from bench.machine import load_1m
+from bench.report_file import copied_text
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -306,56 +308,7 @@ def render_section(reports: list[dict]) -> str:
                             f"{warm['old_hwm_bytes'] / MB:,.0f} MB")
     if verdicts:
         lines += [""] + [f"- {text}" for text in verdicts]
-    # written by hand from the rows of 2026-11-24 at 3010e46 and c901ade (load 15-27 on 2 cores)
-    lines += ["", "Reading (2026-11-24, the four rows above, written by hand). The 200,000 rows ran on a clean "
-              "`3010e46`; the 1,000,000 rows on `c901ade` with another engineer's fix to "
-              "node/core/cluster_protocol.py in progress, committed during the run as `cd49917` (holds after a "
-              "restart, unparking into a cold queue): this scenario restarts nothing and parked nothing "
-              "(`messages_parked` 0).",
-              "- **With a cold tail node 0 stays small through the move; all warm it does not.** All warm, node 0 "
-              "went from 525 MB after the sends to a **1,704 MB** peak while it handed 1,000,000 messages over, and "
-              "was still at 871 MB afterwards (167 → 407 → 334 MB at 200,000). By the code (`_hand_over` in "
-              "node/core/cluster_protocol.py), a warm group's whole backlog is handed over in one call: a new "
-              "Message and outbound entry per message, journalled as one batch, while the queue's records go only "
-              "with that batch's REMOVEs, so node 0 holds each message about twice at once; measured: ~1.2 KB per "
-              "message at the peak. With the 1 MiB record budget (993,606 of 1,000,000 cold) node 0 held 96 MB "
-              "after the sends and peaked at **288 MB** in the move (82 → 124 MB at 200,000): the sweep reads 1,024 "
-              "records a time, and what grows is the outbound channel to node 2 until node 2 acknowledges.",
-              "- **The move with a cold tail takes longer, chiefly before node 2's first delivery.** To the last "
-              "delivery: 1.19x at 1,000,000 (298 against 250 s), 0.98x at 200,000 (57 s each): node 2's "
-              "single consumer sets most of that (6,100 msgs/s from first to last delivery all warm, 10,000 with "
-              "the cold tail, where everything had arrived before the first). Node 0 was empty after 150 against 77 "
-              "s (1.95x) and node 2 delivered its first message after 198 against 86 s (2.3x; 1.7x at 200,000): "
-              "one sweep served all 100 moving groups, and a group's move ends only after a whole pass of the tail "
-              "found nothing more of it, so every group waits for the whole tail (node 2's depth rose past 900,000 "
-              "before its first delivery), where warm groups were released one by one as their handovers arrived.",
-              "- **Node 0's CPU for the move is about the same**: 56.4 against 52.7 s at 1,000,000 (1.07x), 7.1 "
-              "against 7.8 s at 200,000; one sweep each (`grouper_cold_sweeps_total` 1), so reading the tail "
-              "back costs about what handing warm records over does.",
-              "- **A warm handover stalls node 0's engine loop**: its /metrics answered 503 (the loop did not "
-              "answer within 2 s) 26 times over the 1,000,000 warm move (at least 52 s without an answer) and 5 "
-              "times at 200,000, once with a cold tail. The same loop serves the node's AMQP connections, so its "
-              "clients would wait as long (not measured here).",
-              "- Every message arrived once and in its group's order in all four moves. One run each, on a machine "
-              "shared with other engineers' tests and two nemesis campaigns (load 15-27): the time ratios are "
-              "rough; the memory figures and node CPU seconds are the steadier ones.",
-              "",
-              "After `e5da728` (an old owner hands over at most 5,000 messages a tick, each group whole; the fifth "
-              "row, `python3 -m bench.follow_moves --messages 1000000 --budgets 0 --tag bounded-handover`, "
-              "load 13-16): the warm move of 1,000,000 messages peaked at **771 MB** on node 0 (1,704 before), "
-              "node 2 delivered its first message after **7.8 s** (86 before: groups are released as their own "
-              "handover arrives), node 0's /metrics went unanswered 4 times (26 before), for about the same CPU "
-              "(51.9 against 52.7 s) and time to the last delivery (240 against 250 s).",
-              "",
-              "After `886b643` (the new owner delivers what the old owner hands over as it arrives; only what "
-              "producers sent after the move waits for its end; the four rows of 2026-11-25, load 4-9): node 2's "
-              "first delivery came after **1.3-1.5 s** with or without a cold tail, at 200,000 and at 1,000,000 "
-              "(before: 20 and 35 s at 200,000, 86 and 198 s at 1,000,000), so the cold tail no longer delays the "
-              "start (1.00-1.16x all warm, 1.7-2.3x before). The whole move took 67 s at 1,000,000 either way "
-              "(1.00x; 250 and 298 s before at load 18-22: the load differs, so compare the ratios): node 2 "
-              "delivers while node 0 is still handing over. Node 0's CPU for the move is unchanged "
-              "(31.2 against 31.8 s), and its peak with the cold tail 202 MB (641 all warm). Every message "
-              "arrived once and in order."]
+    lines += ["", copied_text("follow-moves-reading")]
     return "\n".join(lines) + "\n"
 
 

@@ -11,35 +11,7 @@ AMQP), so one scenario's freed memory never hides the next one's growth. Two fig
   bookkeeping would be counted otherwise). It adds what the OS sees beyond the objects: pymalloc
   arenas, free lists and fragmentation. It is noisier, but a node's memory limit counts it.
 
-What is counted: the Message records, their group ids and every container the queue keeps. What
-is not: the payload. Every message shares one 150-byte payload object, as the issue measured, so
-only the per-message overhead beyond the body is shown. Each message gets a fresh group-id string,
-as the AMQP decoder makes one per arrival; keeping the group's own copy instead is part of what a
-queue may save.
-
-Scenarios (N = --messages):
-- per_message: N messages in 1,000 groups, no consumer. Bytes per queued message.
-- per_group: N messages, each in a group of its own. Bytes per group (message included).
-- idle_after_drain: N one-message groups of a shared-policy queue delivered to a consumer and
-  accepted, the consumer still attached. What is left per group; an idle group must cost nothing.
-- owned_empty_spread: N one-message groups over 100 exclusive consumers, delivered and accepted:
-  each group is empty and keeps its owner. Bytes per live owned empty group.
-- owned_empty_one: the same with one consumer owning all N groups.
-- paged: N messages in 1,000 groups on a durable queue with a 1 MiB memory budget, each with a body of
-  its own (PAGED_BODY_BYTES), reported journalled in batches as the journal would and paged out
-  (node/core/paging.py). Bytes per queued message with its body in the journal only: the record.
-- cold / cold_own_groups: the same sends (in 1,000 groups / each its own group) past a 1 MiB record
-  budget (record_memory_max_bytes; node/core/cold.py): all but the first few thousand go cold, only
-  counted. Bytes per queued message / per group in the core (the journal's index of ~21 bytes a
-  record is the journal's, not measured here).
-- outbound_paged: N messages in 1,000 groups for one owner node that takes none, added to the outbound
-  store (node/core/outbound.py) and made ready in journalled batches under a 1 MiB forwarding budget, so
-  all but the first ~10,000 wait paged. Bytes per outbound entry with its body in the journal only: the
-  record (the bodies given to the forwarder are the forwarder's, not counted).
-- outbound_timing: the same adds and readies, then every entry acknowledged in steps of 1,000 (no
-  read-back). CPU microseconds per entry for each half (process time, no tracemalloc).
-- dispatch: N messages in 1,000 groups through 4 consumers with credit 100, each delivery accepted
-  at once. CPU microseconds per message for enqueue + dispatch + settle (process time, no tracemalloc).
+What is counted and what each scenario (--only NAME) sends and reports: docs/benchmarks-method.md.
 """
 
 from __future__ import annotations

@@ -20,24 +20,13 @@ import tempfile
 import threading
 from pathlib import Path
 
-from bench import clients, peers, run
+from bench import clients
+from bench.grouper_peers import Grouper
+from bench.matrix import Row
+from bench.profile_categories import WAITING, fsync_frames
 
 SAMPLE_RATE_HZ = 250
-# a sample whose innermost frame waits for the OS (the loop's poll, a condition, fsync) is not CPU
-WAITING = re.compile(r"^(?:[\w.]*\.)?(?:wait|poll|select|_blocking|_serve|sleep|run_forever|_run_once|epoll_wait) \(|"
-                     r"fsync|__pthread_cond|pthread_cond|do_futex|__futex")
 FRAME_PLACE = re.compile(r"^(?P<function>[^ ]+) \((?P<file>[^:)]+)")
-JOURNAL_SOURCES = peers.REPO_ROOT / "node" / "store"  # the journal's modules that write and sync
-JOURNAL_SYNCING_MODULES = ("writer", "compaction", "recovery", "files")
-
-
-def fsync_frames() -> re.Pattern:
-    """The journal's `os.fsync` and synced-write (`os.pwritev`, RWF_DSYNC) lines: py-spy shows a thread
-    waiting for the disk there (C is not a frame)."""
-    places = [rf"{module}\.py:{number}" for module in JOURNAL_SYNCING_MODULES
-              for number, line in enumerate((JOURNAL_SOURCES / f"{module}.py").read_text().splitlines(), 1)
-              if "os.fsync(" in line or "os.pwritev(" in line]
-    return re.compile(rf"node/store/(?:{'|'.join(places) or '0'})\)")
 
 
 def frame_name(frame: str) -> str:
@@ -100,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     work_dir = Path(tempfile.mkdtemp(prefix="grouper-profile-"))
-    row = run.Row("grouper", 1000, args.prefetch, args.durable, args.messages)
-    node = peers.Grouper(work_dir)
+    row = Row("grouper", 1000, args.prefetch, args.durable, args.messages)
+    node = Grouper(work_dir)
     node.start([row])
     raw = args.out or work_dir / "profile.txt"
     command = ["py-spy", "record", "-p", str(node.process.pid), "--format", "raw", "--rate", str(SAMPLE_RATE_HZ),

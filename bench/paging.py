@@ -9,13 +9,14 @@ and how fast a paged backlog drains next to one held in memory.
 What and how:
 - recovered: a journal of N durable 100-byte messages in G groups, none delivered, written with the node's
   own record encoders (bench/recovery.py's writer), then one `grouper node` recovers it under
-  `message_memory_max_bytes` = B (default the node's 256 MiB). Once /readyz answers 200 and the queue's
-  depth on /metrics is N, and again after a settle, the run reads the node's VmRSS and VmHWM from /proc
-  and the queue's resident and paged bytes from /metrics. Issue 14: 1,000,000 messages each in its own
-  group at most 200 MB resident; 10,000,000 in 1,000 groups at most 500 MB.
+  `message_memory_max_bytes` = B (default the node's 256 MiB). Once it is ready (its "ready" line; /readyz
+  answers 200 from then on) and the queue's depth on /metrics is N, and again after a settle, the run reads
+  the node's VmRSS and VmHWM from /proc and the queue's resident and paged bytes from /metrics. Issue 14:
+  1,000,000 messages each in its own group at most 200 MB resident; 10,000,000 in 1,000 groups at most
+  500 MB.
 - sent: the same backlog built live by bench/lean.py's producer on an empty node (recovery and live
   sends page along different paths, so both are shown). Sends take this machine minutes per million.
-- drain: the same recovered backlog drained twice by 4 lean consumers (bench/route_lifecycle.py's
+- drain: the same recovered backlog drained twice by 4 lean consumers (bench/distinct_groups.py's
   counting consumers, prefetch 100), once under a budget that holds every body and once under a small
   one (default 8 MiB) that pages most of them; each drain is timed from the consumers' attach to the
   last delivery, and the node's CPU seconds are read over the same span. Target: paged rate at least
@@ -35,15 +36,15 @@ import json
 import multiprocessing
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench import clients, lean, peers, recovery
+from bench.cluster_nodes import NodeProcess
+from bench.distinct_groups import CountingConsumers
 from bench.report_file import commit, write_section
-from bench.route_lifecycle import CountingConsumers
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -51,7 +52,6 @@ SECTION_HEADING = "## Paging: node memory and paged drains"
 RESULTS_DIR = BENCH_DIR / "results"
 REPORT_PATH = REPO_ROOT / "docs" / "benchmarks.md"
 QUEUE = recovery.QUEUE  # the queue the generated journal declares (durable, exclusive groups)
-HOST = recovery.HOST
 MB = 1_000_000  # the issue's targets are in MB (10^6 bytes)
 MIB = 1 << 20
 RSS_TARGET_OWN_GROUPS_MB = 200  # issue 14: 1,000,000 messages, each in its own group
@@ -85,13 +85,12 @@ def metric(metrics: str, name: str) -> int | None:
     return None
 
 
-class Node:
-    """One `grouper node` subprocess on a data dir, with a config that sets the node's memory budget."""
+class Node(NodeProcess):
+    """One `grouper node` on a data dir (a journal recovery.py wrote, or an empty one), with a config that
+    sets the node's memory budgets; bench/cluster_nodes.py's node otherwise (output in node-<budget>/node.log)."""
 
-    def __init__(self, data_dir: Path, budget_bytes: int, log_path: Path, declare_queue: bool = False,
+    def __init__(self, data_dir: Path, budget_bytes: int, declare_queue: bool = False,
                  record_budget_bytes: int = DEFAULT_RECORD_BUDGET_BYTES):
-        self.data_dir = data_dir
-        self.amqp_port, self.admin_port, self.http_port = (peers.free_port() for _ in range(3))
         config_path = data_dir.parent / f"node-{budget_bytes}.toml"
         config = (f"[node]\nmessage_memory_max_bytes = {budget_bytes}\n"
                   f"record_memory_max_bytes = {record_budget_bytes}\n")
@@ -99,28 +98,8 @@ class Node:
             config += (f"\n[[queue]]\nname = \"{QUEUE}\"\ndurable = true\ngroup_policy = \"exclusive\"\n"
                        "depth_max_messages = 0\ndepth_max_bytes = 0\ngroups_max = 0\n")
         config_path.write_text(config)
-        command = [sys.executable, "-m", "node.cli", "node", "--config", str(config_path), "--data-dir",
-                   str(data_dir), "--host", HOST, "--amqp-port", str(self.amqp_port), "--admin-port",
-                   str(self.admin_port), "--http-port", str(self.http_port)]
-        self.started = time.monotonic()
-        with open(log_path, "wb") as log_file:
-            self.process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log_file, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL)
-        self.log_path = log_path
-
-    @property
-    def url(self) -> str:
-        return f"amqp://{HOST}:{self.amqp_port}"
-
-    def wait_ready(self) -> float:
-        while time.monotonic() - self.started < READY_TIMEOUT_S:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the node exited with {self.process.returncode} before it was ready; "
-                                   f"see {self.log_path}")
-            if recovery.http_get(self.http_port, "/readyz")[0] == 200:
-                return time.monotonic() - self.started
-            time.sleep(POLL_INTERVAL_S)
-        raise RuntimeError(f"the node was not ready within {READY_TIMEOUT_S:.0f} s; see {self.log_path}")
+        super().__init__(f"node-{budget_bytes}", data_dir.parent, config_path, data_dir=data_dir,
+                         start_timeout_s=READY_TIMEOUT_S)
 
     def sample(self) -> dict:
         metrics = recovery.http_get(self.http_port, "/metrics")[1]
@@ -133,14 +112,6 @@ class Node:
                 "paged_body_mib": round((metric(metrics, "grouper_queue_paged_bytes") or 0) / MIB, 1),
                 "cold": metric(metrics, "grouper_queue_cold_messages"),
                 "groups": metric(metrics, "grouper_queue_groups"), "load_1m": load_1m()}
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
 
 
 def write_backlog(data_dir: Path, messages: int, groups: int) -> float:
@@ -155,9 +126,9 @@ def write_backlog(data_dir: Path, messages: int, groups: int) -> float:
 
 def run_recovered(work_dir: Path, messages: int, groups: int, budget_bytes: int, record_budget_bytes: int) -> dict:
     result = {"journal_mib": write_backlog(work_dir / "data", messages, groups)}
-    node = Node(work_dir / "data", budget_bytes, work_dir / "node.log", record_budget_bytes=record_budget_bytes)
+    node = Node(work_dir / "data", budget_bytes, record_budget_bytes=record_budget_bytes)
     try:
-        result["ready_s"] = round(node.wait_ready(), 1)
+        result["ready_s"] = round(node.start_timed(), 1)
         result["ready"] = node.sample()
         log(f"ready in {result['ready_s']} s: {result['ready']}")
         time.sleep(SETTLE_S)
@@ -174,13 +145,12 @@ def run_sent(work_dir: Path, messages: int, groups: int, budget_bytes: int, reco
     data_dir = work_dir / "data"
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
-    node = Node(data_dir, budget_bytes, work_dir / "node.log", declare_queue=True,
-                record_budget_bytes=record_budget_bytes)
+    node = Node(data_dir, budget_bytes, declare_queue=True, record_budget_bytes=record_budget_bytes)
     context = multiprocessing.get_context("fork")
     result: dict = {}
     producer = None
     try:
-        node.wait_ready()
+        node.start()
         result["at_rest"] = node.sample()
         target = peers.Target("amqp", node.url, QUEUE, ((QUEUE,),))
         workload = clients.Workload(messages=messages, groups=groups, prefetch=PREFETCH, durable=True, consumers=1)
@@ -226,12 +196,12 @@ def consume(target, ready, stop, received) -> None:
 
 def drain_once(work_dir: Path, messages: int, groups: int, budget_bytes: int) -> dict:
     result = {"budget_bytes": budget_bytes, "journal_mib": write_backlog(work_dir / "data", messages, groups)}
-    node = Node(work_dir / "data", budget_bytes, work_dir / f"node-{budget_bytes}.log")
+    node = Node(work_dir / "data", budget_bytes)
     context = multiprocessing.get_context("fork")
     stop, ready, received = context.Event(), context.Event(), context.RawArray("q", CONSUMERS)
     consumer = None
     try:
-        result["ready_s"] = round(node.wait_ready(), 1)
+        result["ready_s"] = round(node.start_timed(), 1)
         time.sleep(SETTLE_S)
         result["before"] = node.sample()
         log(f"budget {budget_bytes:,} B, before the drain: {result['before']}")

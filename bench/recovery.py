@@ -8,8 +8,8 @@ bodies in G groups, in seq order, as a node that accepted them and delivered non
 them. Sending N messages through AMQP first would take this 2-core machine most of an hour for ten
 million and measure the send path, not recovery. Then one `grouper node` starts on that data dir
 (from this checkout: `python -m node.cli`) and the run reads, from its /proc entries and endpoints:
-- start -> ready: from the process's start to the first 200 of /readyz (journal recovered, the
-  queue rebuilt, the AMQP port open);
+- start -> ready: from the process's start to its "ready" line, which it prints once every listener
+  serves (journal recovered, the queue rebuilt, the AMQP port open; /readyz answers 200 from then on);
 - the node's CPU seconds by then, its resident set (VmRSS) once ready and its peak (VmHWM);
 - the queue's depth on /metrics, which must equal N: a recovery that dropped anything is a failure,
   not a figure.
@@ -39,7 +39,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from bench.peers import free_port, resident_bytes
+from bench.cluster_nodes import NodeProcess
+from bench.peers import resident_bytes
 from bench.report_file import commit, write_section
 from node.core.message import Message
 from node.core.settings import QueueSettings
@@ -52,7 +53,6 @@ HOST = "127.0.0.1"
 WRITE_CHUNK_RECORDS = 100_000  # records encoded per write of the generated journal
 RECOVERY_TARGET_S = 60.0  # issue 14: ten million queued messages back within this
 READY_TIMEOUT_S = 1800.0  # a recovery longer than this is reported as failed
-POLL_INTERVAL_S = 0.05
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -128,34 +128,22 @@ def queue_depth(metrics: str) -> int | None:
     return None
 
 
-def recover(data_dir: Path, log_path: Path) -> dict:
-    amqp_port, admin_port, http_port = free_port(), free_port(), free_port()
-    command = [sys.executable, "-m", "node.cli", "node", "--data-dir", str(data_dir), "--host", HOST,
-               "--amqp-port", str(amqp_port), "--admin-port", str(admin_port), "--http-port", str(http_port)]
-    with open(log_path, "wb") as log:
-        started = time.monotonic()
-        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL)
+def recover(data_dir: Path, work_dir: Path) -> dict:
+    """Start one node on `data_dir`'s journal (bench/cluster_nodes.py's node, its output in work_dir/node/node.log)
+    and time it from the command to "ready", when every listener serves: the recovery."""
+    node = NodeProcess("node", work_dir, data_dir=data_dir, start_timeout_s=READY_TIMEOUT_S)
     try:
-        while time.monotonic() - started < READY_TIMEOUT_S:
-            if process.poll() is not None:
-                return {"failed": f"the node exited with {process.returncode} before it was ready; see {log_path}"}
-            if http_get(http_port, "/readyz")[0] == 200:
-                ready_s = time.monotonic() - started
-                memory = resident_bytes(process.pid)
-                result = {"ready_s": round(ready_s, 1), "node_cpu_s": round(cpu_seconds(process.pid), 1),
-                          "rss_mib": round(memory["VmRSS"] / 2**20), "peak_rss_mib": round(memory["VmHWM"] / 2**20)}
-                result["depth"] = queue_depth(http_get(http_port, "/metrics")[1])
-                return result
-            time.sleep(POLL_INTERVAL_S)
-        return {"failed": f"not ready within {READY_TIMEOUT_S:.0f} s"}
-    finally:
-        process.terminate()
         try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            ready_s = node.start_timed()
+        except RuntimeError as error:
+            return {"failed": f"{str(error).splitlines()[0]}; see {node.log_path}"}
+        memory = resident_bytes(node.pid)
+        result = {"ready_s": round(ready_s, 1), "node_cpu_s": round(cpu_seconds(node.pid), 1),
+                  "rss_mib": round(memory["VmRSS"] / 2**20), "peak_rss_mib": round(memory["VmHWM"] / 2**20)}
+        result["depth"] = queue_depth(http_get(node.http_port, "/metrics")[1])
+        return result
+    finally:
+        node.stop()
 
 
 def render(report: dict) -> str:
@@ -233,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.work_dir is None:
             shutil.rmtree(work_dir, ignore_errors=True)
         return 1 if any("failed" in result for result in results) else 0
-    result = recover(data_dir, work_dir / "node.log")
+    result = recover(data_dir, work_dir)
     if "failed" not in result and result["depth"] != args.messages:
         result = {"failed": f"the queue's depth once ready was {result['depth']}, not {args.messages}"}
     report = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit(),

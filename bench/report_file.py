@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+NOTES = REPO_ROOT / "docs" / "benchmarks-method.md"  # the prose the reports copy in, between markers
 
 
 def commit() -> str:
@@ -44,3 +45,13 @@ def write_keeping_others(out: Path, rendered: str) -> None:
     old = out.read_text().splitlines() if out.exists() else []
     kept = ["\n".join(old[start:end]).rstrip("\n") for title, start, end in _sections(old) if title not in owned]
     out.write_text("\n\n".join([rendered.rstrip("\n"), *kept]).rstrip("\n") + "\n")
+
+
+def copied_text(name: str, path: Path = NOTES) -> str:
+    """The hand-written text between `<!-- copy: name -->` and `<!-- end copy: name -->` in `path`
+    (docs/benchmarks-method.md), which a report copies in as it stands."""
+    text = path.read_text()
+    begin, end = f"<!-- copy: {name} -->", f"<!-- end copy: {name} -->"
+    if begin not in text or end not in text:
+        raise ValueError(f"{path} has no {begin} ... {end}: put the text a report copies there")
+    return text[text.index(begin) + len(begin):text.index(end)].strip()

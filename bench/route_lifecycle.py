@@ -4,7 +4,7 @@
     python -m bench.route_lifecycle churn [--groups 5000000] [--rate-per-s 5000] [--group-timeout-ms 15000]
     python -m bench.route_lifecycle render
 
-What: issue 14's two route targets, measured on `grouper node` processes on 127.0.0.1 (bench/cluster.py's
+What: issue 14's two route targets, measured on `grouper node` processes on 127.0.0.1 (bench/cluster_nodes.py's
 Cluster: each node runs its raft member as a child process, `python -m handler.member`):
 - live: N distinct groups, one message each, sent through all 3 nodes as fast as they take them; once
   every node's `grouper_routes` (/metrics) is N, the resident set (VmRSS) and peak (VmHWM) of each
@@ -43,95 +43,25 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench import clients, lean, peers
-from bench.cluster import Cluster, NodeProcess, load_1m, machine_facts
+from bench import clients, peers
+from bench.cluster_nodes import Cluster, NodeProcess
+from bench.distinct_groups import PREFETCH, consume, produce
+from bench.machine import load_1m, machine_facts
 from bench.report_file import commit, write_section
+from bench.route_lifecycle_report import SECTION_HEADING, mb, render_section
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
 DEFAULT_OUT = REPO_ROOT / "docs" / "benchmarks.md"
-SECTION_HEADING = "## Routes on 3 nodes: a million live, millions over time"
 QUEUE = "routes"
 NODES = 3
-PREFETCH = 1000  # credit per consumer: deliveries are accepted on arrival, so this only smooths flow
 SAMPLE_INTERVAL_S = 5.0
 METRICS_TIMEOUT_S = 10.0
 LIVE_WAIT_S = 600.0  # after the producers finish, for every node to know every route
 SETTLE_S = 60.0  # live: sampling goes on this long once every node knows every route
-STALL_S = 120.0  # no producer sent or settled anything for this long: the run stops as failed
 RSS_TARGET_BYTES = 300 * 1000 * 1000  # issue 14: each node's resident set with 1,000,000 live routes
 LIVE_GROUPS_TARGET = 100_000  # issue 14: live at once while 5,000,000 distinct groups go by
 ROUTES_MAX_DEFAULT = 1_000_000  # node setting routes_max's default (node/config.py)
-
-
-# ---- clients ----------------------------------------------------------------------------------
-
-class GroupNames:
-    """group ids `<prefix><number>`, made when sent: millions of names need not sit in a list."""
-
-    def __init__(self, prefix: str):
-        self.prefix = prefix
-
-    def __getitem__(self, number: int) -> str:
-        return f"{self.prefix}{number}"
-
-
-class FirstOfGroup:
-    """Every message is its group's first (sequence number 0)."""
-
-    def __getitem__(self, number: int) -> int:
-        return 0
-
-
-class DistinctGroupsProducer(lean.Producer):
-    """The lean producer, each message in a group of its own; publishes its counts to the parent."""
-
-    def __init__(self, target, workload, prefix: str, counts, slot: int):
-        super().__init__(target, workload)
-        self.groups, self.seqs = GroupNames(prefix), FirstOfGroup()
-        self.counts, self.slot = counts, slot
-
-    def _send_due(self, start_ns: int) -> None:
-        super()._send_due(start_ns)
-        base = self.slot * 3
-        self.counts[base], self.counts[base + 1] = self.sent, self.accepted
-        self.counts[base + 2] = self.rejected + self.released + self.modified
-
-
-def produce(target, workload, prefix: str, counts, slot: int, go, result_path: str) -> None:
-    result = {"sent": 0, "accepted": 0, "rejected": 0, "released": 0, "error": ""}
-    sender = None
-    try:
-        sender = DistinctGroupsProducer(target, workload, prefix, counts, slot)
-        sender.wait_attached(clients.READY_TIMEOUT_S)
-        go.wait()
-        sender.run(STALL_S)
-        result.update(sender.result())
-    except Exception as error:  # recorded, not raised: a benchmark reports failures
-        result["error"] = f"{type(error).__name__}: {error}"
-    if sender is not None:
-        base = slot * 3
-        counts[base], counts[base + 1] = sender.sent, sender.accepted
-        counts[base + 2] = sender.rejected + sender.released + sender.modified
-        sender.pump.close_all()
-    clients._dump(result_path, result)
-
-
-class CountingConsumers(lean.Consumers):
-    """lean's consumers without the per-message record: millions of deliveries, only counted."""
-
-    def _message(self, consumer, payload: bytes) -> None:
-        consumer.count += 1
-
-
-def consume(target, index: int, ready, stop, received) -> None:
-    group = CountingConsumers(target, [index], PREFETCH)
-    lean._attach(group, {index: ready}, clients.READY_TIMEOUT_S)
-    consumer = group.consumers[0]
-    while not stop.is_set():
-        group.pass_once(lean.SELECT_TIMEOUT_S)
-        received[index] = consumer.count
-    group.pump.close_all()
 
 
 # ---- what the nodes show ----------------------------------------------------------------------
@@ -183,10 +113,6 @@ def sample(nodes: list[NodeProcess], members: list[int | None], started: float, 
 
 def log(text: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
-
-
-def mb(value) -> str:
-    return "-" if value is None else f"{value / 1e6:.1f}"
 
 
 # ---- one run ----------------------------------------------------------------------------------
@@ -334,115 +260,6 @@ def groups_per_s(producers: list, accepted: int) -> int | None:
 
 def result_path(mode: str, groups: int) -> Path:
     return RESULTS_DIR / f"route-lifecycle-{mode}-{groups}.json"
-
-
-def render_section(reports: list[dict]) -> str:
-    lines = [SECTION_HEADING, "",
-             "Generated by `bench/route_lifecycle.py` from `bench/results/route-lifecycle-*.json` (one row per "
-             "run). Three `grouper node` processes on 127.0.0.1, each with its raft member as a child process "
-             "(`python -m handler.member`); one lean producer per node sends groups of its own, one message "
-             "each (100-byte bodies), to a non-durable queue with `group_policy = \"shared\"`, and one consumer "
-             "per node accepts every delivery at once, so an accepted group has no messages and no owner "
-             "anywhere and its route is idle. Resident sets are VmRSS (peak VmHWM) from /proc/PID/status. "
-             "The 2-core machine was shared (other engineers' tests and a nemesis campaign); the load "
-             "average is the 1-minute one at the run's start and end.", ""]
-    live = [r for r in reports if r["mode"] == "live"]
-    churn = [r for r in reports if r["mode"] == "churn"]
-    if live:
-        lines += ["### Live routes: resident set per node (target: at most 300 MB with 1,000,000 live routes)", "",
-                  "| routes | scaled | date, commit | load | node | routes known | node process MB (peak) | "
-                  "raft member MB (peak) | together MB | refused | groups/s |",
-                  "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        for r in sorted(live, key=lambda r: r["groups"]):
-            s = r["summary"]
-            for n in s["per_node"]:
-                lines.append(f"| {r['groups']:,} | {'yes' if r['groups'] < 1_000_000 else 'no'} | "
-                             f"{r['date']}, `{r['commit']}` | {r['load_start']:.1f} → {r['load_end']:.1f} | "
-                             f"{n['node']} | {n['routes']:,} | {mb(n['node_rss_bytes'])} ({mb(n['node_hwm_bytes'])}) | "
-                             f"{mb(n['member_rss_bytes'])} ({mb(n['member_hwm_bytes'])}) | "
-                             f"{mb(n['together_rss_bytes'])} | {s['refused']} | {s['groups_per_s']:,} |")
-        lines.append("")
-        lines.append("The row's figures are the last sample: sampling goes on for the run's settle time after "
-                     "every node knew every route, so that a later change (the member compacts its raft log "
-                     "into a snapshot from a forked child) would show.")
-        lines.append("")
-        for r in sorted(live, key=lambda r: r["groups"]):
-            s, rest = r["summary"], r["at_rest"]["nodes"]
-            at_rest = [(n["node"]["rss_bytes"] or 0) + (n["member"].get("rss_bytes") or 0) for n in rest]
-            per_route = [(n["together_rss_bytes"] - base) / r["groups"] for n, base in zip(s["per_node"], at_rest)]
-            when_known = s.get("together_rss_bytes_when_all_known")
-            lines.append(f"- {r['groups']:,} routes: node + member at rest before any route "
-                         f"{', '.join(mb(b) for b in at_rest)} MB; "
-                         + (f"when every node knew every route {', '.join(mb(b) for b in when_known)} MB, "
-                            f"{s['settled_s']:g} s later " if when_known else "")
-                         + f"{', '.join(mb(n['together_rss_bytes']) for n in s['per_node'])} MB, "
-                         f"{min(per_route):.0f}-{max(per_route):.0f} bytes per route on a node (both processes); "
-                         f"largest {mb(s['max_together_rss_bytes'])} MB, "
-                         f"{'within' if s['within_target'] else 'over'} 300 MB; every node knows every route: "
-                         f"{'yes' if s['every_node_knows_every_route'] else 'no'}.")
-        lines.append("")
-    if churn:
-        lines += ["### Groups over time: routes expire, new groups keep coming (target: 5,000,000 groups, at "
-                  "most 100,000 live, refusals 0, memory flat)", "",
-                  "| groups sent | scaled | date, commit | load | rate asked /s | achieved /s | group timeout s | "
-                  "refused | max routes on a node | node+member MB start / mid / end (per node) | "
-                  "growth first → last quarter MB | growth mid → end MB |",
-                  "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
-        for r in sorted(churn, key=lambda r: r["groups"]):
-            s = r["summary"]
-            rss = s["rss_together_bytes"]
-            per_node = "; ".join(f"{mb(a)} / {mb(b)} / {mb(c)}" for a, b, c in zip(rss["start"], rss["mid"], rss["end"]))
-            lines.append(f"| {s['accepted']:,} of {r['groups']:,} | {'yes' if r['groups'] < 5_000_000 else 'no'} | "
-                         f"{r['date']}, `{r['commit']}` | {r['load_start']:.1f} → {r['load_end']:.1f} | "
-                         f"{r['rate_per_s']:,} | {s['groups_per_s']:,} | {r['group_timeout_ms'] / 1000:g} | "
-                         f"{s['refused']} | {s['max_routes']:,} | {per_node} | "
-                         f"{', '.join(f'{g / 1e6:+.1f}' for g in s['growth_first_to_last_quarter_bytes'])} | "
-                         f"{', '.join(f'{(c - b) / 1e6:+.1f}' for b, c in zip(rss['mid'], rss['end']))} |")
-        lines.append("")
-    lines += ANALYSIS.strip("\n").splitlines() if ANALYSIS.strip() else []
-    return "\n".join(lines).rstrip("\n") + "\n"
-
-
-ANALYSIS = """
-Written from the runs above (2026-11-24: live at 13:48 UTC before, at 16:05 and 16:13 UTC after, the
-300,000 one at 16:19 UTC; churn at 13:30 UTC before, 1,000,000 at 16:21 UTC after); the tables are rewritten from the JSON files, these
-paragraphs are not.
-
-- **1,000,000 live routes: met, 226-232 MB a node (was 422-424).** At 31b29ba each node held 422.5-423.7
-  MB: node process 205.9-207.4 MB, raft member 215.5-217.8 MB, both holding each route in a dict per
-  queue (~127 B by tracemalloc). Since 6692e17 both hold a queue's routes in a GroupMap
-  (node/core/group_map.py: ~29 B a route, bench/route_memory.py): at ccd05a9 (16:05, load 2.7 → 3.1)
-  226.2-228.0 MB, at 5d4b2d0 (16:13, load 1.3 → 2.0) 228.1-231.6 MB: node process 112.8-113.5 MB
-  (68 MB at rest: ~45 B a route, the GroupMap's 29 and ~15 not broken down here), member
-  115.2-118.1 MB (28 MB at rest: ~88 B a route, the GroupMap's 29 and ~60 more: pysyncobj's raft log,
-  which neither run compacted, as pysyncobj waits for 5,000 entries or 300 s and a claim carries up
-  to 1,000 routes; in a single member, compaction and the memory return took 1,000,000 routes from
-  144.5 to 68.7 MB, bench/route_memory.py). Sampling on for 60 s after every node knew every route
-  changed nothing (peak = resident). No group was refused; 12,204 and 14,513 new groups per second.
-- **The member's log is bounded since b795cbb** (after both million-route runs, so shown by the scaled
-  300,000 run and bench/route_memory.py): the member asks for a compaction every 200,000 route changes
-  and returns the memory the log held (malloc_trim, and the journal mapping's pages unmapped). With
-  300,000 routes each member settled at 38.9-39.4 MB (peak 52.7-53.8 MB before its compaction), ~36 B
-  a route over its 28 MB at rest; a single member given 1,000,000 routes held 95.1 MB once all were
-  applied and 68.7 MB after its last compaction (bench/route_memory.py, "Memory: routes"). A node at a
-  million routes would thus hold ~113 + ~70-95 MB: an estimate from those two measurements, not a
-  3-node run (the million-route benchmark was run twice, both before the bound).
-- **5,000,000 groups over time (run before GroupMap, at dd76bc2): every one accepted, at most 88,082
-  live.** 4,995 new groups per second for 1,006 s with a 15 s group timeout; from 20 s in the leader's
-  reaper held every node at 68,000-88,000 routes (5,000/s × 15 s plus a reaper round and the claims in
-  flight), under 100,000 and far under routes_max (1,000,000), which a cluster without expiry would
-  have reached in 200 s. Memory leveled off at ~156 MB a node after ~120 s and crept +1.2 to +2.4 MB
-  over the last half (3.9 million groups); not re-run with GroupMap, whose emptied buckets stay (two
-  list slots each) but whose routes cost a quarter of what they did.
-- **1,000,000 groups over time with GroupMap (scaled, 16:21 UTC, cf9a05c): every one accepted, at most
-  82,385 live, memory flat.** 4,990 new groups per second for 205 s, 15 s group timeout. Node + member
-  ~118 MB a node at the end (103.0-104.8 MB at the first sample), against ~156-162 MB in the 5,000,000
-  run before GroupMap; from the middle to the end -0.8 to -4.1 MB. The members' bounded log shows: their
-  peak 42.4-44.1 MB, settled 37.9-38.8 MB.
-- The load average (1 minute) was 1.3-3.1 during the million-route runs after the change, 2.9-11.7
-  during the scaled churn run and 11.6-26.8 during the 5,000,000 one: other engineers' tests and the
-  nemesis campaign shared the 2 cores.
-"""
 
 
 def render(out: Path) -> None:

@@ -2,643 +2,37 @@
 
     python -m bench.run [--systems grouper,rabbitmq,activemq] [--messages N] [--quick]
 
-Every broker is started first and warmed up (a JVM ~100k messages); then the rows are interleaved:
-each row of the matrix (groups x prefetch x durable, 1 producer, 4 consumers) runs on every system
-in turn, the systems' order rotating from row to row, so that the machine's load (it is shared) falls
-on all of them alike. Only one broker carries traffic at a time. Last come the paced rows: the
-producer held to half of the system's own maximum rate, for latency. With `--security yes` (the
-default, when Grouper runs) a second Grouper node with a users file and a TLS certificate runs the
-1,000-group, prefetch-100 rows over TLS with SASL PLAIN, interleaved with the plain node's same rows,
-and the report gives the broker CPU TLS adds per message. A system that cannot start,
-or a row that stalls, is reported as failed with the reason: numbers are only ever measured ones.
-This module owns the matrix and the report; peers.py owns brokers, clients.py and lean.py own
-message traffic.
+The rows (matrix.py) run interleaved on every system (interleave.py, whose header says how and why);
+the report (run_report.py) is rendered from the results alone. This module owns the options, the
+results file and where the report goes; docs/benchmarks-method.md has the method and the analysis.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
-import platform
 import shlex
 import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
-from bench import clients, peers
+from bench import peers, phase_log
+from bench.interleave import run_interleaved
+from bench.matrix import SYSTEMS, VARIANTS, WARMUP_MESSAGES, Row, matrix, paced_rows, security_rows
+from bench.phase_log import log
 from bench.report_file import write_keeping_others
+from bench.run_report import client_versions, machine_facts, render
 from node.tools.progress import Progress
 
 REPO_ROOT = peers.REPO_ROOT
 DEFAULT_OUT = REPO_ROOT / "docs" / "benchmarks.md"
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "last-run.json"
-SYSTEMS = ("grouper", "rabbitmq", "activemq")
-VARIANTS = {
-    "grouper": ("grouper",),
-    "grouper-tls": ("grouper-tls",),  # run with grouper when --security yes; not a --systems choice
-    "rabbitmq": ("rabbitmq-queue", "rabbitmq-hash-sac"),
-    "activemq": ("activemq",),
-}
-LABELS = {
-    "grouper": "Grouper, exclusive groups (AMQP 1.0)",
-    "grouper-tls": "Grouper over TLS, SASL PLAIN (AMQP 1.0)",
-    "rabbitmq-queue": "RabbitMQ plain queue, no groups (AMQP 1.0)",
-    "rabbitmq-hash-sac": "RabbitMQ hash exchange + 4 SAC queues (AMQP 1.0)",
-    "activemq": "ActiveMQ Classic, JMSXGroupID (STOMP)",
-}
-GROUP_AWARE = {"grouper", "grouper-tls", "rabbitmq-hash-sac", "activemq"}
-# ActiveMQ measured ~61 us/msg of broker CPU warm against 131-170 cold: a JIT needs ~100k messages
-WARMUP_MESSAGES = {"grouper": 20_000, "grouper-tls": 20_000, "rabbitmq": 20_000, "activemq": 100_000}
-CONSUMERS = 4
-PACED_FRACTION = 0.5  # paced rows send at this fraction of the system's maximum rate (its unpaced row)
-PACED_KEY = (1000, 100, False)  # the unpaced row whose throughput sets the pace
-SECURITY_KEYS = ((1000, 100, False), (1000, 100, True))  # (groups, prefetch, durable) of the security rows
-# the issue's targets for Grouper ("Ten times cheaper per message")
-TARGET_CPU_US = {False: 35, True: 50}  # broker CPU per message, 1000 groups, prefetch 100, by durable
-TARGET_CPU_VS_ACTIVEMQ = 0.5
-TARGET_PREFETCH_1_VS_100 = 2.0
-TARGET_THROUGHPUT_PER_S = 25_000
-TARGET_PACED_P99_MS = 5.0
 
 
-@dataclass(frozen=True)
-class Row:
-    variant: str
-    groups: int
-    prefetch: int
-    durable: bool
-    messages: int
-    consumers: int = CONSUMERS
-    warmup: bool = False
-    rate_per_s: int = 0  # paced rows: the producer's send rate; 0 sends as fast as the broker lets it
-    paced: bool = False
-
-    @property
-    def system(self) -> str:
-        return next(system for system, variants in VARIANTS.items() if self.variant in variants)
-
-    @property
-    def queue(self) -> str:
-        kind = "warmup" if self.warmup else f"g{self.groups}-p{self.prefetch}-{'d' if self.durable else 'n'}"
-        return f"bench-{self.variant}-{kind}{'-paced' if self.paced else ''}"
-
-    def key(self) -> tuple:
-        return (self.groups, self.prefetch, self.durable)
-
-
-def matrix(variants, messages: int, groups_list, prefetch_list, durable_list, probe_groups: int) -> list[Row]:
-    rows = [Row(variant, groups, prefetch, durable, messages)
-            for variant in variants for groups in groups_list for prefetch in prefetch_list
-            for durable in durable_list]
-    if probe_groups:  # ordering probe: more groups than ActiveMQ's default group map holds (1024)
-        rows += [Row(variant, probe_groups, max(prefetch_list), False, messages) for variant in variants]
-    return rows
-
-
-def security_rows(rows: list[Row], messages: int) -> list[Row]:
-    """The secured node's rows: the SECURITY_KEYS among the matrix's Grouper rows."""
-    keys = [key for key in SECURITY_KEYS if any(row.variant == "grouper" and row.key() == key for row in rows)]
-    return [Row("grouper-tls", groups, prefetch, durable, messages) for groups, prefetch, durable in keys]
-
-
-def paced_rows(variants, messages: int) -> list[Row]:
-    groups, prefetch, durable = PACED_KEY
-    return [Row(variant, groups, prefetch, durable, messages, paced=True) for variant in variants]
-
-
-def run_interleaved(systems: list[str], rows: list[Row], paced: list[Row], warmup_messages: dict, work_dir: Path,
-                    consumer_processes: int, log, progress: Progress) -> tuple[list[dict], dict]:
-    """Start and warm every system, then run each row on every system in turn (see the header); `progress`
-    counts the messages of the warm-ups and rows done."""
-    started, versions, results = {}, {}, []
-    try:
-        for system in systems:
-            peer, failure = _start(system, [row for row in rows + paced if row.system == system],
-                                   warmup_messages[system], work_dir, log)
-            versions.update(_versions(peer, system))
-            if failure:
-                results += [_failed(row, failure) for row in rows + paced if row.system == system]
-            else:
-                started[system] = peer
-        for system, peer in started.items():
-            warmup = Row(VARIANTS[system][0], 1000, 100, False, warmup_messages[system], warmup=True)
-            result = _run_row(peer, warmup, work_dir, consumer_processes, log)
-            progress.advance(warmup.messages)
-            log(f"[{system}] warm-up, {warmup.messages:,} messages: {result['throughput_per_s']:.0f} msgs/s, "
-                f"broker {result['broker_cpu_us_per_msg']:.0f} us/msg {result['errors'] or ''}")
-        order = list(started)
-        keys = list(dict.fromkeys(row.key() for row in rows))
-        for number, key in enumerate(keys):
-            turn = order[number % len(order):] + order[:number % len(order)] if order else []
-            for system in turn:
-                for row in (row for row in rows if row.key() == key and row.system == system):
-                    progress.note(f"{row.variant}, {row.groups} groups, prefetch {row.prefetch}")
-                    results.append(_measured(started[system], row, work_dir, consumer_processes, log))
-                    progress.advance(row.messages)
-        for system in order:
-            for row in (row for row in paced if row.system == system):
-                rate = _paced_rate(results, row.variant)
-                if not rate:
-                    results.append(_failed(row, "no unpaced row to take the pace from"))
-                    continue
-                row = dataclasses.replace(row, rate_per_s=rate)
-                progress.note(f"{row.variant}, paced at {rate:,.0f} msgs/s")
-                results.append(_measured(started[system], row, work_dir, consumer_processes, log))
-                progress.advance(row.messages)
-    finally:
-        for system, peer in started.items():
-            peer.stop()
-            log(f"[{system}] stopped")
-    return results, versions
-
-
-def _start(system: str, rows: list[Row], warmup_messages: int, work_dir: Path, log):
-    peer = peers.PEERS[system](work_dir)
-    try:
-        log(f"[{system}] starting")
-        began = time.monotonic()
-        warmup = Row(VARIANTS[system][0], 1000, 100, False, warmup_messages, warmup=True)
-        peer.start([warmup] + rows)
-        log(f"[{system}] ready after {time.monotonic() - began:.1f} s")
-        return peer, ""
-    except (peers.PeerFailed, OSError) as error:
-        peer.stop()
-        log(f"[{system}] FAILED to start: {error}")
-        return peer, f"{system} did not start: {error}"
-
-
-def _versions(peer, system: str) -> dict:
-    try:
-        return peer.versions()
-    except Exception as error:  # a version probe must not sink the run
-        return {system: f"unknown ({error})"}
-
-
-def _paced_rate(results: list[dict], variant: str) -> int:
-    unpaced = next((r for r in results if r["variant"] == variant and not r.get("paced")
-                    and (r["groups"], r["prefetch"], r["durable"]) == PACED_KEY and _ok(r)), None)
-    return int(unpaced["throughput_per_s"] * PACED_FRACTION) if unpaced else 0
-
-
-def _measured(peer, row: Row, work_dir: Path, consumer_processes: int, log) -> dict:
-    if not peer.alive():
-        return _failed(row, f"{row.system} process exited ({peer.log_tail()})")
-    result = _run_row(peer, row, work_dir, consumer_processes, log)
-    pace = f" paced at {row.rate_per_s:,}/s" if row.paced else ""
-    log(f"[{row.variant}] groups={row.groups} prefetch={row.prefetch} durable={row.durable}{pace}: "
-        f"{result['throughput_per_s']:.0f} msgs/s, p50 {result['latency_p50_ms']:.1f} ms, "
-        f"p99 {result['latency_p99_ms']:.1f} ms, broker {result['broker_cpu_us_per_msg']:.0f} us/msg, "
-        f"client {result['client_cpu_us_per_msg']:.0f} us/msg, violations {result['order_violations']}, "
-        f"split {result['groups_split']}, per consumer {result['per_consumer']}, load {result['load_1m']:.1f} "
-        f"{result['errors'] or ''}")
-    return result
-
-
-def _run_row(peer, row: Row, work_dir: Path, consumer_processes: int, log) -> dict:
-    try:
-        target = peer.prepare(row)
-    except Exception as error:
-        return _failed(row, f"setup failed: {type(error).__name__}: {error}")
-    workload = clients.Workload(messages=row.messages, groups=row.groups, prefetch=row.prefetch,
-                                durable=row.durable, consumers=row.consumers, rate_per_s=row.rate_per_s)
-    load_1m = float(Path("/proc/loadavg").read_text().split()[0])
-    started = time.monotonic()
-    outcome = clients.measure(target, workload, peer.cpu_seconds, work_dir / "rows" / row.queue, consumer_processes)
-    wall_s = time.monotonic() - started
-    try:
-        peer.cleanup(row)
-    except Exception as error:
-        log(f"[{row.variant}] cleanup of {row.queue} failed: {error}")
-    result = {**dataclasses.asdict(row), "system": row.system, "wall_s": round(wall_s, 2), "load_1m": load_1m,
-              **dataclasses.asdict(outcome)}
-    return result
-
-
-def _failed(row: Row, reason: str) -> dict:
-    return {**dataclasses.asdict(row), "system": row.system, "failed": True,
-            **dataclasses.asdict(clients.RowOutcome(errors=[reason]))}
-
-
-# --- the report --------------------------------------------------------------------------------
-
-def machine_facts() -> dict:
-    facts = {"cores": str(len(__import__("os").sched_getaffinity(0))), "kernel": platform.release()}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                facts["cpu"] = line.split(":", 1)[1].strip()
-                break
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                facts["memory"] = f"{int(line.split()[1]) / 1024 / 1024:.0f} GiB"
-    except OSError:
-        pass
-    return facts
-
-
-def client_versions() -> dict:
-    versions = {"Python": platform.python_version()}
-    for package in ("python-qpid-proton", "stomp.py", "pika"):
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            versions[package] = "not installed"
-    return versions
-
-
-def _number(value: float, digits: int = 0) -> str:
-    return f"{value:,.{digits}f}"
-
-
-def _ratio(value: float, reference: float | None) -> str:
-    if not reference or not value:
-        return "—"
-    return f"{value / reference:.2f}"
-
-
-def _send_seconds(result: dict) -> str:
-    return _number(result["producer_send_s"], 1) if "producer_send_s" in result else "—"
-
-
-def _ok(result: dict | None) -> bool:
-    return bool(result) and not result.get("failed") and result["unique"] > 0 and not result["errors"]
-
-
-def render(report: dict) -> str:
-    results = report["results"]
-    grouper = {_row_key(r): r for r in results if r["variant"] == "grouper"}
-    order = {variant: index for index, variant in enumerate(LABELS)}
-    rows = sorted(results, key=lambda r: (*_row_key(r), order[r["variant"]]))
-    lines = [
-        "# Benchmarks: Grouper against RabbitMQ and ActiveMQ",
-        "",
-        "Generated by `bench/run.py`; do not edit by hand (rerun it). How to run: `bench/README.md`.",
-        "",
-        f"- Date: {report['date']}",
-        f"- Command: `{report['command'].strip()}`",
-        f"- Machine: {report['machine'].get('cpu', '?')}, {report['machine']['cores']} cores, "
-        f"{report['machine'].get('memory', '?')} RAM, Linux {report['machine']['kernel']}; shared and noisy, "
-        "so differences under ~15% between runs are not meaningful.",
-        "- Versions: " + ", ".join(f"{name} {version}" for name, version in report["versions"].items()),
-        f"- Workload per row: {report['messages']:,} messages of {report['body_bytes']} bytes, 1 producer, "
-        f"{CONSUMERS} consumers, each consumer accepts every message; groups chosen at random (seeded) per message.",
-        "",
-        "## Results",
-        "",
-        "Broker CPU per message (from /proc, the broker's whole process tree) is the primary comparison: it does "
-        "not depend on the client. Ratios are this system's value divided by Grouper's in the same row (CPU: above "
-        "1 costs more than Grouper; msgs/s: above 1 is faster than Grouper). `—` where either side has no number.",
-        "",
-        "| groups | prefetch | durable | system | broker CPU µs/msg | ×Grouper | msgs/s | ×Grouper | p50 ms | p99 ms "
-        "| send s | client CPU µs/msg | order violations | groups split | busiest consumer | lost / dup | load | notes |",
-        "|---:|---:|:---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        reference = grouper.get(_row_key(r))
-        reference = reference if _ok(reference) else None
-        durable = "yes" if r["durable"] else "no"
-        head = f"| {r['groups']} | {r['prefetch']} | {durable} | {LABELS[r['variant']]} "
-        if r.get("failed") or not r["unique"]:
-            reason = "; ".join(r["errors"]).replace("|", "/")[:300]
-            lines.append(head + f"| FAILED | — | — | — | — | — | — | — | — | — | — | — | — | {reason} |")
-            continue
-        notes = [f"paced: {r['rate_per_s']:,} msgs/s offered"] if r.get("paced") else []
-        if r["errors"]:
-            notes.append("; ".join(r["errors"]).replace("|", "/")[:200])
-        violations = _number(r["order_violations"])
-        if r["variant"] not in GROUP_AWARE:
-            violations += " (no groups)"
-        busiest = max(r["per_consumer"]) / r["received"] * 100 if r["received"] else 0
-        lines.append(
-            head
-            + f"| {_number(r['broker_cpu_us_per_msg'], 1)} "
-            f"| {_ratio(r['broker_cpu_us_per_msg'], reference and reference['broker_cpu_us_per_msg'])} "
-            f"| {_number(r['throughput_per_s'])} | {_ratio(r['throughput_per_s'], reference and reference['throughput_per_s'])} "
-            f"| {_number(r['latency_p50_ms'], 1)} | {_number(r['latency_p99_ms'], 1)} "
-            f"| {_send_seconds(r)} "
-            f"| {_number(r['client_cpu_us_per_msg'])} | {violations} | {r['groups_split']} / {r['groups_seen']} "
-            f"| {busiest:.0f}% | {r['lost']} / {r['duplicates']} | {r.get('load_1m', 0):.1f} | {'; '.join(notes)} |")
-    lines += ["", "## Observations (computed from the table)", ""]
-    lines += observations(results) or ["- nothing unusual was detected."]
-    lines += ["", "## Against the target (computed from the table)", ""]
-    lines += target_check(results)
-    lines += ["", TARGET_ANALYSIS.strip(), ""]
-    lines += ["", METHOD.strip(), ""]
-    return "\n".join(lines)
-
-
-def _span(values: list[float], digits: int = 0) -> str:
-    low, high = min(values), max(values)
-    return _number(low, digits) if round(low, digits) == round(high, digits) else f"{_number(low, digits)}–{_number(high, digits)}"
-
-
-def _row_key(result: dict) -> tuple:
-    return (result["groups"], result["prefetch"], result["durable"], bool(result.get("paced")))
-
-
-def observations(results: list[dict]) -> list[str]:
-    notes = []
-    measured = [r for r in results if not r.get("failed") and r["unique"]]
-    for protocol, variants in (("AMQP 1.0 (lean.py)", set(LABELS) - {"activemq", "grouper-tls"}),
-                               ("STOMP (stomp.py)", {"activemq"})):
-        for prefetch in sorted({r["prefetch"] for r in measured}):
-            costs = [r["client_cpu_us_per_msg"] for r in measured
-                     if r["variant"] in variants and r["prefetch"] == prefetch and not r.get("paced")]
-            if costs:
-                notes.append(f"- Client cost, {protocol}, prefetch {prefetch}: {_span(costs)} µs of client CPU per "
-                             "message (producer + 4 consumers, on the same 2 cores as the broker).")
-        paced = [r["client_cpu_us_per_msg"] for r in measured if r["variant"] in variants and r.get("paced")]
-        if paced:
-            notes.append(f"- Client cost, {protocol}, paced rows: {_span(paced)} µs per message (a paced producer "
-                         "wakes for a few messages at a time, so each wake-up is shared by fewer messages).")
-    for variant in LABELS:
-        sends = [r["producer_send_s"] for r in measured if r["variant"] == variant and "producer_send_s" in r]
-        walls = [r["unique"] / r["throughput_per_s"] for r in measured
-                 if r["variant"] == variant and "producer_send_s" in r and r["throughput_per_s"]]
-        if sends and walls:
-            notes.append(f"- {LABELS[variant]}: the producer finished sending after {_span(sends, 1)} s of rows "
-                         f"lasting {_span(walls, 1)} s.")
-    notes += security_cost(results)
-    hashed = [r for r in measured if r["variant"] == "rabbitmq-hash-sac" and r["per_consumer"]]
-    for groups in sorted({r["groups"] for r in hashed}):
-        rows = [r for r in hashed if r["groups"] == groups]
-        idle = [r["per_consumer"].count(0) for r in rows]
-        busiest = [max(r["per_consumer"]) / r["received"] * 100 for r in rows]
-        if max(idle) or max(busiest) > 35:
-            notes.append(f"- {LABELS['rabbitmq-hash-sac']}, {groups} groups: the hash left {_span(idle)} of "
-                         f"{CONSUMERS} queues (and their consumers) idle; the busiest consumer took "
-                         f"{_span(busiest)}% of the messages.")
-    for variant in LABELS:
-        mine = [r for r in results if r["variant"] == variant]
-        failed = [r for r in mine if r.get("failed") or not r["unique"]]
-        if mine and len(failed) == len(mine):
-            notes.append(f"- {LABELS[variant]}: every row failed: {failed[0]['errors'][0] if failed[0]['errors'] else '?'}")
-            continue
-        if failed:
-            notes.append(f"- {LABELS[variant]}: {len(failed)} of {len(mine)} rows failed.")
-        if variant in GROUP_AWARE:
-            bad = [r for r in mine if r["order_violations"] or r["groups_split"]]
-            for r in bad:
-                notes.append(f"- {LABELS[variant]}, {r['groups']} groups, prefetch {r['prefetch']}, "
-                             f"durable {'yes' if r['durable'] else 'no'}: {r['order_violations']:,} messages "
-                             f"received after a later message of their group; {r['groups_split']} of "
-                             f"{r['groups_seen']} groups were delivered to more than one consumer.")
-            clean = [r for r in mine if not (r.get("failed") or not r["unique"]) and r not in bad]
-            if clean and not bad:
-                notes.append(f"- {LABELS[variant]}: per-group order held in every row (no violations, no "
-                             "group on two consumers).")
-        lost = [r for r in mine if r["unique"] and (r["lost"] or r["duplicates"])]
-        for r in lost:
-            notes.append(f"- {LABELS[variant]}, {r['groups']} groups, prefetch {r['prefetch']}: "
-                         f"{r['lost']} lost, {r['duplicates']} duplicated.")
-    return notes
-
-
-def security_cost(results: list[dict]) -> list[str]:
-    """What TLS and SASL PLAIN add per message: the secured node's rows against the plain node's."""
-    notes = []
-    plain = {_row_key(r): r for r in results if r["variant"] == "grouper" and _ok(r)}
-    for secured in sorted((r for r in results if r["variant"] == "grouper-tls" and _ok(r)), key=_row_key):
-        reference = plain.get(_row_key(secured))
-        if reference is None:
-            continue
-        cost, base = secured["broker_cpu_us_per_msg"], reference["broker_cpu_us_per_msg"]
-        # /proc counts CPU in clock ticks, so each row's µs/msg is a multiple of one tick over its messages
-        tick_us = 1e6 / peers.CLOCK_TICKS_PER_S / min(secured["messages"], reference["messages"])
-        notes.append(
-            f"- Security, {secured['groups']:,} groups, prefetch {secured['prefetch']}, durable "
-            f"{'yes' if secured['durable'] else 'no'}: over TLS with SASL PLAIN the broker spent {_number(cost, 1)} "
-            f"µs/msg against {_number(base, 1)} in the clear: TLS costs {cost - base:+.1f} µs per message "
-            f"(±{tick_us:.1f}, one CPU tick over the row's messages; {cost / base:.2f}x); throughput "
-            f"{_number(secured['throughput_per_s'])} against {_number(reference['throughput_per_s'])} msgs/s, "
-            f"client CPU {_number(secured['client_cpu_us_per_msg'])} against "
-            f"{_number(reference['client_cpu_us_per_msg'])} µs/msg.")
-    return notes
-
-
-def target_check(results: list[dict]) -> list[str]:
-    """The issue's targets for Grouper, each with its ratio to the peers measured in the same run."""
-    measured = {(r["variant"], *_row_key(r)): r for r in results if _ok(r)}
-
-    def row(variant, groups, prefetch, durable, paced=False):
-        return measured.get((variant, groups, prefetch, durable, paced))
-
-    def verdict(ok: bool) -> str:
-        return "**met**" if ok else "**missed**"
-
-    lines = []
-    for durable in (False, True):
-        mine, activemq = row("grouper", 1000, 100, durable), row("activemq", 1000, 100, durable)
-        kind = "durable" if durable else "not durable"
-        if mine is None:
-            lines.append(f"- Broker CPU, 1,000 groups, prefetch 100, {kind}: no Grouper row.")
-            continue
-        cost = mine["broker_cpu_us_per_msg"]
-        text = (f"- Broker CPU, 1,000 groups, prefetch 100, {kind}: {_number(cost, 1)} µs/msg, target ≤ "
-                f"{TARGET_CPU_US[durable]}: {verdict(cost <= TARGET_CPU_US[durable])}")
-        if activemq:
-            ratio = cost / activemq["broker_cpu_us_per_msg"]
-            text += (f"; {ratio:.2f}x ActiveMQ Classic's {_number(activemq['broker_cpu_us_per_msg'], 1)}, target ≤ "
-                     f"{TARGET_CPU_VS_ACTIVEMQ}x: {verdict(ratio <= TARGET_CPU_VS_ACTIVEMQ)}")
-        peers_cost = [f"{LABELS[v]} {_number(r['broker_cpu_us_per_msg'], 1)} ({cost / r['broker_cpu_us_per_msg']:.2f}x)"
-                      for v in ("rabbitmq-queue", "rabbitmq-hash-sac") if (r := row(v, 1000, 100, durable))]
-        lines.append(text + (f". Against RabbitMQ: {'; '.join(peers_cost)}." if peers_cost else "."))
-        one = row("grouper", 1000, 1, durable)
-        if one:
-            ratio = one["broker_cpu_us_per_msg"] / cost
-            lines.append(f"- Prefetch 1 against prefetch 100, {kind}: {_number(one['broker_cpu_us_per_msg'], 1)} ÷ "
-                         f"{_number(cost, 1)} = {ratio:.2f}x, target ≤ {TARGET_PREFETCH_1_VS_100}x: "
-                         f"{verdict(ratio <= TARGET_PREFETCH_1_VS_100)}.")
-    fastest = row("grouper", 1000, 100, False)
-    if fastest:
-        rate = fastest["throughput_per_s"]
-        others = [f"{LABELS[v]} {_number(r['throughput_per_s'])}" for v in ("rabbitmq-queue", "rabbitmq-hash-sac", "activemq")
-                  if (r := row(v, 1000, 100, False))]
-        lines.append(f"- Throughput, 1,000 groups, prefetch 100, not durable: {_number(rate)} msgs/s, target ≥ "
-                     f"{TARGET_THROUGHPUT_PER_S:,}: {verdict(rate >= TARGET_THROUGHPUT_PER_S)}"
-                     + (f" (same row: {'; '.join(others)})." if others else "."))
-    paced = row("grouper", 1000, 100, False, True)
-    if paced:
-        others = [f"{LABELS[v]} {_number(r['latency_p99_ms'], 1)} ms at {r['rate_per_s']:,}/s"
-                  for v in ("rabbitmq-queue", "rabbitmq-hash-sac", "activemq") if (r := row(v, 1000, 100, False, True))]
-        lines.append(f"- Latency at half the maximum rate ({paced['rate_per_s']:,} msgs/s offered): p50 "
-                     f"{_number(paced['latency_p50_ms'], 2)} ms, p99 {_number(paced['latency_p99_ms'], 2)} ms, target "
-                     f"p99 ≤ {TARGET_PACED_P99_MS:g} ms: {verdict(paced['latency_p99_ms'] <= TARGET_PACED_P99_MS)}"
-                     + (f" (peers at half their own maximum: {'; '.join(others)})." if others else "."))
-    return lines or ["- no Grouper row was measured."]
-
-
-TARGET_ANALYSIS = """
-## Where the node's microseconds go, and what the missed targets would take
-
-Written from the run above (2026-11-23 22:08-22:14 UTC, load average 4.7-9.9 from other work on
-the machine, the load of each row in the table), the profiles and the extra runs named below; the
-list above is recomputed on every run, these paragraphs are not.
-
-- **The engine loop took the reactor's cost away.** The same workload (1,000 groups, prefetch 100)
-  cost the node 370 µs/msg not durable and 438 durable with the reactor adapter (2026-11-22); it now
-  costs 26 and 40, a quarter of ActiveMQ Classic's and a quarter to a third of RabbitMQ's in the
-  same run, and the lean client lets it carry 26,600 msgs/s on one node while sharing 2 cores with
-  its clients.
-- **A second run** (`--groups 1000 --probe-groups 0`, 22:29-22:34 UTC, load 9.1-15.3) gave the
-  same ratios: broker CPU 29.4 µs/msg not durable and 41.0 durable (0.31x and 0.22x ActiveMQ
-  Classic's, 0.23-0.38x RabbitMQ's), prefetch 1 1.92x (not durable) and 2.84x (durable). The two
-  targets that need the machine missed there: 14,516 msgs/s, and p99 54.9 ms paced at 7,258 msgs/s
-  (p50 0.37 ms). With 10-15 runnable tasks on 2 cores the node gets a fraction of a core and waits
-  for one; met in the run above (load 4.7-9.9), they depend on a core being free as much as on the
-  node, whose CPU per message is what the other targets measure.
-- **Where the 26 µs go** (`python -m bench.node_profile`: py-spy at 250 Hz on the node, 1,000 groups,
-  prefetch 100, not durable; share of the node's busy samples, a function with what it calls): the
-  producer's transfers (`_receive`) 49% — the dispatch core's enqueue and dispatch
-  (`Broker.enqueue`, `Queue._dispatch`) 13%, reading the group id (`codec.read_arrival`) 12%;
-  writing each connection's frames (`Connection.flush`: proton-c encoding the frames and the socket
-  write) 19%; the deliveries to consumers (`_deliver`, with the `x-opt-enqueued-time` splice) 12%;
-  consumers' dispositions (`_disposition`, `Queue.settle`) 8%; credit (`_on_link_flow`) 3%; the
-  event loop outside our code (socket reads, callbacks) 9%. By where the CPU executes (`--native`,
-  same workload): Python in the dispatch core (`core/queue.py`, `broker.py`) 24%, in the loop
-  adapter (`amqp/loop.py`, `connection.py`) 17%, in the codec 15%; proton-c and cffi 19%; `write`
-  system calls 11%; malloc and memcpy 8%; the code of uvloop and libuv themselves under 1%. No
-  single part dominates any more: a further halving needs the dispatch core's per-message Python
-  (about 6 µs) and the codec's (about 4 µs) to shrink together, for instance by taking deliveries
-  for a whole batch in one core call and stamping the enqueue time only where a consumer asks for
-  it.
-- **Durable adds 13 µs**, and most of it is handing batches to the journal writer:
-  `Journal.flush` → `Condition.notify`, once per batch, is 13% of the node's busy samples
-  (`--durable`; py-spy counts a thread that is runnable but not scheduled as busy, so part of it is
-  the woken writer taking the loop's core on this 2-core machine); `_end_batch` with it 14%;
-  encoding STORE and REMOVE records (`Journal.store`, `Journal.remove`) 6%; the writer thread
-  itself 3% (its fsync waits are not counted).
-- **Missed: prefetch 1, durable, 2.27x prefetch 100's** (90 against 40 µs/msg; not durable 1.63x,
-  met). At prefetch 1 each consumer has one delivery in flight, so a wake-up carries about one
-  message, and what a wake-up costs is paid per message: uvloop's callback, the event drain, one
-  socket write per connection, proton's frame per disposition and per flow (the non-durable row:
-  1.6x). Durable adds one journal unit, one hand-off and one write plus fsync per wake-up, which
-  prefetch 100 shares between ~100 messages. Measured apart (a separate run at load 13-15, 30,000
-  messages, two repetitions): system time of the node is 22-36 µs/msg at prefetch 1 durable against
-  2 at prefetch 100 durable (9-12 at prefetch 1 not durable), user time 77-84 against 40-47. What
-  it would take: group commit across wake-ups (the writer waits up to about a millisecond, or for a
-  few hundred records, before its write and fsync; settlements already wait for the journal), which
-  removes most of that system time and the per-wake-up hand-off; the user-time half needs the
-  per-wake-up path itself cheaper (one write per connection per wake-up is already the floor).
-- **Cluster: missed, forwarded 2.03x local** (`python -m bench.cluster --phases single,flows
-  --messages 50000`, 22:02-22:07, load 3-6, durable, 1,000 groups, prefetch 100, lean clients): one
-  node 37.2 µs/msg; 3 nodes with every message forwarded 75.4 (the receiving node 35.0, each of the
-  two owners 20.2, that is 40.4 for the owners together, about what a single node spends to take in
-  and deliver a message itself); 3 nodes with the consumers on the receiving node 41.0. So a
-  forwarded message costs a second full node's work: the receiving node still takes the AMQP
-  transfer, reads the group, settles it and journals it in its outbound store (STORE and REMOVE
-  records, durable), and adds the forwarding batch; the owner enqueues, journals, delivers and
-  settles again. For 1.3x the receiving node would have to spend ≤ 11 µs/msg: the outbound store
-  would have to keep one "acknowledged up to" record per forwarded batch instead of a REMOVE per
-  message, and the forwarding path (protobuf per message, the bridge hops per batch) would have to
-  cost a few µs per message, like the local path's dispatch core. A short py-spy of the same flow
-  (`python3 -m bench.cluster --phases profile`) puts the receiving node's busy samples 77% in the AMQP
-  adapter and 12% in cluster routing, the largest Python leaf there being `ClusterLink.carry_out`
-  (9% self: the cluster protocol returns several effect records per forwarded message, each
-  dispatched in Python); the owner spends 18% in gRPC handler threads (`entries_from_pb` 7% self).
-  The section "Cluster (3 nodes)" below is older: it was measured with the reactor adapter and the
-  proton client (2026-11-22).
-- **uvloop against asyncio** (two nodes started side by side, one with `uvloop` hidden from its
-  path, rows alternated, 3 pairs each, load 7-9): prefetch 100 not durable 24.7 against 23.8 µs/msg,
-  durable 38.7 against 37.2: no difference, a wake-up is shared by ~100 messages; prefetch 1 not
-  durable 64.8 against 72.9 µs/msg, uvloop cheaper in each of the 3 pairs (by 8-14%), since every
-  message is a wake-up there.
-- **The clients.** lean.py costs 12-21 µs of client CPU per message at prefetch 100 (a proton
-  Container cost 320-470 in the last reactor-era run) and 30-47 with Grouper at prefetch 1, where
-  each consumer wakes for each message; stomp.py costs 60-137.
-"""
-
-
-METHOD = """
-## Method
-
-- **All brokers up, rows interleaved.** `run.py` starts every system first, each as a subprocess of
-  the run with a private directory under a temporary work dir, listening only on 127.0.0.1
-  (`bench/peers.py`). Each gets an unreported warm-up row (1,000 groups, prefetch 100, not durable):
-  100,000 messages for ActiveMQ, whose JIT needs them (its broker CPU per message measured ~2.5x
-  higher cold), 20,000 for the others. Then every row of the matrix runs on every system in turn, the
-  order of the systems rotating from row to row, so that other work on the shared machine falls on
-  all of them alike; only one broker carries traffic at a time (the idle ones cost a few % of a core).
-- **Clients.** The producer runs in one process and the 4 consumers in another (multiprocessing,
-  fork; `--consumer-processes N` spreads the consumers over N processes), each consumer with its own
-  connection. AMQP 1.0 clients (Grouper, RabbitMQ) are `bench/lean.py`: proton's C engine through
-  cffi over plain sockets and one `selectors` loop per process, messages encoded from per-group
-  templates and read only as far as the group id and the two bench properties; it costs ~10-15 µs
-  of client CPU per message at prefetch 100 where a proton Container cost 320-470. The ActiveMQ
-  clients use stomp.py because Debian's ActiveMQ has no AMQP module. The `client CPU` column shows
-  what the clients took from the 2 cores the broker also runs on.
-- **Producer.** AMQP: sends whenever it has link credit and fewer than 1,000 sends unsettled,
-  and counts the broker's outcomes; durable rows set the message header `durable`. STOMP: `SEND`
-  without receipts (a receipt per message would make every send synchronous), header
-  `persistent:true|false`, then `DISCONNECT` with a receipt. Each message carries the group id
-  (AMQP `properties.group-id`; STOMP `JMSXGroupID`), its sequence number within the group and the
-  producer's CLOCK_MONOTONIC send time as application properties / headers.
-- **Paced rows** (`paced` in the notes): the producer sends on a schedule at half the system's own
-  maximum rate (its unpaced row with 1,000 groups, prefetch 100, not durable, in the same run), so
-  the latency columns show the broker's latency under load rather than a backlog.
-- **Consumers and prefetch.** AMQP: the receiver grants `prefetch` credit at attach and, after each
-  pass of its loop, as much credit as it accepted, so at most `prefetch` deliveries are unsettled
-  per consumer. STOMP: `ack:client-individual` with `activemq.prefetchSize:<prefetch>`, `ACK` per
-  message. Every message is accepted as soon as it is received.
-- **Systems.**
-  - *Grouper*: one queue per row declared in a generated TOML config (`group_policy = "exclusive"`,
-    `durable` per row), node started with `--amqp-port 0 --admin-port 0` and read for `ready`.
-  - *RabbitMQ plain queue*: one classic queue, 4 competing consumers; the no-groups reference (its
-    order violations show what grouping is there to prevent).
-  - *RabbitMQ hash + SAC*: RabbitMQ's own recipe for ordered groups: an `x-consistent-hash` exchange
-    (producer address `/exchange/NAME`, AMQP `subject` = group id = routing key) bound with weight 1
-    to 4 classic queues declared with `x-single-active-consumer: true`; consumer *i* attaches to
-    queue *i* (`/amq/queue/NAME-i`). Declarations go over AMQP 0-9-1 with pika on the same port.
-    Durable rows: durable exchange and queues plus persistent (durable) messages. With few groups
-    the hash can leave queues (and so consumers) idle: see `busiest consumer`.
-  - *ActiveMQ Classic*: a queue per row, created on first use, default policies (message group map:
-    1024 groups); durable rows send `persistent:true` (KahaDB).
-- **Throughput** = distinct messages received ÷ (last consumer accept − first producer send).
-- **Latency** = consumer receive time − producer send time, over every message (p50, p99). In the
-  unpaced rows the producer runs flat out, so latency includes the time spent queued behind the
-  backlog: a saturation latency. The paced rows give the latency under half the maximum load.
-- **Send s** = first to last send by the producer. Where it is much shorter than the row, the
-  broker let the producer run far ahead (generous producer credit or async sends) and the latency
-  columns mostly measure that backlog; where it is close to the row's length the broker held the
-  producer back (flow control) and latency stays low at the same throughput.
-- **Broker CPU µs/msg** = utime+stime (plus reaped children) summed over the broker's process tree
-  from /proc, read just before the producer starts and just after the last message is received,
-  divided by messages. **Client CPU** is the same for the client processes (from `os.times()`).
-- **Order check.** Every consumer records (group, sequence, receive time). Per group, all consumers'
-  receipts are merged by receive time; a message received after a later message of its group counts
-  as one *order violation*. *Groups split* = groups delivered to more than one consumer. *Lost / dup*
-  = sent minus distinct received / received more than once.
-- **Ordering probe.** Besides the issue's matrix (4 and 1,000 groups × prefetch 1 and 100 × durable
-  or not), each system gets a non-durable row with 5,000 groups at the largest prefetch
-  (`--probe-groups`): more groups than
-  ActiveMQ's default group map keeps (1,024), where PLATFORM.md saw ActiveMQ reorder.
-- **Load** is the machine's 1-minute load average just before the row: other work on the shared
-  machine plus the tail of this run's previous row (a busy row alone accounts for about 2). A row
-  measured under a high load is slower than the system is.
-- **Comparing across protocols.** ActiveMQ is driven over STOMP by stomp.py, whose client now costs
-  several times more CPU per message than lean.py (see the client-cost lines under Observations). On
-  2 shared cores that dearer client takes CPU from the broker, so ActiveMQ's msgs/s and its ×Grouper
-  ratio measure the client as well as the broker. Compare msgs/s among the AMQP rows (Grouper and
-  RabbitMQ share one client); compare broker CPU µs/msg across all systems.
-- **Security rows** (`Grouper over TLS, SASL PLAIN`): a second Grouper node, started beside the
-  first with a users file (one administrator, `grouper user add --password-stdin`, a random password)
-  and a development certificate (`node/certs.py`, made in the run's work dir), runs the 1,000-group,
-  prefetch-100 rows on its amqps port: every client (lean.py, Python `ssl` around the socket, TLS 1.2
-  or later, Python's default ciphers) logs in with SASL PLAIN. Its rows run in the same round as the
-  plain node's rows of the same key (the order rotating as for the other systems); the Observations
-  give the difference in broker CPU per message, the cost of TLS (the login is once per connection,
-  so it is not in the per-message cost). `--security no` leaves them out.
-- **Failures** are reported in the row (`FAILED` and the reason, or a note), never replaced by numbers.
-"""
-
-
-def main(argv: list[str] | None = None) -> int:
+def options() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated: grouper,rabbitmq,activemq")
     parser.add_argument("--messages", type=int, default=20_000, help="messages per row (default 20000)")
@@ -661,8 +55,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="run nothing: rewrite --out from the results already in --json")
     parser.add_argument("--keep-other-systems", action="store_true",
                         help="keep rows of systems not run now from the --json file of an earlier run")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = options()
+    args = parser.parse_args(argv)
     if args.render_only:
         write_keeping_others(args.out, render(json.loads(args.json.read_text())))
         print(f"wrote {args.out} from {args.json}")
@@ -673,28 +71,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown system(s): {', '.join(unknown)}")
     if args.security not in ("yes", "no"):
         parser.error("--security takes yes or no")
-    messages = 2000 if args.quick else args.messages
+    command = "python -m bench.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    return run_table(args, systems, command)
+
+
+def planned_rows(args, systems: list[str], messages: int) -> tuple[list[str], list[Row], list[Row], dict]:
+    """(systems, with grouper-tls when it runs; the matrix's rows; the paced rows; warm-up messages by system)."""
     groups_list = [int(x) for x in args.groups.split(",")]
     prefetch_list = [int(x) for x in args.prefetch.split(",")]
     durable_list = [{"no": False, "yes": True}[x.strip()] for x in args.durable.split(",")]
-    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="grouper-bench-"))
-    work_dir.mkdir(parents=True, exist_ok=True)
-
-    progress: Progress | None = None
-
-    def log(text: str) -> None:
-        line = f"{time.strftime('%H:%M:%S')} {text}"
-        if progress is not None:
-            progress.say(line)
-        else:
-            print(line, flush=True)
-
-    # SIGTERM unwinds like Ctrl-C, so every broker started so far is stopped on the way out.
-    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
-    log(f"work dir {work_dir}; {messages} messages per row")
-    started = time.monotonic()
-    results: list[dict] = []
-    versions = client_versions()
     variants = [variant for system in systems for variant in VARIANTS[system]]
     rows = matrix(variants, messages, groups_list, prefetch_list, durable_list, args.probe_groups)
     if args.security == "yes" and "grouper" in systems:
@@ -704,15 +89,30 @@ def main(argv: list[str] | None = None) -> int:
             systems = [*systems, "grouper-tls"]
     paced = paced_rows(variants, messages) if args.paced == "yes" else []
     warmup_messages = {system: 2000 if args.quick else count for system, count in WARMUP_MESSAGES.items()}
+    return systems, rows, paced, warmup_messages
+
+
+def run_table(args, systems: list[str], command: str) -> int:
+    """Run the rows, then write the results file and the report."""
+    messages = 2000 if args.quick else args.messages
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="grouper-bench-"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    # SIGTERM unwinds like Ctrl-C, so every broker started so far is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
+    log(f"work dir {work_dir}; {messages} messages per row")
+    started = time.monotonic()
+    versions = client_versions()
+    systems, rows, paced, warmup_messages = planned_rows(args, systems, messages)
     total_messages = (sum(row.messages for row in rows + paced)
                       + sum(warmup_messages[system] for system in systems if system in warmup_messages))
     with Progress(total_messages, "bench", "msg") as progress:
-        system_results, system_versions = run_interleaved(systems, rows, paced, warmup_messages, work_dir,
-                                                          args.consumer_processes, log, progress)
-    progress = None
-    results += system_results
+        phase_log.PROGRESS = progress
+        try:
+            results, system_versions = run_interleaved(systems, rows, paced, warmup_messages, work_dir,
+                                                       args.consumer_processes, log, progress)
+        finally:
+            phase_log.PROGRESS = None
     versions.update(system_versions)
-    command = "python -m bench.run " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     if args.keep_other_systems and args.json.exists():
         earlier = json.loads(args.json.read_text())
         kept = [r for r in earlier["results"] if r["system"] not in systems]
@@ -738,7 +138,6 @@ def main(argv: list[str] | None = None) -> int:
     write_keeping_others(args.out, render(report))
     log(f"done in {report['duration_s']:.0f} s; wrote {args.out} and {args.json}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -60,9 +60,13 @@ class Cluster:
         self.raft_ports = free_ports(size)
         self.node_ids = [f"127.0.0.1:{port}" for port in self.raft_ports]
         peers = ",".join(self.node_ids)
-        self.nodes = [NodeProcess(Path(directory) / f"node{i}", config_text,
-                                  ("--raft-port", str(port), "--peers", peers, *args))
+        self.nodes = [self.make_node(i, Path(directory), config_text,
+                                     ("--raft-port", str(port), "--peers", peers, *args))
                       for i, port in enumerate(self.raft_ports)]
+
+    def make_node(self, index: int, directory: Path, config_text: str, args: tuple) -> NodeProcess:
+        """Node `index` of the cluster (bench/cluster_nodes.py makes its own kind of node here)."""
+        return NodeProcess(directory / f"node{index}", config_text, args)
 
     def start(self) -> "Cluster":
         for node in self.nodes:

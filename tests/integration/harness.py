@@ -100,6 +100,8 @@ class NodeProcess:
         self.environment: dict | None = None
         # False: a cluster node that names no raft secret gets none (a test of the refusal)
         self.session_raft_secret = True
+        # how long start() waits for "ready" (a benchmark recovering a large journal waits longer)
+        self.start_timeout_s = START_TIMEOUT_S
         self.process: subprocess.Popen | None = None
         self.amqp_address = ""
         self.amqps_address = ""  # AMQP over TLS, when the node is given a certificate
@@ -123,7 +125,7 @@ class NodeProcess:
         environment = os.environ if self.environment is None else self.environment
         self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, env={**environment, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + self.start_timeout_s
         ready = threading.Event()
 
         def read():
@@ -147,7 +149,7 @@ class NodeProcess:
             if time.monotonic() > deadline:
                 state = _process_state(self.process.pid)
                 self.kill()
-                raise RuntimeError(f"node did not become ready in {START_TIMEOUT_S} s ({state}; load average "
+                raise RuntimeError(f"node did not become ready in {self.start_timeout_s} s ({state}; load average "
                                    f"{os.getloadavg()}):\n" + "\n".join(self.output))
             ready.wait(0.05)
         # a restart keeps the same ports so clients and tests can reconnect to the same address
