@@ -65,7 +65,6 @@ CREDENTIALS_HINT = ("give --user NAME and a password (--password-stdin, $GROUPER
 class Unauthenticated(GrouperError):
     """No usable identity: credentials missing, malformed or wrong. The caller must give valid ones."""
 
-    amqp_condition = "amqp:unauthorized-access"
     fault = "client"
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from node.core.errors import GrouperError
+from node.core.errors import (AlreadyExists, GrouperError, HandlerUnavailable, InvalidConfig, InvalidField,
+                              NotAllowed, NotFound, ResourceDeleted, ResourceLimitExceeded, Unauthorized)
 from node.store.failures import DISK_FULL, JournalFailure
 
 INTERNAL_ERROR = "amqp:internal-error"
@@ -10,9 +11,29 @@ RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 RESOURCE_DELETED = "amqp:resource-deleted"
 
 
+# domain errors (node/core/errors.py) by class: an error takes the condition of its nearest class listed
+# here (a subclass defined by an adapter, such as the bridge's BridgeFull, takes its base's); any other
+# GrouperError is the node's fault
+CONDITION_BY_ERROR = {
+    NotFound: "amqp:not-found",
+    AlreadyExists: "amqp:precondition-failed",
+    InvalidField: "amqp:invalid-field",
+    InvalidConfig: "amqp:invalid-field",
+    ResourceLimitExceeded: RESOURCE_LIMIT,
+    ResourceDeleted: RESOURCE_DELETED,
+    NotAllowed: "amqp:not-allowed",
+    Unauthorized: "amqp:unauthorized-access",
+    HandlerUnavailable: "grouper:grouping-handler-unavailable",
+}
+
+
 def condition_for(error: BaseException) -> tuple[str, str]:
     if isinstance(error, GrouperError):
-        return error.amqp_condition, error.description
+        for kind in type(error).__mro__:
+            condition = CONDITION_BY_ERROR.get(kind)
+            if condition is not None:
+                return condition, error.description
+        return INTERNAL_ERROR, error.description
     return INTERNAL_ERROR, f"the node failed to process this: {error}; see the node's log"
 
 

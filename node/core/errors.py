@@ -1,8 +1,10 @@
 """Domain errors of the node core.
 
-Each error says who is at fault (the client, the operator, or the node) and whether a retry can
-succeed. Adapters map them to their wire form in one table each (AMQP conditions in
-`node.amqp.conditions`, gRPC status codes in `node.admin.service`); the core never names a wire type.
+Each error is data: what went wrong (its class and description), who is at fault (`fault`: the client,
+the operator, or the node) and whether a retry can succeed (`retriable`). Adapters map them to their wire
+form in one table each, by class (AMQP conditions in `node.amqp.conditions`, gRPC status codes in
+`node.admin.service` and `node.peer.service`, HTTP statuses through the admin's in `node.console`); the core
+never names a wire type.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 class GrouperError(Exception):
     """Base of every expected failure; anything else escaping the core is a bug."""
 
-    amqp_condition = "amqp:internal-error"
     retriable = False
     fault = "node"
 
@@ -21,47 +22,39 @@ class GrouperError(Exception):
 
 
 class NotFound(GrouperError):
-    amqp_condition = "amqp:not-found"
     fault = "client"
 
 
 class AlreadyExists(GrouperError):
-    amqp_condition = "amqp:precondition-failed"
     fault = "client"
 
 
 class InvalidField(GrouperError):
-    amqp_condition = "amqp:invalid-field"
     fault = "client"
 
 
 class ResourceLimitExceeded(GrouperError):
-    amqp_condition = "amqp:resource-limit-exceeded"
     fault = "client"
     retriable = True
 
 
 class ResourceDeleted(GrouperError):
-    amqp_condition = "amqp:resource-deleted"
     fault = "operator"
 
 
 class NotAllowed(GrouperError):
-    amqp_condition = "amqp:not-allowed"
     fault = "client"
 
 
 class Unauthorized(GrouperError):
     """The user (or an anonymous client) lacks a permission; only an administrator can grant it."""
 
-    amqp_condition = "amqp:unauthorized-access"
     fault = "client"
 
 
 class InvalidConfig(GrouperError):
     """A config file, flag or queue declaration that cannot be used; `key` names the culprit."""
 
-    amqp_condition = "amqp:invalid-field"
     fault = "operator"
 
     def __init__(self, key: str, problem: str):
@@ -72,7 +65,6 @@ class InvalidConfig(GrouperError):
 class HandlerUnavailable(GrouperError):
     """No route could be decided in time: the grouping handler (the raft leader) is unreachable."""
 
-    amqp_condition = "grouper:grouping-handler-unavailable"
     fault = "node"
     retriable = True
 

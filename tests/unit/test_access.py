@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from node.amqp.conditions import condition_for
 from node.core import access as access_module
 from node.core.access import (ADMINISTRATOR, ANONYMOUS, DECISIONS_CACHED_MAX, Access, Grant, Permission,
                               QueuePattern, validate_pattern)
@@ -216,7 +217,7 @@ def test_an_anonymous_denial_says_to_log_in():
 
 
 def test_unauthorized_is_the_clients_fault_and_not_retriable():
-    assert Unauthorized.amqp_condition == "amqp:unauthorized-access"
+    assert condition_for(Unauthorized("no"))[0] == "amqp:unauthorized-access"
     assert Unauthorized.fault == "client"
     assert Unauthorized.retriable is False
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from node.amqp.conditions import condition_for
 from node.core.broker import Broker
 from node.core.effects import Deliver, DetachConsumer, Dropped, Removed, Stored
 from node.core.errors import (AlreadyExists, InvalidField, NotFound, ResourceDeleted,
@@ -287,7 +288,7 @@ def test_a_group_id_longer_than_the_limit_is_refused_as_invalid_field(make):
     h.send("g" * 8, "ok")
     with pytest.raises(InvalidField) as raised:
         h.send("g" * 9, "x")
-    assert raised.value.amqp_condition == "amqp:invalid-field"
+    assert condition_for(raised.value)[0] == "amqp:invalid-field"
     assert h.stats()["depth_messages"] == 1
 
 
@@ -342,7 +343,7 @@ def test_deleting_a_queue_detaches_every_consumer_and_browser_with_resource_dele
     effects = h.broker.delete_queue("q")
     assert sorted(e.consumer_id for e in effects) == ["c1", "v1"]
     assert all(isinstance(e, DetachConsumer) and isinstance(e.error, ResourceDeleted) for e in effects)
-    assert effects[0].error.amqp_condition == "amqp:resource-deleted"
+    assert condition_for(effects[0].error)[0] == "amqp:resource-deleted"
     assert "q" not in h.broker.queues
 
 
