@@ -19,10 +19,9 @@ import time
 from handler.route_table import REFUSED, ROUTES, SNAPSHOT
 from node.core.cluster import ClusterProtocol
 from node.core.cluster.routes import TOUCH_RETRY_INTERVAL_MS
-from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
-                               JournalRemove, JournalStore, ProposeClaim, ProposeDefinition, ProposeMoveClear,
-                               ProposeQueueDeletion, ProposeQueueSeeds, ProposeTouch, QueueDeleted, ReadOutbound,
-                               ReadRecords, Refuse, Register, Reply, ReportConsumers, StopNode, SubmitForward)
+from node.core.effects import (ProposeClaim, ProposeDefinition, ProposeMoveClear, ProposeQueueDeletion,
+                               ProposeQueueSeeds, ProposeTouch, QueueDeleted, ReadOutbound, Register, Reply,
+                               ReportConsumers, StopNode, SubmitForward)
 from node.core.outbound import Entry
 from node.core.tally import DECISION_BOUNDS_MS, LatencyTally
 from node.peer.forwarder import Forwarder
@@ -46,6 +45,7 @@ class ClusterLink:
         self.journal = journal
         self.clock_ms = clock_ms
         self.server = self.handler = self.bridge = None  # attached at start, after recovery
+        self.shell = None  # the server's node shell (node/core/shell.py), which runs the protocol once attached
         self.addresses: dict[str, str] = {}  # this node's peer_address, amqp_address, admin_address
         self.protocol = ClusterProtocol(
             node_id, broker, handler_timeout_ms=config.handler_timeout_ms,
@@ -58,12 +58,10 @@ class ClusterLink:
         self._forwarders: dict[str, Forwarder] = {}
         self._claimed_ns: dict[tuple, int] = {}  # (queue, group) -> when this node proposed its claim
         self.raft_decision_latency = LatencyTally(DECISION_BOUNDS_MS)
+        # the cluster's rows of the server's one effect table (node/amqp/executor.py); the node shell
+        # handles the protocol's sends and turns its journal effects into the broker's
         self._carry = {
-            EnqueueLocal: self._enqueue_local, AcceptWhenStored: self._accept_when_stored,
-            Refuse: self._refuse, JournalStore: self._journal_store, JournalRemove: self._journal_remove,
-            JournalDeclare: self._journal_declare, ApplyBroker: self._apply_broker,
-            AfterFlush: self._after_flush, SubmitForward: self._submit_forward, ReadOutbound: self._read_outbound,
-            ReadRecords: self._read_records,
+            SubmitForward: self._submit_forward, ReadOutbound: self._read_outbound,
             ProposeClaim: self._propose_claim, ProposeTouch: self._propose_touch,
             ProposeMoveClear: self._propose_move_clear,
             ProposeQueueSeeds: self._propose_queue_seeds, QueueDeleted: self._queue_deleted,
@@ -74,6 +72,9 @@ class ClusterLink:
 
     def attach(self, server, handler, bridge, addresses: dict[str, str]) -> None:
         self.server, self.handler, self.bridge, self.addresses = server, handler, bridge, addresses
+        self.shell = server.shell
+        self.shell.protocol = self.protocol
+        server.carry.update(self._carry)
 
     # what the runtime, the admin calls and /metrics read (engine loop thread)
 
@@ -134,10 +135,6 @@ class ClusterLink:
         if effects:
             self.carry_out(effects)
 
-    def quiesced(self) -> None:
-        if self.protocol.batch_due:
-            self.carry_out(self.protocol.quiesced(self.clock_ms()))
-
     def applied(self, kind: str, payload, at_ms) -> None:
         if self._claimed_ns and kind in (ROUTES, REFUSED, SNAPSHOT):
             self._decided(kind, payload)
@@ -175,34 +172,8 @@ class ClusterLink:
     # ---- effects out (engine loop thread) ------------------------------------------------------
 
     def carry_out(self, effects: list) -> None:
-        carry = self._carry
-        for effect in effects:
-            carry[type(effect)](effect)
-
-    def _enqueue_local(self, effect: EnqueueLocal) -> None:
-        self.server.enqueue_local(*effect)  # the record's fields are enqueue_local's arguments, in order
-
-    def _accept_when_stored(self, effect: AcceptWhenStored) -> None:
-        self.server.accept_when_stored(effect.incoming, effect.durable, effect.producer_settled)
-
-    def _refuse(self, effect: Refuse) -> None:
-        self.server.refuse(effect.incoming, effect.error)
-
-    def _journal_store(self, effect: JournalStore) -> None:
-        self.journal.store(effect.name, effect.message)
-
-    def _journal_remove(self, effect: JournalRemove) -> None:
-        self.journal.remove(effect.name, effect.seq)
-
-    def _journal_declare(self, effect: JournalDeclare) -> None:
-        self.journal.declare(effect.values)
-
-    def _apply_broker(self, effect: ApplyBroker) -> None:
-        self.server.apply(effect.effects)
-
-    def _after_flush(self, effect: AfterFlush) -> None:
-        what, protocol = effect.what, self.protocol
-        self.server.after_flush(lambda reason: self.carry_out(protocol.flushed(what, reason, self.clock_ms())))
+        """The protocol's `effects`, through the node shell, carried out by the server's one table."""
+        self.server.execute(self.shell.from_protocol(effects))
 
     def _submit_forward(self, effect: SubmitForward) -> None:
         # the next seq: above every forward seq this node gave, before any restart too (they are reserved)
@@ -211,9 +182,6 @@ class ClusterLink:
     def _read_outbound(self, effect: ReadOutbound) -> None:
         for name, seqs in effect.reads:  # answered through outbound_read, on the engine loop
             self.journal.read_records(name, seqs)
-
-    def _read_records(self, effect: ReadRecords) -> None:  # answered through cold_records, on the engine loop
-        self.journal.read_records_after(effect.queue, effect.after_seq, effect.count, effect.max_bytes)
 
     def _propose_claim(self, effect: ProposeClaim) -> None:
         if len(self._claimed_ns) < DECISIONS_TIMED_MAX:

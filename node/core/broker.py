@@ -58,7 +58,8 @@ class Broker:
         self.queues: dict[str, Queue] = {}
         self._consumer_queue: dict[object, Queue] = {}
         self.next_seq = 1
-        self.declared: list[QueueSettings] = []  # declarations (auto-creates too) the adapter has not journalled yet
+        # declarations (auto-creates too) not journalled yet: the node shell takes them (take_declared)
+        self.declared: list[QueueSettings] = []
         # (payload, original queue, reason) -> payload of the dead-letter copy; None: the payload as it was
         self.dead_letter_stamp = dead_letter_stamp
         self._dead_letter_reserved: dict[str, tuple[int, int]] = {}  # DLQ -> (messages, bytes) promised this call
@@ -91,6 +92,15 @@ class Broker:
             self.addresses.bind(settings.address, settings.name)
         self.declared.append(settings)
         return queue
+
+    def take_declared(self) -> list[QueueSettings]:
+        """The declarations made since the last call, for the node shell to journal (node/core/shell.py)."""
+        declared, self.declared = self.declared, []
+        return declared
+
+    def forget_declared(self, journalled: set) -> None:
+        """Recovery: these declarations are in the journal already, so they are not journalled again."""
+        self.declared = [settings for settings in self.declared if settings not in journalled]
 
     def subscribe(self, address: str, name: str, *, durable: bool | None = None) -> Queue:
         """Create subscription queue `name` of multicast `address` (an attach's): it takes the settings
