@@ -231,33 +231,6 @@ class Refuse(NamedTuple):
     error: GrouperError
 
 
-class JournalStore(NamedTuple):
-    """Journal `message` under `name` (an outbound channel's journal name). `origin` (source, forward
-    seq) of a relayed message, for the simulation's invariants only."""
-
-    name: str
-    message: Message
-    origin: tuple | None = None
-
-
-class JournalRemove(NamedTuple):
-    name: str
-    seq: int
-
-
-class JournalDeclare(NamedTuple):
-    """Journal a declaration (a seq reservation, a source's high-water mark): {"name": ..., ...}."""
-
-    values: dict
-
-
-class ApplyBroker(NamedTuple):
-    """Carry out the broker's effects of enqueuing a forwarded message; origin = (source, forward_seq)."""
-
-    effects: list
-    origin: tuple
-
-
 class AfterFlush(NamedTuple):
     """Once everything journalled so far is on disk, or failed, hand `what` back to the protocol's
     `flushed(what, reason, now_ms)` (reason None: on disk). `what` is the continuation of the concern

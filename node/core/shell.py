@@ -3,13 +3,14 @@
 It owns the node's Broker, its Durability (what waits for the journal) and, in a cluster, its
 ClusterProtocol (None on a node alone). Every entry point returns the effects (node/core/effects.py)
 its adapter carries out, in order, with one executor: a table from effect type to method
-(node/amqp/loop.py with node/cluster.py; tests/sim/node_model.py). docs/node-shell.md draws the cycle.
+(node/amqp/executor.py, with node/cluster.py's rows; tests/sim/node_model.py). docs/node-shell.md
+draws the cycle.
 - Sends in: `enqueue_local`, `accept_when_stored`, `refuse`, `after_flush`; broker effects out through
   `broker_effects` (what the adapter's own broker calls returned: settle, detach, tick, page in, ...).
-- The cluster protocol's effects pass through `from_protocol`: EnqueueLocal, AcceptWhenStored, Refuse,
-  AfterFlush and ApplyBroker are handled here and never reach the adapter (no U-turn through the engine
-  loop); the protocol's JournalStore / JournalRemove / JournalDeclare leave as the broker's Stored /
-  Removed / Declared, so the adapter journals with one vocabulary. A StopNode ends the list.
+- The cluster protocol's effects pass through `from_protocol`: EnqueueLocal, AcceptWhenStored, Refuse
+  and AfterFlush are handled here and never reach the adapter (no U-turn through the engine loop); the
+  rest, its journal records (Stored / Removed / Declared, the broker's words) and the broker effects it
+  caused among them, go out in its order. A StopNode ends the list.
 - The journal's answers come back: `end_batch` (before the adapter hands its unit to the journal),
   `batch_ended(ticket)`, `durable(ticket)`, `failed(ticket, reason)`.
 Rules:
@@ -33,10 +34,11 @@ from __future__ import annotations
 from collections import deque
 
 from node.core.durability import CALL, CONSUMER, CONTINUATION, PRODUCER
-from node.core.effects import (AcceptSend, AcceptWhenStored, AfterFlush, ApplyBroker, CloseUnstored, Confirm,
-                               Declared, EnqueueLocal, Flushed, JournalDeclare, JournalRemove, JournalStore, Refuse,
-                               RefuseUnstored, Removed, StopNode, Stored, Unconfirmed, WriteFailed)
+from node.core.effects import (AcceptSend, AcceptWhenStored, AfterFlush, CloseUnstored, Confirm, EnqueueLocal, Flushed,
+                               Refuse, RefuseUnstored, StopNode, Stored, Unconfirmed, WriteFailed)
 from node.core.errors import GrouperError, StoreFailed
+
+RESERVED = "\x00"  # a journal name starting with NUL is the cluster's own (node/core/cluster/context.py)
 
 
 class NodeShell:
@@ -50,8 +52,7 @@ class NodeShell:
         self._stores_by_ticket: deque = deque()  # (ticket, STOREs) per unit, until reported durable or failed
         self._inside = {
             EnqueueLocal: self._enqueue_local, AcceptWhenStored: self._accept_when_stored, Refuse: self._refuse,
-            AfterFlush: self._after_flush, ApplyBroker: self._apply_broker, JournalStore: self._journal_store,
-            JournalRemove: self._journal_remove, JournalDeclare: self._journal_declare,
+            AfterFlush: self._after_flush, Stored: self._stored,
         }
 
     # ---- sends in ------------------------------------------------------------------------------
@@ -127,10 +128,8 @@ class NodeShell:
         return out
 
     def _declarations(self) -> list:
-        declared = self.broker.take_declared()
-        if not self.journalled:
-            return []
-        return [Declared(settings.to_dict()) for settings in declared if settings.durable]
+        declared = self.broker.declarations()
+        return list(declared) if self.journalled else []
 
     def _enqueue_local(self, effect: EnqueueLocal, out: list) -> None:
         out += self.enqueue_local(effect.incoming, effect.queue, effect.message, effect.durable,
@@ -146,24 +145,10 @@ class NodeShell:
     def _after_flush(self, effect: AfterFlush, out: list) -> None:
         self.durability.wait(effect.what, CONTINUATION)
 
-    def _apply_broker(self, effect: ApplyBroker, out: list) -> None:
-        effects = effect.effects
-        origin = effect.origin
-        if origin is not None:  # a forwarded message: its STORE says where it came from (the simulation's)
-            effects = [Stored(e.queue, e.message, origin) if type(e) is Stored else e for e in effects]
-        out += self.broker_effects(effects)
-
-    @staticmethod
-    def _journal_store(effect: JournalStore, out: list) -> None:
-        out.append(Stored(effect.name, effect.message, effect.origin))  # the cluster's own: not paged
-
-    @staticmethod
-    def _journal_remove(effect: JournalRemove, out: list) -> None:
-        out.append(Removed(effect.name, effect.seq))
-
-    @staticmethod
-    def _journal_declare(effect: JournalDeclare, out: list) -> None:
-        out.append(Declared(effect.values))
+    def _stored(self, effect: Stored, out: list) -> None:
+        out.append(effect)
+        if self.journalled and effect.queue[:1] != RESERVED:  # a queue's message, not the cluster's own record
+            self._stores_unflushed.append((effect.queue, effect.message))
 
     # ---- the commit cycle: the end of a batch and the journal's answers ------------------------
 
