@@ -19,8 +19,7 @@ import threading
 from handler.route_table import REFUSED, ROUTES, SNAPSHOT
 from node.cluster_proposals import ClusterProposals
 from node.core.cluster import ClusterProtocol
-from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, EnqueueLocal, JournalDeclare,
-                               JournalRemove, JournalStore, ReadOutbound, ReadRecords, Refuse, SubmitForward)
+from node.core.effects import ReadOutbound, SubmitForward
 from node.core.outbound import Entry
 from node.peer.forwarder import Forwarders
 
@@ -34,6 +33,7 @@ class ClusterLink:
         self.journal = journal
         self.clock_ms = clock_ms
         self.server = self.handler = self.bridge = None  # attached at start, after recovery
+        self.shell = None  # the server's node shell (node/core/shell.py), which runs the protocol once attached
         self.addresses: dict[str, str] = {}  # this node's peer_address, amqp_address, admin_address
         self.protocol = ClusterProtocol(
             node_id, broker, handler_timeout_ms=config.handler_timeout_ms,
@@ -50,17 +50,18 @@ class ClusterLink:
             call_timeout_ms=config.forward_timeout_ms, tls=peer_tls)
         self.proposals = ClusterProposals(self)  # what the protocol asks of the grouping handler
         self.raft_decision_latency = self.proposals.decision_latency
+        # the cluster's rows of the server's one effect table (node/amqp/executor.py); the node shell
+        # handles the protocol's sends and turns its journal effects into the broker's
         self._carry = {
-            EnqueueLocal: self._enqueue_local, AcceptWhenStored: self._accept_when_stored,
-            Refuse: self._refuse, JournalStore: self._journal_store, JournalRemove: self._journal_remove,
-            JournalDeclare: self._journal_declare, ApplyBroker: self._apply_broker,
-            AfterFlush: self._after_flush, SubmitForward: self._submit_forward, ReadOutbound: self._read_outbound,
-            ReadRecords: self._read_records,
+            SubmitForward: self._submit_forward, ReadOutbound: self._read_outbound,
             **self.proposals.carry(),  # Propose*, QueueDeleted, ReportConsumers, Register, Reply, StopNode
         }
 
     def attach(self, server, handler, bridge, addresses: dict[str, str]) -> None:
         self.server, self.handler, self.bridge, self.addresses = server, handler, bridge, addresses
+        self.shell = server.shell
+        self.shell.protocol = self.protocol
+        server.carry.update(self._carry)
 
     # what the runtime, the admin calls and /metrics read (engine loop thread)
 
@@ -121,10 +122,6 @@ class ClusterLink:
         if effects:
             self.carry_out(effects)
 
-    def quiesced(self) -> None:
-        if self.protocol.batch_due:
-            self.carry_out(self.protocol.quiesced(self.clock_ms()))
-
     def applied(self, kind: str, payload, at_ms) -> None:
         if self.proposals.claimed_ns and kind in (ROUTES, REFUSED, SNAPSHOT):
             self.proposals.decided(kind, payload)
@@ -162,34 +159,8 @@ class ClusterLink:
     # ---- effects out (engine loop thread) ------------------------------------------------------
 
     def carry_out(self, effects: list) -> None:
-        carry = self._carry
-        for effect in effects:
-            carry[type(effect)](effect)
-
-    def _enqueue_local(self, effect: EnqueueLocal) -> None:
-        self.server.enqueue_local(*effect)  # the record's fields are enqueue_local's arguments, in order
-
-    def _accept_when_stored(self, effect: AcceptWhenStored) -> None:
-        self.server.accept_when_stored(effect.incoming, effect.durable, effect.producer_settled)
-
-    def _refuse(self, effect: Refuse) -> None:
-        self.server.refuse(effect.incoming, effect.error)
-
-    def _journal_store(self, effect: JournalStore) -> None:
-        self.journal.store(effect.name, effect.message)
-
-    def _journal_remove(self, effect: JournalRemove) -> None:
-        self.journal.remove(effect.name, effect.seq)
-
-    def _journal_declare(self, effect: JournalDeclare) -> None:
-        self.journal.declare(effect.values)
-
-    def _apply_broker(self, effect: ApplyBroker) -> None:
-        self.server.apply(effect.effects)
-
-    def _after_flush(self, effect: AfterFlush) -> None:
-        what, protocol = effect.what, self.protocol
-        self.server.after_flush(lambda reason: self.carry_out(protocol.flushed(what, reason, self.clock_ms())))
+        """The protocol's `effects`, through the node shell, carried out by the server's one table."""
+        self.server.execute(self.shell.from_protocol(effects))
 
     def _submit_forward(self, effect: SubmitForward) -> None:
         # the next seq: above every forward seq this node gave, before any restart too (they are reserved)
@@ -198,9 +169,6 @@ class ClusterLink:
     def _read_outbound(self, effect: ReadOutbound) -> None:
         for name, seqs in effect.reads:  # answered through outbound_read, on the engine loop
             self.journal.read_records(name, seqs)
-
-    def _read_records(self, effect: ReadRecords) -> None:  # answered through cold_records, on the engine loop
-        self.journal.read_records_after(effect.queue, effect.after_seq, effect.count, effect.max_bytes)
 
     # ---- shutdown ----------------------------------------------------------------------------
 

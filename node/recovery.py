@@ -49,7 +49,7 @@ def recover(node) -> None:
         if settings.name not in node.broker.queues:
             node.broker.declare_queue(settings)
     # journal only what the journal does not hold yet: new or changed config-file queues
-    node.broker.declared = [s for s in node.broker.declared if s not in journalled]
+    node.broker.forget_declared(journalled)
     restored = 0
     outbound = {name: messages for name, messages in recovery.messages.items() if reserved_name(name)}
     if outbound and node.cluster is not None:

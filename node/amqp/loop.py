@@ -29,9 +29,10 @@ Engine loop thread only (other threads enter through `bridge`). Rules:
   permissions, subscriptions), `link_table` (events on attached links, detach), `incoming` (sends in,
   their settlement, producer credit), `outgoing` (consumer credit and outcomes), `thread` (the loop's
   thread, start and stop). Each module's header states its own rules.
-- This module is longer than 300 lines because the batch cycle, the journal writer's reports and the
-  effects' executor (`apply`, `_deliver`) stay together here until the node shell (issue 27) takes
-  the commit cycle over; nothing else belongs here.
+- This module is longer than 300 lines because the batch cycle (`_batch`, `_end_batch`, `_tick`), the
+  journal writer's reports and the doors into the node shell stay together: they are the loop's one
+  turn. What each effect does is node/amqp/executor.py's; what the commit cycle decides is
+  node/core/shell.py's.
 - A traced queue's sends, deliveries and outcomes are told to the tracer (node/amqp/tracer.py) as they
   happen here; its lines leave for the trace writer's thread once per batch. An untraced queue costs a
   settings lookup per delivery and nothing else.
@@ -39,20 +40,18 @@ Engine loop thread only (other threads enter through `bridge`). Rules:
 
 from __future__ import annotations
 
-from collections import deque
 import logging
 import os
 import time
 
 from node.amqp import codec
 from node.amqp.bridge import Bridge
-from node.amqp.conditions import condition_for, journal_failure_condition
 from node.amqp.connection import Connection
 from node.amqp.connections import Connections
 from node.amqp.gate import Gate
 from node.amqp.engine import (CONNECTION_REMOTE_CLOSE, CONNECTION_REMOTE_OPEN, DELIVERY, LINK_FLOW, LINK_REMOTE_CLOSE,
                               LINK_REMOTE_DETACH, LINK_REMOTE_OPEN, SESSION_REMOTE_CLOSE, SESSION_REMOTE_OPEN,
-                              TRANSPORT, TRANSPORT_CLOSED, TRANSPORT_ERROR, delivery_tag, ffi, lib)
+                              TRANSPORT, TRANSPORT_CLOSED, TRANSPORT_ERROR, ffi, lib)
 from node.amqp.engine_thread import EngineThread, new_event_loop
 from node.amqp.incoming import Incoming
 from node.amqp.link_attach import LinkAttach
@@ -61,12 +60,10 @@ from node.amqp.links import Consumer, Producer
 from node.amqp.listener import Listener
 from node.amqp.outgoing import Outgoing
 from node.amqp.tracer import Tracer
-from node.core.durability import CALL, CONSUMER, PRODUCER, Durability
-from node.core.effects import DeadLettered, Delayed, Deliver, DetachConsumer, Dropped, Enqueued, Kept, Removed, Stored
-from node.core.effects import PageIn, ReadRecords
+from node.amqp.executor import EffectExecutor
+from node.core.durability import Durability
 from node.core.outbound import OUTBOUND_PREFIX
-from node.core.errors import GrouperError, StoreFailed
-from node.core.message import Outcome
+from node.core.shell import NodeShell
 from node.store.failures import JournalFailure
 
 log = logging.getLogger("grouper.amqp")
@@ -118,13 +115,11 @@ class AmqpServer:
         self._output_buffer = ffi.new("char[]", OUTPUT_CHUNK_BYTES)
         self._receive_buffer = ffi.new("char[]", RECEIVE_BUFFER_BYTES)
         self._receive_buffer_bytes = RECEIVE_BUFFER_BYTES
-        self.durability = Durability(JOURNAL_RETRY_INTERVAL_MS)  # what waits for the journal
-        # paging: (queue, message) STOREs since the last flush, then per ticket until reported durable
-        self._stores_unflushed: list = []
-        self._stores_by_ticket: deque = deque()
-        # non-durable sends are accepted at the end of the batch: settled together, proton puts them
-        # in disposition ranges, which cost less than the sends they confirm
-        self._accept_at_batch_end: list = []
+        # the commit cycle (node/core/shell.py): what waits for the journal, when sends are accepted; a
+        # cluster link puts its protocol in (node/cluster.py)
+        self.durability = Durability(JOURNAL_RETRY_INTERVAL_MS)
+        self.shell = NodeShell(broker, self.durability, journalled=journal is not None)
+        self.carry = EffectExecutor(self).table  # effect type -> how this loop carries it out; a cluster adds its own
         # subscription queues the config declares: their groups are routed cluster-wide like any queue's,
         # as are those an attach made once their cluster-wide definition is in (every node holds them then)
         self._declared_subscriptions = {settings.name for settings in config.queues if settings.address}
@@ -188,7 +183,7 @@ class AmqpServer:
         if self.stopping:
             return
         now_ms = self.clock_ms()
-        self.apply(self.broker.tick(now_ms))
+        self.execute(self.shell.tick(now_ms))
         if self.cluster is not None:
             self.cluster.tick(now_ms)
         self.gate.tick(now_ms)
@@ -254,44 +249,26 @@ class AmqpServer:
             for producer in receiving:
                 if producer.alive:
                     self._top_up(producer)
-        if self._accept_at_batch_end:
-            for incoming in self._accept_at_batch_end:
-                self._settle_send(incoming)
-            self._accept_at_batch_end.clear()
-        if self.broker.declared:
-            self._journal_declarations()
-        # the end of a batch: hand everything journalled in it to the writer as one unit
-        if self.cluster is not None:
-            self.cluster.quiesced()
+        # non-durable sends accepted, declarations journalled, the cluster protocol's batch; then the unit
+        shell = self.shell
+        now_ms = self.clock_ms()
+        self.execute(shell.end_batch(now_ms))
         journal = self.journal
         if journal is None:
-            released = self.durability.batch_ended(None)
-        else:
-            report = self.durability.waiting or self._credit_withheld
-            if report or self._journal_due or journal.pending_bytes() >= JOURNAL_HELD_MAX_BYTES:
-                # a unit nobody waits for is reported only with a later one (journal.py): no wake-up for it
-                ticket = journal.flush(report=report, wake=False)
-                released = self.durability.batch_ended(ticket)
-                if self._stores_unflushed:
-                    self._stores_by_ticket.append((ticket, self._stores_unflushed))
-                    self._stores_unflushed = []
-                self._journal_due = False
-            else:
-                released = []  # nothing waits for this batch's records: held for a later unit or the tick
-        for target, kind in released:
-            self._confirm(target, kind)
+            self.execute(shell.batch_ended(None, now_ms))
+            return
+        report = shell.waiting or self._credit_withheld
+        if report or self._journal_due or journal.pending_bytes() >= JOURNAL_HELD_MAX_BYTES:
+            # a unit nobody waits for is reported only with a later one (journal.py): no wake-up for it
+            ticket = journal.flush(report=report, wake=False)
+            self._journal_due = False
+            self.execute(shell.batch_ended(ticket, now_ms))
 
     # ---- the journal writer's reports (through the bridge) -----------------------------------
 
     def journal_durable(self, ticket: int) -> None:
         """Every record up to `ticket` is on disk."""
-        for target, kind in self.durability.durable(ticket):
-            self._confirm(target, kind)
-        if self._stores_by_ticket and self._stores_by_ticket[0][0] <= ticket:
-            stores = []
-            while self._stores_by_ticket and self._stores_by_ticket[0][0] <= ticket:
-                stores += self._stores_by_ticket.popleft()[1]
-            self.apply(self.broker.journalled(stores, self.clock_ms()))  # their bodies may be paged out now
+        self.execute(self.shell.durable(ticket, self.clock_ms()))
         if self._credit_withheld:  # while the journal's backlog was full
             self._credit_withheld = False
             self._top_up_all()
@@ -311,121 +288,45 @@ class AmqpServer:
         self.apply(self.broker.promote(queue, records, self.clock_ms()))
 
     def journal_failed(self, ticket: int, reason: JournalFailure) -> None:
-        """The batch ending at `ticket` could not be written: take back its sends, refuse their producers."""
-        now_ms = self.clock_ms()
-        refused = self.durability.failed(ticket, reason, now_ms)
-        while self._stores_by_ticket and self._stores_by_ticket[0][0] <= ticket:
-            self._stores_by_ticket.popleft()  # not on disk: these bodies stay in memory for good
-        handed_out, effects = self.broker.take_back([w.stored for w in refused if w.stored is not None], now_ms)
-        log.error("journal write failed: %s; %d sends taken back, %d already delivered (their producers are "
-                  "told the outcome is unknown); durable sends are refused for %d ms, then tried again",
-                  reason, handed_out.count(False), handed_out.count(True), JOURNAL_RETRY_INTERVAL_MS)
-        outcome_unknown = iter(handed_out)
-        unstored: list[Consumer] = []  # consumers whose settlements' removals were in the failed batch
-        for target, kind, stored in refused:
-            if kind == CALL:
-                target(reason)
-                continue
-            link, delivery = target
-            unknown = stored is not None and next(outcome_unknown)
-            if kind == CONSUMER and self.tracer.deliveries:
-                self.tracer.delivery_confirmed(link.id, delivery, False)
-            if not link.alive:
-                continue
-            if kind == PRODUCER:
-                error = StoreFailed(reason, outcome_unknown=unknown)
-                self._settle_send(target, (journal_failure_condition(reason), error.description))
-            elif link not in unstored:
-                unstored.append(link)
-        self.apply(effects)
-        for consumer in unstored:
-            if consumer.alive:  # not settled: the removal is not on disk, and a restart would deliver it again
-                self._forget_link(consumer)
-                self._close_link(consumer.link, (
-                    journal_failure_condition(reason), f"the node could not store this link's settlements ({reason}); "
-                    f"a message whose acceptance it did not settle may be delivered again: attach again"))
-                self._dirty.add(consumer.connection)
+        """The batch ending at `ticket` could not be written: take back its sends, refuse their producers
+        (node/core/shell.py)."""
+        self.execute(self.shell.failed(ticket, reason, self.clock_ms()))
 
-    def _confirm(self, target, kind) -> None:
-        if kind == CALL:
-            target(None)
-            return
-        if kind == PRODUCER:
-            self._settle_send(target)
-            return
-        link, delivery = target
-        if self.tracer.deliveries:
-            self.tracer.delivery_confirmed(link.id, delivery, True)
-        if not link.alive:
-            return
-        lib.pn_delivery_settle(delivery)
-        self._dirty.add(link.connection)
+    # ---- sends into the node shell (node/core/shell.py); the names the connection and link code call ----
 
     def enqueue_local(self, incoming, queue_name, message, durable, producer_settled, now_ms) -> None:
-        try:
-            effects = self.broker.enqueue(queue_name, message, now_ms)
-        except GrouperError as error:
-            self.refuse(incoming, error)
-        else:
-            self.accept_when_stored(incoming, durable, producer_settled, (queue_name, message))
-            self.apply(effects)
+        self.execute(self.shell.enqueue_local(incoming, queue_name, message, durable, producer_settled, now_ms))
 
     def accept_when_stored(self, incoming, durable, producer_settled, stored=None) -> None:
         """`stored`: the (queue name, Message) the send put in the broker, taken back if its batch fails."""
-        if producer_settled:
-            self._settle_send(incoming, accept=False)
-        elif durable:
-            self.durability.wait(incoming, PRODUCER, stored)
-        else:
-            self._accept_at_batch_end.append(incoming)
+        accepted = self.shell.accept_when_stored(incoming, durable, producer_settled, stored)
+        if accepted:
+            self.execute(accepted)
 
     def after_flush(self, fn) -> None:
         """Call fn(None) once everything journalled so far is on disk, fn(reason) if it failed."""
-        self.durability.wait(fn, CALL)
+        self.shell.after_flush(fn)
 
     def refuse(self, incoming, error: BaseException) -> None:
-        self._settle_send(incoming, condition_for(error))
-
+        self.execute(self.shell.refuse(incoming, error))
 
     # ---- effects -----------------------------------------------------------------------------
 
     def apply(self, effects: list) -> None:
-        if self.broker.declared:
-            self._journal_declarations()
+        """Carry out the broker's `effects` (after the declarations made meanwhile)."""
+        self.execute(self.shell.broker_effects(effects))
+
+    def execute(self, effects: list) -> None:
+        """Carry out what the node shell returned, in order, through the one table (node/amqp/executor.py);
+        what a delivery adds (a presettled consumer's outcome) is carried out after the rest."""
+        carry = self.carry
         index = 0
         while index < len(effects):
             effect = effects[index]
             index += 1
-            kind = type(effect)
-            if kind is Deliver:
-                more = self._deliver(effect)
-                if more:
-                    effects.extend(more)
-            elif kind is Stored:
-                if self.journal is not None:
-                    self.journal.store(effect.queue, effect.message)
-                    self._stores_unflushed.append((effect.queue, effect.message))
-            elif kind is PageIn:
-                self.journal.read_bodies(effect.queue, effect.seqs)
-            elif kind is ReadRecords:
-                self.journal.read_records_after(effect.queue, effect.after_seq, effect.count, effect.max_bytes)
-            elif kind is Removed:
-                if self.journal is not None:
-                    self.journal.remove(effect.queue, effect.seq)
-            elif kind is DetachConsumer:
-                self._detach(effect)
-            elif kind is Dropped:
-                log.info("queue %s dropped message %d: %s", effect.queue, effect.seq, effect.reason)
-            elif kind is Delayed:
-                self._redeliver_at(effect.until_ms)
-            elif kind is Enqueued:
-                self.tracer.enqueued(effect.queue, effect.message)
-            elif kind is DeadLettered:
-                log.info("queue %s dead-lettered message %d to %s (as message %d): %s", effect.queue,
-                         effect.seq, effect.dead_letter_queue, effect.dead_letter_seq, effect.reason)
-            elif kind is Kept:
-                log.warning("queue %s keeps message %d and will deliver it again: %s", effect.queue,
-                            effect.seq, effect.reason)
+            more = carry[type(effect)](effect)
+            if more:
+                effects.extend(more)
 
     def _redeliver_at(self, until_ms: int) -> None:
         if self._redelivery_timer_ms is not None and self._redelivery_timer_ms <= until_ms:
@@ -438,47 +339,11 @@ class AmqpServer:
             return  # superseded by an earlier timer, which took over
         self._redelivery_timer_ms = None
         now_ms = self.clock_ms()
-        self.apply(self.broker.tick(now_ms))
+        self.execute(self.shell.tick(now_ms))
         next_ms = self.broker.next_deadline_ms()  # later delays, and any other deadline: harmless
         if next_ms is not None and next_ms > now_ms:
             self._redeliver_at(next_ms)
         self.wake()
-
-    def _journal_declarations(self) -> None:
-        # queues declared since the last call, auto-created ones too: journalled before their messages
-        declared, self.broker.declared = self.broker.declared, []
-        if self.journal is None:
-            return
-        for settings in declared:
-            if settings.durable:
-                self.journal.declare(settings.to_dict())
-
-    def _deliver(self, effect: Deliver):
-        state = self.consumers.get(effect.consumer_id)
-        if state is None:
-            return None
-        message = effect.message
-        payload = message.payload
-        first_key = state.first_key if effect.first_for_consumer else ""
-        if message.delivery_count or first_key:
-            payload = codec.rewrite_for_delivery(payload, message.delivery_count, first_key)
-        if message.enqueued_at_ms:
-            payload = codec.stamp_enqueued_time(payload, message.enqueued_at_ms)
-        link = state.link
-        delivery = lib.pn_delivery(link, delivery_tag(effect.delivery_id))
-        lib.pn_link_send(link, payload, len(payload))
-        lib.pn_link_advance(link)
-        self._dirty.add(state.connection)
-        if not effect.browse and self.tracer.traced(state.queue):
-            self.tracer.delivered(state.id, state.label, delivery, state.queue, message, state.presettled)
-        if effect.browse:
-            lib.pn_delivery_settle(delivery)
-        elif state.presettled:
-            lib.pn_delivery_settle(delivery)
-            return self.broker.settle(effect.consumer_id, effect.delivery_id, Outcome.ACCEPTED, self.clock_ms())
-        else:
-            state.unsettled[delivery] = effect.delivery_id
-        return None
 
     # ---- what other parts of the node read ---------------------------------------------------
 

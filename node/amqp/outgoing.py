@@ -8,7 +8,7 @@ Engine loop thread only. Rules:
   Any other outcome, and any delivery the client settled first, is settled here at once.
 - A delivery settled with no outcome is accepted (AMQP's default outcome); a non-terminal state
   (received) waits for the outcome.
-- The delivery itself is sent by the server's `_deliver` (node/amqp/loop.py), as the core's effects
+- The delivery itself is sent by the effect executor's `_deliver` (node/amqp/executor.py), as the core's effects
   come out of `apply`.
 """
 

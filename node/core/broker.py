@@ -38,7 +38,7 @@ import dataclasses
 from node.core.address_settings import AddressSettings, check_parameters
 from node.core.addresses import Addresses
 from node.core.cold import RecordBudget
-from node.core.effects import DeadLettered, DetachConsumer, Enqueued, Removed, Stored
+from node.core.effects import DeadLettered, Declared, DetachConsumer, Enqueued, Removed, Stored
 from node.core.errors import AlreadyExists, GrouperError, NotFound
 from node.core.message import AVAILABLE, COLD, JOURNALLED, Message, Outcome
 from node.core.queue import Queue
@@ -58,7 +58,8 @@ class Broker:
         self.queues: dict[str, Queue] = {}
         self._consumer_queue: dict[object, Queue] = {}
         self.next_seq = 1
-        self.declared: list[QueueSettings] = []  # declarations (auto-creates too) the adapter has not journalled yet
+        # declarations (auto-creates too) not journalled yet: `declarations` takes them
+        self.declared: list[QueueSettings] = []
         # (payload, original queue, reason) -> payload of the dead-letter copy; None: the payload as it was
         self.dead_letter_stamp = dead_letter_stamp
         self._dead_letter_reserved: dict[str, tuple[int, int]] = {}  # DLQ -> (messages, bytes) promised this call
@@ -91,6 +92,19 @@ class Broker:
             self.addresses.bind(settings.address, settings.name)
         self.declared.append(settings)
         return queue
+
+    def declarations(self) -> list | tuple:
+        """The declarations made since the last call, as the Declared effects of the durable ones (the
+        others are not journalled): the node shell (node/core/shell.py) and the cluster protocol put them
+        before the broker effects that follow, so a queue's record precedes its messages'."""
+        if not self.declared:
+            return ()
+        declared, self.declared = self.declared, []
+        return [Declared(settings.to_dict()) for settings in declared if settings.durable]
+
+    def forget_declared(self, journalled: set) -> None:
+        """Recovery: these declarations are in the journal already, so they are not journalled again."""
+        self.declared = [settings for settings in self.declared if settings not in journalled]
 
     def subscribe(self, address: str, name: str, *, durable: bool | None = None) -> Queue:
         """Create subscription queue `name` of multicast `address` (an attach's): it takes the settings

@@ -20,7 +20,9 @@ from __future__ import annotations
 import collections
 from typing import NamedTuple
 
-PRODUCER, CONSUMER, CALL = 0, 1, 2  # what waits: a send to accept, a consumer's settlement, a callback
+# what waits: a send to accept, a consumer's settlement, an adapter's callback, a cluster protocol's
+# continuation (handed back to ClusterProtocol.flushed by the node shell, node/core/shell.py)
+PRODUCER, CONSUMER, CALL, CONTINUATION = 0, 1, 2, 3
 
 
 class Refused(NamedTuple):
@@ -49,6 +51,11 @@ class Durability:
     def waiting(self) -> bool:
         """Something registered in the batch being built waits for its journal unit."""
         return bool(self._batch)
+
+    @property
+    def waiting_count(self) -> int:
+        """Waiters registered and not released yet, in the batch being built or handed to the journal."""
+        return len(self._batch) + len(self._pending)
 
     def batch_ended(self, ticket: int | None) -> list:
         """The batch was handed to the journal as `ticket` (None: there is no journal, nothing to wait

@@ -1,4 +1,9 @@
-"""What the core asks its adapters to do. Plain records; the adapters carry them out in order."""
+"""What the core asks its adapters to do. Plain records; the adapters carry them out in order.
+
+One vocabulary for the node shell's (node/core/shell.py) effects out: each adapter carries them out with
+one table from effect type to method (node/amqp/executor.py, tests/sim/node_model.py). Longer than 300
+lines because it is one record per effect, each with its rule: split, one vocabulary would be scattered.
+"""
 
 from __future__ import annotations
 
@@ -33,10 +38,21 @@ class DetachConsumer:
 
 @dataclass(frozen=True, slots=True)
 class Stored:
-    """A message of a durable queue was added: journal it before confirming the producer."""
+    """Journal `message` under `queue`: a message of a durable queue was added (journal it before confirming
+    the producer), or the cluster keeps one under a journal name of its own (an outbound channel, a park).
+    `origin` (source, forward seq) of a forwarded or relayed message, for the simulation's invariants only."""
 
     queue: str
     message: Message
+    origin: tuple | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """Journal a declaration: a durable queue's settings, or a cluster record (a seq reservation, a source's
+    high-water mark): {"name": ..., ...}. Journalled before the messages that need it."""
+
+    values: dict
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +141,65 @@ class Delayed:
     until_ms: int
 
 
+# ---- what the node shell (node/core/shell.py) asks its adapter to do with producers, consumers, waiters --
+# `incoming` is the adapter's handle on a producer's delivery, `target` a consumer's (consumer, delivery):
+# opaque to the core, handed back untouched.
+
+class AcceptSend(NamedTuple):
+    """Settle a producer's delivery as accepted. `tell` False: the producer settled it first, so no outcome
+    goes back (only a multicast send's tally counts it)."""
+
+    incoming: object
+    tell: bool = True
+
+
+class RefuseUnstored(NamedTuple):
+    """Reject a producer's delivery whose journal batch failed with `reason` (the journal's failure, which
+    picks the wire condition); `error` says whether the message was taken back (StoreFailed)."""
+
+    incoming: object
+    error: GrouperError
+    reason: object
+
+
+class Confirm(NamedTuple):
+    """A consumer's outcome that removed a message is on disk: settle its delivery (`target`)."""
+
+    target: object
+
+
+class Unconfirmed(NamedTuple):
+    """A consumer's outcome could not be stored (its REMOVE was in a failed batch): its delivery stays
+    unsettled; CloseUnstored follows."""
+
+    target: object
+
+
+class CloseUnstored(NamedTuple):
+    """Close the links of these consumers (the targets of a failed batch, in order, repeats included)
+    whose settlements' removals failed with `reason`: a restart would deliver those messages again."""
+
+    targets: list
+    reason: object
+
+
+class Flushed(NamedTuple):
+    """Call `fn(reason)`, an after_flush callback of the adapter: everything journalled before it was
+    registered is on disk (reason None) or failed."""
+
+    fn: object
+    reason: object
+
+
+class WriteFailed(NamedTuple):
+    """The journal batch failed with `reason`: `taken_back` sends withdrawn, `outcome_unknown` already
+    handed out (their producers are told so). For the log; the refusals follow as effects of their own."""
+
+    reason: object
+    taken_back: int
+    outcome_unknown: int
+
+
 # ---- what the cluster protocol (node/core/cluster/) asks its adapter to do ----------------------------
 # Named tuples: built once per message on the hot path, where a frozen dataclass costs twice as much.
 # `incoming` is the server's handle on a producer's delivery and `reply_to` the gRPC call waiting for a
@@ -154,33 +229,6 @@ class Refuse(NamedTuple):
 
     incoming: object
     error: GrouperError
-
-
-class JournalStore(NamedTuple):
-    """Journal `message` under `name` (an outbound channel's journal name). `origin` (source, forward
-    seq) of a relayed message, for the simulation's invariants only."""
-
-    name: str
-    message: Message
-    origin: tuple | None = None
-
-
-class JournalRemove(NamedTuple):
-    name: str
-    seq: int
-
-
-class JournalDeclare(NamedTuple):
-    """Journal a declaration (a seq reservation, a source's high-water mark): {"name": ..., ...}."""
-
-    values: dict
-
-
-class ApplyBroker(NamedTuple):
-    """Carry out the broker's effects of enqueuing a forwarded message; origin = (source, forward_seq)."""
-
-    effects: list
-    origin: tuple
 
 
 class AfterFlush(NamedTuple):

@@ -1,16 +1,17 @@
 """One simulated node: the node's own cores, ClusterProtocol, Broker and LeaderDuties' feed, over simulated I/O.
 
-`SimNode` is node/cluster.py's adapter and the few `AmqpServer` and `runtime` pieces the protocol's
-effects reach (enqueue_local, accept_when_stored, refuse, apply, after_flush, journal_durable,
-journal_failed, consumer_counts, the end of a batch of the engine loop, journal recovery), each
-keeping only what the simulation exercises. Every decision of the cluster protocol is the production
-`ClusterProtocol`'s (node/core/cluster/); here only the I/O is modelled:
+`SimNode` drives the node's own `NodeShell` (node/core/shell.py: the commit cycle, with the production
+`Broker`, `Durability` and `ClusterProtocol` inside) as the engine loop and node/cluster.py do, and
+carries out the shell's effects with one table of simulated I/O (AmqpServer.execute); it keeps the
+engine loop's end of a batch, the journal writer's reports and journal recovery (runtime.recover), each
+only as far as the simulation exercises them. Every decision is the production code's; here only the
+I/O is modelled:
 - `Store` is the journal: an append-only list of records; `flush` hands the records so far to the
   writer as one unit; after a seeded delay the writer takes every unit handed by then as one batch,
-  and after another the engine loop hears it is durable and runs what waited for it (fn(None)). Units
+  and after another the engine loop hears it is durable (NodeShell.durable releases what waited). Units
   handed meanwhile go in the next batch, so one may be written after an earlier one failed. A write
   may fail (scripted, or config.journal_fail_rate): as node/store/journal.py promises, the failed
-  batch's records are dropped, never written, and what waited for them hears fn(reason). A crash keeps
+  batch's records are dropped, never written, and its units' tickets go to NodeShell.failed. A crash keeps
   the durable records and, with torn tails, any longer prefix of what had been handed to the writer
   (recovery trusts the file up to the first bad frame, not unit boundaries).
 - `ForwarderModel` is `node/peer/forwarder.py` without threads: it drives the same pure ForwardSender
@@ -22,9 +23,9 @@ keeping only what the simulation exercises. Every decision of the cluster protoc
 - the two memory budgets for queued messages, as runtime.Node sets them: the Broker's bodies
   (`message_memory_max_bytes`, node/core/paging.py) and records (`record_memory_max_bytes`, cold tails of
   node/core/cold.py; where groups follow their consumers, the protocol's sweeps read a tail through
-  for the groups moving away, answered through `cold_records`). As the engine loop does, the STOREs
-  of each journal unit are kept with its ticket and handed to `Broker.journalled` once the unit is
-  durable (bodies may page out then, pending cold arrivals are let go), and forgotten when it failed.
+  for the groups moving away, answered through `cold_records`). The shell hands the STOREs of each
+  journal unit to `Broker.journalled` once the unit is durable (bodies may page out then, pending cold
+  arrivals are let go), and forgets them when it failed.
   `PageIn` and `ReadRecords` go to the journal writer, which answers them in the order asked, after a
   seeded delay, from the durable records (Journal.read_bodies, read_records_after); a crash drops the
   answers still due. Recovery follows Node.recover: bodies kept in journal order up to the budget, or
@@ -45,12 +46,14 @@ from handler.route_table import MOVES_ALL, SNAPSHOT
 from node.core.broker import Broker
 from node.core.cluster import MARK_PREFIX, PARK_PREFIX, ClusterProtocol
 from node.core.cluster.forward_sender import Call, ForwardSender
-from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, DetachConsumer, Dropped,
-                               EnqueueLocal, JournalDeclare, JournalRemove, JournalStore, PageIn, ProposeClaim,
-                               ProposeDefinition, ProposeMoveClear, ProposeQueueDeletion, ProposeQueueSeeds,
-                               ProposeTouch, QueueDeleted, ReadOutbound, ReadRecords, Refuse, Register, Removed,
-                               Reply, ReportConsumers, StopNode, Stored, SubmitForward, Withdrawn)
-from node.core.errors import GrouperError, StoreFailed
+from node.core.durability import Durability
+from node.core.effects import (AcceptSend, DeadLettered, Declared, Delayed, Deliver, DetachConsumer, Dropped, Enqueued,
+                               Flushed, Kept, PageIn, ProposeClaim, ProposeDefinition, ProposeMoveClear,
+                               ProposeQueueDeletion, ProposeQueueSeeds, ProposeTouch, QueueDeleted, ReadOutbound,
+                               ReadRecords, Refuse, RefuseUnstored, Register, Removed, Reply, ReportConsumers, StopNode,
+                               Stored, SubmitForward, Withdrawn, WriteFailed)
+from node.core.errors import GrouperError
+from node.core.shell import NodeShell
 from node.core.message import AVAILABLE, FETCHED, JOURNALLED, PAGED, STATE_MASK, Message
 from node.core.outbound import Entry, parse_outbound_name
 from node.core.settings import QueueSettings
@@ -75,13 +78,11 @@ class Store:
         self.handed = 0  # records[:handed] were handed to the writer
         self.taken = 0  # records[:taken] were taken by the writer (durable <= taken <= handed)
         self.durable = 0  # records[:durable] are on disk
-        self.waiters: deque = deque()  # (ticket, callback), tickets increasing
 
     def crash(self, keep: int) -> None:
         assert self.durable <= keep <= self.handed
         del self.records[keep:]
         self.handed = self.taken = self.durable = keep
-        self.waiters.clear()
 
     def live_on_disk(self, name: str) -> dict[int, tuple]:
         """The live STORE records of `name` among the durable ones: seq -> record."""
@@ -149,6 +150,10 @@ class Store:
                 declarations[record[1]] = record[2]
                 messages.setdefault(record[1], {})
         return declarations, messages
+
+
+def _nothing(_effect) -> None:
+    """Effects for the node's logs and traces only: the simulation has neither."""
 
 
 def _reserved_name(name: str) -> bool:
@@ -273,16 +278,17 @@ class SimNode:
             outbound_max_bytes=config.outbound_max_bytes, outbound_total_max_bytes=config.outbound_total_max_bytes,
             outbound_max_messages=config.outbound_max_messages,
             outbound_memory_max_bytes=config.outbound_memory_max_bytes)
+        journalled = self.broker.journalled  # counted and checked where the shell calls it
+        self.broker.journalled = lambda stores, now_ms: self._count_page_outs(lambda: journalled(stores, now_ms))
+        # the node's own commit cycle (node/core/shell.py), as the engine loop runs it
+        self.shell = NodeShell(self.broker, Durability(JOURNAL_RETRY_INTERVAL_MS), journalled=True,
+                               protocol=self.protocol)
         self._forwarders: dict[str, ForwarderModel] = {}
-        self._awaiting_flush: list = []  # callbacks for when everything journalled so far is durable
         self._writer_due = False
         self.journal_stalled = False
-        self._journal_failed: str | None = None  # AmqpServer._journal_failed
-        self._journal_retry_at_ms = 0
-        # AmqpServer: the STOREs of the batch not handed yet, then (ticket, STOREs) per unit handed, so the
-        # broker hears which are on disk (their bodies may be paged out, cold ones let go)
-        self._stores_unflushed: list = []
-        self._stores_by_ticket: deque = deque()
+        self.ticket = 0  # the journal's last unit handed to the writer (node/store/journal.py Journal.flush)
+        self.units: deque = deque()  # (ticket, records[:end]) of the units handed, until written or failed
+        self._carry = self._effect_table()  # effect type -> the simulated I/O that carries it out
         self._read_due_ms = 0  # the journal writer answers reads in the order they were asked
         self.consumers: dict[str, object] = {}  # consumer id -> the simulation's consumer
         self.live: dict[tuple[str, int], str] = {}  # (queue, seq) -> message id held by the broker
@@ -364,7 +370,7 @@ class SimNode:
             journalled.add(settings)
             if settings.name not in self.broker.queues:
                 self.broker.declare_queue(settings)
-        self.broker.declared = [s for s in self.broker.declared if s not in journalled]
+        self.broker.forget_declared(journalled)
         outbound = {name: [self._message(record) for _, record in sorted(by_seq.items())]
                     for name, by_seq in messages.items() if _reserved_name(name)}
         if config.outbound_memory_max_bytes:  # runtime: the outbound store's bodies stay in the journal
@@ -517,27 +523,26 @@ class SimNode:
         self.store.records.append(("declare", values["name"], dict(values)))
 
     def end_of_batch(self) -> None:
-        """AmqpServer._end_batch: cluster.quiesced(), then one journal unit."""
+        """AmqpServer._end_batch: the shell's end of batch (the cluster protocol's included), then one journal
+        unit; what was waiting for a unit already on disk is released at once (NodeShell.batch_ended)."""
         if not self.alive:
             return
         store = self.store
-        if not (self.protocol.batch_due or self._awaiting_flush or store.handed != len(store.records)):
+        shell = self.shell
+        if not (self.protocol.batch_due or shell.waiting or store.handed != len(store.records)):
             return  # an empty batch: nothing to propose, forward, journal or confirm
-        self.carry_out(self.protocol.quiesced(self.sim.now_ms))
-        store.handed = len(store.records)
-        ticket = store.handed
-        if self._stores_unflushed:
-            self._stores_by_ticket.append((ticket, self._stores_unflushed))
-            self._stores_unflushed = []
-        for callback in self._awaiting_flush:
-            store.waiters.append((ticket, callback))
-        self._awaiting_flush = []
+        if not self.execute(shell.end_batch(self.sim.now_ms)):
+            return  # stopped
+        if store.handed != len(store.records):  # Journal.flush: a new unit only when records are pending
+            store.handed = len(store.records)
+            self.ticket += 1
+            self.units.append((self.ticket, store.handed))
+        if not self.execute(shell.batch_ended(self.ticket, self.sim.now_ms)):
+            return
         if store.durable < store.handed and not self._writer_due:
             self._writer_due = True
             self.sim.schedule(self.sim.rng.randint(0, self.sim.config.flush_ms_max),
                               self.guarded(self._write), None)
-        elif store.waiters and store.waiters[0][0] <= store.durable:
-            self._durable()
 
     def _write(self) -> None:
         """Journal._run: the writer takes every unit handed so far as one batch; the engine loop hears the
@@ -567,25 +572,16 @@ class SimNode:
                               self.guarded(self._write), None)
 
     def _durable(self) -> None:
-        """AmqpServer.journal_durable."""
-        store = self.store
-        self._journal_failed = None
-        incarnation = self.incarnation
-        while store.waiters and store.waiters[0][0] <= store.durable:
-            _, callback = store.waiters.popleft()
-            callback(None)
-        if not (self.alive and self.incarnation == incarnation):
-            return  # a callback stopped the node (StopNode)
-        if self._stores_by_ticket and self._stores_by_ticket[0][0] <= store.durable:
-            stores = []
-            while self._stores_by_ticket and self._stores_by_ticket[0][0] <= store.durable:
-                stores += self._stores_by_ticket.popleft()[1]
-            # their bodies may be paged out now, and pending cold ones let go
-            self.apply(self._count_page_outs(lambda: self.broker.journalled(stores, self.sim.now_ms)))
+        """AmqpServer.journal_durable for the units now on disk."""
+        ticket = None
+        while self.units and self.units[0][1] <= self.store.durable:
+            ticket = self.units.popleft()[0]
+        if ticket is not None:  # bodies stored by then may page out now (Broker.journalled), pending cold ones let go
+            self.execute(self.shell.durable(ticket, self.sim.now_ms))
 
     def _write_failed(self, upto: int) -> None:
         """Journal._fail_batch (its records are dropped, not retried), then AmqpServer.journal_failed for
-        each of its tickets; later units stay handed, their tickets moved down past the dropped records."""
+        its units; later units stay handed, their records moved down past the dropped ones."""
         store = self.store
         failed = upto - store.durable
         del store.records[store.durable:upto]
@@ -594,91 +590,85 @@ class SimNode:
         reason = "journal write failed (simulated)"
         self.sim.trace(f"  {self.node_id} journal write failed: {failed} records dropped")
         self.sim.stats["journal_failures"] += 1
-        self._journal_failed = reason
-        self._journal_retry_at_ms = self.sim.now_ms + JOURNAL_RETRY_INTERVAL_MS
-        # not on disk: these bodies stay in memory for good; later units' STOREs move down with their tickets
-        self._stores_by_ticket = deque((ticket - failed, stores) for ticket, stores in self._stores_by_ticket
-                                       if ticket > upto)
-        waiters, store.waiters = store.waiters, deque()
-        for ticket, callback in waiters:
-            if ticket > upto:
-                store.waiters.append((ticket - failed, callback))
-        incarnation = self.incarnation
-        for ticket, callback in waiters:
-            if not (self.alive and self.incarnation == incarnation):
-                return  # a callback stopped the node (StopNode)
-            if ticket <= upto:
-                callback(reason)
+        ticket = None
+        while self.units and self.units[0][1] <= upto:
+            ticket = self.units.popleft()[0]
+        self.units = deque((later, end - failed) for later, end in self.units)
+        if ticket is not None:
+            self.execute(self.shell.failed(ticket, reason, self.sim.now_ms))
 
-    # ---- the server's side (node/amqp/loop.py AmqpServer) ----------------------------------------
+    def unflushed(self) -> int:
+        """What still waits for the journal (for the simulation's report of what is left)."""
+        return self.shell.durability.waiting_count
+
+    # ---- the server's side (node/amqp/loop.py AmqpServer, node/amqp/executor.py) ----------------
 
     def after_flush(self, callback) -> None:
         """callback(None) once everything journalled so far is durable, callback(reason) if it failed."""
-        self._awaiting_flush.append(callback)
+        self.shell.after_flush(callback)
 
-    def accept_when_stored(self, delivery, durable: bool, producer_settled: bool, stored=None) -> None:
-        """`stored`: the (queue name, Message) the send put in the broker; AmqpServer.journal_failed takes
-        it back (Broker.take_back) before refusing, and says when a consumer had it already."""
-        assert durable and not producer_settled  # the simulation's producers wait for the outcome
+    def apply(self, effects: list) -> None:
+        """AmqpServer.apply: the broker's effects, through the shell."""
+        self.execute(self.shell.broker_effects(effects))
 
-        def outcome(reason):
-            if reason is None:
-                self.sim.producer_outcome(delivery, None)
-                return
-            unknown = False
-            if stored is not None:
-                [unknown], effects = self.broker.take_back([stored], self.sim.now_ms)
-                self.apply(effects)
-            self.sim.producer_outcome(delivery, StoreFailed(reason, outcome_unknown=unknown))
-        self.after_flush(outcome)
+    def execute(self, effects: list) -> bool:
+        """AmqpServer.execute with the simulation's I/O: False once an effect stopped the node (StopNode):
+        the rest dies with the process."""
+        table = self._carry
+        incarnation = self.incarnation
+        for effect in effects:
+            carry = table.get(type(effect))
+            if carry is None:
+                raise AssertionError(f"{self.node_id}: the shell asked for {effect!r}, which the simulation "
+                                     f"does not carry out")
+            carry(effect)
+            if not (self.alive and self.incarnation == incarnation):
+                return False
+        return True
 
-    def refuse(self, delivery, error: GrouperError) -> None:
-        self.sim.producer_outcome(delivery, error)
+    def _effect_table(self) -> dict:
+        sim = self.sim
+        nothing = _nothing
+        return {
+            Deliver: lambda effect: sim.delivered(self, effect), Stored: self._stored, Removed: self._removed,
+            Withdrawn: lambda effect: self.live.pop((effect.queue, effect.seq), None),  # never stored: no record
+            Declared: lambda effect: self.journal_declare(effect.values),
+            PageIn: lambda effect: self._read_later(lambda: self.read_bodies(effect.queue, effect.seqs)),
+            ReadRecords: lambda effect: self._read_later(lambda: self.read_records_after(
+                effect.queue, effect.after_seq, effect.count, effect.max_bytes)),
+            DetachConsumer: lambda effect: self.consumers.pop(effect.consumer_id, None),
+            Dropped: lambda effect: sim.violation(f"{self.node_id} dropped message {effect.seq} of {effect.queue}: "
+                                                  f"{effect.reason}"),
+            Delayed: nothing, Enqueued: nothing, DeadLettered: nothing, Kept: nothing, WriteFailed: nothing,
+            AcceptSend: self._accepted, Refuse: lambda effect: sim.producer_outcome(effect.incoming, effect.error),
+            RefuseUnstored: lambda effect: sim.producer_outcome(effect.incoming, effect.error),
+            Flushed: lambda effect: effect.fn(effect.reason),
+            SubmitForward: lambda effect: self._forwarder(effect.owner).submit(effect.entries, self.broker.next_seq),
+            ReadOutbound: self._read_outbound, ProposeClaim: self._propose_claim, ProposeTouch: self._propose_touch,
+            ReportConsumers: lambda effect: sim.raft.propose(("report_consumers", self.node_id, effect.counts,
+                                                              effect.now_ms)),
+            ProposeMoveClear: lambda effect: sim.raft.propose(
+                ("move_clear", tuple(tuple(entry) for entry in effect.entries), self.node_id)),
+            Register: lambda effect: sim.raft.propose(("register_node", self.node_id, effect.now_ms)),
+            ProposeQueueSeeds: lambda effect: self._propose_seeds(effect.seeds),
+            ProposeDefinition: lambda effect: self._propose_definition(effect.values),
+            ProposeQueueDeletion: self._propose_deletion, QueueDeleted: self._queue_deleted,
+            Reply: lambda effect: effect.reply_to(effect.high_water, effect.error),
+            StopNode: lambda effect: self.stop(effect.reason),
+        }
 
-    def enqueue_local(self, delivery, queue_name: str, message: Message, durable: bool,
-                      producer_settled: bool, now_ms: int) -> None:
-        try:
-            effects = self.broker.enqueue(queue_name, message, now_ms)
-        except GrouperError as error:
-            self.refuse(delivery, error)
-        else:
-            self.accept_when_stored(delivery, durable, producer_settled, (queue_name, message))
-            self.apply(effects)
+    def _stored(self, effect: Stored) -> None:
+        self.journal_store(effect.queue, effect.message, effect.origin)
+        if not _reserved_name(effect.queue):  # the cluster's own records (outbound, parked) are not the broker's
+            self.live[(effect.queue, effect.message.seq)] = mid_of(effect.message)
 
-    def apply(self, effects: list, origin=None) -> None:
-        """AmqpServer.apply; `origin` (source, forward seq) of a forwarded message goes into its STORE,
-        for the invariants."""
-        if self.broker.declared:
-            declared, self.broker.declared = self.broker.declared, []
-            for settings in declared:
-                if settings.durable:
-                    self.journal_declare(settings.to_dict())
-        index = 0
-        while index < len(effects):
-            effect = effects[index]
-            index += 1
-            kind = type(effect)
-            if kind is Deliver:
-                self.sim.delivered(self, effect)
-            elif kind is Stored:
-                key = (effect.queue, effect.message.seq)
-                self.journal_store(effect.queue, effect.message, origin)
-                self._stores_unflushed.append((effect.queue, effect.message))
-                self.live[key] = mid_of(effect.message)
-            elif kind is PageIn:
-                self._read_later(lambda effect=effect: self.read_bodies(effect.queue, effect.seqs))
-            elif kind is ReadRecords:
-                self._read_later(lambda effect=effect: self.read_records_after(effect.queue, effect.after_seq,
-                                                                               effect.count, effect.max_bytes))
-            elif kind is Removed:
-                self.journal_remove(effect.queue, effect.seq)
-                self.live.pop((effect.queue, effect.seq), None)
-            elif kind is Withdrawn:  # never stored: nothing to journal
-                self.live.pop((effect.queue, effect.seq), None)
-            elif kind is DetachConsumer:
-                self.consumers.pop(effect.consumer_id, None)
-            elif kind is Dropped:
-                self.sim.violation(f"{self.node_id} dropped message {effect.seq} of {effect.queue}: {effect.reason}")
+    def _removed(self, effect: Removed) -> None:
+        self.journal_remove(effect.queue, effect.seq)
+        self.live.pop((effect.queue, effect.seq), None)
+
+    def _accepted(self, effect: AcceptSend) -> None:
+        assert effect.tell  # the simulation's producers wait for the outcome
+        self.sim.producer_outcome(effect.incoming, None)
 
     def consumer_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -690,8 +680,9 @@ class SimNode:
         """AmqpServer._receive for a grouped message on a durable queue, in a cluster."""
         try:
             queue = self.broker.queue(queue_name, create=True)
-            if self._journal_failed and now_ms < self._journal_retry_at_ms:
-                raise GrouperError(f"the node cannot store messages right now ({self._journal_failed})")
+            reason = self.shell.refusing(now_ms)
+            if reason is not None:
+                raise GrouperError(f"the node cannot store messages right now ({reason})")
             message = Message(payload, group)
             queue.check_group_id(message.group_id)
             route_key = queue.route_key(message.group_id)
@@ -699,7 +690,7 @@ class SimNode:
             self.carry_out(self.protocol.arrive(delivery, queue.settings.name, route_key, message, True, False,
                                                 now_ms))
         except GrouperError as error:
-            self.refuse(delivery, error)
+            self.sim.producer_outcome(delivery, error)
 
     # ---- ClusterLink (node/cluster.py): events in --------------------------------------------
 
@@ -749,70 +740,35 @@ class SimNode:
     # ---- ClusterLink (node/cluster.py): effects out ------------------------------------------
 
     def carry_out(self, effects: list) -> None:
+        """The protocol's effects, through the node shell (which enqueues, accepts and refuses itself)."""
+        self.execute(self.shell.from_protocol(effects))
+
+    def _read_outbound(self, effect: ReadOutbound) -> None:
+        sim = self.sim
+        for name, seqs in effect.reads:
+            sim.schedule(sim.rng.randint(1, sim.config.write_ms_max),
+                         self.guarded(lambda name=name, seqs=seqs: self.read_outbound(name, seqs)), None)
+
+    def _propose_claim(self, effect: ProposeClaim) -> None:
+        sim, protocol, keys = self.sim, self.protocol, effect.keys
+        sim.raft.propose(("claim", tuple(keys), self.node_id, effect.now_ms, sim.config.placement),
+                         self.guarded(lambda reason: protocol.claim_failed(keys, reason)))
+
+    def _propose_touch(self, effect: ProposeTouch) -> None:
         sim, protocol = self.sim, self.protocol
-        for effect in effects:
-            kind = type(effect)
-            if kind is EnqueueLocal:
-                self.enqueue_local(*effect)
-            elif kind is AcceptWhenStored:
-                self.accept_when_stored(*effect)
-            elif kind is Refuse:
-                self.refuse(*effect)
-            elif kind is JournalStore:
-                self.journal_store(effect.name, effect.message, effect.origin)
-            elif kind is JournalRemove:
-                self.journal_remove(effect.name, effect.seq)
-            elif kind is JournalDeclare:
-                self.journal_declare(effect.values)
-            elif kind is ApplyBroker:
-                self.apply(effect.effects, effect.origin)
-            elif kind is AfterFlush:
-                self.after_flush(lambda reason, what=effect.what: self.carry_out(
-                    protocol.flushed(what, reason, sim.now_ms)))
-            elif kind is SubmitForward:
-                self._forwarder(effect.owner).submit(effect.entries, self.broker.next_seq)
-            elif kind is ReadRecords:  # a sweep of a cold tail (ClusterLink._read_records)
-                self._read_later(lambda effect=effect: self.read_records_after(effect.queue, effect.after_seq,
-                                                                               effect.count, effect.max_bytes))
-            elif kind is ReadOutbound:
-                for name, seqs in effect.reads:
-                    self.sim.schedule(sim.rng.randint(1, sim.config.write_ms_max),
-                                      self.guarded(lambda name=name, seqs=seqs: self.read_outbound(name, seqs)), None)
-            elif kind is ProposeClaim:
-                keys = effect.keys
-                sim.raft.propose(("claim", tuple(keys), self.node_id, effect.now_ms, sim.config.placement),
-                                 self.guarded(lambda reason, keys=keys: protocol.claim_failed(keys, reason)))
-            elif kind is ProposeTouch:
-                sim.raft.propose(("touch", tuple(effect.entries), effect.now_ms),
-                                 self.guarded(lambda reason: protocol.touch_failed(sim.now_ms)))
-            elif kind is ReportConsumers:
-                sim.raft.propose(("report_consumers", self.node_id, effect.counts, effect.now_ms))
-            elif kind is ProposeMoveClear:
-                sim.raft.propose(("move_clear", tuple(tuple(entry) for entry in effect.entries), self.node_id))
-            elif kind is Register:
-                sim.raft.propose(("register_node", self.node_id, effect.now_ms))
-            elif kind is ProposeQueueSeeds:
-                self._propose_seeds(effect.seeds)
-            elif kind is ProposeDefinition:
-                self._propose_definition(effect.values)
-            elif kind is ProposeQueueDeletion:
-                name = effect.name
-                sim.raft.propose(("delete_queue", name, effect.seen_revision),
-                                 self.guarded(lambda reason, name=name: self.carry_out(
-                                     protocol.deletion_proposed(name, reason, sim.now_ms))),
-                                 self.guarded(lambda name=name: self.carry_out(
-                                     protocol.deletion_proposed(name, None, sim.now_ms))), self.definitions_rng)
-            elif kind is QueueDeleted:
-                self.store.records.append(("delete", effect.queue))
-                self.live = {key: mid for key, mid in self.live.items() if key[0] != effect.queue}
-            elif kind is Reply:
-                effect.reply_to(effect.high_water, effect.error)
-            elif kind is StopNode:
-                self.stop(effect.reason)
-                return  # the rest dies with the process
-            else:
-                raise AssertionError(f"{self.node_id}: the protocol asked for {effect!r}, which the simulation "
-                                     f"does not carry out")
+        sim.raft.propose(("touch", tuple(effect.entries), effect.now_ms),
+                         self.guarded(lambda reason: protocol.touch_failed(sim.now_ms)))
+
+    def _propose_deletion(self, effect: ProposeQueueDeletion) -> None:
+        sim, protocol, name = self.sim, self.protocol, effect.name
+        sim.raft.propose(("delete_queue", name, effect.seen_revision),
+                         self.guarded(lambda reason: self.carry_out(protocol.deletion_proposed(name, reason, sim.now_ms))),
+                         self.guarded(lambda: self.carry_out(protocol.deletion_proposed(name, None, sim.now_ms))),
+                         self.definitions_rng)
+
+    def _queue_deleted(self, effect: QueueDeleted) -> None:
+        self.store.records.append(("delete", effect.queue))
+        self.live = {key: mid for key, mid in self.live.items() if key[0] != effect.queue}
 
     def _propose_seeds(self, seeds: tuple) -> None:
         """ClusterLink._propose_queue_seeds: one proposal per seed; the protocol hears once all committed,

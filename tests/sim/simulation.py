@@ -926,8 +926,8 @@ class Simulation:
                 left[f"{node.node_id} parked"] = sorted(node.protocol.parked)[:5]
             if node.router.waiting:
                 left[f"{node.node_id} waiting"] = node.router.waiting_count()
-            if node.store.waiters or node._awaiting_flush:
-                left[f"{node.node_id} unflushed"] = len(node.store.waiters)
+            if node.unflushed():
+                left[f"{node.node_id} unflushed"] = node.unflushed()
         if self.network.in_flight:
             left["network"] = len(self.network.in_flight)
         if self.raft.table.moves:

@@ -136,8 +136,7 @@ def test_consumers_of_an_empty_queue_made_here_that_lost_to_another_definition_a
     (proposal,) = cluster.quiesced(0)
     held = QueueSettings(name="orders", group_buckets=8).to_dict()
     cluster.definitions["orders"] = held
-    effects = [effect for apply in cluster.definition_proposed(proposal.values, None, CONFLICT, held, 0)
-               for effect in apply.effects]
+    effects = cluster.definition_proposed(proposal.values, None, CONFLICT, held, 0)
     (detach,) = of(DetachConsumer, effects)
     assert isinstance(detach.error, AlreadyExists) and "group_buckets differ" in detach.error.description
     assert cluster.broker.queues["orders"].settings.group_buckets == 8 and not cluster.broker.queues["orders"].consumers

@@ -14,9 +14,8 @@ from handler.route_table import MOVES, REFUSED, ROUTES
 from node.core.broker import Broker
 from node.core.cluster import MARK_PREFIX, SEQ_RESERVATION, ClusterProtocol
 from node.core.outbound import Entry, outbound_name
-from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, EnqueueLocal, JournalDeclare,
-                               JournalRemove, JournalStore, ProposeClaim, ProposeTouch, Refuse, Register, Reply,
-                               ReportConsumers, StopNode, Stored, SubmitForward)
+from node.core.effects import (AcceptWhenStored, AfterFlush, Declared, Deliver, EnqueueLocal, ProposeClaim, ProposeTouch,
+                               Refuse, Register, Removed, Reply, ReportConsumers, StopNode, Stored, SubmitForward)
 from node.core.errors import HandlerUnavailable, ResourceLimitExceeded
 from node.core.message import Message, Outcome
 from node.core.settings import QueueSettings
@@ -65,9 +64,9 @@ def test_a_message_for_another_owner_is_journalled_in_its_outbound_channel_and_a
     cluster = protocol()
     routed(cluster, "n2")
     effects = arrive(cluster, "m1")
-    assert [type(effect) for effect in effects] == [JournalDeclare, JournalStore, AcceptWhenStored]
+    assert [type(effect) for effect in effects] == [Declared, Stored, AcceptWhenStored]
     assert effects[0].values["name"] == SEQ_RESERVATION  # its seq is reserved in the same batch
-    assert effects[1].name == outbound_name("n2", "q")
+    assert effects[1].queue == outbound_name("n2", "q")
     assert effects[2] == AcceptWhenStored("m1", True, False)
 
 
@@ -99,7 +98,7 @@ def test_an_acknowledgement_removes_the_forwarded_messages_from_the_outbound_sto
     [after_flush] = cluster.quiesced(0)
     [submit] = cluster.flushed(after_flush.what, None, 1)
     seq = submit.entries[0].forward_seq
-    assert cluster.acknowledged("n2", seq) == [JournalRemove(outbound_name("n2", "q"), seq)]
+    assert cluster.acknowledged("n2", seq) == [Removed(outbound_name("n2", "q"), seq)]
     assert cluster.outbound.depths() == {}
 
 
@@ -174,8 +173,8 @@ def test_a_restarted_owner_delivers_what_it_recovered_before_what_waited_for_its
     assert cluster.arrive("incoming", "q", "g", Message(b"new", "g"), True, False, 1) == []  # waits for it
     delivered = []
     for effect in cluster.ready(2):
-        if type(effect) is ApplyBroker:
-            delivered += [deliver.message.payload for deliver in of(Deliver, effect.effects)]
+        if type(effect) is Deliver:  # the broker's, among the protocol's
+            delivered.append(effect.message.payload)
         elif type(effect) is EnqueueLocal:
             enqueued = broker.enqueue(effect.queue, effect.message, effect.now_ms)
             delivered += [deliver.message.payload for deliver in of(Deliver, enqueued)]
@@ -199,11 +198,12 @@ def test_an_owner_enqueues_a_forwarded_batch_skips_its_resend_and_replies_once_i
     owner = protocol("n2")
     entries = [Entry(7, "q", "g", b"m1", 0, False, 5), Entry(8, "q", "g", b"m2", 0, False, 5)]
     effects = owner.forward_received("n1", entries, "call-1", 10)
-    assert [type(effect) for effect in effects] == [ApplyBroker, ApplyBroker, JournalDeclare, AfterFlush]
-    assert [effect.origin for effect in effects[:2]] == [("n1", 7), ("n1", 8)]
-    assert any(type(stored) is Stored for stored in effects[0].effects)
-    assert effects[2].values == {"name": MARK_PREFIX + "n1", "high_water": 8}
-    assert owner.flushed(effects[3].what, None, 11) == [Reply("call-1", 8, None)]
+    # the queue the first one auto-created is declared first, then the broker's STOREs, then the mark
+    assert [type(effect) for effect in effects] == [Declared, Stored, Stored, Declared, AfterFlush]
+    assert effects[0].values["name"] == "q" and effects[1].queue == "q"
+    assert [effect.origin for effect in effects[1:3]] == [("n1", 7), ("n1", 8)]
+    assert effects[3].values == {"name": MARK_PREFIX + "n1", "high_water": 8}
+    assert owner.flushed(effects[4].what, None, 11) == [Reply("call-1", 8, None)]
     resend = owner.forward_received("n1", entries, "call-2", 12)
     assert [type(effect) for effect in resend] == [AfterFlush]  # nothing enqueued again
     assert owner.counts["resends_skipped"] == 2

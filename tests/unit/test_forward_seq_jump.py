@@ -22,7 +22,7 @@ import pytest
 
 from node.core.broker import Broker
 from node.core.cluster import MARK_PREFIX, ClusterProtocol
-from node.core.effects import AfterFlush, ApplyBroker, JournalDeclare, Reply
+from node.core.effects import AfterFlush, Declared, Reply, Stored
 from node.core.outbound import Entry
 from node.core.settings import QueueSettings
 from node.peer.forwarder import Forwarder
@@ -57,7 +57,7 @@ def take(cluster: ClusterProtocol, source: str, batch: list[Entry], seq_bound: i
     effects = cluster.forward_received(source, batch, "call", now_ms, seq_bound, disputed)
     bodies = {entry.forward_seq: entry.payload for entry in batch}
     cluster.__dict__.setdefault("taken_bodies", []).extend(
-        bodies[effect.origin[1]] for effect in effects if type(effect) is ApplyBroker)
+        bodies[effect.origin[1]] for effect in effects if type(effect) is Stored)  # the broker's STOREs
     [reply] = cluster.flushed(effects[-1].what, None, now_ms)
     assert reply.error is None, reply.error
     return reply.high_water
@@ -137,7 +137,7 @@ def test_the_set_back_mark_is_journalled_so_a_restarted_owner_keeps_it():
     cluster = owner()
     take(cluster, REAL, entries(10**18), seq_bound=10**18 + 1)
     effects = cluster.forward_received(REAL, entries(6), "call", 10, 7, 10**18)
-    assert [type(effect) for effect in effects] == [ApplyBroker, JournalDeclare, AfterFlush]
+    assert [type(effect) for effect in effects] == [Stored, Declared, AfterFlush]
     assert effects[1].values == {"name": MARK_PREFIX + REAL, "high_water": 6}
     assert cluster.flushed(effects[-1].what, None, 11) == [Reply("call", 6, None)]
     restarted = owner()

@@ -17,7 +17,7 @@ from handler.route_table import MOVES, ROUTES
 from node.core.broker import Broker
 from node.core.cluster import ClusterProtocol
 from node.core.outbound import Entry, outbound_name
-from node.core.effects import AcceptWhenStored, AfterFlush, EnqueueLocal, JournalStore, Refuse, SubmitForward
+from node.core.effects import AcceptWhenStored, AfterFlush, EnqueueLocal, Refuse, Stored, SubmitForward
 from node.core.errors import ResourceLimitExceeded
 from node.core.message import Message
 from node.core.settings import QueueSettings
@@ -42,6 +42,11 @@ def send(cluster: ClusterProtocol, incoming: str, group: str, size_bytes: int, n
 
 def of(kind, effects: list) -> list:
     return [effect for effect in effects if type(effect) is kind]
+
+
+def outbound_stores(effects: list) -> list:
+    """The STOREs of the cluster's own journal names (outbound channels), not a queue's."""
+    return [effect for effect in of(Stored, effects) if effect.queue.startswith("\x00")]
 
 
 def flush(cluster: ClusterProtocol, now_ms: int = 0) -> list[SubmitForward]:
@@ -242,10 +247,10 @@ def test_a_handover_and_a_relay_count_toward_the_bound_but_are_never_refused():
         cluster.broker.enqueue("q", Message(b"y" * 80, "g1"), 0)  # what EnqueueLocal asks of the broker
     cluster.applied(MOVES, [("q", "g1", "n1", "n2", ("n1", "n2", "n3"))], None, 1)
     cluster.applied(ROUTES, [("q", "g1", "n2")], 1, 1)
-    handed = of(JournalStore, cluster.tick(2, {}))
+    handed = outbound_stores(cluster.tick(2, {}))
     assert len(handed) == 3 and cluster.outbound.depth_bytes["n2"] == 240  # past the bound of 100
     relayed = cluster.forward_received("n3", [Entry(7, "q", "g1", b"z" * 50, 0, False, 2)], lambda *reply: None, 3)
-    assert of(JournalStore, relayed) and cluster.outbound.depth_bytes["n2"] == 290
+    assert outbound_stores(relayed) and cluster.outbound.depth_bytes["n2"] == 290
     assert of(Refuse, send(cluster, "m9", "g1", 1))  # a producer's send for n2 is refused meanwhile
 
 
@@ -263,7 +268,7 @@ def test_a_reroute_stops_at_a_full_channel_counting_what_its_batch_promised_and_
         broker.enqueue("source", Message(b"x" * 100, "a"), 0)
     reroute = Reroute("source", "target")
     effects = cluster.rerouted(*reroute.batch(broker, 0, owner_of=cluster.reroute_owner), 0)
-    assert len(of(JournalStore, effects)) == 2 and cluster.outbound.depth_bytes == {"n2": 200}
+    assert len(outbound_stores(effects)) == 2 and cluster.outbound.depth_bytes == {"n2": 200}
     assert (reroute.moved, reroute.stayed) == (2, 3)
     assert "owner node n2" in reroute.stayed_reason
     assert ("outbound_max_bytes = 250 bytes" if "outbound_max_bytes" in bound
@@ -314,7 +319,7 @@ class OutboundBoundsModel(RuleBasedStateMachine):
             [refused] = effects
             assert type(refused) is Refuse and f"owner node {owner}" in refused.error.description
             return
-        [store] = of(JournalStore, effects)
+        [store] = outbound_stores(effects)
         assert of(AcceptWhenStored, effects)
         self.held[owner].append((store.message.seq, size_bytes, False))
         self.sent[owner].append(incoming)

@@ -12,8 +12,8 @@ from node.core.broker import Broker
 from node.core.cold import GROUP_RECORD_BYTES, MESSAGE_RECORD_BYTES
 from node.core.cluster import PARK_PREFIX, ClusterProtocol, handover
 from node.core.outbound import Entry, outbound_name
-from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, Deliver, EnqueueLocal, JournalRemove,
-                               JournalStore, PageIn, ProposeMoveClear, ReadRecords, Refuse, Removed, Reply, Stored)
+from node.core.effects import (AcceptWhenStored, AfterFlush, Deliver, EnqueueLocal, PageIn, ProposeMoveClear, ReadRecords,
+                               Refuse, Removed, Reply, Stored)
 from node.core.message import Message, Outcome
 from node.core.settings import QueueSettings
 
@@ -38,8 +38,8 @@ class Node:
         for effect in effects:
             if type(effect) is EnqueueLocal:
                 self.deliver(self.broker.enqueue(effect.queue, effect.message, effect.now_ms))
-            elif type(effect) is ApplyBroker:
-                self.deliver(effect.effects)
+            elif type(effect) is Deliver or type(effect) in (Stored, Removed) and not effect.queue.startswith("\x00"):
+                self.deliver([effect])  # the broker's, among the protocol's
             elif type(effect) is AfterFlush:
                 self.flushes.append(effect.what)
         return effects
@@ -74,6 +74,16 @@ def of(kind, effects: list) -> list:
     return [effect for effect in effects if type(effect) is kind]
 
 
+def cluster_records(kind, effects: list) -> list:
+    """The cluster's own journal records of `kind` (outbound channels, parks: NUL-led names), not a queue's."""
+    return [effect for effect in of(kind, effects) if effect.queue.startswith("\x00")]
+
+
+def queue_records(kind, effects: list) -> list:
+    """The broker's journal records of `kind` among the protocol's effects: a queue's."""
+    return [effect for effect in of(kind, effects) if not effect.queue.startswith("\x00")]
+
+
 def test_the_old_owner_hands_a_group_over_only_once_its_delivery_in_flight_is_settled_and_in_queue_order():
     old = Node("n1")
     old.run(old.broker.attach_consumer("q", "c", False, 0))
@@ -84,15 +94,15 @@ def test_the_old_owner_hands_a_group_over_only_once_its_delivery_in_flight_is_se
     old.move()
     old.run(old.broker.set_credit("c", 5, 1))
     assert old.delivered == [b"m1"]  # held: nothing more of the group is delivered here
-    assert of(JournalStore, old.tick(2)) == []  # m1 is still in flight
+    assert cluster_records(Stored, old.tick(2)) == []  # m1 is still in flight
     old.run(old.broker.settle("c", 0, Outcome.ACCEPTED, 3))
     effects = old.tick(4)
-    stores = of(JournalStore, effects)
+    stores = cluster_records(Stored, effects)
     assert [store.message.payload for store in stores] == [b"m2", b"m3"]
-    assert {store.name for store in stores} == {outbound_name("n2", "q")}
-    removed = [effect for batch in of(ApplyBroker, effects) for effect in batch.effects if type(effect) is Removed]
+    assert {store.queue for store in stores} == {outbound_name("n2", "q")}
+    removed = queue_records(Removed, effects)
     assert len(removed) == 2
-    assert effects.index(stores[-1]) < effects.index(of(ApplyBroker, effects)[0])  # STOREs before REMOVEs
+    assert effects.index(stores[-1]) < effects.index(removed[0])  # STOREs before REMOVEs
     assert old.broker.queues["q"].depth_messages == 0
 
 
@@ -148,8 +158,8 @@ def test_the_old_owner_relays_what_others_sent_it_before_they_saw_the_move_and_c
     old = Node("n1")
     old.move()
     effects = old.forwarded("n3", 7, "late")
-    [relayed] = of(JournalStore, effects)
-    assert relayed.name == outbound_name("n2", "q") and relayed.origin == ("n3", 7)
+    [relayed] = cluster_records(Stored, effects)
+    assert relayed.queue == outbound_name("n2", "q") and relayed.origin == ("n3", 7)
     old.moved(waiting=("n1", "n3"))
     assert of(ProposeMoveClear, old.tick(10)) == []  # n3 may still send it some
 
@@ -173,17 +183,17 @@ def test_the_new_owner_delivers_the_handover_as_it_comes_and_parks_what_must_wai
     new.run(new.broker.set_credit("c", 10, 0))
     new.move()
     local = new.send("local")  # a producer here, after the move
-    assert [type(effect) for effect in local if type(effect) is not AfterFlush] == [JournalStore, AcceptWhenStored]
-    assert of(JournalStore, local)[0].name == PARK_PREFIX + "q"
-    assert of(JournalStore, new.forwarded("n3", 1, "direct"))[0].name == PARK_PREFIX + "q"
+    assert [type(effect) for effect in local if type(effect) is not AfterFlush] == [Stored, AcceptWhenStored]
+    assert cluster_records(Stored, local)[0].queue == PARK_PREFIX + "q"
+    assert cluster_records(Stored, new.forwarded("n3", 1, "direct"))[0].queue == PARK_PREFIX + "q"
     handed = new.forwarded("n1", 1, "handed")  # the old owner's backlog goes into the queue, delivered at once
-    assert of(Stored, [effect for batch in of(ApplyBroker, handed) for effect in batch.effects])
+    assert queue_records(Stored, handed)
     new.flush(1)
     new.tick(2)
     assert new.delivered == [b"handed"]  # the old owner sent it only once nothing of the group was in flight there
     effects = new.moved(now_ms=3)
     assert new.delivered == [b"handed", b"local", b"direct"]
-    assert len(of(JournalRemove, effects)) == 2  # out of the park, after their STOREs in the queue
+    assert len(cluster_records(Removed, effects)) == 2  # out of the park, after their STOREs in the queue
     assert new.cluster.parked == {} and new.cluster.held == set()
 
 
@@ -213,9 +223,9 @@ def test_a_forward_reaching_a_node_that_knows_the_group_moving_between_two_other
     third.run(third.cluster.applied(MOVES, [("q", "g", "n4", "n5", ("n4",))], None, 0))
     assert third.cluster.moves[("q", "g")][:2] == ("n4", "n5")
     parked = third.forwarded("n4", 1, "after")  # n4 sends here: a later move names this node
-    assert of(JournalStore, parked)[0].name == PARK_PREFIX + "q"
+    assert cluster_records(Stored, parked)[0].queue == PARK_PREFIX + "q"
     handed = third.forwarded("n5", 1, "handed")  # n5 hands over what it has: the next move's old owner
-    assert not of(JournalStore, handed) or of(JournalStore, handed)[0].name != PARK_PREFIX + "q"
+    assert not cluster_records(Stored, handed) or cluster_records(Stored, handed)[0].queue != PARK_PREFIX + "q"
     third.flush(1)
     third.tick(2)
     assert third.delivered == []  # held until the replica knows the move here
@@ -253,7 +263,7 @@ def test_a_restarted_node_holds_what_it_recovered_until_its_replica_is_current()
     assert of(Deliver, broker.set_credit("c", 5, 0)) == []
     cluster.applied(ROUTES, [("q", "g", "n2")], 0, 0)
     effects = cluster.ready(1)
-    assert [effect.message.payload for batch in of(ApplyBroker, effects) for effect in of(Deliver, batch.effects)] \
+    assert [effect.message.payload for effect in of(Deliver, effects)] \
         == [b"kept"]
 
 
@@ -279,9 +289,9 @@ def test_a_restarted_node_sends_what_it_recovered_of_a_group_living_elsewhere_no
     assert of(Deliver, broker.set_credit("c", 5, 0)) == []
     cluster.applied(ROUTES, [("q", "g", "n2")], 0, 0)
     effects = cluster.ready(1)
-    [store] = of(JournalStore, effects)
-    assert store.name == outbound_name("n2", "q") and store.message.payload == b"ghost"
-    assert not [effect for batch in of(ApplyBroker, effects) for effect in of(Deliver, batch.effects)]
+    [store] = cluster_records(Stored, effects)
+    assert store.queue == outbound_name("n2", "q") and store.message.payload == b"ghost"
+    assert not of(Deliver, effects)
     assert broker.queues["q"].depth_messages == 0 and cluster.held == set()
 
 
@@ -298,14 +308,14 @@ def test_a_restarted_node_reads_back_the_paged_bodies_of_a_group_living_elsewher
     cluster.hold_recovered()
     cluster.applied(ROUTES, [("q", "g", "n2")], 0, 0)
     effects = cluster.ready(1)
-    assert [store.message.payload for store in of(JournalStore, effects)] == [b"first"]
+    assert [store.message.payload for store in cluster_records(Stored, effects)] == [b"first"]
     assert cluster.held == {("q", "g")} and cluster.counts["restored_handed_over"] == 0
     [page_in] = of(PageIn, broker.tick(2))
     assert page_in.seqs == (6,)
-    assert of(JournalStore, cluster.tick(3, {})) == []  # still waiting for the body: held, nothing sent
+    assert cluster_records(Stored, cluster.tick(3, {})) == []  # still waiting for the body: held, nothing sent
     assert broker.queues["q"].delivered_total == 0
     broker.page_in("q", {6: b"second"}, 4)
-    stores = of(JournalStore, cluster.tick(5, {}))
+    stores = cluster_records(Stored, cluster.tick(5, {}))
     assert [store.message.payload for store in stores] == [b"second"]
     assert broker.queues["q"].depth_messages == 0 and cluster.held == set()
     assert cluster.counts["restored_handed_over"] == 1
@@ -340,7 +350,7 @@ class ColdOwner(Node):
         unwritten, self.unwritten = self.unwritten, []
         for record, stored in zip(unwritten[::2], unwritten[1::2]):
             self.journal[record.seq] = record
-            self.run([ApplyBroker(self.broker.journalled([("q", stored)], 0), None)])
+            self.run(self.broker.journalled([("q", stored)], 0))
 
     def send_to(self, group: str, payload: str, now_ms: int = 0) -> list:
         return self.run(self.cluster.arrive(payload, "q", group, Message(payload.encode(), group), True, False,
@@ -360,7 +370,7 @@ def test_an_old_owner_sweeps_its_cold_tail_for_a_moving_group_and_hands_it_over_
     assert queue.cold.count == 4 and queue.cold.stored == 4  # all but g0; which groups is not known
     old.move()
     effects = old.tick(1)
-    stores = [store.message.payload for store in of(JournalStore, effects)]
+    stores = [store.message.payload for store in cluster_records(Stored, effects)]
     assert stores == [b"g0"]  # the warm part first
     [read] = of(ReadRecords, effects)  # then the tail, read through for g
     assert queue.cold.frozen and queue.cold.ask(True) == 0  # no read-back for dispatch meanwhile
@@ -372,15 +382,15 @@ def test_an_old_owner_sweeps_its_cold_tail_for_a_moving_group_and_hands_it_over_
     [refused] = of(Refuse, old.send_to("g", "g9", 3))  # a producer here, while the sweep is out: refused,
     assert "is moving from node n1 to n2" in refused.error.description  # so it cannot keep the move going
     parked = old.forwarded("n3", 7, "g3", 3)  # another node's send from before it saw the move: parked
-    assert of(JournalStore, parked)[0].name == PARK_PREFIX + "q"
+    assert cluster_records(Stored, parked)[0].queue == PARK_PREFIX + "q"
     effects = old.run(old.cluster.cold_records("q", old.read(read), 4))
-    assert [store.message.payload for store in of(JournalStore, effects)] == [b"g1", b"g2"]
+    assert [store.message.payload for store in cluster_records(Stored, effects)] == [b"g1", b"g2"]
     assert queue.cold.count == 2 and sorted(m.payload for m in old.journal.values()) == [b"h0", b"h1"]  # h stays cold
     old.flush(5)
     assert not queue.cold.frozen  # their REMOVEs are on disk: the queue may read its tail back again
     effects = old.tick(6)
-    [relayed] = of(JournalStore, effects)
-    assert relayed.message.payload == b"g3" and relayed.name == outbound_name("n2", "q")
+    [relayed] = cluster_records(Stored, effects)
+    assert relayed.message.payload == b"g3" and relayed.queue == outbound_name("n2", "q")
     assert old.cluster.parked == {}
     old.run(old.cluster.quiesced(7))
     old.flush(8)
@@ -403,7 +413,7 @@ def test_a_sweep_waits_for_what_the_group_has_in_flight_and_leaves_other_groups_
     old.run(old.broker.settle("c", 0, Outcome.ACCEPTED, 2))
     [read] = of(ReadRecords, old.tick(3))
     effects = old.run(old.cluster.cold_records("q", old.read(read), 4))
-    assert [store.message.payload for store in of(JournalStore, effects)] == [b"g1"]
+    assert [store.message.payload for store in cluster_records(Stored, effects)] == [b"g1"]
     assert old.broker.queues["q"].cold.count == 1  # h0
     assert old.cluster.cold_records("q", {}, 5) is None  # not a sweep's read: the queue's own
 
@@ -422,8 +432,8 @@ def test_cold_records_read_back_of_a_group_living_elsewhere_are_held_and_sent_to
     assert old.cluster.cold_records("q", records, 1) is None
     old.deliver(old.broker.promote("q", records, 1))
     assert old.delivered == [b"g9"]  # g lives here; h is held
-    stores = of(JournalStore, old.tick(2))
-    assert [(store.name, store.message.payload) for store in stores] == [(outbound_name("n2", "q"), b"h9")]
+    stores = cluster_records(Stored, old.tick(2))
+    assert [(store.queue, store.message.payload) for store in stores] == [(outbound_name("n2", "q"), b"h9")]
     assert old.cluster.held == set()
 
 
@@ -435,11 +445,11 @@ def test_a_sweep_ending_while_a_message_of_its_group_is_still_on_its_way_to_disk
     old.send_to("g", "g1")  # cold, whole in memory until its STORE is on disk: not in the journal's index
     old.move()
     [read] = of(ReadRecords, old.tick(1))
-    assert of(JournalStore, old.run(old.cluster.cold_records("q", old.read(read), 2))) == []  # only h0 there
+    assert cluster_records(Stored, old.run(old.cluster.cold_records("q", old.read(read), 2))) == []  # only h0 there
     [read] = of(ReadRecords, old.tick(3))  # g1 may still be cold here: another pass
     old.write()
     effects = old.run(old.cluster.cold_records("q", old.read(read), 4))
-    assert [store.message.payload for store in of(JournalStore, effects)] == [b"g1"]
+    assert [store.message.payload for store in cluster_records(Stored, effects)] == [b"g1"]
     assert of(ReadRecords, old.tick(5)) == []  # g has nothing cold left
 
 
@@ -465,7 +475,7 @@ def test_what_an_old_owner_parked_is_relayed_at_the_handovers_rate_never_through
     old.run(old.broker.settle("c", 0, Outcome.ACCEPTED, 2))
     relayed = []
     for now_ms in range(3, 6):
-        relayed.append([store.message.payload for store in of(JournalStore, old.tick(now_ms))])
+        relayed.append([store.message.payload for store in cluster_records(Stored, old.tick(now_ms))])
     assert [len(payloads) for payloads in relayed] == [8, 8, 4]  # those queued handed over, then the rest relayed
     assert [payload for payloads in relayed for payload in payloads] == [f"m{seq}".encode() for seq in range(1, 21)]
     assert old.cluster.parked == {}
@@ -480,7 +490,7 @@ def test_an_old_owner_hands_over_a_bounded_number_of_messages_and_bytes_a_tick_a
         for number in range(4):
             old.run(old.cluster.arrive(None, "q", group, Message(f"{group}{number}".encode(), group), True, False, 0))
     old.run(old.cluster.applied(MOVES, [MOVE + (EVERYONE,), ("q", "h", "n1", "n2", EVERYONE)], None, 0))
-    ticks = [[store.message.payload for store in of(JournalStore, old.tick(now_ms))] for now_ms in (1, 2, 3, 4)]
+    ticks = [[store.message.payload for store in cluster_records(Stored, old.tick(now_ms))] for now_ms in (1, 2, 3, 4)]
     # three a tick, each group in order; what is left stays held, never delivered here
     assert ticks == [[b"g0", b"g1", b"g2"], [b"g3", b"h0", b"h1"], [b"h2", b"h3"], []]
     assert old.broker.queues["q"].depth_messages == 0 and old.delivered == []
@@ -490,5 +500,5 @@ def test_an_old_owner_hands_over_a_bounded_number_of_messages_and_bytes_a_tick_a
     for number in range(5):
         old.run(old.cluster.arrive(None, "q", "k", Message(b"k%d" % number * 2, "k"), True, False, 0))
     old.run(old.cluster.applied(MOVES, [("q", "k", "n1", "n2", EVERYONE)], None, 5))
-    ticks = [[store.message.payload for store in of(JournalStore, old.tick(now_ms))] for now_ms in (6, 7, 8)]
+    ticks = [[store.message.payload for store in cluster_records(Stored, old.tick(now_ms))] for now_ms in (6, 7, 8)]
     assert ticks == [[b"k0k0", b"k1k1"], [b"k2k2", b"k3k3"], [b"k4k4"]]

@@ -15,7 +15,7 @@ import collections
 import dataclasses
 
 from node.core.broker import Broker
-from node.core.effects import StopNode
+from node.core.effects import StopNode, Stored
 from node.core.errors import GrouperError
 from node.core.message import Message
 from node.core.routing import Router
@@ -44,6 +44,14 @@ class Context:
         if not self.closed:
             self.closed = True
             effects.append(StopNode(why))
+
+    def broker_effects(self, broker_effects: list, effects: list, origin: tuple | None = None) -> None:
+        """The broker's effects among the protocol's, after the declarations it made meanwhile. `origin`
+        (source, forward seq) of a forwarded message goes into its STORE, for the simulation."""
+        effects += self.broker.declarations()
+        if origin is not None:
+            broker_effects = [Stored(e.queue, e.message, origin) if type(e) is Stored else e for e in broker_effects]
+        effects += broker_effects
 
     def durable(self, queue_name: str) -> bool:
         queue = self.broker.queues.get(queue_name)

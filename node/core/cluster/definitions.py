@@ -22,8 +22,7 @@ import logging
 
 from handler.queue_definitions import CONFLICT, MALFORMED, TEMPORARY_OF, fixed_changes, settings_values
 from node.core.cluster.context import QUEUES_MARK, Context
-from node.core.effects import (ApplyBroker, JournalDeclare, ProposeDefinition, ProposeQueueDeletion,
-                               ProposeQueueSeeds, QueueDeleted)
+from node.core.effects import Declared, ProposeDefinition, ProposeQueueDeletion, ProposeQueueSeeds, QueueDeleted
 from node.core.errors import AlreadyExists, GrouperError
 from node.core.settings import QueueSettings
 
@@ -75,7 +74,7 @@ class Definitions:
                 self._apply(name, definitions[name], effects)
             self.definitions_applied = revision
             if self.context.journalled:
-                effects.append(JournalDeclare({"name": QUEUES_MARK, "revision": revision}))
+                effects.append(Declared({"name": QUEUES_MARK, "revision": revision}))
         self.committed_unseen.clear()  # the snapshot holds every definition committed so far
         if self.replica_ready:
             self._delete_own_ended()
@@ -93,7 +92,7 @@ class Definitions:
             return  # applied before a restart (the log is being replayed); `ready` reconciles the rest
         self.definitions_applied = revision
         if self.context.journalled:
-            effects.append(JournalDeclare({"name": QUEUES_MARK, "revision": revision}))
+            effects.append(Declared({"name": QUEUES_MARK, "revision": revision}))
         if values is not None:
             self._apply(name, values, effects)
             if self.replica_ready and values.get(TEMPORARY_OF) == self.context.node_id \
@@ -103,7 +102,7 @@ class Definitions:
         queue = self.broker.queues.get(name)
         if queue is not None:
             durable = queue.settings.durable
-            effects.append(ApplyBroker(self.broker.delete_queue(name), None))
+            self.context.broker_effects(self.broker.delete_queue(name), effects)
             effects.append(QueueDeleted(name, durable))
             log.info("queue %r deleted cluster-wide (definition revision %d)", name, revision)
 
@@ -121,7 +120,7 @@ class Definitions:
             fixed = fixed_changes(dataclasses.asdict(queue.settings), dataclasses.asdict(settings))
             if not fixed:
                 self.broker.redefine_queue(settings)
-                effects.append(ApplyBroker([], None))  # journals the new declaration
+                self.context.broker_effects([], effects)  # journals the new declaration
                 return
             stats = queue.stats()
             if stats["depth_messages"] or stats["consumers"]:
@@ -130,9 +129,9 @@ class Definitions:
                             "delete the queue and add it again to apply the definition", name, ", ".join(fixed),
                             stats["depth_messages"], stats["consumers"])
                 return
-            effects.append(ApplyBroker(self.broker.delete_queue(name), None))
+            self.context.broker_effects(self.broker.delete_queue(name), effects)
         self.broker.declare_queue(settings)
-        effects.append(ApplyBroker([], None))  # journals the declaration
+        self.context.broker_effects([], effects)  # journals the declaration
 
     def ready(self, now_ms: int, down: set, effects: list) -> None:
         """The replica has caught up with the log; `down`: the nodes marked down."""
@@ -143,7 +142,7 @@ class Definitions:
             queue = self.broker.queues.get(values["name"])
             if values["name"] in self.deleted_names and queue is not None and not queue.stats()["depth_messages"] \
                     and not queue.stats()["consumers"]:
-                effects.append(ApplyBroker(self.broker.delete_queue(values["name"]), None))
+                self.context.broker_effects(self.broker.delete_queue(values["name"]), effects)
                 effects.append(QueueDeleted(values["name"], queue.settings.durable))
         self._delete_own_ended()  # its links ended with the process
         self.delete_temporary_of(down)
@@ -285,7 +284,7 @@ class Definitions:
                 f"queue {name!r} is defined cluster-wide with other settings than this attach made it with "
                 f"({', '.join(differing)} differ): attach again without address parameters, or with the "
                 f"cluster's")
-            effects.append(ApplyBroker(self.broker.delete_queue(name, refusal), None))
+            self.context.broker_effects(self.broker.delete_queue(name, refusal), effects)
         self._apply(name, held, effects)
 
     def deletion_proposed(self, name: str, reason: str | None, now_ms: int) -> list:

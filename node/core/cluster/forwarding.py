@@ -31,8 +31,7 @@ import collections
 import logging
 
 from node.core.cluster.context import SEQ_RESERVATION, STORED, Context, MustAgree
-from node.core.effects import (AcceptWhenStored, AfterFlush, ApplyBroker, JournalDeclare, JournalRemove,
-                               JournalStore, Refuse)
+from node.core.effects import AcceptWhenStored, AfterFlush, Declared, Refuse, Removed, Stored
 from node.core.errors import ResourceLimitExceeded
 from node.core.message import Message
 from node.core.outbound import Outbound, entry_of, parse_outbound_name
@@ -154,7 +153,7 @@ class Forwarding:
         if durable and self.journalled:
             self.reserve_seq(message.seq, effects)
             journal_name = self.outbound.journal_name(owner, queue)
-            effects.append(JournalStore(journal_name, message, origin))
+            effects.append(Stored(journal_name, message, origin))
         self.outbound.add(owner, message.seq, (queue, route_key), journal_name, message.size_bytes)
         self.unsubmitted.setdefault(owner, []).append(entry_of(queue, message))
 
@@ -162,7 +161,7 @@ class Forwarding:
         if seq < self.seq_reserved:
             return
         self.seq_reserved = self.batch_reservation = seq + self.seq_reserve_block
-        effects.append(JournalDeclare({"name": SEQ_RESERVATION, "reserved": self.seq_reserved}))
+        effects.append(Declared({"name": SEQ_RESERVATION, "reserved": self.seq_reserved}))
 
     def batch_end(self, effects: list) -> None:
         """The engine loop's batch ended: what recovery put back is submitted, and this batch's new
@@ -225,7 +224,7 @@ class Forwarding:
         if len(self.outbound.channels.get(owner, ())) < waiting:
             self.drained(owner)
         if self.journalled:
-            effects.extend(JournalRemove(journal_name, seq) for journal_name, seq in journalled)
+            effects.extend(Removed(journal_name, seq) for journal_name, seq in journalled)
         return effects
 
     def outbound_read(self, name: str, records: dict) -> list:
@@ -270,7 +269,7 @@ class Forwarding:
         for forward in forwards:
             self.forward(forward.owner, forward.queue, forward.route_key, forward.message, forward.durable,
                          now_ms, effects)
-        effects.append(ApplyBroker(broker_effects, None))
+        self.context.broker_effects(broker_effects, effects)
         if forwards:
             effects.append(AfterFlush(MustAgree(
                 self.context, f"rerouting {len(forwards)} messages to their groups' owners")))

@@ -29,7 +29,7 @@ from node.core.cluster.forwarding import Forwarding
 from node.core.cluster.holds import Holds
 from node.core.cluster.parking import Parking
 from node.core.cluster.sweep import Sweeps
-from node.core.effects import AfterFlush, ApplyBroker, ProposeMoveClear
+from node.core.effects import AfterFlush, ProposeMoveClear
 from node.core.errors import HandlerUnavailable
 from node.core.message import Message
 
@@ -288,7 +288,7 @@ class Handovers:
             left[0] -= 1
             left[1] -= old.size_bytes
         if taken:
-            effects.append(ApplyBroker(removed, None))  # the REMOVEs after the outbound STOREs: a torn tail duplicates
+            self.context.broker_effects(removed, effects)  # the REMOVEs after the outbound STOREs: a torn tail duplicates
             effects.append(AfterFlush(MustAgree(self.context, f"handing {len(taken)} messages of group {key[1]!r} "
                                                               f"of queue {key[0]!r} over to {to_node}")))
         return whole

@@ -13,7 +13,6 @@ Rules:
 from __future__ import annotations
 
 from node.core.cluster.context import Context
-from node.core.effects import ApplyBroker
 from node.core.errors import GrouperError
 
 
@@ -39,7 +38,7 @@ class Holds:
             broker_effects: list = []
             queue.release_group(queue.group_key_of_route(key[1]), now_ms, broker_effects)
             if broker_effects:
-                effects.append(ApplyBroker(broker_effects, None))
+                self.context.broker_effects(broker_effects, effects)
 
     def hold_recovered(self) -> None:
         """After recovery, before any consumer: hold every group recovered here until the replica is

@@ -26,7 +26,7 @@ import logging
 
 from node.core.cluster.context import MARK_PREFIX, Context
 from node.core.cluster.handover import PARK, RELAY, Handovers
-from node.core.effects import AfterFlush, ApplyBroker, JournalDeclare, Reply
+from node.core.effects import AfterFlush, Declared, Reply
 from node.core.errors import GrouperError, HandlerUnavailable, ResourceLimitExceeded
 from node.core.message import Message
 from node.core.outbound import Entry
@@ -121,10 +121,10 @@ class OwnerSide:
                 break
             inbound.advance(source, entry.forward_seq)
             advanced = True
-            effects.append(ApplyBroker(enqueued, (source, entry.forward_seq)))
+            context.broker_effects(enqueued, effects, (source, entry.forward_seq))
         high_water = inbound.high_water.get(source, 0)
         if advanced and context.journalled:
-            effects.append(JournalDeclare({"name": MARK_PREFIX + source, "high_water": high_water}))
+            effects.append(Declared({"name": MARK_PREFIX + source, "high_water": high_water}))
         return high_water, advanced
 
     def _parked_or_relayed(self, source: str, entry: Entry, message: Message, now_ms: int, effects: list) -> bool:

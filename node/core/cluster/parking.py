@@ -19,7 +19,7 @@ import logging
 
 from node.core.cluster.context import PARK_PREFIX, Context, MustAgree, moved_copy
 from node.core.cluster.forwarding import Forwarding
-from node.core.effects import AfterFlush, ApplyBroker, JournalRemove, JournalStore
+from node.core.effects import AfterFlush, Removed, Stored
 from node.core.errors import GrouperError
 from node.core.message import Message
 
@@ -61,7 +61,7 @@ class Parking:
         message.enqueued_at_ms = message.enqueued_at_ms or now_ms
         self.unsure.add(message.seq)
         if durable and context.journalled:
-            effects.append(JournalStore(PARK_PREFIX + key[0], message, origin))
+            effects.append(Stored(PARK_PREFIX + key[0], message, origin))
         self.parked.setdefault(key, []).append(message)
         effects.append(AfterFlush(Parked(self, key, message)))
         context.counts["messages_parked"] += 1
@@ -82,9 +82,9 @@ class Parking:
             except GrouperError as error:
                 log.warning("parked messages of group %r of queue %r wait: %s", key[1], key[0], error.description)
                 break  # held until a later tick takes them
-            effects.append(ApplyBroker(enqueued, None))
+            context.broker_effects(enqueued, effects)
             if journalled:
-                effects.append(JournalRemove(PARK_PREFIX + key[0], old.seq))  # after the STORE: a torn tail duplicates
+                effects.append(Removed(PARK_PREFIX + key[0], old.seq))  # after the STORE: a torn tail duplicates
             parked.pop(0)
             unparked = True
         if unparked:
@@ -108,7 +108,7 @@ class Parking:
             message = moved_copy(old)
             self.forwarding.forward(to_node, key[0], key[1], message, durable, now_ms, effects)
             if durable and context.journalled:
-                effects.append(JournalRemove(PARK_PREFIX + key[0], old.seq))  # after the STORE: a torn tail duplicates
+                effects.append(Removed(PARK_PREFIX + key[0], old.seq))  # after the STORE: a torn tail duplicates
             owed[key] = message.seq
             context.counts["messages_relayed"] += 1
             relayed = True

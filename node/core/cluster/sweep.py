@@ -20,7 +20,7 @@ import dataclasses
 from node.core.cluster.context import Context, MustAgree, moved_copy
 from node.core.cluster.forwarding import Forwarding
 from node.core.cold import read_missing
-from node.core.effects import AfterFlush, ApplyBroker, ReadRecords
+from node.core.effects import AfterFlush, ReadRecords
 from node.core.message import REMOVED, STATE_MASK
 
 SWEEP_BATCH_RECORDS = 1024  # cold records a sweep reads back at once (bodies included)
@@ -156,7 +156,7 @@ class Sweeps:
             context.counts["cold_handed_over"] += 1
         if taken:
             removing.update(taken)
-            effects.append(ApplyBroker(removed, None))  # the REMOVEs after the outbound STOREs: a torn tail duplicates
+            context.broker_effects(removed, effects)  # the REMOVEs after the outbound STOREs: a torn tail duplicates
             effects.append(AfterFlush(MustAgree(context, f"handing {len(taken)} cold messages of queue {name!r} over")))
             effects.append(AfterFlush(Swept(self, name, tuple(taken))))
         elif not removing:
