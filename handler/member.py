@@ -56,7 +56,7 @@ import threading
 import time
 
 from handler.channel import Channel
-from handler.route_table import ROUTES, SNAPSHOT
+from node.core.cluster.feed import ROUTES, SNAPSHOT
 from node.core.tally import DECISION_BOUNDS_MS, LatencyTally
 
 log = logging.getLogger("grouper.handler")

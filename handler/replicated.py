@@ -35,9 +35,10 @@ import os
 
 from pysyncobj import SyncObjConsumer, replicated
 
-from handler.queue_definitions import ADDED, QUEUES, QUEUES_ALL, UPDATED, QueueDefinitions
-from handler.route_table import (MEMBERS, MOVES, MOVES_ALL, PLACEMENT_LOCAL, REFUSED, ROUTES,  # the feed's kinds: see there
-                                 SNAPSHOT, RouteTable)
+from handler.queue_definitions import QueueDefinitions
+from handler.route_table import PLACEMENT_LOCAL, RouteTable
+from node.core.cluster.feed import (ADDED, MEMBERS, MOVES, MOVES_ALL, QUEUES, QUEUES_ALL, REFUSED, ROUTES,  # the feed's kinds
+                                    SNAPSHOT, UPDATED)
 
 log = logging.getLogger("grouper.handler")
 

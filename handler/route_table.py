@@ -56,14 +56,9 @@ from node.core.group_map import VALUE_MAX, GroupMap
 
 ROUTES_MAX_DEFAULT = 1_000_000  # routes (queue, group) held cluster-wide; more are refused
 
-# the kinds of the applied-command feed each replica reports to its node (handler/replicated.py sends
-# it, node/core/cluster/ reads it), with their payloads
-ROUTES = "routes"  # [(queue, group, node or None)], None = route removed; at_ms: their refresh time
-REFUSED = "refused"  # [(queue, group)] refused by the table (routes_max reached)
-SNAPSHOT = "snapshot"  # every route [(queue, group, node, touched_ms)], replacing all known before
-MEMBERS = "members"  # {"nodes": ..., "consumers": ..., "down": ...}, copies
-MOVES = "moves"  # [(queue, group, from_node, to_node, waiting)] moves begun or cleared; waiting () = ended
-MOVES_ALL = "moves_all"  # every move in progress, same shape, replacing all known before (after SNAPSHOT)
+# the feed's kinds are node/core/cluster/feed.py's; importable from here too for node/cluster.py and
+# tests/sim/node_model.py, which read them
+from node.core.cluster.feed import MEMBERS, MOVES, MOVES_ALL, REFUSED, ROUTES, SNAPSHOT  # noqa: F401
 
 PLACEMENT_BALANCED = "balanced"  # fewest groups per consumer cluster-wide; the proposer wins near-ties
 PLACEMENT_LOCAL = "local"  # the proposer's node whenever it has consumers on the queue

@@ -92,7 +92,7 @@ import random
 from dataclasses import dataclass
 
 from handler.leader_duties import ExpireIdle, FollowConsumers, LeaderDuties, RaftStatus
-from handler.queue_definitions import settings_values
+from node.core.cluster.feed import settings_values
 from node.core.effects import Removed
 from node.core.message import Outcome
 from node.core.settings import QueueSettings

@@ -12,7 +12,7 @@ import os
 import socket
 
 from handler.member import LOG_ROUTES_BEFORE_COMPACTION, Member, return_freed_memory
-from handler.route_table import MEMBERS, ROUTES
+from node.core.cluster.feed import MEMBERS, ROUTES
 
 MAPPING_BYTES = 8 << 20
 
