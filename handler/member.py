@@ -6,7 +6,7 @@ pools, and under load it went unscheduled long enough for the followers to elect
 nobody down. Here only raft runs, and the kernel schedules it against the node like any process.
 
 `python -m handler.member FD NODE_PID`: FD is the child's end of a socketpair the node made (see
-handler/channel.py for why that channel needs no further authentication). The first message is
+handler/member_channel.py for why that channel needs no further authentication). The first message is
 ("start", node_id, partners, raft_dir, settings, version), settings being GroupingHandler's keyword
 settings and version the channel's CHANNEL_VERSION (absent: 1; one this member does not speak gets
 ("start_failed", reason) naming both, though node and member normally run from one tree);
@@ -55,7 +55,7 @@ import sys
 import threading
 import time
 
-from handler.channel import Channel
+from handler.member_channel import MemberChannel
 from node.core.cluster.feed import ROUTES, SNAPSHOT
 from node.core.tally import DECISION_BOUNDS_MS, LatencyTally
 
@@ -90,7 +90,7 @@ class Member:
     def __init__(self, channel_socket: socket.socket):
         self.handler = None
         self.stopped = threading.Event()
-        self.channel = Channel(channel_socket, "raft-member", self._on_message, self._on_closed)
+        self.channel = MemberChannel(channel_socket, "raft-member", self._on_message, self._on_closed)
         # (queue, group) -> when its claim arrived (monotonic ns); set on the channel's reader thread,
         # taken on pysyncobj's tick thread, so both sides hold the lock, as does a status snapshot
         self._claimed_ns: dict[tuple, int] = {}
