@@ -32,7 +32,7 @@ from handler.leader_duties import ExpireIdle, FailOver, FollowConsumers, LeaderD
 from handler.raft_catch_up import CatchUpSyncObj
 from handler.raft_transport import RaftTransport
 from handler.replicated import PYSYNCOBJ_LOGGER, RefuseNewerCommands, RouteTableReplica
-from handler.route_table import PLACEMENT_BALANCED
+from handler.placement import PLACEMENT_BALANCED
 
 log = logging.getLogger("grouper.handler")
 

@@ -15,7 +15,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 from handler.leader_duties import GROUP_TIMEOUT_MS_DEFAULT
-from handler.route_table import PLACEMENT_BALANCED, PLACEMENTS
+from handler.placement import PLACEMENT_BALANCED, PLACEMENTS
 from node.core.address_settings import AddressSettings
 from node.core.errors import InvalidConfig
 from node.core.settings import QueueSettings

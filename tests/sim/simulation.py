@@ -116,7 +116,7 @@ class SimConfig:
     group_timeout_ms: int = 400
     reaper_interval_ms: int = 100  # the leader's duties and expire_idle cadence (with a group timeout)
     route_follow_ms: int = 0  # groups follow their consumers after this long; 0: off (and no migrations)
-    placement: str = "balanced"  # every node's claims carry it (handler/route_table.py's PLACEMENT_*)
+    placement: str = "balanced"  # every node's claims carry it (handler/placement.py's PLACEMENT_*)
     routes_max: int = 1_000_000
     outbound_max_bytes: int = 0  # the outbound store's bound per owner (node/config.py); 0: none
     outbound_total_max_bytes: int = 0  # and for all owners together
