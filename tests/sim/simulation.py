@@ -368,7 +368,7 @@ class Simulation:
             self.schedule(due_ms - self.now_ms, node.guarded(node.catch_up), None)
 
     def _leader_duties(self) -> None:
-        """The duties thread of handler/service.py (its DUTIES_INTERVAL_MS and the reaper interval are both
+        """The duties thread of handler/duties_thread.py (its DUTIES_INTERVAL_MS and the reaper interval are both
         reaper_interval_ms here) around the same LeaderDuties: the members the leader cannot reach are
         the nodes that are down (the simulation has no partitions)."""
         self.schedule(self.config.reaper_interval_ms, self._leader_duties, None)

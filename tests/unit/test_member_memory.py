@@ -1,4 +1,4 @@
-"""The raft member bounds and gives back what its raft log holds (handler/member.py).
+"""The raft member bounds and gives back what its raft log holds (handler/member.py, handler/member_memory.py).
 
 pysyncobj mmaps its journal file and, after a compaction, reuses it from the start, so the pages it
 wrote before stay resident; unmapping them must lose nothing: the file and the mapping still hold
@@ -11,7 +11,8 @@ import mmap
 import os
 import socket
 
-from handler.member import LOG_ROUTES_BEFORE_COMPACTION, Member, return_freed_memory
+from handler.member import Member
+from handler.member_memory import LOG_ROUTES_BEFORE_COMPACTION, return_freed_memory
 from node.core.cluster.feed import MEMBERS, ROUTES
 
 MAPPING_BYTES = 8 << 20
