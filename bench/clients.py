@@ -24,7 +24,7 @@ from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.tools.lean import SENT_KEY, SEQ_KEY  # the application properties lean.py encodes
+from node.client.encoding import SENT_KEY, SEQ_KEY  # the application properties the lean client encodes
 
 try:
     import stomp

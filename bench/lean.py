@@ -1,43 +1,37 @@
-"""The benchmark's AMQP 1.0 load generator: the lean engine client (node/tools/lean.py), no reactor.
+"""The benchmark's AMQP 1.0 load generator: producer and consumer processes on the lean engine client.
 
-The engine (connections, the selectors pump, message templates and the field reader) lives in the
-package as `node.tools.lean`, shared with `grouper perf`; its rules are in that module's header and
-its names are re-exported here, so `lean.Endpoint`, `lean.MessageEncoder`, ... keep working. Here:
+The client (connections, the selectors pump, link traffic, message templates and the field reader) is
+the package `node.client`, shared with `grouper perf` and the pipeline; its rules are in its modules'
+headers and the names bench code and tests reach as `lean.NAME` are re-exported here. Here:
 - The benchmark's producer and consumer processes: a consumer grants `prefetch` credit at attach and,
-  after each pass, as much credit as it accepted, so at most `prefetch` deliveries are ever unsettled.
+  after each pass, as much credit as it accepted, so at most `prefetch` deliveries are ever unsettled
+  (node/client/traffic.py).
 - It moves messages and writes what it saw, in the form clients.py summarises; it never starts
   brokers and never formats tables.
 - `python -m bench.lean --url ... --queue ...` runs one row against any AMQP 1.0 broker and prints
-  what clients.py measured (no broker CPU: the broker may be elsewhere).
+  what clients.py measured (no broker CPU: the broker may be elsewhere); bench/lean_row.py reads its
+  flags.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import ssl
 import sys
-import tempfile
 import time
 from array import array
-from dataclasses import asdict
-from pathlib import Path
-from urllib.parse import urlsplit
 
 from bench import clients
-from node.amqp.engine import (ACCEPTED, CONNECTION_REMOTE_CLOSE, DELIVERY, LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH,
-                              LINK_REMOTE_OPEN, MODIFIED, REJECTED, RELEASED, TRANSPORT_ERROR,
-                              condition_text, delivery_tag, ffi, lib, tag_value, terminus_present)
+from bench.lean_row import main, parser, read_password_file, target_from_args
+from node.amqp.engine import ACCEPTED, MODIFIED, REJECTED, RELEASED, condition_text, delivery_tag, lib, tag_value
+from node.client.encoding import MessageEncoder, read_fields
+from node.client.endpoint import Endpoint, LeanError, connect, credentials, tls_context
+from node.client.pump import SELECT_TIMEOUT_S, Pump
+from node.client.traffic import WINDOW_MESSAGES, Traffic
 from node.net import is_loopback
-from node.tools.lean import (SELECT_TIMEOUT_S, WINDOW_MESSAGES, RECEIVE_BUFFER_BYTES, Endpoint, LeanError,
-                             MessageEncoder, Pump, _problem, credentials, read_fields, tls_context)
 
-# the engine's names other bench modules and tests reach as lean.NAME
-__all__ = ["Endpoint", "LeanError", "MessageEncoder", "Pump", "credentials", "is_loopback", "read_fields",
-           "tls_context", "producer", "consumers", "parser", "target_from_args", "main"]
-
-PASSWORD_FILE_MAX_BYTES = 4096
-
+# the client's names other bench modules and tests reach as lean.NAME
+__all__ = ["Endpoint", "LeanError", "MessageEncoder", "Pump", "connect", "credentials", "is_loopback", "read_fields",
+           "tls_context", "Producer", "Consumers", "producer", "consumers", "parser", "read_password_file",
+           "target_from_args", "main", "SELECT_TIMEOUT_S"]
 
 # ---- the producer -----------------------------------------------------------------------------
 
@@ -50,7 +44,8 @@ class Producer:
         self.rate_per_s = workload.rate_per_s
         self.window_messages = window_messages
         self.encoder = MessageEncoder(workload.body_bytes, workload.durable, target.routing_subject)
-        self.pump = Pump(self._on_event)
+        self.traffic = Traffic(None, self._outcome, self._failed)
+        self.pump = self.traffic.pump
         self.endpoint = self.pump.connect(target, "bench-producer")
         self.link = self.endpoint.sender("bench-producer", target.send_address)
         self.opened = False
@@ -58,22 +53,16 @@ class Producer:
         self.first_send_ns = self.last_send_ns = 0
         self.outcome_seen = bytearray(self.total)
         self.error = ""
+        self.traffic.add_producer(self)
 
     @property
     def settled(self) -> int:
         return self.accepted + self.rejected + self.released + self.modified
 
-    def _on_event(self, kind: int, event) -> None:
-        if kind == DELIVERY:
-            delivery = lib.pn_event_delivery(event)
-            if lib.pn_delivery_updated(delivery):
-                self._outcome(delivery)
-        elif kind == LINK_REMOTE_OPEN:
-            self.opened = terminus_present(lib.pn_link_remote_target(self.link))  # null: refused
-        elif kind in (LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH, CONNECTION_REMOTE_CLOSE, TRANSPORT_ERROR):
-            self.error = self.error or _problem(kind, event)
+    def _failed(self, state, problem: str) -> None:
+        self.error = self.error or problem
 
-    def _outcome(self, delivery) -> None:
+    def _outcome(self, producer, delivery) -> None:
         # A delivery's second event (RabbitMQ sends the outcome, then the settlement) can wait in the
         # collector after the first has settled it: each tag (the send's number) counts once.
         number = int(tag_value(delivery))
@@ -204,53 +193,24 @@ class Consumers:
 
     def __init__(self, target, indexes: list, prefetch: int):
         self.prefetch = prefetch
-        self.pump = Pump(self._on_event)
-        self.by_link: dict = {}
-        self.consumers: list[_Consumer] = []
-        self._buffer = ffi.new("char[]", RECEIVE_BUFFER_BYTES)
-        self._buffer_bytes = RECEIVE_BUFFER_BYTES
+        self.traffic = Traffic(self._message, None, self._failed)
+        self.pump = self.traffic.pump
+        self.consumers: list[_Consumer] = self.traffic.consumers
         for index in indexes:
             endpoint = self.pump.connect(target, f"bench-consumer-{index}")
             for number, address in enumerate(target.consumer_addresses[index]):
-                link = endpoint.receiver(f"bench-c{index}-{number}", address)
-                lib.pn_link_flow(link, prefetch)
-                consumer = _Consumer(index, link)
-                self.by_link[link] = consumer
-                self.consumers.append(consumer)
+                consumer = _Consumer(index, endpoint.receiver(f"bench-c{index}-{number}", address))
+                self.traffic.add_consumer(consumer, prefetch)
 
-    def _on_event(self, kind: int, event) -> None:
-        if kind == DELIVERY:
-            self._receive(lib.pn_event_delivery(event))
-        elif kind == LINK_REMOTE_OPEN:
-            link = lib.pn_event_link(event)
-            consumer = self.by_link.get(link)
-            if consumer is not None:
-                consumer.opened = terminus_present(lib.pn_link_remote_source(link))  # null: refused
-        elif kind in (LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH):
-            consumer = self.by_link.get(lib.pn_event_link(event))
-            if consumer is not None:
-                consumer.error = consumer.error or _problem(kind, event) or "link detached by the broker"
-        elif kind in (CONNECTION_REMOTE_CLOSE, TRANSPORT_ERROR):
-            problem = _problem(kind, event)
-            if problem:
-                for consumer in self.consumers:
-                    consumer.error = consumer.error or problem
+    def _failed(self, consumer, problem: str) -> None:
+        if consumer is not None:
+            consumer.error = consumer.error or problem or "link detached by the broker"
+        elif problem:
+            for each in self.consumers:
+                each.error = each.error or problem
 
-    def _receive(self, delivery) -> None:
-        if not lib.pn_delivery_readable(delivery) or lib.pn_delivery_partial(delivery):
-            return  # an update of a delivery already read, or more frames to come
-        link = lib.pn_delivery_link(delivery)
-        size = lib.pn_delivery_pending(delivery)
-        if size > self._buffer_bytes:
-            self._buffer_bytes = max(size, 2 * self._buffer_bytes)
-            self._buffer = ffi.new("char[]", self._buffer_bytes)
-        count = lib.pn_link_recv(link, self._buffer, size)
-        payload = ffi.unpack(self._buffer, max(count, 0))
-        lib.pn_link_advance(link)
-        lib.pn_delivery_update(delivery, ACCEPTED)
-        lib.pn_delivery_settle(delivery)
+    def _message(self, consumer, payload: bytes) -> None:
         received_ns = time.monotonic_ns()
-        consumer = self.by_link[link]
         group, seq, sent_ns = read_fields(payload)
         consumer.count += 1
         consumer.groups.append(group)
@@ -258,19 +218,12 @@ class Consumers:
         consumer.received_ns.append(received_ns)
         consumer.latencies_ns.append(received_ns - sent_ns)
         consumer.last_accept_ns = received_ns
-        consumer.accepted_since_flow += 1
 
     def top_up(self) -> None:
-        """Credit back what each link accepted since the last pass: one flow frame per link per pass."""
-        for consumer in self.consumers:
-            if consumer.accepted_since_flow:
-                lib.pn_link_flow(consumer.link, consumer.accepted_since_flow)
-                consumer.accepted_since_flow = 0
+        self.traffic.top_up()
 
     def pass_once(self, timeout_s: float) -> None:
-        self.pump.flush()
-        self.pump.run_once(timeout_s)
-        self.top_up()
+        self.traffic.pass_once(timeout_s)
 
 
 def consumers(target, indexes: list, workload, readies, stop, progress, result_paths) -> None:
@@ -319,87 +272,6 @@ def _attach(group: Consumers, readies, timeout_s: float) -> None:
         waiting = [consumer for consumer in waiting if not consumer.opened]
     for consumer in group.consumers:
         readies[consumer.index].set()
-
-
-# ---- one row from the command line -----------------------------------------------------------
-
-def read_password_file(path: str) -> str:
-    """A password file's content, one trailing newline dropped (as a mounted Secret or `echo` leaves it)."""
-    with open(path, "rb") as handle:
-        data = handle.read(PASSWORD_FILE_MAX_BYTES + 1)
-    if len(data) > PASSWORD_FILE_MAX_BYTES:
-        raise ValueError(f"{path} is over {PASSWORD_FILE_MAX_BYTES} bytes: not a password file")
-    text = data.decode("utf-8")
-    for ending in ("\r\n", "\n"):
-        if text.endswith(ending):
-            return text[:-len(ending)]
-    return text
-
-
-def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.lean", description="One grouped row against an AMQP 1.0 broker: 1 producer, N "
-        "consumers, lean.py's clients; prints throughput, latency, order and client CPU as JSON.")
-    parser.add_argument("--url", required=True, help="HOST:PORT or amqp://HOST:PORT of the broker")
-    parser.add_argument("--queue", required=True, help="the queue to send to and consume from")
-    parser.add_argument("--messages", type=int, default=20_000)
-    parser.add_argument("--groups", type=int, default=1000)
-    parser.add_argument("--prefetch", type=int, default=100)
-    parser.add_argument("--consumers", type=int, default=4)
-    parser.add_argument("--durable", action="store_true", help="set the header's durable flag")
-    parser.add_argument("--rate", type=int, default=0, help="messages per second the producer offers (0: flat out)")
-    parser.add_argument("--user", default="", help="SASL PLAIN user; its password comes from --password-file")
-    parser.add_argument("--password-file", default="", help="a file holding the password (one trailing newline "
-                        "is dropped), such as a mounted Kubernetes Secret")
-    parser.add_argument("--tls", action="store_true", help="speak TLS (the broker's amqps port)")
-    parser.add_argument("--ca", default="", help="PEM CAs for the broker's certificate (implies --tls; without "
-                        "it the system's CAs)")
-    return parser
-
-
-def target_from_args(args, parse: argparse.ArgumentParser):
-    """The Target a row from the command line sends to; bad combinations end in parse.error (exit 2)."""
-    from bench.peers import Target
-
-    if args.password_file and not args.user:
-        parse.error("--password-file needs --user")
-    if args.user and not args.password_file:
-        parse.error("--user needs --password-file (a password is never a flag: it would show in ps)")
-    tls = args.tls or bool(args.ca)
-    parts = urlsplit(args.url if "//" in args.url else f"amqp://{args.url}")
-    if not parts.hostname or parts.port is None:
-        parse.error(f"--url {args.url!r} is not HOST:PORT")
-    if parts.username is not None:
-        parse.error("--url must not carry credentials; use --user and --password-file")
-    if args.user and not tls and not is_loopback(parts.hostname):
-        parse.error(f"--user would send its password unencrypted to {parts.hostname}; add --tls (and --ca)")
-    password = ""
-    if args.password_file:
-        try:
-            password = read_password_file(args.password_file)
-        except (OSError, ValueError) as error:
-            parse.error(f"--password-file: cannot read {args.password_file}: {error}")
-    if args.ca:
-        try:
-            tls_context(args.ca)
-        except (OSError, ssl.SSLError) as error:
-            parse.error(f"--ca: cannot load {args.ca}: {error}")
-    return Target("amqp", f"amqp://{parts.hostname}:{parts.port}", args.queue,
-                  tuple((args.queue,) for _ in range(args.consumers)), user=args.user, password=password,
-                  tls=tls, ca_file=args.ca)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parse = parser()
-    args = parse.parse_args(argv)
-    target = target_from_args(args, parse)
-    workload = clients.Workload(messages=args.messages, groups=args.groups, prefetch=args.prefetch,
-                                durable=args.durable, consumers=args.consumers, rate_per_s=args.rate)
-    with tempfile.TemporaryDirectory(prefix="grouper-lean-") as scratch:
-        outcome = clients.measure(target, workload, lambda: 0.0, Path(scratch), 1)
-    result = {key: value for key, value in asdict(outcome).items() if key != "broker_cpu_us_per_msg"}
-    print(json.dumps(result, indent=1))
-    return 0 if not outcome.errors and not outcome.lost and outcome.unique == args.messages else 1
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Development certificates for TLS, and `grouper certs`: a CA, node certificates and client
-certificates as PEM files in one directory (`ca.pem`, `ca-key.pem`, `<name>.pem`, `<name>-key.pem`).
+"""Development certificates for TLS: a CA, node certificates and client certificates as PEM files in
+one directory (`ca.pem`, `ca-key.pem`, `<name>.pem`, `<name>-key.pem`); `grouper certs` is
+node/certs_commands.py.
 
 Rules:
 - For development, tests and docker-compose only. Keys are written unencrypted, mode 0600;
@@ -15,17 +16,15 @@ Rules:
   1.2+ stack we meet (OpenSSL under proton and Python, Java, .NET, Go).
 - The validity window is an argument, so tests can make an expired certificate; by default it starts
   CLOCK_SKEW_ALLOWANCE in the past so hosts whose clocks lag accept a certificate made just now.
-- Failures raise `InvalidConfig` naming the file or flag at fault and what to do; the CLI exits 2.
+- Failures raise `InvalidConfig` naming the file or flag at fault and what to do.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import ipaddress
 import os
 import re
-import sys
 from pathlib import Path
 
 from cryptography import x509
@@ -59,7 +58,7 @@ _DNS_NAME = re.compile(r"(\*\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*
 def make_ca(directory, days: int = CA_DAYS_DEFAULT, *, force: bool = False) -> tuple[Path, Path]:
     directory = Path(directory)
     cert_path, key_path = directory / CA_CERT_FILE, directory / CA_KEY_FILE
-    _refuse_existing([cert_path, key_path], force, "replacing the CA leaves every certificate it signed untrusted")
+    refuse_existing([cert_path, key_path], force, "replacing the CA leaves every certificate it signed untrusted")
     key = ec.generate_private_key(ec.SECP256R1())
     key_id = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
     # A CA's own fingerprint in its name tells two development CAs apart when a chain fails.
@@ -85,14 +84,14 @@ def make_leaf(directory, name: str, *, dns=(), ips=(), client_only: bool = False
     directory = Path(directory)
     dns, ips = ([dns] if isinstance(dns, str) else dns), ([ips] if isinstance(ips, str) else ips)
     cert_path, key_path = leaf_paths(directory, name)
-    own_name = [] if client_only else _dns_names([name], "NAME")
-    dns_names = list(dict.fromkeys(own_name + _dns_names(dns, "--dns")))
+    own_name = [] if client_only else checked_dns_names([name], "NAME")
+    dns_names = list(dict.fromkeys(own_name + checked_dns_names(dns, "--dns")))
     addresses = _ip_addresses(ips)
     not_before = not_before or _now() - CLOCK_SKEW_ALLOWANCE
     not_after = not_after or not_before + datetime.timedelta(days=days)
     if not_after <= not_before:
         raise InvalidConfig("--days", f"the certificate would end ({not_after}) before it starts ({not_before})")
-    _refuse_existing([cert_path, key_path], force)
+    refuse_existing([cert_path, key_path], force)
     ca_certificate, ca_key = load_ca(directory)
     key = ec.generate_private_key(ec.SECP256R1())
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client_only else [ExtendedKeyUsageOID.SERVER_AUTH,
@@ -173,10 +172,10 @@ def _authority_key_id(ca_certificate: x509.Certificate) -> x509.AuthorityKeyIden
     return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(subject_key_id)
 
 
-def _dns_names(names, flag: str) -> list[str]:
+def checked_dns_names(names, flag: str) -> list[str]:
     unique = list(dict.fromkeys(names))
     for name in unique:
-        if _is_ip(name):
+        if is_ip(name):
             raise InvalidConfig(flag, f"{name!r} is an IP address: pass it with --ip")
         if not _DNS_NAME.fullmatch(name) or len(name) > 253:
             raise InvalidConfig(flag, f"{name!r} is not a DNS name (letters, digits, '-' and dots)")
@@ -193,7 +192,7 @@ def _ip_addresses(ips) -> list:
     return list(dict.fromkeys(addresses))
 
 
-def _is_ip(text: str) -> bool:
+def is_ip(text: str) -> bool:
     try:
         ipaddress.ip_address(text)
     except ValueError:
@@ -201,7 +200,7 @@ def _is_ip(text: str) -> bool:
     return True
 
 
-def _refuse_existing(paths, force: bool, consequence: str = "") -> None:
+def refuse_existing(paths, force: bool, consequence: str = "") -> None:
     existing = [str(path) for path in paths if path.exists()]
     if existing and not force:
         verb, pronoun = ("exists", "it") if len(existing) == 1 else ("exist", "them")
@@ -225,132 +224,3 @@ def _write(path: Path, data: bytes, mode: int, force: bool) -> None:
     with os.fdopen(descriptor, "wb") as file:
         os.fchmod(file.fileno(), mode)  # before the key is in it; a replaced file keeps its old mode otherwise
         file.write(data)
-
-
-# ---- `grouper certs` ----------------------------------------------------------------------------
-
-def register(subparsers) -> None:
-    certs = subparsers.add_parser(
-        "certs", help="make development TLS certificates (a CA, nodes, clients)",
-        description="Development TLS certificates as PEM files in --dir: a CA, node certificates (TLS server and "
-                    "mutual-TLS client) and client certificates whose CN is the user. Not for production.")
-    commands = certs.add_subparsers(dest="certs_command", required=True, metavar="{ca,node,client,dev}")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--dir", required=True, type=Path, metavar="DIR", help="directory of the PEM files")
-    common.add_argument("--force", action="store_true", help="replace existing files")
-
-    def command(name: str, run, help_text: str, days_default: int) -> argparse.ArgumentParser:
-        parser = commands.add_parser(name, parents=[common], help=help_text, description=help_text)
-        parser.add_argument("--days", type=_days, default=days_default, metavar="N",
-                            help=f"validity in days (default {days_default})")
-        parser.set_defaults(run=lambda args: _run(run, args))
-        return parser
-
-    command("ca", _run_ca, f"make the development CA: {CA_CERT_FILE}, {CA_KEY_FILE}", CA_DAYS_DEFAULT)
-    node = command("node", _run_node, "make a node certificate (TLS server and mutual-TLS client) signed by the "
-                                      "directory's CA", LEAF_DAYS_DEFAULT)
-    node.add_argument("name", metavar="NAME", help="the node's host name; always a SAN")
-    node.add_argument("--dns", type=_list, action="extend", default=[], metavar="NAME,...",
-                      help="more DNS names to put in the SANs")
-    node.add_argument("--ip", type=_ip_list, action="extend", default=[], metavar="ADDRESS,...",
-                      help="IP addresses to put in the SANs")
-    client = command("client", _run_client, "make a client certificate whose CN is the user (SASL EXTERNAL)",
-                     LEAF_DAYS_DEFAULT)
-    client.add_argument("user", metavar="USER")
-    dev = command("dev", _run_dev, "make a CA (unless the directory has one), every node's certificate (SANs: "
-                                   f"its name, {', '.join(DEV_HOSTS + DEV_IPS)}) and a client certificate per --client; "
-                                   "--days is the nodes' and clients' validity", LEAF_DAYS_DEFAULT)
-    dev.add_argument("--nodes", type=_list, default=_list(DEV_NODES_DEFAULT), metavar="NAME,...",
-                     help=f"node names (default {DEV_NODES_DEFAULT})")
-    dev.add_argument("--client", type=_list, action="extend", metavar="USER,...",
-                     help=f"users of the client certificates, repeatable (default {DEV_CLIENT_DEFAULT})")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="grouper")
-    register(parser.add_subparsers(dest="command", required=True))
-    try:
-        args = parser.parse_args(["certs", *(sys.argv[1:] if argv is None else argv)])
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    return args.run(args)
-
-
-def _run(action, args) -> int:
-    try:
-        action(args)
-    except InvalidConfig as error:
-        print(f"grouper certs {args.certs_command}: {error}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def _run_ca(args) -> None:
-    _report(make_ca(args.dir, args.days, force=args.force))
-
-
-def _run_node(args) -> None:
-    _report(make_leaf(args.dir, args.name, dns=args.dns, ips=args.ip, days=args.days, force=args.force))
-
-
-def _run_client(args) -> None:
-    _report(make_leaf(args.dir, args.user, client_only=True, days=args.days, force=args.force))
-
-
-def _run_dev(args) -> None:
-    names = list(dict.fromkeys(args.nodes))
-    clients = list(dict.fromkeys(args.client or [DEV_CLIENT_DEFAULT]))  # every --client, not just the last
-    for client in clients:
-        if client in names:
-            raise InvalidConfig("--client", f"{client!r} is also a node: the files would collide; pick another user")
-    _dns_names(names, "--nodes")
-    leaves = [*(path for name in names for path in leaf_paths(args.dir, name, "--nodes")),
-              *(path for client in clients for path in leaf_paths(args.dir, client, "--client"))]
-    _refuse_existing(leaves, args.force)
-    ca_paths = [args.dir / CA_CERT_FILE, args.dir / CA_KEY_FILE]
-    if not any(path.exists() for path in ca_paths):
-        _report(make_ca(args.dir))
-    else:
-        load_ca(args.dir)  # a half or broken CA fails here, before any leaf is written
-        print(f"using the CA in {ca_paths[0]}")
-    for name in names:
-        _report(make_leaf(args.dir, name, dns=DEV_HOSTS, ips=DEV_IPS, days=args.days, force=args.force))
-    for client in clients:
-        _report(make_leaf(args.dir, client, client_only=True, days=args.days, force=args.force))
-
-
-def _report(paths: tuple[Path, Path]) -> None:
-    certificate = x509.load_pem_x509_certificate(paths[0].read_bytes())
-    try:
-        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        alternative_names = "; SANs " + ", ".join(str(name.value) for name in names)
-    except x509.ExtensionNotFound:
-        alternative_names = ""
-    common_name = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
-    print(f"wrote {paths[0]} and {paths[1]}: CN {common_name}{alternative_names}; "
-          f"valid until {certificate.not_valid_after_utc:%Y-%m-%d}")
-
-
-def _days(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of days >= 1, got {text!r}")
-    return int(text)
-
-
-def _list(text: str) -> list[str]:
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
-    return items
-
-
-def _ip_list(text: str) -> list[str]:
-    items = _list(text)
-    for item in items:
-        if not _is_ip(item):
-            raise argparse.ArgumentTypeError(f"{item!r} is not an IPv4 or IPv6 address")
-    return items
-
-
-if __name__ == "__main__":
-    sys.exit(main())

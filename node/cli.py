@@ -4,7 +4,8 @@
 `groups`, `group`) talk to a running node's admin API; they live in `node.admin.commands`.
 Exit status: 0 success, 1 a failure reported by the node, 2 bad usage or configuration, 141 (as a
 shell reports a command SIGPIPE ended) when stdout's reader went away (`grouper queue list | head -1`):
-the command stops quietly, with no traceback.
+the command stops quietly, with no traceback. The codes are node/exit_codes.py's, which the
+sub-commands import too (a leaf, so they never import this dispatcher back).
 """
 
 from __future__ import annotations
@@ -14,79 +15,19 @@ import os
 import sys
 
 from node.core.errors import InvalidConfig
-from node.core.settings import QueueSettings
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell shows for a command its pipe's reader left
-
-
-def add_queue_flags(parser: argparse.ArgumentParser) -> None:
-    """Per-queue group settings, spelled as qpid-config and Artemis spell them."""
-    add = parser.add_argument
-    add("--group-policy", choices=["exclusive", "shared", "none"],
-        help="exclusive: sticky owner (default); shared: owner only while it holds unsettled messages")
-    add("--shared-groups", action="store_true", help="alias of --group-policy shared (qpid-config)")
-    add("--group-header", metavar="KEY", help="application property holding the group id")
-    add("--default-group", metavar="NAME", help="group of messages that carry no group id")
-    add("--group-first-key", metavar="KEY", help="property set true on a new owner's first message")
-    add("--group-rebalance", action="store_true", default=None, help="reset group owners when a new consumer first grants credit")
-    add("--group-rebalance-pause-dispatch", action="store_true", default=None,
-        help="hold reassigned groups until their in-flight messages are settled")
-    add("--group-buckets", type=int, metavar="N", help="-1 every group, 0 grouping off, N hash buckets")
-    add("--consumers-before-dispatch", type=int, metavar="N")
-    add("--time-before-dispatch-ms", type=int, metavar="MS")
-    add("--durable", dest="durable", action="store_true", default=None, help="journal messages (default)")
-    add("--no-durable", dest="durable", action="store_false")
-    add("--depth-max-messages", type=int, metavar="N", help="0 = unlimited")
-    add("--depth-max-bytes", type=int, metavar="BYTES", help="0 = unlimited")
-    add("--memory-max-bytes", type=int, metavar="BYTES",
-        help="bytes of message bodies kept in RAM, the rest paged to the journal; 0 = the node's budget only")
-    add("--groups-max", type=int, metavar="N", help="groups tracked at once; 0 = unlimited")
-    add("--group-id-length-max-chars", type=int, metavar="CHARS")
-    add("--delivery-count-max", type=int, metavar="N", help="failed deliveries before dead-lettering")
-    add("--dead-letter-queue", metavar="QUEUE")
-    add("--trace", dest="trace", action="store_true", default=None,
-        help="write delivery traces for grouper audit (README 'Auditing deliveries')")
-    add("--no-trace", dest="trace", action="store_false")
-
-
-_QUEUE_FLAG_KEYS = ("group_policy", "group_header", "default_group", "group_first_key", "group_rebalance",
-                    "group_rebalance_pause_dispatch", "group_buckets", "consumers_before_dispatch",
-                    "time_before_dispatch_ms", "durable", "depth_max_messages", "depth_max_bytes", "memory_max_bytes",
-                    "groups_max", "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue",
-                    "trace")
-
-
-def queue_settings_from_args(name: str, args: argparse.Namespace) -> QueueSettings:
-    values: dict = {"name": name}
-    for key in _QUEUE_FLAG_KEYS:
-        value = getattr(args, key, None)
-        if value is not None:
-            values[key] = value
-    if getattr(args, "shared_groups", False):
-        if values.get("group_policy", "shared") != "shared":
-            raise InvalidConfig("--shared-groups", "conflicts with --group-policy")
-        values["group_policy"] = "shared"
-    try:
-        return QueueSettings.from_dict(values, where="--")
-    except InvalidConfig as error:
-        raise InvalidConfig(error.key.replace("--.", "--").replace("_", "-"), str(error).split(": ", 1)[1]) from None
-
-
-def queue_changes_from_args(args: argparse.Namespace) -> dict:
-    """The queue flags given, as QueueSettings fields (`grouper queue update`: the node checks the values)."""
-    changes = {key: getattr(args, key) for key in _QUEUE_FLAG_KEYS if getattr(args, key, None) is not None}
-    if getattr(args, "shared_groups", False):
-        if changes.get("group_policy", "shared") != "shared":
-            raise InvalidConfig("--shared-groups", "conflicts with --group-policy")
-        changes["group_policy"] = "shared"
-    return changes
+from node.exit_codes import EXIT_BROKEN_PIPE, EXIT_OK, EXIT_USAGE
 
 
 def _add_node_command(subparsers) -> None:
     parser = subparsers.add_parser("node", help="run one broker node in the foreground")
+    _add_node_flags(parser)
+    _add_security_flags(parser.add_argument_group("security (README: Security)"))
+    _add_cluster_flags(parser.add_argument_group("cluster (leave --peers out for a single node)"))
+    _add_between_nodes_flags(parser.add_argument_group("between nodes (README: Security, Between nodes)"))
+    parser.set_defaults(run=_run_node)
+
+
+def _add_node_flags(parser) -> None:
     parser.add_argument("--config", metavar="FILE",
                         help="TOML file with [node], [template], [[address-setting]] and [[queue]] tables")
     parser.add_argument("--host")
@@ -100,7 +41,9 @@ def _add_node_command(subparsers) -> None:
     parser.add_argument("--default-group", help="node-wide name of the default group of shared queues")
     parser.add_argument("--no-fsync", dest="journal_fsync", action="store_false", default=None,
                         help="skip fsync of journal batches (faster, loses recent messages on power loss)")
-    security = parser.add_argument_group("security (README: Security)")
+
+
+def _add_security_flags(security) -> None:
     security.add_argument("--users-file", metavar="FILE", help="user database (default DATA_DIR/users.json); "
                                                                 "without one, clients are anonymous")
     security.add_argument("--allow-anonymous", action="store_true", default=None,
@@ -122,7 +65,9 @@ def _add_node_command(subparsers) -> None:
     security.add_argument("--http-allowed-hosts", metavar="NAME,...",
                           help="more Host names the HTTP port answers to (besides IP addresses, localhost, --host, "
                                "--advertise-host and the machine's name; '*' any)")
-    cluster = parser.add_argument_group("cluster (leave --peers out for a single node)")
+
+
+def _add_cluster_flags(cluster) -> None:
     cluster.add_argument("--peers", metavar="HOST:PORT,...",
                          help="raft addresses of the cluster's nodes; this node's own may be listed too")
     cluster.add_argument("--raft-port", type=int, help="this node's raft listener (default 5674)")
@@ -145,7 +90,9 @@ def _add_node_command(subparsers) -> None:
     cluster.add_argument("--join", action="store_true", default=None,
                          help="this node is not a founding member: ask the members in --peers (at this node's "
                               "--admin-port) to add it to the cluster, then serve")
-    between = parser.add_argument_group("between nodes (README: Security, Between nodes)")
+
+
+def _add_between_nodes_flags(between) -> None:
     between.add_argument("--cluster-tls-cert-file", metavar="PEM",
                          help="this node's certificate (serverAuth+clientAuth) signed by the cluster CA: "
                               "forwarding uses mutual TLS on --peer-port")
@@ -161,7 +108,6 @@ def _add_node_command(subparsers) -> None:
     between.add_argument("--allow-insecure-cluster", action="store_true", default=None,
                          help="let a cluster node start without a raft secret (and, with users on a non-loopback "
                               "host, without cluster TLS): raft traffic is then unauthenticated")
-    parser.set_defaults(run=_run_node)
 
 
 NODE_FLAG_KEYS = ("host", "amqp_port", "admin_port", "http_port", "data_dir", "auto_create", "default_group", "journal_fsync",
@@ -194,12 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_node_command(subparsers)
     from node import up
     up.add_command(subparsers)
-    from node.admin import commands  # here, not at the top: commands imports this module's queue flags
+    from node.admin import commands  # here, not at the top: the sub-commands load only with the parser
     commands.register(subparsers)
     from node.admin import users_commands
     users_commands.register(subparsers)
-    from node import certs
-    certs.register(subparsers)
+    from node import certs_commands
+    certs_commands.register(subparsers)
     from node.tools import messages, perf
     messages.register(subparsers)
     perf.register(subparsers)

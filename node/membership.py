@@ -47,7 +47,7 @@ PASSWORD_ENV = "GROUPER_PASSWORD"
 
 def call_options(config, members: list[str], environ=None) -> dict:
     """AdminClient keywords for asking `members` (raft addresses) on this node's behalf."""
-    from node.admin.credentials import basic_metadata
+    from node.admin.callers import basic_metadata
     from node.admin.tls import peer_channel_credentials
     from node.net import is_loopback_address
 

@@ -28,7 +28,8 @@ from node.amqp.sasl import SaslServer
 from node.core.access import Access
 from node.core.errors import GrouperError, InvalidConfig
 from node.net import is_loopback
-from node.users import UserDatabase, bootstrap, stamp
+from node.users import UserDatabase, bootstrap
+from node.users_file import stamp
 
 log = logging.getLogger("grouper.security")
 
@@ -43,7 +44,7 @@ class Security:
         self.access = database.access() if database is not None else Access.open()
         self._file_stamp = stamp(users_path)
         self._bad_stamp = None  # the stamp of a file that did not read, logged once
-        from node.admin.credentials import LoginThrottle
+        from node.admin.callers import LoginThrottle
         # failed logins per source address on the admin port and /metrics, one throttle for both
         # (the AMQP gate keeps its own, on the engine loop)
         self.login_throttle = LoginThrottle()

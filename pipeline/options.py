@@ -4,7 +4,7 @@ Rules:
 - A mapping of strings in, a frozen dataclass out, or `OptionError` naming the option, what is
   wrong with its value (with the unit) and what to write instead. Pure but for the security
   options: the files and the variable they name are read once here, so a wrong path fails on the
-  driver (pipeline/credentials.py; the tasks read them again where they run).
+  driver (pipeline/security.py; the tasks read them again where they run).
 - There is no password option: a password in the options would show in Spark's plans and logs. It
   comes from a file (passwordFile) or an environment variable (passwordEnv).
 - Spark passes option names case-insensitively; they are compared in lower case here. An unknown
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.credentials import NO_SECURITY, CredentialError, Security, check_combination, check_files
+from pipeline.security import NO_SECURITY, CredentialError, Security, check_combination, check_files
 
 TIMEOUT_MAX_MS = 3_600_000  # one wait for the node: connect, attach, credit, a settlement
 WINDOW_MAX_MESSAGES = 100_000  # unsettled deliveries one sink task keeps in flight

@@ -25,7 +25,7 @@ from pyspark.sql.types import (BinaryType, BooleanType, ByteType, DateType, Doub
                                LongType, ShortType, StringType, StructType, TimestampNTZType, TimestampType)
 
 from pipeline import messages
-from pipeline.amqp_client import AmqpConnection, ClientError, NodeUnreachable, Producer
+from pipeline.amqp_client import AmqpConnection, ClientError, NodeUnreachable, Sender
 from pipeline.options import Connect, OptionError, SinkOptions
 
 log = logging.getLogger("grouper.pipeline")
@@ -91,7 +91,7 @@ def write_batches(options: SinkOptions, batches, task_index: int, name: str) -> 
     except ClientError as error:
         raise SinkError(f"grouper sink, queue {queue!r}: {error}") from None
     try:
-        producer = Producer(connection, queue, f"{name}-producer", options.window_messages)
+        producer = Sender(connection, queue, f"{name}-producer", options.window_messages)
         for batch in batches:
             _send_batch(options, producer, batch)
         producer.flush()
@@ -103,7 +103,7 @@ def write_batches(options: SinkOptions, batches, task_index: int, name: str) -> 
         connection.close()
 
 
-def _send_batch(options: SinkOptions, producer: Producer, batch) -> None:
+def _send_batch(options: SinkOptions, producer: Sender, batch) -> None:
     columns = batch.schema.names
     groups = batch.column(columns.index(options.group_column)).to_pylist()
     bodies = batch.column(columns.index(options.body_column)).to_pylist()

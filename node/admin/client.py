@@ -6,7 +6,7 @@ Rules:
 - A failed call raises one of the errors below, sorted in one table by who can fix it: the node's
   message and gRPC status travel with the error, so callers never see a `grpc.RpcError`.
 - TLS and credentials are given, never looked up here: `credentials` (node.admin.tls) make the
-  channel TLS, `metadata` (node.admin.credentials.basic_metadata) travels with every call.
+  channel TLS, `metadata` (node.admin.callers.basic_metadata) travels with every call.
 - Every call names the API version it speaks in API_VERSION_KEY metadata (absent: 1, as before
   versions). A node reads its own version and the one before, so an old CLI keeps working against
   a node one version step newer; a version it does not read is refused (FAILED_PRECONDITION) by name.

@@ -63,7 +63,7 @@ class _Stub:
 class LocalAdmin(AdminClient):
     def __init__(self, servicer, source: str, metadata: tuple[tuple[str, str], ...] = ()):
         """`servicer`: this node's AdminServicer; `source`: the address of the one acted for;
-        `metadata`: its credentials (node.admin.credentials.Caller.forwarded)."""
+        `metadata`: its credentials (node.admin.callers.Caller.forwarded)."""
         self.address = "this node"
         self.timeout_ms = 0  # the servicer's own deadlines apply (admin_timeout_ms, member calls)
         self._metadata = tuple(metadata) + ((API_VERSION_KEY, str(API_VERSION)),)

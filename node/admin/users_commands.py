@@ -14,7 +14,7 @@ Rules:
   [node] table, then GROUPER_PASSWORD_CHARS_MIN); a shorter one changes nothing.
 - Listings show names and roles, never keys.
 - `user add` and `role set` create the file when there is none; the others need one.
-- Exit status as `node.cli`, in one table: 0 done; 1 the file's state refused the change (a user
+- Exit status as `node.exit_codes`, in one table: 0 done; 1 the file's state refused the change (a user
   that exists, a role in use, a missing file) or the file could not be read or written; 2 bad
   usage or a malformed file.
 """
@@ -28,11 +28,14 @@ import os
 import sys
 
 from node import config
-from node.admin.commands import _table, password_from_stdin
-from node.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from node.admin.arguments import password_from_stdin
+from node.admin.command_output import table
 from node.core.access import ADMINISTRATOR, ADMINISTRATOR_GRANTS, ANONYMOUS, Grant, Permission
 from node.core.errors import AlreadyExists, InvalidConfig, NotAllowed, NotFound
-from node.users import FILE_NAME, ITERATIONS_DEFAULT, ITERATIONS_MAX, ITERATIONS_MIN, UserDatabase, validate_name
+from node.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from node.scram_keys import ITERATIONS_DEFAULT, ITERATIONS_MAX, ITERATIONS_MIN
+from node.users import UserDatabase
+from node.users_file import FILE_NAME, validate_name
 
 DATA_DIR_DEFAULT = "./data"  # as `grouper node`
 UP_DATA_DIR_DEFAULT = "./data/cluster"  # as `grouper up` (node/up.py)
@@ -231,7 +234,7 @@ def _user_list(database: UserDatabase, args) -> None:
         return
     rows = [(name, _names(roles)) for name, roles in database.users()]
     rows.append((f"({ANONYMOUS})", _names(database.anonymous_roles)))
-    print(_table(("USER", "ROLES"), rows))
+    print(table(("USER", "ROLES"), rows))
 
 
 def _role_set(database: UserDatabase, args) -> str:
@@ -255,7 +258,7 @@ def _role_list(database: UserDatabase, args) -> None:
                                   "queues": list(grant.queues)} for grant in grants]
                           for name, grants in every_role.items()}, indent=2))
         return
-    print(_table(("ROLE", "GRANTS"), [(name + (" (built in)" if name == ADMINISTRATOR else ""), _grants(grants))
+    print(table(("ROLE", "GRANTS"), [(name + (" (built in)" if name == ADMINISTRATOR else ""), _grants(grants))
                                       for name, grants in every_role.items()]))
 
 

@@ -2,9 +2,9 @@
 
 Rules:
 - A message is read once on arrival. What the core keeps is the producer's bytes. The scanner
-  below walks the AMQP 1.0 type encoding only as far as the header, properties and application
-  properties sections and never decodes the body: a full proton decode costs ~30 us per message,
-  most of it building Python objects that dispatch never looks at.
+  below walks the AMQP 1.0 type encoding (node/amqp/type_encoding.py) only as far as the header,
+  properties and application properties sections and never decodes the body: a full proton decode
+  costs ~30 us per message, most of it building Python objects that dispatch never looks at.
 - Input the scanner does not understand (a symbolic section descriptor, or truncated bytes) goes
   to proton's decoder instead, which either reads it or raises. Either way the caller gets
   InvalidField with a description.
@@ -24,6 +24,7 @@ from __future__ import annotations
 from proton import Message as AmqpMessage
 from proton import symbol, timestamp
 
+from node.amqp.type_encoding import Malformed, Unreadable, compound, list_items, map_values, read_value, skip_value
 from node.core.errors import InvalidField
 
 JMS_GROUP_ID = "JMSXGroupID"
@@ -38,7 +39,6 @@ ORIGINAL_QUEUE_ANNOTATION = "x-opt-original-queue"
 DEAD_LETTER_REASON_ANNOTATION = "x-opt-dead-letter-reason"
 _ENQUEUED_TIME_KEY = b"\xa3" + bytes([len(ENQUEUED_TIME_ANNOTATION)]) + ENQUEUED_TIME_ANNOTATION.encode()  # sym8
 _MAP8_CONTENT_BYTES_MAX = 255  # a map8's size and count are one byte each
-_FIXED_WIDTH_BYTES = {0x4: 0, 0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}  # by the format code's high nibble
 _JMS_GROUP_ID_BYTES = JMS_GROUP_ID.encode()
 _JMS_GROUP_SEQ_BYTES = JMS_GROUP_SEQ.encode()
 
@@ -55,20 +55,12 @@ class Arrival:
         self.expires_at_ms = expires_at_ms
 
 
-class _Unreadable(Exception):
-    """Valid AMQP the scanner does not read itself: proton's decoder takes over."""
-
-
-class _Malformed(ValueError):
-    """Not an AMQP 1.0 message at all."""
-
-
 def read_arrival(payload: bytes, group_header: str, now_ms: int) -> Arrival:
     try:
         fields = _scan(payload, group_header)
-    except _Unreadable:
+    except Unreadable:
         fields = _decode_with_proton(payload, group_header)
-    except (_Malformed, IndexError, ValueError) as error:
+    except (Malformed, IndexError, ValueError) as error:
         # proton's decoder accepts some garbage silently, so structural errors are final here
         raise InvalidField(f"the message is not valid AMQP 1.0 ({error or 'truncated'}); "
                            f"send an encoded AMQP message") from None
@@ -100,16 +92,16 @@ def read_trace_identity(payload: bytes) -> tuple:
         position, end = 0, len(payload)
         while position < end:
             if payload[position] != 0x00 or payload[position + 1] != 0x53:
-                raise _Unreadable("a section the scanner does not walk")
+                raise Unreadable("a section the scanner does not walk")
             section, position = payload[position + 2], position + 3
             if section >= _APPLICATION_PROPERTIES:
                 if section == _APPLICATION_PROPERTIES:
-                    (producer, sequence, _), _ = _map_values(payload, position, _TRACE_KEYS)
+                    (producer, sequence, _), _ = map_values(payload, position, _TRACE_KEYS)
                     return _trace_identity(producer, sequence)
                 return None, None
             position = skip_value(payload, position)
         return None, None
-    except (_Unreadable, _Malformed, IndexError, ValueError):
+    except (Unreadable, Malformed, IndexError, ValueError):
         message = AmqpMessage()
         try:
             message.decode(payload)
@@ -136,126 +128,33 @@ def _scan(buf: bytes, group_header: str) -> tuple:
         wanted_keys[JMS_GROUP_SEQ] = 2
     position, end = 0, len(buf)
     if not end:
-        raise _Malformed("no sections")
+        raise Malformed("no sections")
     while position < end:
         if buf[position] != 0x00:
-            raise _Malformed(f"byte {position} should start a described section")
+            raise Malformed(f"byte {position} should start a described section")
         descriptor_code = buf[position + 1]
         if descriptor_code == 0x53:  # smallulong
             section, position = buf[position + 2], position + 3
         elif descriptor_code == 0x80:  # ulong
             section, position = int.from_bytes(buf[position + 2:position + 10], "big"), position + 10
         else:
-            raise _Unreadable("symbolic section descriptor")
+            raise Unreadable("symbolic section descriptor")
         if section >= _FIRST_BODY_SECTION:
             break  # the body and footer hold nothing dispatch needs
         if section == _HEADER:
-            items, position = _list_items(buf, position, 3)
+            items, position = list_items(buf, position, 3)
             ttl_ms = items[2] or 0
         elif section == _PROPERTIES:
-            items, position = _list_items(buf, position, 12)
+            items, position = list_items(buf, position, 12)
             address, absolute_expiry_ms, group_id, group_sequence = items[2], items[8] or 0, items[10], items[11]
             if ... in (address, group_id, group_sequence) or absolute_expiry_ms is ...:
-                raise _Unreadable("a properties field of an unexpected type")
+                raise Unreadable("a properties field of an unexpected type")
         elif section == _APPLICATION_PROPERTIES and wanted_keys:
-            found, position = _map_values(buf, position, wanted_keys)
+            found, position = map_values(buf, position, wanted_keys)
             header_value, jms_group_id, jms_seq = found
         else:
             position = skip_value(buf, position)
     return ttl_ms, address, absolute_expiry_ms, group_id, group_sequence, header_value, jms_group_id, jms_seq
-
-
-def _list_items(buf: bytes, position: int, count_needed: int) -> tuple[list, int]:
-    """Read the first `count_needed` items of a list; returns them (None-padded) and the end."""
-    if buf[position] == 0x45:  # list0
-        return [None] * count_needed, position + 1
-    end, count, position = _compound(buf, position, 0xC0, 0xD0, "a header or properties section that is not a list")
-    items = []
-    for _ in range(min(count, count_needed)):
-        value, position = _read(buf, position)
-        items.append(value)
-    items.extend([None] * (count_needed - len(items)))
-    return items, end
-
-
-def _map_values(buf: bytes, position: int, wanted_keys: dict) -> tuple[list, int]:
-    end, count, position = _compound(buf, position, 0xC1, 0xD1, "an application-properties section that is not a map")
-    found = [None, None, None]
-    for _ in range(count // 2):
-        key, position = _read(buf, position)
-        slot = wanted_keys.get(key)
-        if slot is None:
-            position = skip_value(buf, position)
-        else:
-            found[slot], position = _read(buf, position)
-            if found[slot] is ...:
-                raise _Unreadable(f"application property {key!r} of a type the scanner does not read")
-    return found, end
-
-
-def _compound(buf: bytes, position: int, code8: int, code32: int, problem: str) -> tuple[int, int, int]:
-    """A list or map header: returns (end of the value, item count, position of the first item)."""
-    code = buf[position]
-    if code == code8:
-        return position + 2 + buf[position + 1], buf[position + 2], position + 3
-    if code == code32:
-        size = int.from_bytes(buf[position + 1:position + 5], "big")
-        return position + 5 + size, int.from_bytes(buf[position + 5:position + 9], "big"), position + 9
-    raise _Malformed(problem)
-
-
-def _read(buf: bytes, position: int):
-    """Read one value of the types these fields use; anything else is skipped as `...`."""
-    code = buf[position]
-    position += 1
-    if code == 0x40:
-        return None, position
-    if code in (0xA1, 0xA3):
-        length = buf[position]
-        return buf[position + 1:position + 1 + length].decode("utf-8"), position + 1 + length
-    if code in (0xB1, 0xB3):
-        length = int.from_bytes(buf[position:position + 4], "big")
-        return buf[position + 4:position + 4 + length].decode("utf-8"), position + 4 + length
-    if code in (0x43, 0x44):
-        return 0, position
-    if code in (0x52, 0x53, 0x50):
-        return buf[position], position + 1
-    if code in (0x54, 0x55, 0x51):
-        return int.from_bytes(buf[position:position + 1], "big", signed=True), position + 1
-    if code == 0x70:
-        return int.from_bytes(buf[position:position + 4], "big"), position + 4
-    if code == 0x71:
-        return int.from_bytes(buf[position:position + 4], "big", signed=True), position + 4
-    if code in (0x80, 0x83):
-        return int.from_bytes(buf[position:position + 8], "big"), position + 8
-    if code == 0x81:
-        return int.from_bytes(buf[position:position + 8], "big", signed=True), position + 8
-    if code == 0x60:
-        return int.from_bytes(buf[position:position + 2], "big"), position + 2
-    if code == 0x61:
-        return int.from_bytes(buf[position:position + 2], "big", signed=True), position + 2
-    if code in (0x41, 0x42):
-        return code == 0x41, position
-    if code == 0x56:
-        return buf[position] == 1, position + 1
-    return ..., skip_value(buf, position - 1)  # a type dispatch never compares: only its extent matters
-
-
-def skip_value(buf: bytes, position: int) -> int:
-    """The position just past the AMQP-encoded value at `position` (its extent only; nothing is decoded)."""
-    code = buf[position]
-    position += 1
-    if code == 0x00:  # described value: skip the descriptor, then the value
-        return skip_value(buf, skip_value(buf, position))
-    high = code >> 4
-    width = _FIXED_WIDTH_BYTES.get(high)
-    if width is not None:
-        return position + width
-    if high in (0xA, 0xC, 0xE):
-        return position + 1 + buf[position]
-    if high in (0xB, 0xD, 0xF):
-        return position + 4 + int.from_bytes(buf[position:position + 4], "big")
-    raise _Malformed(f"unknown format code 0x{code:02x}")
 
 
 def _decode_with_proton(payload: bytes, group_header: str) -> tuple:
@@ -278,7 +177,7 @@ def stamp_enqueued_time(payload: bytes, enqueued_at_ms: int) -> bytes:
     entry = _ENQUEUED_TIME_KEY + b"\x83" + enqueued_at_ms.to_bytes(8, "big", signed=True)
     try:
         return _splice_annotation(payload, entry)
-    except (_Unreadable, _Malformed, IndexError, ValueError):
+    except (Unreadable, Malformed, IndexError, ValueError):
         message = AmqpMessage()
         message.decode(payload)
         annotations = dict(message.annotations or {})
@@ -292,17 +191,17 @@ def _splice_annotation(buf: bytes, entry: bytes) -> bytes:
     position = 0
     while True:  # past the header and the delivery annotations, which precede the message annotations
         if buf[position] != 0x00 or buf[position + 1] != 0x53:
-            raise _Unreadable("a section descriptor the splice does not read")
+            raise Unreadable("a section descriptor the splice does not read")
         section = buf[position + 2]
         if section not in (_HEADER, _DELIVERY_ANNOTATIONS):
             break
         position = skip_value(buf, position + 3)
     if section != _MESSAGE_ANNOTATIONS:
         return b"".join((buf[:position], b"\x00\x53\x72", _map_bytes(2, entry), buf[position:]))
-    end, count, item = _compound(buf, position + 3, 0xC1, 0xD1, "a message-annotations section that is not a map")
+    end, count, item = compound(buf, position + 3, 0xC1, 0xD1, "a message-annotations section that is not a map")
     kept, kept_count = [], 0
     for _ in range(count // 2):
-        key, value_at = _read(buf, item)
+        key, value_at = read_value(buf, item)
         pair_end = skip_value(buf, value_at)
         if not (key == ENQUEUED_TIME_ANNOTATION and buf[item] in (0xA3, 0xB3)):  # a symbol, sym8 or sym32
             kept.append(buf[item:pair_end])

@@ -12,10 +12,8 @@ Rules:
   a failing authenticator, 4 for a timeout or a node too busy to check) and every later byte is
   ignored.
 - Failure reasons go to the node's log: they name the user, never a password or a raw response.
-- SCRAM-SHA-256 is scramp's; an unknown user gets the authenticator's decoy (`scram_decoy`, asked for
-  every user so both cost the same: a salt of a real one's length, the same iteration count, the
-  same every time) and fails at the proof exactly as a wrong password does, so the client cannot
-  tell them apart.
+- SCRAM-SHA-256 is node/amqp/sasl_scram.py's (scramp, and the decoy an unknown user meets); PLAIN,
+  EXTERNAL and ANONYMOUS are short enough to live here.
 - Credentials are checked only after the adapter's `held` hook, given the claimed user, let them:
   a held attempt is refused unchecked (PLAIN before any key derivation, SCRAM-SHA-256 before the
   proof). With `defer_plain` the PLAIN check itself is the adapter's: the step carries `check`
@@ -25,27 +23,20 @@ Rules:
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from scramp import ScramException, ScramMechanism
-
-from node.amqp.sasl_frames import (CHALLENGE, FRAME_HEADER_BYTES, INIT, MECHANISMS, OUTCOME, OUTCOME_AUTH, OUTCOME_OK,
-                                   OUTCOME_SYS, OUTCOME_SYS_TEMP, PERFORMATIVE_BY_NAME, RESPONSE,
-                                   SASL_FRAME_TYPE, Fields, SaslError, binary, decode_performative, frame,
-                                   performative, symbol_array, text, ubyte)
+from node.amqp.sasl_frames import (CHALLENGE, INIT, MECHANISMS, OUTCOME, OUTCOME_AUTH, OUTCOME_OK, OUTCOME_SYS,
+                                   OUTCOME_SYS_TEMP, PERFORMATIVE_BY_NAME, RESPONSE, Fields, SaslError, binary,
+                                   decode_performative, frame, next_frame, performative, shown, symbol_array, text,
+                                   ubyte)
+from node.amqp.sasl_scram import ScramExchange
 
 SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
 TLS_HEADER = b"AMQP\x02\x01\x00\x00"
 SUPPORTED_MECHANISMS = ("ANONYMOUS", "PLAIN", "SCRAM-SHA-256", "EXTERNAL")
 ANONYMOUS_IDENTITY = "anonymous"
-DECOY_ITERATION_COUNT = 4096  # what an unknown SCRAM user is told; should match the users file's count
-_DECOY_KEY_PROCESS = secrets.token_bytes(32)  # one per process unless the adapter passes its own
-_USER_SHOWN_CHARS_MAX = 64  # a user name longer than this is cut in failure reasons
 
 
 class Authenticator(Protocol):
@@ -88,7 +79,7 @@ class SaslServer:
         self.allow_plain_amqp = allow_plain_amqp
         self.external_identity = external_identity
         self.scram_server_nonce = scram_server_nonce  # tests fix it; None draws a random one
-        self.decoy_key = decoy_key or _DECOY_KEY_PROCESS  # for an authenticator without scram_decoy
+        self.decoy_key = decoy_key  # for an authenticator without scram_decoy (node/amqp/sasl_scram.py)
         self.held = held  # the claimed user -> why attempts for it are held now, or None
         self.defer_plain = defer_plain
         self.phase = "header"  # header -> init [-> response | checking] -> authenticated | failed
@@ -100,10 +91,7 @@ class SaslServer:
         self._held = False
         self._check: tuple[str, str] | None = None  # the deferred PLAIN check, until `checked`
         self._buffer = bytearray()
-        self._scram = None
-        self._scram_user: str | None = None
-        self._scram_user_known = True
-        self._authenticator_error: Exception | None = None
+        self._scram: ScramExchange | None = None
 
     # ---- the adapter's calls -----------------------------------------------------------------
 
@@ -197,28 +185,7 @@ class SaslServer:
                                       f"not an AMQP 1.0 client, or the wrong port")
 
     def _read_frame(self, position: int, output: list) -> int:
-        buffer = self._buffer
-        available = len(buffer) - position
-        if available < 4:
-            return 0
-        size_bytes = bytes(buffer[position:position + 4])
-        if size_bytes == b"AMQP":
-            raise SaslError(OUTCOME_SYS, "the client sent its AMQP header before the SASL exchange had an outcome: "
-                                         "a client bug")
-        size = int.from_bytes(size_bytes, "big")
-        if size > self.frame_max_bytes:
-            raise SaslError(OUTCOME_SYS, f"the client sent a SASL frame of {size} bytes, over the limit of "
-                                         f"{self.frame_max_bytes} bytes before authentication (frame_max_bytes)")
-        if size < FRAME_HEADER_BYTES:
-            raise SaslError(OUTCOME_SYS, f"the client sent a malformed frame (size {size} bytes)")
-        if available < size:
-            return 0
-        data_offset_bytes, frame_type = buffer[position + 4] * 4, buffer[position + 5]
-        if data_offset_bytes < FRAME_HEADER_BYTES or data_offset_bytes > size:
-            raise SaslError(OUTCOME_SYS, f"the client sent a malformed frame (data offset {data_offset_bytes} bytes)")
-        if frame_type != SASL_FRAME_TYPE:
-            raise SaslError(OUTCOME_SYS, f"the client sent a frame of type {frame_type} during the SASL exchange")
-        body = bytes(buffer[position + data_offset_bytes:position + size])
+        size, body = next_frame(self._buffer, position, self.frame_max_bytes)
         if body:  # an empty frame is a heartbeat
             self._on_performative(*decode_performative(body), output)
         return size
@@ -227,7 +194,7 @@ class SaslServer:
         if code == INIT and self.phase == "init":
             mechanism = fields.symbol(0, "mechanism", mandatory=True)
             if mechanism not in self.offered:
-                raise SaslError(OUTCOME_AUTH, f"the client asked for SASL mechanism {_shown(mechanism)}; this "
+                raise SaslError(OUTCOME_AUTH, f"the client asked for SASL mechanism {shown(mechanism)}; this "
                                               f"listener offers {list(self.offered)}: configure the client for one")
             self.mechanism = mechanism
             self._start(mechanism, fields.binary(1, "initial-response"), output)
@@ -250,8 +217,8 @@ class SaslServer:
             authorization = text(response or b"", "EXTERNAL's authorization id")
             if authorization and authorization != self.external_identity:
                 self.user = authorization
-                raise SaslError(OUTCOME_AUTH, f"EXTERNAL: the certificate of {_shown(self.external_identity)} "
-                                              f"may not act for {_shown(authorization)}")
+                raise SaslError(OUTCOME_AUTH, f"EXTERNAL: the certificate of {shown(self.external_identity)} "
+                                              f"may not act for {shown(authorization)}")
             self.user = authorization or self.external_identity
             self._succeed_with_outcome(self.external_identity, output)
         elif mechanism == "PLAIN":
@@ -266,7 +233,7 @@ class SaslServer:
         authorization, user, password = (text(part, "PLAIN's response") for part in parts)
         self.user = user
         if authorization and authorization != user:
-            raise SaslError(OUTCOME_AUTH, f"PLAIN: user {_shown(user)} may not act for {_shown(authorization)}")
+            raise SaslError(OUTCOME_AUTH, f"PLAIN: user {shown(user)} may not act for {shown(authorization)}")
         self._refuse_if_held(user)
         if self.defer_plain:
             self.phase, self._check = "checking", (user, password)
@@ -279,10 +246,10 @@ class SaslServer:
 
     def _plain_outcome(self, user: str, verified: bool | BaseException, output: list) -> None:
         if isinstance(verified, BaseException):  # the authenticator is the node's: not the client's fault
-            raise SaslError(OUTCOME_SYS, f"PLAIN: the authenticator failed for user {_shown(user)} "
+            raise SaslError(OUTCOME_SYS, f"PLAIN: the authenticator failed for user {shown(user)} "
                                          f"({type(verified).__name__}): a node bug", fault="node")
         if not verified:
-            raise SaslError(OUTCOME_AUTH, f"PLAIN: unknown user or wrong password for user {_shown(user)}")
+            raise SaslError(OUTCOME_AUTH, f"PLAIN: unknown user or wrong password for user {shown(user)}")
         self._succeed_with_outcome(user, output)
 
     def _refuse_if_held(self, user: str) -> None:
@@ -292,59 +259,18 @@ class SaslServer:
             raise SaslError(OUTCOME_AUTH, f"{self.mechanism}: {reason}; refused unchecked")
 
     def _start_scram(self, response: bytes | None, output: list) -> None:
-        if not response:
-            raise SaslError(OUTCOME_AUTH, "SCRAM-SHA-256: the client sent no client-first message in sasl-init")
-        server = ScramMechanism("SCRAM-SHA-256").make_server(self._scram_auth_info, s_nonce=self.scram_server_nonce)
+        self._scram = ScramExchange(self.authenticator, self.scram_server_nonce, self.decoy_key)
         try:
-            server.set_client_first(text(response, "SCRAM-SHA-256's client-first message"))
-            server_first = server.get_server_first()
-        except ScramException as error:
-            raise self._scram_failure(error, "client-first") from None
-        self._scram = server
+            server_first = self._scram.first(response)
+        finally:
+            self.user = self._scram.user  # claimed, if the client got that far
         self.phase = "response"
-        output.append(frame(performative(CHALLENGE, binary(server_first.encode()))))
+        output.append(frame(performative(CHALLENGE, binary(server_first))))
 
     def _finish_scram(self, response: bytes, output: list) -> None:
-        self._refuse_if_held(self._scram_user)
-        try:
-            self._scram.set_client_final(text(response, "SCRAM-SHA-256's client-final message"))
-            server_final = self._scram.get_server_final()
-        except ScramException as error:
-            raise self._scram_failure(error, "client-final") from None
-        self._succeed_with_outcome(self._scram_user, output, additional_data=server_final.encode())
-
-    def _scram_auth_info(self, user: str) -> tuple:
-        self._scram_user = self.user = user
-        decoy_of = getattr(self.authenticator, "scram_decoy", None)
-        decoy_info = None
-        try:
-            decoy_info = decoy_of(user) if decoy_of is not None else None  # for every user: the same work
-            info = self.authenticator.scram_auth_info(user)
-        except LookupError:
-            info = None
-        except Exception as error:
-            self._authenticator_error = error
-            raise
-        if info is not None:
-            return info
-        self._scram_user_known = False
-        if decoy_info is not None:
-            return decoy_info
-        decoy = hmac.new(self.decoy_key, b"decoy\x00" + user.encode(), hashlib.sha256).digest()
-        return decoy[:16], decoy, decoy, DECOY_ITERATION_COUNT  # no proof can hash to this stored key
-
-    def _scram_failure(self, error: ScramException, message: str) -> SaslError:
-        user = _shown(self._scram_user)
-        if self._authenticator_error is not None:
-            return SaslError(OUTCOME_SYS, f"SCRAM-SHA-256: the authenticator failed for user {user} "
-                                          f"({type(self._authenticator_error).__name__}): a node bug", fault="node")
-        if message == "client-first" and self._scram_user is not None:  # scramp rejected what the authenticator gave
-            return SaslError(OUTCOME_SYS, f"SCRAM-SHA-256: the stored keys of user {user} are unusable ({error}): "
-                                          f"fix the users file", fault="node")
-        if message == "client-final" and getattr(error.server_error, "value", None) == "invalid-proof":
-            why = "wrong password for" if self._scram_user_known else "unknown"
-            return SaslError(OUTCOME_AUTH, f"SCRAM-SHA-256: {why} user {user}")
-        return SaslError(OUTCOME_AUTH, f"SCRAM-SHA-256: the client's {message} message was rejected ({error})")
+        self._refuse_if_held(self._scram.user)
+        server_final = self._scram.final(response)
+        self._succeed_with_outcome(self._scram.user, output, additional_data=server_final)
 
     # ---- outcomes ----------------------------------------------------------------------------
 
@@ -367,6 +293,3 @@ class SaslServer:
         return SaslStep(output, state, self.identity, self.mechanism, rest, self.failure, self.fault, self.user,
                         self._check if self.phase == "checking" else None, self._held)
 
-
-def _shown(user: str | None) -> str:
-    return repr(user if user is None or len(user) <= _USER_SHOWN_CHARS_MAX else user[:_USER_SHOWN_CHARS_MAX] + "...")

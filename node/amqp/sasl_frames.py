@@ -3,6 +3,8 @@
 Rules:
 - Pure: bytes in, values out, and back. Decoding reads only inside the frame body it is given and
   fails only with SaslError (code 2: the client broke the protocol; 1: bad text in credentials).
+- Frames are cut from the exchange's buffer only once whole; a frame's size is checked against the
+  limit before any more of it is waited for.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ MECHANISMS, INIT, CHALLENGE, RESPONSE, OUTCOME = 0x40, 0x41, 0x42, 0x43, 0x44
 PERFORMATIVE_BY_NAME = {b"amqp:sasl-mechanisms:list": MECHANISMS, b"amqp:sasl-init:list": INIT,
                         b"amqp:sasl-challenge:list": CHALLENGE, b"amqp:sasl-response:list": RESPONSE,
                         b"amqp:sasl-outcome:list": OUTCOME}
+USER_SHOWN_CHARS_MAX = 64  # a user name longer than this is cut in failure reasons
 
 
 class SaslError(Exception):
@@ -22,6 +25,11 @@ class SaslError(Exception):
     def __init__(self, code: int, description: str, fault: str = "client"):
         super().__init__(description)
         self.code, self.description, self.fault = code, description, fault
+
+
+def shown(user: str | None) -> str:
+    """A claimed user name as failure reasons show it: quoted, and cut after USER_SHOWN_CHARS_MAX."""
+    return repr(user if user is None or len(user) <= USER_SHOWN_CHARS_MAX else user[:USER_SHOWN_CHARS_MAX] + "...")
 
 
 class Fields:
@@ -50,6 +58,32 @@ class Fields:
 
     def binary(self, index: int, name: str, mandatory: bool = False) -> bytes | None:
         return self._field(index, name, (0xA0, 0xB0), "binary", mandatory)
+
+
+def next_frame(buffer: bytearray, position: int, frame_max_bytes: int) -> tuple[int, bytes]:
+    """(its size, its body) of the frame at `position` once it is whole, (0, b"") until then. A frame
+    announced over `frame_max_bytes` fails as soon as its 4 size bytes are in."""
+    available = len(buffer) - position
+    if available < 4:
+        return 0, b""
+    size_bytes = bytes(buffer[position:position + 4])
+    if size_bytes == b"AMQP":
+        raise SaslError(OUTCOME_SYS, "the client sent its AMQP header before the SASL exchange had an outcome: "
+                                     "a client bug")
+    size = int.from_bytes(size_bytes, "big")
+    if size > frame_max_bytes:
+        raise SaslError(OUTCOME_SYS, f"the client sent a SASL frame of {size} bytes, over the limit of "
+                                     f"{frame_max_bytes} bytes before authentication (frame_max_bytes)")
+    if size < FRAME_HEADER_BYTES:
+        raise SaslError(OUTCOME_SYS, f"the client sent a malformed frame (size {size} bytes)")
+    if available < size:
+        return 0, b""
+    data_offset_bytes, frame_type = buffer[position + 4] * 4, buffer[position + 5]
+    if data_offset_bytes < FRAME_HEADER_BYTES or data_offset_bytes > size:
+        raise SaslError(OUTCOME_SYS, f"the client sent a malformed frame (data offset {data_offset_bytes} bytes)")
+    if frame_type != SASL_FRAME_TYPE:
+        raise SaslError(OUTCOME_SYS, f"the client sent a frame of type {frame_type} during the SASL exchange")
+    return size, bytes(buffer[position + data_offset_bytes:position + size])
 
 
 def decode_performative(body: bytes) -> tuple[int, Fields]:

@@ -34,7 +34,7 @@ from importlib import resources
 from urllib.parse import parse_qs
 
 from node.admin.client import AdminClient, AdminError
-from node.admin.credentials import Authenticator, Unauthenticated
+from node.admin.callers import Authenticator, Unauthenticated
 from node.admin.local import LocalAdmin
 from node.core.errors import GrouperError
 from node.core.settings import QueueSettings

@@ -1,7 +1,7 @@
 """Failed logins: when a login attempt is refused unchecked, and how long a failed one's answer waits.
 
 One rule for the AMQP gate (node/amqp/gate.py) and the admin port and /metrics
-(node/admin/credentials.py). Rules:
+(node/admin/callers.py). Rules:
 - Pure: no clock, socket or thread. Time arrives as `now_ms`; callers on several threads lock.
 - A failure counts under three keys: the source address, the user name (whoever claims it, from
   anywhere; a name no user has counts exactly as one that exists, so the throttle tells nothing about

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from node.core.errors import NotFound
 from node.core.message import Message
-from node.core.queue_lanes import HELD, Group
+from node.core.queue_lanes import PAUSED, Group
 from node.core.settings import QueueSettings
 
 OWNED_STALE_MIN = 16  # stale entries a consumer's owned list may keep beyond its live ones
@@ -59,7 +59,7 @@ class Consumer:
         """The group loses its owner (this consumer). Its heap entry, if any, was in this consumer's
         heap: it is stale from now on, and a hold stays."""
         group.owner = None
-        if group.placed is not HELD:
+        if group.placed is not PAUSED:
             group.placed = None
         count = self.owned_count = self.owned_count - 1
         if not count:
@@ -71,7 +71,7 @@ class Consumer:
         """At detach: `owned` is owned_groups()."""
         for group in owned:
             group.owner = None
-            if group.placed is not HELD:
+            if group.placed is not PAUSED:
                 group.placed = None
         self.owned = []
         self.owned_count = 0

@@ -26,7 +26,7 @@ from node.core.message import (ACQUIRED, AVAILABLE, CLOSES_GROUP, HANDED_OUT, PA
 from node.core.paging import READ_AHEAD_MESSAGES, Pager
 from node.core.queue_consumers import Consumer, Consumers, fewest_groups, least_recently_used
 from node.core.queue_groups import GroupTable
-from node.core.queue_lanes import HELD, Group, insert_in_order
+from node.core.queue_lanes import PAUSED, Group, insert_in_order
 from node.core.queue_store import MessageStore
 from node.core.settings import QueueSettings
 
@@ -123,8 +123,8 @@ class Dispatcher:
         message = group.pop_head()
         group.available_count -= 1
         group.acquired += 1
-        # HELD: free the group once this and every earlier message is settled
-        group.placed = HELD if message.flags & CLOSES_GROUP else None
+        # PAUSED: free the group once this and every earlier message is settled
+        group.placed = PAUSED if message.flags & CLOSES_GROUP else None
         self._deliver(message, consumer, first, effects)
         self.groups.place_or_forget(group)
         if self.pager is not None and self.pager.paged_bytes and group.lane is not None and consumer.may_take:

@@ -8,7 +8,7 @@ Rules this module keeps:
 - Heap entries are validated lazily: a group keeps the one entry (head seq, group) it was last pushed
   with (`Group.placed`); any other entry for it is stale and dropped when met. That entry is in its
   owner's heap, or the unowned heap when it has none, so a change of owner unplaces it.
-- A group that is held (`HELD`, or its key in `held_keys` for the cluster) or whose head waits out a
+- A group that is paused (`PAUSED`) or held (its key in `held_keys`, for the cluster) or whose head waits out a
   redelivery delay is in no heap, so no later message of it overtakes what waits.
 - An idle group (nothing queued or in flight, no owner) is forgotten at once, on every path; the dict
   is copied small once most of its groups are gone (a dict never gives back its deleted keys' room).
@@ -29,7 +29,7 @@ from collections import deque
 from node.core.cold import ColdTail
 from node.core.errors import InvalidField, NotFound
 from node.core.message import Message
-from node.core.queue_lanes import EMPTY_OWNED, HELD, Group, insert_in_order
+from node.core.queue_lanes import EMPTY_OWNED, PAUSED, Group, insert_in_order
 from node.core.settings import QueueSettings
 
 GROUPS_SHRINK_MIN = 4096  # groups below which the groups dict is never copied smaller
@@ -142,7 +142,7 @@ class GroupTable:
         head = group.head()
         placed = group.placed
         # a head waiting out its redelivery delay holds its whole group: tick() places it when due
-        if head is None or placed is HELD or group.key in self.held_keys or head.available_at_ms:
+        if head is None or placed is PAUSED or group.key in self.held_keys or head.available_at_ms:
             if group.idle:
                 self.forget(group)
             elif self.tracking_empty_owned and head is None and self._empty_and_owned(group):
@@ -153,7 +153,7 @@ class GroupTable:
                     if len(self.empty_owned) > 2 * len(self.groups) + GROUPS_SHRINK_MIN:
                         self.empty_owned = deque(dict.fromkeys(
                             g for g in self.empty_owned if g.placed is EMPTY_OWNED))
-            elif placed is not HELD:
+            elif placed is not PAUSED:
                 group.placed = None  # drops the last head's seq too: that int (32 bytes) would outlive it
             return
         # a live entry is in the owner's heap (or the unowned one): every change of owner unplaced it
@@ -186,7 +186,7 @@ class GroupTable:
                 continue
             count += 1
             if group.acquired and pause:
-                group.placed = HELD  # its heap entry is stale from now on
+                group.placed = PAUSED  # its heap entry is stale from now on
                 continue
             group.owner.disown(group)
             group.placed = None  # a hold ends with the owner
@@ -197,7 +197,7 @@ class GroupTable:
         """Deliver nothing more of the group until release; what is in flight stays in flight."""
         self.held_keys.add(group_key)
         group = self.groups.get(group_key)
-        if group is not None and group.placed is not HELD:
+        if group is not None and group.placed is not PAUSED:
             group.placed = None  # its heap entries are stale from now on
 
     def release(self, group_key) -> None:
@@ -215,7 +215,7 @@ class GroupTable:
 
     def _empty_and_owned(self, group: Group) -> bool:
         return (group.owner is not None and not group.available_count and not group.acquired
-                and group.placed is not HELD and group.key not in self.held_keys)
+                and group.placed is not PAUSED and group.key not in self.held_keys)
 
     def free_empty_owned(self) -> bool:
         """Make room under groups_max: forget the group that has been empty with an owner the longest

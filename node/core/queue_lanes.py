@@ -6,7 +6,7 @@ Rules this module keeps:
 - A queue may track a million groups (bench/memory.py measures it), so a Group is kept small: a lane of
   one message needs no container, and an emptied deque is dropped, not kept.
 - `Group.placed` is written by the group table (node/core/queue_groups.py) and by ownership changes
-  (node/core/queue_consumers.py); its values are the heap entry, EMPTY_OWNED, HELD or None below.
+  (node/core/queue_consumers.py); its values are the heap entry, EMPTY_OWNED, PAUSED or None below.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections import deque
 from node.core.message import AVAILABLE, STATE_MASK, Message
 
 EMPTY_OWNED = "empty-owned"  # Group.placed of an empty group kept by its owner (GroupTable.empty_owned)
-HELD = "held"  # Group.placed of a closing, reset or rebalanced group: no dispatch until nothing is acquired
+PAUSED = "paused"  # Group.placed of a closing, reset or rebalanced group: no dispatch until nothing is acquired
 
 
 class Group:
@@ -27,7 +27,7 @@ class Group:
 
     Each slot costs 8 bytes a group, so `placed` says in one slot where the group is and whether it
     is held: the (head seq, group) tuple it was last pushed into a heap with (the only entry of it
-    that is live, found by identity), EMPTY_OWNED, HELD (no dispatch until `acquired` reaches 0;
+    that is live, found by identity), EMPTY_OWNED, PAUSED (no dispatch until `acquired` reaches 0;
     never in a heap meanwhile), or None (in no heap, not held)."""
 
     __slots__ = ("key", "lane", "available_count", "acquired", "owner", "placed")
@@ -100,8 +100,8 @@ class Group:
         return self.available_count == 0 and self.acquired == 0 and self.owner is None
 
     @property
-    def held(self) -> bool:
-        return self.placed is HELD
+    def paused(self) -> bool:
+        return self.placed is PAUSED
 
 
 def insert_in_order(lane: deque, message: Message, returning: bool) -> None:

@@ -21,7 +21,7 @@ import heapq
 from node.core.effects import Delayed, Dropped, Kept
 from node.core.message import AVAILABLE, Message, Outcome
 from node.core.queue_groups import GroupTable
-from node.core.queue_lanes import HELD, Group
+from node.core.queue_lanes import PAUSED, Group
 from node.core.queue_store import MessageStore
 from node.core.settings import QueueSettings
 
@@ -96,9 +96,9 @@ class Settlement:
 
     def after_settle(self, group: Group) -> None:
         if group.acquired == 0:
-            if group.owner is not None and (group.placed is HELD or self.settings.group_policy == "shared"):
+            if group.owner is not None and (group.placed is PAUSED or self.settings.group_policy == "shared"):
                 group.owner.disown(group)
-            if group.placed is HELD:
+            if group.placed is PAUSED:
                 group.placed = None
         self.groups.place_or_forget(group)
 

@@ -38,7 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from node.admin.credentials import EVERY_QUEUE, Authenticator, Unauthenticated
+from node.admin.callers import EVERY_QUEUE, Authenticator, Unauthenticated
 from node.config import files_stamp
 from node.console import BODY_MAX_BYTES, JSON
 from node.core.access import Permission

@@ -1,6 +1,7 @@
-"""Journal records: framing and codecs, bytes in and records out.
+"""Journal records: framing and codecs, bytes in and records out; node/store/scanner.py reads a
+journal's frames back with these.
 
-Pure: no threads and no files of its own; `scan` reads whatever binary file object it is handed.
+Pure: no threads and no files.
 Format (little-endian throughout; kinds are never renumbered, a changed layout gets a new kind):
 
     frame  = u32 body_length | u32 crc32(body) | body            body_length >= 1
@@ -21,8 +22,6 @@ in a frame whose crc holds (a newer build wrote it, not a torn write), is refuse
 cut as corruption and never misread.
 
 Rules:
-- A reader stops at the first frame that is short (a torn write) or fails its length, crc or decode
-  checks (corruption). Everything before it is good and nothing after it is trusted.
 - `encode_store` is on the hot path (one call per durable message): one pack, one crc over the
   payload in place, one join; no intermediate copy of the payload.
 - `store_header` is on recovery's hot path when a backlog is left cold (one call per STORE of ten
@@ -31,7 +30,6 @@ Rules:
 
 from __future__ import annotations
 
-import io
 import json
 import struct
 import zlib
@@ -44,13 +42,12 @@ DECLARE = 1
 DELETE = 2
 STORE = 3
 REMOVE = 4
-STORE_HEADER = -STORE  # no kind in a file: what scan(store_headers=True) yields for a STORE, see Scan
+STORE_HEADER = -STORE  # no kind in a file: what a scan with store_headers yields for a STORE (node/store/scanner.py)
 
 FRAME_HEADER_BYTES = 8
 RECORD_BODY_MAX_BYTES = 1 << 30  # larger claimed lengths are corruption; larger messages are refused
-SCAN_CHUNK_BYTES = 1 << 20  # scan reads its source in pieces of at least this size
 
-_FRAME = struct.Struct("<II")
+FRAME = struct.Struct("<II")  # body_length, crc32(body)
 _STORE = struct.Struct("<BBHHQQIQ")  # kind, flags, queue_length, group_length, seq, expires, count, enqueued
 _STORE_HEAD = struct.Struct("<BBHHQ")  # the fields of _STORE that a header-only read needs
 STORE_HEAD_BYTES = _STORE.size  # a STORE body's fixed fields, before its queue name, group id and payload
@@ -80,7 +77,7 @@ class RemoveRecord(NamedTuple):
 # ---- encoding ---------------------------------------------------------------------------------
 
 def _frame(body: bytes) -> bytes:
-    return _FRAME.pack(len(body), zlib.crc32(body)) + body
+    return FRAME.pack(len(body), zlib.crc32(body)) + body
 
 
 def encode_declare(settings: dict) -> bytes:
@@ -128,7 +125,7 @@ def encode_store(queue: str, message: Message) -> bytes:
         raise ResourceLimitExceeded(f"message of {len(payload)} bytes is larger than the journal's "
                                     f"record limit of {RECORD_BODY_MAX_BYTES} bytes; send smaller messages")
     crc = zlib.crc32(payload, zlib.crc32(head))
-    return b"".join((_FRAME.pack(body_length, crc), head, payload))
+    return b"".join((FRAME.pack(body_length, crc), head, payload))
 
 
 def encode_remove(queue: str, seq: int) -> bytes:
@@ -191,7 +188,7 @@ def store_message(frame: bytes | memoryview) -> tuple[int, Message]:
 def _store_body(frame: bytes | memoryview) -> memoryview:
     if len(frame) < FRAME_HEADER_BYTES + _STORE.size:
         raise ValueError(f"a STORE frame is at least {FRAME_HEADER_BYTES + _STORE.size} bytes, got {len(frame)}")
-    body_length, crc = _FRAME.unpack_from(frame)
+    body_length, crc = FRAME.unpack_from(frame)
     body = memoryview(frame)[FRAME_HEADER_BYTES:]
     if body_length != len(body) or zlib.crc32(body) != crc or body[0] != STORE:
         raise ValueError("not a whole STORE frame (length, crc or kind differ)")
@@ -217,103 +214,3 @@ def store_header(buffer: bytes, start: int, length: int, names: dict) -> tuple[s
     if queue is None:
         queue = names[raw] = str(raw, "utf-8")
     return queue, seq, group_length
-
-
-class Scan:
-    """Iterate the good frames of a journal, then say where and why reading stopped.
-
-    Yields (offset, kind, record) with offsets relative to where the source was positioned. While
-    iterating, `end_offset` is just past the frame last yielded (so `end_offset - offset` is its
-    length); afterwards it is the length of the good prefix. `stop_reason` is None after a clean
-    end, else a sentence saying what was wrong with the frame at `end_offset`.
-
-    `store_headers`: a STORE of a queue whose name does not start with NUL comes as kind STORE_HEADER
-    and record (queue, seq, group_id) (store_header: no payload, no Message); the cluster's own
-    records (names starting with NUL) still come whole, as STORE. Every check is the same.
-    """
-
-    def __init__(self, source, store_headers: bool = False):
-        if isinstance(source, (bytes, bytearray, memoryview)):
-            source = io.BytesIO(source)
-        self._file = source
-        start = source.tell()
-        self._size_bytes = source.seek(0, io.SEEK_END) - start
-        source.seek(start)
-        self.end_offset = 0
-        self.stop_reason: str | None = None
-        self.format_version = 1  # the FORMAT marker's, or 1 for a file without one
-        self.refusal: str | None = None  # why reading stopped at a whole frame this build cannot read
-        self._store_headers = store_headers
-
-    def __iter__(self):
-        read = self._file.read
-        unpack_header = _FRAME.unpack_from
-        crc32 = zlib.crc32
-        headers = self._store_headers
-        names: dict = {}
-        size_bytes = self._size_bytes
-        buffer = b""
-        view = memoryview(buffer)  # of `buffer`, made once per chunk, not once per frame
-        position = 0  # of the next frame within `buffer`
-        offset = self.end_offset
-        while True:
-            if len(buffer) - position < FRAME_HEADER_BYTES:
-                buffer = buffer[position:] + read(SCAN_CHUNK_BYTES)
-                view = memoryview(buffer)
-                position = 0
-                if len(buffer) < FRAME_HEADER_BYTES:
-                    if buffer:
-                        self.stop_reason = f"torn frame header ({len(buffer)} of {FRAME_HEADER_BYTES} bytes)"
-                    return
-            body_length, crc = unpack_header(buffer, position)
-            if not 1 <= body_length <= RECORD_BODY_MAX_BYTES:
-                self.stop_reason = f"impossible body length {body_length}"
-                return
-            remaining = size_bytes - offset - FRAME_HEADER_BYTES
-            if body_length > remaining:
-                self.stop_reason = f"torn frame (body of {body_length} bytes, {remaining} present)"
-                return
-            body_start = position + FRAME_HEADER_BYTES
-            if len(buffer) < body_start + body_length:
-                buffer = buffer[position:] + read(max(SCAN_CHUNK_BYTES, body_length))
-                view = memoryview(buffer)
-                position, body_start = 0, FRAME_HEADER_BYTES
-                if len(buffer) < body_start + body_length:  # the file shrank under us
-                    self.stop_reason = f"torn frame (body of {body_length} bytes, {len(buffer) - body_start} read)"
-                    return
-            body = view[body_start:body_start + body_length]
-            if crc32(body) != crc:
-                self.stop_reason = f"crc mismatch in a frame of {body_length} body bytes"
-                return
-            try:
-                version = format_version(body) if offset == 0 else None
-                if version is None:
-                    record = None
-                    if headers and body[0] == STORE:
-                        record = store_header(buffer, body_start, body_length, names)
-                    if record is None:
-                        kind, record = decode_body(body)
-                    else:
-                        kind = STORE_HEADER
-                elif version not in FORMAT_VERSIONS_READ:
-                    raise NewerFormat(f"format version {version}")
-            except NewerFormat as error:
-                self.stop_reason = self.refusal = (
-                    f"{error} at offset {offset}; this build reads journal format versions "
-                    f"{', '.join(map(str, FORMAT_VERSIONS_READ))}")
-                return
-            except (ValueError, struct.error) as error:  # UnicodeDecodeError is a ValueError
-                self.stop_reason = f"undecodable record ({error})"
-                return
-            position = body_start + body_length
-            self.end_offset = offset + FRAME_HEADER_BYTES + body_length
-            if version is None:
-                yield offset, kind, record
-            else:
-                self.format_version = version
-            offset = self.end_offset
-
-
-def scan(source, store_headers: bool = False) -> Scan:
-    """Frames of `source` (bytes-like, or a seekable binary file positioned at the first frame)."""
-    return Scan(source, store_headers)

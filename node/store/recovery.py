@@ -40,6 +40,7 @@ from node.store.failures import JournalError
 from node.store.files import COPY_CHUNK_BYTES, write_all
 from node.store.index import LiveIndex
 from node.store.records import DECLARE, REMOVE, STORE, STORE_HEADER
+from node.store.scanner import Scan
 
 log = logging.getLogger("node.store.journal")  # the journal's one logger, whichever module speaks
 
@@ -75,23 +76,23 @@ class BodilessBacklog:
 
 
 def replay(path: str, index: LiveIndex, bodies_max_bytes: int, cold: bool,
-           bodiless_prefix: str) -> tuple[Recovery, records.Scan]:
+           bodiless_prefix: str) -> tuple[Recovery, Scan]:
     """Read the journal at `path` into `index` and a Recovery (its cut_bytes not known yet: see
     `settle_tail`). The scan tells where the good prefix ends and whether the format was refused."""
     replayed = _Replay(index, bodies_max_bytes, bodiless_prefix)
     with open(path, "rb", buffering=COPY_CHUNK_BYTES) as file:
-        scan = records.scan(file, store_headers=cold)
+        scan = Scan(file, store_headers=cold)
         replayed.run(scan)
     return replayed.recovery(cold), scan
 
 
-def refused(path: str, scan: records.Scan) -> JournalError:
+def refused(path: str, scan: Scan) -> JournalError:
     return JournalError(f"journal {path} was written by a newer build of grouper: {scan.refusal}; run a "
                         f"build that reads it (upgrade one version step at a time), or move data_dir aside "
                         f"to start empty")
 
 
-def settle_tail(fd: int, path: str, directory: str, scan: records.Scan) -> tuple[int, int]:
+def settle_tail(fd: int, path: str, directory: str, scan: Scan) -> tuple[int, int]:
     """Give an empty file its format marker and cut a bad tail off: (the end of the good frames, the
     bytes cut)."""
     size_bytes = os.fstat(fd).st_size
@@ -130,7 +131,7 @@ class _Replay:
         self.bodiless: dict[str, dict[int, tuple]] = {}  # bodiless_prefix names: seq -> (group id, payload length)
         self.kept_bytes = 0  # bodies kept of live messages, with bodies_max_bytes
 
-    def run(self, scan: records.Scan) -> None:
+    def run(self, scan: Scan) -> None:
         index, messages, bodiless = self.index, self.messages, self.bodiless
         bodies_max_bytes, bodiless_prefix = self.bodies_max_bytes, self.bodiless_prefix
         for offset, kind, record in scan:

@@ -201,7 +201,7 @@ def dialled(sock: socket.socket):
 # ---- what the tools say ----------------------------------------------------------------------
 
 PROBE_TIMEOUT_S = 2.0  # how long a neighbouring port may take to answer the AMQP header
-# where a node's AMQP port is, seen from another of its ports (node/config.py defaults, `grouper up`)
+# where a node's AMQP port is, seen from another of its ports (node/config/settings.py defaults, `grouper up`)
 AMQP_PORT_OFFSET_BY_KIND = {"HTTP/2": -1, "HTTP/1": -3, "TLS": +1}
 
 

@@ -32,7 +32,7 @@ import signal
 import sys
 import time
 
-from node.admin.commands import positive_int
+from node.admin.arguments import positive_int
 from node.core.errors import InvalidConfig
 from node.tools.session import (AMQP_NODE_DEFAULT, AMQP_NODE_ENV, CA_ENV, CONNECT_TIMEOUT_S, PASSWORD_ENV, USER_ENV,
                                 Session, ToolError)

@@ -47,7 +47,7 @@ def node_url(text: str) -> tuple[str, str, int]:
 
 
 def password_for(user: str, args: argparse.Namespace, where: str) -> str:
-    from node.admin.commands import password_from_stdin
+    from node.admin.arguments import password_from_stdin
 
     if args.password_stdin:
         return password_from_stdin()

@@ -39,7 +39,7 @@ from proton.utils import BlockingConnection
 from prometheus_client.parser import text_string_to_metric_families
 
 from node.admin.client import AccessDenied, AdminClient, AdminError
-from node.admin.credentials import basic_metadata
+from node.admin.callers import basic_metadata
 from tests.deploy.conftest import REPO
 from tests.drills.checker import Report, check_files
 from tests.drills.load import GroupedProducer, Load, LoggingConsumer, now_ms, wait_accepted

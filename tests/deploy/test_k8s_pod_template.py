@@ -33,7 +33,7 @@ import pytest
 from proton import SSLDomain
 
 from node.admin.client import AdminClient, AdminError
-from node.admin.credentials import basic_metadata
+from node.admin.callers import basic_metadata
 from tests.deploy.podtemplate import PodRunner, http_probe, render, resource
 from tests.drills.checker import check_files
 from tests.drills.load import start_load

@@ -24,7 +24,7 @@ from pathlib import Path
 from proton.utils import BlockingConnection
 
 from node.admin.client import AdminClient
-from node.admin.credentials import basic_metadata, basic_value
+from node.admin.callers import basic_metadata, basic_value
 from node.tools.handshake import authenticate, dialled
 from tests.integration.cli import grouper_ok, write_users_file
 from tests.integration.cluster import Cluster

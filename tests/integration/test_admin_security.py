@@ -31,7 +31,7 @@ from proton.utils import BlockingConnection
 
 from node import certs
 from node.admin.client import AccessDenied, AdminClient, NodeFailure
-from node.admin.credentials import basic_metadata
+from node.admin.callers import basic_metadata
 from node.admin.tls import channel_credentials
 from node.core.settings import QueueSettings
 from proto import admin_pb2, admin_pb2_grpc
@@ -442,7 +442,7 @@ def test_in_a_cluster_the_callers_own_credentials_reach_every_member(tmp_path, u
 
 # ---- throttling failed logins ------------------------------------------------------------------
 
-FAILURES_BEFORE_THROTTLE = 3  # node/admin/credentials.py
+FAILURES_BEFORE_THROTTLE = 3  # node/admin/callers.py
 
 
 def test_failed_logins_hold_their_address_back_on_the_admin_port_and_for_metrics(node_factory, users_file):

@@ -30,7 +30,7 @@ import grpc
 import pytest
 from proton import Delivery
 
-from node.admin.credentials import basic_value
+from node.admin.callers import basic_value
 from node.peer.signature import Signer
 from proto import peer_pb2_grpc
 from tests.integration.grouper_up import GrouperUp, malicious_frame, send_to_raft_port

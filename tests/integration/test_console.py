@@ -387,12 +387,12 @@ def test_an_open_node_says_so_and_refuses_bad_requests_clearly(tmp_path, driver)
         node.kill()
 
 
-FAILURES_BEFORE_THROTTLE = 3  # node/admin/credentials.py
+FAILURES_BEFORE_THROTTLE = 3  # node/admin/callers.py
 
 
 def test_failed_console_logins_hold_the_address_back_on_the_admin_port_too(tmp_path, users):
     from node.admin.client import AccessDenied, AdminClient
-    from node.admin.credentials import basic_metadata
+    from node.admin.callers import basic_metadata
 
     node = NodeProcess(tmp_path / "secured", "", ("--users-file", str(users))).start()
     try:

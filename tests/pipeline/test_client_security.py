@@ -16,8 +16,8 @@ import time
 import pytest
 
 from pipeline import messages
-from pipeline.amqp_client import Acquisition, AmqpConnection, AuthenticationFailed, ClientError, Producer, TlsFailed
-from pipeline.credentials import Security
+from pipeline.amqp_client import Acquisition, AmqpConnection, AuthenticationFailed, ClientError, Sender, TlsFailed
+from pipeline.security import Security
 from tests.pipeline.conftest import SECURED_USER, amqps_address, start_secured_node
 
 TIMEOUT_MS = 10_000
@@ -39,7 +39,7 @@ def certificate(files, pair=None) -> Security:
 def send_all(address: str, security: Security, queue: str, bodies: list[tuple[str, bytes]], window: int = 500) -> int:
     connection = AmqpConnection(address, TIMEOUT_MS, f"send-{queue}", security)
     try:
-        producer = Producer(connection, queue, f"send-{queue}", window)
+        producer = Sender(connection, queue, f"send-{queue}", window)
         for group, body in bodies:
             producer.send(messages.encode(group, body))
         producer.flush()
@@ -75,7 +75,7 @@ def refused(error_type, address: str, security: Security) -> str:
     with pytest.raises(error_type) as failure:
         connection = AmqpConnection(address, TIMEOUT_MS, "refused", security)
         try:
-            Producer(connection, "refused", "refused", 10)
+            Sender(connection, "refused", "refused", 10)
         finally:
             connection.close()
     assert time.monotonic() - began < REFUSAL_MAX_S, "the refusal came only at the timeout"

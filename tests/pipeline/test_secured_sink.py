@@ -5,7 +5,7 @@ test_client_security.py)."""
 from __future__ import annotations
 
 import pipeline
-from pipeline.credentials import Security
+from pipeline.security import Security
 from tests.pipeline.conftest import SECURED_USER, amqps_address
 from tests.pipeline.test_client_security import take_all
 

@@ -76,11 +76,11 @@ def test_every_message_layout_the_sink_encodes_decodes_with_protons_own_decoder(
 
 def test_a_producer_never_holds_more_unsettled_deliveries_than_its_window(grouper_node):
     from pipeline import messages
-    from pipeline.amqp_client import AmqpConnection, Producer
+    from pipeline.amqp_client import AmqpConnection, Sender
 
     connection = AmqpConnection(grouper_node.amqp_address, 10_000, "window-test")
     try:
-        producer = Producer(connection, "sink-window", "window-test", window_messages=3)
+        producer = Sender(connection, "sink-window", "window-test", window_messages=3)
         most_unsettled = 0
         for seq in range(200):
             producer.send(messages.encode("g", str(seq)))
@@ -90,6 +90,25 @@ def test_a_producer_never_holds_more_unsettled_deliveries_than_its_window(groupe
     finally:
         connection.close()
     assert [m.body for m in consume(grouper_node, "sink-window", 200)] == [str(seq) for seq in range(200)]
+
+
+def test_a_sender_or_receiver_used_after_its_connection_closed_raises_a_client_error(grouper_node):
+    """close() frees proton's objects: a later send or settle is refused, never run on freed memory."""
+    from pipeline import messages
+    from pipeline.amqp_client import Acquisition, AmqpConnection, ClientError, Sender
+
+    connection = AmqpConnection(grouper_node.amqp_address, 10_000, "closed-test")
+    sender = Sender(connection, "sink-closed", "closed-test", window_messages=10)
+    sender.send(messages.encode("g", "before"))
+    sender.flush()
+    acquisition = Acquisition(connection, "sink-closed", False, 10, 1, "closed-test-reader")
+    taken = acquisition.take(1, 1000)
+    connection.close()
+    with pytest.raises(ClientError, match="closed by this client"):
+        sender.send(messages.encode("g", "after"))
+    with pytest.raises(ClientError, match="closed by this client"):
+        acquisition.accept(taken)
+    assert [m.body for m in consume(grouper_node, "sink-closed", 1)] == ["before"]  # released by the close
 
 
 def test_rows_arrive_with_group_body_properties_message_id_and_durable_header(grouper_spark, grouper_node):
@@ -230,15 +249,14 @@ class GroupOrderCheck:
         self.thread = threading.Thread(target=self._run, name="order-check", daemon=True)
 
     def _attach(self, queue: str, name: str):
-        from proton import Link
+        from node.amqp.engine import lib
 
         connection = self.connection
-        link = connection.session.receiver(name)
-        link.source.address = queue
-        link.snd_settle_mode = Link.SND_SETTLED
+        link = connection.endpoint.receiver(name, queue, open_now=False)
+        lib.pn_link_set_snd_settle_mode(link, lib.PN_SND_SETTLED)
         owner = _OrderedLink(self, link, name)
         connection.attach(link, owner, f"consumer {name}")
-        link.flow(CONSUMER_CREDIT)
+        lib.pn_link_flow(link, CONSUMER_CREDIT)
         return owner
 
     def _run(self) -> None:
@@ -266,29 +284,30 @@ class GroupOrderCheck:
 
 class _OrderedLink:
     def __init__(self, check: GroupOrderCheck, link, name: str):
-        import cproton
+        from node.amqp.engine import ffi, lib
 
-        self.pn = cproton
+        self.lib, self.ffi = lib, ffi
         self.check = check
         self.link = link
-        self._link = link._impl
         self.name = name
         self.detached = False
         self.message = Message()
 
     def on_delivery(self, delivery) -> None:
-        pn, link = self.pn, self._link
-        if pn.pn_link_current(link) != delivery or pn.pn_delivery_partial(delivery):
+        lib, ffi, link = self.lib, self.ffi, self.link
+        if lib.pn_link_current(link) != delivery or lib.pn_delivery_partial(delivery):
             return
-        _, payload = pn.pn_link_recv(link, pn.pn_delivery_pending(delivery))
-        pn.pn_link_advance(link)
-        pn.pn_delivery_settle(delivery)
+        size = lib.pn_delivery_pending(delivery)
+        buffer = ffi.new("char[]", size)
+        lib.pn_link_recv(link, buffer, size)
+        lib.pn_link_advance(link)
+        lib.pn_delivery_settle(delivery)
         message = self.message
-        message.decode(payload)
+        message.decode(ffi.unpack(buffer, size))
         self.check.record(self.name, message.group_id, int(message.body))
-        credit = pn.pn_link_credit(link)
+        credit = lib.pn_link_credit(link)
         if credit < CONSUMER_CREDIT // 2:
-            pn.pn_link_flow(link, CONSUMER_CREDIT - credit)
+            lib.pn_link_flow(link, CONSUMER_CREDIT - credit)
 
     def on_detached(self) -> None:
         self.detached = True

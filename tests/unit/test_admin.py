@@ -16,7 +16,8 @@ import pytest
 from node import cli
 from node.admin.definitions import updated_settings
 from node.admin.client import AdminClient, AdminError, InvalidRequest, NodeFailure
-from node.admin.service import STATUS_BY_ERROR, serve, settings_from_pb
+from node.admin.service import STATUS_BY_ERROR, serve, status_for
+from node.admin.wire import settings_from_pb
 from node.core.broker import Broker
 from node.core.errors import (AlreadyExists, GrouperError, InvalidConfig, InvalidField, NotAllowed, NotFound,
                               ResourceDeleted, ResourceLimitExceeded)
@@ -409,9 +410,22 @@ def test_unexpected_errors_are_logged_and_reported_as_internal(caplog, capsys):
 
 
 def test_error_table_lists_subclasses_before_their_bases():
-    types = [error_type for error_type, _ in STATUS_BY_ERROR]
+    types = list(STATUS_BY_ERROR)
     for index, error_type in enumerate(types):
         assert not any(issubclass(error_type, earlier) for earlier in types[:index])
+
+
+def test_an_error_takes_the_code_of_its_nearest_listed_class_and_an_unknown_one_is_internal():
+    class GoneMeanwhile(NotFound):
+        pass
+
+    class Surprise(GrouperError):
+        pass
+
+    assert status_for(GoneMeanwhile("queue 'q' went")) is grpc.StatusCode.NOT_FOUND
+    assert status_for(Surprise("?")) is grpc.StatusCode.INTERNAL
+    assert status_for(KeyError("k")) is grpc.StatusCode.INTERNAL
+    assert status_for(TimeoutError()) is grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 def test_client_errors_of_a_refusal_are_node_failures(node):

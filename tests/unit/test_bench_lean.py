@@ -123,4 +123,4 @@ def test_an_endpoint_refuses_plain_without_tls_to_a_broker_off_this_host():
 
     target = Target("amqp", "amqp://192.0.2.1:5672", "q", (), user="u", password="p")
     with pytest.raises(lean.LeanError, match="unencrypted"):
-        lean.Endpoint(target, "test", None)
+        lean.connect(target, "test", None)

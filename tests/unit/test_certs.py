@@ -19,7 +19,7 @@ from cryptography import x509
 from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from node import certs
+from node import certs, certs_commands
 from node.core.errors import InvalidConfig
 
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -34,7 +34,7 @@ HOSTNAME_MISMATCH = 62
 
 @pytest.fixture
 def directory(tmp_path):
-    assert certs.main(["dev", "--dir", str(tmp_path), "--nodes", "node1,node2,node3", "--client", "admin"]) == 0
+    assert certs_commands.main(["dev", "--dir", str(tmp_path), "--nodes", "node1,node2,node3", "--client", "admin"]) == 0
     return tmp_path
 
 
@@ -211,26 +211,26 @@ def test_a_node_refuses_a_client_certificate_from_another_ca(directory, tmp_path
 
 def test_existing_files_are_kept_without_force_and_replaced_with_it(directory, capsys):
     before = (directory / "node1.pem").read_bytes(), (directory / "node1-key.pem").read_bytes()
-    assert certs.main(["node", "node1", "--dir", str(directory)]) == EXIT_USAGE
+    assert certs_commands.main(["node", "node1", "--dir", str(directory)]) == EXIT_USAGE
     assert "node1-key.pem: already exist; pass --force to replace them" in capsys.readouterr().err
     assert ((directory / "node1.pem").read_bytes(), (directory / "node1-key.pem").read_bytes()) == before
     with pytest.raises(InvalidConfig, match="--force"):
         certs.make_ca(directory)
-    assert certs.main(["node", "node1", "--dir", str(directory), "--force"]) == 0
+    assert certs_commands.main(["node", "node1", "--dir", str(directory), "--force"]) == 0
     assert (directory / "node1-key.pem").read_bytes() != before[1]
     assert stat.S_IMODE((directory / "node1-key.pem").stat().st_mode) == 0o600
 
 
 def test_dev_refuses_before_writing_anything_when_one_file_exists(tmp_path, capsys):
     (tmp_path / "node2.pem").write_text("mine")
-    assert certs.main(["dev", "--dir", str(tmp_path), "--nodes", "node1,node2"]) == EXIT_USAGE
+    assert certs_commands.main(["dev", "--dir", str(tmp_path), "--nodes", "node1,node2"]) == EXIT_USAGE
     assert "node2.pem: already exists; pass --force" in capsys.readouterr().err
     assert sorted(path.name for path in tmp_path.iterdir()) == ["node2.pem"]
 
 
 def test_a_node_added_later_is_signed_by_the_existing_ca(directory):
     ca_before = (directory / "ca.pem").read_bytes()
-    assert certs.main(["node", "node4", "--dir", str(directory), "--dns", "node4.grouper.svc", "--ip",
+    assert certs_commands.main(["node", "node4", "--dir", str(directory), "--dns", "node4.grouper.svc", "--ip",
                        "10.0.0.4", "--days", "30"]) == 0
     assert (directory / "ca.pem").read_bytes() == ca_before
     node4 = certificate(directory / "node4.pem")
@@ -242,7 +242,7 @@ def test_a_node_added_later_is_signed_by_the_existing_ca(directory):
 
 
 def test_signing_without_a_ca_says_how_to_make_one(tmp_path, capsys):
-    assert certs.main(["client", "bob", "--dir", str(tmp_path)]) == EXIT_USAGE
+    assert certs_commands.main(["client", "bob", "--dir", str(tmp_path)]) == EXIT_USAGE
     assert f"run `grouper certs ca --dir {tmp_path}` first" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
@@ -253,14 +253,14 @@ def test_signing_without_a_ca_says_how_to_make_one(tmp_path, capsys):
     (["--dns", "bad name"], "--dns: 'bad name' is not a DNS name"),
 ])
 def test_bad_names_and_addresses_are_refused_with_usage_errors(directory, capsys, flags, complaint):
-    assert certs.main(["node", "node5", "--dir", str(directory), *flags]) == EXIT_USAGE
+    assert certs_commands.main(["node", "node5", "--dir", str(directory), *flags]) == EXIT_USAGE
     assert complaint in capsys.readouterr().err
     assert not (directory / "node5.pem").exists()
 
 
 def test_register_adds_certs_to_a_grouper_style_parser(tmp_path):
     parser = argparse.ArgumentParser(prog="grouper")
-    certs.register(parser.add_subparsers(dest="command", required=True))
+    certs_commands.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["certs", "ca", "--dir", str(tmp_path), "--days", "7"])
     assert args.run(args) == 0
     ca = certificate(tmp_path / "ca.pem")
@@ -269,7 +269,7 @@ def test_register_adds_certs_to_a_grouper_style_parser(tmp_path):
 
 def test_dev_keeps_every_client_given(tmp_path):
     """Issue 26 finding 7: `--client alice --client bob` made only bob's certificate."""
-    assert certs.main(["dev", "--dir", str(tmp_path), "--nodes", "node1", "--client", "alice",
+    assert certs_commands.main(["dev", "--dir", str(tmp_path), "--nodes", "node1", "--client", "alice",
                        "--client", "bob,carol"]) == 0
     for user in ("alice", "bob", "carol"):
         cert_path, key_path = certs.leaf_paths(tmp_path, user)
@@ -278,12 +278,12 @@ def test_dev_keeps_every_client_given(tmp_path):
 
 
 def test_dev_makes_the_default_client_when_none_is_given(tmp_path):
-    assert certs.main(["dev", "--dir", str(tmp_path), "--nodes", "node1"]) == 0
+    assert certs_commands.main(["dev", "--dir", str(tmp_path), "--nodes", "node1"]) == 0
     assert certs.leaf_paths(tmp_path, certs.DEV_CLIENT_DEFAULT)[0].exists()
 
 
 def test_dev_refuses_a_client_named_like_a_node_among_several(tmp_path, capsys):
-    assert certs.main(["dev", "--dir", str(tmp_path), "--nodes", "node1", "--client", "alice",
+    assert certs_commands.main(["dev", "--dir", str(tmp_path), "--nodes", "node1", "--client", "alice",
                        "--client", "node1"]) == EXIT_USAGE
     assert "'node1' is also a node" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())

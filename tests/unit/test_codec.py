@@ -4,6 +4,7 @@ from hypothesis import given, settings, strategies as st
 from proton import Message
 
 from node.amqp import codec
+from node.amqp.type_encoding import Unreadable
 from node.core.errors import InvalidField
 
 texts = st.text(max_size=300)
@@ -22,7 +23,7 @@ def _outcome(read):
 
 def _read_with_proton_only(payload, group_header, now_ms, monkeypatch):
     with monkeypatch.context() as patch:
-        patch.setattr(codec, "_scan", lambda *_: (_ for _ in ()).throw(codec._Unreadable()))
+        patch.setattr(codec, "_scan", lambda *_: (_ for _ in ()).throw(Unreadable()))
         return _outcome(lambda: codec.read_arrival(payload, group_header, now_ms))
 
 

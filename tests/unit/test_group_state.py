@@ -295,9 +295,9 @@ def test_a_closing_groups_hold_lasts_until_its_messages_are_settled():
     send(broker, "g")
     [closing] = deliveries(broker.set_credit("c1", 5, 0))
     group = broker.queues["q"].groups["g"]
-    assert group.held and group.placed not in broker.queues["q"].consumers["c1"].ready
+    assert group.paused and group.placed not in broker.queues["q"].consumers["c1"].ready
     [after] = deliveries(broker.settle("c1", closing.delivery_id, Outcome.ACCEPTED, 0))
-    assert after.message.seq == closing.message.seq + 1 and not group.held
+    assert after.message.seq == closing.message.seq + 1 and not group.paused
 
 
 def test_a_consumers_owned_list_keeps_few_stale_entries_and_counts_each_group_once():

@@ -1,4 +1,4 @@
-"""A node given only its AMQP port takes its HTTP port from it (node/config.py HTTP_PORT_OFFSET)."""
+"""A node given only its AMQP port takes its HTTP port from it (node/config/loading.py HTTP_PORT_OFFSET)."""
 
 import pytest
 

@@ -21,7 +21,7 @@ from hypothesis import given, settings as hypothesis_settings, strategies as st
 from node.amqp.conditions import INTERNAL_ERROR, RESOURCE_LIMIT, journal_failure_condition as failure_condition
 from node.core.message import Message
 from node.core.settings import QueueSettings
-from node.store import records
+from node.store import records, scanner
 from node.store.failures import DISK_FULL, WRITE_FAILED, JournalFailure
 from node.store.journal import COMPACT_SUFFIX, JOURNAL_FILE, Journal, JournalError
 
@@ -106,7 +106,7 @@ def test_every_record_kind_round_trips_through_its_frame():
     frames = (records.encode_declare(settings) + records.encode_delete("orders")
               + records.encode_store("orders", stored) + records.encode_remove("orders", 2**40))
 
-    decoded = list(records.scan(frames))
+    decoded = list(scanner.scan(frames))
 
     assert [kind for _, kind, _ in decoded] == [records.DECLARE, records.DELETE, records.STORE,
                                                 records.REMOVE]
@@ -120,7 +120,7 @@ def test_every_record_kind_round_trips_through_its_frame():
 
 def test_a_missing_group_id_and_an_empty_one_stay_different():
     frames = records.encode_store("q", message(1, group_id=None)) + records.encode_store("q", message(2, group_id=""))
-    assert [r.message.group_id for _, _, r in records.scan(frames)] == [None, ""]
+    assert [r.message.group_id for _, _, r in scanner.scan(frames)] == [None, ""]
 
 
 @hypothesis_settings(max_examples=200, deadline=None)
@@ -132,7 +132,7 @@ def test_any_store_record_decodes_to_the_message_it_encoded(queue, group_id, pay
                                                            closes_group, delivery_count, enqueued_at_ms):
     original = Message(payload, group_id, expires_at_ms=expires_at_ms, closes_group=closes_group,
                        delivery_count=delivery_count, enqueued_at_ms=enqueued_at_ms, seq=seq)
-    scan = records.scan(records.encode_store(queue, original))
+    scan = scanner.scan(records.encode_store(queue, original))
     [(_, _, record)] = list(scan)
     assert record.queue == queue and fields_of(record.message) == fields_of(original)
     assert scan.stop_reason is None
@@ -140,7 +140,7 @@ def test_any_store_record_decodes_to_the_message_it_encoded(queue, group_id, pay
 
 def test_scan_stops_at_a_zero_filled_tail_and_reports_the_good_length():
     good = records.encode_remove("q", 1)
-    scan = records.scan(good + bytes(64))
+    scan = scanner.scan(good + bytes(64))
     assert len(list(scan)) == 1
     assert scan.end_offset == len(good)
     assert "impossible body length 0" in scan.stop_reason
@@ -719,7 +719,7 @@ def test_a_new_journal_starts_with_the_format_marker_of_this_build(tmp_path):
     write_and_close(tmp_path, [lambda j: j.store("q", message(1))])
     data = (tmp_path / JOURNAL_FILE).read_bytes()
     assert data.startswith(records.encode_format(records.FORMAT_VERSION))
-    scan = records.scan(data)
+    scan = scanner.scan(data)
     assert [kind for _, kind, _ in scan] == [records.STORE]
     assert scan.format_version == records.FORMAT_VERSION and scan.refusal is None
 
@@ -732,13 +732,13 @@ def test_a_journal_without_a_marker_is_version_1_and_recovers_as_before(tmp_path
     assert [q["name"] for q in recovery.queues] == ["q"]
     assert [m.seq for m in recovery.messages["q"]] == [1]
     assert recovery.cut_bytes == 0
-    assert records.scan((tmp_path / JOURNAL_FILE).read_bytes()).format_version == 1
+    assert scanner.scan((tmp_path / JOURNAL_FILE).read_bytes()).format_version == 1
 
 
 def test_a_marker_after_the_first_frame_is_an_ordinary_delete(tmp_path):
     odd_name = records.FORMAT_MARKER_PREFIX + "7"
     data = records.encode_store("q", message(1)) + records.encode_delete(odd_name)
-    assert [(kind, record) for _, kind, record in records.scan(data)][1] == (records.DELETE, odd_name)
+    assert [(kind, record) for _, kind, record in scanner.scan(data)][1] == (records.DELETE, odd_name)
 
 
 def test_compaction_keeps_the_format_marker_first(tmp_path):

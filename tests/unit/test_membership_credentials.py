@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from node import certs
-from node.admin.credentials import basic_metadata
+from node.admin.callers import basic_metadata
 from node.config import NodeConfig
 from node.core.errors import InvalidConfig
 from node.membership import call_options

@@ -1,9 +1,9 @@
-"""`grouper perf`'s check (node/tools/perf.py Ledger) against a naive model of what consumers received."""
+"""`grouper perf`'s check (node/tools/perf_ledger.py Ledger) against a naive model of what consumers received."""
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node.tools.perf import Ledger, percentile
+from node.tools.perf_ledger import Ledger, percentile
 
 
 def model(arrivals: list[tuple[str, int]]) -> tuple[int, int, int]:

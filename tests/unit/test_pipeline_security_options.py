@@ -1,4 +1,4 @@
-"""The pipeline's security options (pipeline/options.py, pipeline/credentials.py), without Spark or a node:
+"""The pipeline's security options (pipeline/options.py, pipeline/security.py), without Spark or a node:
 which options need which, what each file must hold, and that no password ever sits in the options."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from node import certs
 from pipeline.amqp_client import AmqpConnection, ClientError
-from pipeline.credentials import ANONYMOUS, EXTERNAL, PLAIN, CredentialError, Security, password, tls_context
+from pipeline.security import ANONYMOUS, EXTERNAL, PLAIN, CredentialError, Security, password, tls_context
 from pipeline.options import OptionError, parse_sink, parse_source
 
 LOCAL = {"nodes": "127.0.0.1:5671", "queue": "orders"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from node.admin.service import settings_from_pb
+from node.admin.wire import settings_from_pb
 from proto import admin_pb2
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -16,9 +16,9 @@ import grpc
 import pytest
 
 from node import certs, cli, config
-from node.admin import commands
+from node.admin import arguments, commands
 from node.admin.client import AccessDenied, AdminClient
-from node.admin.credentials import (ANONYMOUS, AUTHORIZATION_KEY, EVERY_QUEUE, FAILURES_BEFORE_THROTTLE,
+from node.admin.callers import (ANONYMOUS, AUTHORIZATION_KEY, EVERY_QUEUE, FAILURES_BEFORE_THROTTLE,
                                     HEADER_LENGTH_MAX_CHARS, THROTTLE_DELAY_MIN_MS,
                                     Authenticator, Caller, Unauthenticated, VerifiedCache, authorization_of,
                                     basic_metadata, basic_value, check_manage, may_see, parse_basic)
@@ -352,7 +352,7 @@ def grouper(capsys, *argv: str) -> tuple[int, str, str]:
 
 @pytest.fixture
 def no_credentials_in_environment(monkeypatch):
-    for name in (commands.USER_ENV, commands.PASSWORD_ENV, commands.CA_ENV, commands.CERT_ENV, commands.KEY_ENV):
+    for name in (arguments.USER_ENV, arguments.PASSWORD_ENV, arguments.CA_ENV, arguments.CERT_ENV, arguments.KEY_ENV):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -369,8 +369,8 @@ def test_the_cli_exits_4_without_credentials_and_with_a_denied_user(secured_api,
 
 def test_the_cli_takes_user_and_password_from_the_environment(secured_api, capsys, monkeypatch,
                                                               no_credentials_in_environment):
-    monkeypatch.setenv(commands.USER_ENV, "manager")
-    monkeypatch.setenv(commands.PASSWORD_ENV, PASSWORD)
+    monkeypatch.setenv(arguments.USER_ENV, "manager")
+    monkeypatch.setenv(arguments.PASSWORD_ENV, PASSWORD)
     code, out, _ = grouper(capsys, "queue", "list", "--json", "--node", secured_api.address)
     assert code == 0 and [row["name"] for row in json.loads(out)] == ["orders.x", "orders.y"]
 
@@ -390,11 +390,11 @@ def test_the_cli_asks_for_the_password_on_a_terminal(secured_api, capsys, monkey
 @pytest.mark.parametrize("argv, environment, names", [
     (["--user", "admin"], {}, "--password-stdin"),  # no terminal, no password given
     (["--password-stdin"], {}, "--user"),
-    (["--user", "admin"], {commands.PASSWORD_ENV: ""}, commands.PASSWORD_ENV),
+    (["--user", "admin"], {arguments.PASSWORD_ENV: ""}, arguments.PASSWORD_ENV),
     (["--cert", "c.pem"], {}, "--key"),
     (["--ca", "/no/such/ca.pem"], {}, "--ca: cannot read /no/such/ca.pem"),
-    ([], {commands.CA_ENV: "/no/such/ca.pem"}, f"{commands.CA_ENV}: cannot read"),
-    (["--user", "a:b"], {commands.PASSWORD_ENV: "x"}, "--user"),
+    ([], {arguments.CA_ENV: "/no/such/ca.pem"}, f"{arguments.CA_ENV}: cannot read"),
+    (["--user", "a:b"], {arguments.PASSWORD_ENV: "x"}, "--user"),
 ])
 def test_bad_credential_flags_exit_2_naming_the_flag(argv, environment, names, capsys, monkeypatch,
                                                      no_credentials_in_environment):
@@ -406,7 +406,7 @@ def test_bad_credential_flags_exit_2_naming_the_flag(argv, environment, names, c
 
 
 def test_a_password_is_never_sent_unencrypted_off_this_host(capsys, monkeypatch, no_credentials_in_environment):
-    monkeypatch.setenv(commands.PASSWORD_ENV, PASSWORD)
+    monkeypatch.setenv(arguments.PASSWORD_ENV, PASSWORD)
     code, _, err = grouper(capsys, "queue", "list", "--node", "192.0.2.1:5673", "--user", "admin")
     assert code == 2 and "unencrypted" in err and "--ca" in err
 
