@@ -35,10 +35,11 @@ from pathlib import Path
 
 from bench.peers import free_port, resident_bytes
 from handler.leader_duties import GROUP_TIMEOUT_MS_DEFAULT
-from handler.member import SNAPSHOT_CHECK_S
+from handler.member_memory import SNAPSHOT_CHECK_S
 from handler.member_process import MemberProcess
-from handler.route_table import ROUTES, RouteTable
+from handler.route_table import RouteTable
 from node.core.cluster import CLAIM_KEYS_MAX
+from node.core.cluster.feed import ROUTES
 from node.core.routing import Router
 
 GROUP_PREFIX = "customer-"  # group ids as users write them: a word and a number

@@ -1,7 +1,7 @@
 """The raft leader's duties: which route-table commands the leader proposes, given the time and what it sees.
 
 Pure: `LeaderDuties.tick(now_ms, status)` returns commands and never proposes, reads a clock or looks
-at the raft member itself. The caller (handler/service.py on its duties thread; tests/sim on its
+at the raft member itself. The caller (handler/duties_thread.py in the raft member; tests/sim on its
 event queue) supplies the time and a `RaftStatus`, and proposes what comes back in order. Every
 decision is then in the raft log, so replicas agree whatever this object believed. Rules:
 - Only a leader acts. A node that is not the leader, or a leader of a later term, starts afresh:

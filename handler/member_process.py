@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 
-from handler.channel import Channel
+from handler.member_channel import MemberChannel
 from handler.member import CHANNEL_VERSION
 
 log = logging.getLogger("grouper.handler")
@@ -70,7 +70,7 @@ class MemberProcess:
                                              umask=0o077)  # its raft journal and dump: 0600 in a 0700 dir
         finally:
             child_end.close()
-        self._channel = Channel(node_end, "raft-member", self._on_message, self._on_closed)
+        self._channel = MemberChannel(node_end, "raft-member", self._on_message, self._on_closed)
         self._loop = loop
         self._channel.send(("start", node_id, list(partners), raft_dir, settings, CHANNEL_VERSION))
         if loop is None:

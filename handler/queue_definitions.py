@@ -33,33 +33,14 @@ Never imports pysyncobj, threading, time, random, socket, grpc or proton.
 
 from __future__ import annotations
 
-# the kinds of the applied-command feed (handler/replicated.py sends them, node/core/cluster/ reads them)
-QUEUES = "queues"  # [(revision, name, settings dict or None)], None = deleted cluster-wide
-# after a snapshot: (revision, {name: settings dict}, {deleted name: revision of its deletion}), all known
-QUEUES_ALL = "queues_all"
+# The outcomes and the change rules are the raft feed's vocabulary (node/core/cluster/feed.py), which the
+# nodes read too; the names stay importable from here for the admin side (node/admin/loop_control.py,
+# node/admin/definitions.py) and tests/sim/node_model.py, which speak to this table.
+from node.core.cluster.feed import (ADDED, CONFLICT, DELETED, FIXED_FIELDS, MALFORMED, NOT_FOUND,  # noqa: F401
+                                    QUEUES_ALL, TEMPORARY_OF, UNCHANGED, UPDATABLE_FIELDS, UPDATED,
+                                    fixed_changes, settings_values)
+from node.core.cluster.feed import UPDATE_REFUSED as REFUSED
 
-ADDED = "added"
-UNCHANGED = "unchanged"
-CONFLICT = "conflict"
-UPDATED = "updated"
-REFUSED = "refused"
-NOT_FOUND = "not_found"
-DELETED = "deleted"
-MALFORMED = "malformed"
-
-# read by the queue at each use, so a live queue takes a new value at once (a lower depth limit only
-# refuses new sends; messages held stay)
-UPDATABLE_FIELDS = frozenset({
-    "group_first_key", "group_rebalance", "group_rebalance_pause_dispatch", "consumers_before_dispatch",
-    "time_before_dispatch_ms", "depth_max_messages", "depth_max_bytes", "memory_max_bytes", "groups_max",
-    "group_id_length_max_chars", "delivery_count_max", "redelivery_delay_ms", "redelivery_delay_multiplier",
-    "redelivery_delay_max_ms", "dead_letter_queue", "dead_letter_queue_auto_create", "trace",
-})
-# decide a message's group (policy, header, default group, buckets) or whether it is journalled
-FIXED_FIELDS = frozenset({"name", "group_policy", "group_header", "default_group", "group_buckets", "durable",
-                          "address"})  # a queue changes address only by being deleted and added again
-
-TEMPORARY_OF = "temporary_of"  # node id of a temporary subscription's link (see the header); not a setting
 DELETED_NAMES_MAX = 10_000  # deleted names remembered so seeds do not bring them back
 
 
@@ -67,18 +48,6 @@ def _is_values(values) -> bool:
     """A settings dict of plain scalars with a str name (the proposer validated the values themselves)."""
     return (type(values) is dict and type(values.get("name")) is str and bool(values["name"])
             and all(type(key) is str and type(value) in (str, int, float, bool) for key, value in values.items()))
-
-
-def settings_values(values: dict) -> dict:
-    """A definition's settings alone, as QueueSettings.from_dict takes them."""
-    if TEMPORARY_OF not in values:
-        return values
-    return {key: value for key, value in values.items() if key != TEMPORARY_OF}
-
-
-def fixed_changes(current: dict, changes: dict) -> list[str]:
-    """The fields `changes` would change that a live queue cannot take, sorted."""
-    return sorted(key for key, value in changes.items() if key not in UPDATABLE_FIELDS and current.get(key) != value)
 
 
 class QueueDefinitions:

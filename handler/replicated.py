@@ -35,9 +35,12 @@ import os
 
 from pysyncobj import SyncObjConsumer, replicated
 
-from handler.queue_definitions import ADDED, QUEUES, QUEUES_ALL, UPDATED, QueueDefinitions
-from handler.route_table import (MEMBERS, MOVES, MOVES_ALL, PLACEMENT_LOCAL, REFUSED, ROUTES,  # the feed's kinds: see there
-                                 SNAPSHOT, RouteTable)
+from handler.queue_definitions import QueueDefinitions
+from handler.placement import PLACEMENT_LOCAL
+from handler.route_snapshots import from_state_v1, from_state_v2
+from handler.route_table import RouteTable
+from node.core.cluster.feed import (ADDED, MEMBERS, MOVES, MOVES_ALL, QUEUES, QUEUES_ALL, REFUSED, ROUTES,  # the feed's kinds
+                                    SNAPSHOT, UPDATED)
 
 log = logging.getLogger("grouper.handler")
 
@@ -102,9 +105,9 @@ class RouteTableReplica(SyncObjConsumer):
             raise SnapshotRefused(reason)
         try:
             if version == 1:
-                table = RouteTable.from_state_v1(data["route_table"])
+                table = from_state_v1(data["route_table"])
             elif version == 2:
-                table = RouteTable.from_state_v2(data["route_table"])
+                table = from_state_v2(data["route_table"])
             else:
                 table = RouteTable.from_state(data["route_table"])
         except (KeyError, TypeError, ValueError) as error:  # swallowed by pysyncobj otherwise: see the header

@@ -40,7 +40,7 @@ log = logging.getLogger("grouper.membership")
 JOIN_CALL_TIMEOUT_MS = 5000  # one admin call to a member
 JOIN_ROUND_PAUSE_S = 1.0  # between rounds over all members
 IDENTITY_CALL_TIMEOUT_MS = 2000  # one admin call asking a member whether it knows this node
-RAFT_STATE_FILES = ("raft.journal", "raft.journal.meta", "raft.dump")  # handler/service.py names them
+RAFT_STATE_FILES = ("raft.journal", "raft.journal.meta", "raft.dump")  # handler/member_memory.py names them
 USER_ENV = "GROUPER_USER"  # the management CLI's names (node/admin/commands.py)
 PASSWORD_ENV = "GROUPER_PASSWORD"
 

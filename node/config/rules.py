@@ -11,7 +11,7 @@ Rules:
 from __future__ import annotations
 
 from handler.leader_duties import GROUP_TIMEOUT_MS_DEFAULT
-from handler.route_table import PLACEMENTS
+from handler.placement import PLACEMENTS
 from node.core.errors import InvalidConfig
 from node.http_port.hosts import parse_names
 

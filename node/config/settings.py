@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 
 from handler.leader_duties import GROUP_TIMEOUT_MS_DEFAULT
-from handler.route_table import PLACEMENT_BALANCED
+from handler.placement import PLACEMENT_BALANCED
 from node.config import rules
 from node.core.address_settings import AddressSettings
 from node.core.settings import QueueSettings

@@ -31,7 +31,7 @@ from node.core.tally import LatencyTally
 
 NODE_BITS = 16  # low bits of a packed route: its owner's number; the replicated table allows as many owners
 _NODE_MASK = (1 << NODE_BITS) - 1
-_REFRESHED_MS_MAX = VALUE_MAX >> NODE_BITS  # the table refuses later times (route_table.TOUCHED_MS_MAX)
+_REFRESHED_MS_MAX = VALUE_MAX >> NODE_BITS  # the table refuses later times (handler/packed_routes.py: TOUCHED_MS_MAX)
 
 
 class Routes(Mapping):

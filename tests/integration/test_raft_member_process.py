@@ -124,7 +124,7 @@ def test_the_member_runs_real_time_where_it_may_and_says_so(cluster):
 def test_without_cap_sys_nice_the_member_says_what_it_runs_at_instead():
     # setpriv drops CAP_SYS_NICE from a root process, as a container's default capabilities do
     result = subprocess.run(["setpriv", "--bounding-set", "-sys_nice", "--inh-caps", "-sys_nice", sys.executable,
-                             "-c", "from handler.member import _raise_priority; print(_raise_priority())"],
+                             "-c", "from handler.member_priority import raise_priority; print(raise_priority())"],
                             cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("the node's priority (real-time scheduling and nice -10 need CAP_SYS_NICE"), \

@@ -12,7 +12,8 @@ import threading
 import pytest
 
 from handler.replicated import PYSYNCOBJ_LOGGER
-from handler.service import MOVES_CODE_VERSION, QUEUES_CODE_VERSION, GroupingHandler
+from handler.code_versions import MOVES_CODE_VERSION, QUEUES_CODE_VERSION
+from handler.service import GroupingHandler
 from node.core.settings import QueueSettings
 from tests.integration.cluster import free_ports
 from tests.integration.harness import wait_until
@@ -72,12 +73,12 @@ def test_a_queue_is_defined_after_a_restart_from_a_snapshot_taken_once_definitio
 
 def test_moves_are_proposed_again_after_a_restart_from_a_snapshot(member):
     handler = member()
-    wait_until(handler._moves_enabled, "moves enabled (raft code version 1)")
+    wait_until(handler.code_versions.moves_enabled, "moves enabled (raft code version 1)")
 
     handler = restarted_from_its_snapshot(member, handler)
 
     assert handler._syncobj.getCodeVersion() >= MOVES_CODE_VERSION
-    wait_until(handler._moves_enabled, "moves enabled again after the snapshot load")
+    wait_until(handler.code_versions.moves_enabled, "moves enabled again after the snapshot load")
     assert handler.replica.move_clear([], handler.node_id) is None  # proposing one no longer raises
 
 
@@ -88,7 +89,7 @@ def test_moves_are_enabled_again_after_a_snapshot_taken_once_queue_definitions_w
     assert define(handler, "orders")[0] is None
     handler = restarted_from_its_snapshot(member, handler)
     assert handler._syncobj.getCodeVersion() == QUEUES_CODE_VERSION
-    wait_until(handler._moves_enabled, "moves enabled again after the snapshot load")
+    wait_until(handler.code_versions.moves_enabled, "moves enabled again after the snapshot load")
     assert handler._syncobj.getCodeVersion() == QUEUES_CODE_VERSION
     assert handler.replica.move_clear([], handler.node_id) is None
     assert define(handler, "invoices")[0] is None  # and definitions still go

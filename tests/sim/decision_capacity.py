@@ -26,7 +26,8 @@ import random
 import sys
 from dataclasses import dataclass
 
-from handler.route_table import PLACEMENT_LOCAL, RouteTable
+from handler.placement import PLACEMENT_LOCAL
+from handler.route_table import RouteTable
 from node.core.shards import shard_of
 
 CAPACITY_PER_S_MEASURED = 7_000  # docs/benchmarks.md row c: new-group decisions/s of one raft group

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import bisect
 
-from handler.queue_definitions import ADDED, QUEUES, UPDATED, QueueDefinitions
-from handler.route_table import MEMBERS, MOVES, REFUSED, ROUTES, RouteTable  # the feed's kinds
+from handler.queue_definitions import QueueDefinitions
+from handler.route_table import RouteTable
+from node.core.cluster.feed import ADDED, MEMBERS, MOVES, QUEUES, REFUSED, ROUTES, UPDATED  # the feed's kinds
 
 
 class RaftLog:

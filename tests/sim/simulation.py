@@ -92,7 +92,7 @@ import random
 from dataclasses import dataclass
 
 from handler.leader_duties import ExpireIdle, FollowConsumers, LeaderDuties, RaftStatus
-from handler.queue_definitions import settings_values
+from node.core.cluster.feed import settings_values
 from node.core.effects import Removed
 from node.core.message import Outcome
 from node.core.settings import QueueSettings
@@ -116,7 +116,7 @@ class SimConfig:
     group_timeout_ms: int = 400
     reaper_interval_ms: int = 100  # the leader's duties and expire_idle cadence (with a group timeout)
     route_follow_ms: int = 0  # groups follow their consumers after this long; 0: off (and no migrations)
-    placement: str = "balanced"  # every node's claims carry it (handler/route_table.py's PLACEMENT_*)
+    placement: str = "balanced"  # every node's claims carry it (handler/placement.py's PLACEMENT_*)
     routes_max: int = 1_000_000
     outbound_max_bytes: int = 0  # the outbound store's bound per owner (node/config.py); 0: none
     outbound_total_max_bytes: int = 0  # and for all owners together
@@ -368,7 +368,7 @@ class Simulation:
             self.schedule(due_ms - self.now_ms, node.guarded(node.catch_up), None)
 
     def _leader_duties(self) -> None:
-        """The duties thread of handler/service.py (its DUTIES_INTERVAL_MS and the reaper interval are both
+        """The duties thread of handler/duties_thread.py (its DUTIES_INTERVAL_MS and the reaper interval are both
         reaper_interval_ms here) around the same LeaderDuties: the members the leader cannot reach are
         the nodes that are down (the simulation has no partitions)."""
         self.schedule(self.config.reaper_interval_ms, self._leader_duties, None)

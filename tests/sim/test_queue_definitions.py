@@ -8,8 +8,8 @@ from __future__ import annotations
 import collections
 import random
 
-from handler.queue_definitions import TEMPORARY_OF
 from node.core.cluster.definitions import DEFINITION_RETRY_INTERVAL_MS
+from node.core.cluster.feed import TEMPORARY_OF
 from node.core.settings import QueueSettings
 from tests.sim.simulation import Simulation
 

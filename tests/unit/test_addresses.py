@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from handler.queue_definitions import fixed_changes
 from node import config
 from node.core.address_settings import AddressSettings
 from node.core.addresses import Addresses, SendTally, split_fqqn, subscription_name
 from node.core.broker import Broker
+from node.core.cluster.feed import fixed_changes
 from node.core.errors import AlreadyExists, InvalidConfig, InvalidField, NotFound, ResourceLimitExceeded
 from node.core.message import Message
 from node.core.settings import QueueSettings

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from handler.queue_definitions import ADDED, CONFLICT, QUEUES, TEMPORARY_OF
-from handler.route_table import MEMBERS
 from node.core.broker import Broker
 from node.core.cluster import ClusterProtocol
 from node.core.cluster.definitions import DEFINITION_RETRY_INTERVAL_MS
+from node.core.cluster.feed import ADDED, CONFLICT, MEMBERS, QUEUES, TEMPORARY_OF
 from node.core.effects import DetachConsumer, ProposeClaim, ProposeDefinition, ProposeQueueDeletion
 from node.core.errors import AlreadyExists, GrouperError
 from node.core.message import Message

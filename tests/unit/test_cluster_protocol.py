@@ -10,9 +10,9 @@ from __future__ import annotations
 import ast
 import pathlib
 
-from handler.route_table import MOVES, REFUSED, ROUTES
 from node.core.broker import Broker
 from node.core.cluster import MARK_PREFIX, SEQ_RESERVATION, ClusterProtocol
+from node.core.cluster.feed import MOVES, REFUSED, ROUTES
 from node.core.outbound import Entry, outbound_name
 from node.core.effects import (AcceptWhenStored, AfterFlush, Declared, Deliver, EnqueueLocal, ProposeClaim, ProposeTouch,
                                Refuse, Register, Removed, Reply, ReportConsumers, StopNode, Stored, SubmitForward)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from handler.queue_definitions import QUEUES, QUEUES_ALL
 from node.core.broker import Broker
 from node.core.cluster import QUEUES_MARK, ClusterProtocol
+from node.core.cluster.feed import QUEUES, QUEUES_ALL
 from node.core.effects import Declared, ProposeQueueSeeds, QueueDeleted
 from node.core.message import Message
 from node.core.settings import QueueSettings

@@ -16,6 +16,7 @@ from hypothesis import given, settings as hypothesis_settings, strategies as st
 from handler import replicated
 from handler.member import CHANNEL_VERSION, CHANNEL_VERSIONS_SPOKEN, Member
 from handler.route_table import RouteTable
+from node.core.group_map import GroupMap
 from handler.replicated import (SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSIONS_READ, RouteTableReplica,
                                 SnapshotRefused)
 
@@ -66,7 +67,7 @@ def test_a_snapshot_without_a_version_is_version_1_and_restores_as_before():
     again, _, _ = make_replica()
     again._deserialize(restored._serialize())
     assert restored._serialize()["format_version"] == 3 == SNAPSHOT_FORMAT_VERSION
-    assert all_routes(again.table) == all_routes(restored.table) and again.table.node_names == ["n1", "n2"]
+    assert all_routes(again.table) == all_routes(restored.table) and again.table.store.node_names == ["n1", "n2"]
 
 
 def version_2_snapshot() -> dict:
@@ -89,7 +90,7 @@ def test_a_snapshot_of_version_2_restores_as_before_and_is_written_back_in_this_
     again, _, _ = make_replica()
     again._deserialize(pickle.loads(pickle.dumps(restored._serialize())))
     assert restored._serialize()["format_version"] == 3
-    assert all_routes(again.table) == all_routes(restored.table) and again.table.node_names == ["n1", "n2"]
+    assert all_routes(again.table) == all_routes(restored.table) and again.table.store.node_names == ["n1", "n2"]
     assert again.table.claim([["q", "b"], ["q", "c"]], "n1", 20) == ["n2", "n1"]
 
 
@@ -100,6 +101,33 @@ def test_a_snapshot_of_this_version_restores_the_table_whole():
     assert refused == [] and all_routes(restored.table) == all_routes(filled_replica().table)
     assert restored.table.claim([["q", "a"], ["q", "c"]], "n2", 20) == ["n1", "n2"]  # numbers still name nodes
     assert heard[0] == (replicated.SNAPSHOT, [("q", "a", "n1", 10)])
+
+
+def version_3_snapshot() -> dict:
+    """What a build of format version 3 wrote (every build since the routes were packed as GroupMaps, the
+    route table's split into packed_routes, placement, route_moves and member_reports included): the
+    table's state in this key order, routes {queue: GroupMap.state()}, node names, counts, a move."""
+    routes = GroupMap.from_items([("a", 10 << 16 | 0), ("b", 12 << 16 | 1)]).state()
+    return {"format_version": 3,
+            "route_table": {"routes_max": 10, "routes": {"q": routes}, "node_names": ["n1", "n2"],
+                            "route_counts": {("n1", "q"): 1, ("n2", "q"): 1}, "consumers": {"n2": {"q": 1}},
+                            "nodes": {}, "down": {}, "moves": {("q", "b"): ["n1", "n2", 12, ["n1", "n2"]]},
+                            "revision": 3},
+            "queue_definitions": dict(vars(filled_replica().queues))}
+
+
+def test_a_snapshot_of_version_3_restores_and_is_written_back_key_for_key_in_the_same_layout():
+    data = version_3_snapshot()
+    restored, heard, refused = make_replica()
+    restored._deserialize(pickle.loads(pickle.dumps(data)))
+    assert refused == []
+    assert all_routes(restored.table) == {("q", "a"): ["n1", 10], ("q", "b"): ["n2", 12]}
+    assert heard[:2] == [(replicated.SNAPSHOT, [("q", "a", "n1", 10), ("q", "b", "n2", 12)]),
+                         (replicated.MOVES_ALL, [("q", "b", "n1", "n2", ("n1", "n2"))])]
+    written = restored._serialize()["route_table"]
+    assert list(written) == list(data["route_table"])  # the same keys in the same order
+    assert pickle.dumps(written) == pickle.dumps(data["route_table"])
+    assert restored.table.move_clear([["q", "b", "n1", "n2"]], "n2") == [("q", "b", "n1", "n2", ("n1",))]
 
 
 @hypothesis_settings(max_examples=100, deadline=None)

@@ -21,13 +21,7 @@ CORE = "node.core"
 KNOWN_CYCLE_EDGES: dict[tuple[str, str], str] = {}
 
 # Imports by node/core that break the pure-core rule today, (importer, imported).
-KNOWN_CORE_VIOLATIONS = {
-    # issue 27: the cluster protocol reads the raft feed's vocabulary from handler/ (which imports
-    # node.core.group_map back); moving that vocabulary into node/core (docs/glossary.md) removes them
-    ("node.core.cluster.definitions", "handler.queue_definitions"): "the queue definitions' change rules",
-    ("node.core.cluster.protocol", "handler.queue_definitions"): "the queue definitions' feed kinds",
-    ("node.core.cluster.protocol", "handler.route_table"): "the route table's feed kinds",
-}
+KNOWN_CORE_VIOLATIONS: dict[tuple[str, str], str] = {}
 
 # What node/core may never import: the adapters and the handler (any of `node` outside node/core counts
 # as an adapter), and what does I/O, blocks or tells the time

@@ -7,7 +7,7 @@ this member.
 
 from __future__ import annotations
 
-from handler.service import lost_leader
+from handler.leader_watch import lost_leader
 
 A, B, C = "10.0.0.1:5674", "10.0.0.2:5674", "10.0.0.3:5674"
 

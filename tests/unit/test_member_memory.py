@@ -1,4 +1,4 @@
-"""The raft member bounds and gives back what its raft log holds (handler/member.py).
+"""The raft member bounds and gives back what its raft log holds (handler/member.py, handler/member_memory.py).
 
 pysyncobj mmaps its journal file and, after a compaction, reuses it from the start, so the pages it
 wrote before stay resident; unmapping them must lose nothing: the file and the mapping still hold
@@ -7,14 +7,20 @@ every byte, faulted back in when read.
 
 from __future__ import annotations
 
+import ast
 import mmap
 import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
-from handler.member import LOG_ROUTES_BEFORE_COMPACTION, Member, return_freed_memory
-from handler.route_table import MEMBERS, ROUTES
+from handler.member import Member
+from handler.member_memory import LOG_ROUTES_BEFORE_COMPACTION, return_freed_memory
+from node.core.cluster.feed import MEMBERS, ROUTES
 
 MAPPING_BYTES = 8 << 20
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def resident_bytes_of_mapping(path: str) -> int:
@@ -80,3 +86,15 @@ def test_the_member_asks_for_a_log_compaction_once_per_bound_of_route_changes_ap
     assert member.handler.compactions == 2
     node_end.close()
     member_end.close()
+
+
+def test_the_raft_member_process_loads_the_feeds_vocabulary_without_the_cluster_protocol():
+    # node/core/cluster/__init__.py loads the protocol lazily: the member imports node.core.cluster.feed,
+    # and the protocol with the broker and the queues behind it would add ~6 MB to its resident set
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, handler.member, handler.service, node.core.cluster.feed; "
+                               "print(sorted(name for name in sys.modules if name.startswith('node.core')))"],
+        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    modules = set(ast.literal_eval(loaded.stdout))
+    assert "node.core.cluster.feed" in modules
+    assert not modules & {"node.core.cluster.protocol", "node.core.broker", "node.core.queue"}, modules

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from handler.route_table import MOVES, ROUTES
 from node.core.broker import Broker
 from node.core.cluster import ClusterProtocol
+from node.core.cluster.feed import MOVES, ROUTES
 from node.core.outbound import Entry, outbound_name
 from node.core.effects import AcceptWhenStored, AfterFlush, EnqueueLocal, Refuse, Stored, SubmitForward
 from node.core.errors import ResourceLimitExceeded

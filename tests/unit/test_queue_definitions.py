@@ -204,8 +204,7 @@ def make_replica():
 
 
 def test_the_replica_feeds_each_change_with_its_revision_and_a_delete_drops_the_routes_first():
-    from handler.queue_definitions import QUEUES
-    from handler.route_table import ROUTES
+    from node.core.cluster.feed import QUEUES, ROUTES
 
     replica, heard = make_replica()
     assert replica.define_queue(values(), False, _doApply=True) == [ADDED, values()]
@@ -222,7 +221,7 @@ def test_the_replica_feeds_each_change_with_its_revision_and_a_delete_drops_the_
 
 
 def test_a_snapshot_keeps_the_definitions_and_an_old_snapshot_restores_none():
-    from handler.queue_definitions import QUEUES_ALL
+    from node.core.cluster.feed import QUEUES_ALL
 
     replica, _ = make_replica()
     replica.define_queue(values(), False, _doApply=True)

@@ -212,7 +212,7 @@ def test_against_a_reference_model_each_group_keeps_its_order_and_nothing_is_los
 # ---- in a cluster: node/core/cluster/ places each copy as a send's ---------------------
 
 def _cluster_node():
-    from handler.route_table import ROUTES
+    from node.core.cluster.feed import ROUTES
     from node.core.cluster import ClusterProtocol
 
     broker = _broker()

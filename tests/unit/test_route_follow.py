@@ -7,10 +7,10 @@ through a move of group g of queue q from n1 to n2, with n3 a third member. The 
 
 from __future__ import annotations
 
-from handler.route_table import MOVES, ROUTES
 from node.core.broker import Broker
 from node.core.cold import GROUP_RECORD_BYTES, MESSAGE_RECORD_BYTES
 from node.core.cluster import PARK_PREFIX, ClusterProtocol, handover
+from node.core.cluster.feed import MOVES, ROUTES
 from node.core.outbound import Entry, outbound_name
 from node.core.effects import (AcceptWhenStored, AfterFlush, Deliver, EnqueueLocal, PageIn, ProposeMoveClear, ReadRecords,
                                Refuse, Removed, Reply, Stored)

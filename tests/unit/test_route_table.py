@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from handler.route_table import (LOCAL_TOLERANCE_RATIO, PLACEMENT_BALANCED, PLACEMENT_LOCAL, PLACEMENTS,
-                                 ROUTES_MAX_DEFAULT, TOUCHED_MS_MAX, RouteTable)
+from handler.packed_routes import TOUCHED_MS_MAX
+from handler.placement import LOCAL_TOLERANCE_RATIO, PLACEMENT_BALANCED, PLACEMENT_LOCAL, PLACEMENTS
+from handler.route_table import ROUTES_MAX_DEFAULT, RouteTable
 
 
 def all_routes(table: RouteTable) -> dict:

@@ -13,15 +13,15 @@ Rules (docs/cluster-protocol.md tells them whole):
   DEFINITION_RETRY_INTERVAL_MS. On a CONFLICT the cluster's definition applies here. A temporary
   subscription names its node (TEMPORARY_OF), which deletes those no live link holds; every node
   deletes those of a node marked down.
-- Imports only context.py of this package.
+- Imports only context.py and feed.py of this package.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 
-from handler.queue_definitions import CONFLICT, MALFORMED, TEMPORARY_OF, fixed_changes, settings_values
 from node.core.cluster.context import QUEUES_MARK, Context
+from node.core.cluster.feed import CONFLICT, MALFORMED, TEMPORARY_OF, fixed_changes, settings_values
 from node.core.effects import Declared, ProposeDefinition, ProposeQueueDeletion, ProposeQueueSeeds, QueueDeleted
 from node.core.errors import AlreadyExists, GrouperError
 from node.core.settings import QueueSettings

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import collections
 
-from handler.route_table import MEMBERS, MOVES, MOVES_ALL, REFUSED, ROUTES, SNAPSHOT
-from handler.queue_definitions import QUEUES, QUEUES_ALL
 from node.core.broker import Broker
 from node.core.cluster import recovery
 from node.core.cluster import status as reports
 from node.core.cluster.context import Context, Delegated, chunks
 from node.core.cluster.definitions import Definitions
+from node.core.cluster.feed import MEMBERS, MOVES, MOVES_ALL, QUEUES, QUEUES_ALL, REFUSED, ROUTES, SNAPSHOT
 from node.core.cluster.forwarding import SEQ_RESERVE_BLOCK, Forwarding
 from node.core.cluster.handover import PARK, QUEUE, REFUSE, Handovers
 from node.core.cluster.holds import Holds
@@ -176,7 +175,7 @@ class ClusterProtocol:
         self.routing.registered = True
 
     def applied(self, kind: str, payload, at_ms, now_ms: int) -> list:
-        """A command the replica applied, in log order (handler/route_table.py names the kinds)."""
+        """A command the replica applied, in log order (node/core/cluster/feed.py names the kinds)."""
         effects: list = []
         if kind == ROUTES:
             self._release(self.routing.learn(payload, at_ms, now_ms), now_ms, effects)

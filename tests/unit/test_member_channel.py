@@ -1,4 +1,4 @@
-"""handler/channel.py: whole messages in order over a socketpair, and one report when the other end goes."""
+"""handler/member_channel.py (MemberChannel): whole messages in order over a socketpair, and one report when the other end goes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import socket
 import struct
 import threading
 
-from handler.channel import MESSAGE_BYTES_MAX, Channel
+from handler.member_channel import MESSAGE_BYTES_MAX, MemberChannel
 
 WAIT_S = 30.0  # bound of every wait for the other thread; never a measure of speed
 
@@ -33,8 +33,8 @@ class Inbox:
 def pair(expected: int):
     left_socket, right_socket = socket.socketpair()
     left_inbox, right_inbox = Inbox(), Inbox(expected)
-    left = Channel(left_socket, "left", left_inbox.on_message, left_inbox.on_closed)
-    right = Channel(right_socket, "right", right_inbox.on_message, right_inbox.on_closed)
+    left = MemberChannel(left_socket, "left", left_inbox.on_message, left_inbox.on_closed)
+    right = MemberChannel(right_socket, "right", right_inbox.on_message, right_inbox.on_closed)
     left.start()
     right.start()
     return left, right, left_inbox, right_inbox
@@ -79,7 +79,7 @@ def test_the_other_end_closing_is_reported_once_with_a_reason_and_later_sends_ar
 def test_a_length_beyond_the_limit_closes_the_channel_instead_of_waiting_for_a_gigabyte():
     raw, channel_socket = socket.socketpair()
     inbox = Inbox()
-    channel = Channel(channel_socket, "victim", inbox.on_message, inbox.on_closed)
+    channel = MemberChannel(channel_socket, "victim", inbox.on_message, inbox.on_closed)
     channel.start()
     try:
         raw.sendall(struct.pack(">I", MESSAGE_BYTES_MAX + 1))
@@ -98,8 +98,8 @@ def test_a_handler_that_raises_ends_the_channel_with_the_error_instead_of_leavin
     def broken(message):
         raise KeyError(message[0])
 
-    left = Channel(left_socket, "left", lambda message: None, lambda reason: None)
-    right = Channel(right_socket, "right", broken, inbox.on_closed)
+    left = MemberChannel(left_socket, "left", lambda message: None, lambda reason: None)
+    right = MemberChannel(right_socket, "right", broken, inbox.on_closed)
     left.start()
     right.start()
     try:
@@ -128,8 +128,8 @@ def test_on_an_asyncio_loop_messages_read_before_it_runs_and_after_arrive_in_ord
     left_socket, right_socket = socket.socketpair()
     sent = [("applied", "routes", [("q", f"g{i}", "n1")], i) for i in range(2000)]
     inbox = Inbox(len(sent) + 2)
-    left = Channel(left_socket, "left", Inbox().on_message, Inbox().on_closed)
-    right = Channel(right_socket, "right", inbox.on_message, inbox.on_closed)
+    left = MemberChannel(left_socket, "left", Inbox().on_message, Inbox().on_closed)
+    right = MemberChannel(right_socket, "right", inbox.on_message, inbox.on_closed)
     left.start()
     loop = asyncio.new_event_loop()
     try:
@@ -153,7 +153,7 @@ def test_on_an_asyncio_loop_messages_read_before_it_runs_and_after_arrive_in_ord
 def test_read_until_gives_up_when_the_other_end_closes_before_the_message_comes():
     left_socket, right_socket = socket.socketpair()
     inbox = Inbox()
-    right = Channel(right_socket, "right", inbox.on_message, inbox.on_closed)
+    right = MemberChannel(right_socket, "right", inbox.on_message, inbox.on_closed)
     left_socket.sendall(struct.pack(">I", 3))  # a length, then the end: no whole message
     left_socket.close()
     try:

@@ -37,7 +37,7 @@ READ_CHUNK_BYTES = 1 << 20
 _LENGTH = struct.Struct(">I")
 
 
-class Channel:
+class MemberChannel:
     def __init__(self, sock: socket.socket, name: str, on_message, on_closed):
         self._sock = sock
         self._name = name
