@@ -34,11 +34,8 @@ Never imports pysyncobj, threading, time, random, socket, grpc or proton.
 from __future__ import annotations
 
 # The outcomes and the change rules are the raft feed's vocabulary (node/core/cluster/feed.py), which the
-# nodes read too; the names stay importable from here for the admin side (node/admin/loop_control.py,
-# node/admin/definitions.py) and tests/sim/node_model.py, which speak to this table.
-from node.core.cluster.feed import (ADDED, CONFLICT, DELETED, FIXED_FIELDS, MALFORMED, NOT_FOUND,  # noqa: F401
-                                    QUEUES_ALL, TEMPORARY_OF, UNCHANGED, UPDATABLE_FIELDS, UPDATED,
-                                    fixed_changes, settings_values)
+# nodes read too
+from node.core.cluster.feed import ADDED, CONFLICT, DELETED, MALFORMED, NOT_FOUND, UNCHANGED, UPDATED, fixed_changes
 from node.core.cluster.feed import UPDATE_REFUSED as REFUSED
 
 DELETED_NAMES_MAX = 10_000  # deleted names remembered so seeds do not bring them back

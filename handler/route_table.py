@@ -31,9 +31,6 @@ from handler.placement import PLACEMENT_LOCAL, PLACEMENTS, Placement
 from handler.route_moves import MOVES_PER_COMMAND_MAX, Moves
 from node.core.group_map import GroupMap
 
-# the feed's kinds are node/core/cluster/feed.py's; importable from here too for node/cluster.py and
-# tests/sim/node_model.py, which read them
-from node.core.cluster.feed import MEMBERS, MOVES, MOVES_ALL, REFUSED, ROUTES, SNAPSHOT  # noqa: F401
 
 ROUTES_MAX_DEFAULT = 1_000_000  # routes (queue, group) held cluster-wide; more are refused
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import threading
 
-from handler.route_table import REFUSED, ROUTES, SNAPSHOT
 from node.cluster_proposals import ClusterProposals
 from node.core.cluster import ClusterProtocol
+from node.core.cluster.feed import REFUSED, ROUTES, SNAPSHOT
 from node.core.effects import ReadOutbound, SubmitForward
 from node.core.outbound import Entry
 from node.peer.forwarder import Forwarders

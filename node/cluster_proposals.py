@@ -21,7 +21,7 @@ import os
 import time
 from typing import Callable
 
-from handler.route_table import ROUTES
+from node.core.cluster.feed import ROUTES
 from node.core.cluster.routes import TOUCH_RETRY_INTERVAL_MS
 from node.core.effects import (ProposeClaim, ProposeDefinition, ProposeMoveClear, ProposeQueueDeletion,
                                ProposeQueueSeeds, ProposeTouch, QueueDeleted, Register, Reply, ReportConsumers,

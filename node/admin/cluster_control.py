@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 
-from handler import queue_definitions as definitions
+from node.core.cluster import feed
 from node.admin.definitions import fixed_refusal, updated_settings
 from node.core.errors import AlreadyExists, HandlerUnavailable, NotAllowed, NotFound
 from node.core.settings import QueueSettings
@@ -40,7 +40,7 @@ class ClusterControl:
         """Defined on every node (handler/queue_definitions.py); refused if defined with other settings."""
         outcome, held = self._decide(lambda on_result: self._node.handler.define_queue(
             settings.to_dict(), False, on_result))
-        if outcome == definitions.CONFLICT:
+        if outcome == feed.CONFLICT:
             differing = sorted(key for key, value in settings.to_dict().items() if held.get(key) != value)
             raise AlreadyExists(f"queue {settings.name!r} is defined cluster-wide with other settings "
                                 f"({', '.join(differing)} differ); change what may change with 'grouper "
@@ -54,9 +54,9 @@ class ClusterControl:
                            f"define it with 'grouper queue add' first")
         updated_settings(current, changes)  # a bad value or a fixed field fails here, before any proposal
         outcome, detail = self._decide(lambda on_result: node.handler.update_queue(name, changes, on_result))
-        if outcome == definitions.NOT_FOUND:
+        if outcome == feed.NOT_FOUND:
             raise NotFound(f"queue {name!r} was deleted cluster-wide meanwhile")
-        if outcome == definitions.REFUSED:
+        if outcome == feed.UPDATE_REFUSED:
             raise fixed_refusal(name, detail)
 
     def queue_defined(self, name: str) -> bool:
@@ -87,7 +87,7 @@ class ClusterControl:
         reason, result = answer
         if reason is not None:
             raise HandlerUnavailable(f"the raft cluster did not take the queue change: {reason}; retry")
-        if result[0] == definitions.MALFORMED:
+        if result[0] == feed.MALFORMED:
             raise AssertionError(f"the raft cluster found a queue command malformed: {result!r}")
         return result[0], result[1]
 

@@ -7,7 +7,7 @@ lists again on the definition it holds): only fields a live queue reads at each 
 
 from __future__ import annotations
 
-from handler.queue_definitions import FIXED_FIELDS, UPDATABLE_FIELDS, fixed_changes, settings_values
+from node.core.cluster.feed import FIXED_FIELDS, UPDATABLE_FIELDS, fixed_changes, settings_values
 from node.core.errors import InvalidField, NotAllowed
 from node.core.settings import QueueSettings
 

@@ -41,10 +41,9 @@ from __future__ import annotations
 import random
 from collections import deque
 
-from handler.queue_definitions import CONFLICT, QUEUES_ALL
-from handler.route_table import MOVES_ALL, SNAPSHOT
 from node.core.broker import Broker
 from node.core.cluster import MARK_PREFIX, PARK_PREFIX, ClusterProtocol
+from node.core.cluster.feed import CONFLICT, MOVES_ALL, QUEUES_ALL, SNAPSHOT
 from node.core.cluster.forward_sender import Call, ForwardSender
 from node.core.durability import Durability
 from node.core.effects import (AcceptSend, DeadLettered, Declared, Delayed, Deliver, DetachConsumer, Dropped, Enqueued,

@@ -12,8 +12,10 @@ import pickle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handler.queue_definitions import (ADDED, CONFLICT, DELETED, DELETED_NAMES_MAX, FIXED_FIELDS, MALFORMED,
-                                       NOT_FOUND, REFUSED, UNCHANGED, UPDATABLE_FIELDS, UPDATED, QueueDefinitions)
+from handler.queue_definitions import DELETED_NAMES_MAX, QueueDefinitions
+from node.core.cluster.feed import (ADDED, CONFLICT, DELETED, FIXED_FIELDS, MALFORMED, NOT_FOUND, UNCHANGED,
+                                    UPDATABLE_FIELDS, UPDATED)
+from node.core.cluster.feed import UPDATE_REFUSED as REFUSED
 from node.core.settings import QueueSettings
 
 
