@@ -100,17 +100,28 @@ def read_value(buf: bytes, position: int):
 
 
 def skip_value(buf: bytes, position: int) -> int:
-    """The position just past the AMQP-encoded value at `position` (its extent only; nothing is decoded)."""
-    code = buf[position]
-    position += 1
-    if code == 0x00:  # described value: skip the descriptor, then the value
-        return skip_value(buf, skip_value(buf, position))
-    high = code >> 4
-    width = _FIXED_WIDTH_BYTES.get(high)
-    if width is not None:
-        return position + width
-    if high in (0xA, 0xC, 0xE):
-        return position + 1 + buf[position]
-    if high in (0xB, 0xD, 0xF):
-        return position + 4 + int.from_bytes(buf[position:position + 4], "big")
-    raise Malformed(f"unknown format code 0x{code:02x}")
+    """The position just past the AMQP-encoded value at `position` (its extent only; nothing is decoded).
+
+    A loop, not a recursion: a described value (0x00) is a descriptor and then a value, so each 0x00 adds
+    one value still to skip. Nested descriptions cost a count, never a stack frame, so a sender cannot
+    exhaust the stack with thousands of 0x00 bytes (that was a RecursionError, which escaped dispatch)."""
+    pending = 1  # values still to skip
+    while True:
+        code = buf[position]
+        position += 1
+        if code == 0x00:
+            pending += 1
+            continue
+        high = code >> 4
+        width = _FIXED_WIDTH_BYTES.get(high)
+        if width is not None:
+            position += width
+        elif high in (0xA, 0xC, 0xE):
+            position += 1 + buf[position]
+        elif high in (0xB, 0xD, 0xF):
+            position += 4 + int.from_bytes(buf[position:position + 4], "big")
+        else:
+            raise Malformed(f"unknown format code 0x{code:02x}")
+        pending -= 1
+        if not pending:
+            return position

@@ -293,6 +293,33 @@ def test_garbage_before_the_header_or_after_the_close_is_answered_with_a_close(n
 
 # ---- afterwards (pytest runs a module's tests in order) ------------------------------------------
 
+def test_a_message_of_thousands_of_nested_descriptions_is_rejected_and_the_node_goes_on(node, steady, baseline):
+    # a well-framed transfer whose message is hostile: 3,000 nested described values in its properties.
+    # Reading its group id recursed per 0x00 until RecursionError, which no refusal catches
+    from tests.integration.harness import send_outcome
+
+    class Raw:  # proton sends what `send` writes to the link: these bytes, as one message
+        def __init__(self, payload: bytes):
+            self.payload = payload
+
+        def send(self, sender, tag=None):
+            delivery = sender.delivery(tag or sender.delivery_tag())
+            sender.stream(self.payload)
+            sender.advance()
+            return delivery
+
+    payload = b"\x00\x53\x73" + b"\xc0\xff\x01" + b"\x00" * 3000 + b"\x40"
+    connection = BlockingConnection(node.url, timeout=WAIT_S)
+    try:
+        sender = connection.create_sender(FUZZ_QUEUE, name="nested-descriptions")
+        state, condition = send_outcome(sender, Raw(payload))
+    finally:
+        connection.close()
+    assert condition == "amqp:invalid-field", (state, condition, node.output[-20:])
+    assert node.process.poll() is None, "the node died:\n" + "\n".join(node.output[-30:])
+    steady.round_trip()
+
+
 def engine_gauges(node: NodeProcess) -> dict[str, float]:
     with urllib.request.urlopen(f"http://{node.http_address}/metrics", timeout=WAIT_S) as response:
         lines = response.read().decode().splitlines()

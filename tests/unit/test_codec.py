@@ -1,5 +1,6 @@
 """The arrival scanner reads what proton's full decoder reads, for any message proton can encode."""
 
+import pytest
 from hypothesis import given, settings, strategies as st
 from proton import Message
 
@@ -151,3 +152,20 @@ def test_payloads_rewritten_through_proton_are_bytes_which_pn_link_send_needs():
     payload = b"\x00\xa3" + bytes([len(symbolic)]) + symbolic + b"\xa1\x01x"
     assert type(codec.stamp_enqueued_time(payload, 5)) is bytes
     assert type(codec.rewrite_for_delivery(payload, 1, "first")) is bytes
+
+
+def test_thousands_of_nested_descriptions_are_refused_as_invalid_not_a_recursion_error():
+    # a crafted send: a properties section whose first field is 3,000 nested described values. Skipping
+    # them recursed once per 0x00 and raised RecursionError, which is no GrouperError: it escaped the
+    # arrival path. Now it is skipped in a loop and the truncated rest is an invalid field.
+    payload = b"\x00\x53\x73" + b"\xc0\xff\x01" + b"\x00" * 3000 + b"\x40"
+    with pytest.raises(InvalidField):
+        codec.read_arrival(payload, "", 0)
+
+
+def test_a_deeply_described_property_value_is_skipped_to_its_end():
+    from node.amqp.type_encoding import skip_value
+    nested = b"\x00\x53\x70" * 2000 + b"\x40"  # 2,000 descriptions around a null: one value
+    assert skip_value(nested + b"\xa1\x01x", 0) == len(nested)
+    described_descriptor = b"\x00\x00\xa3\x01d\x53\x01\xa1\x01v"  # a descriptor that is itself described
+    assert skip_value(described_descriptor + b"\x40", 0) == len(described_descriptor)
