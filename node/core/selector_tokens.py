@@ -66,6 +66,8 @@ def tokenize(text: str) -> list[tuple]:
                 hint = "; write <> for 'not equal'" if text.startswith("!=", position) else ""
                 if character == '"':
                     hint = "; strings take single quotes ('...')"
+                elif character == ".":
+                    hint = "; a JMS identifier cannot hold a dot"
                 raise SelectorSyntaxError(position, f"unexpected character {character!r}{hint}")
             tokens.append(("symbol", symbol, position))
             position += len(symbol)

@@ -166,6 +166,8 @@ def test_like_matching_costs_at_most_text_times_pattern_steps(monkeypatch):
     ("a = 1 AND", 9, "expected a condition after AND"),
     ("a != 1", 2, "write <> for 'not equal'"),
     ("s = \"x\"", 4, "single quotes"),
+    ("amqp.correlation_id = 'x'", 4, "cannot hold a dot"),
+    ("a <", 3, "expected a value after '<', got end of text"),
     ("s = 'open", 4, "never closed"),
     ("a IN ()", 6, "expected a string literal"),
     ("a IN ('x', 1)", 11, "expected a string literal"),
@@ -465,3 +467,12 @@ def test_like_agrees_with_a_regular_expression(text, pattern_escape):
     pattern, escape = pattern_escape
     pieces = selector_eval.like_pieces(pattern, escape)
     assert selector_eval.like_matches(text, pieces) == model_like(text, pattern, escape)
+
+
+ODD_VALUES = st.one_of(st.floats(), st.integers(0, 2 ** 64 - 1), st.binary(max_size=2), st.just([1]), st.just({}))
+
+
+@settings(max_examples=300, deadline=None)
+@given(tree=TREES, fields=st.dictionaries(st.sampled_from(NAMES), st.one_of(PROPERTY_VALUES, ODD_VALUES)))
+def test_evaluation_never_raises_whatever_the_properties_hold(tree, fields):
+    assert compile_selector(render(tree)).evaluate(fields) in (True, False, None)
