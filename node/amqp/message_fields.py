@@ -52,24 +52,29 @@ class _Unreadable(ValueError):
 
 
 def _extent(buf: bytes, position: int) -> int:
-    """The position just past the value at `position`, nothing decoded."""
-    code = buf[position]
-    position += 1
-    if code == 0x00:  # described: the descriptor, then the value
-        return _extent(buf, _extent(buf, position))
-    high = code >> 4
-    width = _FIXED_WIDTH_BYTES.get(high)
-    if width is not None:
-        end = position + width
-    elif high in (0xA, 0xC, 0xE):
-        end = position + 1 + buf[position]
-    elif high in (0xB, 0xD, 0xF):
-        end = position + 4 + int.from_bytes(buf[position:position + 4], "big")
-    else:
-        raise _Unreadable(f"unknown format code 0x{code:02x}")
-    if end > len(buf):
-        raise _Unreadable("truncated")
-    return end
+    """The position just past the value at `position`, nothing decoded. A loop, not recursion: a run of
+    described-value constructors (0x00 0x00 ...) is as deep as the sender likes."""
+    values_left = 1
+    while values_left:
+        code = buf[position]
+        position += 1
+        if code == 0x00:  # described: a descriptor, then the value, so one more value to pass
+            values_left += 1
+            continue
+        high = code >> 4
+        width = _FIXED_WIDTH_BYTES.get(high)
+        if width is not None:
+            position += width
+        elif high in (0xA, 0xC, 0xE):
+            position += 1 + buf[position]
+        elif high in (0xB, 0xD, 0xF):
+            position += 4 + int.from_bytes(buf[position:position + 4], "big")
+        else:
+            raise _Unreadable(f"unknown format code 0x{code:02x}")
+        if position > len(buf):
+            raise _Unreadable("truncated")
+        values_left -= 1
+    return position
 
 
 def _integer(buf: bytes, position: int, width: int, signed: bool) -> int:

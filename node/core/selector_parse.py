@@ -109,8 +109,7 @@ class Parser:
 
     def _predicate(self) -> tuple:
         left = self._value()
-        token = self.tokens[self.index]
-        kind, value, offset = token
+        kind, value, _ = self.tokens[self.index]
         if kind == "symbol" and value in COMPARISONS:
             self._take()
             return ("compare", left[1], value, left, self._value_after(f"'{value}'"))
@@ -122,7 +121,7 @@ class Parser:
                                                         f"got {describe(following)}")
             self._take()
             negated = True
-            kind, value, offset = self._take()
+            kind, value, _ = self._take()
         elif kind == "keyword" and value in ("BETWEEN", "IN", "LIKE", "IS"):
             self._take()
         else:

@@ -106,6 +106,13 @@ def test_unreadable_bytes_read_as_absent_fields(payload):
     assert compile_selector("a IS NULL").matches(fields)
 
 
+def test_deeply_described_values_are_passed_over_without_recursion():
+    deep = b"\x00" * 5000 + b"\x53\x01" * 5000 + b"\x40"  # 5000 nested descriptors: a recursive reader overflows
+    after = bytes(Message(body="x", properties={"a": 1}).encode())
+    assert MessageFields(b"\x00\x53\x72" + deep + after).get("a") == 1
+    assert MessageFields(b"\x00\x53\x74" + deep).get("a") is None
+
+
 def test_a_broken_section_leaves_the_sections_before_it_readable():
     payload = bytes(Message(body="x", priority=8, properties={"a": 1}).encode())
     cut = payload.index(b"\x00\x53\x74") + 6  # inside the application properties
