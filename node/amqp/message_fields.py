@@ -101,14 +101,21 @@ _BINARIES = frozenset({0xA0, 0xB0})
 
 def read_value(buf: bytes, position: int) -> tuple:
     """(value, end) of the value at `position`, typed as the module's rules say."""
-    end = _extent(buf, position)
     code = buf[position]
+    if code == 0xA1 or code == 0xA3:  # str8 and sym8 first: most keys and string values are
+        end = position + 2 + buf[position + 1]
+        if end > len(buf):
+            raise _Unreadable("truncated")
+        return bytes(buf[position + 2:end]).decode("utf-8"), end
     reader = _SCALARS.get(code)
     if reader is not None:
+        end = position + 1 + _FIXED_WIDTH_BYTES[code >> 4]
+        if end > len(buf):
+            raise _Unreadable("truncated")
         return reader(buf, position + 1), end
+    end = _extent(buf, position)
     if code in _STRINGS or code in _BINARIES:
-        start = position + (2 if code < 0xB0 else 5)
-        content = bytes(buf[start:end])
+        content = bytes(buf[position + (2 if code < 0xB0 else 5):end])
         return (content.decode("utf-8") if code in _STRINGS else content), end
     return OPAQUE, end
 
