@@ -7,10 +7,11 @@ Rules:
 - Pure: no I/O, no clock. A selector reads a message through a mapping-like view of its fields
   (`get(name)`, None when absent); node.amqp.message_fields reads that view from the AMQP bytes:
     application property NAME      application-properties[NAME]
-    JMSXGroupID, JMSXGroupSeq      properties.group-id, group-sequence (else the application property)
+    JMSXGroupID, JMSXGroupSeq      properties.group-id, group-sequence
     JMSMessageID, JMSCorrelationID properties.message-id, correlation-id, as Qpid JMS shows them:
                                    strings as they are, ulong/uuid/binary as 'ID:AMQP_ULONG:...' and so on
     JMSType                        message annotation x-opt-jms-type (Qpid JMS), else properties.subject
+                                   (these five: else the application property of the same name)
     JMSPriority                    header.priority, 4 when absent (AMQP's default)
     JMSDeliveryMode                'PERSISTENT' when header.durable, else 'NON_PERSISTENT'
     JMSTimestamp, JMSExpiration    properties.creation-time, absolute-expiry-time (ms), 0 when absent

@@ -74,6 +74,12 @@ def test_a_group_id_sent_as_an_application_property_is_jmsxgroupid_as_the_codec_
     assert fields_of(body="x", group_id="g1", properties={"JMSXGroupID": "g2"}).get("JMSXGroupID") == "g1"
 
 
+def test_the_other_jms_names_fall_back_to_an_application_property_of_the_same_name_too():
+    sent = {"JMSMessageID": "ID:p", "JMSCorrelationID": "c", "JMSType": "t", "JMSPriority": 1}
+    fields = fields_of(body="x", properties=sent)
+    assert [fields.get(name) for name in sent] == ["ID:p", "c", "t", 4]  # JMSPriority is the header's, always
+
+
 def test_a_selector_reads_a_real_message():
     selector = compile_selector("JMSType = 'car' AND colour = 'blue' AND weight > 2500 AND JMSXGroupID = 'g1' "
                                 "AND JMSPriority > 4 AND JMSDeliveryMode = 'PERSISTENT'")
