@@ -17,7 +17,8 @@ Rules:
     JMSTimestamp, JMSExpiration    properties.creation-time, absolute-expiry-time (ms), 0 when absent
 - Limits, each refused at compile with InvalidSelector: the text at most SELECTOR_MAX_CHARS characters;
   nesting (parentheses, NOT, signs) at most SELECTOR_DEPTH_MAX levels, checked before Python's stack
-  is, so a hostile selector gets an answer, never a RecursionError. Evaluation never raises.
+  is, so a hostile selector gets an answer, never a RecursionError (a caller already so deep that the
+  allowed depth does not fit gets InvalidSelector too). Evaluation never raises.
 - A malformed selector raises InvalidSelector (an InvalidField: the client's fault, amqp:invalid-field)
   saying at which character offset and what was expected, for the attach's refusal.
 """
@@ -29,7 +30,7 @@ from node.core.selector_eval import compile_node
 from node.core.selector_parse import Parser, SelectorSyntaxError
 
 SELECTOR_MAX_CHARS = 4096  # longer selectors are refused: the text is the client's, the parse is ours
-SELECTOR_DEPTH_MAX = 64  # parentheses, NOT and signs nested; also bounds the compiled closures' depth
+SELECTOR_DEPTH_MAX = 64  # parentheses, NOT and signs nested; at most ~660 Python frames to parse, fewer to run
 
 
 class InvalidSelector(InvalidField):
@@ -72,6 +73,9 @@ def compile_selector(text: str) -> Selector | None:
         return None
     try:
         tree = Parser(text, SELECTOR_DEPTH_MAX).parse()
+        return Selector(text, compile_node(tree))
     except SelectorSyntaxError as error:
         raise InvalidSelector(error.offset, error.problem) from None
-    return Selector(text, compile_node(tree))
+    except RecursionError:  # the deepest selector allowed needs ~660 frames; a caller already deep may lack them
+        raise InvalidSelector(0, f"the selector nests too deeply for this node's stack: write it flatter "
+                                 f"(at most {SELECTOR_DEPTH_MAX} levels are accepted)") from None

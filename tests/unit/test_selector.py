@@ -217,6 +217,20 @@ def test_nesting_to_the_depth_max_works_and_one_deeper_is_refused_not_a_recursio
         compile_selector(nested((SELECTOR_MAX_CHARS - 10) // max(1, len(opening) + len(closing))))
 
 
+def test_a_caller_short_of_stack_gets_a_refusal_not_a_recursion_error():
+    frame, depth = sys._getframe(), 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(depth + 200)  # enough for a shallow selector, not for one nested 60 deep
+    try:
+        assert compile_selector("(a = 1)").matches({"a": 1})
+        with pytest.raises(InvalidSelector, match="nests too deeply for this node's stack"):
+            compile_selector("(" * 60 + "a" + ")" * 60)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
 def test_long_flat_chains_neither_recurse_when_parsed_nor_when_evaluated():
     conjunction = " AND ".join(["a = 1"] * 400)
     arithmetic = "+".join(["a"] * 1300) + " = 1300"
