@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from node.amqp.conditions import condition_for
 from node.core import selector_eval
 from node.core.errors import InvalidField
 from node.core.selector import SELECTOR_DEPTH_MAX, SELECTOR_MAX_CHARS, InvalidSelector, compile_selector
@@ -194,7 +195,7 @@ def test_a_malformed_selector_is_refused_saying_where_and_what(text, offset, wor
 def test_an_invalid_selector_is_the_clients_invalid_field():
     with pytest.raises(InvalidField) as raised:
         compile_selector("a =")
-    assert raised.value.amqp_condition == "amqp:invalid-field" and raised.value.fault == "client"
+    assert condition_for(raised.value)[0] == "amqp:invalid-field" and raised.value.fault == "client"
 
 
 # ---- limits ------------------------------------------------------------------------------------
