@@ -25,11 +25,11 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.effects import Deliver, Stored
-from node.core.message import Message, Outcome
-from node.core.outbound import Entry, Outbound
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message, Outcome
+from node.core.cluster.outbound import Entry, Outbound
+from node.core.dispatch.settings import QueueSettings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PAYLOAD = bytes(150)  # shared by every message: the body is not what is measured
@@ -43,7 +43,7 @@ SCENARIOS = ("per_message", "per_group", "idle_after_drain", "owned_empty_spread
 PAGED_BODY_BYTES = 100  # issue 14's body size
 PAGED_BUDGET_BYTES = 1 << 20
 JOURNALLED_BATCH_MESSAGES = 10_000  # STOREs reported durable at once
-COLD_RECORD_BUDGET_BYTES = 1 << 20  # record_memory_max_bytes of the cold scenarios (node/core/cold.py)
+COLD_RECORD_BUDGET_BYTES = 1 << 20  # record_memory_max_bytes of the cold scenarios (node/core/dispatch/cold.py)
 
 
 def rss_bytes() -> int:

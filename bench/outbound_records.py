@@ -39,18 +39,18 @@ def main() -> None:
     if args.messages < 1 or args.per_group < 1:
         parser.error("--messages and --per-group must be at least 1")
     sys.path.insert(0, args.root)  # before an installed copy of the package, which may be another tree
-    from node.core.broker import Broker
+    from node.core.dispatch.broker import Broker
     from node.core.cluster import ClusterProtocol
-    from node.core.message import Message
-    from node.core.outbound import Outbound, outbound_name
-    from node.core.settings import QueueSettings
-    import node.core.outbound
+    from node.core.dispatch.message import Message
+    from node.core.cluster.outbound import Outbound, outbound_name
+    from node.core.dispatch.settings import QueueSettings
+    import node.core.cluster.outbound
     try:
         from node.store.journal import BodilessBacklog
     except ImportError:  # a tree from before it: the journal gave bodiless Messages
         BodilessBacklog = None
     n, per_group = args.messages, args.per_group
-    print(f"code: {node.core.outbound.__file__}; {n:,} messages, {per_group} per group")
+    print(f"code: {node.core.cluster.outbound.__file__}; {n:,} messages, {per_group} per group")
 
     outbound = Outbound(memory_max_bytes=1)
     name = outbound.journal_name("n2", "orders")
@@ -104,11 +104,11 @@ def main() -> None:
 
 
 def from_journal(directory: str, n: int, per_group: int) -> None:
-    from node.core.broker import Broker
+    from node.core.dispatch.broker import Broker
     from node.core.cluster import ClusterProtocol
-    from node.core.message import Message
-    from node.core.outbound import OUTBOUND_PREFIX, outbound_name
-    from node.core.settings import QueueSettings
+    from node.core.dispatch.message import Message
+    from node.core.cluster.outbound import OUTBOUND_PREFIX, outbound_name
+    from node.core.dispatch.settings import QueueSettings
     from node.store.journal import COMPACT_SUFFIX, JOURNAL_FILE, Journal
 
     for file_name in (JOURNAL_FILE, JOURNAL_FILE + COMPACT_SUFFIX):

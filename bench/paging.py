@@ -309,7 +309,7 @@ def render_section(reports: list[dict]) -> str:
                   "(Message, seq, lane slot: ~163 B in 1,000 groups, ~427 B with a group of its own) and the "
                   "journal index's (a dict entry seq → (offset, length), ~166 B), so 10,000,000 messages were "
                   "~3.3 GB before any body. Now, past the record budget, a queue's newest messages are cold "
-                  "(node/core/cold.py): the core only counts them, and the journal's packed index "
+                  "(node/core/dispatch/cold.py): the core only counts them, and the journal's packed index "
                   "(node/store/spans.py) holds each in a 20.5-byte entry, everything else in the journal until "
                   "dispatch nears them; 10,000,000 such messages are ~205 MB, and the warm part stays within the budget "
                   "(64 MiB by default, ~400,000 messages in 1,000 groups, ~160,000 groups of their own). "

@@ -69,7 +69,7 @@ class Flood:
 
 
 def users_file(directory: Path, iterations: int = 4096) -> Path:
-    from node.core.access import ADMINISTRATOR
+    from node.core.access.roles import ADMINISTRATOR
     from node.users import UserDatabase
     database = UserDatabase()
     for name in ("sender", "admin"):

@@ -42,8 +42,8 @@ from pathlib import Path
 from bench.cluster_nodes import NodeProcess
 from bench.peers import resident_bytes
 from bench.report_file import commit, write_section
-from node.core.message import Message
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message
+from node.core.dispatch.settings import QueueSettings
 from node.store import records
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -177,7 +177,7 @@ def render(report: dict) -> str:
               "ready, 71.1 s of node CPU, 5,197 MiB resident once ready (peak 5,536): every live STORE came back as "
               "a Message (its body only up to the node's budget) indexed in a dict. Now the scan decodes each "
               "STORE's header only, the index is packed (node/store/spans.py), the backlog is left cold "
-              "(node/core/cold.py) and the node reads the oldest records back up to its record budget before it "
+              "(node/core/dispatch/cold.py) and the node reads the oldest records back up to its record budget before it "
               "serves."]
     return "\n".join(lines) + "\n"
 

@@ -8,7 +8,7 @@ each node that much. Two measurements:
   layout ({(queue, group): [node, touched_ms]}, what snapshot format 1 carries) and version 2's
   ({queue: {group: packed int}}, the table's dicts before GroupMap), built directly. The keys are
   made inside each measurement, so a layout is charged for the group id strings it keeps;
-- node: the node process's own copy, node/core/routing.py's Router, given the same routes as the
+- node: the node process's own copy, node/core/cluster/routing.py's Router, given the same routes as the
   applied feed gives them, with the default group timeout's lease (a refresh time per route);
 - member: a single-member raft cluster (`python -m handler.member`, started as a node starts it,
   through handler/member_process.py) given N routes through claims; its resident set (VmRSS) and
@@ -40,7 +40,7 @@ from handler.member_process import MemberProcess
 from handler.route_table import RouteTable
 from node.core.cluster import CLAIM_KEYS_MAX
 from node.core.cluster.feed import ROUTES
-from node.core.routing import Router
+from node.core.cluster.routing import Router
 
 GROUP_PREFIX = "customer-"  # group ids as users write them: a word and a number
 QUEUES = 4

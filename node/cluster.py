@@ -20,7 +20,7 @@ from node.cluster_proposals import ClusterProposals
 from node.core.cluster import ClusterProtocol
 from node.core.cluster.feed import REFUSED, ROUTES, SNAPSHOT
 from node.core.effects import ReadOutbound, SubmitForward
-from node.core.outbound import Entry
+from node.core.cluster.outbound import Entry
 from node.peer.forwarder import Forwarders
 
 

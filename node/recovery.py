@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 
 from node.core.effects import Dropped, ReadRecords
-from node.core.outbound import OUTBOUND_PREFIX
-from node.core.settings import QueueSettings
+from node.core.cluster.outbound import OUTBOUND_PREFIX
+from node.core.dispatch.settings import QueueSettings
 
 log = logging.getLogger("grouper.node")
 
@@ -28,11 +28,11 @@ def recover(node) -> None:
     # past the node's budget only records come back; bodies are read when dispatch reaches them (or, for
     # a restored group that lives elsewhere now, when it is handed over). With a record budget, a durable
     # queue's messages come back as a cold tail
-    # (node/core/cold.py): only counted, read back whole, oldest first, as the budget makes room and
+    # (node/core/dispatch/cold.py): only counted, read back whole, oldest first, as the budget makes room and
     # dispatch needs them
     cold = node.broker.records.max_bytes > 0
     # the outbound store's bodies stay in the journal: it pages past its budget and reads back as owners
-    # take their backlogs (node/core/outbound.py), so a restart never loads a dead owner's backlog whole
+    # take their backlogs (node/core/cluster/outbound.py), so a restart never loads a dead owner's backlog whole
     bodiless = OUTBOUND_PREFIX if node.cluster is not None and node.config.outbound_memory_max_bytes else ""
     recovery = node.journal.recover(node.config.message_memory_max_bytes, cold=cold,
                                     bodiless_prefix=bodiless)
@@ -85,7 +85,7 @@ def recover(node) -> None:
 
 def read_cold_back(node) -> None:
     """Before serving, read each recovered cold tail's oldest records back as far as the record budget
-    goes, as dispatch would (node/core/cold.py): a restarted node serves its warm part at once."""
+    goes, as dispatch would (node/core/dispatch/cold.py): a restarted node serves its warm part at once."""
     now_ms = node.clock_ms()
     reads = [ReadRecords(name, queue.cold.after_seq, count, queue.cold.read_max_bytes)
              for name, queue in sorted(node.broker.queues.items())

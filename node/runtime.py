@@ -28,7 +28,7 @@ from node.admin.loop_control import LoopControl
 from node.amqp import tls
 from node.amqp.loop import AmqpServer
 from node.config import NodeConfig
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.errors import GrouperError
 from node.file_modes import secure_start
 from node.preflight import check_data_dir, check_port_free, print_banner
@@ -53,7 +53,7 @@ class Node:
         self.clock_ms = clock_ms
         self.broker = Broker(auto_create=config.auto_create, address_settings=config.auto_create_settings(),
                              default_group=config.default_group, multicast_addresses=config.multicast_addresses)
-        self.broker.memory_max_bytes = config.message_memory_max_bytes  # paging: node/core/paging.py
+        self.broker.memory_max_bytes = config.message_memory_max_bytes  # paging: node/core/dispatch/paging.py
         self.journal = Journal(config.data_dir, fsync=config.journal_fsync,
                                compact_min_bytes=config.journal_compact_min_bytes)
         # its thread and directory come with the first trace line (a queue with trace = true)
@@ -87,7 +87,7 @@ class Node:
             if self.cluster_tls is None and self.raft_secrets:
                 from node.peer.signature import Signer
                 self.cluster.forwarders.signer = Signer(self.raft_secrets)
-        # cold tails (node/core/cold.py); where groups follow their consumers, a group moving away takes its
+        # cold tails (node/core/dispatch/cold.py); where groups follow their consumers, a group moving away takes its
         # cold messages along, found by a sweep of the tail (node/core/cluster/sweep.py)
         self.broker.records.max_bytes = config.record_memory_max_bytes
 

@@ -25,7 +25,7 @@ import logging
 import os
 
 from node.amqp.sasl import SaslServer
-from node.core.access import Access
+from node.core.access.roles import Access
 from node.core.errors import GrouperError, InvalidConfig
 from node.net import is_loopback
 from node.users import UserDatabase, bootstrap

@@ -10,7 +10,7 @@ file reaches the others only through the Secret (or a copy), not through raft.
 
 Rules:
 - An adapter: file I/O only (node/users_file.py's), no sockets, threads or clock. Decisions are
-  `node.core.access`'s.
+  `node.core.access.roles`'s.
 - Only SCRAM-derived keys are stored (node/scram_keys.py), never a password; PLAIN logins are checked
   by deriving the key again with the stored salt and iterations.
 - Loading validates everything (node/users_file.py), so a node refuses a bad file as a whole.
@@ -27,7 +27,7 @@ import os
 from typing import Iterable, Mapping
 
 from node import user_decoys, users_file
-from node.core.access import ADMINISTRATOR, ANONYMOUS, Access, Grant
+from node.core.access.roles import ADMINISTRATOR, ANONYMOUS, Access, Grant
 from node.core.errors import AlreadyExists, InvalidConfig, NotAllowed, NotFound
 from node.scram_keys import (ITERATIONS_DEFAULT, PASSWORD_CHARS_MIN_DEFAULT, PASSWORD_LENGTH_MAX_CHARS,
                              check_new_password, derive)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from node import user_decoys
 from node.config import files_stamp
-from node.core.access import ADMINISTRATOR, ANONYMOUS, Grant
+from node.core.access.roles import ADMINISTRATOR, ANONYMOUS, Grant
 from node.core.errors import InvalidConfig
 from node.scram_keys import ITERATIONS_MAX, ITERATIONS_MIN, KEY_LENGTH_BYTES, SALT_LENGTH_MIN_BYTES, ScramKeys
 from node.store.journal import fsync_directory

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))  # run from a clone: node.* without installing the
 
 from node import certs  # noqa: E402
 from node.core.errors import InvalidConfig  # noqa: E402
-from node.core.access import ADMINISTRATOR  # noqa: E402
+from node.core.access.roles import ADMINISTRATOR  # noqa: E402
 from node.users import UserDatabase  # noqa: E402
 
 SET_NAME = "grouper"  # the StatefulSet, and its client Service

@@ -17,7 +17,7 @@ Rules:
   changed password or a deleted user is refused from the file's next reload on. Failures are never
   remembered: each one costs the caller a full derivation.
 - Refusals (`Unauthenticated`) say that the caller is at fault and what to give instead.
-- Failed password checks are throttled by node.core.failed_logins (one rule with the AMQP gate):
+- Failed password checks are throttled by node.core.access.failed_logins (one rule with the AMQP gate):
   per source address, per user name and per pair of both, from failure number
   FAILURES_BEFORE_THROTTLE + 1 of a streak (failures less than FAILURE_WINDOW_MS apart) a call with
   credentials that a held key applies to is refused unchecked until THROTTLE_DELAY_MIN_MS after the
@@ -43,8 +43,8 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol
 
-from node.core.access import ANONYMOUS, Access, Permission
-from node.core.failed_logins import FailedLogins
+from node.core.access.roles import ANONYMOUS, Access, Permission
+from node.core.access.failed_logins import FailedLogins
 from node.core.errors import GrouperError, InvalidConfig, Unauthorized
 
 AUTHORIZATION_KEY = "authorization"  # gRPC metadata key (lower case, as gRPC requires); HTTP's header name
@@ -169,7 +169,7 @@ class VerifiedCache:
 
 
 class LoginThrottle:
-    """Failed password checks by address and user (node.core.failed_logins), for pool threads."""
+    """Failed password checks by address and user (node.core.access.failed_logins), for pool threads."""
 
     def __init__(self):
         self._lock = threading.Lock()  # FailedLogins is plain, single-threaded code

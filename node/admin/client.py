@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import grpc
 
-from node.core.settings import QueueSettings
+from node.core.dispatch.settings import QueueSettings
 from proto import admin_pb2, admin_pb2_grpc
 
 DEFAULT_NODE_ADDRESS = "127.0.0.1:5673"

@@ -23,7 +23,7 @@ import time
 from node.core.cluster import feed
 from node.admin.definitions import fixed_refusal, updated_settings
 from node.core.errors import AlreadyExists, HandlerUnavailable, NotAllowed, NotFound
-from node.core.settings import QueueSettings
+from node.core.dispatch.settings import QueueSettings
 
 log = logging.getLogger("grouper.node")
 

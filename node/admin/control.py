@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from node.core.settings import QueueSettings
+from node.core.dispatch.settings import QueueSettings
 
 
 class NodeControl(Protocol):
@@ -43,7 +43,7 @@ class NodeControl(Protocol):
 
     def move_group(self, queue: str, group: str, destination: str, count: int | None) -> int: ...
 
-    # (messages moved, messages selected that stayed, why they stayed): node/core/reroute.py, batch by batch
+    # (messages moved, messages selected that stayed, why they stayed): node/core/dispatch/reroute.py, batch by batch
     def reroute_queue(self, queue: str, destination: str, group: str | None,
                       count: int | None) -> tuple[int, int, str]: ...
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from node.core.cluster.feed import FIXED_FIELDS, UPDATABLE_FIELDS, fixed_changes, settings_values
 from node.core.errors import InvalidField, NotAllowed
-from node.core.settings import QueueSettings
+from node.core.dispatch.settings import QueueSettings
 
 SETTINGS_FIELD_PATH = "settings"  # prefix of field names in settings errors, as AddQueueRequest.settings
 

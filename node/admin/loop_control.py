@@ -16,7 +16,7 @@ from __future__ import annotations
 from node.admin.cluster_control import ClusterControl
 from node.admin.definitions import updated_settings
 from node.admin.flushes import Flushes
-from node.core.settings import QueueSettings
+from node.core.dispatch.settings import QueueSettings
 
 
 class LoopControl:
@@ -150,7 +150,7 @@ class LoopControl:
 
     def reroute_queue(self, queue, destination, group, count):
         from node.admin.queue_reroute import reroute_queue
-        from node.core.reroute import Reroute
+        from node.core.dispatch.reroute import Reroute
         reroute = reroute_queue(self._node, self._call, self._node.config.admin_timeout_ms,
                                 Reroute(queue, destination, group=group, count_max=count))
         return reroute.moved, reroute.stayed, reroute.stayed_reason

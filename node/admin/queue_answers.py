@@ -16,7 +16,7 @@ from node.admin.control import NodeControl
 from node.admin.callers import Caller, may_see
 from node.admin.member_calls import MemberCalls
 from node.admin.wire import messages_max, queue_stats_to_pb, settings_changes_from_pb, settings_from_pb
-from node.core.access import Access, Permission
+from node.core.access.roles import Access, Permission
 from node.core.errors import NotAllowed, NotFound
 from proto import admin_pb2
 

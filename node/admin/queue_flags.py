@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from node.core.errors import InvalidConfig
-from node.core.settings import QueueSettings
+from node.core.dispatch.settings import QueueSettings
 
 _QUEUE_FLAG_KEYS = ("group_policy", "group_header", "default_group", "group_first_key", "group_rebalance",
                     "group_rebalance_pause_dispatch", "group_buckets", "consumers_before_dispatch",

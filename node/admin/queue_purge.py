@@ -11,7 +11,7 @@ Rules:
 - Messages in no group (a queue without `default_group`) go once the groups are through, at most
   GROUPS_PER_BATCH_MAX of them per turn. `available_left` counts what is available at the end: only
   messages that arrived while the purge ran, which the caller names as such.
-- A cold tail (node/core/cold.py) is read back batch by batch once the groups are through, and each
+- A cold tail (node/core/dispatch/cold.py) is read back batch by batch once the groups are through, and each
   batch purged as warm messages are; a read in flight leaves the purge not done, so the caller's next
   turns wait for it.
 - Groups are taken in the queue's dict order from `position`; a group emptied (and so forgotten by

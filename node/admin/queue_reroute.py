@@ -1,7 +1,7 @@
 """Rerouting a queue on this running node: the loop side of `grouper queue reroute`.
 
 Rules:
-- The work is node/core/reroute.py's; this only runs its batches on the engine loop thread (one
+- The work is node/core/dispatch/reroute.py's; this only runs its batches on the engine loop thread (one
   bridge call each, so clients are served in between) and carries out their effects: a node alone
   applies them to its server, a cluster member hands them to its cluster protocol, which journals the
   copies for other nodes in their outbound channels before the source's removals.
@@ -21,7 +21,7 @@ import time
 
 from node.admin.flushes import Flushes
 from node.amqp import codec
-from node.core.reroute import Reroute
+from node.core.dispatch.reroute import Reroute
 
 
 BODIES_POLL_INTERVAL_MS = 10  # while a batch waits for bodies paged out to the journal: the next try after this

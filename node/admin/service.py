@@ -34,7 +34,7 @@ from node.admin.group_answers import GroupAnswers
 from node.admin.member_calls import MemberCalls, NodeUnavailable
 from node.admin.queue_answers import QueueAnswers
 from node.admin.tls import certificate_user
-from node.core.access import Access
+from node.core.access.roles import Access
 from node.core.errors import (AlreadyExists, GrouperError, HandlerUnavailable, InvalidConfig, InvalidField,
                               NotAllowed, NotFound, ResourceDeleted, ResourceLimitExceeded, Unauthorized)
 from node.peer.service import source_host

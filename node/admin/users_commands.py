@@ -30,7 +30,7 @@ import sys
 from node import config
 from node.admin.arguments import password_from_stdin
 from node.admin.command_output import table
-from node.core.access import ADMINISTRATOR, ADMINISTRATOR_GRANTS, ANONYMOUS, Grant, Permission
+from node.core.access.roles import ADMINISTRATOR, ADMINISTRATOR_GRANTS, ANONYMOUS, Grant, Permission
 from node.core.errors import AlreadyExists, InvalidConfig, NotAllowed, NotFound
 from node.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from node.scram_keys import ITERATIONS_DEFAULT, ITERATIONS_MAX, ITERATIONS_MIN

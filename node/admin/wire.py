@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from node.admin.definitions import SETTINGS_FIELD_PATH
 from node.core.errors import InvalidField
-from node.core.settings import QueueSettings
+from node.core.dispatch.settings import QueueSettings
 from proto import admin_pb2
 
 

@@ -21,7 +21,7 @@ from node.amqp.engine import delivery_tag, lib
 from node.core.effects import (AcceptSend, CloseUnstored, Confirm, DeadLettered, Declared, Delayed, Deliver,
                                DetachConsumer, Dropped, Enqueued, Flushed, Kept, PageIn, ReadRecords, Refuse,
                                RefuseUnstored, Removed, Stored, Unconfirmed, Withdrawn, WriteFailed)
-from node.core.message import Outcome
+from node.core.dispatch.message import Outcome
 
 log = logging.getLogger("grouper.amqp")
 

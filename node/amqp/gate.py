@@ -9,7 +9,7 @@ a lock (see below). Rules:
   TLS, SASL or before its open is closed, so a half-open client holds no connection slot for ever.
 - On the TLS listener a socket is admitted at accept, before its handshake (`admit_tls`), so
   handshakes in progress count toward connections_per_address_max; a failed one ends its count.
-- Failed logins are throttled by node.core.failed_logins: per source address, per claimed user name
+- Failed logins are throttled by node.core.access.failed_logins: per source address, per claimed user name
   and per pair of both. An attempt a held key applies to is refused unchecked, before any password
   work (the SASL server asks `_held` once it knows the user name); a failed one is answered after
   the hold its failure started, with the socket's input paused meanwhile. Refusals are logged once
@@ -39,8 +39,8 @@ import threading
 
 from node.amqp import tls
 from node.amqp.bridge import BridgeFull
-from node.core.admission import Admission
-from node.core.failed_logins import FailedLogins
+from node.core.access.admission import Admission
+from node.core.access.failed_logins import FailedLogins
 
 log = logging.getLogger("grouper.amqp")
 

@@ -8,7 +8,7 @@ Engine loop thread only. Rules:
 - A send goes to the server's `enqueue_local` (its queue here), or to the cluster (`cluster.arrive`)
   when its queue's group routes are cluster-wide; either answers through the server's
   `accept_when_stored` or `refuse`, which settle here (`settle_send`).
-- A send to a multicast address is copied to each of its subscription queues (node/core/addresses.py)
+- A send to a multicast address is copied to each of its subscription queues (node/core/dispatch/addresses.py)
   after every copy passed the checks that refuse a send (group id, depth, journal), and is settled once,
   after its last copy. A copy refused later (at its group's node) rejects the send; the other copies stay.
   With no subscription it is accepted and discarded, as Artemis does (counted in `server.unrouted`).
@@ -30,10 +30,10 @@ import logging
 from node.amqp import codec
 from node.amqp.engine import ACCEPTED, REJECTED, ffi, lib, set_condition
 from node.amqp.links import FanOut, Producer
-from node.core.access import Permission
-from node.core.addresses import SendTally
+from node.core.access.roles import Permission
+from node.core.dispatch.addresses import SendTally
 from node.core.errors import GrouperError, NotFound, ResourceLimitExceeded
-from node.core.message import Message
+from node.core.dispatch.message import Message
 
 log = logging.getLogger("grouper.amqp")
 

@@ -22,9 +22,9 @@ from node.amqp.conditions import condition_for
 from node.amqp.engine import lib, symbols, text
 from node.amqp.incoming import MESSAGE_SIZE_MAX_BYTES
 from node.amqp.links import DURABLE, TEMPORARY, Consumer, Producer
-from node.core.access import Permission
-from node.core.address_settings import split_address
-from node.core.addresses import (EXISTING_QUEUE_CAPABILITY, TOPIC_CAPABILITY, no_such_queue, split_fqqn,
+from node.core.access.roles import Permission
+from node.core.dispatch.address_settings import split_address
+from node.core.dispatch.addresses import (EXISTING_QUEUE_CAPABILITY, TOPIC_CAPABILITY, no_such_queue, split_fqqn,
                                  subscription_name)
 from node.core.errors import AlreadyExists, GrouperError, NotFound
 

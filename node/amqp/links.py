@@ -58,7 +58,7 @@ class FanOut:
 
     def __init__(self, producer: Producer, tally):
         self.producer = producer
-        self.tally = tally  # node.core.addresses.SendTally
+        self.tally = tally  # node.core.dispatch.addresses.SendTally
 
     @property
     def alive(self) -> bool:

@@ -62,7 +62,7 @@ from node.amqp.outgoing import Outgoing
 from node.amqp.tracer import Tracer
 from node.amqp.executor import EffectExecutor
 from node.core.durability import Durability
-from node.core.outbound import OUTBOUND_PREFIX
+from node.core.cluster.outbound import OUTBOUND_PREFIX
 from node.core.shell import NodeShell
 from node.store.failures import JournalFailure
 
@@ -279,7 +279,7 @@ class AmqpServer:
 
     def journal_records(self, queue: str, records: dict) -> None:
         """Records the journal read back whole: a cold tail's join the warm part; an outbound channel's
-        (node/core/outbound.py) go to their owner's forwarder."""
+        (node/core/cluster/outbound.py) go to their owner's forwarder."""
         if queue.startswith(OUTBOUND_PREFIX):
             self.cluster.outbound_read(queue, records)
             return

@@ -2,7 +2,7 @@
 
 Rules:
 - `MessageFields(payload)` is a read-only mapping from selector identifiers to values: application
-  properties by their own names, and the JMS names node.core.selector's header lists (JMSXGroupID,
+  properties by their own names, and the JMS names node.core.dispatch.selector's header lists (JMSXGroupID,
   JMSPriority, JMSType ...) from the header, properties and message-annotations sections, by the AMQP
   JMS mapping (Qpid JMS's). `get(name)` gives None for an absent field: the selector's NULL.
 - Lazy: nothing is read at construction. The first lookup walks the section boundaries once (sizes

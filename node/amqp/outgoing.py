@@ -18,7 +18,7 @@ from node.amqp.engine import ACCEPTED, MODIFIED, REJECTED, RELEASED, lib
 from node.amqp.links import Consumer
 from node.core.durability import CONSUMER
 from node.core.effects import Removed
-from node.core.message import Outcome
+from node.core.dispatch.message import Outcome
 
 
 class Outgoing:

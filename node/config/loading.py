@@ -18,7 +18,7 @@ import tomllib
 
 from node.config.settings import NodeConfig
 from node.core.errors import InvalidConfig
-from node.core.settings import QueueSettings
+from node.core.dispatch.settings import QueueSettings
 
 ENV_PREFIX = "GROUPER_"
 HTTP_PORT_OFFSET = 3  # http_port = amqp_port + 3 when only amqp_port is given: a second node on one host just works

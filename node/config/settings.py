@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from handler.leader_duties import GROUP_TIMEOUT_MS_DEFAULT
 from handler.placement import PLACEMENT_BALANCED
 from node.config import rules
-from node.core.address_settings import AddressSettings
-from node.core.settings import QueueSettings
+from node.core.dispatch.address_settings import AddressSettings
+from node.core.dispatch.settings import QueueSettings
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class NodeConfig:
     # bytes of message bodies all durable queues together keep in RAM; past it the bodies of journalled
     # messages live only in the journal, read back ahead of dispatch (README "Paging"); 0 = no node budget
     message_memory_max_bytes: int = 256 << 20
-    # bytes of queued messages' records (seq, group, flags; node/core/cold.py counts each message as 160 and
+    # bytes of queued messages' records (seq, group, flags; node/core/dispatch/cold.py counts each message as 160 and
     # each group as 256) all durable queues together keep in RAM; past it a queue's newest messages wait
     # in the journal as 8-byte seqs, read back whole as consumers near them (README "Paging"); 0 = no
     # budget
@@ -107,7 +107,7 @@ class NodeConfig:
     # sends for that owner are refused; 0 = no bound
     outbound_max_messages: int = 1_000_000
     # payload bytes of one owner's backlog kept in memory, given to its forwarder and not acknowledged;
-    # the rest of a durable backlog is only in the journal, read back in order (node/core/outbound.py);
+    # the rest of a durable backlog is only in the journal, read back in order (node/core/cluster/outbound.py);
     # 0 = no bound (all of it in memory)
     outbound_memory_max_bytes: int = 32 << 20
     # ---- between nodes (README "Security": Between nodes) ----

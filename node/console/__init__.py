@@ -37,7 +37,7 @@ from node.admin.client import AdminClient, AdminError
 from node.admin.callers import Authenticator, Unauthenticated
 from node.admin.local import LocalAdmin
 from node.core.errors import GrouperError
-from node.core.settings import QueueSettings
+from node.core.dispatch.settings import QueueSettings
 
 log = logging.getLogger("grouper.console")
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from node.core.errors import GrouperError
-from node.core.message import Message
+from node.core.dispatch.message import Message
 
 
 class Deliver:
@@ -67,7 +67,7 @@ class Enqueued:
 @dataclass(frozen=True, slots=True)
 class PageIn:
     """Read these paged-out bodies of durable queue `queue` back from the journal, then hand them to
-    Broker.page_in on the engine loop (node/core/paging.py). Seqs in the order dispatch needs them."""
+    Broker.page_in on the engine loop (node/core/dispatch/paging.py). Seqs in the order dispatch needs them."""
 
     queue: str
     seqs: tuple
@@ -77,7 +77,7 @@ class PageIn:
 class ReadRecords:
     """Read the next `count` live records of durable queue `queue` above seq `after_seq` back from the
     journal whole (record and body), then hand them to Broker.promote on the engine loop: a cold tail's
-    oldest (node/core/cold.py). The read stops early once the bodies read reach `max_bytes` (the record
+    oldest (node/core/dispatch/cold.py). The read stops early once the bodies read reach `max_bytes` (the record
     that reaches it included), and only then or at the journal's last record of the queue."""
 
     queue: str
@@ -249,7 +249,7 @@ class SubmitForward(NamedTuple):
 class ReadOutbound(NamedTuple):
     """Read paged entries of `owner`'s outbound channel back from the journal whole: `reads` is
     ((journal name, seqs), ...); each name's answer (seq -> Message | None) goes to the protocol's
-    `outbound_read` (node/core/outbound.py)."""
+    `outbound_read` (node/core/cluster/outbound.py)."""
 
     owner: str
     reads: tuple

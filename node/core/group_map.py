@@ -1,7 +1,7 @@
 """A compact map of one queue's group ids to 64-bit numbers: how every node holds a million routes.
 
 Both copies of the route table (the raft member's handler/route_table.py and the node's router,
-node/core/routing.py) keep, per queue, group id -> one packed int. As a dict that costs ~127 bytes
+node/core/cluster/routing.py) keep, per queue, group id -> one packed int. As a dict that costs ~127 bytes
 a route, two thirds of it the str and int objects; every node holds every route twice, so a
 million live routes did not fit 300 MB per node (docs/benchmarks.md, "Memory: routes").
 Here a route is its group id's UTF-8 bytes, one separator byte and 8 bytes of value, about 30

@@ -41,7 +41,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from node.admin.callers import EVERY_QUEUE, Authenticator, Unauthenticated
 from node.config import files_stamp
 from node.console import BODY_MAX_BYTES, JSON
-from node.core.access import Permission
+from node.core.access.roles import Permission
 from node.core.errors import InvalidConfig
 from node.http_port.hosts import HostPolicy, parse_names
 from node.http_port.metrics import GrouperCollector

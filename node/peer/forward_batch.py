@@ -16,11 +16,11 @@ Rules:
 from __future__ import annotations
 
 from node.core.errors import InvalidField, NotAllowed
-from node.core.outbound import Entry
+from node.core.cluster.outbound import Entry
 from proto import peer_pb2
 
 MESSAGE_BYTES_MAX = 64 << 20  # gRPC frame limit for a batch, both ways; a batch is capped far below
-FORWARD_SEQ_LIMIT = 1 << 63  # a source's seqs are signed 64-bit (node/core/outbound.py): none reaches it
+FORWARD_SEQ_LIMIT = 1 << 63  # a source's seqs are signed 64-bit (node/core/cluster/outbound.py): none reaches it
 
 # ForwardBatch.format_version (proto/peer.proto): what this build sends, and what its owner's end reads
 # (the one before it too, once there is one, so a cluster upgraded one step at a time keeps forwarding)

@@ -14,7 +14,7 @@ Rules:
 - The thread waits on a condition when it has nothing to send and while backing off; it never spins.
   `close` wakes it and closes the channel, which cancels the call in flight, so it returns promptly
   even when the owner hangs.
-- Pending entries are bounded by the caller: the outbound store (node/core/outbound.py) submits an
+- Pending entries are bounded by the caller: the outbound store (node/core/cluster/outbound.py) submits an
   owner's entries only while those pending stay within outbound_memory_max_bytes (at least one), and
   keeps the rest, paged to the journal. `close` drops them, and the caller resubmits its journalled
   entries after a restart.
@@ -35,7 +35,7 @@ import grpc
 
 from node.core.cluster.forward_sender import (BATCH_BYTES_MAX, BATCH_MESSAGES_MAX, RETRY_MAX_MS, RETRY_MIN_MS, Call,
                                               ForwardSender, Outcome)
-from node.core.outbound import Entry  # the entries a forwarder sends, made by the protocol
+from node.core.cluster.outbound import Entry  # the entries a forwarder sends, made by the protocol
 from node.peer.forward_batch import MESSAGE_BYTES_MAX, batch_to_pb
 from proto import peer_pb2_grpc
 

@@ -28,7 +28,7 @@ from typing import Callable, NamedTuple
 import grpc
 
 from node.core.errors import GrouperError, InvalidField, NotAllowed, NotFound, ResourceLimitExceeded
-from node.core.outbound import Entry
+from node.core.cluster.outbound import Entry
 from node.peer.cluster_secrets import ClusterTls
 from node.peer.forward_batch import MESSAGE_BYTES_MAX, SeqJump, entries_from_pb
 from node.peer.members import MembersOnly, Refusal, open_to_all

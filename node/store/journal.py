@@ -28,12 +28,12 @@ Rules:
   ticket it returns is always reported.
 - on_failed(ticket, failure) gets a JournalFailure (node/store/failures.py): what went wrong, where,
   how much was dropped, who must act; the adapters map it to their wire form.
-- Paging (node/core/paging.py): `read_bodies` hands the writer a list of (queue, seqs) whose bodies the
+- Paging (node/core/dispatch/paging.py): `read_bodies` hands the writer a list of (queue, seqs) whose bodies the
   engine loop wants back; on_bodies(queue, {seq: payload}) answers. It is only asked for STOREs already
   reported durable, so each is in the index; a seq that is not comes back as None. `read_records` is
   the same read, answered with whole Messages by on_records(queue, {seq: Message | None}).
   `read_records_after(queue, seq, count, max_bytes)` reads the next `count` live records above `seq`
-  (node/store/reads.py): a cold tail (node/core/cold.py) keeps no seqs, only how many of its messages
+  (node/store/reads.py): a cold tail (node/core/dispatch/cold.py) keeps no seqs, only how many of its messages
   are on disk, and those are always the queue's newest.
 - A journal that was never started writes what is pending at close(), on the caller's thread.
 """
@@ -43,7 +43,7 @@ from __future__ import annotations
 import os
 import threading
 
-from node.core.message import Message
+from node.core.dispatch.message import Message
 from node.store import records
 from node.store.compaction import Compaction
 from node.store.failures import DISK_FULL, WRITE_FAILED, JournalError, JournalFailure

@@ -1,5 +1,5 @@
 """Reading records back through the index: the bodies and records the engine loop paged out or left
-cold (node/core/paging.py, node/core/cold.py), and the outbound store's bodiless records.
+cold (node/core/dispatch/paging.py, node/core/dispatch/cold.py), and the outbound store's bodiless records.
 
 Runs on the writer thread between batches (node/store/writer.py), or on the journal's caller's thread
 before start (Journal.read_records_after_now). Owns nothing: the caller passes the file and the index.
@@ -12,7 +12,7 @@ Rules:
   says is a broken invariant, an AssertionError.
 - `read_after` reads the next live records above a seq, stopping after the record whose body brings
   the bodies read to `max_bytes`: so fewer come back only past that bound or at the index's last record
-  (node/core/cold.py's read_missing relies on it). Each pass reads no more frames than the bytes still
+  (node/core/dispatch/cold.py's read_missing relies on it). Each pass reads no more frames than the bytes still
   wanted (a frame is never smaller than its body).
 """
 

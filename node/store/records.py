@@ -36,7 +36,7 @@ import zlib
 from typing import NamedTuple
 
 from node.core.errors import ResourceLimitExceeded
-from node.core.message import Message
+from node.core.dispatch.message import Message
 
 DECLARE = 1
 DELETE = 2

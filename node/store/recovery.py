@@ -34,7 +34,7 @@ import os
 from array import array
 from dataclasses import dataclass, field
 
-from node.core.message import Message
+from node.core.dispatch.message import Message
 from node.store import records
 from node.store.failures import JournalError
 from node.store.files import COPY_CHUNK_BYTES, write_all

@@ -18,7 +18,7 @@ columns appended in that order and searched by bisection:
 - `tagged`: an extra 'I' column of one small number per record (recovery keeps the length of each
   record's group id there while it scans, see Journal.recover(cold=True)); `untag()` drops it.
 - `live_bytes` is always the exact sum of the live records' lengths.
-- `seqs_after(seq, count)`: the next live seqs above `seq`, what a cold tail (node/core/cold.py) reads
+- `seqs_after(seq, count)`: the next live seqs above `seq`, what a cold tail (node/core/dispatch/cold.py) reads
   back; it merges the overflow first, so the columns alone answer in order.
 """
 

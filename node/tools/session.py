@@ -5,7 +5,7 @@ Rules:
   node offers it: pip's proton cannot), and proton's BlockingConnection takes the socket after it;
   over TLS proton does TLS and SASL PLAIN itself (a node offers PLAIN over TLS).
 - A password goes only over TLS or to a loopback node: anything else is refused before dialling.
-- Without --create every link carries the EXISTING_QUEUE_CAPABILITY (node/core/addresses.py): the
+- Without --create every link carries the EXISTING_QUEUE_CAPABILITY (node/core/dispatch/addresses.py): the
   node refuses an unknown queue, naming the queues close to it, instead of creating one.
 - Every fault is a ToolError whose text names who is at fault and what to do next.
 """
@@ -62,10 +62,10 @@ def password_for(user: str, args: argparse.Namespace, where: str) -> str:
 
 
 def existing_queue_only():
-    """A proton link option: the node must not create the queue this link names (node/core/addresses.py)."""
+    """A proton link option: the node must not create the queue this link names (node/core/dispatch/addresses.py)."""
     from proton.reactor import LinkOption
 
-    from node.core.addresses import EXISTING_QUEUE_CAPABILITY
+    from node.core.dispatch.addresses import EXISTING_QUEUE_CAPABILITY
 
     class Option(LinkOption):
         def apply(self, link) -> None:

@@ -93,8 +93,8 @@ HANDLER_TIMEOUT_MS = 2000  # refusals of new groups without a majority come this
 DISK_BYTES = 128 << 20  # each node's tmpfs
 JOURNAL_COMPACT_MIN_BYTES = 8 << 20  # well below the tmpfs, so a long campaign does not fill it by itself
 # small budgets, so that every round's backlogs page: a busy owner's queue keeps ~30 records warm and the
-# rest cold (node/core/cold.py), a source keeps ~2 KiB of bodies per owner in memory and pages the rest of
-# a dead or slow owner's backlog to its journal (node/core/outbound.py)
+# rest cold (node/core/dispatch/cold.py), a source keeps ~2 KiB of bodies per owner in memory and pages the rest of
+# a dead or slow owner's backlog to its journal (node/core/cluster/outbound.py)
 RECORD_MEMORY_MAX_BYTES = 8 << 10
 OUTBOUND_MEMORY_MAX_BYTES = 2 << 10
 FOLLOW_WHENS = ("before", "during", "after")  # when a follow round moves its consumers, relative to the fault

@@ -33,7 +33,7 @@ from node import certs
 from node.admin.client import AccessDenied, AdminClient, NodeFailure
 from node.admin.callers import basic_metadata
 from node.admin.tls import channel_credentials
-from node.core.settings import QueueSettings
+from node.core.dispatch.settings import QueueSettings
 from proto import admin_pb2, admin_pb2_grpc
 from tests.integration.cli import grouper, grouper_ok, write_users_file
 from tests.integration.cluster import Cluster

@@ -24,7 +24,7 @@ from tests.integration.harness import grouped, wait_until
 from tests.integration.test_clustered_groups import bodies
 
 QUEUE = "ledger"
-RECORDS_BYTES = 16 << 10  # node 1 keeps ~90 records warm (node/core/cold.py counts 160 B a message)
+RECORDS_BYTES = 16 << 10  # node 1 keeps ~90 records warm (node/core/dispatch/cold.py counts 160 B a message)
 GROUP_TIMEOUT_MS = 1500  # routes nobody relies on expire this soon
 A_SENDS = 300  # group a's messages: past the budget, so all of b's go cold
 B_SENDS = 150

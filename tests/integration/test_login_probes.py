@@ -19,7 +19,7 @@ from tests.integration.sasl_socket import (CHALLENGE, OUTCOME_AUTH, OUTCOME_OK, 
 from tests.unit.test_sasl import ScramClient
 
 PASSWORD = "correct horse battery"
-THROTTLE_DELAY_MIN_S = 0.25  # node/core/failed_logins.py: the 4th failure in a row is held 250 ms, doubling
+THROTTLE_DELAY_MIN_S = 0.25  # node/core/access/failed_logins.py: the 4th failure in a row is held 250 ms, doubling
 
 
 def server_first(address: str, user: str) -> dict[str, str]:

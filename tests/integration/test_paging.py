@@ -143,7 +143,7 @@ def test_a_kill_while_paging_loses_no_accepted_message_and_keeps_group_order(nod
 
 
 def test_past_the_record_budget_a_backlog_waits_cold_and_survives_a_kill_in_group_order(node_factory):
-    records_bytes = 64 << 10  # ~400 warm messages of these 6 groups (node/core/cold.py counts 160 B each)
+    records_bytes = 64 << 10  # ~400 warm messages of these 6 groups (node/core/dispatch/cold.py counts 160 B each)
     node = node_factory(f"[node]\nrecord_memory_max_bytes = {records_bytes}\n\n" + queue_toml(QUEUE, durable=True))
     sent = _fill(node, per_group=300)
     filled = wait_until(lambda: (s := _stats(node))["cold_messages"] > 1000 and s, "most of the backlog to go cold")

@@ -14,7 +14,7 @@ import pytest
 from handler.replicated import PYSYNCOBJ_LOGGER
 from handler.code_versions import MOVES_CODE_VERSION, QUEUES_CODE_VERSION
 from handler.service import GroupingHandler
-from node.core.settings import QueueSettings
+from node.core.dispatch.settings import QueueSettings
 from tests.integration.cluster import free_ports
 from tests.integration.harness import wait_until
 

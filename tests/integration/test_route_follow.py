@@ -24,7 +24,7 @@ from tests.integration.test_clustered_groups import QUEUE, bodies, by_group
 
 ROUTE_FOLLOW_MS = 1000
 FOLLOW_CONFIG = f"[node]\nroute_follow_ms = {ROUTE_FOLLOW_MS}\n"
-RECORDS_BYTES = 8 << 10  # ~50 records warm (node/core/cold.py counts 160 B a message)
+RECORDS_BYTES = 8 << 10  # ~50 records warm (node/core/dispatch/cold.py counts 160 B a message)
 COLD_SENDS = 150  # per group, queued on node a: most go cold
 
 

@@ -46,7 +46,7 @@ USERS = {"writer": "writer", "reader": "reader", "browser": "browser", "admin": 
 QUEUES = ("orders.x", "orders.y", "orders.a.b", "billing")  # declared; auto-create stays on, so create is checked
 QUEUES_CONFIG = "".join(f'[[queue]]\nname = "{name}"\n\n' for name in QUEUES)
 RETRY_INTERVAL_S = 0.2  # between attempts while waiting for a reload; failed logins are throttled after 3
-THROTTLE_DELAY_MIN_S = 0.25  # node/core/failed_logins.py: the 4th failure in a row is held 250 ms, doubling
+THROTTLE_DELAY_MIN_S = 0.25  # node/core/access/failed_logins.py: the 4th failure in a row is held 250 ms, doubling
 
 
 # ---- the CLI, users and certificates -----------------------------------------------------------

@@ -6,7 +6,7 @@ does not explain it). The model:
 - new groups arrive at `offered_per_s`, spread evenly over each millisecond (whole decisions, the
   fractions carried), each a distinct (queue, group) on one of `queues_count` queues, proposed by
   one of three nodes in turn;
-- each group waits in its shard's queue: `node/core/shards.py`'s shard_of picks the shard;
+- each group waits in its shard's queue: `node/core/cluster/shards.py`'s shard_of picks the shard;
 - every millisecond each shard's leader commits one batched claim of its oldest waiting groups, as
   many as its capacity allows (capacity_per_s / 1000 per ms, the fractions carried), to that
   shard's real RouteTable (handler/route_table.py), which must answer every group with a node.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from handler.placement import PLACEMENT_LOCAL
 from handler.route_table import RouteTable
-from node.core.shards import shard_of
+from node.core.cluster.shards import shard_of
 
 CAPACITY_PER_S_MEASURED = 7_000  # docs/benchmarks.md row c: new-group decisions/s of one raft group
 NODES = ("n1", "n2", "n3")

@@ -21,8 +21,8 @@ I/O is modelled:
 - the raft member is the simulation's `RaftLog`; its feed arrives through `catch_up`; registration
   goes through the log (moves wait for every registered member), without addresses.
 - the two memory budgets for queued messages, as runtime.Node sets them: the Broker's bodies
-  (`message_memory_max_bytes`, node/core/paging.py) and records (`record_memory_max_bytes`, cold tails of
-  node/core/cold.py; where groups follow their consumers, the protocol's sweeps read a tail through
+  (`message_memory_max_bytes`, node/core/dispatch/paging.py) and records (`record_memory_max_bytes`, cold tails of
+  node/core/dispatch/cold.py; where groups follow their consumers, the protocol's sweeps read a tail through
   for the groups moving away, answered through `cold_records`). The shell hands the STOREs of each
   journal unit to `Broker.journalled` once the unit is durable (bodies may page out then, pending cold
   arrivals are let go), and forgets them when it failed.
@@ -41,7 +41,7 @@ from __future__ import annotations
 import random
 from collections import deque
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.cluster import MARK_PREFIX, PARK_PREFIX, ClusterProtocol
 from node.core.cluster.feed import CONFLICT, MOVES_ALL, QUEUES_ALL, SNAPSHOT
 from node.core.cluster.forward_sender import Call, ForwardSender
@@ -53,9 +53,9 @@ from node.core.effects import (AcceptSend, DeadLettered, Declared, Delayed, Deli
                                Stored, SubmitForward, Withdrawn, WriteFailed)
 from node.core.errors import GrouperError
 from node.core.shell import NodeShell
-from node.core.message import AVAILABLE, FETCHED, JOURNALLED, PAGED, STATE_MASK, Message
-from node.core.outbound import Entry, parse_outbound_name
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import AVAILABLE, FETCHED, JOURNALLED, PAGED, STATE_MASK, Message
+from node.core.cluster.outbound import Entry, parse_outbound_name
+from node.core.dispatch.settings import QueueSettings
 
 JOURNAL_RETRY_INTERVAL_MS = 1000  # node/amqp/loop.py: durable sends are refused this long after a failed write
 

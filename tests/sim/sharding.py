@@ -5,7 +5,7 @@ cluster simulation (tests/sim/simulation.py), with the nodes' own ClusterProtoco
 RouteTables. Rules of the model:
 - S `RaftLog`s, one per shard, each with its own leader that can be lost on its own (a partition or
   crash of that shard's majority: its proposals fail, those in flight have unknown outcomes);
-- a node proposes each claim, touch or move clear split by `node/core/shards.py`'s shard_of, one
+- a node proposes each claim, touch or move clear split by `node/core/cluster/shards.py`'s shard_of, one
   proposal per shard; membership and consumer reports go to every shard (each shard places its own
   groups and needs them); any other command goes to shard 0;
 - each node keeps one replica per shard: its applied index is a tuple, one index per shard, and
@@ -33,7 +33,7 @@ nothing lost, a router never ahead of its log):
 from __future__ import annotations
 
 from handler.leader_duties import ExpireIdle, FollowConsumers, LeaderDuties, RaftStatus
-from node.core.shards import shard_of, split_by_shard
+from node.core.cluster.shards import shard_of, split_by_shard
 from tests.sim.node_model import SimNode
 from tests.sim.raft_log import RaftLog
 from tests.sim.simulation import Simulation

@@ -94,8 +94,8 @@ from dataclasses import dataclass
 from handler.leader_duties import ExpireIdle, FollowConsumers, LeaderDuties, RaftStatus
 from node.core.cluster.feed import settings_values
 from node.core.effects import Removed
-from node.core.message import Outcome
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Outcome
+from node.core.dispatch.settings import QueueSettings
 from tests.sim.node_model import MARK_PREFIX, SimNode, mid_of
 from tests.sim.raft_log import RaftLog
 
@@ -121,13 +121,13 @@ class SimConfig:
     outbound_max_bytes: int = 0  # the outbound store's bound per owner (node/config.py); 0: none
     outbound_total_max_bytes: int = 0  # and for all owners together
     outbound_max_messages: int = 0  # the outbound store's bound per owner in messages; 0: none
-    outbound_memory_max_bytes: int = 0  # bodies per owner in memory, the rest paged (node/core/outbound.py); 0: none
+    outbound_memory_max_bytes: int = 0  # bodies per owner in memory, the rest paged (node/core/cluster/outbound.py); 0: none
     # the node's budgets for queued messages (node/config.py): bodies of durable queues in memory, the rest
-    # paged to the journal (node/core/paging.py); their records, the newest past it only counted as a cold
-    # tail (node/core/cold.py); 0: none
+    # paged to the journal (node/core/dispatch/paging.py); their records, the newest past it only counted as a cold
+    # tail (node/core/dispatch/cold.py); 0: none
     message_memory_max_bytes: int = 0
     record_memory_max_bytes: int = 0
-    read_back_max_bytes: int = 0  # a read of cold records stops once its bodies reach this (node/core/cold.py); 0: its default
+    read_back_max_bytes: int = 0  # a read of cold records stops once its bodies reach this (node/core/dispatch/cold.py); 0: its default
     net_delay_ms_max: int = 20  # one way, forwarding calls and replies
     forward_loss: float = 0.05  # a forwarding call never reaches the owner
     ack_loss: float = 0.05  # the owner's reply never reaches the sender
@@ -857,7 +857,7 @@ class Simulation:
 
     def _cold_groups(self, node: SimNode) -> set[tuple[str, str]]:
         """The (queue, group) of the messages in `node`'s cold tails: its queues' live messages above the
-        tail's after_seq (node/core/cold.py), whose groups the node does not know until it reads them back."""
+        tail's after_seq (node/core/dispatch/cold.py), whose groups the node does not know until it reads them back."""
         after = {name: queue.cold.after_seq for name, queue in node.broker.queues.items()
                  if queue.cold is not None and queue.cold.count}
         if not after:

@@ -10,7 +10,7 @@ import random
 
 from node.core.cluster.definitions import DEFINITION_RETRY_INTERVAL_MS
 from node.core.cluster.feed import TEMPORARY_OF
-from node.core.settings import QueueSettings
+from node.core.dispatch.settings import QueueSettings
 from tests.sim.simulation import Simulation
 
 SEEDS = 40

@@ -13,7 +13,7 @@ import collections
 import pytest
 
 from node.core.cluster import handover
-from node.core.cold import GROUP_RECORD_BYTES, MESSAGE_RECORD_BYTES
+from node.core.dispatch.cold import GROUP_RECORD_BYTES, MESSAGE_RECORD_BYTES
 from tests.sim.simulation import Simulation
 
 FOLLOW_SWEEP_SEEDS = 60

@@ -7,7 +7,7 @@ import collections
 
 import pytest
 
-from node.core.shards import shard_of
+from node.core.cluster.shards import shard_of
 from tests.sim import decision_capacity
 from tests.sim.sharding import ShardedRaft, ShardedSimulation
 from tests.sim.simulation import SimulationFailure

@@ -13,9 +13,9 @@ import collections
 
 import pytest
 
-from node.core.cold import GROUP_RECORD_BYTES, MESSAGE_RECORD_BYTES
-from node.core.message import Outcome
-from node.core.settings import QueueSettings
+from node.core.dispatch.cold import GROUP_RECORD_BYTES, MESSAGE_RECORD_BYTES
+from node.core.dispatch.message import Outcome
+from node.core.dispatch.settings import QueueSettings
 from tests.sim.node_model import JOURNAL_RETRY_INTERVAL_MS
 from tests.sim.simulation import Simulation, SimulationFailure
 

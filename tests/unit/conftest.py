@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.effects import Deliver, Dropped, Removed, Stored
-from node.core.message import Message, Outcome
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message, Outcome
+from node.core.dispatch.settings import QueueSettings
 
 
 class Harness:

@@ -31,8 +31,8 @@ from collections import Counter
 
 from node.core.effects import (DeadLettered, Delayed, Deliver, DetachConsumer, Dropped, Kept, ReadRecords, Removed, Stored,
                                Withdrawn)
-from node.core.message import Outcome
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Outcome
+from node.core.dispatch.settings import QueueSettings
 
 AVAILABLE = "available"
 ACQUIRED = "acquired"
@@ -438,7 +438,7 @@ class Model:
         expect(not self._expect_dropped_ttl, f"expired {sorted(self._expect_dropped_ttl)} came back undropped")
         expect(not self._expect_withdrawn, f"no Withdrawn for {sorted(self._expect_withdrawn)}")
         cold = _cold_seqs(queue, [m.seq for m in self._live()])
-        if ticked:  # a cold message expires once read back (node/core/cold.py)
+        if ticked:  # a cold message expires once read back (node/core/dispatch/cold.py)
             stale = [m for m in self._live(AVAILABLE) if m.expired(self.now_ms) and m.seq not in cold]
             expect(not stale, f"{stale} expired and still queued after tick({self.now_ms})")
         if self.dead_letter_queue:
@@ -489,7 +489,7 @@ class Model:
 
     def _check_progress(self, cold: set) -> None:
         """After a step the core is quiescent: nothing it could deliver is left waiting (but what waits in
-        a cold tail for the journal: node/core/cold.py)."""
+        a cold tail for the journal: node/core/dispatch/cold.py)."""
         for cid, consumer in self.consumers.items():
             if consumer.browse and consumer.credit > 0:
                 unseen = [m for m in self._live(AVAILABLE)
@@ -523,7 +523,7 @@ class Model:
 
 
 def _cold_seqs(queue, live_seqs) -> set:
-    """Of `live_seqs`, those in the queue's cold tail (node/core/cold.py): all above its after_seq while it
+    """Of `live_seqs`, those in the queue's cold tail (node/core/dispatch/cold.py): all above its after_seq while it
     has one, being the queue's newest."""
     cold = getattr(queue, "cold", None)
     if cold is None or not cold.count:

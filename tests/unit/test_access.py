@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node.amqp.conditions import condition_for
-from node.core import access as access_module
-from node.core.access import (ADMINISTRATOR, ANONYMOUS, DECISIONS_CACHED_MAX, Access, Grant, Permission,
+from node.core.access import roles as access_module
+from node.core.access.roles import (ADMINISTRATOR, ANONYMOUS, DECISIONS_CACHED_MAX, Access, Grant, Permission,
                               QueuePattern, validate_pattern)
 from node.core.errors import InvalidConfig, Unauthorized
 

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from node.config import load
-from node.core.address_settings import (AddressSettings, most_specific_first, parse_table, split_address,
+from node.core.dispatch.address_settings import (AddressSettings, most_specific_first, parse_table, split_address,
                                         check_parameters)
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.errors import AlreadyExists, InvalidConfig, InvalidField, NotFound
-from node.core.settings import QueueSettings
+from node.core.dispatch.settings import QueueSettings
 
 WORDS = st.sampled_from(["a", "b", "c"])
 PATTERN_WORDS = st.sampled_from(["a", "b", "c", "*", "#"])

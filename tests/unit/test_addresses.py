@@ -9,13 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from node import config
-from node.core.address_settings import AddressSettings
-from node.core.addresses import Addresses, SendTally, split_fqqn, subscription_name
-from node.core.broker import Broker
+from node.core.dispatch.address_settings import AddressSettings
+from node.core.dispatch.addresses import Addresses, SendTally, split_fqqn, subscription_name
+from node.core.dispatch.broker import Broker
 from node.core.cluster.feed import fixed_changes
 from node.core.errors import AlreadyExists, InvalidConfig, InvalidField, NotFound, ResourceLimitExceeded
-from node.core.message import Message
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message
+from node.core.dispatch.settings import QueueSettings
 
 
 def test_a_fully_qualified_name_splits_at_the_first_double_colon():

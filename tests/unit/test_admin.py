@@ -18,12 +18,12 @@ from node.admin.definitions import updated_settings
 from node.admin.client import AdminClient, AdminError, InvalidRequest, NodeFailure
 from node.admin.service import STATUS_BY_ERROR, serve, status_for
 from node.admin.wire import settings_from_pb
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.errors import (AlreadyExists, GrouperError, InvalidConfig, InvalidField, NotAllowed, NotFound,
                               ResourceDeleted, ResourceLimitExceeded)
-from node.core.message import Message, Outcome
-from node.core.queue import Queue
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message, Outcome
+from node.core.dispatch.queue import Queue
+from node.core.dispatch.settings import QueueSettings
 from proto import admin_pb2, admin_pb2_grpc
 
 

@@ -23,11 +23,11 @@ from node.admin.callers import (ANONYMOUS, AUTHORIZATION_KEY, EVERY_QUEUE, FAILU
                                     Authenticator, Caller, Unauthenticated, VerifiedCache, authorization_of,
                                     basic_metadata, basic_value, check_manage, may_see, parse_basic)
 from node.admin.service import QUEUES_MANAGED, serve, status_for
-from node.core.access import Grant
-from node.core.broker import Broker
+from node.core.access.roles import Grant
+from node.core.dispatch.broker import Broker
 from node.core.errors import InvalidConfig, Unauthorized
-from node.core.message import Message
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message
+from node.core.dispatch.settings import QueueSettings
 from node.http_port.server import CHALLENGE, HealthServer
 from node.users import UserDatabase
 from proto import admin_pb2

@@ -15,10 +15,10 @@ import pytest
 from node.admin import queue_purge
 from node.admin.flushes import Flushes, JournalFailed
 from node.admin.service import _message_for, status_for
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.effects import Removed, Stored
-from node.core.message import Message
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message
+from node.core.dispatch.settings import QueueSettings
 from node.admin.loop_control import LoopControl
 
 WRITTEN, FAILED, SILENT = "written", "failed", "silent"  # what the fake journal does with a batch

@@ -9,9 +9,9 @@ from node.admin.client import AccessDenied, NodeFailure
 from node.admin.callers import FAILURES_BEFORE_THROTTLE, basic_metadata
 from node.admin.local import LocalAdmin
 from node.admin.service import AdminServicer
-from node.core.broker import Broker
-from node.core.message import Message
-from node.core.settings import QueueSettings
+from node.core.dispatch.broker import Broker
+from node.core.dispatch.message import Message
+from node.core.dispatch.settings import QueueSettings
 from tests.unit.test_admin import BrokerControl
 from tests.unit.test_admin_callers import PASSWORD, CountingSecurity, database
 

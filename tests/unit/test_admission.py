@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.core.admission import Admission
+from node.core.access.admission import Admission
 
 LIMITS = dict(connections_per_address_max=2, failures_before_throttle=3, throttle_delay_min_ms=250,
               throttle_delay_max_ms=2_000, failure_window_ms=60_000)

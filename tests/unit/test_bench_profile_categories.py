@@ -21,7 +21,7 @@ def frame(path: str, function: str = "f", line: int = 1) -> str:
 
 @pytest.mark.parametrize("folder, glob, prefix", [
     ("node/core/cluster", "*.py", "node/core/cluster/"),
-    ("node/core", "queue*.py", "node/core/queue"),
+    ("node/core/dispatch", "queue*.py", "node/core/dispatch/queue"),
     ("node/store", "*.py", "node/store/"),
     ("node/amqp", "*.py", "node/amqp/"),
     ("node/peer", "*.py", "node/peer/"),
@@ -61,9 +61,9 @@ def test_no_prefix_is_hidden_by_a_wider_one_above_it():
 def test_a_summary_leaves_out_samples_that_wait_and_shares_the_busy_ones_by_part(tmp_path):
     raw = tmp_path / "node.txt"
     engine = "thread (1): engine;Thread.run (threading.py:982);AmqpServer._run (node/amqp/loop.py:249)"
-    raw.write_text(f"{engine};Queue.add (node/core/queue.py:10) 3\n"
+    raw.write_text(f"{engine};Queue.add (node/core/dispatch/queue.py:10) 3\n"
                    f"{engine};Journal.store (node/store/journal.py:20) 1\n"
                    f"{engine};EpollSelector.select (selectors.py:468) 6\n")
     summary = summarize_profile(raw)
     assert summary["samples"] == 10 and summary["busy_samples"] == 4 and summary["waiting_pct"] == 60.0
-    assert summary["categories_pct"] == {PART["node/core/queue"]: 75.0, PART["node/store/"]: 25.0}
+    assert summary["categories_pct"] == {PART["node/core/dispatch/queue"]: 75.0, PART["node/store/"]: 25.0}

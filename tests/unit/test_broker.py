@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from node.amqp.conditions import condition_for
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.effects import Deliver, DetachConsumer, Dropped, Removed, Stored
 from node.core.errors import (AlreadyExists, InvalidField, NotFound, ResourceDeleted,
                               ResourceLimitExceeded)
-from node.core.message import Message, Outcome
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message, Outcome
+from node.core.dispatch.settings import QueueSettings
 
 
 def snapshot(broker: Broker) -> tuple:

@@ -1,9 +1,9 @@
 import pytest
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.errors import ResourceLimitExceeded
-from node.core.message import Message
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message
+from node.core.dispatch.settings import QueueSettings
 
 
 def _broker_with_group(messages: int) -> Broker:

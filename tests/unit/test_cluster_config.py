@@ -10,7 +10,7 @@ from handler.service import GroupingHandler
 from node.cli import NODE_FLAG_KEYS, build_parser
 from node.config import load
 from node.core.errors import InvalidConfig
-from node.core.settings import QueueSettings
+from node.core.dispatch.settings import QueueSettings
 
 
 def test_without_peers_a_node_runs_alone():

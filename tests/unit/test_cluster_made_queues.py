@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.cluster import ClusterProtocol
 from node.core.cluster.definitions import DEFINITION_RETRY_INTERVAL_MS
 from node.core.cluster.feed import ADDED, CONFLICT, MEMBERS, QUEUES, TEMPORARY_OF
 from node.core.effects import DetachConsumer, ProposeClaim, ProposeDefinition, ProposeQueueDeletion
 from node.core.errors import AlreadyExists, GrouperError
-from node.core.message import Message
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message
+from node.core.dispatch.settings import QueueSettings
 
 
 def protocol(node_id: str = "n1") -> ClusterProtocol:

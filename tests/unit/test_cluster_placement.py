@@ -4,12 +4,12 @@ And a journal answer goes back to the continuation its AfterFlush carried, nothi
 
 import pytest
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.cluster import ClusterProtocol
 from node.core.cluster.feed import MOVES, ROUTES
 from node.core.cluster.handover import AS_ROUTED, PARK, QUEUE, REFUSE, RELAY
-from node.core.message import Message
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message
+from node.core.dispatch.settings import QueueSettings
 
 KEY = ("q", "g")
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 import ast
 import pathlib
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.cluster import MARK_PREFIX, SEQ_RESERVATION, ClusterProtocol
 from node.core.cluster.feed import MOVES, REFUSED, ROUTES
-from node.core.outbound import Entry, outbound_name
+from node.core.cluster.outbound import Entry, outbound_name
 from node.core.effects import (AcceptWhenStored, AfterFlush, Declared, Deliver, EnqueueLocal, ProposeClaim, ProposeTouch,
                                Refuse, Register, Removed, Reply, ReportConsumers, StopNode, Stored, SubmitForward)
 from node.core.errors import HandlerUnavailable, ResourceLimitExceeded
-from node.core.message import Message, Outcome
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message, Outcome
+from node.core.dispatch.settings import QueueSettings
 
 HANDLER_TIMEOUT_MS = 300
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -147,7 +147,7 @@ def test_with_a_group_timeout_ticks_refresh_the_routes_this_node_used():
 
 
 def test_while_a_queue_has_a_cold_tail_ticks_refresh_every_route_of_it_naming_this_node():
-    # a cold message's group is unknown until it is read back (node/core/cold.py): none of the groups
+    # a cold message's group is unknown until it is read back (node/core/dispatch/cold.py): none of the groups
     # that may have one here may expire meanwhile, or a send elsewhere could place it on another node
     cluster = protocol(group_timeout_ms=1000)
     cluster.applied(ROUTES, [("q", "g1", "n1"), ("q", "g2", "n1"), ("q", "g3", "n2")], 0, 0)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.cluster import QUEUES_MARK, ClusterProtocol
 from node.core.cluster.feed import QUEUES, QUEUES_ALL
 from node.core.effects import Declared, ProposeQueueSeeds, QueueDeleted
-from node.core.message import Message
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message
+from node.core.dispatch.settings import QueueSettings
 
 
 def protocol(**settings) -> ClusterProtocol:

@@ -1,4 +1,4 @@
-"""Cold tails (node/core/cold.py): a durable queue's newest messages past the node's record budget.
+"""Cold tails (node/core/dispatch/cold.py): a durable queue's newest messages past the node's record budget.
 
 The dispatch model (model.py) judges every step, as in test_dispatch_model.py, with a record budget so
 small that most sends go cold; this harness is the journal. A STORE is on disk once a `journal_written`
@@ -22,13 +22,13 @@ from hypothesis.stateful import precondition, rule
 import pytest
 from model import _cold_seqs
 from node.admin.queue_purge import purge_batch
-from node.core.broker import Broker
-from node.core.cold import GROUP_RECORD_BYTES, MESSAGE_RECORD_BYTES, PROMOTE_BATCH_RECORDS
+from node.core.dispatch.broker import Broker
+from node.core.dispatch.cold import GROUP_RECORD_BYTES, MESSAGE_RECORD_BYTES, PROMOTE_BATCH_RECORDS
 from node.core.effects import Deliver, Dropped, ReadRecords, Removed, Stored
 from node.core.errors import ResourceLimitExceeded
-from node.core.message import COLD, JOURNALLED, Message, Outcome
-from node.core.reroute import Reroute
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import COLD, JOURNALLED, Message, Outcome
+from node.core.dispatch.reroute import Reroute
+from node.core.dispatch.settings import QueueSettings
 from test_dispatch_model import DispatchMachine
 
 EXPLORE = os.environ.get("GROUPER_MODEL_EXPLORE") == "1"

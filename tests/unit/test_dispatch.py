@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from node.core.message import Outcome
-from node.core.queue_dispatch import Dispatcher
+from node.core.dispatch.message import Outcome
+from node.core.dispatch.queue_dispatch import Dispatcher
 
 
 # ---- exclusive -----------------------------------------------------------------------------------
@@ -124,14 +124,14 @@ def test_shared_default_group_can_be_renamed_per_queue(make):
 
 
 def test_shared_default_group_can_be_renamed_for_the_whole_broker(make):
-    from node.core.broker import Broker
+    from node.core.dispatch.broker import Broker
     h = make(broker=Broker(default_group="EMPTY-GROUP"), group_policy="shared")
     h.send(None, "u1")
     assert [row["group"] for row in h.queue.group_rows()] == ["EMPTY-GROUP"]
 
 
 def test_the_broker_wide_default_group_does_not_group_an_exclusive_queue(make):
-    from node.core.broker import Broker
+    from node.core.dispatch.broker import Broker
     h = make(broker=Broker(default_group="EMPTY-GROUP"), group_policy="exclusive")
     h.send(None, "u1")
     assert h.queue.group_rows() == []

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from model import Model
-from node.core.broker import Broker
-from node.core.message import Message, Outcome
-from node.core.settings import QueueSettings
+from node.core.dispatch.broker import Broker
+from node.core.dispatch.message import Message, Outcome
+from node.core.dispatch.settings import QueueSettings
 
 CONSUMERS_MAX = 4
 GROUPS = ["a", "b", "c", "d", None]

@@ -1,9 +1,9 @@
-"""The failed-login throttle's rule (node/core/failed_logins.py): keys, holds, what a success clears,
+"""The failed-login throttle's rule (node/core/access/failed_logins.py): keys, holds, what a success clears,
 trust, and the memory bound. Time is an argument; nothing sleeps."""
 
 from __future__ import annotations
 
-from node.core.failed_logins import DELAY_MAX_MS, DELAY_MIN_MS, FAILURE_WINDOW_MS, FailedLogins
+from node.core.access.failed_logins import DELAY_MAX_MS, DELAY_MIN_MS, FAILURE_WINDOW_MS, FailedLogins
 
 
 def fail(throttle: FailedLogins, address: str, user: str, times: int, now_ms: int = 0) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from node.core.cluster.forward_sender import ENTRY_OVERHEAD_BYTES, ForwardSender
-from node.core.outbound import Entry
+from node.core.cluster.outbound import Entry
 
 
 def entry(seq: int, payload: bytes = b"m") -> Entry:

@@ -20,11 +20,11 @@ from concurrent import futures
 import grpc
 import pytest
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.cluster import MARK_PREFIX, ClusterProtocol
 from node.core.effects import AfterFlush, Declared, Reply, Stored
-from node.core.outbound import Entry
-from node.core.settings import QueueSettings
+from node.core.cluster.outbound import Entry
+from node.core.dispatch.settings import QueueSettings
 from node.peer.forwarder import Forwarder
 from node.peer.forward_batch import FORWARD_SEQ_LIMIT, SeqJump, entries_from_pb
 from node.peer.members import RaftMembers, SignedByMember, open_to_all

@@ -12,7 +12,7 @@ import pytest
 from node.amqp.bridge import Bridge
 from node.amqp.connection import Connection
 from node.amqp.gate import PLAIN_CHECKS_MAX, Gate
-from node.core.access import ADMINISTRATOR
+from node.core.access.roles import ADMINISTRATOR
 from node.security import Security
 from node.users import UserDatabase
 from tests.unit.test_sasl import SASL_HEADER, ScramClient, init, outcome_code, response, server_frames

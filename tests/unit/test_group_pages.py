@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from node.admin.group_pages import PAGE_SIZE_MAX, group_page
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.errors import InvalidField
-from node.core.message import Message
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message
+from node.core.dispatch.settings import QueueSettings
 
 
 def broker_with(groups: list[str], now_ms: int = 1000) -> Broker:

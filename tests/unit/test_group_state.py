@@ -21,14 +21,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.effects import Deliver
 from node.core.errors import ResourceLimitExceeded
-from node.core.message import AVAILABLE, REMOVED, Message, Outcome
-from node.core.queue_consumers import OWNED_STALE_MIN
-from node.core.queue_groups import GROUPS_SHRINK_MIN
-from node.core.queue_lanes import Group
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import AVAILABLE, REMOVED, Message, Outcome
+from node.core.dispatch.queue_consumers import OWNED_STALE_MIN
+from node.core.dispatch.queue_groups import GROUPS_SHRINK_MIN
+from node.core.dispatch.queue_lanes import Group
+from node.core.dispatch.settings import QueueSettings
 
 
 def broker_with(**settings) -> Broker:

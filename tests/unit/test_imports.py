@@ -140,7 +140,7 @@ def _a_cycle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
 
 
 def test_the_walk_sees_the_packages_and_their_imports():
-    assert {"node.core.queue", "node.amqp.loop", "handler.route_table", "pipeline.sink", "node.net"} <= set(MODULES)
+    assert {"node.core.dispatch.queue", "node.amqp.loop", "handler.route_table", "pipeline.sink", "node.net"} <= set(MODULES)
     assert "node.core.group_map" in _graph()["handler.route_table"]
     assert "node.admin.commands" in _graph()["node.cli"]  # an import inside a function counts
 
@@ -183,11 +183,33 @@ def test_the_known_core_violations_are_still_there():
     assert stale == [], f"fixed, so drop them from KNOWN_CORE_VIOLATIONS: {stale}"
 
 
+# node/core's subjects depend one way (node/core/__init__.py): a subject may import those after it in
+# this order and none before it (the top-level modules of node/core serve them all)
+CORE_SUBJECTS = ("node.core.shell", "node.core.cluster", "node.core.dispatch", "node.core.access")
+
+
+def _subject_of(module: str) -> int | None:
+    for rank, subject in enumerate(CORE_SUBJECTS):
+        if module == subject or module.startswith(subject + "."):
+            return rank
+    return None
+
+
+def test_the_cores_subjects_depend_one_way():
+    backwards = sorted((module, name) for module, names in IMPORTS.items() if _subject_of(module) is not None
+                       for name in names
+                       if _subject_of(name) is not None and _subject_of(name) < _subject_of(module))
+    assert backwards == [], "node/core's subjects depend one way (shell, cluster, dispatch, access): " + \
+        ", ".join(f"{a} imports {b}" for a, b in backwards)
+    assert all(_subject_of(module) is not None for module in ("node.core.dispatch.queue", "node.core.access.roles",
+                                                                "node.core.cluster.protocol"))
+
+
 def test_the_rule_names_adapters_clocks_and_threads_but_not_their_namesakes():
     for name in ("time", "threading.Lock", "node.amqp.loop", "node.config", "node.http_port.metrics", "grpc.aio",
                  "handler", "handler.route_table", "proton.reactor", "pysyncobj"):
         assert _core_may_not_import(name), name
-    for name in ("timeit", "node.core.queue", "node.core", "grpcx", "heapq", "handlers"):
+    for name in ("timeit", "node.core.dispatch.queue", "node.core", "grpcx", "heapq", "handlers"):
         assert not _core_may_not_import(name), name
 
 

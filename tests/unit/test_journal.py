@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings as hypothesis_settings, strategies as st
 
 from node.amqp.conditions import INTERNAL_ERROR, RESOURCE_LIMIT, journal_failure_condition as failure_condition
-from node.core.message import Message
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message
+from node.core.dispatch.settings import QueueSettings
 from node.store import records, scanner
 from node.store.failures import DISK_FULL, WRITE_FAILED, JournalFailure
 from node.store.journal import COMPACT_SUFFIX, JOURNAL_FILE, Journal, JournalError
@@ -663,7 +663,7 @@ def test_a_journal_failure_is_copied_and_pickled_with_its_fields():
 
 PRODUCER = textwrap.dedent("""
     import sys, time
-    from node.core.message import Message
+    from node.core.dispatch.message import Message
     from node.store.journal import Journal
     journal = Journal(sys.argv[1])
     journal.recover()
@@ -1039,7 +1039,7 @@ def test_after_cold_recovery_the_writer_reads_the_records_back_and_compacts_them
 def test_a_read_of_the_next_records_stops_once_their_bodies_reach_its_byte_bound(tmp_path):
     # a cold tail of large messages: 1,024 records at once would be a GiB of 1 MiB bodies. The read stops
     # after the record whose body reaches the bound (one larger than the bound still comes whole), and only
-    # then or at the last record, which node/core/cold.py's read_missing relies on to tell a cut read from
+    # then or at the last record, which node/core/dispatch/cold.py's read_missing relies on to tell a cut read from
     # records the journal lacks
     sizes = {seq: size for seq, size in zip(range(1, 11), (100, 300, 50, 5_000, 10, 10, 10, 700, 20, 30))}
 

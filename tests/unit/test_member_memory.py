@@ -97,4 +97,4 @@ def test_the_raft_member_process_loads_the_feeds_vocabulary_without_the_cluster_
         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     modules = set(ast.literal_eval(loaded.stdout))
     assert "node.core.cluster.feed" in modules
-    assert not modules & {"node.core.cluster.protocol", "node.core.broker", "node.core.queue"}, modules
+    assert not modules & {"node.core.cluster.protocol", "node.core.dispatch.broker", "node.core.dispatch.queue"}, modules

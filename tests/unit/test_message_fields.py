@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from proton import Message, symbol, ulong
 
 from node.amqp.message_fields import OPAQUE, MessageFields
-from node.core.selector import compile_selector
+from node.core.dispatch.selector import compile_selector
 
 
 def fields_of(**message) -> MessageFields:

@@ -16,8 +16,8 @@ A directory can come first on sys.path when a process starts from it: the reposi
 and pytest's rootdir and `pythonpath`), a directory holding a script run by its path (`python3
 deploy/docker/build.py` puts deploy/docker first) and a directory pytest collects test modules from
 (it puts tests/unit first, as tests/unit is not a package). A package with neither scripts nor test
-modules (node/core, pipeline) is reached only through its package's name: node/core/queue.py is
-`node.core.queue` and hides nothing.
+modules (node/core, pipeline) is reached only through its package's name: node/core/dispatch/queue.py is
+`node.core.dispatch.queue` and hides nothing.
 """
 
 from __future__ import annotations

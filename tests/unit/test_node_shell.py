@@ -7,14 +7,14 @@ precede their messages, and the cluster protocol's sends never leave the shell.
 
 from __future__ import annotations
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.durability import Durability
 from node.core.effects import (AcceptSend, AcceptWhenStored, AfterFlush, CloseUnstored, Confirm, Declared, Deliver,
                                EnqueueLocal, Flushed, Refuse, RefuseUnstored, Removed, StopNode, Stored, SubmitForward,
                                Unconfirmed, Withdrawn, WriteFailed)
 from node.core.errors import NotFound
-from node.core.message import JOURNALLED, Message, Outcome
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import JOURNALLED, Message, Outcome
+from node.core.dispatch.settings import QueueSettings
 from node.core.shell import NodeShell
 
 

@@ -1,4 +1,4 @@
-"""An outbound channel's records in arrays (node/core/outbound_channel.py OutboundChannel) behave as the dict
+"""An outbound channel's records in arrays (node/core/cluster/outbound_channel.py OutboundChannel) behave as the dict
 of tuples they replace: a hypothesis machine adds entries (ascending forward seqs, some groups shared), acknowledges high
 waters, forgets present entries anywhere and compacts, against a plain dict seq -> (key, journal name or
 None, size) in insertion order; after every step the length, the order, membership, lookups, the head and
@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from node.core.outbound import Entry
-from node.core.outbound_channel import OutboundChannel
-from node.core.outbound_line import Waiting
+from node.core.cluster.outbound import Entry
+from node.core.cluster.outbound_channel import OutboundChannel
+from node.core.cluster.outbound_line import Waiting
 
 OWNER = "n2"
 QUEUES = ("orders", "audit")

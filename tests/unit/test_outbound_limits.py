@@ -13,14 +13,14 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.cluster import ClusterProtocol
 from node.core.cluster.feed import MOVES, ROUTES
-from node.core.outbound import Entry, outbound_name
+from node.core.cluster.outbound import Entry, outbound_name
 from node.core.effects import AcceptWhenStored, AfterFlush, EnqueueLocal, Refuse, Stored, SubmitForward
 from node.core.errors import ResourceLimitExceeded
-from node.core.message import Message
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message
+from node.core.dispatch.settings import QueueSettings
 
 OWNERS = {"g1": "n1", "g2": "n2", "g3": "n3"}  # group -> the node its route names; this node is n1
 
@@ -256,7 +256,7 @@ def test_a_handover_and_a_relay_count_toward_the_bound_but_are_never_refused():
 
 @pytest.mark.parametrize("bound", [{"outbound_max_bytes": 250}, {"outbound_max_messages": 2}])
 def test_a_reroute_stops_at_a_full_channel_counting_what_its_batch_promised_and_leaves_the_rest_queued(bound):
-    from node.core.reroute import Reroute
+    from node.core.dispatch.reroute import Reroute
 
     broker = Broker()
     for name in ("source", "target"):

@@ -1,4 +1,4 @@
-"""The outbound store's paging (node/core/outbound.py): a forwarder holds at most the budget, the rest of a
+"""The outbound store's paging (node/core/cluster/outbound.py): a forwarder holds at most the budget, the rest of a
 durable backlog waits as records and is read back in order.
 
 Examples first, then a hypothesis machine that drives one owner's channel through entries made ready
@@ -18,8 +18,8 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from node.core.effects import ReadOutbound, SubmitForward
-from node.core.message import Message
-from node.core.outbound import Entry, Outbound, outbound_name
+from node.core.dispatch.message import Message
+from node.core.cluster.outbound import Entry, Outbound, outbound_name
 
 OWNER = "n2"
 QUEUE = "orders"

@@ -1,4 +1,4 @@
-"""Paging message bodies to the journal (node/core/paging.py), driven through a real Queue.
+"""Paging message bodies to the journal (node/core/dispatch/paging.py), driven through a real Queue.
 
 The journal is a dict here: a body is "on disk" once the test journals its STORE, and a PageIn is
 answered from the dict, in any order and any time later. Checked against a reference of each group's
@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.effects import Deliver, Dropped, PageIn, Stored
-from node.core.message import ACQUIRED, AVAILABLE, FETCHED, JOURNALLED, PAGED, STATE_MASK, Message, Outcome
-from node.core.queue import Queue
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import ACQUIRED, AVAILABLE, FETCHED, JOURNALLED, PAGED, STATE_MASK, Message, Outcome
+from node.core.dispatch.queue import Queue
+from node.core.dispatch.settings import QueueSettings
 
 BUDGET_BYTES = 400
 READ_AHEAD_BYTES = 300
@@ -291,7 +291,7 @@ def test_a_held_group_goes_a_window_at_a_time_within_the_read_ahead_bytes_and_is
 
 
 def test_a_held_group_with_room_reads_back_a_window_past_the_per_group_message_count():
-    from node.core.paging import READ_AHEAD_MESSAGES
+    from node.core.dispatch.paging import READ_AHEAD_MESSAGES
 
     count = 3 * READ_AHEAD_MESSAGES
     queue = paged_queue(*["b"] * count, budget_bytes=0)
@@ -396,7 +396,7 @@ def test_a_move_takes_the_resident_head_of_a_group_and_the_rest_once_its_bodies_
 def test_a_queue_under_its_budget_keeps_no_message_it_no_longer_has():
     # never over budget, so page-out never runs and never meets the stale entries of the pageable list:
     # the list is swept as it grows, or every message the queue ever had would stay in memory with its body
-    from node.core.paging import PAGEABLE_SWEEP_MIN
+    from node.core.dispatch.paging import PAGEABLE_SWEEP_MIN
 
     queue = Queue(QueueSettings(name="q", memory_max_bytes=1 << 30))
     effects: list = []
@@ -416,7 +416,7 @@ def test_a_queue_under_its_budget_keeps_no_message_it_no_longer_has():
 
 def test_a_few_large_messages_gone_from_a_queue_under_its_budget_are_not_kept_either():
     # the soak's pattern: three 1 MiB bodies an episode, far fewer entries than a sweep by count waits for
-    from node.core.paging import PAGEABLE_SWEEP_MIN_BYTES
+    from node.core.dispatch.paging import PAGEABLE_SWEEP_MIN_BYTES
 
     queue = Queue(QueueSettings(name="q", memory_max_bytes=1 << 30))
     effects: list = []

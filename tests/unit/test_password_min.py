@@ -9,7 +9,7 @@ import io
 import pytest
 
 from node import cli, config
-from node.core.access import ADMINISTRATOR
+from node.core.access.roles import ADMINISTRATOR
 from node.core.errors import InvalidConfig
 from node.users import DEFAULT_PASSWORD_ENV, DEFAULT_USER_ENV, PASSWORD_CHARS_MIN_DEFAULT, UserDatabase, bootstrap
 

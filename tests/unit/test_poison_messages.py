@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.effects import DeadLettered, Delayed, Kept
 from node.core.errors import InvalidConfig
-from node.core.settings import QueueSettings
+from node.core.dispatch.settings import QueueSettings
 
 
 def _effects(h, kind) -> list:

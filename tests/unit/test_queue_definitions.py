@@ -16,7 +16,7 @@ from handler.queue_definitions import DELETED_NAMES_MAX, QueueDefinitions
 from node.core.cluster.feed import (ADDED, CONFLICT, DELETED, FIXED_FIELDS, MALFORMED, NOT_FOUND, UNCHANGED,
                                     UPDATABLE_FIELDS, UPDATED)
 from node.core.cluster.feed import UPDATE_REFUSED as REFUSED
-from node.core.settings import QueueSettings
+from node.core.dispatch.settings import QueueSettings
 
 
 def values(name: str = "orders", **fields) -> dict:

@@ -6,11 +6,11 @@ because the browse log kept 1,024 tombstones (with their payloads) before compac
 
 from __future__ import annotations
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.effects import Deliver
-from node.core.message import Message, Outcome
-from node.core.queue_store import LOG_COMPACT_MIN_BYTES
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message, Outcome
+from node.core.dispatch.queue_store import LOG_COMPACT_MIN_BYTES
+from node.core.dispatch.settings import QueueSettings
 
 MESSAGE_BYTES = 1 << 20
 
@@ -39,8 +39,8 @@ def test_a_paged_backlog_drained_keeps_tombstones_within_its_resident_bytes_not_
     # accepted stayed alive in its tombstone until the tombstones' bytes passed the queue's depth, paged
     # and cold bytes included: the node's resident set grew ~1 MiB a message, 400 MB at 400 messages
     from node.core.effects import PageIn
-    from node.core.message import JOURNALLED, REMOVED, STATE_MASK
-    from node.core.queue import Queue
+    from node.core.dispatch.message import JOURNALLED, REMOVED, STATE_MASK
+    from node.core.dispatch.queue import Queue
 
     body_bytes, budget_bytes, count = 256 << 10, 1 << 20, 400  # a 100 MiB backlog, 1 MiB of it resident
     queue = Queue(QueueSettings(name="q", memory_max_bytes=budget_bytes))

@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 
 from node.admin.queue_purge import available_left, purge_batch
-from node.core.broker import Broker
-from node.core.message import Message
-from node.core.settings import QueueSettings
+from node.core.dispatch.broker import Broker
+from node.core.dispatch.message import Message
+from node.core.dispatch.settings import QueueSettings
 
 
 def purge_all(queue, groups_max: int) -> tuple[int, int]:

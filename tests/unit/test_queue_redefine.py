@@ -1,5 +1,5 @@
 """A live queue given new settings (Broker.redefine_queue) applies them at once in every part of it:
-node/core/queue.py hands `settings` to each collaborator, and each reads its limits at each use."""
+node/core/dispatch/queue.py hands `settings` to each collaborator, and each reads its limits at each use."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from node.core.errors import ResourceLimitExceeded
-from node.core.message import Message, Outcome
-from node.core.queue import Queue
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message, Outcome
+from node.core.dispatch.queue import Queue
+from node.core.dispatch.settings import QueueSettings
 
 
 def deliveries(effects: list) -> list:

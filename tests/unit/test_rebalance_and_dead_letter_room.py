@@ -1,5 +1,5 @@
-from node.core.broker import Broker
-from node.core.settings import QueueSettings
+from node.core.dispatch.broker import Broker
+from node.core.dispatch.settings import QueueSettings
 
 
 def test_a_rebalance_waits_for_the_new_consumers_first_credit(make):
@@ -48,7 +48,7 @@ def test_a_message_of_a_new_group_beyond_groups_max_is_refused_and_known_groups_
 
 def test_a_consumer_at_its_unsettled_cap_gets_nothing_more_until_it_settles():
     from node.core.effects import Deliver
-    from node.core.message import Message, Outcome
+    from node.core.dispatch.message import Message, Outcome
 
     broker = Broker()
     broker.declare_queue(QueueSettings(name="q", durable=False))

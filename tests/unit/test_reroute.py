@@ -1,4 +1,4 @@
-"""node/core/reroute.py: a queue's messages rerouted to another address, on a plain Broker."""
+"""node/core/dispatch/reroute.py: a queue's messages rerouted to another address, on a plain Broker."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.effects import Removed, Stored
 from node.core.errors import InvalidField, NotFound
-from node.core.message import Message, Outcome
-from node.core.reroute import Reroute
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message, Outcome
+from node.core.dispatch.reroute import Reroute
+from node.core.dispatch.settings import QueueSettings
 
 
 def _broker(target_depth_max: int = 0, durable: bool = True) -> Broker:
@@ -224,7 +224,7 @@ def _cluster_node():
 
 
 def test_in_a_cluster_copies_for_another_owner_are_journalled_in_its_channel_before_the_source_removals():
-    from node.core.outbound import outbound_name
+    from node.core.cluster.outbound import outbound_name
     from node.core.effects import AfterFlush, ProposeTouch, SubmitForward
 
     broker, cluster = _cluster_node()
@@ -259,7 +259,7 @@ def test_in_a_cluster_a_destination_group_on_the_move_stops_the_reroute_before_i
     assert _bodies(broker, "source") == ["b1"]
 
 
-# ---- bodies paged out to the journal (node/core/paging.py) ----------------------------------------
+# ---- bodies paged out to the journal (node/core/dispatch/paging.py) ----------------------------------------
 
 def _paged_source(memory_max_bytes: int, sends: list) -> tuple:
     """A broker with a durable "source" of that memory budget and a durable "target"; `sends` ((body,

@@ -7,15 +7,15 @@ through a move of group g of queue q from n1 to n2, with n3 a third member. The 
 
 from __future__ import annotations
 
-from node.core.broker import Broker
-from node.core.cold import GROUP_RECORD_BYTES, MESSAGE_RECORD_BYTES
+from node.core.dispatch.broker import Broker
+from node.core.dispatch.cold import GROUP_RECORD_BYTES, MESSAGE_RECORD_BYTES
 from node.core.cluster import PARK_PREFIX, ClusterProtocol, handover
 from node.core.cluster.feed import MOVES, ROUTES
-from node.core.outbound import Entry, outbound_name
+from node.core.cluster.outbound import Entry, outbound_name
 from node.core.effects import (AcceptWhenStored, AfterFlush, Deliver, EnqueueLocal, PageIn, ProposeMoveClear, ReadRecords,
                                Refuse, Removed, Reply, Stored)
-from node.core.message import Message, Outcome
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message, Outcome
+from node.core.dispatch.settings import QueueSettings
 
 EVERYONE = ("n1", "n2", "n3")
 MOVE = ("q", "g", "n1", "n2")
@@ -323,7 +323,7 @@ def test_a_restarted_node_reads_back_the_paged_bodies_of_a_group_living_elsewher
 
 class ColdOwner(Node):
     """n1 owning g and h with a record budget of one message and its group: what follows goes cold
-    (node/core/cold.py). `journal` keeps every STORE of queue q whole, as the journal would."""
+    (node/core/dispatch/cold.py). `journal` keeps every STORE of queue q whole, as the journal would."""
 
     def __init__(self):
         super().__init__("n1")

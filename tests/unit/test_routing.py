@@ -10,8 +10,8 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from node.core.outbound import Outbound
-from node.core.routing import Inbound, Router, Routes
+from node.core.cluster.outbound import Outbound
+from node.core.cluster.routing import Inbound, Router, Routes
 
 A = ("q", "a")
 B = ("q", "b")

@@ -12,7 +12,7 @@ import pytest
 
 from node import users as users_module
 from node.amqp.sasl import SASL_HEADER
-from node.core.access import ADMINISTRATOR
+from node.core.access.roles import ADMINISTRATOR
 from node.users import ITERATIONS_DEFAULT, UserDatabase
 from tests.unit.test_sasl import CHALLENGE, ScramClient, init, response, run, server, server_frames
 

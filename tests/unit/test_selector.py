@@ -1,4 +1,4 @@
-"""JMS message selectors (node.core.selector): the JMS spec's examples, SQL's three-valued truth tables, the
+"""JMS message selectors (node.core.dispatch.selector): the JMS spec's examples, SQL's three-valued truth tables, the
 type rules, error offsets, the limits, and a hypothesis check against a reference model written here.
 
 The model below is a second, independent reading of the same rules: expression trees of its own, evaluated
@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node.amqp.conditions import condition_for
-from node.core import selector_eval
+from node.core.dispatch import selector_eval
 from node.core.errors import InvalidField
-from node.core.selector import SELECTOR_DEPTH_MAX, SELECTOR_MAX_CHARS, InvalidSelector, compile_selector
+from node.core.dispatch.selector import SELECTOR_DEPTH_MAX, SELECTOR_MAX_CHARS, InvalidSelector, compile_selector
 
 T, F, U = "T", "F", "U"
 

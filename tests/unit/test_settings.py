@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from node.core.errors import InvalidConfig
-from node.core.settings import GROUP_ID_LENGTH_MAX_CHARS, QPID_DEFAULT_GROUP, QueueSettings
+from node.core.dispatch.settings import GROUP_ID_LENGTH_MAX_CHARS, QPID_DEFAULT_GROUP, QueueSettings
 
 
 def refused_key(**values) -> str:

@@ -1,4 +1,4 @@
-"""node/core/shards.py: every node must put a group in the same shard, forever, and the shards share the load."""
+"""node/core/cluster/shards.py: every node must put a group in the same shard, forever, and the shards share the load."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.core.shards import SHARD_COUNT_MAX, check_shard_count, shard_of, split_by_shard
+from node.core.cluster.shards import SHARD_COUNT_MAX, check_shard_count, shard_of, split_by_shard
 
 names = st.text(min_size=0, max_size=40)
 
@@ -32,7 +32,7 @@ def test_the_shard_of_a_group_never_changes_between_releases():
 
 def test_the_shard_does_not_depend_on_the_process():
     # Python's hash() of a str is salted per process; shard_of must not be
-    code = "from node.core.shards import shard_of; print([shard_of('q', 'g%d' % i, 7) for i in range(50)])"
+    code = "from node.core.cluster.shards import shard_of; print([shard_of('q', 'g%d' % i, 7) for i in range(50)])"
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": str(seed)}, cwd=_repo()).stdout for seed in (1, 2)}
     assert runs == {str([shard_of("q", f"g{i}", 7) for i in range(50)]) + "\n"}

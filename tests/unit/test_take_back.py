@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.durability import PRODUCER, Durability
 from node.core.effects import Deliver, Removed, Stored, Withdrawn
 from node.core.errors import ResourceLimitExceeded, StoreFailed
-from node.core.message import REMOVED, Message, Outcome
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import REMOVED, Message, Outcome
+from node.core.dispatch.settings import QueueSettings
 
 
 def broker_with(**settings) -> Broker:

@@ -3,7 +3,7 @@ the node's answer to an attach that may not create its queue (node/core/addresse
 
 import pytest
 
-from node.core.addresses import no_such_queue
+from node.core.dispatch.addresses import no_such_queue
 from node.tools.handshake import (SASL_HEADER, SILENT, HandshakeRefused, choose_mechanism, looks_like,
                                   not_amqp_text)
 

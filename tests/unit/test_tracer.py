@@ -7,8 +7,8 @@ from types import SimpleNamespace
 from proton import Message as AmqpMessage
 
 from node.amqp.tracer import Tracer
-from node.core.message import Message
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message
+from node.core.dispatch.settings import QueueSettings
 from tests.drills.checker import check
 
 

@@ -12,7 +12,7 @@ import pytest
 import scramp
 
 from node import users as users_module
-from node.core.access import ADMINISTRATOR, ANONYMOUS, Grant, Permission
+from node.core.access.roles import ADMINISTRATOR, ANONYMOUS, Grant, Permission
 from node.core.errors import AlreadyExists, InvalidConfig, NotAllowed, NotFound
 from node.users import (DEFAULT_PASSWORD_ENV, DEFAULT_PASSWORD_FILE_ENV, DEFAULT_USER_ENV, ITERATIONS_DEFAULT,
                         UserDatabase, bootstrap)

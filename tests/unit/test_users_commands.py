@@ -11,7 +11,7 @@ import pytest
 
 from node import cli
 from node.admin import users_commands
-from node.core.access import ADMINISTRATOR, ANONYMOUS, Permission
+from node.core.access.roles import ADMINISTRATOR, ANONYMOUS, Permission
 from node.users import UserDatabase
 
 RELOAD_NOTE = "pick the change up while they run"

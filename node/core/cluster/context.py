@@ -14,11 +14,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.effects import StopNode, Stored
 from node.core.errors import GrouperError
-from node.core.message import Message
-from node.core.routing import Router
+from node.core.dispatch.message import Message
+from node.core.cluster.routing import Router
 
 PARK_PREFIX = "\x00park\x00"  # journal name of the messages a new owner parks during a move: prefix, queue
 MARK_PREFIX = "\x00mark\x00"  # journal declaration holding a source's high-water forward seq

@@ -24,7 +24,7 @@ from node.core.cluster.context import QUEUES_MARK, Context
 from node.core.cluster.feed import CONFLICT, MALFORMED, TEMPORARY_OF, fixed_changes, settings_values
 from node.core.effects import Declared, ProposeDefinition, ProposeQueueDeletion, ProposeQueueSeeds, QueueDeleted
 from node.core.errors import AlreadyExists, GrouperError
-from node.core.settings import QueueSettings
+from node.core.dispatch.settings import QueueSettings
 
 log = logging.getLogger("grouper.cluster")
 

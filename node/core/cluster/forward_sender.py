@@ -24,7 +24,7 @@ Rules:
 - `connected` is None until the first call ends, then whether the last one took entries; each
   outcome says what it was before, so the driver logs once when forwarding stops and once when it
   resumes, never per attempt.
-- Pending entries are bounded by the caller: the outbound store (node/core/outbound.py) submits an
+- Pending entries are bounded by the caller: the outbound store (node/core/cluster/outbound.py) submits an
   owner's entries only while those pending stay within outbound_memory_max_bytes (at least one).
 """
 
@@ -48,7 +48,7 @@ def entry_size_bytes(entry) -> int:
 class Call(NamedTuple):
     """One call to the owner: what it carries (node/peer/forward_batch.py puts it on the wire)."""
 
-    entries: list  # node.core.outbound.Entry, in forward seq order
+    entries: list  # node.core.cluster.outbound.Entry, in forward seq order
     seq_bound: int  # 0: none said
     disputed_high_water: int  # 0: none
 

@@ -3,7 +3,7 @@ the batches on their way to disk, and the owners' acknowledgements.
 
 Rules:
 - The outbound store is the journal: each forwarded message is a STORE under a reserved name
-  (OUTBOUND_PREFIX owner NUL queue, node/core/outbound.py) until its owner acknowledges it, then a REMOVE.
+  (OUTBOUND_PREFIX owner NUL queue, node/core/cluster/outbound.py) until its owner acknowledges it, then a REMOVE.
 - The store is bounded in payload bytes per owner (`outbound_max_bytes`) and for all owners together
   (`outbound_total_max_bytes`), and in messages per owner (`outbound_max_messages`: each keeps a record
   in memory even with its body paged); 0 = no bound. A producer's message for another owner is refused
@@ -14,10 +14,10 @@ Rules:
   of its backlog (the node-wide bound: until any owner does), so a later, smaller message of a group
   never slips in past a refused one while the owner is away. The refusal comes before the message is
   stored: nothing accepted is dropped.
-- An operator's reroute (node/core/reroute.py) obeys the bounds as sends do, with the copies its batch
+- An operator's reroute (node/core/dispatch/reroute.py) obeys the bounds as sends do, with the copies its batch
   already promised (`reroute_owner`). What else fills a channel (a handover, a relay, recovery) counts
   toward the bytes but may pass the bound: it moves messages accepted already. Bodies page past
-  `outbound_memory_max_bytes` per owner (node/core/outbound.py).
+  `outbound_memory_max_bytes` per owner (node/core/cluster/outbound.py).
 - Forward seqs are node seqs and must never repeat after a restart, or an owner would take new messages
   for resends: blocks of seqs are reserved in the journal (SEQ_RESERVATION) before use, and a batch is
   forwarded only once it, and a reservation covering its seqs, are on disk; batches leave in journal
@@ -33,8 +33,8 @@ import logging
 from node.core.cluster.context import SEQ_RESERVATION, STORED, Context, MustAgree
 from node.core.effects import AcceptWhenStored, AfterFlush, Declared, Refuse, Removed, Stored
 from node.core.errors import ResourceLimitExceeded
-from node.core.message import Message
-from node.core.outbound import Outbound, entry_of, parse_outbound_name
+from node.core.dispatch.message import Message
+from node.core.cluster.outbound import Outbound, entry_of, parse_outbound_name
 
 log = logging.getLogger("grouper.cluster")
 
@@ -117,7 +117,7 @@ class Forwarding:
             full.add(owner)
             limit = f"outbound_max_bytes = {self.outbound_max_bytes} bytes per owner"
         elif self.outbound_max_messages and (owner in full or held_messages >= self.outbound_max_messages):
-            full.add(owner)  # each message keeps a record in memory, paged or not (node/core/outbound.py)
+            full.add(owner)  # each message keeps a record in memory, paged or not (node/core/cluster/outbound.py)
             limit = f"outbound_max_messages = {self.outbound_max_messages} messages per owner"
         elif self.outbound_total_max_bytes and total_bytes and (
                 None in full or total_bytes + size_bytes > self.outbound_total_max_bytes):
@@ -229,7 +229,7 @@ class Forwarding:
 
     def outbound_read(self, name: str, records: dict) -> list:
         """The journal read back paged entries of outbound channel `name` (seq -> Message, None if it
-        has none): submitted in order once the whole read is back (node/core/outbound.py)."""
+        has none): submitted in order once the whole read is back (node/core/cluster/outbound.py)."""
         effects: list = []
         outbound = self.outbound
         outbound.read_back(name, records, effects)
@@ -249,7 +249,7 @@ class Forwarding:
         self.full.discard(owner)
         self.full.discard(None)
 
-    # ---- an operator's reroute (node/core/reroute.py) --------------------------------------------
+    # ---- an operator's reroute (node/core/dispatch/reroute.py) --------------------------------------------
 
     def promise(self, owner: str, size_bytes: int) -> None:
         """A reroute batch's copy of `size_bytes` for `owner`: weighed as in the channel already."""

@@ -31,7 +31,7 @@ from node.core.cluster.parking import Parking
 from node.core.cluster.sweep import Sweeps
 from node.core.effects import AfterFlush, ProposeMoveClear
 from node.core.errors import HandlerUnavailable
-from node.core.message import Message
+from node.core.dispatch.message import Message
 
 MOVE_CLEAR_RETRY_INTERVAL_MS = 1000  # a clear the log still waits for is proposed again this often
 # what an old owner hands over in one tick, over all its groups moving away; a group goes in as many

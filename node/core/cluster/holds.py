@@ -1,5 +1,5 @@
 """Holds: groups this node keeps in its broker for the cluster, delivering none of them (the queue's own
-hold, node/core/queue.py `hold_group`).
+hold, node/core/dispatch/queue.py `hold_group`).
 
 Rules:
 - A group is held while this node may not deliver it: moving away from here, recovered here before the

@@ -28,9 +28,9 @@ from node.core.cluster.context import MARK_PREFIX, Context
 from node.core.cluster.handover import PARK, RELAY, Handovers
 from node.core.effects import AfterFlush, Declared, Reply
 from node.core.errors import GrouperError, HandlerUnavailable, ResourceLimitExceeded
-from node.core.message import Message
-from node.core.outbound import Entry
-from node.core.routing import Inbound
+from node.core.dispatch.message import Message
+from node.core.cluster.outbound import Entry
+from node.core.cluster.routing import Inbound
 
 log = logging.getLogger("grouper.cluster")
 

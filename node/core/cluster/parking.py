@@ -21,7 +21,7 @@ from node.core.cluster.context import PARK_PREFIX, Context, MustAgree, moved_cop
 from node.core.cluster.forwarding import Forwarding
 from node.core.effects import AfterFlush, Removed, Stored
 from node.core.errors import GrouperError
-from node.core.message import Message
+from node.core.dispatch.message import Message
 
 log = logging.getLogger("grouper.cluster")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 
-from node.core.broker import Broker
+from node.core.dispatch.broker import Broker
 from node.core.cluster import recovery
 from node.core.cluster import status as reports
 from node.core.cluster.context import Context, Delegated, chunks
@@ -30,9 +30,9 @@ from node.core.cluster.parking import Parking
 from node.core.cluster.routes import Routes
 from node.core.effects import AcceptWhenStored, EnqueueLocal, ProposeClaim, Refuse
 from node.core.errors import HandlerUnavailable
-from node.core.message import Message
-from node.core.outbound import Entry
-from node.core.routing import Router
+from node.core.dispatch.message import Message
+from node.core.cluster.outbound import Entry
+from node.core.cluster.routing import Router
 
 
 class ClusterProtocol:
@@ -264,7 +264,7 @@ class ClusterProtocol:
             self.holds.hold_strays(name, records)
         return effects
 
-    # ---- an operator's reroute (node/core/reroute.py) --------------------------------------------
+    # ---- an operator's reroute (node/core/dispatch/reroute.py) --------------------------------------------
 
     def reroute_owner(self, queue: str, route_key: str, size_bytes: int) -> str | None:
         """Where a rerouted message of group (queue, route_key) goes, as a send's would: None here, else its

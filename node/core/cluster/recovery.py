@@ -6,7 +6,7 @@ Rules:
   above every seq recovered, so none is given twice.
 - Outbound messages go back in their channels in seq order (one channel may span several journal
   names, one per queue: merged, not sorted all together); those recovered without a body are read back
-  from the journal when their turn comes (node/core/outbound.py). Each recovered list or backlog is
+  from the journal when their turn comes (node/core/cluster/outbound.py). Each recovered list or backlog is
   emptied as it is taken, so a message's record and what it was recovered from are not both held for
   every message at once (a 1,000,000-message backlog would otherwise peak well above what it leaves).
 - What was recovered for an owner counts as owed (handover.py `paid`): perhaps a handover or a relay
@@ -22,9 +22,9 @@ import itertools
 from node.core.cluster.context import MARK_PREFIX, PARK_PREFIX, QUEUES_MARK, SEQ_RESERVATION
 from node.core.cluster.forwarding import Forwarding
 from node.core.cluster.parking import Parking
-from node.core.message import Message
-from node.core.outbound import Entry, entry_of, parse_outbound_name
-from node.core.routing import Inbound
+from node.core.dispatch.message import Message
+from node.core.cluster.outbound import Entry, entry_of, parse_outbound_name
+from node.core.cluster.routing import Inbound
 
 # entries of a bodiless backlog cut off its arrays at once as recovery takes them (see _taken_bodiless)
 RECOVERY_CHUNK_ENTRIES = 4096

@@ -130,7 +130,7 @@ class Routes:
         # a route expires only when no node uses it: refresh what this node routed lately, what it
         # holds as owner and what waits in its outbound channels, each naming the node it relies on
         # (a touch makes a missing route again there, never elsewhere). A cold tail's groups are not
-        # known until it is read back (node/core/cold.py): every route of its queue naming this node is
+        # known until it is read back (node/core/dispatch/cold.py): every route of its queue naming this node is
         # refreshed while it has one
         context = self.context
         routes = self.router.routes

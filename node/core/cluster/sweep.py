@@ -1,4 +1,4 @@
-"""Sweeps: the old owner reads its queue's cold tail (node/core/cold.py: its newest messages, their groups
+"""Sweeps: the old owner reads its queue's cold tail (node/core/dispatch/cold.py: its newest messages, their groups
 unknown until read back) through for the groups moving away, and hands over what it finds of them.
 
 Rules:
@@ -19,9 +19,9 @@ import dataclasses
 
 from node.core.cluster.context import Context, MustAgree, moved_copy
 from node.core.cluster.forwarding import Forwarding
-from node.core.cold import read_missing
+from node.core.dispatch.cold import read_missing
 from node.core.effects import AfterFlush, ReadRecords
-from node.core.message import REMOVED, STATE_MASK
+from node.core.dispatch.message import REMOVED, STATE_MASK
 
 SWEEP_BATCH_RECORDS = 1024  # cold records a sweep reads back at once (bodies included)
 

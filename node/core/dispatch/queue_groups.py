@@ -26,11 +26,11 @@ import heapq
 import zlib
 from collections import deque
 
-from node.core.cold import ColdTail
+from node.core.dispatch.cold import ColdTail
 from node.core.errors import InvalidField, NotFound
-from node.core.message import Message
-from node.core.queue_lanes import EMPTY_OWNED, PAUSED, Group, insert_in_order
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message
+from node.core.dispatch.queue_lanes import EMPTY_OWNED, PAUSED, Group, insert_in_order
+from node.core.dispatch.settings import QueueSettings
 
 GROUPS_SHRINK_MIN = 4096  # groups below which the groups dict is never copied smaller
 
@@ -43,7 +43,7 @@ class GroupTable:
         self.settings = settings
         self.default_group = default_group  # the group of messages without a group id; None: ungrouped
         self.grouping = settings.grouping
-        self.cold = cold  # counts tracked groups against the node's record budget (node/core/cold.py)
+        self.cold = cold  # counts tracked groups against the node's record budget (node/core/dispatch/cold.py)
         self.groups: dict[object, Group] = {}  # with messages, in flight, or owned; idle ones are forgotten
         self.groups_high = 0  # len(groups) since the dict was last copied small (forget)
         # groups that became empty while owned, oldest first; an entry is live while the group's

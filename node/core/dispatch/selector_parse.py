@@ -1,4 +1,4 @@
-"""Reading a JMS message selector's tokens (node.core.selector_tokens) into a tree: a recursive-descent parser.
+"""Reading a JMS message selector's tokens (node.core.dispatch.selector_tokens) into a tree: a recursive-descent parser.
 
 Rules:
 - The grammar is the JMS 2.0 message selector language (javax.jms.Message, "Message Selectors"):
@@ -11,7 +11,7 @@ Rules:
   chain adds no depth, so neither this parser nor the compiled closures recurse along it.
 - Depth is counted where the grammar nests (an opening parenthesis, NOT, a unary sign) and refused past
   `depth_max` before Python's own stack could be reached: never a RecursionError.
-- Every refusal is `SelectorSyntaxError(offset, problem)`; the caller (node.core.selector) words it.
+- Every refusal is `SelectorSyntaxError(offset, problem)`; the caller (node.core.dispatch.selector) words it.
 - A tree that can only be wrong at run time for every message is refused here: arithmetic on a string
   or boolean literal, or a number or string where a condition must stand (`1 AND x`, `'abc'`).
   Comparing a string literal with a number is left to the evaluator: it is FALSE, as JMS says.
@@ -19,7 +19,7 @@ Rules:
 
 from __future__ import annotations
 
-from node.core.selector_tokens import LONG_MAX, LONG_MIN, SelectorSyntaxError, describe, quoted, tokenize
+from node.core.dispatch.selector_tokens import LONG_MAX, LONG_MIN, SelectorSyntaxError, describe, quoted, tokenize
 
 COMPARISONS = frozenset({"=", "<>", "<", "<=", ">", ">="})
 CONDITION_KINDS = frozenset({"compare", "and", "or", "not", "between", "in", "like", "is_null", "field"})

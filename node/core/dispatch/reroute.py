@@ -3,7 +3,7 @@
 Pure, owned by the engine loop thread like the broker it works on. A `Reroute` is one operator's
 request (all of a queue, its first N messages, or one group's); the caller runs `batch` once per
 engine loop turn until `done` and carries out each batch's effects. Rules:
-- The destination is a queue or a multicast address (node/core/addresses.py), never auto-created:
+- The destination is a queue or a multicast address (node/core/dispatch/addresses.py), never auto-created:
   a multicast address gives one copy to each of its subscription queues, as a send there would.
   Each copy's group is what that queue reads from the payload (`regroup`: the adapter's codec, when
   its group_header differs from the source's), so the destination groups it as it groups sends.
@@ -24,11 +24,11 @@ engine loop turn until `done` and carries out each batch's effects. Rules:
   here (a group with no route yet gets one naming this node: the broker's `entered`), a node id to
   forward to, or it raises a GrouperError (the group is moving; the replica is catching up; the
   owner's outbound channel is at its bound), which stops the reroute as a full destination does.
-- Copies carry their bodies: a message whose body is paged out to the journal (node/core/paging.py)
+- Copies carry their bodies: a message whose body is paged out to the journal (node/core/dispatch/paging.py)
   is not moved before it is read back. The batch stops there, asks for it, and says so
   (`waiting_for_bodies`); the caller runs the next batch once it may be back, and gives up after its
   deadline (`give_up`), the rest counted as stayed.
-- A queue with a cold tail (node/core/cold.py) is refused at the start, naming the budget: which
+- A queue with a cold tail (node/core/dispatch/cold.py) is refused at the start, naming the budget: which
   groups its cold messages belong to is not known until they are read back.
 - The selection is fixed at the start: the groups the queue has then, moved group by group; or the
   first N, found by one scan in queue order and moved in that order. A message arriving meanwhile
@@ -43,7 +43,7 @@ from typing import Callable, NamedTuple
 
 from node.core.effects import Stored
 from node.core.errors import GrouperError, InvalidField, NotFound
-from node.core.message import AVAILABLE, PAGED, Message
+from node.core.dispatch.message import AVAILABLE, PAGED, Message
 
 MESSAGES_PER_BATCH_MAX = 2_000  # messages rerouted per engine loop turn: ~10-20 ms of CPU (measured)
 _UNGROUPED = object()  # plan key of the messages in no group

@@ -1,12 +1,12 @@
 """One owner's outbound channel: its entries in forward seq order, as parallel arrays.
 
 Rules:
-- Pure, owned by the outbound store (node/core/outbound.py), which alone changes it, never while
+- Pure, owned by the outbound store (node/core/cluster/outbound.py), which alone changes it, never while
   anyone iterates it (a compaction moves the arrays under an iterator, where a dict would raise).
 - A channel keeps its records in parallel arrays, not objects: the forward seq (8 bytes), the payload
   size (8), the id of its route key in the channel's key table (4) and a flag byte (journalled;
   dead), ~21.5 bytes an entry with the arrays' spare room; a paged entry's seq in its line's waiting
-  run adds 8 (node/core/outbound_line.py): ~30 bytes a paged entry (bench/memory.py outbound_paged;
+  run adds 8 (node/core/cluster/outbound_line.py): ~30 bytes a paged entry (bench/memory.py outbound_paged;
   146 as a dict of tuples and a deque of ints). The journal name is not kept: it is the channel's
   name for the key's queue (another name, which only tests give, is kept by seq).
 - The entries of one group share one route key tuple while any is in the channel: a record is kept

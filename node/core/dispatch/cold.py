@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from node.core.message import COLD, JOURNALLED, REMOVED, STATE_MASK, Message
+from node.core.dispatch.message import COLD, JOURNALLED, REMOVED, STATE_MASK, Message
 
 MESSAGE_RECORD_BYTES = 160  # a warm message's record: Message, seq int, browse-log and lane slots
 GROUP_RECORD_BYTES = 256  # a warm group: Group, dict entry, id string, heap entry

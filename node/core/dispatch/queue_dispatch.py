@@ -6,9 +6,9 @@ Rules this module keeps:
   fewest groups, an ungrouped message to the least recently used taker (ties round-robin).
 - Within a group, messages are delivered in `seq` order, one owner at a time: a group is only ever in
   its owner's heap, so no other consumer can take its next message.
-- Dispatch only sees the warm part and bodies in memory: a paged head is asked for (node/core/paging.py)
+- Dispatch only sees the warm part and bodies in memory: a paged head is asked for (node/core/dispatch/paging.py)
   and its group waits, unplaced, until page_in places it again; a taker or browser with credit and
-  nothing to take (`starved`) makes the cold tail be read back (node/core/cold.py).
+  nothing to take (`starved`) makes the cold tail be read back (node/core/dispatch/cold.py).
 - A message delivered or shown is `handed_out`: a failed journal write can no longer take it back.
 """
 
@@ -19,16 +19,16 @@ import itertools
 from bisect import bisect_right
 from collections import deque
 
-from node.core.cold import ColdTail
+from node.core.dispatch.cold import ColdTail
 from node.core.effects import Deliver, ReadRecords
-from node.core.message import (ACQUIRED, AVAILABLE, CLOSES_GROUP, HANDED_OUT, PAGED, REQUESTED, STATE_MASK,
+from node.core.dispatch.message import (ACQUIRED, AVAILABLE, CLOSES_GROUP, HANDED_OUT, PAGED, REQUESTED, STATE_MASK,
                                Message)
-from node.core.paging import READ_AHEAD_MESSAGES, Pager
-from node.core.queue_consumers import Consumer, Consumers, fewest_groups, least_recently_used
-from node.core.queue_groups import GroupTable
-from node.core.queue_lanes import PAUSED, Group, insert_in_order
-from node.core.queue_store import MessageStore
-from node.core.settings import QueueSettings
+from node.core.dispatch.paging import READ_AHEAD_MESSAGES, Pager
+from node.core.dispatch.queue_consumers import Consumer, Consumers, fewest_groups, least_recently_used
+from node.core.dispatch.queue_groups import GroupTable
+from node.core.dispatch.queue_lanes import PAUSED, Group, insert_in_order
+from node.core.dispatch.queue_store import MessageStore
+from node.core.dispatch.settings import QueueSettings
 
 
 class Dispatcher:

@@ -2,8 +2,8 @@
 
 Pure, owned by the engine loop thread through the cluster protocol (node/core/cluster/forwarding.py),
 which decides what enters a channel and when; this module keeps the channels (OutboundChannel,
-node/core/outbound_channel.py), counts them and pages their bodies (Line, node/core/outbound_line.py).
-Entry and the journal names are node/core/outbound_entry.py's. Rules:
+node/core/cluster/outbound_channel.py), counts them and pages their bodies (Line, node/core/cluster/outbound_line.py).
+Entry and the journal names are node/core/cluster/outbound_entry.py's. Rules:
 - A channel holds its entries in forward seq order (the node seq a message was given here). Its
   owner acknowledges a high-water mark, and everything up to it leaves the channel. Per channel it
   counts messages and payload bytes: all of them (what outbound_max_bytes bounds), the journalled
@@ -34,10 +34,10 @@ from __future__ import annotations
 import collections
 
 from node.core.effects import ReadOutbound, SubmitForward
-from node.core.message import Message
-from node.core.outbound_channel import OutboundChannel
-from node.core.outbound_entry import OUTBOUND_PREFIX, Entry, entry_of, outbound_name, parse_outbound_name
-from node.core.outbound_line import Line, seq_of
+from node.core.dispatch.message import Message
+from node.core.cluster.outbound_channel import OutboundChannel
+from node.core.cluster.outbound_entry import OUTBOUND_PREFIX, Entry, entry_of, outbound_name, parse_outbound_name
+from node.core.cluster.outbound_line import Line, seq_of
 
 # OUTBOUND_PREFIX, Entry and the names are outbound_entry's; kept importable from here, where most callers look
 __all__ = ["OUTBOUND_PREFIX", "Entry", "Outbound", "entry_of", "outbound_name", "parse_outbound_name"]

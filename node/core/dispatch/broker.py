@@ -19,7 +19,7 @@ Rules:
   created, or it is full), an over-delivered message stays in its queue (`Kept`) and a rejected one
   is dropped with a `Dropped` saying why (its consumer refused it for good).
 - A queue whose settings name an `address` is one of that multicast address's subscriptions
-  (node/core/addresses.py); a multicast address is never auto-created as a queue of its name.
+  (node/core/dispatch/addresses.py); a multicast address is never auto-created as a queue of its name.
 - A dead letter keeps its group id and delivery count; `dead_letter_stamp` (the adapter's codec)
   may rewrite its payload to record the original queue and the reason.
 - In a cluster (`made` and `ended` are lists: the cluster protocol turns recording on) every queue
@@ -35,14 +35,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from node.core.address_settings import AddressSettings, check_parameters
-from node.core.addresses import Addresses
-from node.core.cold import RecordBudget
+from node.core.dispatch.address_settings import AddressSettings, check_parameters
+from node.core.dispatch.addresses import Addresses
+from node.core.dispatch.cold import RecordBudget
 from node.core.effects import DeadLettered, Declared, DetachConsumer, Enqueued, Removed, Stored
 from node.core.errors import AlreadyExists, GrouperError, NotFound
-from node.core.message import AVAILABLE, COLD, JOURNALLED, Message, Outcome
-from node.core.queue import Queue
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import AVAILABLE, COLD, JOURNALLED, Message, Outcome
+from node.core.dispatch.queue import Queue
+from node.core.dispatch.settings import QueueSettings
 
 
 class Broker:
@@ -70,7 +70,7 @@ class Broker:
         self.temporary: set[str] = set()  # temporary subscriptions made here, alive (for one link each)
         # bytes of message bodies all durable queues together keep in memory; 0 = no node budget
         self.memory_max_bytes = 0
-        # their messages' records kept in memory (node/core/cold.py); max_bytes 0 = no budget
+        # their messages' records kept in memory (node/core/dispatch/cold.py); max_bytes 0 = no budget
         self.records = RecordBudget()
 
     # ---- queues ------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ class Broker:
 
     def queue(self, name: str, *, create: bool = False, parameters: dict | None = None) -> Queue:
         """The queue `name`, auto-created when allowed. `parameters` (an attach address's, as
-        node.core.address_settings.split_address reads them) shape a queue created here and must
+        node.core.dispatch.address_settings.split_address reads them) shape a queue created here and must
         equal an existing queue's settings."""
         queue = self.queues.get(name)
         if queue is None:
@@ -240,7 +240,7 @@ class Broker:
 
     def restore(self, queue_name: str, message: Message) -> None:
         """Journal recovery: put back a message with the seq it was stored with (its body, or only
-        its record past the node's memory budget: node/core/paging.py)."""
+        its record past the node's memory budget: node/core/dispatch/paging.py)."""
         queue = self.queues[queue_name]
         if message.payload is None and queue.pager is None:
             raise GrouperError(f"journal holds messages of queue {queue_name!r}, now declared non-durable, whose "
@@ -251,7 +251,7 @@ class Broker:
         self.next_seq = max(self.next_seq, message.seq + 1)
 
     def restore_cold(self, queue_name: str, seqs, size_bytes: int) -> None:
-        """Journal recovery of a durable queue's messages as a cold tail (node/core/cold.py): its live
+        """Journal recovery of a durable queue's messages as a cold tail (node/core/dispatch/cold.py): its live
         seqs, ascending, their payloads `size_bytes` in all; read back whole when dispatch nears them."""
         queue = self.queues[queue_name]
         if queue.cold is None:
@@ -364,7 +364,7 @@ class Broker:
         target.tick(now_ms, effects)
         return copies
 
-    # ---- paging (node/core/paging.py) --------------------------------------------------------
+    # ---- paging (node/core/dispatch/paging.py) --------------------------------------------------------
 
     def journalled(self, stores: list, now_ms: int) -> list:
         """The journal reported these (queue name, message) STOREs on disk: their bodies may be paged
@@ -382,7 +382,7 @@ class Broker:
         return effects + self.page_out(now_ms)
 
     def promote(self, queue_name: str, records: dict, now_ms: int) -> list:
-        """Records of a cold tail the journal read back (seq -> Message or None): node/core/cold.py."""
+        """Records of a cold tail the journal read back (seq -> Message or None): node/core/dispatch/cold.py."""
         effects: list = []
         queue = self.queues.get(queue_name)
         if queue is not None:  # deleted meanwhile: nothing waits for them

@@ -16,9 +16,9 @@ Rules this module keeps:
 from __future__ import annotations
 
 from node.core.errors import NotFound
-from node.core.message import Message
-from node.core.queue_lanes import PAUSED, Group
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import Message
+from node.core.dispatch.queue_lanes import PAUSED, Group
+from node.core.dispatch.settings import QueueSettings
 
 OWNED_STALE_MIN = 16  # stale entries a consumer's owned list may keep beyond its live ones
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections import deque
 
-from node.core.message import AVAILABLE, PAGED, STATE_MASK, Message
-from node.core.queue_dispatch import Dispatcher
-from node.core.queue_groups import GroupTable
-from node.core.queue_store import MessageStore
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import AVAILABLE, PAGED, STATE_MASK, Message
+from node.core.dispatch.queue_dispatch import Dispatcher
+from node.core.dispatch.queue_groups import GroupTable
+from node.core.dispatch.queue_store import MessageStore
+from node.core.dispatch.settings import QueueSettings
 
 
 class GroupOps:

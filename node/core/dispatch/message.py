@@ -11,7 +11,7 @@ A queue may hold millions of these, so a Message is kept small (bench/memory.py 
 - `group` is the queue's Group object (not its key): settling needs no dict lookup, and the queue
   gives `group_id` its group's own copy of the id string, so a million messages in one group keep one
   string, not a million (the decoder makes one per arrival).
-- Paging (node/core/paging.py) keeps a message's record (seq, group, size_bytes) in memory while its
+- Paging (node/core/dispatch/paging.py) keeps a message's record (seq, group, size_bytes) in memory while its
   `payload` lives only in the journal: `payload` is then None and PAGED is set. Nothing here may
   depend on the payload beyond `size_bytes`.
 """
@@ -26,13 +26,13 @@ REMOVED = 2
 STATE_MASK = 3
 CLOSES_GROUP = 4
 HANDED_OUT = 8
-# paging (node/core/paging.py): the body is only in the journal; asked back; read back (or returned by its
+# paging (node/core/dispatch/paging.py): the body is only in the journal; asked back; read back (or returned by its
 # consumer) and waiting for dispatch; its STORE is on disk, so it may be paged out
 PAGED = 16
 REQUESTED = 32
 FETCHED = 64
 JOURNALLED = 128
-COLD = 256  # in its queue's cold tail, waiting for its STORE to be on disk (node/core/cold.py)
+COLD = 256  # in its queue's cold tail, waiting for its STORE to be on disk (node/core/dispatch/cold.py)
 
 
 class Message:

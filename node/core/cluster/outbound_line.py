@@ -1,7 +1,7 @@
 """What of one owner's outbound channel is with its forwarder, and what waits for room there.
 
 Rules:
-- Pure data, owned by the outbound store (node/core/outbound.py), which decides what moves between
+- Pure data, owned by the outbound store (node/core/cluster/outbound.py), which decides what moves between
   them: the forwarder holds at most outbound_memory_max_bytes of an owner's entries unacknowledged
   (at least one), and the rest waits here, in forward seq order.
 - A waiting entry is whole (an Entry, its body in memory: not journalled, it cannot page) or paged
@@ -17,8 +17,8 @@ from __future__ import annotations
 from array import array
 from collections import deque
 
-from node.core.outbound_channel import CHANNEL_COMPACT_MIN_ENTRIES
-from node.core.outbound_entry import Entry
+from node.core.cluster.outbound_channel import CHANNEL_COMPACT_MIN_ENTRIES
+from node.core.cluster.outbound_entry import Entry
 
 
 class Waiting:

@@ -34,11 +34,11 @@ class QueueSettings:
     depth_max_messages: int = 1_000_000  # queued + in-flight messages; 0 = unlimited
     depth_max_bytes: int = 1 << 30  # queued + in-flight encoded bytes; 0 = unlimited (a limit of disk, not RAM)
     # bytes of message bodies this queue keeps in RAM; past it the bodies of its journalled messages live only
-    # in the journal and are read back ahead of dispatch (node/core/paging.py). 0 = only the node's budget
+    # in the journal and are read back ahead of dispatch (node/core/dispatch/paging.py). 0 = only the node's budget
     # (message_memory_max_bytes in node/config.py) bounds it. A non-durable queue refuses it: no journal holds its bodies
     memory_max_bytes: int = 0
     # groups tracked at once (with messages or an owner); 0 = unlimited. At the limit an empty group kept by
-    # its exclusive owner gives its place to the new group (the one empty longest, node/core/queue.py's
+    # its exclusive owner gives its place to the new group (the one empty longest, node/core/dispatch/queue.py's
     # header); a new group is refused only while every tracked group has messages queued or in flight
     groups_max: int = 1_000_000
     group_id_length_max_chars: int = 255  # longer group ids are rejected with amqp:invalid-field
@@ -48,7 +48,7 @@ class QueueSettings:
     redelivery_delay_max_ms: int = 0  # the delay never grows past this; 0 = 10 x redelivery_delay_ms (Artemis's rule)
     dead_letter_queue: str = ""  # where rejected and over-delivered messages go; "" = "<queue>.DLQ"
     dead_letter_queue_auto_create: bool = True  # create the dead-letter queue when it does not exist yet
-    address: str = ""  # the multicast address this queue subscribes to (node/core/addresses.py); "" = none
+    address: str = ""  # the multicast address this queue subscribes to (node/core/dispatch/addresses.py); "" = none
     trace: bool = False  # write delivery traces for `grouper audit` (README "Auditing deliveries")
 
     def validate(self) -> "QueueSettings":

@@ -2,14 +2,14 @@
 loop use. Pure: no I/O, no clock, no threads; time is `now_ms`.
 
 A Queue is the wiring of collaborators that each own one concern and state what they keep:
-- node/core/queue_lanes.py      a group's lane of messages and its owner (Group)
-- node/core/queue_consumers.py  consumers, credit, the groups each owns, the dispatch gate
-- node/core/queue_groups.py     the group table: keys, heaps, holds, forgetting, groups_max
-- node/core/queue_store.py      admission, depth, the browse log, expiry, removal
-- node/core/queue_dispatch.py   which message goes to which consumer next
-- node/core/queue_settle.py     outcomes, redelivery, poison messages and dead letters
-- node/core/queue_backlog.py    paged bodies and the cold tail
-- node/core/queue_group_ops.py  resets, purges, moves and hand-overs of groups
+- node/core/dispatch/queue_lanes.py      a group's lane of messages and its owner (Group)
+- node/core/dispatch/queue_consumers.py  consumers, credit, the groups each owns, the dispatch gate
+- node/core/dispatch/queue_groups.py     the group table: keys, heaps, holds, forgetting, groups_max
+- node/core/dispatch/queue_store.py      admission, depth, the browse log, expiry, removal
+- node/core/dispatch/queue_dispatch.py   which message goes to which consumer next
+- node/core/dispatch/queue_settle.py     outcomes, redelivery, poison messages and dead letters
+- node/core/dispatch/queue_backlog.py    paged bodies and the cold tail
+- node/core/dispatch/queue_group_ops.py  resets, purges, moves and hand-overs of groups
 
 Rules this module keeps:
 - Every operation that changes what may be delivered ends with one dispatch, so a consumer with credit
@@ -24,20 +24,20 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-from node.core.cold import ColdTail, RecordBudget
+from node.core.dispatch.cold import ColdTail, RecordBudget
 from node.core.effects import DetachConsumer, Stored, Withdrawn
 from node.core.errors import GrouperError, ResourceDeleted, ResourceLimitExceeded
-from node.core.message import AVAILABLE, COLD, Message, Outcome
-from node.core.paging import Pager
-from node.core.queue_backlog import Backlog
-from node.core.queue_consumers import Consumers
-from node.core.queue_dispatch import Dispatcher
-from node.core.queue_group_ops import GroupOps
-from node.core.queue_groups import GroupTable
-from node.core.queue_lanes import Group
-from node.core.queue_settle import Settlement
-from node.core.queue_store import MessageStore
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import AVAILABLE, COLD, Message, Outcome
+from node.core.dispatch.paging import Pager
+from node.core.dispatch.queue_backlog import Backlog
+from node.core.dispatch.queue_consumers import Consumers
+from node.core.dispatch.queue_dispatch import Dispatcher
+from node.core.dispatch.queue_group_ops import GroupOps
+from node.core.dispatch.queue_groups import GroupTable
+from node.core.dispatch.queue_lanes import Group
+from node.core.dispatch.queue_settle import Settlement
+from node.core.dispatch.queue_store import MessageStore
+from node.core.dispatch.settings import QueueSettings
 
 
 class Queue:
@@ -60,9 +60,9 @@ class Queue:
         default = settings.effective_default_group
         if not settings.default_group and settings.group_policy == "shared" and fallback_default_group:
             default = fallback_default_group
-        # which bodies are in memory (node/core/paging.py); a non-durable queue's exist nowhere else
+        # which bodies are in memory (node/core/dispatch/paging.py); a non-durable queue's exist nowhere else
         self.pager = pager = Pager(settings.name) if settings.durable else None
-        # past the node's record budget, the newest messages are only seqs here (node/core/cold.py)
+        # past the node's record budget, the newest messages are only seqs here (node/core/dispatch/cold.py)
         self.cold = cold = ColdTail(records) if records is not None and settings.durable else None
         self._groups = groups = GroupTable(settings, default, cold)
         self._consumers = consumers = Consumers(settings)
@@ -148,7 +148,7 @@ class Queue:
 
     @enqueued_total.setter
     def enqueued_total(self, count: int) -> None:
-        self._store.enqueued_total = count  # moves count their arrivals (node/core/reroute.py)
+        self._store.enqueued_total = count  # moves count their arrivals (node/core/dispatch/reroute.py)
 
     # ---- producers ---------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
-"""A queue's messages outside memory: bodies paged out (node/core/paging.py) and the cold tail
-(node/core/cold.py), and what the journal's answers about them do to the queue. Pure: time is `now_ms`.
+"""A queue's messages outside memory: bodies paged out (node/core/dispatch/paging.py) and the cold tail
+(node/core/dispatch/cold.py), and what the journal's answers about them do to the queue. Pure: time is `now_ms`.
 
 Rules this module keeps:
 - Only journalled bodies are paged out, and never those of a group held for the cluster (it leaves the
@@ -13,14 +13,14 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-from node.core.cold import read_missing
+from node.core.dispatch.cold import read_missing
 from node.core.effects import Dropped, Removed
 from node.core.errors import ResourceLimitExceeded
-from node.core.message import JOURNALLED
-from node.core.queue_dispatch import Dispatcher
-from node.core.queue_groups import GroupTable
-from node.core.queue_store import MessageStore
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import JOURNALLED
+from node.core.dispatch.queue_dispatch import Dispatcher
+from node.core.dispatch.queue_groups import GroupTable
+from node.core.dispatch.queue_store import MessageStore
+from node.core.dispatch.settings import QueueSettings
 
 
 class Backlog:

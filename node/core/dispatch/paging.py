@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections import deque
 
 from node.core.effects import PageIn
-from node.core.message import AVAILABLE, FETCHED, JOURNALLED, PAGED, REMOVED, REQUESTED, STATE_MASK, Message
+from node.core.dispatch.message import AVAILABLE, FETCHED, JOURNALLED, PAGED, REMOVED, REQUESTED, STATE_MASK, Message
 
 READ_AHEAD_MESSAGES = 32  # messages from a group's head whose bodies are asked for together
 READ_AHEAD_BYTES_MAX = 4 << 20  # bodies per queue asked for or read back and not yet delivered

@@ -2,7 +2,7 @@
 
 Rules:
 - The language is JMS 2.0's (javax.jms.Message, "Message Selectors"), docs/selectors.md; parsing is
-  node.core.selector_parse, evaluation node.core.selector_eval. A message is selected only when the
+  node.core.dispatch.selector_parse, evaluation node.core.dispatch.selector_eval. A message is selected only when the
   selector is TRUE: FALSE and UNKNOWN (SQL's three-valued logic, NULL for an absent field) both pass it by.
 - Pure: no I/O, no clock. A selector reads a message through a mapping-like view of its fields
   (`get(name)`, None when absent); node.amqp.message_fields reads that view from the AMQP bytes:
@@ -26,8 +26,8 @@ Rules:
 from __future__ import annotations
 
 from node.core.errors import InvalidField
-from node.core.selector_eval import compile_node
-from node.core.selector_parse import Parser, SelectorSyntaxError
+from node.core.dispatch.selector_eval import compile_node
+from node.core.dispatch.selector_parse import Parser, SelectorSyntaxError
 
 SELECTOR_MAX_CHARS = 4096  # longer selectors are refused: the text is the client's, the parse is ours
 SELECTOR_DEPTH_MAX = 64  # parentheses, NOT and signs nested; at most ~660 Python frames to parse, fewer to run

@@ -1,7 +1,7 @@
 """Where each message group of a cluster lives, as this node knows it, and the messages in transit.
 
 Pure, owned by the engine loop thread. Two parts (the outbound store, messages on their way to the
-groups' owners, is node/core/outbound.py):
+groups' owners, is node/core/cluster/outbound.py):
 - `Router`: the node's copy of the replicated routes (fed only by the handler's applied-command
   stream, so it never runs ahead of the raft log) and the messages waiting for a route. A message
   of a group that has messages waiting waits behind them even once a route is known, so a

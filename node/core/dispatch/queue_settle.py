@@ -8,7 +8,7 @@ Rules this module keeps:
 - released, or modified without delivery-failed: it goes back to its original place in its group.
 - A failed delivery (modified with delivery-failed, or unsettled at its consumer's detach) counts in
   `delivery_count`. It comes back after `redelivery_delay_for_ms`; while it waits at its group's head
-  the group is in no heap (node/core/queue_groups.py), so no later message of the group overtakes it.
+  the group is in no heap (node/core/dispatch/queue_groups.py), so no later message of the group overtakes it.
   At `delivery_count_max` it is dead-lettered if the broker says a dead-letter queue can take it, else
   it stays (a `Kept` effect says so once) and is retried at every failure.
 - A group's owner lets it go once nothing of it is acquired, for the shared policy or a held group.
@@ -19,11 +19,11 @@ from __future__ import annotations
 import heapq
 
 from node.core.effects import Delayed, Dropped, Kept
-from node.core.message import AVAILABLE, Message, Outcome
-from node.core.queue_groups import GroupTable
-from node.core.queue_lanes import PAUSED, Group
-from node.core.queue_store import MessageStore
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import AVAILABLE, Message, Outcome
+from node.core.dispatch.queue_groups import GroupTable
+from node.core.dispatch.queue_lanes import PAUSED, Group
+from node.core.dispatch.queue_store import MessageStore
+from node.core.dispatch.settings import QueueSettings
 
 
 class Settlement:

@@ -3,7 +3,7 @@
 Rules:
 - Pure: no I/O, threads, clock or sockets. Built once from the config file's `[[address-setting]]`
   tables and its `[template]`; never changes afterwards.
-- A table's `match` is an ActiveMQ Artemis pattern (the grammar and matcher of node.core.access):
+- A table's `match` is an ActiveMQ Artemis pattern (the grammar and matcher of node.core.access.roles):
   words separated by '.', '*' is exactly one word, '#' is zero or more words.
 - Specificity, most specific first (the exact rule; README "Address settings and parameters"):
   1. a pattern without wildcards beats every pattern with one;
@@ -29,9 +29,9 @@ import dataclasses
 from typing import Iterable, Mapping
 from urllib.parse import unquote
 
-from node.core.access import ANY_WORDS, ONE_WORD, QueuePattern
+from node.core.access.roles import ANY_WORDS, ONE_WORD, QueuePattern
 from node.core.errors import AlreadyExists, InvalidConfig, InvalidField
-from node.core.settings import DEAD_LETTER_SUFFIX, QueueSettings
+from node.core.dispatch.settings import DEAD_LETTER_SUFFIX, QueueSettings
 
 ADDRESS_SETTINGS_MAX = 1000  # [[address-setting]] tables in one config file
 PARAMETERS_MAX = 16  # parameters in one attach address

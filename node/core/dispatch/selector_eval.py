@@ -1,4 +1,4 @@
-"""Compiling a selector's tree (node.core.selector_parse) into nested Python closures, and what they compute.
+"""Compiling a selector's tree (node.core.dispatch.selector_parse) into nested Python closures, and what they compute.
 
 Rules:
 - Compiled once per selector; a message costs one call per tree node, no parsing and no eval/exec.
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import operator
 
-from node.core.selector_parse import LONG_MAX, LONG_MIN
+from node.core.dispatch.selector_parse import LONG_MAX, LONG_MIN
 
 _COMPARE = {"=": operator.eq, "<>": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
             ">=": operator.ge}

@@ -2,7 +2,7 @@
 
 Rules this module keeps:
 - Nothing grows silently: depth in messages and bytes is bounded by the settings (check_capacity).
-- Past the node's record budget a durable queue's newest messages form a cold tail (node/core/cold.py):
+- Past the node's record budget a durable queue's newest messages form a cold tail (node/core/dispatch/cold.py):
   counted in its depth but in no group, heap or log until read back whole, oldest first, into the warm
   part (`warm`); dispatch only ever sees the warm part, a prefix of the queue in seq order.
 - `log` holds every warm message in seq order, for browsing and listing; a removed message stays in it
@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import heapq
 
-from node.core.cold import ColdTail
+from node.core.dispatch.cold import ColdTail
 from node.core.effects import Dropped, Removed
 from node.core.errors import ResourceLimitExceeded
-from node.core.message import AVAILABLE, REMOVED, STATE_MASK, Message
-from node.core.paging import Pager
-from node.core.queue_groups import GroupTable
-from node.core.settings import QueueSettings
+from node.core.dispatch.message import AVAILABLE, REMOVED, STATE_MASK, Message
+from node.core.dispatch.paging import Pager
+from node.core.dispatch.queue_groups import GroupTable
+from node.core.dispatch.settings import QueueSettings
 
 LOG_COMPACT_MIN = 1024  # tombstones tolerated in the browse log before compaction is considered
 # payload bytes of tombstones tolerated in the browse log (beyond the queue's resident bytes, not its depth:
@@ -39,7 +39,7 @@ class MessageStore:
     def __init__(self, settings: QueueSettings, groups: GroupTable, pager: Pager | None, cold: ColdTail | None):
         self.settings = settings
         self.groups = groups
-        self.pager = pager  # which bodies are in memory (node/core/paging.py); None: a non-durable queue
+        self.pager = pager  # which bodies are in memory (node/core/dispatch/paging.py); None: a non-durable queue
         self.cold = cold  # past the node's record budget, the newest messages are only seqs here
         self.log: list[Message] = []  # every live warm message in seq order, for browsing and listing
         self.log_removed = 0

@@ -5,15 +5,15 @@ Rules this module keeps:
   place (insert_in_order), so no later message of its group overtakes it.
 - A queue may track a million groups (bench/memory.py measures it), so a Group is kept small: a lane of
   one message needs no container, and an emptied deque is dropped, not kept.
-- `Group.placed` is written by the group table (node/core/queue_groups.py) and by ownership changes
-  (node/core/queue_consumers.py); its values are the heap entry, EMPTY_OWNED, PAUSED or None below.
+- `Group.placed` is written by the group table (node/core/dispatch/queue_groups.py) and by ownership changes
+  (node/core/dispatch/queue_consumers.py); its values are the heap entry, EMPTY_OWNED, PAUSED or None below.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from node.core.message import AVAILABLE, STATE_MASK, Message
+from node.core.dispatch.message import AVAILABLE, STATE_MASK, Message
 
 EMPTY_OWNED = "empty-owned"  # Group.placed of an empty group kept by its owner (GroupTable.empty_owned)
 PAUSED = "paused"  # Group.placed of a closing, reset or rebalanced group: no dispatch until nothing is acquired
@@ -37,7 +37,7 @@ class Group:
         self.lane: Message | deque[Message] | None = None  # seq order; may hold REMOVED tombstones
         self.available_count = 0
         self.acquired = 0  # delivered and not yet settled, by any consumer
-        self.owner = None  # its Consumer (node/core/queue_consumers.py), or None
+        self.owner = None  # its Consumer (node/core/dispatch/queue_consumers.py), or None
         self.placed: tuple | str | None = None
 
     def __lt__(self, other: Group) -> bool:
