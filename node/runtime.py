@@ -7,7 +7,8 @@ Rules:
 - Nothing listens before recovery is done, and "ready" is printed only once every listener serves.
 
 Threads and what they own:
-- the engine loop thread (node.amqp.loop): the sockets, every proton object, the `Broker` core;
+- the engine loop thread (node.amqp.loop): the sockets, every proton object, the node shell and the
+  cores it runs (node/core/shell.py);
 - the journal writer thread: the journal file (it reports back through the bridge);
 - gRPC pool threads: nothing; admin calls enter the loop through `Bridge.call` with a deadline;
 - the HTTP threads (node.http_port): nothing; readiness and metrics read the loop through the bridge;
@@ -193,18 +194,9 @@ class Node:
 
     def _add_peer_service(self, grpc_server) -> None:
         if self.cluster is not None:
-            from node.peer.members import ELSEWHERE, SignedByMember, open_to_all, refuse_all
+            from node.peer.members import admin_port_check
             from node.peer.service import add_peer_service
-            from node.peer.signature import Verifier
-            if self.cluster_tls is not None:
-                check = refuse_all(ELSEWHERE)
-            elif self.raft_secrets:
-                check = SignedByMember(Verifier(self.raft_secrets, self.config.node_id), self.raft_members)
-            else:
-                check = open_to_all
-                log.warning("this node has no raft secret: it takes forwarded messages on its admin port from anyone "
-                            "who reaches it, who can put messages into any queue and group. Give every node the "
-                            "cluster's raft_secret_file (or cluster TLS)")
+            check = admin_port_check(self.cluster_tls, self.raft_secrets, self.config.node_id, self.raft_members)
             add_peer_service(grpc_server, self.cluster.handle_forward, self.config.forward_timeout_ms, check,
                              self.forward_refusals)
 

@@ -198,3 +198,16 @@ class MembersOnly:
 
 ELSEWHERE = ("this node takes forwarded batches only on its peer port, over mutual TLS with a node certificate "
              "the cluster CA signed")  # the refusal on the admin port once cluster TLS is on
+
+
+def admin_port_check(cluster_tls, raft_secrets, node_id: str, raft_members) -> Callable[..., Refusal]:
+    """Who may forward on the admin port: nobody with cluster TLS (its peer port takes them), members
+    signing with the raft secret without it, and anyone at all on a node that has neither (warned)."""
+    if cluster_tls is not None:
+        return refuse_all(ELSEWHERE)
+    if raft_secrets:
+        return SignedByMember(Verifier(raft_secrets, node_id), raft_members)
+    log.warning("this node has no raft secret: it takes forwarded messages on its admin port from anyone who "
+                "reaches it, who can put messages into any queue and group. Give every node the cluster's "
+                "raft_secret_file (or cluster TLS)")
+    return open_to_all
