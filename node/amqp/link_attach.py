@@ -47,6 +47,10 @@ class LinkAttach:
             return  # the connection was refused
         server._dirty.add(connection)
         lib.pn_terminus_copy(lib.pn_link_source(link), lib.pn_link_remote_source(link))
+        # no source filter is applied yet (JMS selectors: issue 30, docs/selectors.md): AMQP 1.0 3.5.8 has a
+        # node leave out of its attach the filters it does not apply, so the client knows (Qpid JMS then
+        # refuses the consumer) instead of believing its selector holds and getting every message
+        lib.pn_data_clear(lib.pn_terminus_filter(lib.pn_link_source(link)))
         lib.pn_terminus_copy(lib.pn_link_target(link), lib.pn_link_remote_target(link))
         sender = lib.pn_link_is_sender(link)
         try:
