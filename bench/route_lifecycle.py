@@ -61,7 +61,7 @@ LIVE_WAIT_S = 600.0  # after the producers finish, for every node to know every 
 SETTLE_S = 60.0  # live: sampling goes on this long once every node knows every route
 RSS_TARGET_BYTES = 300 * 1000 * 1000  # issue 14: each node's resident set with 1,000,000 live routes
 LIVE_GROUPS_TARGET = 100_000  # issue 14: live at once while 5,000,000 distinct groups go by
-ROUTES_MAX_DEFAULT = 1_000_000  # node setting routes_max's default (node/config.py)
+ROUTES_MAX_DEFAULT = 1_000_000  # node setting routes_max's default (node/config/settings.py)
 
 
 # ---- what the nodes show ----------------------------------------------------------------------

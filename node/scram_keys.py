@@ -19,7 +19,7 @@ import scramp
 from node.core.errors import InvalidConfig
 
 PASSWORD_LENGTH_MAX_CHARS = 1024  # passwords: 1..1024 characters (after SASLprep)
-PASSWORD_CHARS_MIN_DEFAULT = 12  # a new password's fewest characters (node/config.py's password_chars_min default)
+PASSWORD_CHARS_MIN_DEFAULT = 12  # a new password's fewest characters (node/config/settings.py's password_chars_min default)
 ITERATIONS_MIN = 4096  # PBKDF2 rounds; RFC 7677's minimum for SCRAM-SHA-256
 ITERATIONS_DEFAULT = 4096
 ITERATIONS_MAX = 10_000_000  # scramp's ceiling (a guard against a file that makes every login cost minutes)

@@ -17,7 +17,7 @@ from node.http_port.hosts import parse_names
 
 ROUTE_FOLLOW_MIN_MS = 1000  # the shortest route_follow_ms other than 0
 TRACE_FILE_MIN_BYTES = 1024  # the smallest trace_file_max_bytes: a file holds a few lines at least
-PASSWORD_CHARS_MAX = 1024  # node/users.py's PASSWORD_LENGTH_MAX_CHARS: a longer minimum could never be met
+PASSWORD_CHARS_MAX = 1024  # node/scram_keys.py's PASSWORD_LENGTH_MAX_CHARS: a longer minimum could never be met
 CONNECTIONS_MAX_CEILING = 900  # each connection is a file descriptor; many systems cap a process at 1024 by default
 
 

@@ -34,12 +34,10 @@ import time
 
 from node.admin.arguments import positive_int
 from node.core.errors import InvalidConfig
+from node.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from node.tools.session import (AMQP_NODE_DEFAULT, AMQP_NODE_ENV, CA_ENV, CONNECT_TIMEOUT_S, PASSWORD_ENV, USER_ENV,
                                 Session, ToolError)
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 SEQ_PROPERTY = "seq"  # application property: the message's number within its group, from 1
 RECEIVE_TIMEOUT_S_DEFAULT = 2.0  # `receive` without --count, and `browse`: stop after this long without a message
 COUNT_DEFAULT = 10  # messages `send` sends without --count

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from node.core.errors import InvalidConfig
 # proton's C engine (node.amqp.engine, node.client) is imported where a run needs it: `grouper` builds its
 # parser with this module, and its other commands should not load the library
-from node.tools.messages import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from node.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from node.tools.session import AMQP_NODE_DEFAULT, AMQP_NODE_ENV, node_url
 
 MESSAGES_DEFAULT = 10_000  # without --messages and --duration-s

@@ -118,11 +118,11 @@ class SimConfig:
     route_follow_ms: int = 0  # groups follow their consumers after this long; 0: off (and no migrations)
     placement: str = "balanced"  # every node's claims carry it (handler/placement.py's PLACEMENT_*)
     routes_max: int = 1_000_000
-    outbound_max_bytes: int = 0  # the outbound store's bound per owner (node/config.py); 0: none
+    outbound_max_bytes: int = 0  # the outbound store's bound per owner (node/config/settings.py); 0: none
     outbound_total_max_bytes: int = 0  # and for all owners together
     outbound_max_messages: int = 0  # the outbound store's bound per owner in messages; 0: none
     outbound_memory_max_bytes: int = 0  # bodies per owner in memory, the rest paged (node/core/cluster/outbound.py); 0: none
-    # the node's budgets for queued messages (node/config.py): bodies of durable queues in memory, the rest
+    # the node's budgets for queued messages (node/config/settings.py): bodies of durable queues in memory, the rest
     # paged to the journal (node/core/dispatch/paging.py); their records, the newest past it only counted as a cold
     # tail (node/core/dispatch/cold.py); 0: none
     message_memory_max_bytes: int = 0

@@ -35,7 +35,7 @@ class QueueSettings:
     depth_max_bytes: int = 1 << 30  # queued + in-flight encoded bytes; 0 = unlimited (a limit of disk, not RAM)
     # bytes of message bodies this queue keeps in RAM; past it the bodies of its journalled messages live only
     # in the journal and are read back ahead of dispatch (node/core/dispatch/paging.py). 0 = only the node's budget
-    # (message_memory_max_bytes in node/config.py) bounds it. A non-durable queue refuses it: no journal holds its bodies
+    # (message_memory_max_bytes in node/config/settings.py) bounds it. A non-durable queue refuses it: no journal holds its bodies
     memory_max_bytes: int = 0
     # groups tracked at once (with messages or an owner); 0 = unlimited. At the limit an empty group kept by
     # its exclusive owner gives its place to the new group (the one empty longest, node/core/dispatch/queue.py's
