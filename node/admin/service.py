@@ -35,8 +35,9 @@ from node.admin.member_calls import MemberCalls, NodeUnavailable
 from node.admin.queue_answers import QueueAnswers
 from node.admin.tls import certificate_user
 from node.core.access.roles import Access
-from node.core.errors import (AlreadyExists, GrouperError, HandlerUnavailable, InvalidConfig, InvalidField,
+from node.core.errors import (AlreadyExists, HandlerUnavailable, InvalidConfig, InvalidField,
                               NotAllowed, NotFound, ResourceDeleted, ResourceLimitExceeded, Unauthorized)
+from node.grpc_port import bind
 from node.peer.service import source_host
 from proto import admin_pb2_grpc
 
@@ -211,15 +212,8 @@ def serve(control: NodeControl, host: str, port: int, *, workers: int = WORKERS_
     admin_pb2_grpc.add_AdminServiceServicer_to_server(servicer, server)
     if add_services is not None:  # the node-to-node service shares the listener
         add_services(server)
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    try:
-        bound_port = (server.add_insecure_port(address) if credentials is None
-                      else server.add_secure_port(address, credentials))
-    except RuntimeError:  # newer grpcio raises instead of returning 0
-        bound_port = 0
-    if bound_port == 0:
-        server.stop(None)
-        raise GrouperError(f"the admin API cannot listen on {address}: the port is in use or the host is "
-                      f"not an address of this machine; stop the other process or choose another admin port")
+    bound_port = bind(server, host, port, credentials,
+                      "the admin API cannot listen on {address}: the port is in use or the host is not an address of "
+                      "this machine; stop the other process or choose another admin port")
     server.start()
     return server, bound_port

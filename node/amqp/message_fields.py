@@ -24,6 +24,8 @@ import struct
 import uuid
 from collections.abc import Mapping
 
+from node.amqp.type_encoding import FIXED_WIDTH_BYTES, Malformed, skip_value
+
 _HEADER, _MESSAGE_ANNOTATIONS, _PROPERTIES, _APPLICATION_PROPERTIES = 0x70, 0x72, 0x73, 0x74
 _FIRST_BODY_SECTION = 0x75
 _SECTION_NAMES = {"amqp:header:list": 0x70, "amqp:delivery-annotations:map": 0x71,
@@ -32,7 +34,6 @@ _SECTION_NAMES = {"amqp:header:list": 0x70, "amqp:delivery-annotations:map": 0x7
                   "amqp:amqp-sequence:list": 0x76, "amqp:amqp-value:*": 0x77, "amqp:footer:map": 0x78}
 JMS_TYPE_ANNOTATION = "x-opt-jms-type"  # where Qpid JMS puts JMSType
 DEFAULT_PRIORITY = 4  # AMQP's header.priority when absent (and JMS's default)
-_FIXED_WIDTH_BYTES = {0x4: 0, 0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}  # by the format code's high nibble
 _HEADER_ITEMS, _PROPERTIES_ITEMS = 2, 12  # durable, priority; message-id ... group-sequence
 _FLOAT, _DOUBLE = struct.Struct(">f"), struct.Struct(">d")
 
@@ -52,29 +53,15 @@ class _Unreadable(ValueError):
 
 
 def _extent(buf: bytes, position: int) -> int:
-    """The position just past the value at `position`, nothing decoded. A loop, not recursion: a run of
-    described-value constructors (0x00 0x00 ...) is as deep as the sender likes."""
-    values_left = 1
-    while values_left:
-        code = buf[position]
-        position += 1
-        if code == 0x00:  # described: a descriptor, then the value, so one more value to pass
-            values_left += 1
-            continue
-        high = code >> 4
-        width = _FIXED_WIDTH_BYTES.get(high)
-        if width is not None:
-            position += width
-        elif high in (0xA, 0xC, 0xE):
-            position += 1 + buf[position]
-        elif high in (0xB, 0xD, 0xF):
-            position += 4 + int.from_bytes(buf[position:position + 4], "big")
-        else:
-            raise _Unreadable(f"unknown format code 0x{code:02x}")
-        if position > len(buf):
-            raise _Unreadable("truncated")
-        values_left -= 1
-    return position
+    """The position just past the value at `position`, nothing decoded (type_encoding's walk, which loops
+    over described values however deep the sender nests them); unreadable or truncated bytes raise."""
+    try:
+        end = skip_value(buf, position)
+    except (Malformed, IndexError) as error:
+        raise _Unreadable(str(error) or "truncated") from None
+    if end > len(buf):
+        raise _Unreadable("truncated")
+    return end
 
 
 def _integer(buf: bytes, position: int, width: int, signed: bool) -> int:
@@ -109,7 +96,7 @@ def read_value(buf: bytes, position: int) -> tuple:
         return bytes(buf[position + 2:end]).decode("utf-8"), end
     reader = _SCALARS.get(code)
     if reader is not None:
-        end = position + 1 + _FIXED_WIDTH_BYTES[code >> 4]
+        end = position + 1 + FIXED_WIDTH_BYTES[code >> 4]
         if end > len(buf):
             raise _Unreadable("truncated")
         return reader(buf, position + 1), end

@@ -11,7 +11,7 @@ Rules:
 
 from __future__ import annotations
 
-_FIXED_WIDTH_BYTES = {0x4: 0, 0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}  # by the format code's high nibble
+FIXED_WIDTH_BYTES = {0x4: 0, 0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}  # by the format code's high nibble
 
 
 class Unreadable(Exception):
@@ -113,7 +113,7 @@ def skip_value(buf: bytes, position: int) -> int:
             pending += 1
             continue
         high = code >> 4
-        width = _FIXED_WIDTH_BYTES.get(high)
+        width = FIXED_WIDTH_BYTES.get(high)
         if width is not None:
             position += width
         elif high in (0xA, 0xC, 0xE):

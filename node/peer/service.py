@@ -29,6 +29,7 @@ import grpc
 
 from node.core.errors import GrouperError, InvalidField, NotAllowed, NotFound, ResourceLimitExceeded
 from node.core.cluster.outbound import Entry
+from node.grpc_port import bind
 from node.peer.cluster_secrets import ClusterTls
 from node.peer.forward_batch import MESSAGE_BYTES_MAX, SeqJump, entries_from_pb
 from node.peer.members import MembersOnly, Refusal, open_to_all
@@ -195,13 +196,7 @@ def bind_peer_listener(host: str, port: int, handle_forward: HandleForward, tls:
     # with cluster_tls_server_name the certificates name a common name, not each node's host
     add_peer_service(server, handle_forward, timeout_ms, MembersOnly(bind_source=not tls.server_name, members=members),
                      refused_counts)
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    try:
-        bound_port = server.add_secure_port(address, tls.server_credentials())
-    except RuntimeError:  # newer grpcio raises instead of returning 0
-        bound_port = 0
-    if bound_port == 0:
-        server.stop(None)
-        raise GrouperError(f"the peer listener cannot listen on {address}: the port is in use or the host is not "
-                           f"an address of this machine; stop the other process or choose another --peer-port")
+    bound_port = bind(server, host, port, tls.server_credentials(),
+                      "the peer listener cannot listen on {address}: the port is in use or the host is not an "
+                      "address of this machine; stop the other process or choose another --peer-port")
     return server, bound_port
