@@ -1,4 +1,4 @@
-"""One bounded page of a queue's groups on this node, and its consumers with the groups each owns.
+"""One bounded page of a queue's groups on this node, and its consumers with the groups each has.
 
 Rules:
 - Runs on the engine loop thread (LoopControl posts it through the bridge) and reads a core `Queue`;
@@ -42,10 +42,10 @@ def check_request(prefix: str, position: int, page_size: int) -> None:
 
 
 def group_row(key, group, now_ms: int) -> dict:
-    owner = group.owner
+    consumer = group.consumer
     head = group.head()
     row = {"group": str(key), "messages": group.available_count + group.acquired, "acquired": group.acquired,
-           "consumer": None if owner is None else str(owner.id), "head_age_ms": None}
+           "consumer": None if consumer is None else str(consumer.id), "head_age_ms": None}
     if head is not None and head.enqueued_at_ms:
         row["head_age_ms"] = max(0, now_ms - head.enqueued_at_ms)
     return row
@@ -83,7 +83,7 @@ def consumer_rows(queue, label_of) -> list[dict]:
         if consumer.browse:
             continue
         # its first OWNED_SHOWN_MAX groups, sorted for reading: never all of them
-        shown = sorted(str(group.key) for group in islice(consumer.iter_owned_groups(), OWNED_SHOWN_MAX))
-        rows.append({"consumer": str(consumer_id), "label": label_of(consumer_id), "groups_owned": consumer.owned_count,
+        shown = sorted(str(group.key) for group in islice(consumer.iter_assigned_groups(), OWNED_SHOWN_MAX))
+        rows.append({"consumer": str(consumer_id), "label": label_of(consumer_id), "groups_owned": consumer.assigned_count,
                      "groups": shown, "unsettled": len(consumer.unsettled), "credit": consumer.credit})
     return rows

@@ -46,7 +46,7 @@ def metrics_snapshot(node) -> dict:
             queue = node.broker.queues.get(state.queue)
             core = queue.consumers.get(state.id) if queue is not None else None
             if core is not None:
-                consumers.append((state.queue, state.label, core.owned_count))
+                consumers.append((state.queue, state.label, core.assigned_count))
         cluster = None
         if node.cluster is not None:
             router = node.cluster.router

@@ -800,7 +800,7 @@ class Simulation:
             for name, queue in node.broker.queues.items():
                 depth += queue.depth_messages
                 for group_key, group in queue.groups.items():
-                    if group.owner is not None:
+                    if group.consumer is not None:
                         self._check_owned_route(node.node_id, (name, group_key))
                     if group.available_count or group.acquired:
                         if self._ghosts_only(node, name, group_key):

@@ -96,7 +96,7 @@ class Model:
         self.messages: dict[int, ModelMessage] = {}
         self.by_payload: dict[bytes, int] = {}
         self.consumers: dict[object, ModelConsumer] = {}
-        self.owner: dict = {}  # group key -> consumer id
+        self.consumer_of: dict = {}  # group key -> consumer id
         self.held: set = set()  # group keys with no dispatch until nothing of them is acquired
         self.started = False
         self.first_attach_ms: int | None = None
@@ -143,7 +143,7 @@ class Model:
         return [m for m in self.messages.values() if m.state == ACQUIRED and m.key == key]
 
     def existing_keys(self) -> list:
-        keys = {m.key for m in self._live() if m.key is not None} | set(self.owner)
+        keys = {m.key for m in self._live() if m.key is not None} | set(self.consumer_of)
         return sorted(keys, key=str)
 
     def _gone(self, message: ModelMessage, why: str) -> None:
@@ -160,8 +160,8 @@ class Model:
     def _after_settle(self, key) -> None:
         if key is None or not self.ordered or self._acquired_of(key):
             return
-        if key in self.owner and (key in self.held or self.settings.group_policy == "shared"):
-            del self.owner[key]
+        if key in self.consumer_of and (key in self.held or self.settings.group_policy == "shared"):
+            del self.consumer_of[key]
         self.held.discard(key)
 
     def _return(self, message: ModelMessage, delivery_failed: bool) -> None:
@@ -187,12 +187,12 @@ class Model:
         if not self.ordered:
             return
         for key in list(keys):
-            if key not in self.owner:
+            if key not in self.consumer_of:
                 continue
             if pause and self._acquired_of(key):
                 self.held.add(key)
             else:
-                del self.owner[key]
+                del self.consumer_of[key]
                 self.held.discard(key)
 
     # ---- steps: the test calls the core, tells the model what it did, then applies the effects --
@@ -249,10 +249,10 @@ class Model:
         consumer.credit = credit
         if consumer.rebalance_due and credit > 0:
             consumer.rebalance_due = False
-            self._reset(list(self.owner), self.settings.group_rebalance_pause_dispatch)
+            self._reset(list(self.consumer_of), self.settings.group_rebalance_pause_dispatch)
 
     def reset(self, key=None) -> None:
-        self._reset(list(self.owner) if key is None else [key], pause=True)
+        self._reset(list(self.consumer_of) if key is None else [key], pause=True)
 
     def settled(self, consumer_id, delivery_id: int, outcome: Outcome, delivery_failed: bool) -> None:
         seq = self.consumers[consumer_id].unsettled.pop(delivery_id)
@@ -271,7 +271,7 @@ class Model:
         consumer = self.consumers.pop(consumer_id)
         if consumer.browse:
             return
-        owned = [key for key, owner in self.owner.items() if owner == consumer_id]
+        owned = [key for key, owner in self.consumer_of.items() if owner == consumer_id]
         touched = set(owned)
         for seq in consumer.unsettled.values():
             message = self.messages[seq]
@@ -279,7 +279,7 @@ class Model:
             if message.key is not None:
                 touched.add(message.key)
         for key in owned:
-            del self.owner[key]
+            del self.consumer_of[key]
         for key in sorted(touched, key=str):
             self._after_settle(key)
         if not self._acquiring():
@@ -350,11 +350,11 @@ class Model:
             expect(key not in self.held, f"{message} delivered while group {key!r} is held")
             others = {m.holder for m in self._acquired_of(key)} - {cid}
             expect(not others, f"{message} delivered to {cid!r} while {others} hold messages of {key!r}")
-            owner = self.owner.get(key)
+            owner = self.consumer_of.get(key)
             expect(owner in (None, cid), f"{message} delivered to {cid!r}; group {key!r} is owned by {owner!r}")
             expect(effect.first_for_consumer == (owner != cid),
                    f"{message} to {cid!r}: first_for_consumer={effect.first_for_consumer}, owner was {owner!r}")
-            self.owner[key] = cid
+            self.consumer_of[key] = cid
             if message.closes_group:
                 self.held.add(key)
         message.state = ACQUIRED
@@ -480,11 +480,11 @@ class Model:
             holders = {m.holder for m in self._acquired_of(key)}
             expect(len(holders) <= 1, f"group {key!r} has messages acquired by {holders}")
             if holders:
-                expect(self.owner.get(key) in holders, f"group {key!r} held by {holders}, owned by {self.owner.get(key)!r}")
+                expect(self.consumer_of.get(key) in holders, f"group {key!r} held by {holders}, owned by {self.consumer_of.get(key)!r}")
         core = {row["group"]: row["consumer"] for row in queue.group_rows()}
         # a group whose every message is in the cold tail, and has no owner, is not known to the core yet
-        warm_keys = {m.key for m in self._live() if m.seq not in cold} | set(self.owner)
-        model = {str(key): self.owner.get(key) for key in self.existing_keys() if key in warm_keys}
+        warm_keys = {m.key for m in self._live() if m.seq not in cold} | set(self.consumer_of)
+        model = {str(key): self.consumer_of.get(key) for key in self.existing_keys() if key in warm_keys}
         expect(core == model, f"groups and owners differ: core {core}, model {model}")
 
     def _check_progress(self, cold: set) -> None:
@@ -511,7 +511,7 @@ class Model:
                 raise ModelError(f"{message} without group waits while {takers} have credit")
             if not self.ordered or key in self.held:
                 continue
-            owner = self.owner.get(key)
+            owner = self.consumer_of.get(key)
             expect(not (owner is None or owner in takers),
                    f"{message} waits while {owner or takers!r} could take group {key!r}")
 

@@ -46,7 +46,7 @@ def test_a_node_alone_records_nothing():
     broker.queue("orders", create=True)
     broker.subscribe("prices", "app.live.1", durable=False)
     broker.unsubscribe("app.live.1")
-    assert broker.made is None and broker.ended is None
+    assert broker.local is None
 
 
 def test_a_queue_the_cluster_defines_already_is_not_proposed_and_a_refused_send_proposes_nothing():

@@ -25,7 +25,7 @@ from node.core.dispatch.broker import Broker
 from node.core.effects import Deliver
 from node.core.errors import ResourceLimitExceeded
 from node.core.dispatch.message import AVAILABLE, REMOVED, Message, Outcome
-from node.core.dispatch.queue_consumers import OWNED_STALE_MIN
+from node.core.dispatch.queue_consumers import ASSIGNED_STALE_MIN
 from node.core.dispatch.queue_groups import GROUPS_SHRINK_MIN
 from node.core.dispatch.queue_lanes import Group
 from node.core.dispatch.settings import QueueSettings
@@ -139,7 +139,7 @@ def test_a_closed_queue_keeps_no_group():
     send(broker, "b")
     queue = broker.queues["q"]
     queue.close([])
-    assert queue.groups == {} and not queue._groups.empty_owned
+    assert queue.groups == {} and not queue._groups.empty_assigned
 
 
 # ---- what a group holds -------------------------------------------------------------------
@@ -159,7 +159,7 @@ def test_a_drained_group_drops_its_deque_and_an_owned_empty_group_holds_nothing(
     assert type(group.lane) is deque
     broker.attach_consumer("q", "c1", False, 0)
     assert len(accept_all(broker, broker.set_credit("c1", 10, 0))) == 3
-    assert group.lane is None and group.owner is not None
+    assert group.lane is None and group.consumer is not None
 
 
 def test_messages_of_one_group_share_the_groups_id_string():
@@ -201,7 +201,7 @@ def test_a_messages_state_and_flags_share_one_int_and_are_each_set_by_name():
 
 # ---- groups_max and empty owned groups ------------------------------------------------------
 
-def test_at_groups_max_an_empty_owned_group_gives_its_place_to_a_new_group():
+def test_at_groups_max_an_empty_assigned_group_gives_its_place_to_a_new_group():
     broker = broker_with(groups_max=2)
     broker.attach_consumer("q", "c1", False, 0)
     accept_all(broker, broker.set_credit("c1", 1, 0) + send(broker, "a"))  # a: empty, owned by c1
@@ -210,13 +210,13 @@ def test_at_groups_max_an_empty_owned_group_gives_its_place_to_a_new_group():
     send(broker, "c")  # a goes: it was empty with an owner
     assert sorted(queue.groups) == ["b", "c"]
     consumer = queue.consumers["c1"]
-    assert sorted(group.key for group in consumer.owned_groups()) == ["b"]
+    assert sorted(group.key for group in consumer.assigned_groups()) == ["b"]
     with pytest.raises(ResourceLimitExceeded, match="groups_max=2"):
         send(broker, "d")  # b is in flight and c queued: neither frees itself
     assert sorted(queue.groups) == ["b", "c"] and queue.depth_messages == 2 and in_flight.message.group_id == "b"
 
 
-def test_an_empty_owned_group_that_got_a_message_again_is_not_given_away():
+def test_an_empty_assigned_group_that_got_a_message_again_is_not_given_away():
     broker = broker_with(groups_max=1)
     broker.attach_consumer("q", "c1", False, 0)
     accept_all(broker, broker.set_credit("c1", 10, 0) + send(broker, "a"))
@@ -224,7 +224,7 @@ def test_an_empty_owned_group_that_got_a_message_again_is_not_given_away():
     send(broker, "a")  # queued again: no longer empty
     with pytest.raises(ResourceLimitExceeded):
         send(broker, "b")
-    assert broker.queues["q"].groups["a"].owner is broker.queues["q"].consumers["c1"]
+    assert broker.queues["q"].groups["a"].consumer is broker.queues["q"].consumers["c1"]
 
 
 def test_the_group_empty_longest_goes_first():
@@ -237,7 +237,7 @@ def test_the_group_empty_longest_goes_first():
     assert sorted(broker.queues["q"].groups) == ["b", "c", "d"]
 
 
-def test_stale_entries_of_empty_owned_groups_stay_bounded():
+def test_stale_entries_of_empty_assigned_groups_stay_bounded():
     broker = broker_with(groups_max=2)
     broker.attach_consumer("q", "c1", False, 0)
     [in_flight] = deliveries(broker.set_credit("c1", 1, 0) + send(broker, "a"))  # a: in flight throughout
@@ -245,27 +245,27 @@ def test_stale_entries_of_empty_owned_groups_stay_bounded():
     accept_all(broker, send(broker, "b"))
     accept_all(broker, send(broker, "c"))  # at groups_max: b, empty and owned, makes room; listing starts
     queue = broker.queues["q"]
-    assert sorted(queue.groups) == ["a", "c"] and queue._groups.tracking_empty_owned
+    assert sorted(queue.groups) == ["a", "c"] and queue._groups.tracking_empty_assigned
     for _ in range(3 * GROUPS_SHRINK_MIN):
         accept_all(broker, send(broker, "c"))  # empty and owned after each: one more entry each time
-    assert len(queue._groups.empty_owned) <= 2 * len(queue.groups) + GROUPS_SHRINK_MIN + 1
+    assert len(queue._groups.empty_assigned) <= 2 * len(queue.groups) + GROUPS_SHRINK_MIN + 1
     accept_all(broker, send(broker, "d"))  # c, listed many times over, makes room once
     assert sorted(queue.groups) == ["a", "d"] and in_flight.message.group_id == "a"
 
 
-def test_empty_owned_groups_are_listed_only_near_groups_max():
+def test_empty_assigned_groups_are_listed_only_near_groups_max():
     broker = broker_with(groups_max=4)
     broker.attach_consumer("q", "c1", False, 0)
     broker.set_credit("c1", 100, 0)
     for group in ("a", "b"):
         accept_all(broker, send(broker, group))
     queue = broker.queues["q"]
-    assert not queue._groups.tracking_empty_owned and not queue._groups.empty_owned  # far from the limit: no cost
+    assert not queue._groups.tracking_empty_assigned and not queue._groups.empty_assigned  # far from the limit: no cost
     for group in ("c", "d", "e"):
         accept_all(broker, send(broker, group))  # e meets the limit: a goes
-    assert queue._groups.tracking_empty_owned and sorted(queue.groups) == ["b", "c", "d", "e"]
+    assert queue._groups.tracking_empty_assigned and sorted(queue.groups) == ["b", "c", "d", "e"]
     broker.reset_groups("q", None, 0)  # every group forgotten: below half the limit, the list goes
-    assert not queue._groups.tracking_empty_owned and not queue._groups.empty_owned and queue.groups == {}
+    assert not queue._groups.tracking_empty_assigned and not queue._groups.empty_assigned and queue.groups == {}
 
 
 # ---- heap entries and owner lists: stale entries are dropped --------------------------------
@@ -281,10 +281,10 @@ def test_a_heap_entry_left_in_a_former_owners_heap_is_stale_and_dropped():
     c1, c2 = queue.consumers["c1"], queue.consumers["c2"]
     group = queue.groups["g"]
     assert c1.ready and c1.ready[0] is group.placed
-    broker.settle("c1", first.delivery_id, Outcome.ACCEPTED, 0)  # g is free: placed in the unowned heap
-    assert group.owner is None and queue._groups.unowned[0] is group.placed and c1.ready[0] is not group.placed
-    [second] = deliveries(broker.set_credit("c2", 1, 0))  # the same head seq as c1's entry, from the unowned heap
-    assert (second.consumer_id, second.message.seq) == ("c2", first.message.seq + 1) and group.owner is c2
+    broker.settle("c1", first.delivery_id, Outcome.ACCEPTED, 0)  # g is free: placed in the unassigned heap
+    assert group.consumer is None and queue._groups.unassigned[0] is group.placed and c1.ready[0] is not group.placed
+    [second] = deliveries(broker.set_credit("c2", 1, 0))  # the same head seq as c1's entry, from the unassigned heap
+    assert (second.consumer_id, second.message.seq) == ("c2", first.message.seq + 1) and group.consumer is c2
     assert deliveries(broker.set_credit("c1", 1, 0)) == [] and c1.ready == []  # met and dropped
 
 
@@ -309,11 +309,11 @@ def test_a_consumers_owned_list_keeps_few_stale_entries_and_counts_each_group_on
     [kept] = deliveries(send(broker, "kept"))  # owned throughout: its message stays unsettled
     for index in range(1_000):  # each group taken and freed; "again" taken by c1 again and again
         accept_all(broker, send(broker, "again" if index % 2 else f"g{index}"))
-        assert len(consumer.owned) <= 2 * consumer.owned_count + OWNED_STALE_MIN
-    assert consumer.owned_groups() == [queue.groups["kept"]] and consumer.owned_count == 1
+        assert len(consumer.assigned) <= 2 * consumer.assigned_count + ASSIGNED_STALE_MIN
+    assert consumer.assigned_groups() == [queue.groups["kept"]] and consumer.assigned_count == 1
     assert len(queue.groups) == 1 and kept.message.group_id == "kept"
     broker.detach_consumer("c1", 0)
-    assert queue.groups["kept"].owner is None and queue.groups["kept"].available_count == 1
+    assert queue.groups["kept"].consumer is None and queue.groups["kept"].available_count == 1
 
 
 # ---- the lane of a group against a sorted list ------------------------------------------------
@@ -422,10 +422,10 @@ def test_a_queue_at_groups_max_keeps_order_and_owners_and_loses_nothing(steps, g
         assert queue.depth_messages == live  # nothing lost, nothing doubled
         for key, group in queue.groups.items():
             assert not group.idle, f"idle group {key} kept"
-            if group.owner is not None:
-                assert group in group.owner.owned
+            if group.consumer is not None:
+                assert group in group.consumer.assigned
         for consumer in queue.consumers.values():
-            owned = consumer.owned_groups()
-            assert len(owned) == consumer.owned_count
+            owned = consumer.assigned_groups()
+            assert len(owned) == consumer.assigned_count
             assert all(queue.groups.get(group.key) is group for group in owned)
     assert accepted + refused <= len(steps)

@@ -171,21 +171,21 @@ class Definitions:
     @property
     def pending(self) -> set[str]:
         """Queues whose definition or deletion this node has yet to propose, or to see committed."""
-        return {settings.name for settings, _ in self.broker.made} | set(self.broker.ended) | set(
+        local = self.broker.local
+        return {settings.name for settings, _ in local.made} | set(local.ended) | set(
             self.defining) | set(self.define_again) | self.committed_unseen | self.to_delete | self.deleting
 
     def tick(self, now_ms: int, effects: list) -> None:
         self.propose_seeds(now_ms, effects)
-        if self.broker.made or self.broker.ended:
+        if self.broker.local.made or self.broker.local.ended:
             self.take_made(effects)
         if (self.define_again or self.to_delete) and now_ms >= self.due_ms:
             self._propose_again(effects)
 
     def take_made(self, effects: list) -> None:
         broker = self.broker
-        ended, broker.ended = broker.ended, []
+        made, ended = broker.local.take_queues()
         self.to_delete.update(ended)  # first: what ended and was made again in one batch, in that order
-        made, broker.made = broker.made, []
         for settings, temporary in made:
             name = settings.name
             queue = broker.queues.get(name)

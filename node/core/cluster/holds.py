@@ -46,7 +46,7 @@ class Holds:
         expired and claimed elsewhere since; a group failed over), or be the new owner of a move still in
         progress. So with or without groups following their consumers."""
         broker = self.context.broker
-        broker.made.clear()  # what recovery declared is the journal's, made by no client now
+        broker.local.take_queues()  # what recovery declared is the journal's, made by no client now
         for name, queue in broker.queues.items():
             if queue.settings.grouping:
                 for route_key in queue.busy_route_keys():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 
 from node.core.dispatch.broker import Broker
+from node.core.dispatch.local_changes import LocalChanges
 from node.core.cluster import recovery
 from node.core.cluster import status as reports
 from node.core.cluster.context import Context, Delegated, chunks
@@ -78,16 +79,14 @@ class ClusterProtocol:
         self.held = self.holds.held
         self.parked = self.parking.parked
         # queues made or ended here on a client's behalf (definitions.py), groups this node put messages
-        # in itself (routes.py `route_entered`): the broker records them
-        broker.made, broker.ended = [], []
-        broker.entered = set()
+        # in itself (routes.py `route_entered`): the broker records them (dispatch/local_changes.py)
+        broker.local = LocalChanges()
 
     @property
     def batch_due(self) -> bool:
         """True when the end of this batch has something to propose or forward."""
         broker, forwarding = self.broker, self.forwarding
-        return bool(self.router.to_claim or forwarding.unsubmitted or forwarding.recovered or broker.made
-                    or broker.ended or broker.entered)
+        return bool(self.router.to_claim or forwarding.unsubmitted or forwarding.recovered or broker.local)
 
     # ---- recovery (before the engine loop runs) --------------------------------------------------
 
@@ -143,10 +142,10 @@ class ClusterProtocol:
         if self.context.closed:
             return []
         effects: list = []
-        broker = self.broker
-        if broker.made or broker.ended:  # before the claims: a queue's definition precedes its routes
+        local = self.broker.local
+        if local.made or local.ended:  # before the claims: a queue's definition precedes its routes
             self.queue_definitions.take_made(effects)
-        if broker.entered:
+        if local.entered:
             self.routing.route_entered(now_ms, effects)
         keys = self.router.take_claims()
         if keys:

@@ -160,7 +160,7 @@ class Routes:
         wait for a consumer here, logged, as the route table decides where the group lives."""
         context = self.context
         broker = context.broker
-        entered, broker.entered = broker.entered, set()
+        entered = broker.local.take_entered()
         touches = []
         for key in sorted(entered):
             owner = self.router.routes.get(key)

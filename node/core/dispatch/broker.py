@@ -3,46 +3,38 @@
 Pure like the queues it owns: callers pass `now_ms` and carry out the returned effects in order.
 Rules:
 - `seq` is assigned here, node-wide and increasing, so queue order survives moves and recovery.
-- A message moving between queues (move, dead-letter) is `Stored` at its destination before it is
-  `Removed` from its source, so a torn journal tail can duplicate it but never lose it.
+- Its collaborators, one noun each: moves between queues (moves.py: a message is `Stored` at its
+  destination before it is `Removed` from its source), dead letters (dead_letters.py), subscriptions
+  of multicast addresses (subscriptions.py), the node's paging (node_paging.py). The per-message calls
+  (enqueue, settle, set_credit, tick) stay here; the collaborators' public calls are bound here too, so
+  callers name the broker alone.
 - Consumer ids and delivery ids are opaque to the core; the adapter chooses consumer ids.
 - A durable send whose journal write failed is taken back if no consumer, browser or other queue has
   it yet (`take_back`); otherwise it stays where it is: delivered already, it cannot be unsent, so its
   producer is told the outcome is unknown. Such a message is in no journal: settled, it is removed
   with a REMOVE record for a seq the journal never stored, which recovery and compaction ignore;
   released, it is delivered again from memory; a restart forgets it.
-- Dead letters (rejected, or past `delivery_count_max`) go to the source's `dead_letter_queue_name`
-  (`<queue>.DLQ` by default), created from the address settings when missing if the source's
-  `dead_letter_queue_auto_create` allows. A queue auto-created under a `.DLQ` name is a dead-letter
-  queue: unlimited deliveries and no dead-letter queue of its own, since an operator drains it.
-- A dead letter is never dropped silently: when no dead-letter queue can take it (none may be
-  created, or it is full), an over-delivered message stays in its queue (`Kept`) and a rejected one
-  is dropped with a `Dropped` saying why (its consumer refused it for good).
-- A queue whose settings name an `address` is one of that multicast address's subscriptions
-  (node/core/dispatch/addresses.py); a multicast address is never auto-created as a queue of its name.
-- A dead letter keeps its group id and delivery count; `dead_letter_stamp` (the adapter's codec)
-  may rewrite its payload to record the original queue and the reason.
-- In a cluster (`made` and `ended` are lists: the cluster protocol turns recording on) every queue
-  made here on a client's behalf (auto-created by an attach, a send or a dead letter; a subscription
-  an attach made) is recorded in `made`, and every subscription queue deleted here because its link
-  ended (`unsubscribe`) in `ended`, for the cluster to define or delete on every node
-  (node/core/cluster/definitions.py). Likewise `entered` records the (queue, route key) of every group
-  this node itself put messages in (an admin move, a dead letter): those came by no route, and the
-  cluster gives their group one. A node alone records nothing.
+- Declarations are taken, never emptied by hand: `declarations()` drains them as effects. In a cluster
+  (`local`, node/core/dispatch/local_changes.py) the queues made here on a client's behalf, the
+  subscriptions ended here and the groups this node itself gave messages are recorded for the cluster
+  to take; a node alone records nothing.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 from node.core.dispatch.address_settings import AddressSettings, check_parameters
 from node.core.dispatch.addresses import Addresses
 from node.core.dispatch.cold import RecordBudget
-from node.core.effects import DeadLettered, Declared, DetachConsumer, Enqueued, Removed, Stored
-from node.core.errors import AlreadyExists, GrouperError, NotFound
-from node.core.dispatch.message import AVAILABLE, COLD, JOURNALLED, Message, Outcome
+from node.core.dispatch.dead_letters import DeadLetters
+from node.core.dispatch.local_changes import LocalChanges
+from node.core.dispatch.message import AVAILABLE, JOURNALLED, Message, Outcome
+from node.core.dispatch.moves import Moves
+from node.core.dispatch.node_paging import NodePaging
 from node.core.dispatch.queue import Queue
 from node.core.dispatch.settings import QueueSettings
+from node.core.dispatch.subscriptions import Subscriptions
+from node.core.effects import Declared, DetachConsumer, Enqueued
+from node.core.errors import AlreadyExists, GrouperError, NotFound
 
 
 class Broker:
@@ -62,16 +54,23 @@ class Broker:
         self.declared: list[QueueSettings] = []
         # (payload, original queue, reason) -> payload of the dead-letter copy; None: the payload as it was
         self.dead_letter_stamp = dead_letter_stamp
-        self._dead_letter_reserved: dict[str, tuple[int, int]] = {}  # DLQ -> (messages, bytes) promised this call
-        # None: not recorded (a node alone); lists when a cluster takes them (see the header)
-        self.made: list[tuple[QueueSettings, bool]] | None = None  # (settings, temporary subscription)
-        self.ended: list[str] | None = None  # subscription queues deleted here as their link ended
-        self.entered: set[tuple[str, str]] | None = None  # (queue, route key) given messages by this node itself
+        # None: not recorded (a node alone); the cluster protocol gives one and takes from it (the header)
+        self.local: LocalChanges | None = None
         self.temporary: set[str] = set()  # temporary subscriptions made here, alive (for one link each)
         # bytes of message bodies all durable queues together keep in memory; 0 = no node budget
         self.memory_max_bytes = 0
         # their messages' records kept in memory (node/core/dispatch/cold.py); max_bytes 0 = no budget
         self.records = RecordBudget()
+        # the collaborators (see the header), their public calls bound here
+        self.moves = Moves(self)
+        self.dead_letters = DeadLetters(self, self.moves)
+        self.move_group = self.moves.move_group
+        subscriptions = self.subscriptions = Subscriptions(self)
+        self.subscribe, self.unsubscribe, self.copies = (subscriptions.subscribe, subscriptions.unsubscribe,
+                                                         subscriptions.copies)
+        paging = self.paging = NodePaging(self)
+        self.journalled, self.promote, self.page_out, self.page_in = (paging.journalled, paging.promote,
+                                                                      paging.page_out, paging.page_in)
 
     # ---- queues ------------------------------------------------------------------------------
 
@@ -86,7 +85,7 @@ class Broker:
             raise AlreadyExists(f"{settings.name!r} is a multicast address: its messages go to its subscription "
                                 f"queues; give the queue another name and address = {settings.name!r}")
         queue = Queue(settings, fallback_default_group=self.default_group, records=self.records)
-        queue.dead_letter_refusal = lambda message: self._dead_letter_refusal(queue, message)
+        queue.dead_letter_refusal = lambda message: self.dead_letters.refusal(queue, message)
         self.queues[settings.name] = queue
         if settings.address:
             self.addresses.bind(settings.address, settings.name)
@@ -106,36 +105,12 @@ class Broker:
         """Recovery: these declarations are in the journal already, so they are not journalled again."""
         self.declared = [settings for settings in self.declared if settings not in journalled]
 
-    def subscribe(self, address: str, name: str, *, durable: bool | None = None) -> Queue:
-        """Create subscription queue `name` of multicast `address` (an attach's): it takes the settings
-        the address settings give the address, as Artemis's address-setting match names addresses.
-        `durable` None: as those settings say; False: a temporary subscription, for one link only."""
-        if name in self.queues:
-            raise AlreadyExists(f"queue {name!r} exists; subscribe through {address}::{name} only if it is "
-                                f"bound to {address!r}")
-        self.addresses.declare(address)
-        settings = self._auto_settings(address)
-        changes = {"name": name, "address": address}
-        if durable is not None:
-            changes["durable"] = durable
-        queue = self._auto_create(dataclasses.replace(settings, **changes), temporary=durable is False)
-        if durable is False:
-            self.temporary.add(name)
-        return queue
-
-    def _auto_create(self, settings: QueueSettings, temporary: bool = False) -> Queue:
+    def make_queue(self, settings: QueueSettings, temporary: bool = False) -> Queue:
+        """Declare a queue on a client's behalf (auto-created, or a subscription), recorded in a cluster."""
         queue = self.declare_queue(settings)
-        if self.made is not None:
-            self.made.append((settings, temporary))
+        if self.local is not None:
+            self.local.made.append((settings, temporary))
         return queue
-
-    def unsubscribe(self, name: str) -> list:
-        """Delete subscription queue `name` because the link that made or resumed it ended (a temporary
-        one detached, a durable one closed): in a cluster it ends on every node (see the header)."""
-        effects = self.delete_queue(name)
-        if self.ended is not None:
-            self.ended.append(name)
-        return effects
 
     def redefine_queue(self, settings: QueueSettings) -> None:
         """Give a live queue new settings that leave its groups as they are (the caller checked that
@@ -156,13 +131,10 @@ class Broker:
             if not (create and self.auto_create):
                 raise NotFound(f"no queue {name!r} on this node (auto-create is "
                                f"{'on' if self.auto_create else 'off'}); declare it with 'grouper queue add'")
-            queue = self._auto_create(self._auto_settings(name, parameters))
+            queue = self.make_queue(self.address_settings.settings_for(name, parameters))
         elif parameters:
             check_parameters(queue.settings, parameters)
         return queue
-
-    def _auto_settings(self, name: str, parameters: dict | None = None) -> QueueSettings:
-        return self.address_settings.settings_for(name, parameters)
 
     def delete_queue(self, name: str, error: GrouperError | None = None) -> list:
         """`error`: why its consumers are detached, when not simply because it was deleted."""
@@ -194,28 +166,11 @@ class Broker:
             if created:  # a refusal changes nothing, not even by auto-creating (nor journalling it)
                 del self.queues[queue_name]
                 self.declared = [s for s in self.declared if s is not queue.settings]
-                if self.made:
-                    self.made = [made for made in self.made if made[0] is not queue.settings]
+                if self.local is not None:
+                    self.local.unmake(queue.settings)
             raise
         self.next_seq += 1
         return effects
-
-    def copies(self, address: str, size_bytes: int, read) -> list:
-        """(queue, what `read(group_header)` made of the message for it) for each subscription queue a
-        send to multicast `address` is copied to, in name order; `read` is called once per group header.
-        Raises, changing nothing, when any copy would be refused, so a send is copied everywhere or
-        nowhere on this node."""
-        read_for: dict = {}
-        copies = []
-        for name in self.addresses.subscriptions(address):
-            queue = self.queues[name]
-            header = queue.settings.group_header
-            if header not in read_for:
-                read_for[header] = read(header)
-            arrival = read_for[header]
-            queue.check_enqueue(arrival.group_id, size_bytes)
-            copies.append((queue, arrival))
-        return copies
 
     def take_back(self, sends: list[tuple[str, Message]], now_ms: int) -> tuple[list[bool], list]:
         """Durable sends whose journal batch failed, as (queue name, message) in the order their
@@ -276,10 +231,11 @@ class Broker:
     def detach_consumer(self, consumer_id, now_ms: int) -> list:
         queue = self._consumer_queue.pop(consumer_id, None)
         effects: list = []
-        self._dead_letter_reserved.clear()
+        self.dead_letters.reserved.clear()
         if queue is not None:
             dead = queue.detach(consumer_id, now_ms, effects)
-            self._dead_letter(queue, dead, now_ms, effects)
+            if dead:
+                self.dead_letters.send(queue, dead, now_ms, effects)
         return effects
 
     def set_credit(self, consumer_id, credit: int, now_ms: int) -> list:
@@ -293,128 +249,12 @@ class Broker:
                delivery_failed: bool = False) -> list:
         effects: list = []
         queue = self._consumer_queue.get(consumer_id)
-        self._dead_letter_reserved.clear()
+        dead_letters = self.dead_letters
+        dead_letters.reserved.clear()
         if queue is not None:
             dead = queue.settle(consumer_id, delivery_id, outcome, delivery_failed, now_ms, effects)
-            self._dead_letter(queue, dead, now_ms, effects)
-        return effects
-
-    def _dead_letter_refusal(self, source: Queue, message: Message) -> str | None:
-        """None when `message` of `source` can be dead-lettered now (creating the dead-letter queue if
-        allowed, and reserving room in it); else why not, for a log line."""
-        name = source.settings.dead_letter_queue_name
-        if name == source.settings.name:
-            return "a queue cannot be its own dead-letter queue"
-        target = self.queues.get(name)
-        if target is None:
-            if not source.settings.dead_letter_queue_auto_create:
-                return (f"dead-letter queue {name!r} does not exist and dead_letter_queue_auto_create is off "
-                        f"for {source.settings.name!r}; declare it with 'grouper queue add {name}'")
-            try:
-                target = self._auto_create(self._auto_settings(name))
-            except GrouperError as error:
-                return f"dead-letter queue {name!r} cannot be created: {error.description}"
-        count, size_bytes = self._dead_letter_reserved.get(name, (0, 0))
-        try:
-            target.check_capacity(size_bytes + message.size_bytes, count + 1)
-        except GrouperError as error:
-            return f"dead-letter queue {name!r} is full: {error.description}"
-        self._dead_letter_reserved[name] = (count + 1, size_bytes + message.size_bytes)
-        return None
-
-    def _dead_letter(self, source: Queue, dead: list[tuple[Message, str]], now_ms: int, effects: list) -> None:
-        if not dead:
-            return
-        target = self.queues[source.settings.dead_letter_queue_name]  # created by _dead_letter_refusal
-        copies = self._transfer(source, target, [message for message, _ in dead], now_ms, effects,
-                                [reason for _, reason in dead])
-        for (message, reason), copy in zip(dead, copies):
-            effects.append(DeadLettered(source.settings.name, message.seq, target.settings.name, copy.seq, reason))
-
-    def _transfer(self, source: Queue, target: Queue, messages: list[Message], now_ms: int,
-                  effects: list, dead_letter_reasons: list[str] | None = None) -> list[Message]:
-        """Copy already-removed messages into `target`, journalling them before their removal.
-        With `dead_letter_reasons` the copies are dead letters, stamped (`dead_letter_stamp`) with why."""
-        stored: list = []
-        copies: list[Message] = []
-        seqs = {m.seq for m in messages}
-        stamp = self.dead_letter_stamp if dead_letter_reasons is not None else None
-        for index, old in enumerate(messages):
-            old.handed_out = True  # its copy lives on in `target`: a failed write cannot take it back
-            payload = old.payload
-            if stamp is not None:
-                payload = stamp(payload, source.settings.name, dead_letter_reasons[index])
-            message = Message(payload, old.group_id, expires_at_ms=old.expires_at_ms,
-                              closes_group=old.closes_group, delivery_count=old.delivery_count,
-                              enqueued_at_ms=old.enqueued_at_ms, seq=self.next_seq)
-            self.next_seq += 1
-            target.restore(message)
-            copies.append(message)
-            if self.entered is not None:
-                route_key = target.route_key(message.group_id)
-                if route_key is not None:
-                    self.entered.add((target.settings.name, route_key))
-            target.enqueued_total += 1
-            if target.settings.durable:
-                stored.append(Stored(target.settings.name, message))
-        first_removal = next((i for i, e in enumerate(effects)
-                              if isinstance(e, Removed) and e.queue == source.settings.name
-                              and e.seq in seqs), len(effects))
-        effects[first_removal:first_removal] = stored
-        target.tick(now_ms, effects)
-        return copies
-
-    # ---- paging (node/core/dispatch/paging.py) --------------------------------------------------------
-
-    def journalled(self, stores: list, now_ms: int) -> list:
-        """The journal reported these (queue name, message) STOREs on disk: their bodies may be paged
-        out now. Pages out what is over the queues' budgets and the node's (`memory_max_bytes`)."""
-        cold_queues = set()
-        for queue_name, message in stores:
-            message.flags |= JOURNALLED
-            if message.flags & COLD:
-                cold_queues.add(queue_name)
-        effects: list = []
-        for queue_name in sorted(cold_queues):
-            queue = self.queues.get(queue_name)
-            if queue is not None:
-                queue.cold_journalled(now_ms, effects)
-        return effects + self.page_out(now_ms)
-
-    def promote(self, queue_name: str, records: dict, now_ms: int) -> list:
-        """Records of a cold tail the journal read back (seq -> Message or None): node/core/dispatch/cold.py."""
-        effects: list = []
-        queue = self.queues.get(queue_name)
-        if queue is not None:  # deleted meanwhile: nothing waits for them
-            queue.promote(records, now_ms, effects)
-        return effects + self.page_out(now_ms)
-
-    def page_out(self, now_ms: int) -> list:
-        effects: list = []
-        total_bytes = 0
-        for queue in self.queues.values():
-            if queue.pager is None:
-                continue
-            budget_bytes = queue.settings.memory_max_bytes
-            if budget_bytes and queue.pager.pageable_bytes > budget_bytes:
-                queue.page_out(budget_bytes)
-            total_bytes += queue.pager.pageable_bytes
-        excess_bytes = total_bytes - self.memory_max_bytes
-        if self.memory_max_bytes and excess_bytes > 0:
-            # the node's budget: from the queues holding the most first, as little from each as will do
-            for queue in sorted((q for q in self.queues.values() if q.pager is not None),
-                                key=lambda q: (-q.pager.pageable_bytes, q.settings.name)):
-                excess_bytes -= queue.page_out(max(0, queue.pager.pageable_bytes - excess_bytes))
-                if excess_bytes <= 0:
-                    break
-        return effects
-
-    def page_in(self, queue_name: str, bodies: dict, now_ms: int) -> list:
-        """Bodies the journal read back for `queue_name` (seq -> payload): dispatch goes on with them."""
-        effects: list = []
-        queue = self.queues.get(queue_name)
-        if queue is not None:  # deleted meanwhile: nothing waits for them
-            queue.page_in(bodies, now_ms, effects)
+            if dead:
+                dead_letters.send(queue, dead, now_ms, effects)
         return effects
 
     # ---- time --------------------------------------------------------------------------------
@@ -448,19 +288,4 @@ class Broker:
         queue.cold_refusal(f"purging group {group!r}")
         taken = queue.take_group_messages(group, count, effects, bodies=False)  # a purge needs no bodies
         queue.tick(now_ms, effects)
-        return len(taken), effects
-
-    def move_group(self, queue_name: str, group: str, destination: str, count: int | None,
-                   now_ms: int) -> tuple[int, list]:
-        source = self.queue(queue_name)
-        target = self.queue(destination)
-        if target is source:
-            raise AlreadyExists(f"cannot move group {group!r} of {queue_name!r} onto itself")
-        source.cold_refusal(f"moving group {group!r}")
-        moving = source.group_head_messages(group, count)
-        target.check_capacity(sum(m.size_bytes for m in moving), len(moving))  # refuse before touching anything
-        effects: list = []
-        taken = source.take_group_messages(group, count, effects)
-        self._transfer(source, target, taken, now_ms, effects)
-        source.tick(now_ms, effects)
         return len(taken), effects

@@ -10,8 +10,8 @@ stays. Its rules:
 - Dispatch never hands out a message without its body (the queue checks PAGED at every head). A group
   whose next messages are paged asks for up to READ_AHEAD_MESSAGES of them (one `PageIn` effect per
   queue call) and waits; nothing of it is skipped, and other groups go on. It asks only once dispatch
-  meets it for a consumer that could take it (its owner has credit, or it has no owner and some
-  consumer has): a group whose owner grants no credit reads nothing ahead. After each delivery from a
+  meets it for a consumer that could take it (its consumer has credit, or it has no consumer and some
+  consumer has): a group whose consumer grants no credit reads nothing ahead. After each delivery from a
   group, its body halfway through the window is checked, so a group being consumed asks ahead of need.
 - Read-ahead is bounded per queue: bodies asked for or read back and not yet delivered stay within
   READ_AHEAD_BYTES_MAX (one message may pass it, so a body larger than the bound still comes back).

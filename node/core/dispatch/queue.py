@@ -2,8 +2,8 @@
 loop use. Pure: no I/O, no clock, no threads; time is `now_ms`.
 
 A Queue is the wiring of collaborators that each own one concern and state what they keep:
-- node/core/dispatch/queue_lanes.py      a group's lane of messages and its owner (Group)
-- node/core/dispatch/queue_consumers.py  consumers, credit, the groups each owns, the dispatch gate
+- node/core/dispatch/queue_lanes.py      a group's lane of messages and its consumer (Group)
+- node/core/dispatch/queue_consumers.py  consumers, credit, the groups assigned to each, the dispatch gate
 - node/core/dispatch/queue_groups.py     the group table: keys, heaps, holds, forgetting, groups_max
 - node/core/dispatch/queue_store.py      admission, depth, the browse log, expiry, removal
 - node/core/dispatch/queue_dispatch.py   which message goes to which consumer next
@@ -157,7 +157,7 @@ class Queue:
         key = self.check_enqueue(message.group_id, message.size_bytes)
         groups = self._groups
         if groups.new_group_at_limit(key):
-            groups.free_empty_owned()  # check_enqueue found one
+            groups.free_empty_assigned()  # check_enqueue found one
         store = self._store
         store.admit(message, key)
         store.enqueued_total += 1
@@ -171,7 +171,7 @@ class Queue:
         groups.check_group_id(group_id)
         self._store.check_capacity(size_bytes)
         key = groups.key_of(group_id)
-        if groups.new_group_at_limit(key) and not groups.has_empty_owned():
+        if groups.new_group_at_limit(key) and not groups.has_empty_assigned():
             raise ResourceLimitExceeded(
                 f"queue {self._settings.name!r} tracks {len(groups.groups)} groups "
                 f"(groups_max={self._settings.groups_max}); retry once groups drain, free idle ones with "
@@ -185,7 +185,7 @@ class Queue:
     def withdraw(self, message: Message, now_ms: int, effects: list) -> None:
         """Take back an available message no consumer or browser has seen: its journal write failed and
         its producer is refused, so it must never be delivered. Its group is forgotten if that leaves
-        it idle, as after any other removal; an owner it had before this message keeps it."""
+        it idle, as after any other removal; a consumer it had before this message keeps it."""
         assert message.state == AVAILABLE and not message.handed_out, message
         store = self._store
         if message.flags & COLD:  # still pending in the cold tail
@@ -211,15 +211,15 @@ class Queue:
         if consumer is None or consumer.browse:
             return []
         dead: list[tuple[Message, str]] = []
-        owned = consumer.owned_groups()
-        touched: set[Group] = set(owned)
+        assigned = consumer.assigned_groups()
+        touched: set[Group] = set(assigned)
         settle_one = self._settlement.settle_one
         for message in consumer.unsettled.values():
             group = settle_one(message, Outcome.MODIFIED, True, now_ms, effects, dead)
             if group is not None:
                 touched.add(group)
         consumer.unsettled.clear()
-        consumer.disown_all(owned)
+        consumer.unassign_all(assigned)
         for group in touched:
             self._settlement.after_settle(group)
         self._consumers.close_gate_if_none_left()
@@ -287,7 +287,7 @@ class Queue:
             "consumers": len(consumers.by_id) - len(consumers.browsers),
             "browsers": len(consumers.browsers),
             "groups": len(groups),
-            "owned_groups": sum(1 for g in groups.values() if g.owner is not None),
+            "owned_groups": sum(1 for g in groups.values() if g.consumer is not None),
             "enqueued_total": store.enqueued_total,
             "delivered_total": store.delivered_total,
             "resident_bytes": store.resident_bytes(),

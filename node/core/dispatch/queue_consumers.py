@@ -1,11 +1,12 @@
-"""A queue's consumers and browsers: their credit, the groups each owns, and when dispatch opens. Pure.
+"""A queue's consumers and browsers: their credit, the groups assigned to each, and when dispatch opens. Pure.
 
 Rules this module keeps:
-- A group has at most one owner. `exclusive`: the owner keeps the group for its lifetime (or until the
-  group is closed or reset). `shared`: it keeps it only while it holds unsettled messages of it.
-- A consumer lists its groups in a plain list (`Consumer.owned`, 8 bytes
+- A group has at most one consumer (the group's consumer, `Group.consumer`; "owner" is the node a
+  group's route names). `exclusive`: it keeps the group for its lifetime (or until the group is closed
+  or reset). `shared`: it keeps it only while it holds unsettled messages of it.
+- A consumer lists its groups in a plain list (`Consumer.assigned`, 8 bytes
   a group where a set's slot was ~33), whose stale entries are dropped once they outnumber the live ones
-  (plus OWNED_STALE_MIN), so detach stays proportional to what the consumer owns.
+  (plus ASSIGNED_STALE_MIN), so detach stays proportional to what the consumer has.
 - `Consumers.takers` holds exactly the acquiring consumers that may take a message now: credit left and
   below their unsettled cap. Dispatch looks at no other consumer.
 - Dispatch opens once consumers_before_dispatch consumers granted credit (not merely attached: a link
@@ -20,11 +21,11 @@ from node.core.dispatch.message import Message
 from node.core.dispatch.queue_lanes import PAUSED, Group
 from node.core.dispatch.settings import QueueSettings
 
-OWNED_STALE_MIN = 16  # stale entries a consumer's owned list may keep beyond its live ones
+ASSIGNED_STALE_MIN = 16  # stale entries a consumer's assigned list may keep beyond its live ones
 
 
 class Consumer:
-    __slots__ = ("id", "browse", "credit", "unsettled", "ready", "owned", "owned_count", "cursor_seq",
+    __slots__ = ("id", "browse", "credit", "unsettled", "ready", "assigned", "assigned_count", "cursor_seq",
                  "next_delivery_id", "last_used", "rebalance_due", "unsettled_max")
 
     def __init__(self, consumer_id, browse: bool, unsettled_max: int = 0):
@@ -33,65 +34,65 @@ class Consumer:
         self.unsettled_max = unsettled_max  # deliveries held unsettled at once, whatever the credit; 0 = no cap
         self.credit = 0
         self.unsettled: dict[int, Message] = {}  # delivery id -> message, in delivery order
-        self.ready: list = []  # heap of (head seq, Group) for groups this consumer owns
-        # every group whose owner this is, and stale entries (groups it lost since, perhaps twice): a
-        # list slot is 8 bytes a group where a set's was ~33. Live: `owned_groups()`, counted `owned_count`.
-        self.owned: list[Group] = []
-        self.owned_count = 0
+        self.ready: list = []  # heap of (head seq, Group) for groups assigned to this consumer
+        # every group assigned to this consumer, and stale entries (groups it lost since, perhaps twice): a
+        # list slot is 8 bytes a group where a set's was ~33. Live: `assigned_groups()`, counted `assigned_count`.
+        self.assigned: list[Group] = []
+        self.assigned_count = 0
         self.cursor_seq = -1  # browsers: last seq shown
         self.next_delivery_id = 0
         self.last_used = 0  # spreads ties round-robin
-        self.rebalance_due = False  # group_rebalance: reset owners when this consumer first has credit
+        self.rebalance_due = False  # group_rebalance: reset groups' consumers when this consumer first has credit
 
     @property
     def may_take(self) -> bool:
         return self.credit > 0 and not (self.unsettled_max and len(self.unsettled) >= self.unsettled_max)
 
-    def own(self, group: Group) -> None:
-        group.owner = self
-        owned = self.owned
-        owned.append(group)
-        count = self.owned_count = self.owned_count + 1
-        if len(owned) > 2 * count + OWNED_STALE_MIN:
-            self._drop_stale_owned()
+    def assign(self, group: Group) -> None:
+        group.consumer = self
+        assigned = self.assigned
+        assigned.append(group)
+        count = self.assigned_count = self.assigned_count + 1
+        if len(assigned) > 2 * count + ASSIGNED_STALE_MIN:
+            self._drop_stale_assigned()
 
-    def disown(self, group: Group) -> None:
-        """The group loses its owner (this consumer). Its heap entry, if any, was in this consumer's
+    def unassign(self, group: Group) -> None:
+        """The group is no longer this consumer's. Its heap entry, if any, was in this consumer's
         heap: it is stale from now on, and a hold stays."""
-        group.owner = None
+        group.consumer = None
         if group.placed is not PAUSED:
             group.placed = None
-        count = self.owned_count = self.owned_count - 1
+        count = self.assigned_count = self.assigned_count - 1
         if not count:
-            self.owned.clear()  # all stale: the shared policy's usual case, dropped without a look
-        elif len(self.owned) > 2 * count + OWNED_STALE_MIN:
-            self._drop_stale_owned()
+            self.assigned.clear()  # all stale: the shared policy's usual case, dropped without a look
+        elif len(self.assigned) > 2 * count + ASSIGNED_STALE_MIN:
+            self._drop_stale_assigned()
 
-    def disown_all(self, owned: list[Group]) -> None:
-        """At detach: `owned` is owned_groups()."""
-        for group in owned:
-            group.owner = None
+    def unassign_all(self, groups: list[Group]) -> None:
+        """At detach: `groups` is assigned_groups()."""
+        for group in groups:
+            group.consumer = None
             if group.placed is not PAUSED:
                 group.placed = None
-        self.owned = []
-        self.owned_count = 0
+        self.assigned = []
+        self.assigned_count = 0
 
-    def _drop_stale_owned(self) -> None:
-        # once the stale entries outnumber the live ones: amortized O(1) per own/disown
-        self.owned = self.owned_groups()
-        assert len(self.owned) == self.owned_count, (self.id, len(self.owned), self.owned_count)
+    def _drop_stale_assigned(self) -> None:
+        # once the stale entries outnumber the live ones: amortized O(1) per assign/unassign
+        self.assigned = self.assigned_groups()
+        assert len(self.assigned) == self.assigned_count, (self.id, len(self.assigned), self.assigned_count)
 
-    def iter_owned_groups(self):
-        """owned_groups() lazily, for a look at a few of them."""
+    def iter_assigned_groups(self):
+        """assigned_groups() lazily, for a look at a few of them."""
         seen: set[Group] = set()
-        for group in self.owned:
-            if group.owner is self and group not in seen:
+        for group in self.assigned:
+            if group.consumer is self and group not in seen:
                 seen.add(group)
                 yield group
 
-    def owned_groups(self) -> list[Group]:
-        """The groups this consumer owns, each once, in the order it took them."""
-        return list(dict.fromkeys(group for group in self.owned if group.owner is self))
+    def assigned_groups(self) -> list[Group]:
+        """The groups assigned to this consumer, each once, in the order it took them."""
+        return list(dict.fromkeys(group for group in self.assigned if group.consumer is self))
 
 
 class Consumers:
@@ -116,7 +117,7 @@ class Consumers:
             return consumer
         if self.first_attach_ms is None:
             self.first_attach_ms = now_ms
-        # An AMQP consumer attaches before it grants credit: resetting owners now would hand the
+        # An AMQP consumer attaches before it grants credit: resetting groups' consumers now would hand the
         # freed groups straight back to the consumers that have credit. Reset at its first credit.
         consumer.rebalance_due = self.settings.group_rebalance
         return consumer
@@ -189,4 +190,4 @@ def least_recently_used(consumer: Consumer) -> int:
 
 
 def fewest_groups(consumer: Consumer) -> tuple[int, int]:
-    return (consumer.owned_count, consumer.last_used)
+    return (consumer.assigned_count, consumer.last_used)

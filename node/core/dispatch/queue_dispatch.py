@@ -1,11 +1,11 @@
 """Group dispatch: which message goes to which consumer next. Pure: time is `now_ms`.
 
 Rules this module keeps:
-- Queue order is `seq` order. Among what the takers may take (the groups each owns, the unowned groups,
-  the ungrouped lane), the lowest head seq goes first; an unowned group goes to the taker owning the
+- Queue order is `seq` order. Among what the takers may take (the groups assigned to each, the unassigned groups,
+  the ungrouped lane), the lowest head seq goes first; an unassigned group goes to the taker that has the
   fewest groups, an ungrouped message to the least recently used taker (ties round-robin).
-- Within a group, messages are delivered in `seq` order, one owner at a time: a group is only ever in
-  its owner's heap, so no other consumer can take its next message.
+- Within a group, messages are delivered in `seq` order, one consumer at a time: a group is only ever in
+  its consumer's heap, so no other consumer can take its next message.
 - Dispatch only sees the warm part and bodies in memory: a paged head is asked for (node/core/dispatch/paging.py)
   and its group waits, unplaced, until page_in places it again; a taker or browser with credit and
   nothing to take (`starved`) makes the cold tail be read back (node/core/dispatch/cold.py).
@@ -32,7 +32,7 @@ from node.core.dispatch.settings import QueueSettings
 
 
 class Dispatcher:
-    __slots__ = ("settings", "consumers", "groups", "store", "pager", "cold", "takers", "browsers", "unowned",
+    __slots__ = ("settings", "consumers", "groups", "store", "pager", "cold", "takers", "browsers", "unassigned",
                  "delayed", "use_counter", "starved")
 
     def __init__(self, settings: QueueSettings, consumers: Consumers, groups: GroupTable, store: MessageStore):
@@ -42,11 +42,11 @@ class Dispatcher:
         self.store = store
         self.pager: Pager | None = store.pager
         self.cold: ColdTail | None = store.cold
-        # read at every dispatch: their owners never rebind them (collaborators' bound methods are not
+        # read at every dispatch: their makers never rebind them (collaborators' bound methods are not
         # cached likewise: on CPython 3.11 calling one from a slot costs more than self.groups.method())
         self.takers = consumers.takers
         self.browsers = consumers.browsers
-        self.unowned = groups.unowned
+        self.unassigned = groups.unassigned
         self.delayed = store.delayed
         self.use_counter = itertools.count(1)  # Consumer.last_used: spreads ties round-robin
         self.starved = False  # the last dispatch left a taker or browser with credit and nothing to take
@@ -83,7 +83,7 @@ class Dispatcher:
         takers = self.takers
         if not takers or not self.consumers.dispatch_open(now_ms):
             return
-        unowned = self.unowned
+        unassigned = self.unassigned
         ungrouped = self.groups.ungrouped
         while takers:
             best_seq = -1
@@ -94,7 +94,7 @@ class Dispatcher:
                 if entry is not None and (best_group is None or entry[0] < best_seq):
                     best_seq, best_group = entry
                     best_consumer = consumer
-            entry = self._peek(unowned, now_ms, effects)
+            entry = self._peek(unassigned, now_ms, effects)
             if entry is not None and (best_group is None or entry[0] < best_seq):
                 best_seq, best_group = entry
                 best_consumer = None
@@ -110,9 +110,9 @@ class Dispatcher:
                 self.starved = True
                 return
             if best_consumer is None:
-                heapq.heappop(unowned)
+                heapq.heappop(unassigned)
                 best_consumer = min(takers, key=fewest_groups)
-                best_consumer.own(best_group)
+                best_consumer.assign(best_group)
                 first = True
             else:
                 heapq.heappop(best_consumer.ready)

@@ -1,4 +1,4 @@
-"""What management and the cluster do to a queue's groups: reset owners, take messages (purge, move),
+"""What management and the cluster do to a queue's groups: reset their consumers, take messages (purge, move),
 hold a group and hand it over to another node. Pure: time is `now_ms`.
 
 Rules this module keeps:
@@ -36,7 +36,7 @@ class GroupOps:
         cold = self.store.cold
         if group_key is not None and cold is not None and cold.count \
                 and groups.group_key_from_text(group_key) not in groups.groups:
-            return 0  # perhaps a group of the cold tail's only: one without an owner, or it would be known
+            return 0  # perhaps a group of the cold tail's only: one without a consumer, or it would be known
         chosen = [groups.find(group_key)] if group_key is not None else list(groups.groups.values())
         count = groups.reset(chosen, pause=True)
         self.dispatcher.dispatch(now_ms, effects)
@@ -108,7 +108,7 @@ class GroupOps:
         `messages_max`, and none past the one whose body reaches `bytes_max`, all with their bodies in
         memory (paged ones further on are asked for, a window at a time: read them back whole and a
         large group would be in memory twice). Returns them and whether nothing of the group is left
-        here, its owner freed. Only once nothing of it is in flight: a message delivered here must be
+        here, its consumer freed. Only once nothing of it is in flight: a message delivered here must be
         settled (or released) before another node may deliver the next."""
         group = self.groups.groups.get(group_key)
         if group is None:
@@ -120,7 +120,7 @@ class GroupOps:
             message.handed_out = True  # a copy lives on at the new owner: a failed write cannot take it back
         if group.available_count:
             return taken, False  # held, so in no heap: the rest goes at the next call
-        if group.owner is not None:  # without one, take_group_messages forgot the group already
-            group.owner.disown(group)
+        if group.consumer is not None:  # without one, take_group_messages forgot the group already
+            group.consumer.unassign(group)
             self.groups.place_or_forget(group)  # idle now: forgotten
         return taken, True

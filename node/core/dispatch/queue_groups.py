@@ -2,22 +2,22 @@
 
 Rules this module keeps:
 - The next message to dispatch is found through heaps of *groups keyed by their head seq*: one heap
-  per consumer for the groups it owns (`Consumer.ready`) and `unowned` for the others. A group whose
-  owner has no credit waits in that owner's heap and is never scanned, so a blocked group costs nothing
+  per consumer for the groups assigned to it (`Consumer.ready`) and `unassigned` for the others. A group
+  whose consumer has no credit waits in that consumer's heap and is never scanned, so a blocked group costs nothing
   to skip. Messages of no group wait in the `ungrouped` lane, in seq order.
 - Heap entries are validated lazily: a group keeps the one entry (head seq, group) it was last pushed
   with (`Group.placed`); any other entry for it is stale and dropped when met. That entry is in its
-  owner's heap, or the unowned heap when it has none, so a change of owner unplaces it.
+  consumer's heap, or the unassigned heap when it has none, so a change of consumer unplaces it.
 - A group that is paused (`PAUSED`) or held (its key in `held_keys`, for the cluster) or whose head waits out a
   redelivery delay is in no heap, so no later message of it overtakes what waits.
-- An idle group (nothing queued or in flight, no owner) is forgotten at once, on every path; the dict
+- An idle group (nothing queued or in flight, no consumer) is forgotten at once, on every path; the dict
   is copied small once most of its groups are gone (a dict never gives back its deleted keys' room).
   Messages share their group's id string: a million messages of one group keep one string.
-- groups_max counts every tracked group, an empty one kept by its exclusive owner included, but such a
-  group frees itself: a new group past groups_max takes the place of the group empty longest with an
-  owner (nothing of it is queued or in flight, so no order can break). A new group is refused only
-  when every tracked group has messages queued or in flight. Empty owned groups are listed only near
-  the limit (`tracking_empty_owned`): the list cost ~7% of dispatch CPU when kept always.
+- groups_max counts every tracked group, an empty one kept by its exclusive consumer included, but such a
+  group frees itself: a new group past groups_max takes the place of the group empty longest with a
+  consumer (nothing of it is queued or in flight, so no order can break). A new group is refused only
+  when every tracked group has messages queued or in flight. Empty assigned groups are listed only near
+  the limit (`tracking_empty_assigned`): the list cost ~7% of dispatch CPU when kept always.
 """
 
 from __future__ import annotations
@@ -29,29 +29,29 @@ from collections import deque
 from node.core.dispatch.cold import ColdTail
 from node.core.errors import InvalidField, NotFound
 from node.core.dispatch.message import Message
-from node.core.dispatch.queue_lanes import EMPTY_OWNED, PAUSED, Group, insert_in_order
+from node.core.dispatch.queue_lanes import EMPTY_ASSIGNED, PAUSED, Group, insert_in_order
 from node.core.dispatch.settings import QueueSettings
 
 GROUPS_SHRINK_MIN = 4096  # groups below which the groups dict is never copied smaller
 
 
 class GroupTable:
-    __slots__ = ("settings", "default_group", "grouping", "cold", "groups", "groups_high", "empty_owned",
-                 "tracking_empty_owned", "held_keys", "unowned", "ungrouped")
+    __slots__ = ("settings", "default_group", "grouping", "cold", "groups", "groups_high", "empty_assigned",
+                 "tracking_empty_assigned", "held_keys", "unassigned", "ungrouped")
 
     def __init__(self, settings: QueueSettings, default_group: str | None, cold: ColdTail | None):
         self.settings = settings
         self.default_group = default_group  # the group of messages without a group id; None: ungrouped
         self.grouping = settings.grouping
         self.cold = cold  # counts tracked groups against the node's record budget (node/core/dispatch/cold.py)
-        self.groups: dict[object, Group] = {}  # with messages, in flight, or owned; idle ones are forgotten
+        self.groups: dict[object, Group] = {}  # with messages, in flight, or assigned; idle ones are forgotten
         self.groups_high = 0  # len(groups) since the dict was last copied small (forget)
-        # groups that became empty while owned, oldest first; an entry is live while the group's
-        # placed is EMPTY_OWNED (stale ones are dropped when met, or all at once past a bound)
-        self.empty_owned: deque[Group] = deque()
-        self.tracking_empty_owned = False  # listed only near groups_max (_track_empty_owned)
+        # groups that became empty while assigned, oldest first; an entry is live while the group's
+        # placed is EMPTY_ASSIGNED (stale ones are dropped when met, or all at once past a bound)
+        self.empty_assigned: deque[Group] = deque()
+        self.tracking_empty_assigned = False  # listed only near groups_max (_track_empty_assigned)
         self.held_keys: set = set()  # group keys held for the cluster (a move): never dispatched, kept
-        self.unowned: list = []  # heap of (head seq, Group); never rebound: the dispatcher holds it too
+        self.unassigned: list = []  # heap of (head seq, Group); never rebound: the dispatcher holds it too
         self.ungrouped: deque[Message] = deque()  # seq order; may hold tombstones
 
     # ---- keys --------------------------------------------------------------------------------
@@ -84,8 +84,8 @@ class GroupTable:
         return None if key is None else route_name(key)
 
     def busy_route_keys(self) -> list[str]:
-        """Route keys of groups with messages here (queued or delivered and unsettled) or an owner: an
-        exclusive owner keeps its group while idle, so its route must not expire under it."""
+        """Route keys of groups with messages here (queued or delivered and unsettled) or a consumer: an
+        exclusive consumer keeps its group while idle, so its route must not expire under it."""
         return [route_name(key) for key, group in self.groups.items() if not group.idle]
 
     def group_key_from_text(self, text):
@@ -145,23 +145,23 @@ class GroupTable:
         if head is None or placed is PAUSED or group.key in self.held_keys or head.available_at_ms:
             if group.idle:
                 self.forget(group)
-            elif self.tracking_empty_owned and head is None and self._empty_and_owned(group):
-                # its exclusive owner keeps it, but it is first to go when groups_max is reached
-                if placed is not EMPTY_OWNED:
-                    group.placed = EMPTY_OWNED
-                    self.empty_owned.append(group)
-                    if len(self.empty_owned) > 2 * len(self.groups) + GROUPS_SHRINK_MIN:
-                        self.empty_owned = deque(dict.fromkeys(
-                            g for g in self.empty_owned if g.placed is EMPTY_OWNED))
+            elif self.tracking_empty_assigned and head is None and self._empty_and_assigned(group):
+                # its exclusive consumer keeps it, but it is first to go when groups_max is reached
+                if placed is not EMPTY_ASSIGNED:
+                    group.placed = EMPTY_ASSIGNED
+                    self.empty_assigned.append(group)
+                    if len(self.empty_assigned) > 2 * len(self.groups) + GROUPS_SHRINK_MIN:
+                        self.empty_assigned = deque(dict.fromkeys(
+                            g for g in self.empty_assigned if g.placed is EMPTY_ASSIGNED))
             elif placed is not PAUSED:
                 group.placed = None  # drops the last head's seq too: that int (32 bytes) would outlive it
             return
-        # a live entry is in the owner's heap (or the unowned one): every change of owner unplaced it
+        # a live entry is in the consumer's heap (or the unassigned one): every change of consumer unplaced it
         if type(placed) is tuple and placed[0] == head.seq:
             return
         entry = group.placed = (head.seq, group)
-        owner = group.owner
-        heapq.heappush(self.unowned if owner is None else owner.ready, entry)
+        consumer = group.consumer
+        heapq.heappush(self.unassigned if consumer is None else consumer.ready, entry)
 
     def forget(self, group: Group) -> None:
         group.placed = None
@@ -169,9 +169,9 @@ class GroupTable:
         del groups[group.key]
         if self.cold is not None:
             self.cold.budget.groups -= 1
-        if self.tracking_empty_owned and len(groups) * 2 < self.settings.groups_max:
-            self.tracking_empty_owned = False  # far from the limit again: _track_empty_owned starts over
-            self.empty_owned.clear()
+        if self.tracking_empty_assigned and len(groups) * 2 < self.settings.groups_max:
+            self.tracking_empty_assigned = False  # far from the limit again: _track_empty_assigned starts over
+            self.empty_assigned.clear()
         # A dict never gives back the room of its deleted keys: after a million groups drained, the
         # table alone held ~40 MB. Copy it once it is a quarter full (amortized O(1) per deletion).
         if len(groups) * 4 < self.groups_high and self.groups_high > GROUPS_SHRINK_MIN:
@@ -179,17 +179,17 @@ class GroupTable:
             self.groups_high = len(groups)
 
     def reset(self, groups: list[Group], pause: bool) -> int:
-        """Free the groups' owners (in-flight ones once settled, with `pause`); returns how many had one."""
+        """Free the groups' consumers (in-flight ones once settled, with `pause`); returns how many had one."""
         count = 0
         for group in groups:
-            if group.owner is None:
+            if group.consumer is None:
                 continue
             count += 1
             if group.acquired and pause:
                 group.placed = PAUSED  # its heap entry is stale from now on
                 continue
-            group.owner.disown(group)
-            group.placed = None  # a hold ends with the owner
+            group.consumer.unassign(group)
+            group.placed = None  # a hold ends with the consumer
             self.place_or_forget(group)
         return count
 
@@ -206,46 +206,46 @@ class GroupTable:
         if group is not None:
             self.place_or_forget(group)
 
-    # ---- groups_max: empty owned groups make room ----------------------------------------------
+    # ---- groups_max: empty assigned groups make room ----------------------------------------------
 
     def new_group_at_limit(self, key) -> bool:
         """A message of group `key` would be a new group past groups_max."""
         groups_max = self.settings.groups_max
         return bool(groups_max) and key is not None and key not in self.groups and len(self.groups) >= groups_max
 
-    def _empty_and_owned(self, group: Group) -> bool:
-        return (group.owner is not None and not group.available_count and not group.acquired
+    def _empty_and_assigned(self, group: Group) -> bool:
+        return (group.consumer is not None and not group.available_count and not group.acquired
                 and group.placed is not PAUSED and group.key not in self.held_keys)
 
-    def free_empty_owned(self) -> bool:
-        """Make room under groups_max: forget the group that has been empty with an owner the longest
+    def free_empty_assigned(self) -> bool:
+        """Make room under groups_max: forget the group that has been empty with a consumer the longest
         (nothing of it is queued or in flight, so no order can break); False when there is none."""
-        candidates = self.empty_owned
+        candidates = self.empty_assigned
         while candidates:
             group = candidates.popleft()
-            if group.placed is EMPTY_OWNED:
-                group.owner.disown(group)
+            if group.placed is EMPTY_ASSIGNED:
+                group.consumer.unassign(group)
                 self.forget(group)
                 return True
         return False
 
-    def has_empty_owned(self) -> bool:
-        if not self.tracking_empty_owned:
-            self._track_empty_owned()
-        candidates = self.empty_owned
-        while candidates and candidates[0].placed is not EMPTY_OWNED:
+    def has_empty_assigned(self) -> bool:
+        if not self.tracking_empty_assigned:
+            self._track_empty_assigned()
+        candidates = self.empty_assigned
+        while candidates and candidates[0].placed is not EMPTY_ASSIGNED:
             candidates.popleft()  # stale: it has messages again, or was forgotten
         return bool(candidates)
 
-    def _track_empty_owned(self) -> None:
-        """Start listing empty owned groups: one pass over the groups, made only when a new group meets
+    def _track_empty_assigned(self) -> None:
+        """Start listing empty assigned groups: one pass over the groups, made only when a new group meets
         groups_max, and again only after the groups fell below half of it (so amortized O(1) per group)."""
-        self.tracking_empty_owned = True
-        self.empty_owned.clear()
+        self.tracking_empty_assigned = True
+        self.empty_assigned.clear()
         for group in self.groups.values():
-            if self._empty_and_owned(group):
-                group.placed = EMPTY_OWNED
-                self.empty_owned.append(group)
+            if self._empty_and_assigned(group):
+                group.placed = EMPTY_ASSIGNED
+                self.empty_assigned.append(group)
 
     # ---- looking -----------------------------------------------------------------------------
 
@@ -265,7 +265,7 @@ class GroupTable:
                 "group": str(key),
                 "messages": group.available_count + group.acquired,
                 "acquired": group.acquired,
-                "consumer": group.owner.id if group.owner is not None else None,
+                "consumer": group.consumer.id if group.consumer is not None else None,
             })
         rows.sort(key=lambda row: row["group"])
         return rows
@@ -274,9 +274,9 @@ class GroupTable:
         """The queue is deleted: its groups leave the node's record budget."""
         if self.cold is not None:
             self.cold.budget.groups -= len(self.groups)
-        self.empty_owned.clear()
+        self.empty_assigned.clear()
         self.ungrouped.clear()
-        self.unowned.clear()
+        self.unassigned.clear()
         self.groups.clear()
 
 

@@ -1,12 +1,12 @@
-"""One group's lane of messages and its owner: what group dispatch places, moves and forgets. Pure.
+"""One group's lane of messages and its consumer: what group dispatch places, moves and forgets. Pure.
 
 Rules this module keeps:
 - A lane is in `seq` order. A message returned by a release or a detach goes back to its original
   place (insert_in_order), so no later message of its group overtakes it.
 - A queue may track a million groups (bench/memory.py measures it), so a Group is kept small: a lane of
   one message needs no container, and an emptied deque is dropped, not kept.
-- `Group.placed` is written by the group table (node/core/dispatch/queue_groups.py) and by ownership changes
-  (node/core/dispatch/queue_consumers.py); its values are the heap entry, EMPTY_OWNED, PAUSED or None below.
+- `Group.placed` is written by the group table (node/core/dispatch/queue_groups.py) and by changes of its consumer
+  (node/core/dispatch/queue_consumers.py); its values are the heap entry, EMPTY_ASSIGNED, PAUSED or None below.
 """
 
 from __future__ import annotations
@@ -15,29 +15,29 @@ from collections import deque
 
 from node.core.dispatch.message import AVAILABLE, STATE_MASK, Message
 
-EMPTY_OWNED = "empty-owned"  # Group.placed of an empty group kept by its owner (GroupTable.empty_owned)
+EMPTY_ASSIGNED = "empty-assigned"  # Group.placed of an empty group kept by its consumer (GroupTable.empty_assigned)
 PAUSED = "paused"  # Group.placed of a closing, reset or rebalanced group: no dispatch until nothing is acquired
 
 
 class Group:
-    """One group's messages and owner. A queue may track a million of these, so it is kept small:
+    """One group's messages and consumer. A queue may track a million of these, so it is kept small:
     `lane` is None when the group has no available message, the Message itself when it has one, and a
     deque only from the second on (an empty deque costs ~630 bytes; a group of one message, the
     million-groups case, needs no container). An emptied deque is dropped, not kept.
 
     Each slot costs 8 bytes a group, so `placed` says in one slot where the group is and whether it
     is held: the (head seq, group) tuple it was last pushed into a heap with (the only entry of it
-    that is live, found by identity), EMPTY_OWNED, PAUSED (no dispatch until `acquired` reaches 0;
+    that is live, found by identity), EMPTY_ASSIGNED, PAUSED (no dispatch until `acquired` reaches 0;
     never in a heap meanwhile), or None (in no heap, not held)."""
 
-    __slots__ = ("key", "lane", "available_count", "acquired", "owner", "placed")
+    __slots__ = ("key", "lane", "available_count", "acquired", "consumer", "placed")
 
     def __init__(self, key):
         self.key = key
         self.lane: Message | deque[Message] | None = None  # seq order; may hold REMOVED tombstones
         self.available_count = 0
         self.acquired = 0  # delivered and not yet settled, by any consumer
-        self.owner = None  # its Consumer (node/core/dispatch/queue_consumers.py), or None
+        self.consumer = None  # its Consumer (node/core/dispatch/queue_consumers.py), or None
         self.placed: tuple | str | None = None
 
     def __lt__(self, other: Group) -> bool:
@@ -97,7 +97,7 @@ class Group:
 
     @property
     def idle(self) -> bool:
-        return self.available_count == 0 and self.acquired == 0 and self.owner is None
+        return self.available_count == 0 and self.acquired == 0 and self.consumer is None
 
     @property
     def paused(self) -> bool:

@@ -11,7 +11,7 @@ Rules this module keeps:
   the group is in no heap (node/core/dispatch/queue_groups.py), so no later message of the group overtakes it.
   At `delivery_count_max` it is dead-lettered if the broker says a dead-letter queue can take it, else
   it stays (a `Kept` effect says so once) and is retried at every failure.
-- A group's owner lets it go once nothing of it is acquired, for the shared policy or a held group.
+- A group's consumer lets it go once nothing of it is acquired, for the shared policy or a held group.
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ class Settlement:
 
     def after_settle(self, group: Group) -> None:
         if group.acquired == 0:
-            if group.owner is not None and (group.placed is PAUSED or self.settings.group_policy == "shared"):
-                group.owner.disown(group)
+            if group.consumer is not None and (group.placed is PAUSED or self.settings.group_policy == "shared"):
+                group.consumer.unassign(group)
             if group.placed is PAUSED:
                 group.placed = None
         self.groups.place_or_forget(group)

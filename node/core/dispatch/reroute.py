@@ -261,8 +261,8 @@ class Reroute:
                 broker.next_seq += 1
                 target.restore(copy)
                 target.enqueued_total += 1
-                if route_key is not None and broker.entered is not None:
-                    broker.entered.add((target.settings.name, route_key))
+                if route_key is not None and broker.local is not None:
+                    broker.local.entered.add((target.settings.name, route_key))
                 if target.settings.durable:
                     stored.append(Stored(target.settings.name, copy))
             count += 1

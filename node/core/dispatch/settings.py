@@ -24,8 +24,8 @@ class QueueSettings:
     group_policy: str = "exclusive"  # exclusive (sticky), shared (sequenced), none
     group_header: str = ""  # application property holding the group id; "" = properties.group-id or JMSXGroupID
     default_group: str = ""  # group of messages without a group id; "" = qpid.no-group in shared, ungrouped in exclusive
-    group_first_key: str = ""  # application property set true on a new owner's first message; "" = off
-    group_rebalance: bool = False  # reset group owners when a newly attached consumer first grants credit
+    group_first_key: str = ""  # application property set true on a group's new consumer's first message; "" = off
+    group_rebalance: bool = False  # reset groups' consumers when a newly attached consumer first grants credit
     group_rebalance_pause_dispatch: bool = False  # hold reassigned groups until their in-flight messages settle
     group_buckets: int = -1  # -1 every group tracked, 0 grouping off, N>0 group ids hashed into N buckets
     consumers_before_dispatch: int = 0  # hold dispatch until this many consumers have granted credit; 0 = off
@@ -37,8 +37,8 @@ class QueueSettings:
     # in the journal and are read back ahead of dispatch (node/core/dispatch/paging.py). 0 = only the node's budget
     # (message_memory_max_bytes in node/config/settings.py) bounds it. A non-durable queue refuses it: no journal holds its bodies
     memory_max_bytes: int = 0
-    # groups tracked at once (with messages or an owner); 0 = unlimited. At the limit an empty group kept by
-    # its exclusive owner gives its place to the new group (the one empty longest, node/core/dispatch/queue.py's
+    # groups tracked at once (with messages or a consumer); 0 = unlimited. At the limit an empty group kept by
+    # its exclusive consumer gives its place to the new group (the one empty longest, node/core/dispatch/queue.py's
     # header); a new group is refused only while every tracked group has messages queued or in flight
     groups_max: int = 1_000_000
     group_id_length_max_chars: int = 255  # longer group ids are rejected with amqp:invalid-field
