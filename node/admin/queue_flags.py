@@ -26,12 +26,14 @@ def add_queue_flags(parser: argparse.ArgumentParser) -> None:
     """Per-queue group settings, spelled as qpid-config and Artemis spell them."""
     add = parser.add_argument
     add("--group-policy", choices=["exclusive", "shared", "none"],
-        help="exclusive: sticky owner (default); shared: owner only while it holds unsettled messages")
+        help="exclusive: a sticky consumer per group (default); shared: a group's consumer only while it holds "
+             "unsettled messages")
     add("--shared-groups", action="store_true", help="alias of --group-policy shared (qpid-config)")
     add("--group-header", metavar="KEY", help="application property holding the group id")
     add("--default-group", metavar="NAME", help="group of messages that carry no group id")
-    add("--group-first-key", metavar="KEY", help="property set true on a new owner's first message")
-    add("--group-rebalance", action="store_true", default=None, help="reset group owners when a new consumer first grants credit")
+    add("--group-first-key", metavar="KEY", help="property set true on the first message a group's new consumer gets")
+    add("--group-rebalance", action="store_true", default=None,
+        help="reset groups' consumers when a new consumer first grants credit")
     add("--group-rebalance-pause-dispatch", action="store_true", default=None,
         help="hold reassigned groups until their in-flight messages are settled")
     add("--group-buckets", type=int, metavar="N", help="-1 every group, 0 grouping off, N hash buckets")
