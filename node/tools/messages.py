@@ -41,6 +41,7 @@ from node.tools.session import (AMQP_NODE_DEFAULT, AMQP_NODE_ENV, CA_ENV, CONNEC
 SEQ_PROPERTY = "seq"  # application property: the message's number within its group, from 1
 RECEIVE_TIMEOUT_S_DEFAULT = 2.0  # `receive` without --count, and `browse`: stop after this long without a message
 COUNT_DEFAULT = 10  # messages `send` sends without --count
+HOLD_SLICE_S = 0.1  # `receive --hold`: how often it reads the connection and whether it was told to let go
 BODY_PRINTED_MAX_CHARS = 60  # a longer body is cut in the printed line
 CREATE_HELP = ("create the queue if it does not exist (a node with auto-create on: in a cluster, on every node); "
                "without it an unknown queue is refused, naming the queues close to it")
@@ -196,23 +197,25 @@ def _receive(session: Session, args: argparse.Namespace) -> int:
     if not args.hold:
         print(f"{count} message(s) received and accepted", flush=True)
         return EXIT_OK
-    # SIGTERM lets go as Ctrl-C does: the connection is closed, so the node hands the messages on at once
-    signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C and SIGTERM let go: the connection is closed, so the node hands the messages on at once. They
+    # only set a flag here: a KeyboardInterrupt raised inside proton's event processing can leave its
+    # container with work it never finishes, and BlockingConnection.close() then waits for it for ever
+    letting_go: list[int] = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda number, frame: letting_go.append(number))
     until = f"for {args.hold_s:g} s" if args.hold_s else "until Ctrl-C"
     print(f"holding {count} message(s) unsettled {until}; their groups stay with this consumer", flush=True)
     deadline = time.monotonic() + args.hold_s if args.hold_s else None
-    while deadline is None or time.monotonic() < deadline:
-        # process the connection (heartbeats) in short slices, so Ctrl-C is taken promptly; the one credit
-        # the last wait left open may still bring a message: it is printed and held too
-        session.connection.container.process()
+    container = session.connection.container
+    container.timeout = HOLD_SLICE_S  # process() waits at most this long for the node, then the flag is read
+    while not letting_go and (deadline is None or time.monotonic() < deadline):
+        # process the connection (heartbeats) in short slices; the one credit the last wait left open may
+        # still bring a message: it is printed and held too
+        container.process()
         while receiver.fetcher.has_message:
             print(message_line(receiver.fetcher.pop(), session.consumer), flush=True)
-        time.sleep(0.1)
+        time.sleep(HOLD_SLICE_S)
     return EXIT_OK
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
 
 
 def _browse(session: Session, args: argparse.Namespace) -> int:
