@@ -11,6 +11,9 @@ Every wait is bounded.
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
+
 import grpc
 import pytest
 
@@ -18,7 +21,7 @@ from node.core.dispatch.message import Message
 from node.peer.replica_batch import batch_to_pb
 from node.peer.signature import FORWARDING, REPLICATION, Signer
 from node.store import records
-from node.store.replica_journal import ReplicaJournal, owners_in
+from node.store.replica_journal import ReplicaJournal, owners_in, replica_directory
 from tests.integration.cluster import Cluster
 from tests.integration.test_forward_credentials import body_of
 from proto import peer_pb2, peer_pb2_grpc
@@ -74,6 +77,9 @@ def test_a_backup_stores_an_owners_signed_batches_durably_and_refuses_every_othe
         assert replicate(backup.admin_address, third, signer.metadata(third, backup_id)).high_water == 5
         backup.stop()
         assert owners_in(str(backup.data_dir)) == [owner]
+        directory = Path(replica_directory(str(backup.data_dir), owner))
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700  # private, as every file of a node's data
+        assert {stat.S_IMODE(path.stat().st_mode) for path in directory.iterdir()} == {0o600}
         journal = ReplicaJournal(str(backup.data_dir), owner).open()  # the node let go of its lock
         try:
             live = journal.live([(QUEUE, "g"), (QUEUE, "h")])

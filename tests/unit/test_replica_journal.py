@@ -6,9 +6,11 @@ refused, resends skipped, compaction, and the writer's bound on what waits for t
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 
 import pytest
+from hypothesis import given, settings as hypothesis_settings, strategies as st
 
 from node.core.dispatch.message import Message
 from node.core.errors import InvalidField, ResourceLimitExceeded
@@ -241,3 +243,79 @@ def test_what_waits_for_the_disk_is_bounded_and_a_slow_batch_times_out(tmp_path,
     assert answers == [(1, 1)]
     assert writer.submit(OWNER, 1, batch(2, store(2), store(3)), WAIT_MS) == (3, 1)  # the timed-out one was written
     writer.close()
+
+
+def test_a_write_the_disk_refuses_takes_nothing_and_the_resend_is_taken_after(tmp_path, monkeypatch):
+    import errno
+    from node.store import writer as writer_module
+    journal = opened(tmp_path)
+    journal.append(1, batch(1, store(1)))
+    size = journal.stats()["file_bytes"]
+
+    def full(fd, data, offset):
+        os.pwrite(fd, bytes(data)[:5], offset)  # a torn start, as a full disk leaves
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer_module, "write_all_synced", full)
+    monkeypatch.setattr(writer_module, "write_all", full)
+    with pytest.raises(ResourceLimitExceeded) as raised:
+        journal.append(1, batch(2, store(2)))
+    assert "disk full" in str(raised.value) and OWNER in str(raised.value)
+    assert journal.high_water == 1 and journal.stats()["file_bytes"] == size
+    monkeypatch.undo()
+    assert journal.append(1, batch(2, store(2))) == 2
+    journal.close()
+    again = opened(tmp_path)
+    assert again.cut_bytes == 0 and again.high_water == 2
+    assert seqs(again.live([("orders", "g")])) == {("orders", "g"): [1, 2]}
+    again.close()
+
+
+# a change of the owner's: ("store", group) a new message, ("remove", k) the k-th live one, ("restore", k) it
+# stored again with its delivery count raised (a release); then how many of them a batch carries, resent or not
+CHANGES = st.lists(st.one_of(st.tuples(st.just("store"), st.sampled_from(["g", "h", None])),
+                             st.tuples(st.sampled_from(["remove", "restore"]), st.integers(0, 20))), max_size=30)
+
+
+@hypothesis_settings(max_examples=40, deadline=None)
+@given(changes=CHANGES, batch_sizes=st.lists(st.integers(1, 5), min_size=1, max_size=10),
+       resend=st.lists(st.booleans(), min_size=1, max_size=10), reopen_every=st.integers(1, 4))
+def test_after_any_stores_removes_resends_and_reopens_live_is_the_owners_live_messages(
+        changes, batch_sizes, resend, reopen_every):
+    live_model: dict[int, tuple] = {}  # seq -> (group, delivery count), what the owner's journal holds
+    stream = []  # (repl_seq, frame, group)
+    next_seq = 1
+    for change in changes:
+        if change[0] == "store":
+            live_model[next_seq] = (change[1], 0)
+            stream.append((len(stream) + 1, store(next_seq, group=change[1]), change[1]))
+            next_seq += 1
+        elif live_model:
+            seq = sorted(live_model)[change[1] % len(live_model)]
+            group, count = live_model[seq]
+            if change[0] == "remove":
+                del live_model[seq]
+                frame = remove(seq)
+            else:
+                live_model[seq] = (group, count + 1)
+                frame = store(seq, group=group, delivery_count=count + 1)
+            stream.append((len(stream) + 1, frame, group))
+    with tempfile.TemporaryDirectory() as directory:
+        journal = ReplicaJournal(directory, OWNER, fsync=False).open()
+        sent = 0
+        for number in range(len(stream)):
+            if sent >= len(stream):
+                break
+            size = batch_sizes[number % len(batch_sizes)]
+            start = max(0, sent - 2) if resend[number % len(resend)] else sent  # resend a little of the last
+            records_ = [entry(repl_seq, frame, group) for repl_seq, frame, group in stream[start:sent + size]]
+            sent = journal.append(7, records_)
+            if number % reopen_every == 0:
+                journal.close()
+                journal = ReplicaJournal(directory, OWNER, fsync=False).open()
+        assert journal.high_water == len(stream)
+        live = journal.live([("orders", group) for group in ("g", "h", None)])
+        journal.close()
+    expected = {("orders", group): [(seq, count) for seq, (g, count) in sorted(live_model.items()) if g == group]
+                for group in ("g", "h", None)}
+    assert {key: [(m.seq, m.delivery_count) for m in messages] for key, messages in live.items()} == expected
