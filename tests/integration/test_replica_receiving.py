@@ -6,7 +6,8 @@ Node 1 is the backup; a batch claiming node 0 as owner, signed as node 0 signs, 
 with its high water; a resend is skipped; an unsigned call and one carrying a forwarding credential are
 refused and store nothing. After the backup restarts, its mark holds (a resend is still skipped, the next
 entry taken), and its replica journal under <data_dir>/replicas lists the owner's live messages in order.
-Every wait is bounded.
+With cluster TLS the same batch is taken on the backup's peer port from the owner's node certificate, and
+refused from a client certificate of the cluster's CA and at the admin port. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from node.peer.signature import FORWARDING, REPLICATION, Signer
 from node.store import records
 from node.store.replica_journal import ReplicaJournal, owners_in, replica_directory
 from tests.integration.cluster import Cluster
+from tests.integration.test_cluster_security import banner_value, make_certs, secure
 from tests.integration.test_forward_credentials import body_of
 from proto import peer_pb2, peer_pb2_grpc
 
@@ -89,5 +91,36 @@ def test_a_backup_stores_an_owners_signed_batches_durably_and_refuses_every_othe
         assert {key: [m.seq for m in messages] for key, messages in live.items()} == \
             {(QUEUE, "g"): [3, 5], (QUEUE, "h"): [2]}
         assert live[(QUEUE, "g")][0].payload == body_of("g:3")  # the owner's bytes, as sent
+    finally:
+        cluster.kill_all()
+
+
+def test_with_cluster_tls_an_owner_replicates_on_the_peer_port_with_its_node_certificate_only(tmp_path):
+    cert_dir = make_certs(tmp_path / "certs", 2)
+    secret_file = tmp_path / "raft.secret"
+    secret_file.write_text(SECRET + "\n")
+    secret_file.chmod(0o600)
+    cluster = Cluster(tmp_path, 2)
+    for index, node in enumerate(cluster.nodes):
+        secure(node, index, cert_dir, secret_file)
+    cluster.start()
+    owner, backup = cluster.node_ids[0], cluster.nodes[1]
+    ca = (cert_dir / "ca.pem").read_bytes()
+
+    def over_tls(name: str, batch: peer_pb2.ReplicaBatch) -> peer_pb2.ReplicaAck:
+        credentials = grpc.ssl_channel_credentials(ca, (cert_dir / f"{name}-key.pem").read_bytes(),
+                                                   (cert_dir / f"{name}.pem").read_bytes())
+        with grpc.secure_channel(banner_value(backup, "peer"), credentials) as channel:
+            return peer_pb2_grpc.PeerServiceStub(channel).Replicate(batch, timeout=WAIT_S)
+
+    try:
+        batch = batch_to_pb(owner, 1, [(1, QUEUE, "g", store(1)), (2, QUEUE, "g", store(2))])
+        ack = over_tls("node0", batch)
+        assert (ack.high_water, ack.epoch) == (2, 1)
+        with pytest.raises(grpc.RpcError) as client:  # a client certificate of the cluster's CA is no node's
+            over_tls("alice", batch)
+        assert client.value.code() is grpc.StatusCode.PERMISSION_DENIED and "CN alice" in client.value.details()
+        elsewhere = refused(backup.admin_address, batch, Signer([SECRET], REPLICATION).metadata(batch, cluster.node_ids[1]))
+        assert elsewhere.code() is grpc.StatusCode.UNAUTHENTICATED and "peer port" in elsewhere.details()
     finally:
         cluster.kill_all()
