@@ -27,7 +27,6 @@ from tests.unit.test_forward_credential import Context, batch as forward_batch
 
 SECRET = "first-raft-secret-0123456789"
 OWNER, BACKUP = "127.0.0.1:5001", "127.0.0.1:5002"
-WAIT_MS = 10_000
 
 
 def frame(seq: int, group: str = "g") -> bytes:
