@@ -13,6 +13,9 @@ Rules:
   batch is always taken, whatever its size, so a batch larger than the bound is not refused for ever;
   gRPC's message limit bounds it). Beyond, a batch is refused (ResourceLimitExceeded naming this backup:
   RESOURCE_EXHAUSTED, the owner retries).
+- An owner's epoch in the route table (raft), once told (`know_epochs`, from the cluster's replicas feed),
+  is a floor too: a batch of an older epoch is refused before it is queued (StaleEpoch), as the
+  journal refuses one older than its own mark.
 - A journal that cannot be opened (its directory locked by another process, a newer build's format)
   answers every job of its owner with that JournalError, and is tried again by the next job.
 - Errors are data: a GrouperError goes back to the caller; anything else is a bug, logged here with its
@@ -27,7 +30,8 @@ from collections import deque
 from typing import Callable, Iterable
 
 from node.core.errors import GrouperError, ResourceLimitExceeded
-from node.store.replica_journal import (COMPACT_MIN_BYTES_DEFAULT, ReplicaJournal, ReplicaRecord, owners_in)
+from node.store.replica_journal import (COMPACT_MIN_BYTES_DEFAULT, ReplicaJournal, ReplicaRecord, StaleEpoch,
+                                        owners_in)
 
 log = logging.getLogger("node.store.replicas")
 
@@ -68,6 +72,7 @@ class ReplicaWriter:
         self._closing = False
         self._thread: threading.Thread | None = None
         self._journals: dict[str, ReplicaJournal] = {}  # the writer thread's
+        self._table_epochs: dict[str, int] = {}  # owner -> its epoch in the route table; replaced whole, never mutated
 
     # ---- any thread ---------------------------------------------------------------------------
 
@@ -87,8 +92,17 @@ class ReplicaWriter:
         else:
             self._close_journals()
 
+    def know_epochs(self, epochs: dict[str, int]) -> None:
+        """The route table's owner epochs, as the cluster's replicas feed last said (any thread)."""
+        self._table_epochs = dict(epochs)
+
     def submit(self, owner: str, epoch: int, batch: list[ReplicaRecord], timeout_ms: int) -> tuple[int, int]:
         """(high water, epoch) once the batch is durable in `owner`'s replica journal."""
+        table_epoch = self._table_epochs.get(owner, 0)
+        if epoch < table_epoch:
+            raise StaleEpoch(f"replica batch from owner {owner!r} is of epoch {epoch}, older than epoch {table_epoch} "
+                             f"the route table gives it: that owner was replaced; it serves none of those groups "
+                             f"and catches up as a replica")
         size_bytes = sum(len(record.frame) for record in batch)
         return self._call(_Job(owner, lambda journal: (journal.append(epoch, batch), journal.epoch), size_bytes),
                           timeout_ms)

@@ -215,6 +215,21 @@ def test_the_writer_thread_owns_every_owners_journal_and_reopens_them(tmp_path):
     again.close()
 
 
+def test_a_batch_older_than_its_owners_epoch_in_the_route_table_is_refused_before_the_journal(tmp_path):
+    writer = ReplicaWriter(str(tmp_path), "127.0.0.1:7002")
+    writer.start()
+    try:
+        assert writer.submit(OWNER, 1, batch(1, store(1)), WAIT_MS) == (1, 1)
+        writer.know_epochs({OWNER: 2})  # the leader promoted another node for OWNER's groups
+        with pytest.raises(StaleEpoch) as raised:
+            writer.submit(OWNER, 1, batch(2, store(2)), WAIT_MS)
+        assert "epoch 1" in str(raised.value) and "epoch 2 the route table gives it" in str(raised.value)
+        assert writer.submit("127.0.0.1:7003", 1, batch(1, store(9)), WAIT_MS) == (1, 1)  # other owners unaffected
+        assert seqs(writer.live(OWNER, [("orders", "g")], WAIT_MS)) == {("orders", "g"): [1]}
+    finally:
+        writer.close()
+
+
 def test_what_waits_for_the_disk_is_bounded_and_a_slow_batch_times_out(tmp_path, monkeypatch):
     release = threading.Event()
     appending = threading.Event()
