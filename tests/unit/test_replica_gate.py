@@ -5,7 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from node.core.replication.channel import ReplicaChannel
 from node.core.replication.gate import ReplicaGate
+from node.core.replication.replica import STORE, ReplicaChange, ReplicaLedger
 
 
 def test_a_target_is_released_once_every_backup_it_waits_on_acknowledged_its_repl_seq():
@@ -120,3 +122,48 @@ def test_the_gate_agrees_with_a_model_that_checks_every_waiter_after_every_event
         assert gate.waiting_count == len(waiting)
     assert len(released_ever) == len(set(released_ever))  # never twice
     assert gate.abandon() == [target for target, _ in waiting]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(["send", "send", "call", "answer", "answer lost", "fail", "wait"]), max_size=60))
+def test_joined_to_a_channel_and_a_ledger_a_send_is_released_only_once_the_backup_holds_it(steps):
+    """The owner's channel, the backup's ledger and the gate, joined in memory (the adapters' part played
+    here: a frame is just its kind and msg_seq), with lost answers, failures and backoff."""
+    stream = ReplicaChannel("n1", "n2", batch_messages_max=3, retry_min_ms=10, retry_max_ms=40)
+    ledger = ReplicaLedger("n1")
+    gate = ReplicaGate()
+    now_ms, call, sent, released = 0, None, [], []
+
+    def deliver(call) -> int:
+        changes = [ReplicaChange(entry.repl_seq, entry.queue, entry.group_id, STORE, int(entry.frame))
+                   for entry in call.entries]
+        return ledger.apply(call.epoch, changes)
+
+    def heard(outcome) -> None:
+        if outcome is not None and outcome.acked_high_water:
+            released.extend(gate.acked("n2", outcome.acked_high_water))
+
+    for step in steps + ["drain"] * 200:
+        if step == "send":
+            msg_seq = len(sent) + 1
+            sent.append(msg_seq)
+            repl_seq = stream.submit("q", "g", str(msg_seq).encode(), now_ms)
+            assert gate.wait(msg_seq, {"n2": repl_seq}) is False
+        elif step == "call" and call is None:
+            call = stream.next_call(now_ms)
+        elif step in ("answer", "answer lost", "fail", "drain") and call is not None:
+            if step == "fail":
+                heard(stream.failed(call, "UNAVAILABLE", now_ms))
+            else:
+                high_water = deliver(call)  # the backup took it, whether or not its answer comes back
+                heard(stream.failed(call, "deadline", now_ms) if step == "answer lost"
+                      else stream.acked(call, high_water, now_ms))
+            call = None
+        elif step == "drain":
+            now_ms = max(now_ms, stream.retry_at_ms)
+            call = stream.next_call(now_ms)
+        else:
+            now_ms += 5
+        assert all(msg_seq in ledger.live("q", "g") for msg_seq in released)  # nothing accepted too early
+    assert released == sent  # in the end every send is accepted, in order, once
+    assert ledger.live("q", "g") == sent and gate.waiting_count == 0
