@@ -261,6 +261,13 @@ def test_prometheus_scrapes_every_node_of_grouper_up_and_loads_the_rules_and_a_d
                                                   if row["metric"].get("queue") == "orders") == targets)
     assert {row["metric"]["queue"] for row in depth} >= {"orders", "carts"}, depth
     assert {tuple(sorted(row["metric"])) for row in depth} == {("__name__", "instance", "job", "queue")}, depth
+    prometheus.wait("every node connected to the 2 other raft members",
+                    lambda: prometheus.query("grouper_raft_connected_members == 2 and grouper_raft_members == 3"),
+                    lambda result: sorted(row["metric"]["instance"] for row in result) == targets)
+    lag = prometheus.query(next(expr for alert, expr, _ in rule_queries() if alert == "GrouperRaftMemberLagging")
+                           .split(" > ")[0])  # the alert's lag, per member, on the real series
+    assert sorted(row["metric"]["instance"] for row in lag) == targets and all(
+        0 <= float(row["value"][1]) < 1000 for row in lag), lag
     leader = prometheus.query("count by (leader) (grouper_raft_leader == 1)")
     assert len(leader) == 1, f"the nodes name different raft leaders: {leader}"
 
