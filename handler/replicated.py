@@ -41,8 +41,8 @@ from handler.queue_definitions import QueueDefinitions
 from handler.placement import PLACEMENT_LOCAL
 from handler.route_snapshots import from_state_v1, from_state_v2, from_state_v3
 from handler.route_table import RouteTable
-from node.core.cluster.feed import (ADDED, MEMBERS, MOVES, MOVES_ALL, QUEUES, QUEUES_ALL, REFUSED, REPLICAS,  # the feed's kinds
-                                    ROUTES, SNAPSHOT, UPDATED)
+from node.core.cluster.feed import (ADDED, MEMBERS, MOVES, MOVES_ALL, QUEUES, QUEUES_ALL, REFUSED,  # the feed's kinds
+                                    REPLICAS, ROUTES, SNAPSHOT, UPDATED)
 
 log = logging.getLogger("grouper.handler")
 
@@ -253,14 +253,14 @@ class RouteTableReplica(SyncObjConsumer):
 
     @replicated(ver=3)
     def replica_in_sync(self, owner, backup, epoch):
-        changed = self.table.replica_in_sync(owner, backup, epoch)
+        changed = self.table.replica_sets().replica_in_sync(owner, backup, epoch)
         if changed:
             self._publish_replicas()
         return changed
 
     @replicated(ver=3)
     def replica_out_of_sync(self, owner, backup, epoch):
-        changed = self.table.replica_out_of_sync(owner, backup, epoch)
+        changed = self.table.replica_sets().replica_out_of_sync(owner, backup, epoch)
         if changed:
             self._publish_replicas()
         return changed
@@ -269,7 +269,7 @@ class RouteTableReplica(SyncObjConsumer):
     def promote(self, owner, epoch, now_ms, replication_factor_default):
         factors = {name: values["replication_factor"] for name, values in sorted(self.queues.definitions.items())
                    if "replication_factor" in values}
-        moved = self.table.promote(owner, epoch, now_ms, replication_factor_default, factors)
+        moved = self.table.replica_sets().promote(owner, epoch, now_ms, replication_factor_default, factors)
         if moved is None:
             return []
         # the epoch first: a node learns it is a group's new owner, at which epoch, before the route says so

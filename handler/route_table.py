@@ -29,7 +29,7 @@ from handler.command_input import is_int, is_key, is_str
 from handler.member_reports import MemberReports
 from handler.packed_routes import TOUCHED_MS_MAX, PackedRoutes
 from handler.placement import PLACEMENT_LOCAL, PLACEMENTS, Placement
-from handler.replica_sets import ReplicaSets, is_factor
+from handler.replica_sets import ReplicaSets
 from handler.route_moves import MOVES_PER_COMMAND_MAX, Moves
 from node.core.group_map import GroupMap
 
@@ -91,7 +91,9 @@ class RouteTable:
         return MemberReports(self.consumers, self.nodes, self.down)
 
     def replica_sets(self) -> ReplicaSets:
-        return ReplicaSets(self.epochs, self.in_sync, self.nodes, self.down)
+        """The owner epochs, in-sync backups and promotion: replica_in_sync, replica_out_of_sync and promote
+        are its commands (handler/replica_sets.py), each bumping the revision once when it changed something."""
+        return ReplicaSets(self.epochs, self.in_sync, self.nodes, self.down, self.store, self.moves, self._changed)
 
     def entry(self, queue: str, group: str) -> tuple[str, int] | None:
         """(node, touched_ms) of the route, or None."""
@@ -193,36 +195,14 @@ class RouteTable:
     def register_node(self, node: str, peer_address: str, amqp_address: str, admin_address: str,
                       now_ms: int) -> None:
         known = node in self.nodes
-        if self._changed(self._members().register(node, peer_address, amqp_address, admin_address)):
-            self.replica_sets().member_registered(known)  # a new name: every group's backups may change
+        if self._changed(self._members().register(node, peer_address, amqp_address, admin_address)) and not known:
+            self.in_sync.clear()  # a new name changes every group's backups (handler/replica_sets.py)
 
     def mark_down(self, node: str, now_ms: int) -> None:
         self._changed(self._members().mark_down(node, now_ms))
 
     def mark_up(self, node: str, now_ms: int) -> None:
         self._changed(self._members().mark_up(node))
-
-    def replica_in_sync(self, owner: str, backup: str, epoch: int) -> bool:
-        return self._changed(self.replica_sets().add(owner, backup, epoch))
-
-    def replica_out_of_sync(self, owner: str, backup: str, epoch: int) -> bool:
-        return self._changed(self.replica_sets().remove(owner, backup, epoch))
-
-    def promote(self, owner: str, epoch: int, now_ms: int, factor_default: int, factors: dict | None = None):
-        """Promote the backups of `owner`'s groups (handler/replica_sets.py); `factors`: {queue: replication
-        factor} of the queues whose definition gives one. Returns the moved routes, sorted, or None: a no-op."""
-        factors = {} if factors is None else factors
-        if not (_is_time(now_ms) and is_factor(factor_default) and isinstance(factors, dict)):
-            return None
-
-        def factor_of(queue: str) -> int:
-            factor = factors.get(queue)
-            return factor if is_factor(factor) else factor_default
-        moved = self.replica_sets().promote(owner, epoch, factor_of, self.store, self.moves, now_ms)
-        if moved is not None:
-            self._members().mark_down(owner, now_ms)
-            self.revision += 1
-        return moved
 
     def fail_over(self, node: str, now_ms: int) -> list:
         """The owner-failover policy: mark `node` down and drop every route naming it, so its groups

@@ -34,39 +34,40 @@ def owned_by(table: RouteTable, owner: str, queue: str, groups) -> None:
 
 def test_a_backup_is_in_sync_only_at_its_owners_current_epoch_and_only_once():
     table = registered("n1", "n2", "n3")
-    assert table.replica_in_sync("n1", "n3", 0) is True
-    assert table.replica_in_sync("n1", "n2", 0) is True
+    assert table.replica_sets().replica_in_sync("n1", "n3", 0) is True
+    assert table.replica_sets().replica_in_sync("n1", "n2", 0) is True
     revision = table.revision
-    assert table.replica_in_sync("n1", "n2", 0) is False  # a retry: nothing changes
-    assert table.replica_in_sync("n1", "n2", 1) is False  # not the owner's epoch
+    assert table.replica_sets().replica_in_sync("n1", "n2", 0) is False  # a retry: nothing changes
+    assert table.replica_sets().replica_in_sync("n1", "n2", 1) is False  # not the owner's epoch
     assert table.in_sync == {"n1": ["n2", "n3"]} and table.revision == revision
 
 
 def test_an_owner_is_not_its_own_backup_and_unregistered_or_down_members_are_never_in_sync():
     table = registered("n1", "n2")
     table.mark_down("n2", 7)
-    assert not table.replica_in_sync("n1", "n1", 0)
-    assert not table.replica_in_sync("n1", "n9", 0)  # not registered
-    assert not table.replica_in_sync("n9", "n1", 0)
-    assert not table.replica_in_sync("n1", "n2", 0)  # down
-    assert not table.replica_in_sync("n1", 5, 0) and not table.replica_in_sync("n1", "n2", True)
+    assert not table.replica_sets().replica_in_sync("n1", "n1", 0)
+    assert not table.replica_sets().replica_in_sync("n1", "n9", 0)  # not registered
+    assert not table.replica_sets().replica_in_sync("n9", "n1", 0)
+    assert not table.replica_sets().replica_in_sync("n1", "n2", 0)  # down
+    assert not table.replica_sets().replica_in_sync("n1", 5, 0)
+    assert not table.replica_sets().replica_in_sync("n1", "n2", True)
     assert table.in_sync == {}
 
 
 def test_a_backup_leaves_the_set_at_the_current_epoch_and_a_stale_epoch_is_ignored():
     table = registered("n1", "n2", "n3")
-    table.replica_in_sync("n1", "n2", 0)
+    table.replica_sets().replica_in_sync("n1", "n2", 0)
     table.epochs["n1"] = 2
-    assert table.replica_out_of_sync("n1", "n2", 1) is False
+    assert table.replica_sets().replica_out_of_sync("n1", "n2", 1) is False
     assert table.in_sync == {"n1": ["n2"]}
-    assert table.replica_out_of_sync("n1", "n2", 2) is True
+    assert table.replica_sets().replica_out_of_sync("n1", "n2", 2) is True
     assert table.in_sync == {}  # no empty lists: equal states pickle alike
-    assert table.replica_out_of_sync("n1", "n2", 2) is False
+    assert table.replica_sets().replica_out_of_sync("n1", "n2", 2) is False
 
 
 def test_a_new_member_name_empties_every_set_and_a_member_registering_again_does_not():
     table = registered("n1", "n2", "n3")
-    table.replica_in_sync("n1", "n2", 0)
+    table.replica_sets().replica_in_sync("n1", "n2", 0)
     table.register_node("n2", "elsewhere:1", "n2:2", "n2:3", 9)  # restarted with a new address
     assert table.in_sync == {"n1": ["n2"]}
     table.register_node("n4", "n4:1", "n4:2", "n4:3", 9)
@@ -79,9 +80,9 @@ def test_promote_moves_each_route_to_its_first_in_sync_backup_bumps_the_epoch_an
     table = registered(*NODES)
     owned_by(table, "n1", "q", ["a", "b", "c", "d", "e", "f"])
     for backup in ("n2", "n3", "n4"):
-        table.replica_in_sync("n1", backup, 0)
-    table.replica_in_sync("n2", "n1", 0)
-    moved = table.promote("n1", 0, 40, 2)
+        table.replica_sets().replica_in_sync("n1", backup, 0)
+    table.replica_sets().replica_in_sync("n2", "n1", 0)
+    moved = table.replica_sets().promote("n1", 0, 40, 2)
     members = sorted(NODES)
     expected = sorted((q, g, promotion_target("n1", q, g, members, {"n2", "n3", "n4"}, 2))
                       for q, g in [("q", group) for group in "abcdef"])
@@ -95,18 +96,18 @@ def test_promote_moves_each_route_to_its_first_in_sync_backup_bumps_the_epoch_an
 def test_a_retried_promote_is_a_no_op():
     table = registered(*NODES)
     owned_by(table, "n1", "q", ["a", "b"])
-    table.replica_in_sync("n1", "n2", 0)
-    table.promote("n1", 0, 40, 3)
+    table.replica_sets().replica_in_sync("n1", "n2", 0)
+    table.replica_sets().promote("n1", 0, 40, 3)
     state = pickle.dumps(table.state())
-    assert table.promote("n1", 0, 41, 3) is None
+    assert table.replica_sets().promote("n1", 0, 41, 3) is None
     assert pickle.dumps(table.state()) == state
 
 
 def test_routes_whose_backups_are_not_in_sync_stay_with_their_owner():
     table = registered("n1", "n2", "n3")
     owned_by(table, "n1", "q", [str(number) for number in range(20)])
-    table.replica_in_sync("n1", "n2", 0)
-    moved = table.promote("n1", 0, 40, 2)  # factor 2: one backup per group, n2 for about half of them
+    table.replica_sets().replica_in_sync("n1", "n2", 0)
+    moved = table.replica_sets().promote("n1", 0, 40, 2)  # factor 2: one backup per group, n2 for about half of them
     stayed = [key for key, (node, _) in table.entries() if node == "n1"]
     assert moved and stayed and len(moved) + len(stayed) == 20
     for queue, group in stayed:
@@ -116,16 +117,16 @@ def test_routes_whose_backups_are_not_in_sync_stay_with_their_owner():
 def test_without_an_in_sync_backup_promote_only_moves_the_epoch_on():
     table = registered("n1", "n2")
     owned_by(table, "n1", "q", ["a"])
-    assert table.promote("n1", 0, 40, 2) == []
+    assert table.replica_sets().promote("n1", 0, 40, 2) == []
     assert table.route("q", "a") == "n1" and table.epochs == {"n1": 1} and "n1" in table.down
 
 
 def test_a_backup_that_went_down_since_it_was_in_sync_is_never_promoted():
     table = registered("n1", "n2")
     owned_by(table, "n1", "q", ["a"])
-    table.replica_in_sync("n1", "n2", 0)
+    table.replica_sets().replica_in_sync("n1", "n2", 0)
     table.mark_down("n2", 30)
-    assert table.promote("n1", 0, 40, 2) == []
+    assert table.replica_sets().promote("n1", 0, 40, 2) == []
     assert table.route("q", "a") == "n1"
 
 
@@ -133,20 +134,20 @@ def test_a_moving_group_stays_where_its_route_is_until_its_move_ends():
     table = registered("n1", "n2")
     owned_by(table, "n1", "q", ["a", "b"])
     table.moves[("q", "a")] = ["n2", "n1", 3, ["n1", "n2"]]  # moving from n2 to n1
-    table.replica_in_sync("n1", "n2", 0)
-    assert table.promote("n1", 0, 40, 2) == [("q", "b", "n2")]
+    table.replica_sets().replica_in_sync("n1", "n2", 0)
+    assert table.replica_sets().promote("n1", 0, 40, 2) == [("q", "b", "n2")]
     assert table.route("q", "a") == "n1"
 
 
 def test_malformed_promotes_change_nothing():
     table = registered("n1", "n2")
     owned_by(table, "n1", "q", ["a"])
-    table.replica_in_sync("n1", "n2", 0)
+    table.replica_sets().replica_in_sync("n1", "n2", 0)
     state = pickle.dumps(table.state())
     for args in [("n1", 0, -1, 2), ("n1", 0, 40, 0), ("n1", 0, 40, 6), ("n1", "0", 40, 2), (None, 0, 40, 2),
                  ("n9", 0, 40, 2), ("n1", 1, 40, 2), ("n1", 0, 40, True)]:
-        assert table.promote(*args) is None, args
-    assert table.promote("n1", 0, 40, 2, factors=["q"]) is None
+        assert table.replica_sets().promote(*args) is None, args
+    assert table.replica_sets().promote("n1", 0, 40, 2, factors=["q"]) is None
     assert pickle.dumps(table.state()) == state
 
 
@@ -215,7 +216,7 @@ def test_a_version_3_snapshot_restores_with_no_epochs_and_no_sets_that_are_its_o
     first._deserialize(data)
     second._deserialize(data)
     assert first.table.epochs == {} and first.table.in_sync == {}
-    first.table.replica_in_sync("n1", "n1", 0)
+    first.table.replica_sets().replica_in_sync("n1", "n1", 0)
     first.table.epochs["n1"] = 5
     assert second.table.epochs == {}  # each table its own dicts
 
@@ -248,12 +249,12 @@ def apply(table: RouteTable, command: tuple, now_ms: int):
     if kind == "mark_up":
         return table.mark_up(args[0], now_ms)
     if kind == "in_sync":
-        return table.replica_in_sync(*args)
+        return table.replica_sets().replica_in_sync(*args)
     if kind == "out_of_sync":
-        return table.replica_out_of_sync(*args)
+        return table.replica_sets().replica_out_of_sync(*args)
     if kind == "promote":
         owner, epoch, default, factors = args
-        return table.promote(owner, epoch, now_ms, default, dict(factors))
+        return table.replica_sets().promote(owner, epoch, now_ms, default, dict(factors))
     return table.fail_over(args[0], now_ms)
 
 
