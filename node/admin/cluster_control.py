@@ -168,7 +168,7 @@ class ClusterControl:
         members = local["members"]
         routes_by_node = self._call(lambda: _routes_by_node(node.cluster.router.routes))
         routes_digest = self._call(node.cluster.router.digest)
-        replicas = self._call(lambda: replica_report(node.cluster, node.config.replication_factor))
+        replicas = self._call(lambda: replica_report(node.cluster.protocol, node.config.replication_factor))
         rows = []
         for member in sorted(set(raft["members"]) | set(members["nodes"])):
             info = members["nodes"].get(member, {})

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 
 def replica_report(cluster, replication_factor_default: int) -> dict:
-    """{owner: {"epoch", "in_sync", "under_replicated"}} for every node with routes, an epoch or a set."""
+    """{owner: {"epoch", "in_sync", "under_replicated"}} for every node with routes, an epoch or a set;
+    `cluster`: the node's ClusterProtocol (node/core/cluster/protocol.py)."""
     queues, definitions = cluster.broker.queues, cluster.definitions
     factors: dict[str, int] = {}
 
