@@ -60,13 +60,17 @@ class DutiesThread:
             return RaftStatus(leader=False, term=0, reachable=(), unreachable=())
         status = member_status(self._syncobj, self._node_id)
         others = [member for member in status["members"] if member != self._node_id]
+        unreachable = tuple(member for member in others if member not in status["connected"])
+        table = {}
+        if self.duties.route_follow_ms:
+            table.update(self._placement())
+        if self.duties.replica_failover_ms and unreachable:  # nobody to promote while every member answers
+            table.update(self._replica_sets())
         return RaftStatus(
             leader=status["state"] == "leader", term=status["term"],
-            reachable=tuple(member for member in others if member in status["connected"]),
-            unreachable=tuple(member for member in others if member not in status["connected"]),
+            reachable=tuple(member for member in others if member in status["connected"]), unreachable=unreachable,
             down=frozenset(self._replica.table.down),  # a read-only look; decisions go through the log
-            **(self._placement() if self.duties.route_follow_ms or self.duties.replica_failover_ms else {}),
-            **(self._replica_sets() if self.duties.replica_failover_ms else {}))
+            **table)
 
     def _placement(self) -> dict:
         """The table's consumers and routes per node and queue, for following consumers: a read-only
@@ -79,9 +83,11 @@ class DutiesThread:
         }, "the route table")
 
     def _replica_sets(self) -> dict:
-        """The table's owner epochs and in-sync backups, for replica promotion: a read-only look."""
+        """The table's routes per node and queue, owner epochs and in-sync backups, for replica promotion
+        (and owner failover after it): a read-only look."""
         table = self._replica.table
         return read_while_applying(lambda: {
+            "routed": tuple((node, queue, count) for (node, queue), count in sorted(dict(table.route_counts).items())),
             "epochs": tuple(sorted(dict(table.epochs).items())),
             "in_sync": tuple((owner, tuple(backups)) for owner, backups in sorted(dict(table.in_sync).items())),
         }, "the route table")

@@ -73,7 +73,8 @@ class RaftStatus:
     # what the replicated table says, for following consumers (empty when route_follow_ms is 0):
     consumers: tuple[tuple[str, str, int], ...] = ()  # (node, queue, consumers), consumers > 0
     routed: tuple[tuple[str, str, int], ...] = ()  # (node, queue, routes), routes > 0
-    # for replica promotion (empty when replica_failover_ms is 0), as the table says; routed is filled too
+    # for replica promotion, as the table says (empty when replica_failover_ms is 0 or every member is
+    # reachable: then nobody is promoted or failed over); routed is filled too
     epochs: tuple[tuple[str, int], ...] = ()  # (node, epoch), epoch > 0
     in_sync: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (owner, its in-sync backups)
 
