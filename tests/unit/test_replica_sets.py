@@ -187,6 +187,12 @@ def test_the_replica_sets_are_fed_after_each_change_and_a_promotion_before_its_r
     assert heard[0][1] == {"epochs": {"n1": 1}, "in_sync": {}} and heard[2][1] == [("q", "a", "n2")]
     heard.clear()
     assert replica.promote("n1", 0, 41, 2, _doApply=True) == [] and heard == []
+    replica.replica_in_sync("n2", "n1", 1, _doApply=True)  # refused: n1 is down
+    replica.register_node("n1", "h:1", "h:2", "h:3", 50, _doApply=True)  # back, and up again
+    replica.replica_in_sync("n2", "n1", 0, _doApply=True)
+    heard.clear()
+    replica.register_node("n3", "h:1", "h:2", "h:3", 60, _doApply=True)  # a new name: every set empties
+    assert heard[-1] == (replicated.REPLICAS, {"epochs": {"n1": 1}, "in_sync": {}})
 
 
 def test_a_snapshot_of_version_4_keeps_the_epochs_and_sets_and_feeds_them():
