@@ -14,12 +14,12 @@ decision is then in the raft log, so replicas agree whatever this object believe
   The log does not say which routes those are, so while any member is out of reach the reaper
   expires nothing, and it waits `group_timeout_ms / 2` more once the member is reachable again (as a
   new leader waits), so that the member's first refresh is in the log before anything is judged idle.
-  Exception: a member marked down by owner failover or promotion holds nothing back while it is away (that policy
-  gives up the order of what it holds for availability, and a dead member must not stop expiry for
-  good); its own routes are still spared.
+  Exception: a member marked down by owner failover or a promotion holds nothing back while it is
+  away (failover gives up the order of what it holds for availability, and a dead member must not stop
+  expiry for good); its own routes are still spared.
 - Replica promotion (with `replica_failover_ms`): a member unreachable that long, continuously under
   this leader, that has routes and an in-sync backup this leader sees (not down, not unreachable), gets
-  a Promote at its epoch (RouteTable.promote: its groups move to their in-sync backups, its epoch
+  a Promote at its epoch (handler/replica_sets.py: its groups move to their in-sync backups, its epoch
   moves on, it is marked down). Once per epoch; proposed again a `replica_failover_ms` later if the
   epoch has not moved (a proposal lost in a leader change). Without an in-sync backup nothing is
   proposed, so a cluster whose owners stream to no backup behaves as if this duty were off.
@@ -98,8 +98,8 @@ class FailOver:
 
 @dataclass(frozen=True, slots=True)
 class Promote:
-    """Propose RouteTable.promote(owner, epoch, now_ms, replication_factor_default); `unreachable_ms` is
-    for the log line."""
+    """Propose promote(owner, epoch, now_ms, replication_factor_default) (handler/replica_sets.py);
+    `unreachable_ms` is for the log line."""
 
     owner: str
     epoch: int

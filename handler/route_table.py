@@ -4,10 +4,10 @@ Owns the table's replicated state and its commands: the routes (queue, group) ->
 handler/packed_routes.py, the consumer counts each node reports, how to reach each member, which
 members are down, the moves in progress and the revision. The rules of each seam live in a module of
 its own: placement of a new group (handler/placement.py), the moves of groups following their
-consumers (handler/route_moves.py), the members' reports (handler/member_reports.py), the owner epochs, in-sync
-backups and promotions (handler/replica_sets.py); the latter four are views handed the table's dicts for
-one command. Older snapshot formats are read by
-handler/route_snapshots.py. pysyncobj applies every command on every replica in the same order, so:
+consumers (handler/route_moves.py), the members' reports (handler/member_reports.py), the owner
+epochs, in-sync backups and promotions (handler/replica_sets.py); the latter four are views handed the
+table's dicts for one command. Older snapshot formats are read by handler/route_snapshots.py.
+pysyncobj applies every command on every replica in the same order, so:
 - Deterministic: no clock (the proposer passes `now_ms`), no randomness, nothing from the
   environment; results and removals go in sorted order.
 - Idempotent, first proposal wins: a retried claim returns the route the first one made.
