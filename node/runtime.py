@@ -234,6 +234,7 @@ class Node:
                 election_timeout_max_ms=config.election_timeout_max_ms,
                 routes_max=config.routes_max, group_timeout_ms=config.group_timeout_ms,
                 owner_failover_ms=config.owner_failover_ms, route_follow_ms=config.route_follow_ms,
+                replica_failover_ms=config.replica_failover_ms, replication_factor=config.replication_factor,
                 placement=config.placement,
                 bind_host=config.host, raft_secrets=self.raft_secrets)
         except Exception as error:
