@@ -12,6 +12,7 @@ from proton.reactor import Filter, Selector
 from proton.utils import BlockingConnection, LinkDetached
 
 from tests.integration.harness import NodeProcess
+from tests.integration.test_multicast import Topic
 
 WAIT_S = 10.0
 SELECTOR_FILTER = symbol("apache.org:selector-filter:string")
@@ -93,5 +94,23 @@ def test_an_unknown_filter_is_not_echoed_and_the_link_still_serves(node):
         connection.create_sender("filtered-serves").send(Message(body="still here"), timeout=WAIT_S)
         assert receiver.receive(timeout=WAIT_S).body == "still here"
         receiver.accept()
+    finally:
+        connection.close()
+
+
+def test_subscribers_of_a_multicast_address_each_receive_what_their_selector_selects(node):
+    connection = BlockingConnection(node.url, timeout=WAIT_S)
+    try:
+        green = connection.create_receiver("news", name="green", options=[Topic(), Selector("colour = 'green'")])
+        other = connection.create_receiver("news", name="other", options=[Topic(), Selector("colour <> 'green'")])
+        sender = connection.create_sender("news")
+        for number, colour in enumerate(["red", "green", "blue", "green"]):
+            sender.send(Message(body=number, group_id=colour, properties={"colour": colour}), timeout=WAIT_S)
+        for receiver, expected in ((green, [1, 3]), (other, [0, 2])):
+            received = []
+            for _ in expected:
+                received.append(receiver.receive(timeout=WAIT_S).body)
+                receiver.accept()
+            assert received == expected
     finally:
         connection.close()
