@@ -7,10 +7,14 @@ Rules:
   JMS mapping (Qpid JMS's). `get(name)` gives None for an absent field: the selector's NULL.
 - Lazy: nothing is read at construction. The first lookup walks the section boundaries once (sizes
   only, up to the body, which is never read); each section is decoded on the first lookup that needs
-  it, and kept, so one message tried against many consumers' selectors is decoded once.
-- A section that cannot be read (truncated, an unknown format code, a string that is not UTF-8) is
+  it, and kept, so one message tried against many consumers' selectors is decoded once. Application
+  properties are indexed (keys read, values only stepped over) on the first lookup of one, and a
+  value is decoded only when a selector names it: a selector reading `colour` of a message with
+  twenty properties decodes one value.
+- A section that cannot be read (truncated, an unknown format code, a key that is not UTF-8) is
   treated as absent, and so is everything after a broken boundary: its fields are NULL, and nothing
-  raises into dispatch. The send was checked already (node.amqp.codec refuses what is not AMQP).
+  raises into dispatch. An application property whose value cannot be read (a string that is not
+  UTF-8) is absent alone. The send was checked already (node.amqp.codec refuses what is not AMQP).
 - Values keep JMS's types: strings and symbols are str, every integer type (and timestamps, in ms) is
   int, float and double are float, booleans bool. Lists, maps, arrays, decimals and described values
   are OPAQUE, binary is bytes and uuid a UUID: present (IS NOT NULL) but unlike anything a selector
@@ -143,6 +147,20 @@ def _map_entries(buf: bytes, position: int):
             yield key, value
 
 
+def _map_positions(buf: bytes, position: int) -> dict:
+    """String key -> position of its value, for the map at `position`; values are stepped over, not read."""
+    count, item, end = _compound(buf, position)
+    positions = {}
+    for _ in range(count // 2):
+        key, item = read_value(buf, item)
+        value_at, item = item, _extent(buf, item)
+        if item > end:
+            raise _Unreadable("a map entry runs past its map")
+        if isinstance(key, str):
+            positions.setdefault(key, value_at)
+    return positions
+
+
 def _section_starts(buf: bytes) -> dict[int, int]:
     """Section code -> position of its value, for the sections before the body; stops where it cannot read."""
     starts, position, end = {}, 0, len(buf)
@@ -177,16 +195,17 @@ def jms_id(value):
 class MessageFields(Mapping):
     """The selector's view of one message (the rules above); build one per message, share it across selectors."""
 
-    __slots__ = ("_payload", "_starts", "_header", "_properties", "_application", "_jms_type")
+    __slots__ = ("_payload", "_starts", "_header", "_properties", "_application", "_application_at", "_jms_type")
 
     def __init__(self, payload: bytes):
         self._payload = payload
-        self._starts = self._header = self._properties = self._application = None
+        self._starts = self._header = self._properties = self._application_at = None
+        self._application: dict = {}  # name -> decoded value (None: absent), for the names asked so far
         self._jms_type = ...  # not read yet (None is a read annotation that is absent)
 
     def get(self, name: str, default=None):
         reader = _JMS_FIELDS.get(name)
-        value = reader(self) if reader is not None else self._application_properties().get(name)
+        value = reader(self) if reader is not None else self._application_value(name)
         return default if value is None else value
 
     def __getitem__(self, name: str):
@@ -197,7 +216,8 @@ class MessageFields(Mapping):
 
     def __iter__(self):
         names = [name for name, reader in _JMS_FIELDS.items() if reader(self) is not None]
-        names += [name for name in self._application_properties() if name not in _JMS_FIELDS]
+        names += [name for name in self._application_positions()
+                  if name not in _JMS_FIELDS and self._application_value(name) is not None]
         return iter(names)
 
     def __len__(self) -> int:
@@ -229,10 +249,28 @@ class MessageFields(Mapping):
             self._properties = self._list(_PROPERTIES, _PROPERTIES_ITEMS)
         return self._properties
 
-    def _application_properties(self) -> dict:
-        if self._application is None:
-            self._application = self._map(_APPLICATION_PROPERTIES, lambda key: True)
-        return self._application
+    def _application_positions(self) -> dict:
+        if self._application_at is None:
+            position = self._section(_APPLICATION_PROPERTIES)
+            try:
+                self._application_at = {} if position is None else _map_positions(self._payload, position)
+            except (IndexError, ValueError, struct.error):
+                self._application_at = {}
+        return self._application_at
+
+    def _application_value(self, name: str):
+        values = self._application
+        if name in values:
+            return values[name]
+        position = self._application_positions().get(name)
+        value = None
+        if position is not None:
+            try:
+                value = read_value(self._payload, position)[0]
+            except (IndexError, ValueError, struct.error):
+                value = None  # this value alone cannot be read: it is absent
+        values[name] = value
+        return value
 
     def _map(self, section: int, wanted) -> dict:
         position = self._section(section)
@@ -247,14 +285,14 @@ class MessageFields(Mapping):
 
     def _property_or_application(self, index: int, name: str):
         value = self._properties_items()[index]
-        return value if value is not None else self._application_properties().get(name)
+        return value if value is not None else self._application_value(name)
 
     def _jms_type_value(self):
         if self._jms_type is ...:
             annotations = self._map(_MESSAGE_ANNOTATIONS, lambda key: key == JMS_TYPE_ANNOTATION)
             self._jms_type = annotations.get(JMS_TYPE_ANNOTATION)
         value = self._jms_type if self._jms_type is not None else self._properties_items()[3]
-        return value if value is not None else self._application_properties().get("JMSType")
+        return value if value is not None else self._application_value("JMSType")
 
     def _priority(self):
         value = self._header_items()[1]
