@@ -28,7 +28,9 @@ import struct
 import uuid
 from collections.abc import Mapping
 
-from node.amqp.type_encoding import FIXED_WIDTH_BYTES, Malformed, skip_value
+from node.amqp.message_values import OPAQUE, extent, list_items, map_entries, map_positions, read_value
+
+__all__ = ["OPAQUE", "MessageFields", "jms_id"]  # OPAQUE: what a value of a type JMS has no name for reads as
 
 _HEADER, _MESSAGE_ANNOTATIONS, _PROPERTIES, _APPLICATION_PROPERTIES = 0x70, 0x72, 0x73, 0x74
 _FIRST_BODY_SECTION = 0x75
@@ -39,126 +41,6 @@ _SECTION_NAMES = {"amqp:header:list": 0x70, "amqp:delivery-annotations:map": 0x7
 JMS_TYPE_ANNOTATION = "x-opt-jms-type"  # where Qpid JMS puts JMSType
 DEFAULT_PRIORITY = 4  # AMQP's header.priority when absent (and JMS's default)
 _HEADER_ITEMS, _PROPERTIES_ITEMS = 2, 12  # durable, priority; message-id ... group-sequence
-_FLOAT, _DOUBLE = struct.Struct(">f"), struct.Struct(">d")
-
-
-class _Opaque:
-    """A value of a type JMS has no name for: present, equal to nothing a selector can write."""
-
-    def __repr__(self) -> str:
-        return "OPAQUE"
-
-
-OPAQUE = _Opaque()
-
-
-class _Unreadable(ValueError):
-    """Bytes these rules cannot read: the section in question counts as absent."""
-
-
-def _extent(buf: bytes, position: int) -> int:
-    """The position just past the value at `position`, nothing decoded (type_encoding's walk, which loops
-    over described values however deep the sender nests them); unreadable or truncated bytes raise."""
-    try:
-        end = skip_value(buf, position)
-    except (Malformed, IndexError) as error:
-        raise _Unreadable(str(error) or "truncated") from None
-    if end > len(buf):
-        raise _Unreadable("truncated")
-    return end
-
-
-def _integer(buf: bytes, position: int, width: int, signed: bool) -> int:
-    return int.from_bytes(buf[position:position + width], "big", signed=signed)
-
-
-_SCALARS = {  # format code -> reader of its bytes (the code already passed)
-    0x40: lambda buf, at: None, 0x41: lambda buf, at: True, 0x42: lambda buf, at: False,
-    0x56: lambda buf, at: buf[at] != 0, 0x43: lambda buf, at: 0, 0x44: lambda buf, at: 0,
-    0x50: lambda buf, at: buf[at], 0x52: lambda buf, at: buf[at], 0x53: lambda buf, at: buf[at],
-    0x51: lambda buf, at: _integer(buf, at, 1, True), 0x54: lambda buf, at: _integer(buf, at, 1, True),
-    0x55: lambda buf, at: _integer(buf, at, 1, True),
-    0x60: lambda buf, at: _integer(buf, at, 2, False), 0x61: lambda buf, at: _integer(buf, at, 2, True),
-    0x70: lambda buf, at: _integer(buf, at, 4, False), 0x71: lambda buf, at: _integer(buf, at, 4, True),
-    0x80: lambda buf, at: _integer(buf, at, 8, False), 0x81: lambda buf, at: _integer(buf, at, 8, True),
-    0x83: lambda buf, at: _integer(buf, at, 8, True),  # timestamp, ms since the epoch
-    0x72: lambda buf, at: _FLOAT.unpack_from(buf, at)[0], 0x82: lambda buf, at: _DOUBLE.unpack_from(buf, at)[0],
-    0x73: lambda buf, at: chr(_integer(buf, at, 4, False)),  # char, UTF-32
-    0x98: lambda buf, at: uuid.UUID(bytes=bytes(buf[at:at + 16])),
-}
-_STRINGS = frozenset({0xA1, 0xB1, 0xA3, 0xB3})  # str8, str32, sym8, sym32
-_BINARIES = frozenset({0xA0, 0xB0})
-
-
-def read_value(buf: bytes, position: int) -> tuple:
-    """(value, end) of the value at `position`, typed as the module's rules say."""
-    code = buf[position]
-    if code == 0xA1 or code == 0xA3:  # str8 and sym8 first: most keys and string values are
-        end = position + 2 + buf[position + 1]
-        if end > len(buf):
-            raise _Unreadable("truncated")
-        return bytes(buf[position + 2:end]).decode("utf-8"), end
-    reader = _SCALARS.get(code)
-    if reader is not None:
-        end = position + 1 + FIXED_WIDTH_BYTES[code >> 4]
-        if end > len(buf):
-            raise _Unreadable("truncated")
-        return reader(buf, position + 1), end
-    end = _extent(buf, position)
-    if code in _STRINGS or code in _BINARIES:
-        content = bytes(buf[position + (2 if code < 0xB0 else 5):end])
-        return (content.decode("utf-8") if code in _STRINGS else content), end
-    return OPAQUE, end
-
-
-def _compound(buf: bytes, position: int) -> tuple[int, int, int]:
-    """A list or map: (count of items, position of the first item, end)."""
-    code = buf[position]
-    end = _extent(buf, position)
-    if code == 0x45:  # list0
-        return 0, end, end
-    if code in (0xC0, 0xC1):
-        return buf[position + 2], position + 3, end
-    if code in (0xD0, 0xD1):
-        return _integer(buf, position + 5, 4, False), position + 9, end
-    raise _Unreadable(f"a section of format code 0x{code:02x}, not a list or a map")
-
-
-def _list_items(buf: bytes, position: int, wanted: int) -> list:
-    count, item, end = _compound(buf, position)
-    items = []
-    for _ in range(min(count, wanted)):
-        value, item = read_value(buf, item)
-        if item > end:
-            raise _Unreadable("a list item runs past its list")
-        items.append(value)
-    return items + [None] * (wanted - len(items))
-
-
-def _map_entries(buf: bytes, position: int):
-    """(key, value) pairs of the map at `position`; keys of other types than strings are passed over."""
-    count, item, end = _compound(buf, position)
-    for _ in range(count // 2):
-        key, item = read_value(buf, item)
-        value, item = read_value(buf, item)
-        if item > end:
-            raise _Unreadable("a map entry runs past its map")
-        if isinstance(key, str):
-            yield key, value
-
-
-def _map_positions(buf: bytes, position: int) -> dict:
-    """String key -> position of its value, for the map at `position`; values are stepped over, not read."""
-    count, item, end = _compound(buf, position)
-    positions = {}
-    for _ in range(count // 2):
-        key, item = read_value(buf, item)
-        value_at, item = item, _extent(buf, item)
-        if item > end:
-            raise _Unreadable("a map entry runs past its map")
-        if isinstance(key, str):
-            positions.setdefault(key, value_at)
-    return positions
 
 
 def _section_starts(buf: bytes) -> dict[int, int]:
@@ -173,7 +55,7 @@ def _section_starts(buf: bytes) -> dict[int, int]:
             if not isinstance(section, int) or section >= _FIRST_BODY_SECTION:
                 break
             starts.setdefault(section, value_at)
-            position = _extent(buf, value_at)
+            position = extent(buf, value_at)
     except (IndexError, ValueError, struct.error):
         pass  # what was found before the break stands
     return starts
@@ -235,7 +117,7 @@ class MessageFields(Mapping):
         if position is None:
             return [None] * wanted
         try:
-            return _list_items(self._payload, position, wanted)
+            return list_items(self._payload, position, wanted)
         except (IndexError, ValueError, struct.error):
             return [None] * wanted
 
@@ -253,7 +135,7 @@ class MessageFields(Mapping):
         if self._application_at is None:
             position = self._section(_APPLICATION_PROPERTIES)
             try:
-                self._application_at = {} if position is None else _map_positions(self._payload, position)
+                self._application_at = {} if position is None else map_positions(self._payload, position)
             except (IndexError, ValueError, struct.error):
                 self._application_at = {}
         return self._application_at
@@ -277,7 +159,7 @@ class MessageFields(Mapping):
         if position is None:
             return {}
         try:
-            return {key: value for key, value in _map_entries(self._payload, position) if wanted(key)}
+            return {key: value for key, value in map_entries(self._payload, position) if wanted(key)}
         except (IndexError, ValueError, struct.error):
             return {}
 

@@ -114,3 +114,22 @@ def test_subscribers_of_a_multicast_address_each_receive_what_their_selector_sel
             assert received == expected
     finally:
         connection.close()
+
+
+def test_a_consumer_whose_selector_names_one_group_becomes_that_groups_consumer(node):
+    connection = BlockingConnection(node.url, timeout=WAIT_S)
+    try:
+        anyone = connection.create_receiver("chosen")
+        sender = connection.create_sender("chosen")
+        sender.send(Message(body="X-0", group_id="X"), timeout=WAIT_S)
+        assert anyone.receive(timeout=WAIT_S).body == "X-0"  # the group is anyone's now
+        anyone.accept()
+        chooser = connection.create_receiver("chosen", name="x", options=Selector("JMSXGroupID = 'X'"))
+        for body, group in (("X-1", "X"), ("Y-0", "Y"), ("X-2", "X")):
+            sender.send(Message(body=body, group_id=group), timeout=WAIT_S)
+        assert [chooser.receive(timeout=WAIT_S).body for _ in range(2)] == ["X-1", "X-2"]
+        chooser.accept()
+        assert anyone.receive(timeout=WAIT_S).body == "Y-0"
+        anyone.accept()
+    finally:
+        connection.close()

@@ -128,6 +128,8 @@ class Consumers:
             self.selection.selecting += 1
         if self.selection is not None:
             self.selection.unstrand_due = True  # the new consumer may select what no other does
+            if selector is not None and selector.group_id is not None:
+                self.selection.choosing_changed = True
         if self.first_attach_ms is None:
             self.first_attach_ms = now_ms
         # An AMQP consumer attaches before it grants credit: resetting groups' consumers now would hand the
@@ -147,6 +149,8 @@ class Consumers:
             self.takers.remove(consumer)
         if consumer.selector is not None:
             self.selection.selecting -= 1  # the selection ends at the next dispatch once none is left
+            if consumer.selector.group_id is not None:  # its group is free for the others again
+                self.selection.choosing_changed = self.selection.unstrand_due = True
         return consumer
 
     def close_gate_if_none_left(self) -> None:

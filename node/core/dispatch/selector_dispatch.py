@@ -22,6 +22,12 @@ The rules (docs/selectors.md, "Groups and selectors"), on top of node/core/dispa
   dispatch never enters this module (Consumers.selection is None).
 - A consumer that has no credit keeps the groups it has, as without selectors; its heap's first group
   is still let go when it refuses that group's head, so a group waiting on it is freed once it surfaces.
+- Consumer-chosen groups (issue 30): a consumer whose selector is exactly `JMSXGroupID = 'X'` is group X's
+  consumer: while it is attached every other consumer refuses X's messages, and X is taken from the
+  consumer that had it (credit or not) once that one's in-flight messages of X are settled, as a reset
+  with pause does; X then goes to the chooser and waits for its credit.
+  Two such consumers of one group: the one attached first serves it, the next one takes over when it
+  leaves.
 """
 
 from __future__ import annotations
@@ -48,6 +54,10 @@ class MessageSelector:
     def text(self) -> str:
         return self.selector.text
 
+    @property
+    def group_id(self) -> str | None:
+        return self.selector.group_id
+
     def matches(self, message) -> bool:
         fields = message.fields
         if fields is None:  # read once per message, shared by every selector that looks at it
@@ -58,17 +68,23 @@ class MessageSelector:
 class Selection:
     """A queue's selecting state, kept while one of its acquiring consumers has a selector."""
 
-    __slots__ = ("selecting", "stranded", "unstrand_due")
+    __slots__ = ("selecting", "stranded", "unstrand_due", "chosen", "choosing_changed")
 
     def __init__(self):
         self.selecting = 0  # acquiring consumers with a selector
+        self.chosen: dict = {}  # group key -> the consumer that chose it (JMSXGroupID = 'X'); empty mostly
+        self.choosing_changed = False  # a consumer that chose a group came or went: `chosen` is made again
         # groups whose head no attached consumer selects, each once (an arrival may place one again);
         # stale ones (placed since, or forgotten) are dropped when looked at
         self.stranded: dict = {}
         self.unstrand_due = False  # a consumer attached: stranded groups are looked at again
 
 
-def selects(consumer, message) -> bool:
+def selects(consumer, message, chosen: dict) -> bool:
+    if chosen and message.group is not None:
+        chooser = chosen.get(message.group.key)
+        if chooser is not None and chooser is not consumer:
+            return False  # the group is another consumer's choice
     selector = consumer.selector
     return selector is None or selector.matches(message)
 
@@ -77,6 +93,9 @@ def dispatch_selecting(dispatcher, now_ms: int, effects: list) -> bool:
     """The takers' dispatch while a selection is on; False once it is over (the plain path takes on)."""
     consumers = dispatcher.consumers
     selection = consumers.selection
+    if selection.choosing_changed:
+        selection.choosing_changed = False
+        _choose(dispatcher, selection)
     if selection.unstrand_due or not selection.selecting:
         selection.unstrand_due = False
         _unstrand(dispatcher, selection)
@@ -141,7 +160,7 @@ def _selected_top(dispatcher, consumer, now_ms: int, effects: list):
     ready = consumer.ready
     while True:
         entry = dispatcher._peek(ready, now_ms, effects)
-        if entry is None or selects(consumer, _head(entry[1])):
+        if entry is None or selects(consumer, _head(entry[1]), dispatcher.consumers.selection.chosen):
             return entry
         heapq.heappop(ready)
         group = entry[1]
@@ -160,11 +179,12 @@ def _unassigned_top(dispatcher, acquiring: list, waiting: list, now_ms: int, eff
         if entry is None:
             return None, None
         head = _head(entry[1])
-        choosers = [taker for taker in dispatcher.takers if selects(taker, head)]
+        chosen = dispatcher.consumers.selection.chosen
+        choosers = [taker for taker in dispatcher.takers if selects(taker, head, chosen)]
         if choosers:
             return entry, choosers
         heapq.heappop(unassigned)
-        if any(selects(consumer, head) for consumer in acquiring):
+        if any(selects(consumer, head, chosen) for consumer in acquiring):
             waiting.append(entry)  # a consumer without credit selects it
         else:
             group = entry[1]
@@ -184,11 +204,29 @@ def _first_ungrouped(dispatcher, lane: deque, start: int, now_ms: int, effects: 
             if flags & PAGED:
                 dispatcher.pager.want(None)  # the lane waits for this body; page_in dispatches again
                 return None
-            choosers = [taker for taker in takers if selects(taker, message)]
+            choosers = [taker for taker in takers if selects(taker, message, None)]  # no group, none chosen
             if choosers:
                 return index, message, choosers
         index += 1
     return None
+
+
+def _choose(dispatcher, selection: Selection) -> None:
+    """Which consumer serves each chosen group: the first attached of those that chose it."""
+    chosen: dict = {}
+    key_of = dispatcher.groups.key_of
+    for consumer in dispatcher.consumers.by_id.values():  # attach order
+        selector = consumer.selector
+        if selector is not None and not consumer.browse and selector.group_id is not None:
+            key = key_of(selector.group_id)
+            if key is not None:
+                chosen.setdefault(key, consumer)
+    selection.chosen = chosen
+    table = dispatcher.groups
+    for key, chooser in chosen.items():
+        group = table.groups.get(key)
+        if group is not None and group.consumer is not None and group.consumer is not chooser:
+            table.reset([group], True)  # taken from its consumer, credit or not, once its in-flight ones settle
 
 
 def _unstrand(dispatcher, selection: Selection) -> None:
