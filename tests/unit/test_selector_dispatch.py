@@ -298,3 +298,13 @@ def test_only_a_selector_that_is_exactly_one_group_id_chooses_a_group():
     for text in ("JMSXGroupID = 'X' AND a = 1", "JMSXGroupID <> 'X'", "JMSXGroupID = 1", "JMSXGroupSeq = 'X'",
                  "JMSXGroupID IN ('X')"):
         assert compile_selector(text).group_id is None, text
+
+
+def test_a_browser_with_a_selector_sees_only_what_it_selects():
+    broker = Broker()
+    broker.declare_queue(QueueSettings(name="q"))
+    for n, colour in enumerate(["red", "green", "blue", "green"]):
+        send(broker, None, n, colour)
+    broker.attach_consumer("q", "browser", True, 0, selector=selecting("colour = 'green'"))
+    assert deliveries(broker.set_credit("browser", 10, 0)) == [("browser", 1), ("browser", 3)]
+    assert deliveries(send(broker, "g", 4, "red") + send(broker, "g", 5, "green")) == [("browser", 5)]
