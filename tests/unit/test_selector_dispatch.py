@@ -26,7 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from node.core.dispatch.broker import Broker
 from node.core.dispatch.message import Message, Outcome
 from node.core.dispatch.selector import compile_selector
-from node.core.dispatch.selector_dispatch import MessageSelector
+from node.core.dispatch.selector_dispatch import UNGROUPED_FIELDS_KEPT_MAX, MessageSelector
 from node.core.dispatch.settings import QueueSettings
 from node.core.effects import Deliver
 
@@ -308,3 +308,16 @@ def test_a_browser_with_a_selector_sees_only_what_it_selects():
     broker.attach_consumer("q", "browser", True, 0, selector=selecting("colour = 'green'"))
     assert deliveries(broker.set_credit("browser", 10, 0)) == [("browser", 1), ("browser", 3)]
     assert deliveries(send(broker, "g", 4, "red") + send(broker, "g", 5, "green")) == [("browser", 5)]
+
+
+def test_what_a_selector_read_is_kept_only_by_candidates_and_only_so_many_unselected_ones():
+    broker = Broker()
+    queue = broker.declare_queue(QueueSettings(name="q"))
+    broker.attach_consumer("q", "green", False, 0, selector=selecting("colour = 'green'"))
+    broker.set_credit("green", 10, 0)
+    for n in range(UNGROUPED_FIELDS_KEPT_MAX + 100):
+        send(broker, None, n, "red")
+    [delivered] = [effect.message for effect in send(broker, None, -1, "green") if isinstance(effect, Deliver)]
+    assert delivered.fields is None  # in flight: read again only if it comes back
+    kept = [message for message in queue._store.log if message.fields is not None]
+    assert len(kept) == UNGROUPED_FIELDS_KEPT_MAX

@@ -18,8 +18,10 @@ The rules (docs/selectors.md, "Groups and selectors"), on top of node/core/dispa
   unselected messages before it (Artemis scans likewise), so a long run of messages nobody selects
   costs one look each per dispatch; that is the price of keeping them.
 - A message's fields are read once, on a selector's first look (MessageSelector.matches), and kept on
-  the message (`Message.fields`); a queue whose consumers have no selector never reads them, and its
-  dispatch never enters this module (Consumers.selection is None).
+  the message (`Message.fields`) while it is a candidate: dropped when it is delivered, and kept only
+  by the first UNGROUPED_FIELDS_KEPT_MAX unselected messages of the ungrouped lane, so what they cost
+  stays bounded (a group keeps them for its head alone). A queue whose consumers have no selector
+  never reads them, and its dispatch never enters this module (Consumers.selection is None).
 - A consumer that has no credit keeps the groups it has, as without selectors; its heap's first group
   is still let go when it refuses that group's head, so a group waiting on it is freed once it surfaces.
 - Consumer-chosen groups (issue 30): a consumer whose selector is exactly `JMSXGroupID = 'X'` is group X's
@@ -38,6 +40,11 @@ from itertools import islice
 
 from node.core.dispatch.message import AVAILABLE, PAGED, STATE_MASK
 from node.core.dispatch.queue_lanes import PAUSED
+
+
+# unselected messages of the ungrouped lane that keep their fields (a few hundred bytes each) between
+# dispatches, from the lane's head; past them a message's fields are read at each look and dropped
+UNGROUPED_FIELDS_KEPT_MAX = 1024
 
 
 class MessageSelector:
@@ -129,6 +136,7 @@ def dispatch_selecting(dispatcher, now_ms: int, effects: list) -> bool:
             if found is not None and (best_group is None or found[1].seq < best_seq):
                 index, loose, loose_choosers = found
                 del ungrouped[index]
+                loose.fields = None  # in flight, it is no candidate: its fields are read again if it comes back
                 dispatcher._deliver(loose, min(loose_choosers, key=_least_recently_used), False, effects)
                 scan_from = index  # the messages before it are selected by no taker left
                 continue
@@ -143,6 +151,7 @@ def dispatch_selecting(dispatcher, now_ms: int, effects: list) -> bool:
             else:
                 heapq.heappop(best_consumer.ready)
                 first = False
+            _head(best_group).fields = None  # as for an ungrouped one
             dispatcher._deliver_from_group(best_group, best_consumer, first, effects)
         return True
     finally:
@@ -207,6 +216,8 @@ def _first_ungrouped(dispatcher, lane: deque, start: int, now_ms: int, effects: 
             choosers = [taker for taker in takers if selects(taker, message, None)]  # no group, none chosen
             if choosers:
                 return index, message, choosers
+            if index >= UNGROUPED_FIELDS_KEPT_MAX:
+                message.fields = None  # memory stays bounded: past the bound, read again at the next look
         index += 1
     return None
 
