@@ -98,22 +98,10 @@ def selects(consumer, message, chosen: dict) -> bool:
 
 def dispatch_selecting(dispatcher, now_ms: int, effects: list) -> bool:
     """The takers' dispatch while a selection is on; False once it is over (the plain path takes on)."""
-    consumers = dispatcher.consumers
-    selection = consumers.selection
-    if selection.choosing_changed:
-        selection.choosing_changed = False
-        _choose(dispatcher, selection)
-    if selection.unstrand_due or not selection.selecting:
-        selection.unstrand_due = False
-        _unstrand(dispatcher, selection)
-    if not selection.selecting:
-        consumers.selection = None
+    acquiring = _start(dispatcher, now_ms, effects)
+    if acquiring is None:
         return False
-    acquiring = [consumer for consumer in consumers.by_id.values() if not consumer.browse]
     takers = dispatcher.takers
-    for consumer in acquiring:
-        if consumer.selector is not None and consumer not in takers:
-            _selected_top(dispatcher, consumer, now_ms, effects)  # lets go a refused head it would hold back
     unassigned = dispatcher.unassigned
     ungrouped = dispatcher.groups.ungrouped
     waiting: list = []  # unassigned entries no taker selects now: back in the heap when this dispatch ends
@@ -157,6 +145,27 @@ def dispatch_selecting(dispatcher, now_ms: int, effects: list) -> bool:
     finally:
         for entry in waiting:
             heapq.heappush(unassigned, entry)
+
+
+def _start(dispatcher, now_ms: int, effects: list) -> list | None:
+    """Bring the selection up to date with its consumers; the acquiring consumers, or None once it is over."""
+    consumers = dispatcher.consumers
+    selection = consumers.selection
+    if selection.choosing_changed:
+        selection.choosing_changed = False
+        _choose(dispatcher, selection)
+    if selection.unstrand_due or not selection.selecting:
+        selection.unstrand_due = False
+        _unstrand(dispatcher, selection)
+    if not selection.selecting:
+        consumers.selection = None
+        return None
+    acquiring = [consumer for consumer in consumers.by_id.values() if not consumer.browse]
+    takers = dispatcher.takers
+    for consumer in acquiring:
+        if consumer.selector is not None and consumer not in takers:
+            _selected_top(dispatcher, consumer, now_ms, effects)  # lets go a refused head it would hold back
+    return acquiring
 
 
 def _head(group):
