@@ -219,12 +219,12 @@ class Broker:
     # ---- consumers ---------------------------------------------------------------------------
 
     def attach_consumer(self, queue_name: str, consumer_id, browse: bool, now_ms: int,
-                        unsettled_max: int = 0) -> list:
+                        unsettled_max: int = 0, selector=None) -> list:
         if consumer_id in self._consumer_queue:
             raise AlreadyExists(f"consumer {consumer_id!r} is already attached")
         queue = self.queue(queue_name, create=True)
         effects: list = []
-        queue.attach(consumer_id, browse, now_ms, effects, unsettled_max)
+        queue.attach(consumer_id, browse, now_ms, effects, unsettled_max, selector)
         self._consumer_queue[consumer_id] = queue
         return effects
 

@@ -199,8 +199,10 @@ class Queue:
 
     # ---- consumers ---------------------------------------------------------------------------
 
-    def attach(self, consumer_id, browse: bool, now_ms: int, effects: list, unsettled_max: int = 0) -> None:
-        self._consumers.add(consumer_id, browse, now_ms, unsettled_max)
+    def attach(self, consumer_id, browse: bool, now_ms: int, effects: list, unsettled_max: int = 0,
+               selector=None) -> None:
+        """`selector`: a MessageSelector (node/core/dispatch/selector_dispatch.py), or None for every message."""
+        self._consumers.add(consumer_id, browse, now_ms, unsettled_max, selector)
         if not browse:
             self._dispatcher.dispatch(now_ms, effects)
 

@@ -10,6 +10,8 @@ Rules this module keeps:
   and its group waits, unplaced, until page_in places it again; a taker or browser with credit and
   nothing to take (`starved`) makes the cold tail be read back (node/core/dispatch/cold.py).
 - A message delivered or shown is `handed_out`: a failed journal write can no longer take it back.
+- While a consumer has a JMS selector, node/core/dispatch/selector_dispatch.py takes the takers' dispatch;
+  a browser's selector is applied here.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from node.core.dispatch.queue_consumers import Consumer, Consumers, fewest_group
 from node.core.dispatch.queue_groups import GroupTable
 from node.core.dispatch.queue_lanes import PAUSED, Group, insert_in_order
 from node.core.dispatch.queue_store import MessageStore
+from node.core.dispatch.selector_dispatch import dispatch_selecting
 from node.core.dispatch.settings import QueueSettings
 
 
@@ -82,6 +85,8 @@ class Dispatcher:
             self._dispatch_browsers(now_ms, effects)
         takers = self.takers
         if not takers or not self.consumers.dispatch_open(now_ms):
+            return
+        if self.consumers.selection is not None and dispatch_selecting(self, now_ms, effects):
             return
         unassigned = self.unassigned
         ungrouped = self.groups.ungrouped
@@ -171,6 +176,9 @@ class Dispatcher:
                 if message.flags & PAGED:  # this browser waits for the body; page_in() dispatches again
                     self.pager.want_browse(message, effects)
                     break
+                if browser.selector is not None and not browser.selector.matches(message):
+                    browser.cursor_seq = message.seq
+                    continue
                 browser.cursor_seq = message.seq
                 browser.credit -= 1
                 message.handed_out = True  # a browser has seen it: a failed write cannot take it back unseen
