@@ -50,6 +50,9 @@ class QueueSettings:
     dead_letter_queue_auto_create: bool = True  # create the dead-letter queue when it does not exist yet
     address: str = ""  # the multicast address this queue subscribes to (node/core/dispatch/addresses.py); "" = none
     trace: bool = False  # write delivery traces for `grouper audit` (README "Auditing deliveries")
+    # issue 30, group leases: a consumer holding unsettled deliveries loses its groups (its link detached,
+    # node/core/dispatch/queue_leases.py) after this long with no settlement or flow on its link; 0 = off
+    group_lease_ms: int = 0
 
     def validate(self) -> "QueueSettings":
         if not self.name or len(self.name) > 255:
@@ -86,6 +89,9 @@ class QueueSettings:
                                            f"the name would mean both; name it e.g. {self.address}.subscriber")
         if len(self.address) > 255 or "::" in self.address or any(ord(char) < 32 for char in self.address):
             raise InvalidConfig("address", "an address is at most 255 characters, without '::' or control characters")
+        # issue 30, group leases
+        if self.group_lease_ms < 0:
+            raise InvalidConfig("group_lease_ms", "must be >= 0 (0 = no lease: a consumer keeps its groups while attached)")
         return self
 
     @property
@@ -119,6 +125,8 @@ class QueueSettings:
             del values["trace"]
         if not self.memory_max_bytes:  # so a node of the release before paging reads the record (upgrades)
             del values["memory_max_bytes"]
+        if not self.group_lease_ms:  # issue 30: records of queues without a lease stay as they were
+            del values["group_lease_ms"]
         return values
 
     @classmethod
