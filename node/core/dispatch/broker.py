@@ -263,8 +263,8 @@ class Broker:
         effects: list = []
         lapsed: list = []
         for queue in self.queues.values():
+            lapsed += queue.lapsed_leases(now_ms)  # first: a lapsed consumer takes nothing more
             queue.tick(now_ms, effects)
-            lapsed += queue.lapsed_leases(now_ms)
         for consumer_id, error in lapsed:  # group leases (queue_leases.py): the link learns why, then lets go
             effects.append(DetachConsumer(consumer_id, error))
             effects += self.detach_consumer(consumer_id, now_ms)

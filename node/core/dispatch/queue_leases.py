@@ -9,6 +9,8 @@ Rules this module keeps:
   `group_lease_ms` while it holds deliveries is hung, whichever group it is stuck on. The queue then
   detaches the consumer (node/core/dispatch/queue.py `lapsed_leases`): its unsettled deliveries come back
   first in their groups, in order, delivery count raised, and its groups go to other consumers.
+- A lapsed consumer's credit is spent at once: until the broker detaches it, nothing released by another
+  consumer lapsing at the same tick goes to it.
 - The timer structure is one heap of (deadline, order, consumer), at most one entry per consumer whose
   lease runs; a renewal only writes its time (`renewed_ms`), and an entry found early is pushed again at
   its true deadline. An entry is never later than its consumer's deadline. A tick pops only what is due:
@@ -79,6 +81,8 @@ class Leases:
                 heapq.heappush(heap, (deadline_ms, next(self.order), consumer))  # renewed since it was pushed
                 continue
             del renewed[consumer]
+            consumer.credit = 0  # takes nothing more: what the others release must not go to it, lapsing too
+            self.consumers.sync_taker(consumer)
             lapsed.append((consumer.id, self._why(consumer, lease_ms)))
         return lapsed
 
