@@ -61,7 +61,7 @@ def hung(request, node):
     client.close()
 
 
-def test_a_hung_consumer_loses_its_group_in_order_and_its_late_settlement_is_refused(hung, other):
+def test_a_hung_consumer_loses_its_group_in_order_and_its_late_settlement_is_refused(hung, other, node):
     hung.open_receiver("hung", QUEUE)
     hung.flow("hung", 2)
     other.open_sender("p", QUEUE)
@@ -82,6 +82,7 @@ def test_a_hung_consumer_loses_its_group_in_order_and_its_late_settlement_is_ref
     detached = hung.wait_detached("hung")
     assert detached.condition == "grouper:group-lease-expired", detached
     assert "'A'" in detached.description and f"{LEASE_MS} ms" in detached.description, detached
+    assert [line for line in node.output if "its group lease lapsed" in line and "'A'" in line], node.output
     hung._command("settle", link="hung", delivery=held[0].delivery, outcome="accept")  # too late
     hung.open_receiver("probe", QUEUE)  # its attach answered: the node has read the settlement before it
 
