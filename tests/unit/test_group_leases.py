@@ -161,3 +161,21 @@ def test_a_negative_lease_is_refused_and_an_unset_one_stays_out_of_records():
         QueueSettings(name="q", group_lease_ms=-1).validate()
     assert "group_lease_ms" not in QueueSettings(name="q").to_dict()
     assert QueueSettings.from_dict(QueueSettings(name="q", group_lease_ms=30000).to_dict()).group_lease_ms == 30000
+
+
+def test_queue_add_and_update_carry_the_lease_to_the_node():
+    import argparse
+
+    from node.admin.client import _settings_to_pb
+    from node.admin.queue_flags import add_queue_flags, queue_changes_from_args, queue_settings_from_args
+    from node.admin.wire import settings_changes_from_pb, settings_from_pb
+    from proto import admin_pb2
+
+    parser = argparse.ArgumentParser()
+    add_queue_flags(parser)
+    args = parser.parse_args(["--group-lease-ms", "30000"])
+    assert settings_from_pb(_settings_to_pb(queue_settings_from_args("jobs", args))).group_lease_ms == 30000
+    changes = queue_changes_from_args(args)
+    assert settings_changes_from_pb(admin_pb2.QueueSettings(name="jobs", **changes)) == {"group_lease_ms": 30000}
+    with pytest.raises(InvalidConfig, match="group-lease-ms"):
+        queue_settings_from_args("jobs", parser.parse_args(["--group-lease-ms", "-5"]))
