@@ -179,3 +179,17 @@ def test_queue_add_and_update_carry_the_lease_to_the_node():
     assert settings_changes_from_pb(admin_pb2.QueueSettings(name="jobs", **changes)) == {"group_lease_ms": 30000}
     with pytest.raises(InvalidConfig, match="group-lease-ms"):
         queue_settings_from_args("jobs", parser.parse_args(["--group-lease-ms", "-5"]))
+
+
+def test_consumers_coming_and_going_under_a_long_lease_leave_a_bounded_timer(make):
+    from node.core.dispatch.queue_leases import DEPARTED_ENTRIES_MIN
+
+    h = make(group_lease_ms=10**9)
+    h.attach("stays", 0)
+    for n in range(1000):
+        h.attach(f"c{n}", 1)
+        assert h.send(f"g{n}", f"g{n}") == [(f"c{n}", f"g{n}")]  # its lease starts
+        h.accept(f"g{n}")
+        h.detach(f"c{n}")
+        assert len(h.queue._leases.heap) <= 2 * 2 + DEPARTED_ENTRIES_MIN + 1
+    assert len(h.queue._leases.renewed_ms) <= 2 * 2 + DEPARTED_ENTRIES_MIN + 1

@@ -14,7 +14,8 @@ Rules this module keeps:
 - The timer structure is one heap of (deadline, order, consumer), at most one entry per consumer whose
   lease runs; a renewal only writes its time (`renewed_ms`), and an entry found early is pushed again at
   its true deadline. An entry is never later than its consumer's deadline. A tick pops only what is due:
-  no scan of groups or consumers, except once when `group_lease_ms` itself changes.
+  no scan of groups or consumers, except once when `group_lease_ms` itself changes. A departed
+  consumer's entry waits for its deadline, or goes once departed entries outnumber the attached.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import itertools
 from node.core.dispatch.queue_consumers import Consumer, Consumers
 from node.core.dispatch.settings import QueueSettings
 from node.core.errors import GroupLeaseExpired
+
+DEPARTED_ENTRIES_MIN = 64  # heap entries of departed consumers kept beyond twice the attached ones
 
 
 class Leases:
@@ -47,6 +50,8 @@ class Leases:
             return
         now_ms = self.now_ms
         if consumer not in self.renewed_ms:
+            if len(self.heap) > 2 * len(self.consumers.by_id) + DEPARTED_ENTRIES_MIN:
+                self._drop_departed()
             heapq.heappush(self.heap, (now_ms + lease_ms, next(self.order), consumer))
         self.renewed_ms[consumer] = now_ms
 
@@ -91,6 +96,14 @@ class Leases:
         oldest = next(iter(consumer.unsettled.values()))
         group = None if oldest.group is None else oldest.group.key
         return GroupLeaseExpired(self.settings.name, group, lease_ms, len(consumer.unsettled))
+
+    def _drop_departed(self) -> None:
+        """Consumers that detached while their lease ran keep their entry until its deadline: with a long
+        lease and consumers coming and going, drop them once they outnumber the attached (amortized O(1))."""
+        by_id = self.consumers.by_id
+        self.heap = [entry for entry in self.heap if by_id.get(entry[2].id) is entry[2]]
+        heapq.heapify(self.heap)
+        self.renewed_ms = {consumer: ms for consumer, ms in self.renewed_ms.items() if by_id.get(consumer.id) is consumer}
 
     def _restart(self, lease_ms: int, now_ms: int) -> None:
         """`group_lease_ms` changed on a live queue: every consumer holding deliveries has a lease from now
