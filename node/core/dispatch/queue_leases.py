@@ -6,9 +6,9 @@ Rules this module keeps:
   renewal call, so nothing to storm. A consumer with nothing in flight holds no lease and keeps its
   groups as before (an idle exclusive consumer keeps its group).
 - Renewals are on the link, so every group a consumer holds lapses with it: a link silent for
-  `group_lease_ms` while it holds deliveries is hung, whichever group it is stuck on. The queue then
-  detaches the consumer (node/core/dispatch/queue.py `lapsed_leases`): its unsettled deliveries come back
-  first in their groups, in order, delivery count raised, and its groups go to other consumers.
+  `group_lease_ms` while it holds deliveries is hung, whichever group it is stuck on. The broker then
+  detaches the consumer (Broker.tick, through the queue's `lapsed_leases`): its unsettled deliveries come
+  back first in their groups, in order, delivery count raised, and its groups go to other consumers.
 - A lapsed consumer's credit is spent at once: until the broker detaches it, nothing released by another
   consumer lapsing at the same tick goes to it.
 - The timer structure is one heap of (deadline, order, consumer), at most one entry per consumer whose
@@ -119,7 +119,3 @@ class Leases:
                 renewed_ms = old.get(consumer, now_ms)
                 self.renewed_ms[consumer] = renewed_ms
                 heapq.heappush(self.heap, (renewed_ms + lease_ms, next(self.order), consumer))
-
-    def clear(self) -> None:
-        self.renewed_ms.clear()
-        self.heap.clear()
