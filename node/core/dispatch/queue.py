@@ -71,8 +71,8 @@ class Queue:
         self._settlement = settlement = Settlement(settings, groups, store)
         backlog = Backlog(settings, groups, store, dispatcher)
         ops = GroupOps(settings, groups, store, dispatcher)
-        self._leases = leases = dispatcher.leases  # group leases (node/core/dispatch/queue_leases.py)
-        self._parts = (groups, consumers, store, dispatcher, settlement, backlog, ops, leases)
+        self._leases, self.lapsed_leases = dispatcher.leases, dispatcher.leases.lapsed  # Broker.tick detaches those
+        self._parts = (groups, consumers, store, dispatcher, settlement, backlog, ops, self._leases)
         self._settings = settings
         self.held_keys = groups.held_keys
         self.consumers = consumers.by_id
@@ -103,7 +103,6 @@ class Queue:
         self.take_ungrouped_messages = ops.take_ungrouped_messages
         self.group_head_messages = ops.group_head_messages
         self.hand_over_group = ops.hand_over_group
-        self.lapsed_leases = leases.lapsed  # the broker detaches each consumer it names (Broker.tick)
 
     @property
     def settings(self) -> QueueSettings:
@@ -244,7 +243,8 @@ class Queue:
                now_ms: int, effects: list) -> list[Message]:
         """Apply a consumer's disposition; returns (message, reason) pairs to dead-letter."""
         consumer = self._consumers.get(consumer_id)
-        self._leases.renew(consumer, now_ms)
+        if self._leases.lease_ms:  # group leases (node/core/dispatch/queue_leases.py)
+            self._leases.renew(consumer, now_ms)
         message = consumer.unsettled.pop(delivery_id, None)
         if message is None:
             return []  # a duplicate or late disposition: already settled, nothing to do

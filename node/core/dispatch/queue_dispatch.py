@@ -153,7 +153,7 @@ class Dispatcher:
         store.delivered_total += 1
         delivery_id = consumer.next_delivery_id
         consumer.next_delivery_id = delivery_id + 1
-        if not consumer.unsettled:
+        if not consumer.unsettled and self.leases.lease_ms:
             self.leases.start(consumer)
         consumer.unsettled[delivery_id] = message
         consumer.last_used = next(self.use_counter)

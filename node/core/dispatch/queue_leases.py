@@ -31,7 +31,7 @@ DEPARTED_ENTRIES_MIN = 64  # heap entries of departed consumers kept beyond twic
 
 
 class Leases:
-    __slots__ = ("settings", "consumers", "renewed_ms", "heap", "order", "lease_ms_seen", "now_ms")
+    __slots__ = ("settings", "consumers", "renewed_ms", "heap", "order", "lease_ms", "now_ms")
 
     def __init__(self, settings: QueueSettings, consumers: Consumers):
         self.settings = settings
@@ -40,14 +40,14 @@ class Leases:
         self.renewed_ms: dict[Consumer, int] = {}
         self.heap: list = []  # (deadline_ms, order, consumer), deadline_ms <= renewed + group_lease_ms
         self.order = itertools.count()  # ties: no two consumers compare
-        self.lease_ms_seen = settings.group_lease_ms  # a live change of the setting restarts the heap
+        # the lease in force: a live change of group_lease_ms takes effect at the next tick (`lapsed`), which
+        # restarts the heap; dispatch reads this, not the settings, so a queue without leases pays no call
+        self.lease_ms = settings.group_lease_ms
         self.now_ms = 0  # of the dispatch under way (Dispatcher.dispatch sets it): when a lease starts
 
     def start(self, consumer: Consumer) -> None:
-        """A delivery reaches `consumer`, which held none unsettled: its lease starts now."""
-        lease_ms = self.settings.group_lease_ms
-        if not lease_ms:
-            return
+        """A delivery reaches `consumer`, which held none unsettled, and a lease is in force: it starts now."""
+        lease_ms = self.lease_ms
         now_ms = self.now_ms
         if consumer not in self.renewed_ms:
             if len(self.heap) > 2 * len(self.consumers.by_id) + DEPARTED_ENTRIES_MIN:
@@ -68,7 +68,7 @@ class Leases:
         """(consumer id, why) of each consumer whose lease lapsed by `now_ms`, oldest deadline first: the
         broker detaches them (Broker.tick). Their leases end here."""
         lease_ms = self.settings.group_lease_ms
-        if lease_ms != self.lease_ms_seen:
+        if lease_ms != self.lease_ms:
             self._restart(lease_ms, now_ms)
         heap = self.heap
         if not heap or heap[0][0] > now_ms:
@@ -108,7 +108,7 @@ class Leases:
     def _restart(self, lease_ms: int, now_ms: int) -> None:
         """`group_lease_ms` changed on a live queue: every consumer holding deliveries has a lease from now
         (or keeps its last renewal), each at its new deadline; with 0, none."""
-        self.lease_ms_seen = lease_ms
+        self.lease_ms = lease_ms
         self.heap.clear()
         old = self.renewed_ms
         self.renewed_ms = {}
