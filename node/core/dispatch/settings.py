@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from node.core.errors import InvalidConfig
+from node.core.replication.assignment import check_replication_factor
 
 POLICIES = ("exclusive", "shared", "none")
 QPID_DEFAULT_GROUP = "qpid.no-group"
@@ -50,6 +51,10 @@ class QueueSettings:
     dead_letter_queue_auto_create: bool = True  # create the dead-letter queue when it does not exist yet
     address: str = ""  # the multicast address this queue subscribes to (node/core/dispatch/addresses.py); "" = none
     trace: bool = False  # write delivery traces for `grouper audit` (README "Auditing deliveries")
+    # ---- issue 28: replicated messages (docs/replication.md) ----
+    # copies of each message of this durable queue, its owner's included (1..5); 0 = the cluster's default
+    # (node config replication_factor). Fixed once the queue exists: it decides which nodes back each group
+    replication_factor: int = 0
     # issue 30, group leases: a consumer holding unsettled deliveries loses its groups (its link detached,
     # node/core/dispatch/queue_leases.py) after this long with no settlement or flow on its link; 0 = off
     group_lease_ms: int = 0
@@ -89,6 +94,12 @@ class QueueSettings:
                                            f"the name would mean both; name it e.g. {self.address}.subscriber")
         if len(self.address) > 255 or "::" in self.address or any(ord(char) < 32 for char in self.address):
             raise InvalidConfig("address", "an address is at most 255 characters, without '::' or control characters")
+        if self.replication_factor:  # issue 28
+            try:
+                check_replication_factor(self.replication_factor)
+            except ValueError as error:
+                raise InvalidConfig("replication_factor", f"{error}; leave it out (or 0) for the cluster's "
+                                                          f"default") from None
         # issue 30, group leases
         if self.group_lease_ms < 0:
             raise InvalidConfig("group_lease_ms", "must be >= 0 (0 = no lease: a consumer keeps its groups while attached)")
@@ -125,6 +136,8 @@ class QueueSettings:
             del values["trace"]
         if not self.memory_max_bytes:  # so a node of the release before paging reads the record (upgrades)
             del values["memory_max_bytes"]
+        if not self.replication_factor:  # issue 28: absent = the cluster default, as before replication
+            del values["replication_factor"]
         if not self.group_lease_ms:  # issue 30: records of queues without a lease stay as they were
             del values["group_lease_ms"]
         return values
