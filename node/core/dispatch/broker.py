@@ -261,8 +261,13 @@ class Broker:
 
     def tick(self, now_ms: int) -> list:
         effects: list = []
+        lapsed: list = []
         for queue in self.queues.values():
+            lapsed += queue.lapsed_leases(now_ms)  # first: a lapsed consumer takes nothing more
             queue.tick(now_ms, effects)
+        for consumer_id, error in lapsed:  # group leases (queue_leases.py): the link learns why, then lets go
+            effects.append(DetachConsumer(consumer_id, error))
+            effects += self.detach_consumer(consumer_id, now_ms)
         return effects
 
     def next_deadline_ms(self) -> int | None:

@@ -28,6 +28,7 @@ from node.core.dispatch.message import (ACQUIRED, AVAILABLE, CLOSES_GROUP, HANDE
 from node.core.dispatch.paging import READ_AHEAD_MESSAGES, Pager
 from node.core.dispatch.queue_consumers import Consumer, Consumers, fewest_groups, least_recently_used
 from node.core.dispatch.queue_groups import GroupTable
+from node.core.dispatch.queue_leases import Leases
 from node.core.dispatch.queue_lanes import PAUSED, Group, insert_in_order
 from node.core.dispatch.queue_store import MessageStore
 from node.core.dispatch.selector_dispatch import dispatch_selecting
@@ -36,7 +37,7 @@ from node.core.dispatch.settings import QueueSettings
 
 class Dispatcher:
     __slots__ = ("settings", "consumers", "groups", "store", "pager", "cold", "takers", "browsers", "unassigned",
-                 "delayed", "use_counter", "starved")
+                 "delayed", "use_counter", "starved", "leases")
 
     def __init__(self, settings: QueueSettings, consumers: Consumers, groups: GroupTable, store: MessageStore):
         self.settings = settings
@@ -53,9 +54,11 @@ class Dispatcher:
         self.delayed = store.delayed
         self.use_counter = itertools.count(1)  # Consumer.last_used: spreads ties round-robin
         self.starved = False  # the last dispatch left a taker or browser with credit and nothing to take
+        self.leases = Leases(settings, consumers)  # when a consumer that stopped settling loses its groups
 
     def dispatch(self, now_ms: int, effects: list) -> None:
         self.starved = False
+        self.leases.now_ms = now_ms  # a lease starts at the delivery that finds its consumer holding none
         self._dispatch_takers(now_ms, effects)
         pager = self.pager
         if pager is not None and pager.waiting:
@@ -155,6 +158,8 @@ class Dispatcher:
         store.delivered_total += 1
         delivery_id = consumer.next_delivery_id
         consumer.next_delivery_id = delivery_id + 1
+        if not consumer.unsettled and self.leases.lease_ms:
+            self.leases.start(consumer)
         consumer.unsettled[delivery_id] = message
         consumer.last_used = next(self.use_counter)
         consumer.credit -= 1
