@@ -141,8 +141,9 @@ def test_queue_added_with_flags_is_listed_with_its_counters(node, broker, capsys
 
     code, out, _ = node.grouper(capsys, "queue", "list")
     header, row, whose = out.splitlines()
-    assert header.split() == ["QUEUE", "DEPTH", "ACQUIRED", "CONSUMERS", "GROUPS", "OWNED"]
-    assert row.split() == ["orders", "2", "0", "0", "2", "0"]
+    assert header.split() == ["QUEUE", "DEPTH", "ACQUIRED", "CONSUMERS", "GROUPS", "OWNED", "RUNNABLE", "BLOCKED",
+                              "OLDEST", "HEAD"]
+    assert row.split()[:8] == ["orders", "2", "0", "0", "2", "0", "2", "0"]  # two groups wait for a consumer
     assert whose == f"(a single node, at {node.address})"  # it says whose queues these are
 
 

@@ -17,6 +17,7 @@ from collections import deque
 from node.core.dispatch.message import AVAILABLE, PAGED, STATE_MASK, Message
 from node.core.dispatch.queue_dispatch import Dispatcher
 from node.core.dispatch.queue_groups import GroupTable
+from node.core.dispatch.queue_rebalance import rebalance_incremental
 from node.core.dispatch.queue_store import MessageStore
 from node.core.dispatch.settings import QueueSettings
 
@@ -41,6 +42,14 @@ class GroupOps:
         count = groups.reset(chosen, pause=True)
         self.dispatcher.dispatch(now_ms, effects)
         return count
+
+    def rebalance(self, newcomer) -> int:
+        """group_rebalance: a consumer first granted credit. "reset" frees every group's consumer,
+        "incremental" moves only the surplus (node/core/dispatch/queue_rebalance.py); returns groups moved."""
+        pause = self.settings.group_rebalance_pause_dispatch
+        if self.settings.group_rebalance_mode == "incremental":
+            return rebalance_incremental(self.groups, self.dispatcher.consumers, newcomer, pause)
+        return self.groups.reset(list(self.groups.groups.values()), pause)
 
     def release_group(self, group_key, now_ms: int, effects: list) -> None:
         self.groups.release(group_key)
