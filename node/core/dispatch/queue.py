@@ -293,7 +293,7 @@ class Queue:
             "consumers": len(consumers.by_id) - len(consumers.browsers),
             "browsers": len(consumers.browsers),
             "groups": len(groups),
-            **self._groups.signals(),  # owned_groups and issue 30's group signals: one pass over the groups
+            **self._groups.signals(consumers, store.delayed),  # owned_groups and issue 30's group signals
             "enqueued_total": store.enqueued_total,
             "delivered_total": store.delivered_total,
             "resident_bytes": store.resident_bytes(),

@@ -29,7 +29,7 @@ from collections import deque
 from node.core.dispatch.cold import ColdTail
 from node.core.dispatch.group_signals import group_signals
 from node.core.errors import InvalidField, NotFound
-from node.core.dispatch.message import AVAILABLE, STATE_MASK, Message
+from node.core.dispatch.message import Message
 from node.core.dispatch.queue_lanes import EMPTY_ASSIGNED, PAUSED, Group, insert_in_order
 from node.core.dispatch.settings import QueueSettings
 
@@ -271,13 +271,10 @@ class GroupTable:
         rows.sort(key=lambda row: row["group"])
         return rows
 
-    def signals(self) -> dict:
+    def signals(self, consumers, delayed: list) -> dict:
         """Runnable, blocked and held groups, and the oldest head's arrival (node/core/dispatch/group_signals.py):
-        one pass over the groups, made per stats call only."""
-        ungrouped = self.ungrouped
-        while ungrouped and ungrouped[0].flags & STATE_MASK != AVAILABLE:
-            ungrouped.popleft()  # tombstones, as dispatch drops them when met
-        return group_signals(self.groups.values(), self.held_keys, ungrouped[0] if ungrouped else None)
+        made per stats call only, from the heaps, not by a pass over the groups."""
+        return group_signals(self, consumers, delayed)
 
     def clear(self) -> None:
         """The queue is deleted: its groups leave the node's record budget."""
