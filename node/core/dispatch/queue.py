@@ -53,7 +53,7 @@ class Queue:
         "page_out", "page_in", "restore_cold", "cold_journalled", "promote", "cold_taken", "cold_refusal",
         "read_cold_for_purge",
         "reset_groups", "release_group", "take_group_messages", "take_ungrouped_messages",
-        "group_head_messages", "hand_over_group", "lapsed_leases", "rebalance")
+        "group_head_messages", "hand_over_group", "lapsed_leases", "rebalance", "next_free_group")
 
     def __init__(self, settings: QueueSettings, *, fallback_default_group: str = "",
                  records: RecordBudget | None = None):
@@ -103,7 +103,7 @@ class Queue:
         self.take_ungrouped_messages = ops.take_ungrouped_messages
         self.group_head_messages = ops.group_head_messages
         self.hand_over_group = ops.hand_over_group
-        self.rebalance = ops.rebalance
+        self.rebalance, self.next_free_group = ops.rebalance, ops.next_free_group  # issue 30
 
     @property
     def settings(self) -> QueueSettings:
