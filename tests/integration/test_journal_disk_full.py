@@ -71,7 +71,7 @@ def fill(directory: Path) -> Path:
 
 def send(sender, body, group: str = "g") -> tuple:
     """(remote state, condition name, condition description) once the node settles the send."""
-    delivery = sender.link.send(Message(body=body, group_id=group))
+    delivery = sender.link.send(Message(body=body, group_id=group, durable=True))  # journalled: refused when it cannot be
     sender.connection.wait(lambda: delivery.settled, timeout=SEND_TIMEOUT_S, msg="a send's outcome")
     condition = delivery.remote.condition
     delivery.settle()
