@@ -2,12 +2,13 @@
 
 A message whose AMQP header says durable false (proton's default: Message() sends no header) is kept in
 memory only; a durable one (Message(durable=True)) is journalled before it is accepted. While the node
-runs, one group's messages of both kinds arrive in the order they were sent; after kill -9 and a restart,
-the durable ones come back, in order, and the others are gone.
+runs, one group's messages of both kinds arrive in the order they were sent; after kill -9 (or a clean
+stop) and a restart, the durable ones come back, in order, and the others are gone.
 """
 
 from __future__ import annotations
 
+import pytest
 from proton import Message
 
 from tests.integration.clients import Client, parse_body, queue_toml
@@ -21,7 +22,8 @@ def message(seq: int, durable: bool) -> Message:
     return sent
 
 
-def test_a_crash_keeps_a_groups_durable_messages_in_order_and_loses_its_non_durable_ones(node_factory):
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_a_restart_keeps_a_groups_durable_messages_in_order_and_loses_its_non_durable_ones(node_factory, how):
     node = node_factory(queue_toml(QUEUE, durable=True))
     kinds = {1: True, 2: False, 3: True, 4: False}
     with Client(node) as client:
@@ -29,7 +31,10 @@ def test_a_crash_keeps_a_groups_durable_messages_in_order_and_loses_its_non_dura
         before = client.consumer(QUEUE, "before", credit=10).take(4)  # none accepted: released at the close
         assert [parse_body(r.message) for r in before] == [("g", 1), ("g", 2), ("g", 3), ("g", 4)]
         assert [r.message.durable for r in before] == [True, False, True, False]
-    node.kill()  # kill -9
+    if how == "kill":
+        node.kill()  # kill -9
+    else:
+        assert node.stop() == 0
     node.start()
 
     with Client(node) as client:
