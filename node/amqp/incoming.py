@@ -145,7 +145,8 @@ class Incoming:
             server.accept_when_stored(incoming, False, producer_settled)
             return
         journal, cluster = server.journal, server.cluster
-        durable_any = journal is not None and any(queue.settings.durable and arrival.durable for queue, arrival in copies)
+        durable_any = journal is not None and any(queue.settings.durable and arrival.durable
+                                                  for queue, arrival in copies)
         if durable_any and server.durability.refusing(now_ms):
             raise _journal_down(server.durability.failure)
         fan_out = FanOut(incoming[0], SendTally(len(copies)))

@@ -18,7 +18,8 @@ from node.core.dispatch.message import COLD, JOURNALLED, TRANSIENT, Message, Out
 from node.core.dispatch.paging import Pager
 from node.core.dispatch.settings import QueueSettings
 from node.core.durability import Durability
-from node.core.effects import AcceptSend, AcceptWhenStored, AfterFlush, Declared, Deliver, Removed, Stored, SubmitForward
+from node.core.effects import (AcceptSend, AcceptWhenStored, AfterFlush, Declared, Deliver, Removed, Stored,
+                               SubmitForward)
 from node.core.shell import NodeShell
 from node.peer.forward_batch import batch_to_pb, entries_from_pb
 from node.store.journal import Journal

@@ -37,8 +37,8 @@ from __future__ import annotations
 from collections import deque
 
 from node.core.effects import PageIn
-from node.core.dispatch.message import (AVAILABLE, FETCHED, JOURNALLED, PAGED, REMOVED, REQUESTED, STATE_MASK, TRANSIENT,
-                                       Message)
+from node.core.dispatch.message import (AVAILABLE, FETCHED, JOURNALLED, PAGED, REMOVED, REQUESTED, STATE_MASK,
+                                       TRANSIENT, Message)
 
 READ_AHEAD_MESSAGES = 32  # messages from a group's head whose bodies are asked for together
 READ_AHEAD_BYTES_MAX = 4 << 20  # bodies per queue asked for or read back and not yet delivered
