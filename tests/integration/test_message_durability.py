@@ -3,7 +3,8 @@
 A message whose AMQP header says durable false (proton's default: Message() sends no header) is kept in
 memory only; a durable one (Message(durable=True)) is journalled before it is accepted. While the node
 runs, one group's messages of both kinds arrive in the order they were sent; after kill -9 (or a clean
-stop) and a restart, the durable ones come back, in order, and the others are gone.
+stop) and a restart, the durable ones come back, in order, and the others are gone. In a cluster the same holds for messages
+forwarded to their group's owner (proto/peer.proto Forwarded.not_durable).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pytest
 from proton import Message
 
 from tests.integration.clients import Client, parse_body, queue_toml
+from tests.integration.test_clustered_groups import bodies
 
 QUEUE = "orders"
 
@@ -40,3 +42,18 @@ def test_a_restart_keeps_a_groups_durable_messages_in_order_and_loses_its_non_du
     with Client(node) as client:
         after = client.consumer(QUEUE, "after", credit=10).take_all()
         assert [parse_body(r.message) for r in after] == [("g", 1), ("g", 3)]
+
+
+def test_a_forwarded_groups_durable_messages_outlive_a_crash_of_its_owner_and_its_non_durable_ones_do_not(
+        cluster_factory, clients):
+    cluster = cluster_factory(queue_toml(QUEUE, durable=True))
+    source, owner, _ = cluster.nodes
+    placing = clients.consumer(owner, QUEUE, "placing")  # the group's first message places it on node 1
+    cluster.wait_consumers(QUEUE, {1: 1})
+    clients.send(source, QUEUE, [message(seq, durable) for seq, durable in ((1, True), (2, False), (3, True))])
+    assert [held.body for held in placing.fetch_many(3)] == ["g:1", "g:2", "g:3"]  # forwarded, in order; held
+    owner.kill()  # kill -9
+    owner.start()
+    after = clients.consumer(owner, QUEUE, "after")
+    assert bodies(after.fetch_many(2)) == ["g:1", "g:3"]
+    assert after.poll() is None
