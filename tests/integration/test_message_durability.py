@@ -3,8 +3,8 @@
 A message whose AMQP header says durable false (proton's default: Message() sends no header) is kept in
 memory only; a durable one (Message(durable=True)) is journalled before it is accepted. While the node
 runs, one group's messages of both kinds arrive in the order they were sent; after kill -9 (or a clean
-stop) and a restart, the durable ones come back, in order, and the others are gone. In a cluster the same holds for messages
-forwarded to their group's owner (proto/peer.proto Forwarded.not_durable).
+stop) and a restart, the durable ones come back, in order, and the others are gone. In a cluster the same
+holds for messages forwarded to their group's owner (proto/peer.proto Forwarded.not_durable).
 """
 
 from __future__ import annotations
