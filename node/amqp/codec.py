@@ -45,7 +45,7 @@ _JMS_GROUP_SEQ_BYTES = JMS_GROUP_SEQ.encode()
 
 class Arrival:
     """What dispatch needs from one incoming message. `durable`: the header's durable field; absent (no
-    header, or no field) is false, as AMQP 1.0 defines it (3.2.1) and Artemis and Qpid read it."""
+    header, or no field) is false, as AMQP 1.0 defines it (3.2.1) and ActiveMQ Artemis reads it."""
 
     __slots__ = ("address", "group_id", "closes_group", "expires_at_ms", "durable")
 

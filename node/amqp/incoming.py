@@ -13,7 +13,7 @@ Engine loop thread only. Rules:
   after its last copy. A copy refused later (at its group's node) rejects the send; the other copies stay.
   With no subscription it is accepted and discarded, as Artemis does (counted in `server.unrouted`).
 - A send is durable when its queue is durable and its AMQP header says durable (absent: not durable, as
-  AMQP 1.0 and Artemis and Qpid read it); a non-durable one is not journalled (node/core/dispatch/message.py
+  AMQP 1.0 and ActiveMQ Artemis read it); a non-durable one is not journalled (node/core/dispatch/message.py
   TRANSIENT) and is accepted at the end of its batch, without waiting for the journal.
 - A durable send is refused while the journal is failing (`durability.refusing`), for
   JOURNAL_RETRY_INTERVAL_MS after each failure (node/amqp/loop.py).
