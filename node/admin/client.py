@@ -152,11 +152,11 @@ class AdminClient:
         return self._call(getattr(self._stub, method), request)
 
     def group_page(self, queue: str, prefix: str = "", position: int = 0, page_size: int = 50,
-                   node: str = "") -> dict:
-        """One bounded page of the groups of `queue` on member `node` ("" = the answering node); see
-        GroupPageRequest."""
+                   node: str = "", order: str = "") -> dict:
+        """One bounded page of the groups of `queue` on member `node` ("" = the answering node); with
+        `order`, that node's top groups by it; see GroupPageRequest."""
         request = admin_pb2.GroupPageRequest(queue=queue, prefix=prefix, position=position, page_size=page_size,
-                                             node=node)
+                                             node=node, order=order)
         response = self._call(self._stub.GroupPage, request)
         return {"groups": [{**_group_from_pb(row),
                             "head_age_ms": row.head_age_ms if row.HasField("head_age_ms") else None}

@@ -85,13 +85,18 @@ class LoopControl:
     def list_groups(self, queue: str):
         return self._call(lambda: self._node.broker.list_groups(queue))
 
-    def group_page(self, queue: str, prefix: str, position: int, page_size: int) -> dict:
-        from node.admin.group_pages import group_page
+    def group_page(self, queue: str, prefix: str, position: int, page_size: int, order: str = "") -> dict:
+        from node.admin.group_pages import check_request, group_page
+        from node.admin.group_ranks import rank
         node = self._node
 
         def label_of(consumer_id) -> str:
             state = node.server.consumers.get(consumer_id)
             return getattr(state, "label", "") or ""
+        if order:  # one bridge call per batch of groups, as purge_queue (node/admin/group_ranks.py)
+            check_request(prefix, position, page_size)
+            return rank(lambda: node.broker.queue(queue), order, prefix, position, page_size, node.clock_ms,
+                        label_of, run=self._call)
         return self._call(lambda: group_page(node.broker.queue(queue), prefix, position, page_size,
                                              node.clock_ms(), label_of))
 
