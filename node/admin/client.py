@@ -164,7 +164,8 @@ class AdminClient:
                 "next_position": response.next_position, "groups_total": response.groups_total,
                 "scanned": response.scanned,
                 "consumers": [{"consumer": row.consumer, "label": row.label, "groups_owned": row.groups_owned,
-                               "groups": list(row.groups), "unsettled": row.unsettled, "credit": row.credit}
+                               "groups": list(row.groups), "unsettled": row.unsettled, "credit": row.credit,
+                               "client": row.client}
                               for row in response.consumers]}
 
     def reset_groups(self, queue: str, group: str | None, local_only: bool = False) -> int:

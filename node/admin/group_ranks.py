@@ -77,7 +77,7 @@ def rank_batch(queue, order: str, prefix: str, keep: int, top: list, position: i
 
 
 def ranked_page(queue, top: list, position: int, page_size: int, now_ms: int,
-                label_of=lambda consumer_id: "") -> dict:
+                label_of=lambda consumer_id: "", client_of=lambda consumer_id: "") -> dict:
     """The page of ranks [position, position + page_size) of `top` as group_pages.group_page answers,
     rows as they stand now (a group gone since its batch is left out)."""
     rows = []
@@ -86,16 +86,17 @@ def ranked_page(queue, top: list, position: int, page_size: int, now_ms: int,
         if group is not None:
             rows.append(group_row(key, group, now_ms))
     return {"groups": rows, "next_position": position + len(rows), "groups_total": len(queue.groups),
-            "scanned": len(queue.groups), "ranked": len(top), "consumers": consumer_rows(queue, label_of)}
+            "scanned": len(queue.groups), "ranked": len(top), "consumers": consumer_rows(queue, label_of, client_of)}
 
 
-def rank(queue, order: str, prefix: str, position: int, page_size: int, now_ms: int, label_of=lambda c: "",
-         batch_max: int = GROUPS_PER_BATCH, run=lambda fn: fn()) -> dict:
-    """The whole ranking, each batch through `run` (LoopControl: the bridge; tests: a plain call)."""
+def rank(queue, order: str, prefix: str, position: int, page_size: int, now_ms, label_of=lambda c: "",
+         batch_max: int = GROUPS_PER_BATCH, run=lambda fn: fn(), client_of=lambda c: "") -> dict:
+    """The whole ranking, each batch through `run` (LoopControl: the bridge; tests: a plain call);
+    `queue()`: the core Queue, looked up again each batch; `now_ms()`: the clock."""
     check_order(order, position, page_size)
     top: list = []
     scan_position, done = 0, False
     while not done:
         top, scan_position, done = run(lambda top=top, scan_position=scan_position: rank_batch(
             queue(), order, prefix, position + page_size, top, scan_position, batch_max))
-    return run(lambda: ranked_page(queue(), top, position, page_size, now_ms(), label_of))
+    return run(lambda: ranked_page(queue(), top, position, page_size, now_ms(), label_of, client_of))

@@ -117,13 +117,15 @@ def health(found_alarms: list[dict]) -> str:
 
 
 def named_groups(page: dict, node: str, node_names: dict) -> list[dict]:
-    """A group page's rows with their node's name and their owner's container/link ("owner_label")."""
-    labels = {consumer["consumer"]: consumer["label"] for consumer in page["consumers"]}
+    """A group page's rows with their node's name, their owner's container/link ("owner_label") and its
+    client's address and user ("owner_client")."""
+    consumers = {consumer["consumer"]: consumer for consumer in page["consumers"]}
     rows = []
     for row in page["groups"]:
         row_node = row.get("node") or node
+        owner = consumers.get(row["consumer"], {}) if row["consumer"] is not None else {}
         rows.append({**row, "node": row_node, "node_name": node_names.get(row_node, node_name(row_node)),
-                     "owner_label": labels.get(row["consumer"], "") if row["consumer"] is not None else ""})
+                     "owner_label": owner.get("label", ""), "owner_client": owner.get("client", "")})
     return rows
 
 

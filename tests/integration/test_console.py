@@ -223,6 +223,8 @@ def test_the_console_shows_the_cluster_lists_groups_and_resets_one(cluster, driv
         wait_page(driver, lambda: driver.find_elements("css selector", f'#consumers tr[data-consumer="{consumer_id}"]'),
                   "the consumer")
         assert "console-test-consumer" in text_of(driver, "consumers")
+        client = driver.find_element("css selector", f'#consumers tr[data-consumer="{consumer_id}"] td.client').text
+        assert client.startswith("127.0.0.1:") and client.endswith(" (admin)"), client  # its address and user
 
         open_view(driver, "groups")
         wait_page(driver, lambda: group_row(driver, "g-reset") is not None, "the groups again")

@@ -112,7 +112,7 @@ class FakeAdmin:
         rows = sorted(self.rows_by_node[node], key=lambda row: -row["messages"])[:page_size]  # the node's own top
         return {"groups": [{**row, "node": node} for row in rows], "groups_total": len(self.rows_by_node[node]),
                 "next_position": len(rows), "scanned": 0,
-                "consumers": [{"consumer": "7", "label": "billing-app/orders-in"}]}
+                "consumers": [{"consumer": "7", "label": "billing-app/orders-in", "client": "10.1.2.3:50001 (billing)"}]}
 
 
 def group(name: str, messages: int, consumer=None) -> dict:
@@ -130,4 +130,5 @@ def test_hot_groups_merge_each_member_s_top_into_the_cluster_s_and_name_their_ow
     assert {asked[1:] for asked in admin.asked} == {(0, 4, "backlog")}  # each member its first 4 only
     with futures.ThreadPoolExecutor(2) as pool:
         top = Views(None, pool, None).ranked_groups(admin, "orders", "", 0, 1, "backlog", "")["groups"][0]
-    assert (top["group"], top["owner_label"], top["node_name"]) == ("a2", "billing-app/orders-in", "10.0.0.1:5672")
+    assert (top["group"], top["owner_label"], top["owner_client"], top["node_name"]) \
+        == ("a2", "billing-app/orders-in", "10.1.2.3:50001 (billing)", "10.0.0.1:5672")

@@ -414,7 +414,10 @@ async function loadGroups(position) {
     tr.dataset.group = group.group;
     cell(tr, group.group, "group");
     const owner = cell(tr, group.consumer === null ? "none" : (group.owner_label || `consumer ${group.consumer}`), "owner");
-    if (group.consumer !== null) owner.dataset.consumer = group.consumer;
+    if (group.consumer !== null) {
+      owner.dataset.consumer = group.consumer;
+      owner.title = `consumer ${group.consumer} on ${group.node}` + (group.owner_client ? `, client ${group.owner_client}` : "");
+    }
     cell(tr, group.messages, "number depth");
     cell(tr, group.acquired, "number");
     cell(tr, age(group.head_age_ms), "number");
@@ -484,6 +487,7 @@ async function loadConsumers() {
     tr.dataset.consumer = consumer.consumer;
     cell(tr, consumer.consumer);
     cell(tr, consumer.label);
+    cell(tr, consumer.client, "client");
     cell(tr, consumer.groups_owned, "number");
     cell(tr, consumer.groups.join(", ") + (consumer.groups_owned > consumer.groups.length ? ", ..." : ""));
     cell(tr, consumer.unsettled, "number");
