@@ -21,6 +21,7 @@ _QUEUE_FLAG_KEYS = ("group_policy", "group_header", "default_group", "group_firs
                     "groups_max", "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue",
                     "trace")
 _QUEUE_FLAG_KEYS += ("replication_factor",)  # issue 28
+_QUEUE_FLAG_KEYS += ("group_lease_ms",)  # issue 30
 
 
 def add_queue_flags(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +58,9 @@ def add_queue_flags(parser: argparse.ArgumentParser) -> None:
     add("--replication-factor", type=int, metavar="N",
         help="copies of each message of this durable queue, its owner's included (1..5); default: the "
              "cluster's replication_factor")
+    # issue 30: group leases
+    add("--group-lease-ms", type=int, metavar="MS",
+        help="a consumer holding unsettled deliveries loses its groups after MS with no settlement or flow; 0 = off")
 
 
 def queue_changes_from_args(args: argparse.Namespace) -> dict:

@@ -219,12 +219,12 @@ class Broker:
     # ---- consumers ---------------------------------------------------------------------------
 
     def attach_consumer(self, queue_name: str, consumer_id, browse: bool, now_ms: int,
-                        unsettled_max: int = 0) -> list:
+                        unsettled_max: int = 0, selector=None) -> list:
         if consumer_id in self._consumer_queue:
             raise AlreadyExists(f"consumer {consumer_id!r} is already attached")
         queue = self.queue(queue_name, create=True)
         effects: list = []
-        queue.attach(consumer_id, browse, now_ms, effects, unsettled_max)
+        queue.attach(consumer_id, browse, now_ms, effects, unsettled_max, selector)
         self._consumer_queue[consumer_id] = queue
         return effects
 
@@ -261,8 +261,13 @@ class Broker:
 
     def tick(self, now_ms: int) -> list:
         effects: list = []
+        lapsed: list = []
         for queue in self.queues.values():
+            lapsed += queue.lapsed_leases(now_ms)  # first: a lapsed consumer takes nothing more
             queue.tick(now_ms, effects)
+        for consumer_id, error in lapsed:  # group leases (queue_leases.py): the link learns why, then lets go
+            effects.append(DetachConsumer(consumer_id, error))
+            effects += self.detach_consumer(consumer_id, now_ms)
         return effects
 
     def next_deadline_ms(self) -> int | None:
