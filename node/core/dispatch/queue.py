@@ -27,7 +27,7 @@ from __future__ import annotations
 from node.core.dispatch.cold import ColdTail, RecordBudget
 from node.core.effects import DetachConsumer, Stored, Withdrawn
 from node.core.errors import GrouperError, ResourceDeleted, ResourceLimitExceeded
-from node.core.dispatch.message import AVAILABLE, COLD, Message, Outcome
+from node.core.dispatch.message import AVAILABLE, COLD, TRANSIENT, Message, Outcome
 from node.core.dispatch.paging import Pager
 from node.core.dispatch.queue_backlog import Backlog
 from node.core.dispatch.queue_consumers import Consumers
@@ -163,7 +163,7 @@ class Queue:
         store = self._store
         store.admit(message, key)
         store.enqueued_total += 1
-        if self._settings.durable:
+        if self._settings.durable and not message.flags & TRANSIENT:  # admit may have cleared it (a cold arrival)
             effects.append(Stored(self._settings.name, message))
         self._dispatcher.dispatch(now_ms, effects)
 
