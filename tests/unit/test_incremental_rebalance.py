@@ -220,3 +220,26 @@ def test_a_join_moves_the_fewest_groups_pauses_no_other_and_keeps_every_groups_o
     kept = [final[f"c{index}"] for index in range(len(layout))] + [final["new"]]
     if all(len(sent[g]) > acquired_before[g] for g in paused):  # a paused group with nothing queued is
         assert max(kept) - min(kept) <= 1, (loads, kept)        # forgotten once settled: nobody takes it
+
+
+def test_consumers_with_a_selector_neither_give_nor_take_groups():
+    import json
+
+    from node.core.dispatch.broker import Broker
+    from node.core.dispatch.message import Message
+    from node.core.dispatch.selector import compile_selector
+    from node.core.dispatch.selector_dispatch import MessageSelector
+
+    broker = Broker()
+    queue = broker.declare_queue(QueueSettings(name="q", durable=False))
+    broker.attach_consumer("q", "picky", False, 0, selector=MessageSelector(compile_selector("n >= 0"), json.loads))
+    broker.set_credit("picky", 100, 0)
+    for number in range(6):
+        broker.enqueue("q", Message(json.dumps({"n": number}).encode(), f"g{number}"), 0)
+    assert queue.consumers["picky"].assigned_count == 6
+    queue.settings = QueueSettings(name="q", group_rebalance=True, group_rebalance_mode="incremental", durable=False)
+    broker.attach_consumer("q", "plain", False, 0)
+    broker.set_credit("plain", 10, 0)  # joins: picky gives nothing
+    broker.attach_consumer("q", "picky2", False, 0, selector=MessageSelector(compile_selector("n >= 0"), json.loads))
+    broker.set_credit("picky2", 10, 0)  # joins with a selector: takes nothing
+    assert {cid: c.assigned_count for cid, c in queue.consumers.items()} == {"picky": 6, "plain": 0, "picky2": 0}
