@@ -67,6 +67,7 @@ class Handovers:
         self.owed: dict[tuple[str, str], int] = {}
         self.clear_due_ms: dict[tuple[str, str], int] = {}  # key -> when its clear may be proposed again
         self.sweeps = Sweeps(context, forwarding, self.owed)
+        self.taking_over: set[tuple[str, str]] = set()  # keys a takeover holds and parks for (takeovers.py)
 
     # ---- the one-way interface -------------------------------------------------------------------
 
@@ -74,6 +75,8 @@ class Handovers:
         """Where a message of group `key` goes: from `source` (None: a producer here, its group routed
         to `owner`)."""
         me = self.context.node_id
+        if key in self.taking_over:
+            return PARK  # behind what a takeover puts in the queue (takeovers.py)
         move = self.moves.get(key)
         if source is None:
             if move is None:
@@ -178,7 +181,7 @@ class Handovers:
         """Whether this node must deliver nothing of the group now; `arriving`: a message of it is
         about to be enqueued here."""
         context = self.context
-        if not context.router.ready:
+        if not context.router.ready or key in self.taking_over:
             return True
         move = self.moves.get(key)
         if move is not None and context.node_id in (move[0], move[1]):
@@ -202,7 +205,7 @@ class Handovers:
             # parked here behind its cold tail) takes what it parked along instead: relayed behind the
             # rest, once nothing of it is left here (parking.py `relay`); never through its queue here, which
             # would take no more than the record budget has room for a tick
-            if key not in self.moves and routes.get(key) == me:
+            if key not in self.moves and routes.get(key) == me and key not in self.taking_over:
                 self.parking.unpark(key, now_ms, effects)
         restored = self.holds.restored
         for key in sorted(self.held):
