@@ -222,3 +222,22 @@ def test_a_node_promoted_away_drops_the_groups_it_lost_keeps_the_rest_and_journa
                                                                                           "epoch": 1}]
     assert [d.message.seq for d in of(Deliver, broker.set_credit("c", 10, 2))] == [2]
     assert of(Removed, cluster.tick(5, {})) == []  # once
+
+
+def test_a_restart_after_a_stored_mark_only_drops_the_replica_leftovers_once_and_serves_the_local_copy():
+    broker = Broker()
+    broker.declare_queue(QueueSettings(name="q", durable=True))
+    broker.restore("q", Message(b"local", "a", seq=50))  # the taken-over copy, whole
+    cluster = ClusterProtocol("n1", broker, handler_timeout_ms=300, seq_reserve_block=100)
+    cluster.recover_declaration({"name": mark_name("n2"), "owner": "n2", "epoch": 0, "state": STORED,
+                                 "first_seq": 50, "keys": [["q", "a"]]})
+    cluster.hold_recovered()
+    cluster.applied(ROUTES, [("q", "a", "n1")], 0, 0)
+    broker.attach_consumer("q", "c", False, 0)
+    effects = cluster.ready(1)
+    assert of(ReadReplica, effects) == [ReadReplica("n2", 0, ("q",))] and of(Removed, effects) == []
+    assert of(ReadReplica, cluster.ready(2)) == []  # begun once, however often the replica catches up
+    assert [d.message.payload for d in of(Deliver, broker.set_credit("c", 10, 2))] == [b"local"]
+    dropped = cluster.takeovers.replica_read("n2", {"q": [msg(7, "a"), msg(8, "z")]}, 3)
+    assert dropped == [DropReplica("n2", 0, (("q", 7),))]  # the leftovers of the keys only; nothing enqueued
+    assert cluster.takeovers.replica_read("n2", {"q": [msg(7, "a")]}, 4) == []  # a late second answer: nothing

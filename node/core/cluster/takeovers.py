@@ -30,8 +30,8 @@ from node.core.cluster.handover import Handovers
 from node.core.dispatch.message import Message
 from node.core.effects import AfterFlush, Declared
 from node.core.errors import GrouperError
-from node.core.replication.takeover import (TAKEOVER_MARK_PREFIX, ReadReplica, DropReplica, Takeover,  # noqa: F401
-                                            promoted_owners, raised_count, recovered, taken_over)
+from node.core.replication.takeover import (READING, TAKEOVER_MARK_PREFIX, DropReplica, Takeover, promoted_owners,
+                                            raised_count, recovered, taken_over)
 
 log = logging.getLogger("grouper.cluster")
 
@@ -64,6 +64,7 @@ class Takeovers:
         self.waiting: dict[str, list] = {}  # owner -> keys of a later promotion, begun once `running` ends
         self.promoted: dict[str, int] = {}  # owners the last REPLICAS promoted: {owner: new epoch}
         self.undo: dict[str, tuple] = {}  # owner -> (first_seq, keys) of a BEGUN mark recovery found
+        self.recovered: list[Takeover] = []  # the takeovers the journal's marks left, begun at ready
         self.serving_epoch = 0  # FENCE_MARK: the epoch this node served with
         self.fenced: set[tuple[str, str]] = set()  # lost keys still being emptied here
         self.dropped_count = 0  # messages removed by fencing, for the one log line
@@ -80,14 +81,16 @@ class Takeovers:
         first_seq, takeover = recovered(values)
         if first_seq is not None:
             self.undo[takeover.owner] = (first_seq, takeover.keys)
-        self.running[takeover.owner] = takeover
+        self.recovered.append(takeover)
         return True
 
     def ready(self, now_ms: int, effects: list) -> None:
         """The replica is current: fence first (before review_holds hands recovered groups on), then go on
         with the takeovers recovery found."""
         self.fence(now_ms, effects)
-        for owner, takeover in sorted(self.running.items()):
+        recovered_, self.recovered = self.recovered, []  # once, however often the replica catches up again
+        for takeover in recovered_:
+            owner = takeover.owner
             if owner in self.undo:
                 for key in takeover.keys:
                     self.holds.hold(key)  # hand_over_group takes from held groups only
@@ -106,12 +109,12 @@ class Takeovers:
             taken, _ = queue.hand_over_group(queue.group_key_of_route(route_key), removed, 1 << 62, FENCE_BYTES_MAX)
             kept = [message for message in taken if message.seq < first_seq]
             if kept:  # older than the takeover: not its own. Never expected (the group lived elsewhere)
-                log.warning("group %r of queue %r held %d messages older than its takeover from %s; kept",
-                            route_key, queue_name, len(kept), owner)
-                for message in kept:
-                    broker.enqueue(queue_name, Message(message.payload, message.group_id,
-                                                       expires_at_ms=message.expires_at_ms,
-                                                       delivery_count=message.delivery_count), 0)
+                log.error("group %r of queue %r held %d messages older than its takeover from %s; kept, in "
+                          "order, ahead of what is taken over again", route_key, queue_name, len(kept), owner)
+            for message in kept:  # their new STOREs before the REMOVEs: a torn tail duplicates, never loses
+                self.context.broker_effects(broker.enqueue(queue_name, Message(
+                    message.payload, message.group_id, expires_at_ms=message.expires_at_ms,
+                    closes_group=message.closes_group, delivery_count=message.delivery_count), 0), effects)
             self.context.broker_effects(removed, effects)
 
     # ---- the feed ---------------------------------------------------------------------------------
@@ -158,7 +161,7 @@ class Takeovers:
         """The live messages of `owner`'s replica journal: {queue: [Message, ...] in seq order}."""
         effects: list = []
         takeover = self.running.get(owner)
-        if takeover is None:
+        if takeover is None or takeover.state != READING:
             return effects
         broker, context = self.context.broker, self.context
 
