@@ -241,3 +241,16 @@ def test_a_restart_after_a_stored_mark_only_drops_the_replica_leftovers_once_and
     dropped = cluster.takeovers.replica_read("n2", {"q": [msg(7, "a"), msg(8, "z")]}, 3)
     assert dropped == [DropReplica("n2", 0, (("q", 7),))]  # the leftovers of the keys only; nothing enqueued
     assert cluster.takeovers.replica_read("n2", {"q": [msg(7, "a")]}, 4) == []  # a late second answer: nothing
+
+
+def test_a_node_promoted_away_relays_what_others_still_forward_it_for_a_lost_group_and_serves_the_rest():
+    from node.core.cluster.outbound import Entry, outbound_name
+    cluster = cluster_of()
+    cluster.applied(REPLICAS, {"epochs": {"n1": 1}, "in_sync": {}}, None, 0)
+    cluster.applied(ROUTES, [("q", "lost", "n2"), ("q", "kept", "n1")], 0, 0)
+    cluster.tick(1, {})  # nothing to drop: fenced at once, its new epoch journalled
+    assert cluster.handovers.promoted_away
+    entries = [Entry(7, "q", "lost", b"late", 0, False, 5), Entry(8, "q", "kept", b"mine", 0, False, 5)]
+    effects = cluster.forward_received("n3", entries, "call", 2)
+    stored = {(effect.queue, effect.message.payload) for effect in of(Stored, effects)}
+    assert stored == {(outbound_name("n2", "q"), b"late"), ("q", b"mine")}  # on to n2, once; the kept one here

@@ -68,6 +68,7 @@ class Handovers:
         self.clear_due_ms: dict[tuple[str, str], int] = {}  # key -> when its clear may be proposed again
         self.sweeps = Sweeps(context, forwarding, self.owed)
         self.taking_over: set[tuple[str, str]] = set()  # keys a takeover holds and parks for (takeovers.py)
+        self.promoted_away = False  # this node was fenced by a promotion: forwards of lost groups are relayed
 
     # ---- the one-way interface -------------------------------------------------------------------
 
@@ -100,6 +101,8 @@ class Handovers:
             owner = to_node  # a move between two other nodes: the group's owner once it ends
         else:
             owner = self.context.router.routes.get(key)
+        if owner is not None and owner != me and self.promoted_away and move is None and source != owner:
+            return RELAY  # a group this node lost to a promotion: its owner has the rest (takeovers.py)
         if owner is not None and owner != me:
             # another node's group sent here: a move this replica has not seen yet (its sender's replica is
             # ahead). The old owner's handover goes first; anything else waits behind it
@@ -118,7 +121,8 @@ class Handovers:
     def relay(self, key: tuple[str, str], message: Message, durable: bool, now_ms: int, effects: list,
               origin: tuple) -> None:
         """A forwarded message of a group moving away from here, with nothing left here: on to its new owner."""
-        self.forwarding.forward(self.moves[key][1], key[0], key[1], message, durable, now_ms, effects, origin)
+        to_node = self.moves[key][1] if key in self.moves else self.context.router.routes[key]  # promoted away
+        self.forwarding.forward(to_node, key[0], key[1], message, durable, now_ms, effects, origin)
         self.owed[key] = message.seq
         self.context.counts["messages_relayed"] += 1
 

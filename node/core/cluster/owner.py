@@ -107,8 +107,8 @@ class OwnerSide:
             message = Message(entry.payload, entry.group_id, expires_at_ms=entry.expires_at_ms,
                               closes_group=entry.closes_group, enqueued_at_ms=entry.enqueued_at_ms)
             try:
-                if (self.follows_consumers or self.handovers.taking_over) and entry.group_id is not None and \
-                        self._parked_or_relayed(
+                if (self.follows_consumers or self.handovers.taking_over or self.handovers.promoted_away) and \
+                        entry.group_id is not None and self._parked_or_relayed(
                         source, entry, message, now_ms, effects):
                     inbound.advance(source, entry.forward_seq)
                     advanced = True

@@ -17,7 +17,10 @@ Rules:
   route names another node is held (delivered no more) and its messages are removed here, once nothing of
   the group is in flight (they live at the new owner); then the new epoch is journalled as the one served
   with and what was dropped is logged once. Groups still routed here stay. Recovered groups are fenced
-  before review_holds could hand them to their owner (which would duplicate them there).
+  before review_holds could hand them to their owner (which would duplicate them there). A batch another
+  node forwarded here before it knew (unacknowledged while this node was away) is stored here once (the
+  source's high water skips what was stored before) and relayed to the group's owner, never served here
+  (handover.py `placement`, RELAY); those few may arrive there after the source's newer sends.
 - Imports context, handover and holds of this package and node/core/replication's takeover.
 """
 
@@ -75,6 +78,7 @@ class Takeovers:
         name = values["name"]
         if name == FENCE_MARK:
             self.serving_epoch = int(values["epoch"])
+            self.handovers.promoted_away = True
             return True
         if not name.startswith(TAKEOVER_MARK_PREFIX):
             return False
@@ -262,5 +266,6 @@ class Takeovers:
                         self.dropped_count)
             self.serving_epoch = epoch
             self.dropped_count = 0
+            self.handovers.promoted_away = True
             if context.journalled:
                 effects.append(Declared({"name": FENCE_MARK, "epoch": epoch}))
