@@ -67,8 +67,7 @@ class Handovers:
         self.owed: dict[tuple[str, str], int] = {}
         self.clear_due_ms: dict[tuple[str, str], int] = {}  # key -> when its clear may be proposed again
         self.sweeps = Sweeps(context, forwarding, self.owed)
-        self.taking_over: set[tuple[str, str]] = set()  # keys a takeover holds and parks for (takeovers.py)
-        self.promoted_away = False  # this node was fenced by a promotion: forwards of lost groups are relayed
+        self.taking_over, self.promoted_away = set(), False  # keys a takeover holds; fenced? (takeovers.py)
 
     # ---- the one-way interface -------------------------------------------------------------------
 
