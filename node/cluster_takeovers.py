@@ -30,7 +30,8 @@ class TakeoverLink:
     def _read(self, effect: ReadReplica) -> None:
         post = self.link.bridge.post
         self.link.replicas.live_of(effect.owner, effect.queues,
-                                   lambda found, error: post(lambda: self._read_done(effect, found, error)))
+                                   lambda found, error: post(lambda: self._read_done(effect, found, error)),
+                                   epoch_max=effect.epoch)
 
     def _read_done(self, effect: ReadReplica, found, error) -> None:
         link = self.link

@@ -119,12 +119,14 @@ class ReplicaWriter:
         return self._call(_Job("", lambda _: [journal.stats() for _, journal in sorted(self._journals.items())],
                                0, creates=False), timeout_ms)
 
-    def live_of(self, owner: str, queues, answer: Callable) -> None:
-        """A takeover's read (ReplicaJournal.live_of; {queue: []} when the owner has no journal), answered
-        with `answer(result, error)` on the writer thread, which must only hand it on (the engine loop's bridge)."""
+    def live_of(self, owner: str, queues, answer: Callable, epoch_max: int | None = None) -> None:
+        """A takeover's read (ReplicaJournal.live_of; {queue: []} when the owner has no journal, or one of a
+        newer epoch than `epoch_max`: a later stream, not what was taken), answered with `answer(result, error)`
+        on the writer thread, which must only hand it on (the engine loop's bridge)."""
         queues = list(queues)
-        self.post(_Job(owner, lambda journal: journal.live_of(queues) if journal is not None
-                       else {queue: [] for queue in queues}, 0, creates=False, answer=answer))
+        self.post(_Job(owner, lambda journal: journal.live_of(queues) if journal is not None and (
+            epoch_max is None or journal.epoch <= epoch_max) else {queue: [] for queue in queues}, 0,
+            creates=False, answer=answer))
 
     def discard(self, owner: str, epoch: int, seqs, answer: Callable) -> None:
         """ReplicaJournal.discard, answered as `live_of` is."""

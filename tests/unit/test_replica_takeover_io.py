@@ -56,3 +56,15 @@ def test_the_writer_answers_a_takeovers_read_and_drop_on_its_thread(tmp_path):
     done.clear()
     writer.live_of(OWNER, ["orders"], answer)  # stopped: answered at once, with the reason
     assert answers.pop()[1] is not None
+
+
+def test_a_takeovers_read_never_takes_from_a_stream_newer_than_the_epoch_taken(tmp_path):
+    writer = ReplicaWriter(str(tmp_path), "backup")
+    writer.start()
+    try:
+        writer.submit(OWNER, 2, batch(1, (store(1, "a"), "a")), 10_000)  # the old owner streams again, epoch 2
+        answers, done = [], threading.Event()
+        writer.live_of(OWNER, ["orders"], lambda result, error: (answers.append(result), done.set()), epoch_max=1)
+        assert done.wait(WAIT_S) and answers == [{"orders": []}]
+    finally:
+        writer.close()

@@ -254,3 +254,27 @@ def test_a_node_promoted_away_relays_what_others_still_forward_it_for_a_lost_gro
     effects = cluster.forward_received("n3", entries, "call", 2)
     stored = {(effect.queue, effect.message.payload) for effect in of(Stored, effects)}
     assert stored == {(outbound_name("n2", "q"), b"late"), ("q", b"mine")}  # on to n2, once; the kept one here
+
+
+def test_a_restart_with_no_mark_of_a_promoted_owner_scans_its_replica_and_takes_over_what_is_routed_here():
+    # a crash came after the promotion's ROUTES and before the takeover's first record: nothing else would
+    # ever take those messages out of the replica journal
+    cluster = cluster_of_recovering()
+    cluster.applied(REPLICAS, {"epochs": {"n2": 1}, "in_sync": {}}, None, 0)
+    cluster.applied(ROUTES, [("q", "a", "n1"), ("q", "z", "n3")], 0, 0)
+    assert of(ReadReplica, cluster.ready(1)) == [ReadReplica("n2", 0, ("q",))]
+    effects = cluster.takeovers.replica_read("n2", {"q": [msg(7, "a", 0, b"a7"), msg(8, "z", 0, b"z8")]}, 2)
+    assert [(s.message.payload, s.message.delivery_count) for s in of(Stored, effects)] == [(b"a7", 1)]
+    assert cluster.handovers.taking_over == {("q", "a")}  # held until its unit is on disk
+    nothing = cluster_of_recovering()
+    nothing.applied(REPLICAS, {"epochs": {"n2": 1}, "in_sync": {}}, None, 0)
+    nothing.applied(ROUTES, [("q", "z", "n3")], 0, 0)
+    nothing.ready(1)
+    assert nothing.takeovers.replica_read("n2", {"q": [msg(8, "z")]}, 2) == []  # no mark written, done
+    assert nothing.takeovers.running == {}
+
+
+def cluster_of_recovering() -> ClusterProtocol:
+    broker = Broker()
+    broker.declare_queue(QueueSettings(name="q", durable=True))
+    return ClusterProtocol("n1", broker, handler_timeout_ms=300, routes_max=100, seq_reserve_block=100)

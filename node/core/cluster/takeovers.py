@@ -12,6 +12,9 @@ Rules:
 - Enqueued messages keep their group order, with their delivery count raised by one; one that the queue
   refuses (its bounds) stops the node rather than being lost: the replica copy stays and a restart takes
   it over again (the BEGUN mark undoes the local part).
+- A restart that finds no mark of a promoted owner scans its replica journal (a crash may have come before
+  the takeover's first record): the messages of groups routed here are taken over then. New sends of those
+  groups that reach this node during that one read are not held (their keys are not known before it).
 - Fencing: once the table gives this node an epoch above the one it served with (the FENCE_MARK in its
   journal, 0 when absent), it was promoted away while it was dead or cut off: every group it holds whose
   route names another node is held (delivered no more) and its messages are removed here, once nothing of
@@ -100,6 +103,11 @@ class Takeovers:
                     self.holds.hold(key)  # hand_over_group takes from held groups only
                 self._undo(owner, effects)
             self._begin(takeover, effects)
+        me, broker = self.context.node_id, self.context.broker
+        queues = [name for name in sorted(broker.queues) if not name.startswith("\x00")]
+        for owner, epoch in sorted(self.replicas.epochs.items()):  # promoted owners no mark speaks of
+            if owner != me and epoch > 0 and owner not in self.running and queues:
+                self._begin(Takeover(owner, epoch - 1, (), queues=queues), effects)
 
     def _undo(self, owner: str, effects: list) -> None:
         """A BEGUN mark: the local copy may be partial; nothing of it was served. Discarded, taken again."""
@@ -172,7 +180,16 @@ class Takeovers:
         def route_key_of(queue_name, group_id):
             queue = broker.queues.get(queue_name)
             return queue.route_key(group_id) if queue is not None else group_id
-        step = takeover.read(found, route_key_of, broker.next_seq)
+        routes, me = context.router.routes, context.node_id
+        step = takeover.read(found, route_key_of, broker.next_seq,
+                             lambda key: routes.get(key) == me and key not in self.handovers.moves)
+        if step is None:  # a scan that found nothing of this node's
+            self.running.pop(owner, None)
+            return effects
+        if takeover.scan_queues is not None:  # its keys are known now: held before anything is enqueued
+            self.taking_over.update(takeover.keys)
+            for key in takeover.keys:
+                self.holds.hold(key)
         if isinstance(step, DropReplica):
             effects.append(step)  # recovery: the local copy is whole, the replica's leftovers go
             return effects

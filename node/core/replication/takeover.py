@@ -73,8 +73,11 @@ def mark_values(owner: str, epoch: int, keys, state: str, first_seq: int) -> dic
 
 
 class Takeover:
-    def __init__(self, owner: str, epoch: int, keys, redrop: bool = False):
-        """`redrop`: recovery found a STORED mark: only what is left of the keys in the replica is dropped."""
+    def __init__(self, owner: str, epoch: int, keys, redrop: bool = False, queues=None):
+        """`redrop`: recovery found a STORED mark: only what is left of the keys in the replica is dropped.
+        `queues`: a scan at a restart that found no mark of a promoted owner (a crash came before the first
+        record of its takeover): the keys are those of these queues' replica messages that `mine` names."""
+        self.scan_queues = tuple(sorted(queues)) if queues is not None else None
         self.owner = owner
         self.epoch = epoch
         self.keys = tuple(sorted({tuple(key) for key in keys}))
@@ -84,13 +87,23 @@ class Takeover:
         self.taken = 0  # messages enqueued here
 
     def begin(self) -> ReadReplica:
+        if self.scan_queues is not None:
+            return ReadReplica(self.owner, self.epoch, self.scan_queues)
         return ReadReplica(self.owner, self.epoch, tuple(sorted({queue for queue, _ in self.keys})))
 
-    def read(self, found: dict, route_key_of: Callable[[str, str | None], str | None], first_seq: int):
+    def read(self, found: dict, route_key_of: Callable[[str, str | None], str | None], first_seq: int,
+             mine: Callable[[tuple], bool] | None = None):
         """`found`: {queue: [message, ...] in the owner's seq order}; `route_key_of(queue, group_id)`: the
-        message's route key. Returns the Plan, or, redropping, the DropReplica."""
+        message's route key; `mine(key)`: a scan's test. Returns the Plan, or, redropping, the DropReplica;
+        None for a scan that found nothing of this node's (no record is written: done)."""
         if self.state != READING:
             raise AssertionError(f"takeover of {self.owner} at epoch {self.epoch} read twice ({self.state})")
+        if self.scan_queues is not None:
+            self.keys = tuple(sorted({key for queue, messages in found.items() for key in
+                                      ((queue, route_key_of(queue, m.group_id)) for m in messages) if mine(key)}))
+            if not self.keys:
+                self.state = DONE
+                return None
         wanted = set(self.keys)
         by_key: dict = {key: [] for key in self.keys}
         drops = []
