@@ -110,7 +110,8 @@ class OwnerSide:
                               closes_group=entry.closes_group, enqueued_at_ms=entry.enqueued_at_ms,
                               transient=entry.not_durable)
             try:
-                if self.follows_consumers and entry.group_id is not None and self._parked_or_relayed(
+                if (self.follows_consumers or self.handovers.taking_over or self.handovers.promoted_away) and \
+                        entry.group_id is not None and self._parked_or_relayed(
                         source, entry, message, now_ms, effects):
                     inbound.advance(source, entry.forward_seq)
                     advanced = True
