@@ -19,7 +19,8 @@ _QUEUE_FLAG_KEYS = ("group_policy", "group_header", "default_group", "group_firs
                     "group_rebalance_pause_dispatch", "group_buckets", "consumers_before_dispatch",
                     "time_before_dispatch_ms", "durable", "depth_max_messages", "depth_max_bytes", "memory_max_bytes",
                     "groups_max", "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue",
-                    "trace")
+                    "trace",
+                    "dedup", "dedup_window_messages", "dedup_window_ms")  # issue 31
 
 
 def add_queue_flags(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +53,12 @@ def add_queue_flags(parser: argparse.ArgumentParser) -> None:
     add("--trace", dest="trace", action="store_true", default=None,
         help="write delivery traces for grouper audit (README 'Auditing deliveries')")
     add("--no-trace", dest="trace", action="store_false")
+    # ---- issue 31: producer de-duplication ----
+    add("--dedup", dest="dedup", action="store_true", default=None,
+        help="accept a resend of a message-id (or _AMQ_DUPL_ID) taken within the window without queueing it again")
+    add("--no-dedup", dest="dedup", action="store_false")
+    add("--dedup-window-messages", type=int, metavar="N", help="ids remembered per queue (default 100000)")
+    add("--dedup-window-ms", type=int, metavar="MS", help="how long an id is remembered (default 300000; 0 = by count only)")
 
 
 def queue_changes_from_args(args: argparse.Namespace) -> dict:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from node.core.dispatch.dedup import Duplicate
 from node.core.durability import CALL, CONSUMER, CONTINUATION, PRODUCER
 from node.core.effects import (AcceptSend, AcceptWhenStored, AfterFlush, CloseUnstored, Confirm, EnqueueLocal, Flushed,
                                Refuse, RefuseUnstored, StopNode, Stored, Unconfirmed, WriteFailed)
@@ -63,6 +64,8 @@ class NodeShell:
             effects = self.broker.enqueue(queue_name, message, now_ms)
         except GrouperError as error:
             return [Refuse(incoming, error)]
+        except Duplicate:  # a resend within its queue's window (issue 31): accepted once the first copy is on disk
+            return self.accept_when_stored(incoming, durable, producer_settled)
         accepted = self.accept_when_stored(incoming, durable, producer_settled, (queue_name, message))
         effects = self.broker_effects(effects)
         if accepted:

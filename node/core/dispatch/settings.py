@@ -50,6 +50,10 @@ class QueueSettings:
     dead_letter_queue_auto_create: bool = True  # create the dead-letter queue when it does not exist yet
     address: str = ""  # the multicast address this queue subscribes to (node/core/dispatch/addresses.py); "" = none
     trace: bool = False  # write delivery traces for `grouper audit` (README "Auditing deliveries")
+    # ---- issue 31: producer de-duplication (node/core/dispatch/dedup.py) ----
+    dedup: bool = False  # a resend of an id the queue took within its window is accepted and not queued again
+    dedup_window_messages: int = 100_000  # ids remembered per queue; the oldest is forgotten past it
+    dedup_window_ms: int = 300_000  # how long an id is remembered (SQS's 5 minutes); 0 = until pushed out by count
 
     def validate(self) -> "QueueSettings":
         if not self.name or len(self.name) > 255:
@@ -86,7 +90,15 @@ class QueueSettings:
                                            f"the name would mean both; name it e.g. {self.address}.subscriber")
         if len(self.address) > 255 or "::" in self.address or any(ord(char) < 32 for char in self.address):
             raise InvalidConfig("address", "an address is at most 255 characters, without '::' or control characters")
+        self._validate_dedup()
         return self
+
+    def _validate_dedup(self) -> None:  # issue 31
+        if not 1 <= self.dedup_window_messages <= DEDUP_WINDOW_MESSAGES_MAX:
+            raise InvalidConfig("dedup_window_messages", f"must be 1..{DEDUP_WINDOW_MESSAGES_MAX} ids (each costs "
+                                                         f"memory while remembered)")
+        if self.dedup_window_ms < 0:
+            raise InvalidConfig("dedup_window_ms", "must be >= 0 (0 = remembered until pushed out by count)")
 
     @property
     def dead_letter_queue_name(self) -> str:
@@ -119,6 +131,9 @@ class QueueSettings:
             del values["trace"]
         if not self.memory_max_bytes:  # so a node of the release before paging reads the record (upgrades)
             del values["memory_max_bytes"]
+        for key in _DEDUP_KEYS:  # issue 31: a queue without de-duplication writes the record it wrote before
+            if values[key] == _DEDUP_DEFAULTS[key]:
+                del values[key]
         return values
 
     @classmethod
@@ -159,3 +174,8 @@ class QueueSettings:
                 raise InvalidConfig(f"{where}.{key}", f"expected a string, got {value!r}")
             clean[norm] = value
         return clean
+
+
+DEDUP_WINDOW_MESSAGES_MAX = 10_000_000  # hard ceiling for dedup_window_messages: each id remembered costs memory
+_DEDUP_KEYS = ("dedup", "dedup_window_messages", "dedup_window_ms")  # issue 31
+_DEDUP_DEFAULTS = {key: getattr(QueueSettings, key) for key in _DEDUP_KEYS}

@@ -1,0 +1,225 @@
+"""Producer de-duplication (issue 31, node/core/dispatch/dedup.py): the broker against a reference model,
+the shell's answer to a resend, the id reader, and marks that survive a restart through the journal."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+from hypothesis import given, settings as hypothesis_settings, strategies as st
+from proton import Message as ProtonMessage
+
+from node.amqp.message_fields import dedup_id
+from node.core.dispatch.broker import Broker
+from node.core.dispatch.dedup import DEDUP_ID_LENGTH_MAX_CHARS, DEDUP_PREFIX, Duplicate, Window
+from node.core.dispatch.message import Message
+from node.core.dispatch.settings import QueueSettings
+from node.core.durability import Durability
+from node.core.effects import AcceptSend, Declared, Refuse, Removed, Stored
+from node.core.errors import InvalidConfig, InvalidField
+from node.core.shell import NodeShell
+from node.recovery import recover
+from node.store.journal import Journal
+
+
+def text_id(payload: bytes) -> str | None:
+    """The test's id reader: the payload itself, b"" for no id."""
+    return payload.decode() or None
+
+
+def dedup_broker(**settings) -> Broker:
+    broker = Broker(dedup_id_of=text_id)
+    broker.declare_queue(QueueSettings(name="q", dedup=True, **settings))
+    broker.declarations()
+    return broker
+
+
+def send(broker: Broker, key: str, now_ms: int) -> list | None:
+    """The effects of a send queued, None for a resend dropped."""
+    try:
+        return broker.enqueue("q", Message(key.encode()), now_ms)
+    except Duplicate:
+        return None
+
+
+# ---- the window against a reference model -----------------------------------------------------------
+
+class ReferenceWindow:
+    """The naive model: a list of (key, marked_at_ms, seq), oldest first, scanned whole each time."""
+
+    def __init__(self, messages_max: int, window_ms: int):
+        self.marks: list[tuple[str, int, int]] = []
+        self.messages_max, self.window_ms = messages_max, window_ms
+
+    def send(self, key: str | None, seq: int, now_ms: int) -> tuple[bool, list[int]]:
+        """(queued, seqs of the marks forgotten, in order). A send without an id is queued and looks at nothing."""
+        if key is None:
+            return True, []
+        forgotten = [s for k, at, s in self.marks if self.window_ms and at + self.window_ms <= now_ms]
+        self.marks = [(k, at, s) for k, at, s in self.marks if s not in forgotten]
+        if any(k == key for k, _, _ in self.marks):
+            return False, forgotten
+        self.marks.append((key, now_ms, seq))
+        while len(self.marks) > self.messages_max:
+            forgotten.append(self.marks.pop(0)[2])
+        return True, forgotten
+
+
+@hypothesis_settings(max_examples=200, deadline=None)
+@given(messages_max=st.integers(1, 5), window_ms=st.sampled_from([0, 10, 100]),
+       steps=st.lists(st.one_of(st.tuples(st.just("send"), st.sampled_from(["", "a", "b", "c", "d", "e", "f"])),
+                                st.tuples(st.just("advance"), st.integers(0, 60))), max_size=60))
+def test_a_resend_inside_both_windows_is_dropped_and_outside_them_queued_as_the_model_says(messages_max, window_ms,
+                                                                                            steps):
+    broker = dedup_broker(dedup_window_messages=messages_max, dedup_window_ms=window_ms)
+    model = ReferenceWindow(messages_max, window_ms)
+    now_ms, dropped = 1000, 0
+    for kind, value in steps:
+        if kind == "advance":
+            now_ms += value
+            continue
+        seq = broker.next_seq
+        queued, forgotten = model.send(value or None, seq, now_ms)
+        effects = send(broker, value, now_ms)
+        assert (effects is not None) == queued, (value, now_ms, model.marks)
+        dropped += not queued
+        if queued:  # the journal hears each forgotten mark once, in the order forgotten, then the new mark
+            marks = [e for e in effects if getattr(e, "queue", None) == DEDUP_PREFIX + "q"]
+            assert [e.seq for e in marks if type(e) is Removed] == forgotten
+            assert [e.message.seq for e in marks if type(e) is Stored] == ([seq] if value else [])
+        window = broker.dedup.windows.get("q")
+        assert [(k, at, s) for k, (at, s) in (window.marks.items() if window else ())] == model.marks
+    assert broker.queues["q"].stats()["depth_messages"] == sum(1 for kind, value in steps if kind == "send") - dropped
+    assert broker.list_queues()[0]["dedup_dropped_total"] == dropped
+
+
+def test_the_window_is_constant_work_per_message_however_many_marks_it_forgot_early():
+    window = Window(messages_max=3, window_ms=0)
+    for seq in range(1, 1001):
+        window.mark(f"k{seq}", seq, 0)
+        window.forget(f"k{seq}", seq)  # a take-back leaves its deque entry, passed over once
+    assert window.expire(0) == [] and len(window.order) == 0
+    for seq in range(1, 5):
+        window.mark(f"m{seq}", seq, 0)
+    assert window.expire(0) == [1] and list(window.marks) == ["m2", "m3", "m4"]
+
+
+# ---- the broker and the shell ----------------------------------------------------------------------
+
+def test_a_queue_without_dedup_queues_every_resend_and_journals_no_mark():
+    broker = Broker(dedup_id_of=text_id)
+    broker.declare_queue(QueueSettings(name="q"))
+    effects = broker.enqueue("q", Message(b"a"), 0) + broker.enqueue("q", Message(b"a"), 0)
+    assert [e.queue for e in effects if type(e) is Stored] == ["q", "q"] and broker.dedup.windows == {}
+
+
+def test_a_resend_is_accepted_once_its_batch_is_durable_and_nothing_is_queued_twice():
+    broker = dedup_broker()
+    shell = NodeShell(broker, Durability(retry_interval_ms=1000), journalled=True)
+    first = shell.enqueue_local("p1", "q", Message(b"a"), True, False, 0)
+    second = shell.enqueue_local("p2", "q", Message(b"a"), True, False, 1)
+    assert [type(e) for e in first] == [Stored, Stored] and second == []
+    assert not any(type(e) is Refuse for e in first + second)
+    shell.end_batch(1)
+    accepted = shell.batch_ended(7, 1) + shell.durable(7, 2)
+    assert [e for e in accepted if type(e) is AcceptSend] == [AcceptSend("p1"), AcceptSend("p2")]
+    assert broker.queues["q"].stats()["depth_messages"] == 1
+
+
+def test_a_send_taken_back_forgets_its_mark_so_the_producers_resend_is_queued():
+    broker = dedup_broker()
+    message = Message(b"a")
+    broker.enqueue("q", message, 0)
+    handed_out, effects = broker.take_back([("q", message)], 0)
+    assert handed_out == [False] and Removed(DEDUP_PREFIX + "q", message.seq) in effects
+    assert send(broker, "a", 1) is not None
+
+
+def test_an_id_too_long_to_remember_is_refused_naming_the_limit_and_queues_nothing():
+    broker = dedup_broker()
+    with pytest.raises(InvalidField, match=str(DEDUP_ID_LENGTH_MAX_CHARS)):
+        send(broker, "x" * (DEDUP_ID_LENGTH_MAX_CHARS + 1), 0)
+    assert broker.queues["q"].stats()["depth_messages"] == 0
+
+
+def test_the_settings_name_their_limits_and_a_queue_without_dedup_writes_the_record_it_wrote_before():
+    assert "dedup" not in QueueSettings(name="q").to_dict()
+    assert QueueSettings(name="q", dedup=True).to_dict()["dedup"] is True
+    with pytest.raises(InvalidConfig, match="dedup_window_messages"):
+        QueueSettings(name="q", dedup=True, dedup_window_messages=0).validate()
+    with pytest.raises(InvalidConfig, match="dedup_window_ms"):
+        QueueSettings(name="q", dedup_window_ms=-1).validate()
+
+
+# ---- the id reader -------------------------------------------------------------------------------
+
+def test_the_id_is_amq_dupl_id_when_present_else_the_message_id_else_none():
+    assert dedup_id(ProtonMessage(id="m1", body="x").encode()) == "m1"
+    assert dedup_id(ProtonMessage(id=7, body="x").encode()) == "ID:AMQP_ULONG:7"
+    assert dedup_id(ProtonMessage(id="m1", properties={"_AMQ_DUPL_ID": "d1"}).encode()) == "d1"
+    assert dedup_id(ProtonMessage(id="m1", properties={"_AMQ_DUPL_ID": b"\x01"}).encode()) == "ID:AMQP_BINARY:01"
+    assert dedup_id(ProtonMessage(body="x", properties={"other": 1}).encode()) is None
+    assert dedup_id(b"\x00\x53\x73\xc0\xff") is None  # a truncated properties section reads as absent
+
+
+# ---- marks survive a restart ----------------------------------------------------------------------
+
+def write(journal: Journal, effects: list) -> None:
+    for effect in effects:
+        if type(effect) is Stored:
+            journal.store(effect.queue, effect.message)
+        elif type(effect) is Removed:
+            journal.remove(effect.queue, effect.seq)
+        elif type(effect) is Declared:
+            journal.declare(effect.values)
+
+
+def restarted_node(directory, now_ms: int, **settings):
+    broker = Broker(dedup_id_of=text_id)
+    config = types.SimpleNamespace(message_memory_max_bytes=0, queues=[], data_dir=str(directory))
+    node = types.SimpleNamespace(broker=broker, journal=Journal(str(directory)), config=config, cluster=None,
+                                 clock_ms=lambda: now_ms)
+    recover(node)
+    return node
+
+
+def test_marks_survive_a_restart_even_of_messages_consumed_and_age_out_by_their_journalled_time(tmp_path):
+    broker = Broker(dedup_id_of=text_id)
+    broker.declare_queue(QueueSettings(name="q", dedup=True, dedup_window_ms=1000))
+    journal = Journal(str(tmp_path))
+    journal.recover()
+    journal.start(lambda ticket: None, lambda ticket, error: None)
+    write(journal, broker.declarations())
+    consumed = Message(b"a")
+    write(journal, broker.enqueue("q", consumed, 0) + broker.enqueue("q", Message(b"b"), 500))
+    journal.remove("q", consumed.seq)  # its consumer accepted it: the message is gone, its mark is not
+    journal.flush()
+    journal.close()
+
+    node = restarted_node(tmp_path, now_ms=900)
+    assert node.broker.queues["q"].stats()["depth_messages"] == 1
+    assert send(node.broker, "a", 900) is None and send(node.broker, "b", 900) is None
+    node.journal.close()
+
+    node = restarted_node(tmp_path, now_ms=1200)  # "a" marked at 0 is past its 1000 ms now, "b" at 500 is not
+    assert send(node.broker, "a", 1200) is not None and send(node.broker, "b", 1200) is None
+    node.journal.close()
+
+
+def test_marks_of_a_queue_no_longer_deduplicating_are_deleted_at_recovery(tmp_path):
+    journal = Journal(str(tmp_path))
+    journal.recover()
+    journal.start(lambda ticket: None, lambda ticket, error: None)
+    journal.declare(QueueSettings(name="q").to_dict())
+    journal.store(DEDUP_PREFIX + "q", Message(b"a", seq=1))
+    journal.flush()
+    journal.close()
+    node = restarted_node(tmp_path, now_ms=0)
+    assert node.broker.enqueue("q", Message(b"a"), 0)  # not a dedup queue any more: queued, not a resend
+    assert node.broker.dedup.windows == {}
+    node.journal.start(lambda ticket: None, lambda ticket, error: None)
+    node.journal.flush()
+    node.journal.close()
+    journal = Journal(str(tmp_path))
+    assert DEDUP_PREFIX + "q" not in journal.recover().messages
+    journal.close()
