@@ -27,7 +27,7 @@ import time
 
 from node.admin.loop_control import LoopControl
 from node.amqp import tls
-from node.amqp.message_fields import dedup_id
+from node.amqp.duplicate_ids import dedup_id
 from node.amqp.loop import AmqpServer
 from node.config import NodeConfig
 from node.core.dispatch.broker import Broker

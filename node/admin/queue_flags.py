@@ -58,7 +58,8 @@ def add_queue_flags(parser: argparse.ArgumentParser) -> None:
         help="accept a resend of a message-id (or _AMQ_DUPL_ID) taken within the window without queueing it again")
     add("--no-dedup", dest="dedup", action="store_false")
     add("--dedup-window-messages", type=int, metavar="N", help="ids remembered per queue (default 100000)")
-    add("--dedup-window-ms", type=int, metavar="MS", help="how long an id is remembered (default 300000; 0 = by count only)")
+    add("--dedup-window-ms", type=int, metavar="MS",
+        help="how long an id is remembered (default 300000; 0 = by count only)")
 
 
 def queue_changes_from_args(args: argparse.Namespace) -> dict:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings as hypothesis_settings, strategies as st
 from proton import Message as ProtonMessage
 
+from node.amqp import duplicate_ids
 from node.amqp.message_fields import dedup_id
 from node.core.dispatch.broker import Broker
 from node.core.dispatch.dedup import DEDUP_ID_LENGTH_MAX_CHARS, DEDUP_PREFIX, Duplicate, Window
@@ -160,6 +161,29 @@ def test_the_id_is_amq_dupl_id_when_present_else_the_message_id_else_none():
     assert dedup_id(ProtonMessage(id="m1", properties={"_AMQ_DUPL_ID": b"\x01"}).encode()) == "ID:AMQP_BINARY:01"
     assert dedup_id(ProtonMessage(body="x", properties={"other": 1}).encode()) is None
     assert dedup_id(b"\x00\x53\x73\xc0\xff") is None  # a truncated properties section reads as absent
+
+
+ids = st.one_of(st.none(), st.text(max_size=20), st.integers(0, 2**64 - 1), st.uuids(), st.binary(max_size=8))
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(message_id=ids, duplicate_id=st.one_of(st.none(), st.text(max_size=8), st.binary(max_size=4), st.integers(0, 9)),
+       others=st.dictionaries(st.text(max_size=6), st.integers(0, 9), max_size=3), durable=st.booleans(),
+       annotated=st.booleans(), cut=st.one_of(st.none(), st.integers(0, 200)), flip=st.one_of(st.none(), st.tuples(
+           st.integers(0, 200), st.integers(0, 255))))
+def test_the_fast_reader_answers_as_the_reference_reader_for_any_message_and_any_damage(
+        message_id, duplicate_id, others, durable, annotated, cut, flip):
+    properties = dict(others)
+    if duplicate_id is not None:
+        properties["_AMQ_DUPL_ID"] = duplicate_id
+    message = ProtonMessage(id=message_id, body="x", properties=properties or None, durable=durable)
+    if annotated:
+        message.annotations = {"x-opt-jms-type": "t"}
+    payload = bytearray(message.encode())
+    if flip is not None and flip[0] < len(payload):
+        payload[flip[0]] = flip[1]
+    payload = bytes(payload[:cut] if cut is not None else payload)
+    assert duplicate_ids.dedup_id(payload) == dedup_id(payload)
 
 
 # ---- marks survive a restart ----------------------------------------------------------------------

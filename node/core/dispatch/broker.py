@@ -165,8 +165,8 @@ class Broker:
         message.enqueued_at_ms = message.enqueued_at_ms or now_ms
         effects: list = [Enqueued(queue_name, message)] if queue.settings.trace else []
         try:
-            # the one branch a queue without de-duplication pays (raises Duplicate for a resend)
-            dedup_key = self.dedup.key(queue.settings, message.payload, now_ms, effects) if queue.settings.dedup else None
+            # the one branch a queue without de-duplication pays; raises Duplicate for a resend
+            dedup_key = queue.settings.dedup and self.dedup.key(queue.settings, message.payload, now_ms, effects)
             queue.enqueue(message, now_ms, effects)  # raises before changing anything
         except GrouperError:
             if created:  # a refusal changes nothing, not even by auto-creating (nor journalling it)
@@ -176,7 +176,7 @@ class Broker:
                     self.local.unmake(queue.settings)
             raise
         self.next_seq += 1
-        if dedup_key is not None:
+        if dedup_key:  # False (no dedup), None (no id) or the id
             self.dedup.mark(queue.settings, dedup_key, message, now_ms, effects)
         return effects
 

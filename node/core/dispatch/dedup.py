@@ -118,7 +118,7 @@ class Dedup:
         if payload is None or self.id_of is None:
             return None
         key = self.id_of(payload)
-        if key is None:
+        if not key:  # no id (an empty one is none either)
             return None
         if len(key) > DEDUP_ID_LENGTH_MAX_CHARS:
             raise InvalidField(f"de-duplication id of {len(key)} characters; queue {settings.name!r} remembers ids "
