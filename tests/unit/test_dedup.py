@@ -3,14 +3,17 @@ the shell's answer to a resend, the id reader, and marks that survive a restart 
 
 from __future__ import annotations
 
+import argparse
 import types
 
 import pytest
 from hypothesis import given, settings as hypothesis_settings, strategies as st
 from proton import Message as ProtonMessage
 
+from node.admin.queue_flags import add_queue_flags, queue_settings_from_args
 from node.amqp import duplicate_ids
 from node.amqp.message_fields import dedup_id
+from node.core.dispatch.address_settings import AddressSettings
 from node.core.dispatch.broker import Broker
 from node.core.dispatch.dedup import DEDUP_ID_LENGTH_MAX_CHARS, DEDUP_PREFIX, Duplicate, Window
 from node.core.dispatch.message import Message
@@ -247,3 +250,18 @@ def test_marks_of_a_queue_no_longer_deduplicating_are_deleted_at_recovery(tmp_pa
     journal = Journal(str(tmp_path))
     assert DEDUP_PREFIX + "q" not in journal.recover().messages
     journal.close()
+
+
+# ---- where the setting is given --------------------------------------------------------------------
+
+def test_address_settings_and_queue_flags_give_the_dedup_settings():
+    tables = AddressSettings.from_config([{"match": "payments.#", "dedup": True, "dedup-window-ms": 60_000}], {})
+    assert (tables.settings_for("payments.eu").dedup, tables.settings_for("payments.eu").dedup_window_ms) == \
+        (True, 60_000)
+    assert tables.settings_for("orders").dedup is False
+    parser = argparse.ArgumentParser()
+    add_queue_flags(parser)
+    settings = queue_settings_from_args("q", parser.parse_args(["--dedup", "--dedup-window-messages", "5"]))
+    assert (settings.dedup, settings.dedup_window_messages, settings.dedup_window_ms) == (True, 5, 300_000)
+    with pytest.raises(InvalidConfig, match="--dedup-window-messages"):
+        queue_settings_from_args("q", parser.parse_args(["--dedup-window-messages", "0"]))
