@@ -13,13 +13,15 @@ from proton import Message as ProtonMessage
 from node.admin.queue_flags import add_queue_flags, queue_settings_from_args
 from node.amqp import duplicate_ids
 from node.amqp.message_fields import dedup_id
+from node.core.cluster import MARK_PREFIX, ClusterProtocol
+from node.core.cluster.outbound import Entry
 from node.core.dispatch.address_settings import AddressSettings
 from node.core.dispatch.broker import Broker
 from node.core.dispatch.dedup import DEDUP_ID_LENGTH_MAX_CHARS, DEDUP_PREFIX, Duplicate, Window
 from node.core.dispatch.message import Message
 from node.core.dispatch.settings import QueueSettings
 from node.core.durability import Durability
-from node.core.effects import AcceptSend, Declared, Refuse, Removed, Stored
+from node.core.effects import AcceptSend, Declared, Refuse, Removed, Reply, Stored
 from node.core.errors import InvalidConfig, InvalidField
 from node.core.shell import NodeShell
 from node.recovery import recover
@@ -153,6 +155,19 @@ def test_the_settings_name_their_limits_and_a_queue_without_dedup_writes_the_rec
         QueueSettings(name="q", dedup=True, dedup_window_messages=0).validate()
     with pytest.raises(InvalidConfig, match="dedup_window_ms"):
         QueueSettings(name="q", dedup_window_ms=-1).validate()
+
+
+def test_a_cluster_owner_takes_a_forwarded_resend_without_queueing_it_and_acknowledges_it_stored():
+    broker = dedup_broker()
+    owner = ClusterProtocol("n2", broker, handler_timeout_ms=300, routes_max=10, seq_reserve_block=100)
+    owner.ready(0)
+    # a producer's resend through another node: a later forward seq, the same id
+    entries = [Entry(7, "q", "g", b"a", 0, False, 5), Entry(8, "q", "g", b"a", 0, False, 5)]
+    effects = owner.forward_received("n1", entries, "call-1", 10)
+    assert [e.queue for e in effects if type(e) is Stored] == ["q", DEDUP_PREFIX + "q"]
+    assert [e.values for e in effects if type(e) is Declared] == [{"name": MARK_PREFIX + "n1", "high_water": 8}]
+    assert owner.flushed(effects[-1].what, None, 11) == [Reply("call-1", 8, None)]
+    assert broker.queues["q"].stats()["depth_messages"] == 1 and broker.list_queues()[0]["dedup_dropped_total"] == 1
 
 
 # ---- the id reader -------------------------------------------------------------------------------
