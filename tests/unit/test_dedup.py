@@ -120,6 +120,16 @@ def test_a_queue_without_dedup_queues_every_resend_and_journals_no_mark():
     assert [e.queue for e in effects if type(e) is Stored] == ["q", "q"] and broker.dedup.windows == {}
 
 
+def test_a_live_queue_updated_to_dedup_drops_resends_from_then_on_and_takes_a_smaller_window_at_once():
+    broker = Broker(dedup_id_of=text_id)
+    broker.declare_queue(QueueSettings(name="q"))
+    assert send(broker, "a", 0) is not None and send(broker, "a", 0) is not None
+    broker.redefine_queue(QueueSettings(name="q", dedup=True))
+    assert send(broker, "a", 1) is not None and send(broker, "a", 1) is None and send(broker, "b", 1) is not None
+    broker.redefine_queue(QueueSettings(name="q", dedup=True, dedup_window_messages=1))
+    assert send(broker, "c", 2) is not None and send(broker, "a", 2) is not None  # "a" and "b" pushed out
+
+
 def test_a_resend_is_accepted_once_its_batch_is_durable_and_nothing_is_queued_twice():
     broker = dedup_broker()
     shell = NodeShell(broker, Durability(retry_interval_ms=1000), journalled=True)
