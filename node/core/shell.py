@@ -64,8 +64,8 @@ class NodeShell:
             effects = self.broker.enqueue(queue_name, message, now_ms)
         except GrouperError as error:
             return [Refuse(incoming, error)]
-        except Duplicate:  # a resend within its queue's window (issue 31): accepted once the first copy is on disk
-            return self.accept_when_stored(incoming, durable, producer_settled)
+        except Duplicate as duplicate:  # a resend within its queue's window (issue 31): accepted once on disk
+            return duplicate.effects + self.accept_when_stored(incoming, durable, producer_settled)
         accepted = self.accept_when_stored(incoming, durable, producer_settled, (queue_name, message))
         effects = self.broker_effects(effects)
         if accepted:
@@ -165,6 +165,10 @@ class NodeShell:
             out += self._declarations()
         if self.protocol is not None and self.protocol.batch_due:
             out += self.from_protocol(self.protocol.quiesced(now_ms))
+        if self.broker.dedup.pending:  # issue 31: the batch's de-duplication marks, after their messages (dedup.py)
+            marks = self.broker.dedup.take_marks()
+            if self.journalled:
+                out += marks
         return out
 
     @property

@@ -17,7 +17,8 @@ from node.core.cluster import MARK_PREFIX, ClusterProtocol
 from node.core.cluster.outbound import Entry
 from node.core.dispatch.address_settings import AddressSettings
 from node.core.dispatch.broker import Broker
-from node.core.dispatch.dedup import DEDUP_ID_LENGTH_MAX_CHARS, DEDUP_PREFIX, Duplicate, Window
+from node.core.dispatch.dedup import (DEDUP_ID_LENGTH_MAX_CHARS, DEDUP_PREFIX, Duplicate, Window, decode_marks,
+                                     encode_marks)
 from node.core.dispatch.message import Message
 from node.core.dispatch.settings import QueueSettings
 from node.core.durability import Durability
@@ -57,58 +58,106 @@ class ReferenceWindow:
         self.marks: list[tuple[str, int, int]] = []
         self.messages_max, self.window_ms = messages_max, window_ms
 
-    def send(self, key: str | None, seq: int, now_ms: int) -> tuple[bool, list[int]]:
-        """(queued, seqs of the marks forgotten, in order). A send without an id is queued and looks at nothing."""
+    def send(self, key: str | None, seq: int, now_ms: int) -> bool:
+        """Whether it is queued. A send without an id is queued and looks at nothing."""
         if key is None:
-            return True, []
-        forgotten = [s for k, at, s in self.marks if self.window_ms and at + self.window_ms <= now_ms]
-        self.marks = [(k, at, s) for k, at, s in self.marks if s not in forgotten]
+            return True
+        self.marks = [(k, at, s) for k, at, s in self.marks if not (self.window_ms and at + self.window_ms <= now_ms)]
         if any(k == key for k, _, _ in self.marks):
-            return False, forgotten
+            return False
         self.marks.append((key, now_ms, seq))
-        while len(self.marks) > self.messages_max:
-            forgotten.append(self.marks.pop(0)[2])
-        return True, forgotten
+        del self.marks[:-self.messages_max]
+        return True
+
+    def forget(self, key: str, seq: int) -> None:
+        self.marks = [(k, at, s) for k, at, s in self.marks if (k, s) != (key, seq)]
 
 
-@hypothesis_settings(max_examples=200, deadline=None)
+def journal_apply(journal: dict, effects: list) -> None:
+    """A journal of the queue's mark records (seq -> its marks): STOREs and REMOVEs as the node writes them."""
+    for effect in effects:
+        if type(effect) is Stored and effect.queue == DEDUP_PREFIX + "q":
+            assert effect.message.seq not in journal
+            journal[effect.message.seq] = list(decode_marks(effect.message.payload))
+        elif type(effect) is Removed and effect.queue == DEDUP_PREFIX + "q":
+            del journal[effect.seq]  # never a REMOVE of a record not stored
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
 @given(messages_max=st.integers(1, 5), window_ms=st.sampled_from([0, 10, 100]),
        steps=st.lists(st.one_of(st.tuples(st.just("send"), st.sampled_from(["", "a", "b", "c", "d", "e", "f"])),
-                                st.tuples(st.just("advance"), st.integers(0, 60))), max_size=60))
-def test_a_resend_inside_both_windows_is_dropped_and_outside_them_queued_as_the_model_says(messages_max, window_ms,
-                                                                                            steps):
+                                st.tuples(st.just("advance"), st.integers(0, 60)),
+                                st.tuples(st.just("batch end"), st.none()),
+                                st.tuples(st.just("take back"), st.none())), max_size=60))
+def test_a_resend_inside_both_windows_is_dropped_and_outside_them_queued_and_a_restart_remembers_as_much(
+        messages_max, window_ms, steps):
     broker = dedup_broker(dedup_window_messages=messages_max, dedup_window_ms=window_ms)
     model = ReferenceWindow(messages_max, window_ms)
-    now_ms, dropped = 1000, 0
+    journal: dict = {}
+    batch: list = []  # (key, message) queued since the last batch end: a failed write takes them back
+    now_ms, dropped, queued_total = 1000, 0, 0
+    marked: list = []  # every mark made and not taken back
+    taken_back = False
     for kind, value in steps:
         if kind == "advance":
             now_ms += value
-            continue
-        seq = broker.next_seq
-        queued, forgotten = model.send(value or None, seq, now_ms)
-        effects = send(broker, value, now_ms)
-        assert (effects is not None) == queued, (value, now_ms, model.marks)
-        dropped += not queued
-        if queued:  # the journal hears each forgotten mark once, in the order forgotten, then the new mark
-            marks = [e for e in effects if getattr(e, "queue", None) == DEDUP_PREFIX + "q"]
-            assert [e.seq for e in marks if type(e) is Removed] == forgotten
-            assert [e.message.seq for e in marks if type(e) is Stored] == ([seq] if value else [])
+        elif kind == "send":
+            message = Message(value.encode())
+            queued = model.send(value or None, broker.next_seq, now_ms)
+            try:
+                journal_apply(journal, broker.enqueue("q", message, now_ms))
+            except Duplicate as duplicate:
+                journal_apply(journal, duplicate.effects)
+                assert not queued, (value, now_ms, model.marks)
+                dropped += 1
+                continue
+            assert queued, (value, now_ms, model.marks)
+            batch.append((value, message))
+            if value:
+                marked.append((value, now_ms, message.seq))
+            queued_total += 1
+        elif kind == "take back" and batch:
+            key, message = batch.pop()
+            model.forget(key, message.seq)
+            marked = [mark for mark in marked if mark[2] != message.seq]
+            taken_back = True
+            journal_apply(journal, broker.take_back([("q", message)], now_ms)[1])
+            queued_total -= 1
+        elif kind == "batch end":
+            journal_apply(journal, broker.dedup.take_marks())
+            batch.clear()
+            window = broker.dedup.windows.get("q")
+            assert set(journal) == set(window.live if window else ())  # no record outlives its marks
+            restarted = dedup_broker(dedup_window_messages=messages_max, dedup_window_ms=window_ms)
+            records = [Message(encode_marks(journal[seq]), seq=seq) for seq in sorted(journal)]
+            restarted.dedup.restore(restarted.queues["q"].settings, records, now_ms)
+            remembered = [(k, at, seq) for k, at, seq in model.marks if not (window_ms and at + window_ms <= now_ms)]
+            recovered = live_marks(restarted.dedup.windows["q"])
+            if not taken_back:
+                assert recovered == remembered
+            else:  # room a take-back made may hold, after a restart, marks pushed out before it: never fewer
+                assert set(remembered) <= set(recovered) <= set(marked) and len(recovered) <= messages_max
         window = broker.dedup.windows.get("q")
-        live = [(k, at, s) for k, s, at in (window.order if window else ()) if window.marks.get(k) == s]
-        assert live == model.marks and len(window.marks if window else ()) == len(model.marks)
-    assert broker.queues["q"].stats()["depth_messages"] == sum(1 for kind, value in steps if kind == "send") - dropped
+        assert live_marks(window) == model.marks and len(window.marks if window else ()) == len(model.marks)
+    assert broker.queues["q"].stats()["depth_messages"] == queued_total
     assert broker.list_queues()[0]["dedup_dropped_total"] == dropped
+
+
+def live_marks(window) -> list:
+    return [(key, at, seq) for key, seq, at, _ in (window.order if window else ()) if window.marks.get(key) == seq]
 
 
 def test_the_window_is_constant_work_per_message_however_many_marks_it_forgot_early():
     window = Window(messages_max=3, window_ms=0)
-    for seq in range(1, 1001):
-        window.mark(f"k{seq}", seq, 0)
-        window.forget(f"k{seq}", seq)  # a take-back leaves its deque entry, passed over once
-    assert window.expire(0) == [] and len(window.order) == 0
-    for seq in range(1, 5):
-        window.mark(f"m{seq}", seq, 0)
-    assert window.expire(0) == [1] and list(window.marks) == ["m2", "m3", "m4"]
+    for seq in range(1, 1001):  # each in a record of its own
+        window.mark(f"k{seq}", seq, 0, seq)
+        assert window.forget(f"k{seq}", seq) == [seq]  # a take-back leaves its deque entry, passed over once
+    assert window.expire(0) == [] and len(window.order) == 0 and window.live == {}
+    for seq in range(1001, 1005):  # one record
+        window.mark(f"m{seq}", seq, 0, 1001)
+    assert window.expire(0) == [] and list(window.marks) == ["m1002", "m1003", "m1004"] and window.live == {1001: 3}
+    window.messages_max = 0
+    assert window.expire(0) == [1001] and window.live == {}  # its last mark gone, the record goes
 
 
 # ---- the broker and the shell ----------------------------------------------------------------------
@@ -135,9 +184,10 @@ def test_a_resend_is_accepted_once_its_batch_is_durable_and_nothing_is_queued_tw
     shell = NodeShell(broker, Durability(retry_interval_ms=1000), journalled=True)
     first = shell.enqueue_local("p1", "q", Message(b"a"), True, False, 0)
     second = shell.enqueue_local("p2", "q", Message(b"a"), True, False, 1)
-    assert [type(e) for e in first] == [Stored, Stored] and second == []
+    assert [e.queue for e in first] == ["q"] and second == []
     assert not any(type(e) is Refuse for e in first + second)
-    shell.end_batch(1)
+    marks = shell.end_batch(1)  # the batch's marks, one record, in the unit of its messages
+    assert [(type(e), e.queue, e.message.seq) for e in marks] == [(Stored, DEDUP_PREFIX + "q", first[0].message.seq)]
     accepted = shell.batch_ended(7, 1) + shell.durable(7, 2)
     assert [e for e in accepted if type(e) is AcceptSend] == [AcceptSend("p1"), AcceptSend("p2")]
     assert broker.queues["q"].stats()["depth_messages"] == 1
@@ -145,11 +195,21 @@ def test_a_resend_is_accepted_once_its_batch_is_durable_and_nothing_is_queued_tw
 
 def test_a_send_taken_back_forgets_its_mark_so_the_producers_resend_is_queued():
     broker = dedup_broker()
-    message = Message(b"a")
-    broker.enqueue("q", message, 0)
-    handed_out, effects = broker.take_back([("q", message)], 0)
-    assert handed_out == [False] and Removed(DEDUP_PREFIX + "q", message.seq) in effects
-    assert send(broker, "a", 1) is not None
+    first = Message(b"a")
+    broker.enqueue("q", first, 0)
+    handed_out, effects = broker.take_back([("q", first)], 0)  # its record not taken yet: nothing to remove
+    assert handed_out == [False] and mark_records(effects) == [] and broker.dedup.take_marks() == []
+    resend = Message(b"a")
+    broker.enqueue("q", resend, 1)  # queued: the mark went with the take-back
+    [record] = broker.dedup.take_marks()
+    assert record.message.seq == resend.seq
+    # a failed unit that held the record too: the take-back removes the record with its last mark
+    assert mark_records(broker.take_back([("q", resend)], 2)[1]) == [Removed(DEDUP_PREFIX + "q", resend.seq)]
+    assert send(broker, "a", 3) is not None
+
+
+def mark_records(effects: list) -> list:
+    return [effect for effect in effects if getattr(effect, "queue", "") == DEDUP_PREFIX + "q"]
 
 
 def test_an_id_too_long_to_remember_is_refused_naming_the_limit_and_queues_nothing():
@@ -175,7 +235,8 @@ def test_a_cluster_owner_takes_a_forwarded_resend_without_queueing_it_and_acknow
     # a producer's resend through another node: a later forward seq, the same id
     entries = [Entry(7, "q", "g", b"a", 0, False, 5), Entry(8, "q", "g", b"a", 0, False, 5)]
     effects = owner.forward_received("n1", entries, "call-1", 10)
-    assert [e.queue for e in effects if type(e) is Stored] == ["q", DEDUP_PREFIX + "q"]
+    assert [e.queue for e in effects if type(e) is Stored] == ["q"]
+    assert [e.queue for e in broker.dedup.take_marks()] == [DEDUP_PREFIX + "q"]  # at the batch's end
     assert [e.values for e in effects if type(e) is Declared] == [{"name": MARK_PREFIX + "n1", "high_water": 8}]
     assert owner.flushed(effects[-1].what, None, 11) == [Reply("call-1", 8, None)]
     assert broker.queues["q"].stats()["depth_messages"] == 1 and broker.list_queues()[0]["dedup_dropped_total"] == 1
@@ -244,7 +305,8 @@ def test_marks_survive_a_restart_even_of_messages_consumed_and_age_out_by_their_
     journal.start(lambda ticket: None, lambda ticket, error: None)
     write(journal, broker.declarations())
     consumed = Message(b"a")
-    write(journal, broker.enqueue("q", consumed, 0) + broker.enqueue("q", Message(b"b"), 500))
+    write(journal, broker.enqueue("q", consumed, 0) + broker.dedup.take_marks())  # two batches
+    write(journal, broker.enqueue("q", Message(b"b"), 500) + broker.dedup.take_marks())
     journal.remove("q", consumed.seq)  # its consumer accepted it: the message is gone, its mark is not
     journal.flush()
     journal.close()

@@ -114,8 +114,8 @@ class OwnerSide:
                     advanced = True
                     continue
                 enqueued = context.broker.enqueue(entry.queue, message, now_ms)
-            except Duplicate:  # a producer's resend the queue took already (issue 31): taken, nothing queued
-                enqueued = []
+            except Duplicate as duplicate:  # a producer's resend the queue took already (issue 31): taken, nothing queued
+                enqueued = duplicate.effects
             except GrouperError as error:
                 if not advanced:
                     raise

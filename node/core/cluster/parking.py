@@ -80,8 +80,8 @@ class Parking:
             message = moved_copy(old)
             try:
                 enqueued = context.broker.enqueue(key[0], message, now_ms)
-            except Duplicate:  # a producer's resend the queue took already (issue 31): done with, nothing queued
-                enqueued = []
+            except Duplicate as duplicate:  # a producer's resend the queue took already (issue 31): done with, nothing queued
+                enqueued = duplicate.effects
             except GrouperError as error:
                 log.warning("parked messages of group %r of queue %r wait: %s", key[1], key[0], error.description)
                 break  # held until a later tick takes them

@@ -14,14 +14,16 @@ Rules:
   Memory is bounded by `dedup_window_messages`: ~240 bytes an id of 16 characters (1,000,000: 225 MiB).
 - A duplicate raises `Duplicate` (no GrouperError: it is no refusal). Its callers (the node shell, the
   cluster owner and its parking) answer the producer `accepted` once what is journalled so far is on
-  disk, and queue nothing. `dropped_total[queue]` counts them (queue stats, /metrics).
-- Marks survive restarts as their own journal records, with no new record kind: the mark of a message
-  of a durable queue is a STORE under the reserved name DEDUP_PREFIX + queue (payload: the key in UTF-8,
-  seq: the message's, enqueued_at_ms: when it was marked), journalled right after the message's own
-  STORE, and a REMOVE when it leaves the window. Why not rebuild the window from the queue's STOREs at
-  recovery: the marks must outlive their messages (a resend after the first copy was consumed is still a
-  duplicate), so removed messages would need a mark record anyway; and a cold or paged recovery does
-  not read the bodies the keys are in. One small record per message on a dedup queue, none elsewhere.
+  disk, queue nothing, and carry out its `effects`. `dropped_total[queue]` counts them (queue stats, /metrics).
+- Marks survive restarts as their own journal records, with no new record kind: the marks a durable queue
+  made in one batch are one STORE under the reserved name DEDUP_PREFIX + queue (seq: the batch's first
+  marked message's; payload: each mark's seq, time and key, `encode_marks`), taken at the batch's end
+  (`take_marks`, node/core/shell.py's end_batch) so it goes to disk in the unit of its messages' STOREs,
+  after them; a REMOVE once every mark in it has left the window. Why not rebuild the window from the
+  queue's STOREs at recovery: the marks must outlive their messages (a resend after the first copy was
+  consumed is still a duplicate), so removed messages would need a mark record anyway; and a cold or
+  paged recovery does not read the bodies the keys are in. Why a record per batch: one per message
+  cost the node ~9 us per message (a record's encoding, crc and index), one per batch a fraction.
   A torn write can leave a message without its mark (a resend is then queued again: at least once),
   never a mark without its message (which would drop a message its producer was never told about).
 - A non-durable queue's marks live in memory only: a restart forgets them, as it forgets its messages.
@@ -31,6 +33,8 @@ Rules:
 
 from __future__ import annotations
 
+import bisect
+import struct
 from collections import deque
 
 from node.core.dispatch.message import Message
@@ -42,24 +46,31 @@ DEDUP_ID_LENGTH_MAX_CHARS = 1024  # longer ids are refused (amqp:invalid-field):
 
 
 class Duplicate(Exception):
-    """The message is a resend of one the queue took within its window: accept it, queue nothing."""
+    """The message is a resend of one the queue took within its window: accept it, queue nothing, carry out
+    `effects` (the REMOVEs of records its arrival aged out)."""
 
-    def __init__(self, queue: str, key: str):
+    def __init__(self, queue: str, key: str, effects: list):
         super().__init__(f"queue {queue!r} took a message with id {key!r} already")
         self.queue = queue
         self.key = key
+        self.effects = effects
 
 
 class Window:
-    """One queue's remembered ids: key -> seq of the message it marked; the order, oldest first, with the times."""
+    """One queue's remembered ids: key -> seq of the message it marked; the order, oldest first, with the
+    times and the journal record (seq; 0: none, a non-durable queue) of each; the live marks per record."""
 
-    __slots__ = ("marks", "order", "messages_max", "window_ms")
+    __slots__ = ("marks", "order", "messages_max", "window_ms", "live", "pending", "pending_record", "settings")
 
     def __init__(self, messages_max: int, window_ms: int):
         self.marks: dict[str, int] = {}
-        self.order: deque = deque()  # (key, seq, marked_at_ms), in the order marked
+        self.order: deque = deque()  # (key, seq, marked_at_ms, record), in the order marked
         self.messages_max = messages_max
         self.window_ms = window_ms  # 0: no age limit
+        self.live: dict[int, int] = {}  # record seq -> its marks still remembered, ascending
+        self.pending: list[tuple] = []  # (key, seq, marked_at_ms) of the record not taken yet
+        self.pending_record = 0  # its seq; 0: none
+        self.settings = None  # the QueueSettings its limits came from
 
     def __len__(self) -> int:
         return len(self.marks)
@@ -68,31 +79,46 @@ class Window:
         return key in self.marks
 
     def expire(self, now_ms: int, room: int = 0) -> list[int]:
-        """Forget the marks past their age, and the oldest beyond `messages_max - room`; their seqs."""
+        """Forget the marks past their age, and the oldest beyond `messages_max - room`; the records
+        (journalled) this left without a mark."""
         marks, order, window_ms = self.marks, self.order, self.window_ms
         keep = self.messages_max - room
-        evicted: list[int] = []
+        emptied: list[int] = []
         while order:
-            key, seq, at_ms = order[0]
-            if marks.get(key) != seq:  # forgotten early (a take-back)
+            key, seq, at_ms, record = order[0]
+            if marks.get(key) != seq:  # forgotten early (a take-back), its record told then
                 order.popleft()
                 continue
             if len(marks) <= keep and not (window_ms and at_ms + window_ms <= now_ms):
                 break
             order.popleft()
             del marks[key]
-            evicted.append(seq)
-        return evicted
+            if record:
+                emptied += self._release(record)
+        return emptied
 
-    def mark(self, key: str, seq: int, at_ms: int) -> None:
+    def mark(self, key: str, seq: int, at_ms: int, record: int) -> None:
         self.marks[key] = seq
-        self.order.append((key, seq, at_ms))
+        self.order.append((key, seq, at_ms, record))
+        if record:
+            self.live[record] = self.live.get(record, 0) + 1
 
-    def forget(self, key: str, seq: int) -> bool:
+    def forget(self, key: str, seq: int) -> list[int]:
+        """Forget one mark; the record (journalled) this left without a mark."""
         if self.marks.get(key) != seq:
-            return False
+            return []
         del self.marks[key]
-        return True
+        records = list(self.live)  # ascending: a record holds the marks from its seq to the next one's
+        at = bisect.bisect_right(records, seq) - 1
+        return self._release(records[at]) if at >= 0 else []
+
+    def _release(self, record: int) -> list[int]:
+        count = self.live[record] - 1
+        if count:
+            self.live[record] = count
+            return []
+        del self.live[record]
+        return [] if record == self.pending_record else [record]  # a pending record is simply not written
 
 
 class Dedup:
@@ -102,18 +128,21 @@ class Dedup:
         self.id_of = id_of  # payload -> key str or None (the adapter's reader; None: no reader, nothing is a resend)
         self.windows: dict[str, Window] = {}
         self.dropped_total: dict[str, int] = {}
+        self.pending: dict[str, Window] = {}  # windows with marks not taken into a record yet
 
     def window(self, settings) -> Window:
         window = self.windows.get(settings.name)
         if window is None:
             window = self.windows[settings.name] = Window(settings.dedup_window_messages, settings.dedup_window_ms)
-        else:  # the settings may have been redefined on a live queue
+            window.settings = settings
+        elif window.settings is not settings:  # redefined on a live queue
             window.messages_max, window.window_ms = settings.dedup_window_messages, settings.dedup_window_ms
+            window.settings = settings
         return window
 
     def key(self, settings, payload: bytes | None, now_ms: int, effects: list) -> str | None:
         """The message's key, or None (no id: queued normally). Raises Duplicate for a resend within the
-        window, InvalidField for an id too long to remember; `effects` gets the Removed of aged-out marks."""
+        window, InvalidField for an id too long to remember; `effects` gets the Removed of emptied records."""
         if payload is None or self.id_of is None:
             return None
         key = self.id_of(payload)
@@ -123,35 +152,63 @@ class Dedup:
             raise InvalidField(f"de-duplication id of {len(key)} characters; queue {settings.name!r} remembers ids "
                                f"of at most {DEDUP_ID_LENGTH_MAX_CHARS}: send a shorter message-id or _AMQ_DUPL_ID")
         window = self.window(settings)
-        self._evicted(settings, window.expire(now_ms), effects)
+        aged: list = []
+        order, window_ms = window.order, window.window_ms
+        if order and (window_ms and order[0][2] + window_ms <= now_ms or len(window.marks) > window.messages_max):
+            _removed(settings, window.expire(now_ms), aged)
         if key in window.marks:
             self.dropped_total[settings.name] = self.dropped_total.get(settings.name, 0) + 1
-            raise Duplicate(settings.name, key)
+            raise Duplicate(settings.name, key, aged)
+        effects += aged
         return key
 
     def mark(self, settings, key: str, message: Message, now_ms: int, effects: list) -> None:
-        """The message was queued: remember its key (journalled after its STORE, on a durable queue)."""
-        window = self.window(settings)
-        self._evicted(settings, window.expire(now_ms, room=1), effects)
-        window.mark(key, message.seq, now_ms)
-        if settings.durable:
-            effects.append(Stored(DEDUP_PREFIX + settings.name, mark_record(key, message.seq, now_ms)))
+        """The message was queued: remember its key (in this batch's record, on a durable queue). `key`
+        made its window and forgot the marks past their age."""
+        window = self.windows[settings.name]
+        if len(window.marks) >= window.messages_max:
+            _removed(settings, window.expire(now_ms, room=1), effects)
+        if not settings.durable:
+            window.mark(key, message.seq, now_ms, 0)
+            return
+        if not window.pending_record:
+            window.pending_record = message.seq
+            self.pending[settings.name] = window
+        window.mark(key, message.seq, now_ms, window.pending_record)
+        window.pending.append((key, message.seq, now_ms))
+
+    def take_marks(self) -> list:
+        """The end of a batch: each window's new marks still remembered, as one STORE per queue."""
+        effects: list = []
+        for name, window in self.pending.items():
+            marks = window.marks
+            kept = [mark for mark in window.pending if marks.get(mark[0]) == mark[1]]
+            if kept:
+                effects.append(Stored(DEDUP_PREFIX + name, Message(encode_marks(kept), None,
+                                                                   seq=window.pending_record)))
+            window.pending, window.pending_record = [], 0
+        self.pending.clear()
+        return effects
 
     def forget(self, settings, message: Message, effects: list) -> None:
         """A send taken back: its mark goes too, so its producer's resend is queued."""
         window = self.windows.get(settings.name)
         key = self.id_of(message.payload) if window is not None and message.payload is not None else None
-        if key is not None and window.forget(key, message.seq) and settings.durable:
-            effects.append(Removed(DEDUP_PREFIX + settings.name, message.seq))
+        if key is not None:
+            _removed(settings, window.forget(key, message.seq), effects)
 
     def restore(self, settings, records: list[Message], now_ms: int) -> list:
         """Recovery: the queue's mark records, in seq order, back into its window; the Removed of those
         past the window now (their REMOVEs, journalled like any other)."""
         window = self.window(settings)
+        emptied: list[int] = []
         for record in records:
-            window.mark(bytes(record.payload).decode("utf-8"), record.seq, record.enqueued_at_ms)
+            for key, seq, at_ms in decode_marks(record.payload):
+                if key in window.marks:  # marked again later: the older mark is gone
+                    emptied += window.forget(key, window.marks[key])
+                window.mark(key, seq, at_ms, record.seq)
         effects: list = []
-        self._evicted(settings, window.expire(now_ms), effects)
+        _removed(settings, emptied + window.expire(now_ms), effects)
         return effects
 
     def stats(self, stats: dict) -> dict:
@@ -162,14 +219,31 @@ class Dedup:
     def drop(self, queue_name: str) -> None:
         self.windows.pop(queue_name, None)
         self.dropped_total.pop(queue_name, None)
-
-    @staticmethod
-    def _evicted(settings, seqs: list[int], effects: list) -> None:
-        if seqs and settings.durable:
-            name = DEDUP_PREFIX + settings.name
-            effects += [Removed(name, seq) for seq in seqs]
+        self.pending.pop(queue_name, None)
 
 
-def mark_record(key: str, seq: int, at_ms: int) -> Message:
-    """The journal record of a mark: a STORE under DEDUP_PREFIX + queue (the header's rule)."""
-    return Message(key.encode("utf-8"), None, enqueued_at_ms=at_ms, seq=seq)
+def _removed(settings, records: list[int], effects: list) -> None:
+    if records:
+        name = DEDUP_PREFIX + settings.name
+        effects += [Removed(name, record) for record in records]
+
+
+_MARK = struct.Struct("<QQH")  # seq, marked_at_ms, key length in bytes; then the key, UTF-8
+
+
+def encode_marks(marks: list[tuple]) -> bytes:
+    """A record's payload: each (key, seq, marked_at_ms) in order."""
+    parts = []
+    for key, seq, at_ms in marks:
+        data = key.encode("utf-8")
+        parts += (_MARK.pack(seq, at_ms, len(data)), data)
+    return b"".join(parts)
+
+
+def decode_marks(payload: bytes):
+    position, end = 0, len(payload)
+    while position < end:
+        seq, at_ms, length = _MARK.unpack_from(payload, position)
+        position += _MARK.size
+        yield bytes(payload[position:position + length]).decode("utf-8"), seq, at_ms
+        position += length
