@@ -114,7 +114,7 @@ class OwnerSide:
                     advanced = True
                     continue
                 enqueued = context.broker.enqueue(entry.queue, message, now_ms)
-            except Duplicate as duplicate:  # a producer's resend the queue took already (issue 31): taken, nothing queued
+            except Duplicate as duplicate:  # a producer's resend the queue took already (issue 31): nothing queued
                 enqueued = duplicate.effects
             except GrouperError as error:
                 if not advanced:

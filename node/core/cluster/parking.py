@@ -80,7 +80,7 @@ class Parking:
             message = moved_copy(old)
             try:
                 enqueued = context.broker.enqueue(key[0], message, now_ms)
-            except Duplicate as duplicate:  # a producer's resend the queue took already (issue 31): done with, nothing queued
+            except Duplicate as duplicate:  # a resend the queue took already (issue 31): done with, nothing queued
                 enqueued = duplicate.effects
             except GrouperError as error:
                 log.warning("parked messages of group %r of queue %r wait: %s", key[1], key[0], error.description)

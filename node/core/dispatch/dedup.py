@@ -4,17 +4,20 @@ As ActiveMQ Artemis's duplicate detection (`_AMQ_DUPL_ID`) and SQS FIFO's dedupl
 Rules:
 - Only queues with `settings.dedup` come here (Broker.enqueue branches on that setting alone: a queue
   without it pays nothing more). A message's key is read by the adapter's reader (`id_of(payload)`,
-  node.amqp.message_fields.dedup_id): the application property `_AMQ_DUPL_ID` when present (Artemis's
+  node.amqp.duplicate_ids.dedup_id): the application property `_AMQ_DUPL_ID` when present (Artemis's
   name), else the properties section's message-id; a message with neither is queued normally.
 - A window per queue remembers the keys of the messages it queued, in arrival order, at most
   `dedup_window_messages` of them and each for `dedup_window_ms` (0: until the count pushes it out).
   Ages are checked on arrival (and at recovery), not by a timer: a mark past its age is forgotten
   before the next arrival is judged. O(1) per message: a dict for lookups, a deque for the order; a
   mark forgotten early (a take-back) leaves its deque entry behind, passed over when it reaches the front.
-  Memory is bounded by `dedup_window_messages`: ~240 bytes an id of 16 characters (1,000,000: 225 MiB).
+  Memory is bounded by `dedup_window_messages`: ~245 bytes an id of 16 characters (1,000,000: 233 MiB).
 - A duplicate raises `Duplicate` (no GrouperError: it is no refusal). Its callers (the node shell, the
   cluster owner and its parking) answer the producer `accepted` once what is journalled so far is on
-  disk, queue nothing, and carry out its `effects`. `dropped_total[queue]` counts them (queue stats, /metrics).
+  disk, queue nothing, and carry out its `effects`. `dropped_total[queue]` counts them (queue stats,
+  /metrics).
+- In a cluster a group's owner de-duplicates (its broker takes the message, forwarded ones too). The
+  windows are this node's: a group that moves to another owner leaves its marks here (README's limit).
 - Marks survive restarts as their own journal records, with no new record kind: the marks a durable queue
   made in one batch are one STORE under the reserved name DEDUP_PREFIX + queue (seq: the batch's first
   marked message's; payload: each mark's seq, time and key, `encode_marks`), taken at the batch's end
@@ -28,6 +31,8 @@ Rules:
   never a mark without its message (which would drop a message its producer was never told about).
 - A non-durable queue's marks live in memory only: a restart forgets them, as it forgets its messages.
 - A send taken back (its journal write failed) loses its mark too, so its producer's resend is queued.
+  The room it leaves in a full window may, after a restart, hold a mark pushed out before (its record
+  still live for its other marks): a restart never remembers fewer ids than the window held.
 - Pure: no I/O, no clock; callers pass `now_ms`.
 """
 
