@@ -1,13 +1,16 @@
 """Raft code versions: enabling the replicated commands newer than the first ones before proposing them.
 
 Owns when this member may propose a command of a newer raft code version (handler/replicated.py's ver=1
-moves and ver=2 queue definitions), and proposing the setCodeVersion entry that enables it. pysyncobj
+moves, ver=2 queue definitions and ver=3 replica sets), and proposing the setCodeVersion entry that
+enables it. pysyncobj
 proposes such a command only once a setCodeVersion entry in the log enabled its version (and forgets
 it when a restart loads a compacted log), so a member proposes that entry the first time it would
 propose one of them:
 - moves (MOVES_CODE_VERSION): the proposal that found them not enabled is dropped (the leader's duties
   and the node propose again later). Every member must run this code by then (route_follow_ms on all).
 - queue definitions (QUEUES_CODE_VERSION): the proposal waits for that entry, then goes (an admin waits).
+- replica sets (REPLICAS_CODE_VERSION): as moves for the leader's promote (its duties propose again);
+  as queue definitions for an owner's in-sync changes (`with_replicas_enabled`: it hears the outcome).
 Threads: callers on any thread only enqueue proposals; the callbacks run on pysyncobj's tick thread.
 """
 
@@ -21,25 +24,33 @@ log = logging.getLogger("grouper.handler")
 
 MOVES_CODE_VERSION = 1  # the raft code version of the commands moves need (ver=1 in handler/replicated.py)
 QUEUES_CODE_VERSION = 2  # the raft code version of the queue definition commands (ver=2)
+REPLICAS_CODE_VERSION = 3  # the raft code version of the replica sets' commands (ver=3)
 
 
 class CodeVersions:
     def __init__(self, syncobj, replica):
         self._syncobj = syncobj
         self._replica = replica  # the consumer whose commands pysyncobj names
-        self._moves_proposed = False  # a setCodeVersion entry for moves is in flight
+        self._proposed: set[int] = set()  # code versions whose setCodeVersion entry is in flight (moves, replicas)
 
     def moves_enabled(self) -> bool:
         """Moves' commands can be proposed now; if not, the entry that enables them is proposed (once)."""
-        if self.usable(MOVES_CODE_VERSION, "move_clear"):
+        return self._enabled(MOVES_CODE_VERSION, "move_clear", "groups follow their consumers")
+
+    def replicas_enabled(self) -> bool:
+        """The replica sets' commands (promote) can be proposed now; else as moves_enabled."""
+        return self._enabled(REPLICAS_CODE_VERSION, "promote", "owner epochs and replica promotion")
+
+    def _enabled(self, wanted: int, command: str, what: str) -> bool:
+        if self.usable(wanted, command):
             return True
-        if not self._moves_proposed:
-            self._moves_proposed = True
-            version = self.to_enable(MOVES_CODE_VERSION)
-            log.info("enabling raft code version %d (groups follow their consumers)", version)
+        if wanted not in self._proposed:
+            self._proposed.add(wanted)
+            version = self.to_enable(wanted)
+            log.info("enabling raft code version %d (%s)", version, what)
 
             def failed(reason):
-                self._moves_proposed = False
+                self._proposed.discard(wanted)
                 log.warning("grouping handler: enabling raft code version %d failed: %s; retrying",
                             version, reason)
             self._syncobj.setCodeVersion(version, callback=callback(failed))
@@ -48,20 +59,29 @@ class CodeVersions:
     def with_queues_enabled(self, on_result, propose) -> None:
         """propose(callback) a queue definition command once its code version is enabled; on_result(reason,
         result) hears its outcome, or why enabling the version failed."""
+        self._with_enabled(QUEUES_CODE_VERSION, "define_queue", "cluster-wide queue definitions", on_result,
+                           propose)
+
+    def with_replicas_enabled(self, on_result, propose) -> None:
+        """As with_queues_enabled, for the replica sets' commands (an owner's in-sync changes)."""
+        self._with_enabled(REPLICAS_CODE_VERSION, "replica_in_sync", "owner epochs and replica promotion",
+                           on_result, propose)
+
+    def _with_enabled(self, wanted: int, command: str, what: str, on_result, propose) -> None:
         def proposed(result, error):
             on_result(reason_for(error), result)
-        if self.usable(QUEUES_CODE_VERSION, "define_queue"):
+        if self.usable(wanted, command):
             propose(proposed)
             return
 
         def enabled(_result, error):  # tick thread; proposing from here only enqueues
             reason = reason_for(error)
             if reason is not None:
-                on_result(f"enabling raft code version {QUEUES_CODE_VERSION} failed: {reason}", None)
+                on_result(f"enabling raft code version {wanted} failed: {reason}", None)
             else:
                 propose(proposed)
-        version = self.to_enable(QUEUES_CODE_VERSION)
-        log.info("enabling raft code version %d (cluster-wide queue definitions)", version)
+        version = self.to_enable(wanted)
+        log.info("enabling raft code version %d (%s)", version, what)
         self._syncobj.setCodeVersion(version, callback=enabled)
 
     def to_enable(self, version: int) -> int:

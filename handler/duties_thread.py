@@ -2,7 +2,7 @@
 status, and proposes the commands they return.
 
 Owns one thread of the raft member process, started only when some duty is on (the reaper, owner
-failover, groups following consumers). It decides nothing itself: every decision is the duties' and
+failover, replica promotion, groups following consumers). It decides nothing itself: every decision is the duties' and
 goes through the raft log. It only reads (the raft status, a read-only look at the route table while
 the tick thread applies commands) and enqueues proposals, which never blocks; a round whose reads kept
 changing is skipped and said.
@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 
-from handler.leader_duties import ExpireIdle, FailOver, FollowConsumers, LeaderDuties, MarkUp, RaftStatus
+from handler.leader_duties import ExpireIdle, FailOver, FollowConsumers, LeaderDuties, MarkUp, Promote, RaftStatus
 from handler.proposals import logged
 from handler.raft_status import member_status, read_while_applying
 
@@ -60,12 +60,17 @@ class DutiesThread:
             return RaftStatus(leader=False, term=0, reachable=(), unreachable=())
         status = member_status(self._syncobj, self._node_id)
         others = [member for member in status["members"] if member != self._node_id]
+        unreachable = tuple(member for member in others if member not in status["connected"])
+        table = {}
+        if self.duties.route_follow_ms:
+            table.update(self._placement())
+        if self.duties.replica_failover_ms and unreachable:  # nobody to promote while every member answers
+            table.update(self._replica_sets())
         return RaftStatus(
             leader=status["state"] == "leader", term=status["term"],
-            reachable=tuple(member for member in others if member in status["connected"]),
-            unreachable=tuple(member for member in others if member not in status["connected"]),
+            reachable=tuple(member for member in others if member in status["connected"]), unreachable=unreachable,
             down=frozenset(self._replica.table.down),  # a read-only look; decisions go through the log
-            **(self._placement() if self.duties.route_follow_ms else {}))
+            **table)
 
     def _placement(self) -> dict:
         """The table's consumers and routes per node and queue, for following consumers: a read-only
@@ -77,10 +82,29 @@ class DutiesThread:
             "routed": tuple((node, queue, count) for (node, queue), count in sorted(dict(table.route_counts).items())),
         }, "the route table")
 
+    def _replica_sets(self) -> dict:
+        """The table's routes per node and queue, owner epochs and in-sync backups, for replica promotion
+        (and owner failover after it): a read-only look."""
+        table = self._replica.table
+        return read_while_applying(lambda: {
+            "routed": tuple((node, queue, count) for (node, queue), count in sorted(dict(table.route_counts).items())),
+            "epochs": tuple(sorted(dict(table.epochs).items())),
+            "in_sync": tuple((owner, tuple(backups)) for owner, backups in sorted(dict(table.in_sync).items())),
+        }, "the route table")
+
     def _propose(self, command) -> None:
         replica = self._replica
         if isinstance(command, ExpireIdle):
             replica.expire_idle(command.cutoff_ms, list(command.spared_nodes), callback=logged("expire_idle"))
+        elif isinstance(command, Promote):
+            if not self._code_versions.replicas_enabled():
+                self.duties.promote_dropped(command.owner)  # proposed again at the next tick
+                return
+            log.warning("REPLICA PROMOTION: member %s unreachable for %d ms (replica_failover_ms=%d): its groups "
+                        "move to their in-sync backups, its epoch becomes %d; groups without one wait for it",
+                        command.owner, command.unreachable_ms, self.duties.replica_failover_ms, command.epoch + 1)
+            replica.promote(command.owner, command.epoch, command.now_ms, command.replication_factor_default,
+                            callback=logged("promote"))
         elif isinstance(command, FailOver):
             log.warning("OWNER FAILOVER: member %s unreachable for %d ms (owner_failover_ms=%d): marking it "
                         "down and moving its groups to live nodes; messages it still holds for them may be "

@@ -14,13 +14,21 @@ decision is then in the raft log, so replicas agree whatever this object believe
   The log does not say which routes those are, so while any member is out of reach the reaper
   expires nothing, and it waits `group_timeout_ms / 2` more once the member is reachable again (as a
   new leader waits), so that the member's first refresh is in the log before anything is judged idle.
-  Exception: a member marked down by owner failover holds nothing back while it is away (that policy
-  gives up the order of what it holds for availability, and a dead member must not stop expiry for
-  good); its own routes are still spared.
+  Exception: a member marked down by owner failover or a promotion holds nothing back while it is
+  away (failover gives up the order of what it holds for availability, and a dead member must not stop
+  expiry for good); its own routes are still spared.
+- Replica promotion (with `replica_failover_ms`): a member unreachable that long, continuously under
+  this leader, that has routes and an in-sync backup this leader sees (not down, not unreachable), gets
+  a Promote at its epoch (handler/replica_sets.py: its groups move to their in-sync backups, its epoch
+  moves on, it is marked down). Once per epoch; proposed again a `replica_failover_ms` later if the
+  epoch has not moved (a proposal lost in a leader change). Without an in-sync backup nothing is
+  proposed, so a cluster whose owners stream to no backup behaves as if this duty were off.
 - Owner failover (with `owner_failover_ms`): a member unreachable that long, continuously under
   this leader, is failed over (marked down, its routes dropped, its groups placed afresh:
-  availability over order). A member that is down and reachable again is marked up, on every tick
-  until the log says it is up (a proposal may be lost in a leader change).
+  availability over order). A member a promotion marked down (its epoch above 0) that still has
+  routes (groups without an in-sync backup) is failed over too, once per epoch under this leader: what
+  promotion left. A member that is down and reachable again is marked up, on every tick until the
+  log says it is up (a proposal may be lost in a leader change); a promoted member too.
 - Follow consumers (with `route_follow_ms`): a (node, queue) whose node holds routes of the queue but
   has had no consumer on it for `route_follow_ms` under this leader, while another node has some, gets
   a FollowConsumers (RouteTable.follow_consumers moves those routes; the nodes hand the groups over),
@@ -49,6 +57,8 @@ REAPER_ROUNDS_PER_TIMEOUT = 60
 # (docs/cluster-ceiling.md; ten minutes would take nearly all of it), 100,000 cost 220/s; an unused
 # route's slot is free within thirty minutes, and a group unused for fifteen pays one route decision.
 GROUP_TIMEOUT_MS_DEFAULT = 1_800_000
+REPLICA_FAILOVER_MS_DEFAULT = 3000  # an owner unreachable this long has its groups promoted (docs/replication.md)
+REPLICATION_FACTOR_DEFAULT = 2  # copies of a durable queue's message, its owner's included, unless the queue says
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +73,10 @@ class RaftStatus:
     # what the replicated table says, for following consumers (empty when route_follow_ms is 0):
     consumers: tuple[tuple[str, str, int], ...] = ()  # (node, queue, consumers), consumers > 0
     routed: tuple[tuple[str, str, int], ...] = ()  # (node, queue, routes), routes > 0
+    # for replica promotion, as the table says (empty when replica_failover_ms is 0 or every member is
+    # reachable: then nobody is promoted or failed over); routed is filled too
+    epochs: tuple[tuple[str, int], ...] = ()  # (node, epoch), epoch > 0
+    in_sync: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (owner, its in-sync backups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +93,18 @@ class FailOver:
 
     node: str
     now_ms: int
+    unreachable_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Promote:
+    """Propose promote(owner, epoch, now_ms, replication_factor_default) (handler/replica_sets.py);
+    `unreachable_ms` is for the log line."""
+
+    owner: str
+    epoch: int
+    now_ms: int
+    replication_factor_default: int
     unreachable_ms: int
 
 
@@ -101,16 +127,23 @@ class FollowConsumers:
 
 class LeaderDuties:
     def __init__(self, group_timeout_ms: int = 0, owner_failover_ms: int = 0,
-                 reaper_interval_ms: int | None = None, route_follow_ms: int = 0):
+                 reaper_interval_ms: int | None = None, route_follow_ms: int = 0, replica_failover_ms: int = 0,
+                 replication_factor: int = REPLICATION_FACTOR_DEFAULT):
         if reaper_interval_ms is None:
             reaper_interval_ms = max(REAPER_INTERVAL_MS, group_timeout_ms // REAPER_ROUNDS_PER_TIMEOUT)
-        if group_timeout_ms < 0 or owner_failover_ms < 0 or reaper_interval_ms <= 0 or route_follow_ms < 0:
+        if (group_timeout_ms < 0 or owner_failover_ms < 0 or reaper_interval_ms <= 0 or route_follow_ms < 0
+                or replica_failover_ms < 0):
             raise ValueError(f"leader duties need group_timeout_ms >= 0 (got {group_timeout_ms}), "
                              f"owner_failover_ms >= 0 (got {owner_failover_ms}), reaper_interval_ms > 0 "
-                             f"(got {reaper_interval_ms}) and route_follow_ms >= 0 (got {route_follow_ms})")
+                             f"(got {reaper_interval_ms}), route_follow_ms >= 0 (got {route_follow_ms}) "
+                             f"and replica_failover_ms >= 0 (got {replica_failover_ms})")
         self.group_timeout_ms = group_timeout_ms
         self.owner_failover_ms = owner_failover_ms
         self.route_follow_ms = route_follow_ms
+        self.replica_failover_ms = replica_failover_ms
+        self.replication_factor = replication_factor  # the cluster default, for queues that set none
+        self.promoted: dict[str, tuple[int, int]] = {}  # owner -> (epoch proposed at, when to propose again)
+        self.dropped_epoch: dict[str, int] = {}  # promoted owner -> epoch at which its leftovers were failed over
         self.stranded_since_ms: dict[tuple[str, str], int] = {}  # (node, queue) -> first seen stranded
         self.follow_due_ms: dict[tuple[str, str], int] = {}  # (node, queue) -> when to propose again
         self.reaper_interval_ms = reaper_interval_ms
@@ -123,7 +156,8 @@ class LeaderDuties:
     @property
     def active(self) -> bool:
         """False when there is nothing to do: the caller need not run a thread for it."""
-        return bool(self.group_timeout_ms or self.owner_failover_ms or self.route_follow_ms)
+        return bool(self.group_timeout_ms or self.owner_failover_ms or self.route_follow_ms
+                    or self.replica_failover_ms)
 
     def tick(self, now_ms: int, status: RaftStatus) -> list:
         if not status.leader:
@@ -136,7 +170,9 @@ class LeaderDuties:
         commands: list = []
         if self.group_timeout_ms:
             commands += self._reap(now_ms, status)
-        if self.owner_failover_ms:
+        if self.replica_failover_ms:
+            commands += self._promote(now_ms, status)
+        if self.owner_failover_ms or self.replica_failover_ms:
             commands += self._fail_over(now_ms, status)
         if self.route_follow_ms:
             commands += self._follow(now_ms, status)
@@ -148,6 +184,8 @@ class LeaderDuties:
         self.follow_due_ms.clear()
         self.unreachable_since_ms.clear()
         self.returned_ms.clear()
+        self.promoted.clear()
+        self.dropped_epoch.clear()
 
     def _observe(self, now_ms: int, status: RaftStatus) -> None:
         since, returned = self.unreachable_since_ms, self.returned_ms
@@ -180,14 +218,47 @@ class LeaderDuties:
         """A member out of reach, or lately back, may rely on any route: expire nothing yet."""
         return bool(self.returned_ms) or any(member not in status.down for member in status.unreachable)
 
+    def _promote(self, now_ms: int, status: RaftStatus) -> list:
+        owners = {node for node, _queue, routes in status.routed if routes > 0}
+        epochs, in_sync = dict(status.epochs), dict(status.in_sync)
+        commands: list = []
+        for member in sorted(status.unreachable):
+            unreachable_ms = now_ms - self.unreachable_since_ms[member]
+            if member not in owners or unreachable_ms < self.replica_failover_ms:
+                continue
+            if not any(backup not in status.down and backup not in status.unreachable
+                       for backup in in_sync.get(member, ())):
+                continue  # no copy this leader knows is current and alive: its groups wait (or fail over)
+            epoch = epochs.get(member, 0)
+            proposed = self.promoted.get(member)
+            if proposed is not None and proposed[0] == epoch and now_ms < proposed[1]:
+                continue
+            self.promoted[member] = (epoch, now_ms + self.replica_failover_ms)
+            commands.append(Promote(member, epoch, now_ms, self.replication_factor, unreachable_ms))
+        return commands
+
+    def promote_dropped(self, owner: str) -> None:
+        """The caller could not propose the Promote for `owner` (its code version is being enabled): it is
+        due again at the next tick."""
+        self.promoted.pop(owner, None)
+
     def _fail_over(self, now_ms: int, status: RaftStatus) -> list:
         commands: list = []
         for member in sorted(status.reachable):
             if member in status.down:
                 commands.append(MarkUp(member, now_ms))
+        if not self.owner_failover_ms:
+            return commands
+        epochs = dict(status.epochs)
+        owners = {node for node, _queue, routes in status.routed if routes > 0}
         for member in sorted(status.unreachable):
             unreachable_ms = now_ms - self.unreachable_since_ms[member]
-            if member not in status.down and unreachable_ms >= self.owner_failover_ms:
+            if unreachable_ms < self.owner_failover_ms:
+                continue
+            if member not in status.down:
+                commands.append(FailOver(member, now_ms, unreachable_ms))
+            elif epochs.get(member, 0) and member in owners and self.dropped_epoch.get(member) != epochs[member]:
+                self.dropped_epoch[member] = epochs[member]  # promoted, and what had no backup is left
                 commands.append(FailOver(member, now_ms, unreachable_ms))
         return commands
 

@@ -21,6 +21,7 @@ then the node sends requests, and this process sends back what raft did:
     ("define_queue", id, values, seed)               ("answer", id, reason or None, result)
     ("update_queue", id, name, changes)
     ("delete_queue", id, name, seen_revision)
+    ("replica_in_sync", id, backup, epoch)  ("replica_out_of_sync", id, owner, backup, epoch)
     ("status", id)   ("stop",)
 Rules:
 - Only the node ends this process: ("stop",), or the channel closing (the node died, even by
@@ -72,6 +73,8 @@ class Member:
             "move_clear": self._move_clear,
             "define_queue": self._answered("define_queue"), "update_queue": self._answered("update_queue"),
             "delete_queue": self._answered("delete_queue"),
+            "replica_in_sync": self._answered("replica_in_sync"),
+            "replica_out_of_sync": self._answered("replica_out_of_sync"),
             "add_member": self._add_member, "remove_member": self._remove_member,
             "status": self._status, "stop": self._stop,
         }

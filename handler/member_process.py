@@ -126,6 +126,13 @@ class MemberProcess:
     def delete_queue(self, name: str, seen_revision: int, on_result) -> None:
         self._request("delete_queue", _with_result(on_result), name, seen_revision)
 
+    def replica_in_sync(self, backup: str, epoch: int, on_result) -> None:
+        """This node, an owner at `epoch`, says `backup` is in sync (handler/replica_sets.py)."""
+        self._request("replica_in_sync", _with_result(on_result), backup, epoch)
+
+    def replica_out_of_sync(self, owner: str, backup: str, epoch: int, on_result) -> None:
+        self._request("replica_out_of_sync", _with_result(on_result), owner, backup, epoch)
+
     def add_member(self, node: str, on_done) -> None:
         self._request("add_member", on_done, node)
 

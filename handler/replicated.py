@@ -5,8 +5,9 @@ commands are deterministic and idempotent. After each applied command the replic
 changed through `on_applied(kind, payload)`, still on the tick thread, in log order; the runtime
 forwards that to the engine loop. Snapshots hold the table's and the definitions' attributes, which
 are plain data (a snapshot taken before definitions existed restores none).
-The queue definition commands (handler/queue_definitions.py) are ver=2: numbered after every older
-command, so journals written before them replay unchanged.
+The queue definition commands (handler/queue_definitions.py) are ver=2 and the replica sets' commands
+(handler/replica_sets.py: replica_in_sync, replica_out_of_sync, promote) ver=3: numbered after every
+older command, so journals written before them replay unchanged.
 
 Format versions:
 - Commands: a command's version is its pysyncobj `ver`. pysyncobj numbers commands by (ver, name), so
@@ -22,8 +23,9 @@ Format versions:
   Version 1 held the table's attributes with routes {(queue, group): [node, touched_ms]}; version 2
   the table's state with routes packed per queue in dicts {queue: {group: packed}}; version 3
   RouteTable.state(), each queue's routes as its GroupMap's state (node/core/group_map.py: buckets
-  of bytes). This build reads all three and writes 3, so a member upgraded in place restores its
-  old snapshot. A snapshot of a version it reads whose table is damaged (a GroupMap's buckets
+  of bytes); version 4 as 3 with the owner epochs and in-sync backups ("epochs", "in_sync"), which
+  versions 1-3 restore empty. This build reads all four and writes 4, so a member upgraded in place
+  restores its old snapshot. A snapshot of a version it reads whose table is damaged (a GroupMap's buckets
   inconsistent, a part missing) is refused the same way: going on with an empty table would split
   this replica from the others.
 """
@@ -37,15 +39,15 @@ from pysyncobj import SyncObjConsumer, replicated
 
 from handler.queue_definitions import QueueDefinitions
 from handler.placement import PLACEMENT_LOCAL
-from handler.route_snapshots import from_state_v1, from_state_v2
+from handler.route_snapshots import from_state_v1, from_state_v2, from_state_v3
 from handler.route_table import RouteTable
-from node.core.cluster.feed import (ADDED, MEMBERS, MOVES, MOVES_ALL, QUEUES, QUEUES_ALL, REFUSED, ROUTES,  # the feed's kinds
-                                    SNAPSHOT, UPDATED)
+from node.core.cluster.feed import (ADDED, MEMBERS, MOVES, MOVES_ALL, QUEUES, QUEUES_ALL, REFUSED,  # the feed's kinds
+                                    REPLICAS, ROUTES, SNAPSHOT, UPDATED)
 
 log = logging.getLogger("grouper.handler")
 
-SNAPSHOT_FORMAT_VERSION = 3  # what this build writes
-SNAPSHOT_FORMAT_VERSIONS_READ = (1, 2, 3)  # what it reads; a newer build keeps reading the one before it
+SNAPSHOT_FORMAT_VERSION = 4  # what this build writes
+SNAPSHOT_FORMAT_VERSIONS_READ = (1, 2, 3, 4)  # what it reads; a newer build keeps reading the one before it
 EXIT_UNREADABLE_SNAPSHOT = 3  # the member's exit status after refusing a snapshot
 
 
@@ -108,6 +110,8 @@ class RouteTableReplica(SyncObjConsumer):
                 table = from_state_v1(data["route_table"])
             elif version == 2:
                 table = from_state_v2(data["route_table"])
+            elif version == 3:
+                table = from_state_v3(data["route_table"])
             else:
                 table = RouteTable.from_state(data["route_table"])
         except (KeyError, TypeError, ValueError) as error:  # swallowed by pysyncobj otherwise: see the header
@@ -121,6 +125,7 @@ class RouteTableReplica(SyncObjConsumer):
                                           for (queue, group), (node, touched_ms) in table.entries()), None)
         self._on_applied(MOVES_ALL, table.moves_all(), None)
         self._publish_members()
+        self._publish_replicas()
         queues = QueueDefinitions()
         vars(queues).update(data.get("queue_definitions", {}))
         self.queues = queues
@@ -218,8 +223,12 @@ class RouteTableReplica(SyncObjConsumer):
 
     @replicated
     def register_node(self, node, peer_address, amqp_address, admin_address, now_ms):
+        in_sync = self.table.in_sync
+        had_sets = bool(in_sync)
         self.table.register_node(node, peer_address, amqp_address, admin_address, now_ms)
         self._publish_members()
+        if had_sets and not in_sync:  # a new member name emptied the sets (handler/replica_sets.py)
+            self._publish_replicas()
 
     @replicated
     def mark_down(self, node, now_ms):
@@ -240,6 +249,36 @@ class RouteTableReplica(SyncObjConsumer):
         self.table.mark_up(node, now_ms)
         self._publish_members()
 
+    # ---- replica sets (ver=3: see the header; handler/replica_sets.py has the rules) ------------
+
+    @replicated(ver=3)
+    def replica_in_sync(self, owner, backup, epoch):
+        changed = self.table.replica_sets().replica_in_sync(owner, backup, epoch)
+        if changed:
+            self._publish_replicas()
+        return changed
+
+    @replicated(ver=3)
+    def replica_out_of_sync(self, owner, backup, epoch):
+        changed = self.table.replica_sets().replica_out_of_sync(owner, backup, epoch)
+        if changed:
+            self._publish_replicas()
+        return changed
+
+    @replicated(ver=3)
+    def promote(self, owner, epoch, now_ms, replication_factor_default):
+        factors = {name: values["replication_factor"] for name, values in sorted(self.queues.definitions.items())
+                   if "replication_factor" in values}
+        moved = self.table.replica_sets().promote(owner, epoch, now_ms, replication_factor_default, factors)
+        if moved is None:
+            return []
+        # the epoch first: a node learns it is a group's new owner, at which epoch, before the route says so
+        self._publish_replicas()
+        self._publish_members()  # the owner is down
+        if moved:
+            self._on_applied(ROUTES, moved, now_ms)
+        return moved
+
     # ---- feed --------------------------------------------------------------------------------
 
     def _removed(self, keys):
@@ -252,3 +291,6 @@ class RouteTableReplica(SyncObjConsumer):
         self._on_applied(MEMBERS, {"nodes": {node: dict(info) for node, info in table.nodes.items()},
                                    "consumers": {node: dict(counts) for node, counts in table.consumers.items()},
                                    "down": dict(table.down)}, None)
+
+    def _publish_replicas(self):
+        self._on_applied(REPLICAS, self.table.replica_sets().copy(), None)

@@ -4,15 +4,16 @@ Owns the table's replicated state and its commands: the routes (queue, group) ->
 handler/packed_routes.py, the consumer counts each node reports, how to reach each member, which
 members are down, the moves in progress and the revision. The rules of each seam live in a module of
 its own: placement of a new group (handler/placement.py), the moves of groups following their
-consumers (handler/route_moves.py), the members' reports (handler/member_reports.py); the latter
-three are views handed the table's dicts for one command. Older snapshot formats are read by
-handler/route_snapshots.py. pysyncobj applies every command on every replica in the same order, so:
+consumers (handler/route_moves.py), the members' reports (handler/member_reports.py), the owner
+epochs, in-sync backups and promotions (handler/replica_sets.py); the latter four are views handed the
+table's dicts for one command. Older snapshot formats are read by handler/route_snapshots.py.
+pysyncobj applies every command on every replica in the same order, so:
 - Deterministic: no clock (the proposer passes `now_ms`), no randomness, nothing from the
   environment; results and removals go in sorted order.
 - Idempotent, first proposal wins: a retried claim returns the route the first one made.
 - Plain data: the state holds only dict, list, tuple, str and int, and the routes' GroupMaps, which
   `state()` turns into ints and lists of bytes, because pysyncobj snapshots the table by pickling
-  `state()` (snapshot format 3, handler/replicated.py: its keys and layout never change).
+  `state()` (snapshot format 4, handler/replicated.py: its keys and layout never change).
 - Never raises for input from the cluster: a malformed entry gets None or is ignored, because an
   exception inside an applied command would kill the raft tick thread (handler/command_input.py). A
   time past TOUCHED_MS_MAX does not fit a packed route: a command carrying one is malformed (None, as
@@ -28,6 +29,7 @@ from handler.command_input import is_int, is_key, is_str
 from handler.member_reports import MemberReports
 from handler.packed_routes import TOUCHED_MS_MAX, PackedRoutes
 from handler.placement import PLACEMENT_LOCAL, PLACEMENTS, Placement
+from handler.replica_sets import ReplicaSets
 from handler.route_moves import MOVES_PER_COMMAND_MAX, Moves
 from node.core.group_map import GroupMap
 
@@ -50,6 +52,8 @@ class RouteTable:
         self.down: dict[str, int] = {}  # node -> now_ms when marked down; absent means up
         # (queue, group) -> [from_node, to_node, started_ms, waiting (sorted nodes)]: moves in progress
         self.moves: dict[tuple[str, str], list] = {}
+        self.epochs: dict[str, int] = {}  # owner node -> epoch (handler/replica_sets.py); absent = 0
+        self.in_sync: dict[str, list] = {}  # owner node -> its in-sync backups, sorted; no empty lists
         self.revision = 0  # bumped once by every command that changed something
 
     @property
@@ -58,10 +62,11 @@ class RouteTable:
         return self.store.route_counts
 
     STATE = ("routes_max", "routes", "node_names", "route_counts", "consumers", "nodes", "down", "moves",
-             "revision")  # what a snapshot holds, in this order (handler/replicated.py: format versions 2 and 3)
+             "revision", "epochs", "in_sync")  # a snapshot's parts in order (handler/replicated.py: formats 2-4;
+    # 2 and 3 end at "revision")
 
     def state(self) -> dict:
-        """The table as plain data for a snapshot (format 3: routes {queue: GroupMap.state()}); shared,
+        """The table as plain data for a snapshot (format 4: routes {queue: GroupMap.state()}); shared,
         not copied (pysyncobj pickles it at once, in a forked child)."""
         store = self.store
         parts = {"routes": {queue: groups.state() for queue, groups in store.routes.items()},
@@ -70,12 +75,12 @@ class RouteTable:
 
     @classmethod
     def from_state(cls, state: dict, read_groups=GroupMap.from_state) -> "RouteTable":
-        """A snapshot of format version 3 (see state()); `read_groups` reads a queue's routes of another
-        (handler/route_snapshots.py reads versions 1 and 2)."""
+        """A snapshot of format version 4 (see state()); `read_groups` reads a queue's routes of another
+        (handler/route_snapshots.py reads versions 1 to 3)."""
         table = cls(state["routes_max"])
         table.store = PackedRoutes({queue: read_groups(groups) for queue, groups in state["routes"].items()},
                                    state["node_names"], state["route_counts"])
-        for name in ("consumers", "nodes", "down", "moves", "revision"):
+        for name in ("consumers", "nodes", "down", "moves", "revision", "epochs", "in_sync"):
             setattr(table, name, state[name])
         return table
 
@@ -84,6 +89,11 @@ class RouteTable:
 
     def _members(self) -> MemberReports:
         return MemberReports(self.consumers, self.nodes, self.down)
+
+    def replica_sets(self) -> ReplicaSets:
+        """The owner epochs, in-sync backups and promotion: replica_in_sync, replica_out_of_sync and promote
+        are its commands (handler/replica_sets.py), each bumping the revision once when it changed something."""
+        return ReplicaSets(self.epochs, self.in_sync, self.nodes, self.down, self.store, self.moves, self._changed)
 
     def entry(self, queue: str, group: str) -> tuple[str, int] | None:
         """(node, touched_ms) of the route, or None."""
@@ -184,7 +194,9 @@ class RouteTable:
 
     def register_node(self, node: str, peer_address: str, amqp_address: str, admin_address: str,
                       now_ms: int) -> None:
-        self._changed(self._members().register(node, peer_address, amqp_address, admin_address))
+        known = node in self.nodes
+        if self._changed(self._members().register(node, peer_address, amqp_address, admin_address)) and not known:
+            self.in_sync.clear()  # a new name changes every group's backups (handler/replica_sets.py)
 
     def mark_down(self, node: str, now_ms: int) -> None:
         self._changed(self._members().mark_down(node, now_ms))

@@ -11,7 +11,7 @@ other members forward theirs to it (pysyncobj does). Its parts:
 - handler/leader_watch.py: what the member notices of its leader, and the early election when it goes.
 - handler/code_versions.py: enabling newer replicated commands before proposing them.
 - handler/duties_thread.py: the leader's duties (handler/leader_duties.py decides them: the reaper,
-  owner failover, groups following consumers), fed the clock and the raft status.
+  replica promotion, owner failover, groups following consumers), fed the clock and the raft status.
 - handler/proposals.py: what a proposer hears back; handler/raft_status.py: the member's status.
 """
 
@@ -22,7 +22,7 @@ import os
 
 from handler.code_versions import CodeVersions
 from handler.duties_thread import DutiesThread
-from handler.leader_duties import LeaderDuties
+from handler.leader_duties import REPLICATION_FACTOR_DEFAULT, LeaderDuties
 from handler.leader_watch import LeaderWatch
 from handler.placement import PLACEMENT_BALANCED
 from handler.proposals import callback, logged
@@ -37,7 +37,8 @@ class GroupingHandler:
     def __init__(self, node_id: str, partners: list[str], raft_dir: str, *, on_applied, on_ready,
                  election_timeout_min_ms: int, election_timeout_max_ms: int, routes_max: int,
                  group_timeout_ms: int = 0, owner_failover_ms: int = 0, route_follow_ms: int = 0,
-                 placement: str = PLACEMENT_BALANCED, bind_host: str = "", raft_secrets: tuple[str, ...] = ()):
+                 placement: str = PLACEMENT_BALANCED, bind_host: str = "", raft_secrets: tuple[str, ...] = (),
+                 replica_failover_ms: int = 0, replication_factor: int = REPLICATION_FACTOR_DEFAULT):
         os.makedirs(raft_dir, exist_ok=True)
         self.node_id = node_id
         self.placement = placement  # goes into every claim: replicas place by the proposer's mode, never their own
@@ -52,7 +53,8 @@ class GroupingHandler:
                                    election_timeout_ms=(election_timeout_min_ms, election_timeout_max_ms),
                                    bind_host=bind_host, raft_secrets=raft_secrets)
         self.code_versions = CodeVersions(self._syncobj, self.replica)
-        self.duties = LeaderDuties(group_timeout_ms, owner_failover_ms, route_follow_ms=route_follow_ms)
+        self.duties = LeaderDuties(group_timeout_ms, owner_failover_ms, route_follow_ms=route_follow_ms,
+                                   replica_failover_ms=replica_failover_ms, replication_factor=replication_factor)
         self._duties = None
         if self.duties.active:
             self._duties = DutiesThread(self.duties, self._syncobj, self.replica, node_id, self.code_versions,
@@ -105,6 +107,18 @@ class GroupingHandler:
     def delete_queue(self, name: str, seen_revision: int, on_result) -> None:
         self.code_versions.with_queues_enabled(on_result, lambda done: self.replica.delete_queue(
             name, seen_revision, callback=done))
+
+    def replica_in_sync(self, backup: str, epoch: int, on_result) -> None:
+        """This node, as an owner at `epoch`, says `backup` holds a current copy (handler/replica_sets.py);
+        on_result(reason, result): reason None once applied, result whether the set changed."""
+        self.code_versions.with_replicas_enabled(on_result, lambda done: self.replica.replica_in_sync(
+            self.node_id, backup, epoch, callback=done))
+
+    def replica_out_of_sync(self, owner: str, backup: str, epoch: int, on_result) -> None:
+        """`backup` leaves `owner`'s in-sync set: proposed by the owner (it lags) or by the backup (it lost
+        its state), with the owner's epoch as the proposer knows it."""
+        self.code_versions.with_replicas_enabled(on_result, lambda done: self.replica.replica_out_of_sync(
+            owner, backup, epoch, callback=done))
 
     def add_member(self, node: str, on_done) -> None:
         self._syncobj.addNodeToCluster(node, callback=callback(on_done, on_success=lambda: on_done(None)))

@@ -10,6 +10,9 @@ forwarders' acks and the handler's proposal outcomes (the raft member channel's 
 What goes to the grouping handler, and what comes back of it, is its collaborator's:
 node/cluster_proposals.py (ClusterProposals, which also carries out Reply, QueueDeleted and StopNode);
 the forwarders are node/peer/forwarder.py's Forwarders.
+The replica writer (node/store/replica_writer.py, issue 28) is this link's too: the replica journals this
+node keeps as a backup, under <data_dir>/replicas; started when attached, closed with the link; the peer
+servicer's Replicate hands it batches on gRPC pool threads, as Forward hands `handle_forward` its own.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from node.core.cluster.feed import REFUSED, ROUTES, SNAPSHOT
 from node.core.effects import ReadOutbound, SubmitForward
 from node.core.cluster.outbound import Entry
 from node.peer.forwarder import Forwarders
+from node.store.replica_writer import ReplicaWriter
 
 
 class ClusterLink:
@@ -49,6 +53,8 @@ class ClusterLink:
             lambda owner, high_water: self.bridge.post(lambda: self.acknowledged(owner, high_water)),
             call_timeout_ms=config.forward_timeout_ms, tls=peer_tls)
         self.proposals = ClusterProposals(self)  # what the protocol asks of the grouping handler
+        self.replicas = ReplicaWriter(config.data_dir, node_id, fsync=config.journal_fsync,
+                                      compact_min_bytes=config.journal_compact_min_bytes)
         self.raft_decision_latency = self.proposals.decision_latency
         # the cluster's rows of the server's one effect table (node/amqp/executor.py); the node shell
         # handles the protocol's sends and turns its journal effects into the broker's
@@ -62,6 +68,7 @@ class ClusterLink:
         self.shell = server.shell
         self.shell.protocol = self.protocol
         server.carry.update(self._carry)
+        self.replicas.start()
 
     # what the runtime, the admin calls and /metrics read (engine loop thread)
 
@@ -175,3 +182,4 @@ class ClusterLink:
     def close(self) -> None:
         self.protocol.close()
         self.forwarders.close()
+        self.replicas.close()

@@ -10,6 +10,7 @@ Threads and what they own:
 - the engine loop thread (node.amqp.loop): the sockets, every proton object, the node shell and the
   cores it runs (node/core/shell.py);
 - the journal writer thread: the journal file (it reports back through the bridge);
+- the replica writer thread, in a cluster: the replica journals under <data_dir>/replicas (node/cluster.py);
 - gRPC pool threads: nothing; admin calls enter the loop through `Bridge.call` with a deadline;
 - the HTTP threads (node.http_port): nothing; readiness and metrics read the loop through the bridge;
 - the main thread: waits for SIGINT/SIGTERM, then asks the loop to stop and waits for it.
@@ -198,9 +199,12 @@ class Node:
         if self.cluster is not None:
             from node.peer.members import admin_port_check
             from node.peer.service import add_peer_service
+            from node.peer.signature import REPLICATION
             check = admin_port_check(self.cluster_tls, self.raft_secrets, self.config.node_id, self.raft_members)
+            replicate_check = admin_port_check(self.cluster_tls, self.raft_secrets, self.config.node_id,
+                                               self.raft_members, REPLICATION)
             add_peer_service(grpc_server, self.cluster.handle_forward, self.config.forward_timeout_ms, check,
-                             self.forward_refusals)
+                             self.forward_refusals, self.cluster.replicas.submit, replicate_check)
 
     def _start_cluster(self) -> None:
         from handler.member_process import MemberProcess
@@ -215,7 +219,8 @@ class Node:
             from node.peer.service import bind_peer_listener
             self.peer_server, self.peer_port = bind_peer_listener(
                 config.host, config.peer_port, self.cluster.handle_forward, self.cluster_tls,
-                config.forward_timeout_ms, members=self.raft_members, refused_counts=self.forward_refusals)
+                config.forward_timeout_ms, members=self.raft_members, refused_counts=self.forward_refusals,
+                handle_replicate=self.cluster.replicas.submit)
             peer_port = self.peer_port
         raft_dir = os.path.join(config.data_dir, "raft")
         refuse_lost_identity(config.node_id, config.peer_list(), self.admin_port, raft_dir,
@@ -231,6 +236,7 @@ class Node:
                 election_timeout_max_ms=config.election_timeout_max_ms,
                 routes_max=config.routes_max, group_timeout_ms=config.group_timeout_ms,
                 owner_failover_ms=config.owner_failover_ms, route_follow_ms=config.route_follow_ms,
+                replica_failover_ms=config.replica_failover_ms, replication_factor=config.replication_factor,
                 placement=config.placement,
                 bind_host=config.host, raft_secrets=self.raft_secrets)
         except Exception as error:

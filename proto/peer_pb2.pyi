@@ -45,3 +45,37 @@ class ForwardAck(_message.Message):
     HIGH_WATER_FIELD_NUMBER: _ClassVar[int]
     high_water: int
     def __init__(self, high_water: _Optional[int] = ...) -> None: ...
+
+class ReplicaEntry(_message.Message):
+    __slots__ = ("repl_seq", "queue", "has_group", "group_id", "frame")
+    REPL_SEQ_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    HAS_GROUP_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    FRAME_FIELD_NUMBER: _ClassVar[int]
+    repl_seq: int
+    queue: str
+    has_group: bool
+    group_id: str
+    frame: bytes
+    def __init__(self, repl_seq: _Optional[int] = ..., queue: _Optional[str] = ..., has_group: _Optional[bool] = ..., group_id: _Optional[str] = ..., frame: _Optional[bytes] = ...) -> None: ...
+
+class ReplicaBatch(_message.Message):
+    __slots__ = ("owner_node", "epoch", "format_version", "entries")
+    OWNER_NODE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    owner_node: str
+    epoch: int
+    format_version: int
+    entries: _containers.RepeatedCompositeFieldContainer[ReplicaEntry]
+    def __init__(self, owner_node: _Optional[str] = ..., epoch: _Optional[int] = ..., format_version: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[ReplicaEntry, _Mapping]]] = ...) -> None: ...
+
+class ReplicaAck(_message.Message):
+    __slots__ = ("high_water", "epoch")
+    HIGH_WATER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    high_water: int
+    epoch: int
+    def __init__(self, high_water: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...

@@ -39,12 +39,23 @@ class PeerServiceStub:
                 request_serializer=proto_dot_peer__pb2.ForwardBatch.SerializeToString,
                 response_deserializer=proto_dot_peer__pb2.ForwardAck.FromString,
                 _registered_method=True)
+        self.Replicate = channel.unary_unary(
+                '/grouper.peer.v1.PeerService/Replicate',
+                request_serializer=proto_dot_peer__pb2.ReplicaBatch.SerializeToString,
+                response_deserializer=proto_dot_peer__pb2.ReplicaAck.FromString,
+                _registered_method=True)
 
 
 class PeerServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Forward(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Replicate(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -57,6 +68,11 @@ def add_PeerServiceServicer_to_server(servicer, server):
                     servicer.Forward,
                     request_deserializer=proto_dot_peer__pb2.ForwardBatch.FromString,
                     response_serializer=proto_dot_peer__pb2.ForwardAck.SerializeToString,
+            ),
+            'Replicate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Replicate,
+                    request_deserializer=proto_dot_peer__pb2.ReplicaBatch.FromString,
+                    response_serializer=proto_dot_peer__pb2.ReplicaAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +102,33 @@ class PeerService:
             '/grouper.peer.v1.PeerService/Forward',
             proto_dot_peer__pb2.ForwardBatch.SerializeToString,
             proto_dot_peer__pb2.ForwardAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Replicate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grouper.peer.v1.PeerService/Replicate',
+            proto_dot_peer__pb2.ReplicaBatch.SerializeToString,
+            proto_dot_peer__pb2.ReplicaAck.FromString,
             options,
             channel_credentials,
             insecure,

@@ -220,6 +220,8 @@ class AdminClient:
                          "connected": member.connected, "raft_member": member.raft_member,
                          "routes": member.routes, "error": member.error,
                          "consumers": dict(member.consumers),
+                         "epoch": member.epoch, "in_sync": list(member.in_sync),
+                         "under_replicated": member.under_replicated,
                          "queues": [_stats_from_pb(stats) for stats in member.queues]}
                         for member in response.members],
         }

@@ -70,7 +70,9 @@ class ClusterAnswers:
                                        admin_address=member.get("admin_address", ""),
                                        down=member.get("down", False), connected=member.get("connected", False),
                                        raft_member=member.get("raft_member", False),
-                                       routes=member.get("routes", 0), consumers=member.get("consumers", {}))
+                                       routes=member.get("routes", 0), consumers=member.get("consumers", {}),
+                                       epoch=member.get("epoch", 0), in_sync=member.get("in_sync", []),
+                                       under_replicated=member.get("under_replicated", False))
             if member["node"] == status.get("node") or not status["clustered"]:
                 queues = self._control.list_queues()
             elif request.local_only:

@@ -62,6 +62,11 @@ def _cluster_status(client: AdminClient, args) -> None:
         depths = member["error"] or ", ".join(f"{q['name']}={q['depth_messages']}" for q in member["queues"]) or "-"
         rows.append((member["node"], role, state, member["amqp_address"] or "-", member["routes"], depths))
     print(table(("NODE", "ROLE", "RAFT", "AMQP", "ROUTES", "QUEUE DEPTHS"), rows))
+    replicas = [(member["node"], member["epoch"], ", ".join(member["in_sync"]) or "-",
+                 "under-replicated" if member["under_replicated"] else "ok")
+                for member in status["members"] if member["routes"] or member["epoch"] or member["in_sync"]]
+    if replicas:  # issue 28: a message of a durable queue on fewer disks than its replication factor asks
+        print("\n" + table(("OWNER", "EPOCH", "IN-SYNC BACKUPS", "REPLICAS"), replicas))
     if status["moving"]:
         shown = status["moves"]
         print(f"\n{count(status['moving'], 'group')} moving between nodes"

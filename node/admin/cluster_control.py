@@ -22,6 +22,7 @@ import time
 
 from node.core.cluster import feed
 from node.admin.definitions import fixed_refusal, updated_settings
+from node.admin.replica_report import replica_report
 from node.core.errors import AlreadyExists, HandlerUnavailable, NotAllowed, NotFound
 from node.core.dispatch.settings import QueueSettings
 
@@ -167,6 +168,7 @@ class ClusterControl:
         members = local["members"]
         routes_by_node = self._call(lambda: _routes_by_node(node.cluster.router.routes))
         routes_digest = self._call(node.cluster.router.digest)
+        replicas = self._call(lambda: replica_report(node.cluster.protocol, node.config.replication_factor))
         rows = []
         for member in sorted(set(raft["members"]) | set(members["nodes"])):
             info = members["nodes"].get(member, {})
@@ -175,7 +177,8 @@ class ClusterControl:
                          "raft_member": member in raft["members"],
                          "connected": member == raft["node"] or member in raft["connected"],
                          "routes": routes_by_node.get(member, 0),
-                         "consumers": members["consumers"].get(member, {})})
+                         "consumers": members["consumers"].get(member, {}),
+                         **replicas.get(member, {"epoch": 0, "in_sync": [], "under_replicated": False})})
         return {"clustered": True, "node": raft["node"], "leader": raft["leader"], "term": raft["term"],
                 "has_quorum": raft["has_quorum"], "routes": local["routes"],
                 "routes_digest": routes_digest, "last_applied": raft.get("last_applied", 0),

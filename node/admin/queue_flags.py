@@ -19,8 +19,9 @@ _QUEUE_FLAG_KEYS = ("group_policy", "group_header", "default_group", "group_firs
                     "group_rebalance_pause_dispatch", "group_buckets", "consumers_before_dispatch",
                     "time_before_dispatch_ms", "durable", "depth_max_messages", "depth_max_bytes", "memory_max_bytes",
                     "groups_max", "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue",
-                    "trace",
-                    "dedup", "dedup_window_messages", "dedup_window_ms")  # issue 31
+                    "trace")
+_QUEUE_FLAG_KEYS += ("replication_factor",)  # issue 28
+_QUEUE_FLAG_KEYS += ("dedup", "dedup_window_messages", "dedup_window_ms")  # issue 31
 
 
 def add_queue_flags(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +54,10 @@ def add_queue_flags(parser: argparse.ArgumentParser) -> None:
     add("--trace", dest="trace", action="store_true", default=None,
         help="write delivery traces for grouper audit (README 'Auditing deliveries')")
     add("--no-trace", dest="trace", action="store_false")
+    # issue 28: replicated messages (docs/replication.md)
+    add("--replication-factor", type=int, metavar="N",
+        help="copies of each message of this durable queue, its owner's included (1..5); default: the "
+             "cluster's replication_factor")
     # ---- issue 31: producer de-duplication ----
     add("--dedup", dest="dedup", action="store_true", default=None,
         help="accept a resend of a message-id (or _AMQ_DUPL_ID) taken within the window without queueing it again")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from handler.leader_duties import GROUP_TIMEOUT_MS_DEFAULT
 from handler.placement import PLACEMENTS
 from node.core.errors import InvalidConfig
+from node.core.replication.assignment import check_replication_factor
 from node.http_port.hosts import parse_names
 
 ROUTE_FOLLOW_MIN_MS = 1000  # the shortest route_follow_ms other than 0
@@ -106,6 +107,13 @@ def _check_routes_and_outbound(config) -> None:
                             f"routes_max groups takes no new one; default {GROUP_TIMEOUT_MS_DEFAULT})")
     if config.owner_failover_ms < 0:
         raise InvalidConfig("owner_failover_ms", "must be >= 0 (0 = a dead owner keeps its groups)")
+    if config.replica_failover_ms < 0:
+        raise InvalidConfig("replica_failover_ms", "must be >= 0 ms (0 = a dead owner's groups are never promoted "
+                                                   "to their backups; default 3000)")
+    try:
+        check_replication_factor(config.replication_factor)
+    except ValueError as error:
+        raise InvalidConfig("replication_factor", f"{error}: the cluster default for queues that set none") from None
     for key in ("outbound_max_bytes", "outbound_total_max_bytes", "outbound_memory_max_bytes"):
         if getattr(config, key) < 0:
             raise InvalidConfig(key, "must be >= 0 bytes (0 = the outbound store has no such bound)")

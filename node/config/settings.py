@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from handler.leader_duties import GROUP_TIMEOUT_MS_DEFAULT
+from handler.leader_duties import GROUP_TIMEOUT_MS_DEFAULT, REPLICA_FAILOVER_MS_DEFAULT, REPLICATION_FACTOR_DEFAULT
 from handler.placement import PLACEMENT_BALANCED
 from node.config import rules
 from node.core.dispatch.address_settings import AddressSettings
@@ -85,6 +85,12 @@ class NodeConfig:
     group_timeout_ms: int = GROUP_TIMEOUT_MS_DEFAULT
     forward_timeout_ms: int = 5000  # deadline of one forwarded batch to its owner node
     owner_failover_ms: int = 0  # a member unreachable this long loses its groups to live nodes; 0 = never (order first)
+    # ---- replicated messages (issue 28, docs/replication.md) ----
+    # an owner unreachable this long has its groups promoted to their in-sync backups; 0 = never. Only
+    # backups the owner declared in sync are promoted, so without replica streams nothing changes
+    replica_failover_ms: int = REPLICA_FAILOVER_MS_DEFAULT
+    # copies of a durable queue's message, its owner's included, for queues whose settings give none (1..5)
+    replication_factor: int = REPLICATION_FACTOR_DEFAULT
     # a group whose node has had no consumer on its queue this long moves, with its queued messages and
     # in order, to a node that has some; 0 = never (a group stays where it was first placed). Every node
     # of a cluster must have the same value

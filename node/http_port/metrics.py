@@ -199,6 +199,17 @@ class GrouperCollector:
                                        labels=["leader"])
             leader.add_metric([raft["leader"]], 1)
             yield leader
+            # issue 32: what deploy/prometheus/grouper-rules.yml's GrouperRaftMemberLagging compares
+            for key, text in (("commit_index", "the raft log index this member knows committed"),
+                              ("last_applied", "the raft log index this member applied; behind the cluster's "
+                                               "highest commit index while it lags")):
+                if key in raft:
+                    yield GaugeMetricFamily(f"grouper_raft_{key}", text, value=raft[key])
+            if "connected" in raft:
+                yield GaugeMetricFamily("grouper_raft_members", "members of the raft configuration, this one "
+                                        "included", value=len(raft["members"]))
+                yield GaugeMetricFamily("grouper_raft_connected_members", "other members this one is connected "
+                                        "to", value=len(raft["connected"]))
             if "decision_latency" in raft:  # absent from a member of an older release
                 yield _histogram("grouper_raft_member_decision_latency_seconds",
                                  "the raft part of a route decision: from this node's claim reaching its raft member "

@@ -18,6 +18,9 @@ Rules:
   claim is not bound then (the README says so). The cluster credential covers the source, so a
   captured call cannot be replayed as another source's; every holder of the raft secret is a
   member, and may forward as any member.
+- Replicate calls (issue 28) are checked the same way, with the batch's owner_node as the claimed
+  caller (`claimant`) and the replication credential (node/peer/signature.py REPLICATION), so an owner
+  replicates only as itself over mutual TLS, and a forwarding credential lets nobody replicate.
 - `RaftMembers` answers, on gRPC pool threads, whether a node id is a current member: the raft
   member's partners and the nodes registered through raft (node/runtime.py `_members_who_may_forward`:
   a node that joined with --join has as raft partners only its --peers and later members, while the
@@ -41,7 +44,7 @@ import grpc
 from cryptography import x509
 
 from node.peer.node_certificate import canonical_host, certificate_hosts, node_usages
-from node.peer.signature import Verifier
+from node.peer.signature import FORWARDING, CredentialKind, Verifier
 
 log = logging.getLogger("grouper.peer")
 
@@ -109,7 +112,7 @@ class SignedByMember:
         reason = self._verifier.refusal(batch, metadata)
         if reason:
             return grpc.StatusCode.UNAUTHENTICATED, reason
-        return self._members.refusal(batch.source_node)
+        return self._members.refusal(getattr(batch, self._verifier.kind.claimant))
 
 
 # ---- who may forward ------------------------------------------------------------------------------
@@ -159,20 +162,23 @@ def refuse_all(reason: str) -> Callable[..., Refusal]:
 class MembersOnly:
     """The peer listener's check: `caller_refusal`, with the usages and hosts of recent certificates
     kept. `bind_source`: the batch's source node must be a host the certificate names; `members`
-    (RaftMembers): it must be a current raft member."""
+    (RaftMembers): it must be a current raft member. `claimant`: the batch's field naming its source
+    (a ReplicaBatch's is owner_node)."""
 
-    def __init__(self, bind_source: bool = True, members=None):
+    def __init__(self, bind_source: bool = True, members=None, claimant: str = "source_node"):
         self._lock = threading.Lock()
         self._read: dict[bytes, tuple[set[str], frozenset[str]]] = {}
         self._bind_source = bind_source
         self._members = members
+        self._claimant = claimant
 
     def __call__(self, context: grpc.ServicerContext, batch) -> Refusal:
-        refusal = caller_refusal(context.auth_context() or {}, self._usages_of, batch.source_node,
+        source_node = getattr(batch, self._claimant)
+        refusal = caller_refusal(context.auth_context() or {}, self._usages_of, source_node,
                                  self._hosts_of if self._bind_source else None)
         if refusal != ADMITTED or self._members is None:
             return refusal
-        return self._members.refusal(batch.source_node)
+        return self._members.refusal(source_node)
 
     def _usages_of(self, pem: bytes) -> set[str]:
         return self._certificate(pem)[0]
@@ -200,13 +206,17 @@ ELSEWHERE = ("this node takes forwarded batches only on its peer port, over mutu
              "the cluster CA signed")  # the refusal on the admin port once cluster TLS is on
 
 
-def admin_port_check(cluster_tls, raft_secrets, node_id: str, raft_members) -> Callable[..., Refusal]:
-    """Who may forward on the admin port: nobody with cluster TLS (its peer port takes them), members
-    signing with the raft secret without it, and anyone at all on a node that has neither (warned)."""
+def admin_port_check(cluster_tls, raft_secrets, node_id: str, raft_members,
+                     kind: CredentialKind = FORWARDING) -> Callable[..., Refusal]:
+    """Who may forward (or, with kind REPLICATION, replicate) on the admin port: nobody with cluster
+    TLS (its peer port takes them), members signing with the raft secret without it, and anyone at all
+    on a node that has neither (warned, once for forwarding)."""
     if cluster_tls is not None:
         return refuse_all(ELSEWHERE)
     if raft_secrets:
-        return SignedByMember(Verifier(raft_secrets, node_id), raft_members)
+        return SignedByMember(Verifier(raft_secrets, node_id, kind), raft_members)
+    if kind is not FORWARDING:
+        return open_to_all
     log.warning("this node has no raft secret: it takes forwarded messages on its admin port from anyone who "
                 "reaches it, who can put messages into any queue and group. Give every node the cluster's "
                 "raft_secret_file (or cluster TLS)")

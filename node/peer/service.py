@@ -15,6 +15,11 @@ Rules:
   INTERNAL. Whatever the status, the source keeps its entries and retries (node/peer/forwarder.py).
 - A batch names the node it comes from (source_node, a node id HOST:RAFT_PORT), and the owner keeps
   per-source state (forward_seq dedup, acknowledgements) by it.
+- Replicate (issue 28) is served the same way by a backup: its own check (the batch's owner_node is the
+  claimed caller, the replication credential: node/peer/members.py), the batch read and checked by
+  node/peer/replica_batch.py, then `handle_replicate` (the replica writer's submit,
+  node/store/replica_writer.py) answers (high water, epoch) once durable, within the same deadline; its
+  errors go through the same table. A node that keeps no replicas answers UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from node.core.cluster.outbound import Entry
 from node.grpc_port import bind
 from node.peer.cluster_secrets import ClusterTls
 from node.peer.forward_batch import MESSAGE_BYTES_MAX, SeqJump, entries_from_pb
-from node.peer.members import MembersOnly, Refusal, open_to_all
+from node.peer.members import MembersOnly, Refusal, open_to_all, refuse_all
+from node.peer.replica_batch import records_from_pb
 from proto import peer_pb2, peer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -50,6 +56,9 @@ REFUSALS_REMEMBERED_MAX = 1000  # (source, reason) pairs already logged; the old
 
 # (source_node, entries, timeout_ms, seq_bound, disputed_high_water) -> the source's high water here
 HandleForward = Callable[[str, list[Entry], int, int, int], int]
+# (owner_node, epoch, records, timeout_ms) -> (high water, epoch), once durable (ReplicaWriter.submit)
+HandleReplicate = Callable[[str, int, list, int], tuple[int, int]]
+NO_REPLICAS = "this node keeps no replicas (it is no cluster member with a replica writer)"
 _COUNTS_LOCK = threading.Lock()  # over every servicer's refused_counts: listeners may share one
 
 SOURCE = "source"  # the forwarding node sent what this node never takes: resending it fails again
@@ -131,13 +140,18 @@ def source_host(peer: str) -> str:
 
 class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
     def __init__(self, handle_forward: HandleForward, timeout_ms: int = TIMEOUT_MS_DEFAULT,
-                 check: Callable[..., Refusal] = open_to_all, refused_counts: Counter | None = None):
-        """`check(context, batch)`: who may forward (open_to_all, refuse_all, MembersOnly, SignedByMember)."""
+                 check: Callable[..., Refusal] = open_to_all, refused_counts: Counter | None = None,
+                 handle_replicate: HandleReplicate | None = None,
+                 replicate_check: Callable[..., Refusal] = refuse_all(NO_REPLICAS)):
+        """`check(context, batch)`: who may forward (open_to_all, refuse_all, MembersOnly, SignedByMember);
+        `replicate_check` the same for Replicate, whose batch names its caller in owner_node."""
         if timeout_ms < 1:
             raise ValueError(f"timeout_ms must be >= 1, got {timeout_ms}")
         self._handle_forward = handle_forward
         self._timeout_ms = timeout_ms
         self._check = check
+        self._handle_replicate = handle_replicate
+        self._replicate_check = replicate_check
         self.refusals = RefusalLog()
         # kind ("caller", "seq_jump") -> calls refused; may be shared by a node's listeners (/metrics)
         self.refused_counts: Counter[str] = refused_counts if refused_counts is not None else Counter()
@@ -160,12 +174,29 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
                 log.exception("forward from %r (%d messages) failed", request.source_node, len(request.messages))
             context.abort(row.code, _message_for(error, row))
 
-    def _refused(self, context: grpc.ServicerContext, kind: str, reason: str) -> None:
+    def Replicate(self, request, context):
+        if self._handle_replicate is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, NO_REPLICAS)
+        code, reason = self._replicate_check(context, request)
+        if code is not None:
+            self._refused(context, "replica_caller", reason, "replication")
+            context.abort(code, reason)
+        try:
+            high_water, epoch = self._handle_replicate(request.owner_node, request.epoch, records_from_pb(request),
+                                                       self._timeout_for(context))
+            return peer_pb2.ReplicaAck(high_water=high_water, epoch=epoch)
+        except Exception as error:  # every failure leaves as a status code; see STATUS_BY_ERROR
+            row = verdict(error)
+            if row is BUG:
+                log.exception("replica batch from %r (%d entries) failed", request.owner_node, len(request.entries))
+            context.abort(row.code, _message_for(error, row))
+
+    def _refused(self, context: grpc.ServicerContext, kind: str, reason: str, what: str = "forwarding") -> None:
         with _COUNTS_LOCK:
             self.refused_counts[kind] += 1
         source = source_host(context.peer() or "")
         if self.refusals.first(source, reason):
-            log.warning("forwarding from %s refused: %s (logged once per source and reason)", source, reason)
+            log.warning("%s from %s refused: %s (logged once per source and reason)", what, source, reason)
 
     def _timeout_for(self, context: grpc.ServicerContext) -> int:
         # the sender stops waiting at its deadline and resends; waiting past it only holds a pool thread
@@ -177,16 +208,19 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
 
 def add_peer_service(server: grpc.Server, handle_forward: HandleForward,
                      timeout_ms: int = TIMEOUT_MS_DEFAULT, check=open_to_all,
-                     refused_counts: Counter | None = None) -> PeerServicer:
-    """Serve forwarding on `server`, which must be built with SERVER_OPTIONS."""
-    servicer = PeerServicer(handle_forward, timeout_ms, check, refused_counts)
+                     refused_counts: Counter | None = None, handle_replicate: HandleReplicate | None = None,
+                     replicate_check=refuse_all(NO_REPLICAS)) -> PeerServicer:
+    """Serve forwarding (and, with handle_replicate, replication) on `server`, which must be built with
+    SERVER_OPTIONS."""
+    servicer = PeerServicer(handle_forward, timeout_ms, check, refused_counts, handle_replicate, replicate_check)
     peer_pb2_grpc.add_PeerServiceServicer_to_server(servicer, server)
     return servicer
 
 
 def bind_peer_listener(host: str, port: int, handle_forward: HandleForward, tls: ClusterTls,
                        timeout_ms: int = TIMEOUT_MS_DEFAULT, members=None,
-                       refused_counts: Counter | None = None) -> tuple[grpc.Server, int]:
+                       refused_counts: Counter | None = None,
+                       handle_replicate: HandleReplicate | None = None) -> tuple[grpc.Server, int]:
     """The peer listener on host:port (0 picks one) with mutual TLS, bound but not started (start()
     it once the node can take batches); returns it and its port. GrouperError when it cannot bind."""
     server = grpc.server(
@@ -195,7 +229,8 @@ def bind_peer_listener(host: str, port: int, handle_forward: HandleForward, tls:
         options=[("grpc.so_reuseport", 0), *SERVER_OPTIONS])  # no second node silently sharing the port
     # with cluster_tls_server_name the certificates name a common name, not each node's host
     add_peer_service(server, handle_forward, timeout_ms, MembersOnly(bind_source=not tls.server_name, members=members),
-                     refused_counts)
+                     refused_counts, handle_replicate,
+                     MembersOnly(bind_source=not tls.server_name, members=members, claimant="owner_node"))
     bound_port = bind(server, host, port, tls.server_credentials(),
                       "the peer listener cannot listen on {address}: the port is in use or the host is not an "
                       "address of this machine; stop the other process or choose another --peer-port")

@@ -195,6 +195,34 @@ def _store_body(frame: bytes | memoryview) -> memoryview:
     return body
 
 
+def record_identity(frame: bytes | memoryview) -> tuple[int, str, str | None, int]:
+    """(kind, queue, group id or None, seq) of one whole STORE or REMOVE frame (a REMOVE names no group:
+    None), read without copying its payload: a backup checks each frame its owner replicates
+    (node/store/replica_journal.py). ValueError saying what is wrong with anything else."""
+    if len(frame) < FRAME_HEADER_BYTES + 1:
+        raise ValueError(f"a frame is at least {FRAME_HEADER_BYTES + 1} bytes, got {len(frame)}")
+    body_length, crc = FRAME.unpack_from(frame)
+    body = memoryview(frame)[FRAME_HEADER_BYTES:]
+    if body_length != len(body):
+        raise ValueError(f"the frame's length field says {body_length} body bytes, it has {len(body)}")
+    if zlib.crc32(body) != crc:
+        raise ValueError("the frame's crc does not match its body")
+    kind = body[0]
+    if kind == REMOVE:
+        record = decode_body(body)[1]
+        return kind, record.queue, None, record.seq
+    if kind != STORE:
+        raise ValueError(f"record kind {kind} is no STORE ({STORE}) or REMOVE ({REMOVE})")
+    if len(body) < _STORE.size:
+        raise ValueError(f"a STORE body is at least {_STORE.size} bytes, got {len(body)}")
+    _, flags, queue_length, group_length, seq = _STORE_HEAD.unpack_from(body)
+    group_start = _STORE.size + queue_length
+    if group_start + group_length > len(body):
+        raise ValueError(f"STORE names {queue_length}+{group_length} bytes but the body has {len(body)}")
+    group_id = str(body[group_start:group_start + group_length], "utf-8") if flags & _GROUP_PRESENT else None
+    return kind, str(body[_STORE.size:group_start], "utf-8"), group_id, seq
+
+
 def store_header(buffer: bytes, start: int, length: int, names: dict) -> tuple[str, int, int] | None:
     """(queue, seq, bytes of the group id) of the STORE body at buffer[start:start + length], read
     without copying its payload, decoding its group id or making a Message; None for a queue whose name

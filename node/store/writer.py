@@ -234,6 +234,10 @@ class Writer:
 
     # ---- compaction (node/store/compaction.py) -----------------------------------------------
 
+    def compact_if_due(self) -> None:
+        """For an owner that runs the writer without its thread (node/store/replica_journal.py)."""
+        self._maybe_compact()
+
     def _maybe_compact(self) -> None:
         if not self.compaction.due(self.end, self.index.live_bytes):
             return

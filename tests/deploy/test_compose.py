@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from collections import Counter
@@ -41,6 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from node.admin.client import AccessDenied, AdminClient, AdminError
 from node.admin.callers import basic_metadata
 from tests.deploy.conftest import REPO
+from tests.deploy.readme_compose import client_commands, client_urls, with_ports
 from tests.drills.checker import Report, check_files
 from tests.drills.load import GroupedProducer, Load, LoggingConsumer, now_ms, wait_accepted
 from tests.integration.cluster import free_ports, in_transit
@@ -113,7 +115,7 @@ class ComposeCluster:
         self.admin_ports = ports[3:6]
         self.http_ports = ports[6:9]
         self.amqps_ports = ports[9:12]
-        self.secrets = directory / "secrets"
+        self.secrets = directory / "build" / "compose-secrets"  # where the README's commands, run here, read them
         made = subprocess.run([sys.executable, str(DEV_SECRETS), "--dir", str(self.secrets)], capture_output=True,
                               text=True, timeout=60)
         assert made.returncode == 0, f"{DEV_SECRETS} failed: {made.stdout}{made.stderr}"
@@ -190,6 +192,12 @@ class ComposeCluster:
         domain.set_trusted_ca_db(str(self.secrets / "ca.pem"))
         domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
         client.client.connect_options = {"ssl_domain": domain, "sni": CERTIFICATE_NAME}
+
+    def published(self) -> dict[tuple[str, int], int]:
+        """This project's host ports by (kind, node index), the kinds of readme_compose.DEFAULT_PORTS."""
+        return {(kind, index): ports[index] for kind, ports in (
+            ("amqps", self.amqps_ports), ("amqp", self.amqp_ports), ("admin", self.admin_ports),
+            ("http", self.http_ports)) for index in range(len(SERVICES))}
 
     def admin(self, index: int) -> AdminClient:
         """The node's admin API over TLS, as the administrator."""
@@ -516,3 +524,35 @@ def test_killing_the_raft_leaders_container_under_load_loses_and_reorders_nothin
     print(f"\nleader kill in compose: {json.dumps(summary, indent=1)}")
     assert_ok(report)
     assert summary["kill_to_new_group_routed_ms"] < NEW_GROUP_AFTER_LEADER_KILL_BOUND_S * 1000, summary
+
+
+def test_the_readmes_client_commands_and_urls_work_as_written(compose_cluster):
+    """The README's compose block, from `export GROUPER_USER` on, run by bash in a directory holding
+    build/compose-secrets, on this project's ports; then its `# clients:` URLs dialled by
+    python-qpid-proton as a user's client would. Dialling 127.0.0.1 instead fails, as the README says."""
+    cluster = compose_cluster
+    ports = cluster.published()
+    script = "\n".join(with_ports(command, ports) for command in client_commands())
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # this environment's grouper
+    ran = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cluster.directory, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PATH": path})
+    assert ran.returncode == 0, f"{script}\nexited {ran.returncode}:\n{ran.stdout}{ran.stderr}"
+    assert f"2 message(s) accepted by localhost:{cluster.amqps_ports[0]} into trades" in ran.stdout, ran.stdout
+    assert "2 message(s) received and accepted" in ran.stdout, ran.stdout
+
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)  # "trusting build/compose-secrets/ca.pem"; proton checks the name
+    domain.set_trusted_ca_db(str(cluster.secrets / "ca.pem"))
+    domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+    credentials = {"GROUPER_USER": ADMIN_USER, "GROUPER_PASSWORD": cluster.password, "PATH": path}
+    for url in client_urls():
+        url = with_ports(url, ports).replace("PASSWORD", urllib.parse.quote(cluster.password, safe=""))
+        if url.startswith("amqps://"):
+            BlockingConnection(url, ssl_domain=domain, timeout=HTTP_TIMEOUT_S * 5).close()
+        else:  # "SCRAM-SHA-256 clients also on amqp://...": grouper's own client logs in with it on plain ports
+            browsed = subprocess.run(["grouper", "browse", "trades", "--node", url.removeprefix("amqp://")],
+                                     capture_output=True, text=True, timeout=60, env={**os.environ, **credentials})
+            assert browsed.returncode == 0, f"{url}: {browsed.stdout}{browsed.stderr}"
+    with pytest.raises(ConnectionException, match="certificate verify failed"):
+        BlockingConnection(with_ports(client_urls()[0], ports).replace("localhost", "127.0.0.1").replace(
+            "PASSWORD", urllib.parse.quote(cluster.password, safe="")), ssl_domain=domain,
+            timeout=HTTP_TIMEOUT_S * 5).close()

@@ -102,3 +102,26 @@ def test_a_stopped_member_leaves_no_wrong_version_guard_on_pysyncobj_s_logger(me
     before = list(guards)
     member().stop()
     assert guards == before
+
+
+def test_the_replica_sets_survive_a_restart_from_a_snapshot_and_their_commands_are_proposed_again(member):
+    """Snapshot format 4 through the real pysyncobj; and the replica sets' commands (code version 3) are
+    enabled again after the snapshot load reset the command names (issue 28)."""
+    handler = member()
+
+    def answer(call, *args):
+        done, outcome = threading.Event(), []
+        call(*args, lambda reason, result=None: (outcome.append((reason, result)), done.set()))
+        assert done.wait(WAIT_S), f"{call.__name__} got no answer"
+        return outcome[0]
+    for node in (handler.node_id, "127.0.0.1:1"):  # a backup that never runs: registered is enough
+        done = threading.Event()
+        handler.replica.register_node(node, "h:1", "h:2", "h:3", 5, callback=lambda *_: done.set())
+        assert done.wait(WAIT_S)
+    assert answer(handler.replica_in_sync, "127.0.0.1:1", 0) == (None, True)
+
+    handler = restarted_from_its_snapshot(member, handler)
+
+    assert handler.replica.table.in_sync == {handler.node_id: ["127.0.0.1:1"]}
+    assert answer(handler.replica_out_of_sync, handler.node_id, "127.0.0.1:1", 0) == (None, True)
+    assert handler.replica.table.in_sync == {}

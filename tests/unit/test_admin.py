@@ -464,3 +464,33 @@ def test_cluster_status_shows_the_moving_groups_and_what_each_waits_for(broker, 
     [row] = [line for line in out.splitlines() if line.startswith("q ")]
     assert row.split()[:5] == ["q", "g1", "n1:1", "n2:1", "n1:1,"]
     assert row.endswith("the other members' clears (the old owner clears last); 2 queued and 0 in flight here")
+
+
+class ReplicatedControl(BrokerControl):
+    """A clustered node's status once owners have epochs and in-sync backups (issue 28)."""
+
+    def cluster_status(self) -> dict:
+        member = {"connected": True, "raft_member": True, "routes": 2}
+        return {"clustered": True, "node": "n1:1", "leader": "n1:1", "term": 3, "has_quorum": True, "routes": 4,
+                "waiting_for_route": 0, "outbound": {}, "outbound_bytes": {}, "routes_digest": "", "in_transit": {},
+                "moving": 0, "moves": [],
+                "members": [{**member, "node": "n1:1", "epoch": 2, "in_sync": ["n2:1"], "under_replicated": False},
+                            {**member, "node": "n2:1", "epoch": 0, "in_sync": [], "under_replicated": True},
+                            {**member, "node": "n3:1", "routes": 0}]}
+
+
+def test_cluster_status_shows_each_owners_epoch_in_sync_backups_and_whether_it_is_under_replicated(broker, capsys):
+    replicated = Node(ReplicatedControl(broker, now_ms=lambda: 1_000))
+    try:
+        code, out, _ = replicated.grouper(capsys, "cluster", "status", "--json")
+        assert code == 0
+        members = {member["node"]: member for member in json.loads(out)["members"]}
+        code, out, _ = replicated.grouper(capsys, "cluster", "status")
+    finally:
+        replicated.server.stop(None)
+    assert code == 0
+    assert (members["n1:1"]["epoch"], members["n1:1"]["in_sync"], members["n2:1"]["under_replicated"]) == (
+        2, ["n2:1"], True)
+    assert members["n3:1"]["epoch"] == 0 and members["n3:1"]["in_sync"] == []
+    rows = {line.split()[0]: line.split()[1:] for line in out.split("OWNER", 1)[1].splitlines()[1:] if line.strip()}
+    assert rows == {"n1:1": ["2", "n2:1", "ok"], "n2:1": ["0", "-", "under-replicated"]}  # n3 owns nothing

@@ -128,7 +128,8 @@ def test_the_numbering_of_replicated_commands_is_frozen_so_old_raft_journals_rep
         "claim_v0", "drop_queue_v0", "expire_idle_v0", "fail_over_v0", "mark_down_v0", "mark_up_v0",
         "register_node_v0", "report_consumers_v0", "touch_v0", "unroute_v0",
         "follow_consumers_v1", "move_clear_v1",
-        "define_queue_v2", "delete_queue_v2", "update_queue_v2"]
+        "define_queue_v2", "delete_queue_v2", "update_queue_v2",
+        "promote_v3", "replica_in_sync_v3", "replica_out_of_sync_v3"]
 
 
 def test_a_founding_node_must_find_itself_in_the_peer_list():

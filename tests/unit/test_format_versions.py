@@ -66,7 +66,7 @@ def test_a_snapshot_without_a_version_is_version_1_and_restores_as_before():
     # and what it writes back is this build's version, which restores to the same table
     again, _, _ = make_replica()
     again._deserialize(restored._serialize())
-    assert restored._serialize()["format_version"] == 3 == SNAPSHOT_FORMAT_VERSION
+    assert restored._serialize()["format_version"] == 4 == SNAPSHOT_FORMAT_VERSION
     assert all_routes(again.table) == all_routes(restored.table) and again.table.store.node_names == ["n1", "n2"]
 
 
@@ -89,7 +89,7 @@ def test_a_snapshot_of_version_2_restores_as_before_and_is_written_back_in_this_
     assert heard[0] == (replicated.SNAPSHOT, [("q", "a", "n1", 10), ("q", "b", "n2", 12)])
     again, _, _ = make_replica()
     again._deserialize(pickle.loads(pickle.dumps(restored._serialize())))
-    assert restored._serialize()["format_version"] == 3
+    assert restored._serialize()["format_version"] == 4
     assert all_routes(again.table) == all_routes(restored.table) and again.table.store.node_names == ["n1", "n2"]
     assert again.table.claim([["q", "b"], ["q", "c"]], "n1", 20) == ["n2", "n1"]
 
@@ -125,8 +125,10 @@ def test_a_snapshot_of_version_3_restores_and_is_written_back_key_for_key_in_the
     assert heard[:2] == [(replicated.SNAPSHOT, [("q", "a", "n1", 10), ("q", "b", "n2", 12)]),
                          (replicated.MOVES_ALL, [("q", "b", "n1", "n2", ("n1", "n2"))])]
     written = restored._serialize()["route_table"]
-    assert list(written) == list(data["route_table"])  # the same keys in the same order
-    assert pickle.dumps(written) == pickle.dumps(data["route_table"])
+    # version 4: the same keys in the same order, then the owner epochs and in-sync backups, none in a v3 table
+    assert list(written) == list(data["route_table"]) + ["epochs", "in_sync"]
+    assert written["epochs"] == {} and written["in_sync"] == {}
+    assert pickle.dumps({key: written[key] for key in data["route_table"]}) == pickle.dumps(data["route_table"])
     assert restored.table.move_clear([["q", "b", "n1", "n2"]], "n2") == [("q", "b", "n1", "n2", ("n1",))]
 
 
@@ -226,7 +228,7 @@ def test_the_admin_client_sends_its_version_with_every_call():
 # ---- raft commands: pysyncobj's code version ------------------------------------------------------
 
 def test_a_member_whose_code_lacks_a_command_version_the_log_enables_refuses_it_by_name():
-    """Two real pysyncobj members in this process: the newer has a ver=3 command and enables it; the
+    """Two real pysyncobj members in this process: the newer has a ver=4 command and enables it; the
     older (this build's replica) meets that entry. pysyncobj alone would log and skip it."""
     import logging
     import time
@@ -237,7 +239,7 @@ def test_a_member_whose_code_lacks_a_command_version_the_log_enables_refuses_it_
     from tests.integration.cluster import free_ports
 
     class NewerReplica(RouteTableReplica):
-        @replicated_command(ver=3)
+        @replicated_command(ver=4)
         def a_later_command(self, value):
             return value
 
@@ -257,7 +259,7 @@ def test_a_member_whose_code_lacks_a_command_version_the_log_enables_refuses_it_
             assert time.monotonic() < deadline, "no raft leader"
             time.sleep(0.02)
         enabled = []
-        newer.setCodeVersion(3, callback=lambda result, error: enabled.append(error))
+        newer.setCodeVersion(4, callback=lambda result, error: enabled.append(error))
         while not refused:
             assert time.monotonic() < deadline, f"no refusal; enabling gave {enabled}"
             time.sleep(0.02)
@@ -267,7 +269,7 @@ def test_a_member_whose_code_lacks_a_command_version_the_log_enables_refuses_it_
         older.destroy()
     [reason] = refused[:1]
     assert "command version this build does not have" in reason
-    assert "self version: 2, requested version: 3" in reason and "one version step" in reason
+    assert "self version: 3, requested version: 4" in reason and "one version step" in reason
 
 
 def test_a_damaged_snapshot_of_this_version_is_refused_by_name_and_nothing_restored():
@@ -277,5 +279,5 @@ def test_a_damaged_snapshot_of_this_version_is_refused_by_name_and_nothing_resto
     with pytest.raises(SnapshotRefused):
         restored._deserialize(data)
     [reason] = refused
-    assert "format version 3" in reason and "is damaged" in reason and "raft directory aside" in reason
+    assert "format version 4" in reason and "is damaged" in reason and "raft directory aside" in reason
     assert heard == [] and all_routes(restored.table) == {}

@@ -27,6 +27,9 @@ MOVES_ALL = "moves_all"  # every move in progress, same shape, replacing all kno
 QUEUES = "queues"  # [(revision, name, settings dict or None)], None = deleted cluster-wide
 # after a snapshot: (revision, {name: settings dict}, {deleted name: revision of its deletion}), all known
 QUEUES_ALL = "queues_all"
+# the owner epochs and in-sync backups (handler/replica_sets.py), after any change and after a snapshot:
+# {"epochs": {node: epoch}, "in_sync": {owner: [backup, ...]}}, copies, replacing all known before
+REPLICAS = "replicas"
 
 # ---- a queue definition command's outcomes (handler/queue_definitions.py says when each is given) -----
 

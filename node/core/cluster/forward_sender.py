@@ -20,25 +20,23 @@ Rules:
   owner skips seqs at or below its mark, so a resend is harmless).
 - A failure (no answer in time, a status, no address, a dispute, an answer that took nothing) backs
   off: retry_min_ms, doubling up to retry_max_ms; the next call starts from the oldest pending entry
-  once the backoff is over. An answer that takes entries ends the backoff.
-- `connected` is None until the first call ends, then whether the last one took entries; each
-  outcome says what it was before, so the driver logs once when forwarding stops and once when it
-  resumes, never per attempt.
+  once the backoff is over. An answer that takes entries ends the backoff. The batch and the backoff
+  are node/core/one_call_channel.py's, shared with the replication channel; `connected` is None until
+  the first call ends, then whether the last one took entries, so the driver logs once when forwarding
+  stops and once when it resumes, never per attempt.
 - Pending entries are bounded by the caller: the outbound store (node/core/cluster/outbound.py) submits an
   owner's entries only while those pending stay within outbound_memory_max_bytes (at least one).
 """
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from typing import NamedTuple
 
+from node.core.one_call_channel import (BATCH_BYTES_MAX, BATCH_MESSAGES_MAX, RETRY_MAX_MS, RETRY_MIN_MS,
+                                        OneCallChannel, oldest_batch)
+
 ENTRY_OVERHEAD_BYTES = 48  # protobuf framing and fixed fields of one Forwarded, counted against batch_bytes_max
-BATCH_MESSAGES_MAX = 500  # entries of one call, by default
-BATCH_BYTES_MAX = 4 << 20  # entry_size_bytes of one call, by default (at least one entry goes, whatever its size)
-RETRY_MIN_MS = 100  # the first backoff after a failure, by default
-RETRY_MAX_MS = 2000  # the backoff doubles up to this, by default
 
 
 def entry_size_bytes(entry) -> int:
@@ -62,30 +60,17 @@ class Outcome(NamedTuple):
     connected_before: bool | None  # `connected` before this outcome: log when it changes
 
 
-class ForwardSender:
+class ForwardSender(OneCallChannel):
     def __init__(self, *, batch_messages_max: int = BATCH_MESSAGES_MAX, batch_bytes_max: int = BATCH_BYTES_MAX,
                  retry_min_ms: int = RETRY_MIN_MS, retry_max_ms: int = RETRY_MAX_MS):
-        if batch_messages_max < 1:
-            raise ValueError(f"batch_messages_max must be >= 1, got {batch_messages_max}")
-        if batch_bytes_max < 1:
-            raise ValueError(f"batch_bytes_max must be >= 1, got {batch_bytes_max}")
-        if not 1 <= retry_min_ms <= retry_max_ms:
-            raise ValueError(f"need 1 <= retry_min_ms <= retry_max_ms, got {retry_min_ms} and {retry_max_ms}")
-        self.batch_messages_max = batch_messages_max
-        self.batch_bytes_max = batch_bytes_max
-        self.retry_min_ms = retry_min_ms
-        self.retry_max_ms = retry_max_ms
+        super().__init__(batch_messages_max=batch_messages_max, batch_bytes_max=batch_bytes_max,
+                         retry_min_ms=retry_min_ms, retry_max_ms=retry_max_ms)
         self.pending: deque = deque()  # submitted, not acknowledged, in forward seq order
         self.last_submitted_seq = 0
         self.seq_bound = 0  # the highest bound submitted with entries; 0: none said
         self.in_flight: Call | None = None
         self.high_water = 0  # the highest the owner acknowledged
         self.disputed_high_water = 0  # the owner's last answer at or above its call's bound; 0: none
-        self.retry_at_ms = 0  # no call starts before this
-        self.retry_delay_ms = 0  # 0 while forwarding works
-        self.connected: bool | None = None
-        self.failed_attempts = 0  # since forwarding last stopped
-        self.failing_since_ms = 0
 
     def submit(self, entries: list, seq_bound: int = 0) -> None:
         """`seq_bound`: the node's next seq, above every forward seq it gave (0: not said). ValueError,
@@ -104,15 +89,9 @@ class ForwardSender:
 
     def take_call(self, now_ms: int) -> Call | None:
         """The next call, now in flight; None while one is, with nothing pending, or backing off."""
-        if self.in_flight is not None or not self.pending or now_ms < self.retry_at_ms:
+        if self.in_flight is not None or not self.pending or self.backing_off(now_ms):
             return None
-        batch: list = []
-        size_bytes = 0
-        for entry in itertools.islice(self.pending, self.batch_messages_max):
-            size_bytes += entry_size_bytes(entry)
-            if batch and size_bytes > self.batch_bytes_max:
-                break
-            batch.append(entry)
+        batch = oldest_batch(self.pending, self.batch_messages_max, self.batch_bytes_max, entry_size_bytes)
         bound = self.seq_bound if self.seq_bound > batch[-1].forward_seq else 0
         self.in_flight = Call(batch, bound, self.disputed_high_water)
         return self.in_flight
@@ -136,9 +115,7 @@ class ForwardSender:
         pending = self.pending
         while pending and pending[0].forward_seq <= high_water:
             pending.popleft()
-        self.retry_delay_ms = 0
-        self.retry_at_ms = 0
-        connected_before, self.connected = self.connected, True
+        connected_before = self.call_took_entries()
         acked = 0
         if high_water > self.high_water:
             self.high_water = acked = high_water
@@ -153,12 +130,4 @@ class ForwardSender:
 
     def _failed(self, reason: str, now_ms: int, disputed: bool = False) -> Outcome:
         self.in_flight = None
-        self.retry_delay_ms = min(self.retry_max_ms, max(self.retry_min_ms, self.retry_delay_ms * 2))
-        self.retry_at_ms = now_ms + self.retry_delay_ms
-        connected_before, self.connected = self.connected, False
-        if connected_before is False:
-            self.failed_attempts += 1
-        else:
-            self.failed_attempts = 1
-            self.failing_since_ms = now_ms
-        return Outcome(0, reason, disputed, connected_before)
+        return Outcome(0, reason, disputed, self.call_failed(now_ms))

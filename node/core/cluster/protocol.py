@@ -22,7 +22,7 @@ from node.core.cluster import recovery
 from node.core.cluster import status as reports
 from node.core.cluster.context import Context, Delegated, chunks
 from node.core.cluster.definitions import Definitions
-from node.core.cluster.feed import MEMBERS, MOVES, MOVES_ALL, QUEUES, QUEUES_ALL, REFUSED, ROUTES, SNAPSHOT
+from node.core.cluster.feed import MEMBERS, MOVES, MOVES_ALL, QUEUES, QUEUES_ALL, REFUSED, REPLICAS, ROUTES, SNAPSHOT
 from node.core.cluster.forwarding import SEQ_RESERVE_BLOCK, Forwarding
 from node.core.cluster.handover import PARK, QUEUE, REFUSE, Handovers
 from node.core.cluster.holds import Holds
@@ -41,6 +41,7 @@ class ClusterProtocol:
     seq_reserved = Delegated("forwarding", "seq_reserved")
     reserved_durable = Delegated("forwarding", "reserved_durable")
     members = Delegated("routing", "members")
+    replicas = Delegated("routing", "replicas")  # owner epochs and in-sync backups, read-only (replicas.py)
     peer_addresses = Delegated("routing", "peer_addresses")
     registered = Delegated("routing", "registered")
     refresh_due_ms = Delegated("routing", "refresh_due_ms")
@@ -196,6 +197,8 @@ class ClusterProtocol:
         elif kind == MEMBERS:
             down = self.routing.members_applied(payload)
             self.queue_definitions.delete_temporary_of(down)
+        elif kind == REPLICAS:  # read-only copy: routing.replicas (replicas.py)
+            self.routing.replicas.applied(payload)
         return effects
 
     def queues_seeded(self) -> None:

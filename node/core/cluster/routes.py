@@ -1,5 +1,6 @@
-"""Routes: what this node learns of the route table (routes, refusals, members) and what it proposes to
-it (claims, touches that keep routes alive, consumer counts, its own addresses).
+"""Routes: what this node learns of the route table (routes, refusals, members, owner epochs and in-sync
+backups) and what it proposes to it (claims, touches that keep routes alive, consumer counts, its own
+addresses).
 
 Rules:
 - A grouped message is enqueued here only when the route of its group names this node; a message
@@ -13,7 +14,8 @@ Rules:
   route names another node keeps it, logged.
 - Failed proposals are retried at a tick: claims after CLAIM_RETRY_INTERVAL_MS, touches after
   TOUCH_RETRY_INTERVAL_MS, registration every REGISTER_RETRY_INTERVAL_MS until the table holds it.
-- Imports context and forwarding of this package.
+- The owner epochs and in-sync backups are a read-only copy (replicas.py), replaced by each REPLICAS.
+- Imports context, forwarding and replicas of this package.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import logging
 
 from node.core.cluster.context import Context, chunks
 from node.core.cluster.forwarding import Forwarding
+from node.core.cluster.replicas import Replicas
 from node.core.effects import ProposeTouch, Refuse, Register, ReportConsumers
 from node.core.errors import HandlerUnavailable, ResourceLimitExceeded
 
@@ -42,6 +45,7 @@ class Routes:
         self.routes_max = routes_max  # for the refusal's text only: the table enforces it
         self.members: dict = {"nodes": {}, "consumers": {}, "down": {}}
         self.peer_addresses: dict[str, str] = {}  # replaced whole, never mutated: forwarders read it
+        self.replicas = Replicas()  # the owner epochs and in-sync backups, as the table says (issue 28)
         self.registered = False
         self.retry_claims: list = []
         self.retry_due_ms = 0
@@ -84,8 +88,9 @@ class Routes:
         """MEMBERS; returns the nodes marked down."""
         down = payload.get("down", {})
         for node in sorted(set(down) - set(self.members.get("down", {}))):
-            log.warning("node %s is marked down by the owner-failover policy; its groups are placed afresh%s",
-                        node, " (this node!)" if node == self.context.node_id else "")
+            log.warning("node %s is marked down (owner failover: its groups are placed afresh; or a promotion: "
+                        "they go to their in-sync backups)%s", node, " (this node!)" if node == self.context.node_id
+                        else "")
         self.members = payload
         self.peer_addresses = {node: info.get("peer_address", "")
                                for node, info in payload.get("nodes", {}).items()}

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from node.core.errors import InvalidConfig
+from node.core.replication.assignment import check_replication_factor
 
 POLICIES = ("exclusive", "shared", "none")
 QPID_DEFAULT_GROUP = "qpid.no-group"
@@ -50,6 +51,10 @@ class QueueSettings:
     dead_letter_queue_auto_create: bool = True  # create the dead-letter queue when it does not exist yet
     address: str = ""  # the multicast address this queue subscribes to (node/core/dispatch/addresses.py); "" = none
     trace: bool = False  # write delivery traces for `grouper audit` (README "Auditing deliveries")
+    # ---- issue 28: replicated messages (docs/replication.md) ----
+    # copies of each message of this durable queue, its owner's included (1..5); 0 = the cluster's default
+    # (node config replication_factor). Fixed once the queue exists: it decides which nodes back each group
+    replication_factor: int = 0
     # ---- issue 31: producer de-duplication (node/core/dispatch/dedup.py) ----
     dedup: bool = False  # a resend of an id the queue took within its window is accepted and not queued again
     dedup_window_messages: int = 100_000  # ids remembered per queue; the oldest is forgotten past it
@@ -90,6 +95,12 @@ class QueueSettings:
                                            f"the name would mean both; name it e.g. {self.address}.subscriber")
         if len(self.address) > 255 or "::" in self.address or any(ord(char) < 32 for char in self.address):
             raise InvalidConfig("address", "an address is at most 255 characters, without '::' or control characters")
+        if self.replication_factor:  # issue 28
+            try:
+                check_replication_factor(self.replication_factor)
+            except ValueError as error:
+                raise InvalidConfig("replication_factor", f"{error}; leave it out (or 0) for the cluster's "
+                                                          f"default") from None
         self._validate_dedup()
         return self
 
@@ -131,6 +142,8 @@ class QueueSettings:
             del values["trace"]
         if not self.memory_max_bytes:  # so a node of the release before paging reads the record (upgrades)
             del values["memory_max_bytes"]
+        if not self.replication_factor:  # issue 28: absent = the cluster default, as before replication
+            del values["replication_factor"]
         for key in _DEDUP_KEYS:  # issue 31: a queue without de-duplication writes the record it wrote before
             if values[key] == _DEDUP_DEFAULTS[key]:
                 del values[key]

@@ -8,6 +8,8 @@ Rules:
   them per member), which bounds the catch-up a membership change causes.
 - The owner is never its own backup; with fewer members than the factor, a group has every other
   member as backup and `under_replicated` says so.
+- A route key is the group id ("" for a group named ""); a queue's ungrouped messages use
+  UNGROUPED_ROUTE_KEY.
 - blake2b, not Python's hash(): the answer must not change between processes or versions.
 """
 
@@ -15,6 +17,10 @@ from __future__ import annotations
 
 from hashlib import blake2b
 
+# the route key of a queue's ungrouped messages: they are backed up together, as one group per queue. A NUL
+# first keeps it apart from the group ids clients use ("" included); a group that did use this id would
+# only share these backups, which costs nothing but balance
+UNGROUPED_ROUTE_KEY = "\x00ungrouped"
 REPLICATION_FACTOR_MAX = 5  # copies of a message, owner included: more costs a stream each for no gain
 
 
