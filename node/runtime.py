@@ -27,8 +27,7 @@ import threading
 import time
 
 from node.admin.loop_control import LoopControl
-from node.amqp import tls
-from node.amqp.duplicate_ids import dedup_id
+from node.amqp import duplicate_ids, tls
 from node.amqp.loop import AmqpServer
 from node.config import NodeConfig
 from node.core.dispatch.broker import Broker
@@ -56,7 +55,7 @@ class Node:
         self.clock_ms = clock_ms
         self.broker = Broker(auto_create=config.auto_create, address_settings=config.auto_create_settings(),
                              default_group=config.default_group, multicast_addresses=config.multicast_addresses,
-                             dedup_id_of=dedup_id)  # issue 31: what a de-duplicating queue remembers
+                             dedup_id_of=duplicate_ids.dedup_id)  # issue 31: what a de-duplicating queue remembers
         self.broker.memory_max_bytes = config.message_memory_max_bytes  # paging: node/core/dispatch/paging.py
         self.journal = Journal(config.data_dir, fsync=config.journal_fsync,
                                compact_min_bytes=config.journal_compact_min_bytes)
