@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from proton import Message
 
+from node.admin.client import AdminClient
 from tests.integration.clients import Client, queue_toml
 from tests.integration.test_node_endpoints import get, metric
 
@@ -40,6 +41,9 @@ def test_a_resend_is_accepted_and_delivered_once_even_after_a_kill_and_restart(n
         assert _bodies(client, "plain") == ["a:1", "b:2"]
     status, text = get(node, "/metrics")
     assert status == 200 and metric(text, f'grouper_queue_dedup_dropped_messages_total{{queue="{QUEUE}"}}') == 2
+    with AdminClient(node.admin_address) as admin:
+        stats = {row["name"]: row for row in admin.list_queues()}
+    assert (stats[QUEUE]["dedup_dropped_total"], stats["plain"]["dedup_dropped_total"]) == (2, 0)
 
     node.kill()  # SIGKILL: the marks must come back from the journal, their messages consumed already
     node.start()
