@@ -1,12 +1,14 @@
 """Producer de-duplication seen by a real client (issue 31): a resend of a message-id or `_AMQ_DUPL_ID` that a
 de-duplicating queue took is accepted and delivered once, also after the first copy was consumed and the
-node was killed with SIGKILL and restarted; /metrics counts the resends; a queue without it queues them all."""
+node was killed with SIGKILL and restarted; /metrics and the admin API count the resends; a queue without it
+queues them all; a queue added at run time with dedup keeps it, and its ids, across the restart."""
 
 from __future__ import annotations
 
 from proton import Message
 
 from node.admin.client import AdminClient
+from node.core.dispatch.settings import QueueSettings
 from tests.integration.clients import Client, queue_toml
 from tests.integration.test_node_endpoints import get, metric
 
@@ -45,9 +47,16 @@ def test_a_resend_is_accepted_and_delivered_once_even_after_a_kill_and_restart(n
         stats = {row["name"]: row for row in admin.list_queues()}
     assert (stats[QUEUE]["dedup_dropped_total"], stats["plain"]["dedup_dropped_total"]) == (2, 0)
 
+    with AdminClient(node.admin_address) as admin:  # a queue added at run time: its settings are journalled
+        admin.add_queue(QueueSettings(name="refunds", dedup=True, dedup_window_ms=60_000))
+    with Client(node) as client:
+        client.producer("refunds").send(_message("refund:11", "ref-1"))
+
     node.kill()  # SIGKILL: the marks must come back from the journal, their messages consumed already
     node.start()
     with Client(node) as client:
         client.producer(QUEUE).send(_message("after restart:8", "pay-1"),
                                     _message("artemis after:9", "x-9", _AMQ_DUPL_ID="d-1"), _message("new:10", "pay-3"))
         assert _bodies(client, QUEUE) == ["new:10"]
+        client.producer("refunds").send(_message("refund again:12", "ref-1"))
+        assert _bodies(client, "refunds") == ["refund:11"]
