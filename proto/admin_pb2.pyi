@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class QueueSettings(_message.Message):
-    __slots__ = ("name", "group_policy", "group_header", "default_group", "group_first_key", "group_rebalance", "group_rebalance_pause_dispatch", "group_buckets", "consumers_before_dispatch", "time_before_dispatch_ms", "durable", "depth_max_messages", "depth_max_bytes", "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue", "groups_max", "redelivery_delay_ms", "redelivery_delay_multiplier", "redelivery_delay_max_ms", "dead_letter_queue_auto_create", "address", "memory_max_bytes", "trace", "replication_factor", "dedup", "dedup_window_messages", "dedup_window_ms")
+    __slots__ = ("name", "group_policy", "group_header", "default_group", "group_first_key", "group_rebalance", "group_rebalance_pause_dispatch", "group_buckets", "consumers_before_dispatch", "time_before_dispatch_ms", "durable", "depth_max_messages", "depth_max_bytes", "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue", "groups_max", "redelivery_delay_ms", "redelivery_delay_multiplier", "redelivery_delay_max_ms", "dead_letter_queue_auto_create", "address", "memory_max_bytes", "trace", "replication_factor", "group_lease_ms", "dedup", "dedup_window_messages", "dedup_window_ms")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GROUP_POLICY_FIELD_NUMBER: _ClassVar[int]
     GROUP_HEADER_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class QueueSettings(_message.Message):
     MEMORY_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    GROUP_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     DEDUP_FIELD_NUMBER: _ClassVar[int]
     DEDUP_WINDOW_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     DEDUP_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
@@ -61,10 +62,11 @@ class QueueSettings(_message.Message):
     memory_max_bytes: int
     trace: bool
     replication_factor: int
+    group_lease_ms: int
     dedup: bool
     dedup_window_messages: int
     dedup_window_ms: int
-    def __init__(self, name: _Optional[str] = ..., group_policy: _Optional[str] = ..., group_header: _Optional[str] = ..., default_group: _Optional[str] = ..., group_first_key: _Optional[str] = ..., group_rebalance: _Optional[bool] = ..., group_rebalance_pause_dispatch: _Optional[bool] = ..., group_buckets: _Optional[int] = ..., consumers_before_dispatch: _Optional[int] = ..., time_before_dispatch_ms: _Optional[int] = ..., durable: _Optional[bool] = ..., depth_max_messages: _Optional[int] = ..., depth_max_bytes: _Optional[int] = ..., group_id_length_max_chars: _Optional[int] = ..., delivery_count_max: _Optional[int] = ..., dead_letter_queue: _Optional[str] = ..., groups_max: _Optional[int] = ..., redelivery_delay_ms: _Optional[int] = ..., redelivery_delay_multiplier: _Optional[float] = ..., redelivery_delay_max_ms: _Optional[int] = ..., dead_letter_queue_auto_create: _Optional[bool] = ..., address: _Optional[str] = ..., memory_max_bytes: _Optional[int] = ..., trace: _Optional[bool] = ..., replication_factor: _Optional[int] = ..., dedup: _Optional[bool] = ..., dedup_window_messages: _Optional[int] = ..., dedup_window_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., group_policy: _Optional[str] = ..., group_header: _Optional[str] = ..., default_group: _Optional[str] = ..., group_first_key: _Optional[str] = ..., group_rebalance: _Optional[bool] = ..., group_rebalance_pause_dispatch: _Optional[bool] = ..., group_buckets: _Optional[int] = ..., consumers_before_dispatch: _Optional[int] = ..., time_before_dispatch_ms: _Optional[int] = ..., durable: _Optional[bool] = ..., depth_max_messages: _Optional[int] = ..., depth_max_bytes: _Optional[int] = ..., group_id_length_max_chars: _Optional[int] = ..., delivery_count_max: _Optional[int] = ..., dead_letter_queue: _Optional[str] = ..., groups_max: _Optional[int] = ..., redelivery_delay_ms: _Optional[int] = ..., redelivery_delay_multiplier: _Optional[float] = ..., redelivery_delay_max_ms: _Optional[int] = ..., dead_letter_queue_auto_create: _Optional[bool] = ..., address: _Optional[str] = ..., memory_max_bytes: _Optional[int] = ..., trace: _Optional[bool] = ..., replication_factor: _Optional[int] = ..., group_lease_ms: _Optional[int] = ..., dedup: _Optional[bool] = ..., dedup_window_messages: _Optional[int] = ..., dedup_window_ms: _Optional[int] = ...) -> None: ...
 
 class QueueStats(_message.Message):
     __slots__ = ("name", "depth_messages", "depth_bytes", "acquired_messages", "consumers", "browsers", "groups", "owned_groups", "enqueued_total", "delivered_total", "resident_bytes", "paged_bytes", "cold_messages", "dedup_dropped_total")

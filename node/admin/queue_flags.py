@@ -21,6 +21,7 @@ _QUEUE_FLAG_KEYS = ("group_policy", "group_header", "default_group", "group_firs
                     "groups_max", "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue",
                     "trace")
 _QUEUE_FLAG_KEYS += ("replication_factor",)  # issue 28
+_QUEUE_FLAG_KEYS += ("group_lease_ms",)  # issue 30
 _QUEUE_FLAG_KEYS += ("dedup", "dedup_window_messages", "dedup_window_ms")  # issue 31
 
 
@@ -58,6 +59,9 @@ def add_queue_flags(parser: argparse.ArgumentParser) -> None:
     add("--replication-factor", type=int, metavar="N",
         help="copies of each message of this durable queue, its owner's included (1..5); default: the "
              "cluster's replication_factor")
+    # issue 30: group leases
+    add("--group-lease-ms", type=int, metavar="MS",
+        help="a consumer holding unsettled deliveries loses its groups after MS with no settlement or flow; 0 = off")
     # ---- issue 31: producer de-duplication ----
     add("--dedup", dest="dedup", action="store_true", default=None,
         help="accept a resend of a message-id (or _AMQ_DUPL_ID) taken within the window without queueing it again")

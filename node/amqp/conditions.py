@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from node.core.errors import (AlreadyExists, GrouperError, HandlerUnavailable, InvalidConfig, InvalidField,
-                              NotAllowed, NotFound, ResourceDeleted, ResourceLimitExceeded, Unauthorized)
+from node.core.errors import (AlreadyExists, GrouperError, GroupLeaseExpired, HandlerUnavailable, InvalidConfig,
+                              InvalidField, NotAllowed, NotFound, ResourceDeleted, ResourceLimitExceeded, Unauthorized)
 from node.store.failures import DISK_FULL, JournalFailure
 
 INTERNAL_ERROR = "amqp:internal-error"
@@ -24,6 +24,8 @@ CONDITION_BY_ERROR = {
     NotAllowed: "amqp:not-allowed",
     Unauthorized: "amqp:unauthorized-access",
     HandlerUnavailable: "grouper:grouping-handler-unavailable",
+    # issue 30: a consumer's link detached because its group lease lapsed (node/core/dispatch/queue_leases.py)
+    GroupLeaseExpired: "grouper:group-lease-expired",
 }
 
 

@@ -22,6 +22,7 @@ from node.core.effects import (AcceptSend, CloseUnstored, Confirm, DeadLettered,
                                DetachConsumer, Dropped, Enqueued, Flushed, Kept, PageIn, ReadRecords, Refuse,
                                RefuseUnstored, Removed, Stored, Unconfirmed, Withdrawn, WriteFailed)
 from node.core.dispatch.message import Outcome
+from node.core.errors import GroupLeaseExpired
 
 log = logging.getLogger("grouper.amqp")
 
@@ -71,6 +72,10 @@ class EffectExecutor:
         return None
 
     def _detach(self, effect: DetachConsumer) -> None:
+        if isinstance(effect.error, GroupLeaseExpired):  # a hung consumer: its operator should hear of it
+            state = self.server.consumers.get(effect.consumer_id)
+            log.warning("consumer %s detached, its group lease lapsed: %s",
+                        state.label if state is not None else effect.consumer_id, effect.error.description)
         self.server._detach(effect)
 
     def _confirm(self, effect: Confirm) -> None:

@@ -12,6 +12,9 @@ Engine loop thread only. Rules:
   through a queue of its own, made here (`Broker.subscribe`); it is temporary unless the link asked
   for a durable subscription (expiry policy never). Deleting it (`unsubscribe`) waits for its last
   consumer, and removes a durable one from the journal.
+- A consumer's JMS selector (source filter `apache.org:selector-filter:string`) is compiled before
+  anything is made for the link, so a malformed one refuses the attach with its error and position;
+  an applied one is echoed in the node's attach and every other filter left out (source_filters.py).
 - A producer's link gets the producer credit window at once, and MESSAGE_SIZE_MAX_BYTES as its
   max-message-size (node/amqp/incoming.py enforces it).
 """
@@ -22,10 +25,13 @@ from node.amqp.conditions import condition_for
 from node.amqp.engine import lib, symbols, text
 from node.amqp.incoming import MESSAGE_SIZE_MAX_BYTES
 from node.amqp.links import DURABLE, TEMPORARY, Consumer, Producer
+from node.amqp.message_fields import MessageFields
+from node.amqp.source_filters import applied_selector, echo
 from node.core.access.roles import Permission
 from node.core.dispatch.address_settings import split_address
 from node.core.dispatch.addresses import (EXISTING_QUEUE_CAPABILITY, TOPIC_CAPABILITY, no_such_queue, split_fqqn,
                                  subscription_name)
+from node.core.dispatch.selector_dispatch import MessageSelector
 from node.core.errors import AlreadyExists, GrouperError, NotFound
 
 SND_SETTLED = lib.PN_SND_SETTLED
@@ -47,9 +53,8 @@ class LinkAttach:
             return  # the connection was refused
         server._dirty.add(connection)
         lib.pn_terminus_copy(lib.pn_link_source(link), lib.pn_link_remote_source(link))
-        # no source filter is applied yet (JMS selectors: issue 30, docs/selectors.md): AMQP 1.0 3.5.8 has a
-        # node leave out of its attach the filters it does not apply, so the client knows (Qpid JMS then
-        # refuses the consumer) instead of believing its selector holds and getting every message
+        # AMQP 1.0 3.5.8: a node leaves out of its attach the filters it does not apply, so the client knows
+        # (Qpid JMS then refuses the consumer); a consumer's applied selector is echoed (source_filters.py)
         lib.pn_data_clear(lib.pn_terminus_filter(lib.pn_link_source(link)))
         lib.pn_terminus_copy(lib.pn_link_target(link), lib.pn_link_remote_target(link))
         sender = lib.pn_link_is_sender(link)
@@ -70,6 +75,7 @@ class LinkAttach:
         address = text(lib.pn_terminus_get_address(source))
         if not address:
             raise NotFound("a consumer link needs a source address naming a queue")
+        applied = applied_selector(lib.pn_terminus_filter(source))  # a malformed one refuses the attach
         now_ms = server.clock_ms()
         browse = lib.pn_terminus_get_distribution_mode(source) == DIST_MODE_COPY
         permission = Permission.BROWSE if browse else Permission.CONSUME
@@ -82,8 +88,9 @@ class LinkAttach:
             queue, subscription = self.authorized_queue(connection, address, permission, create), ""
         address = queue.settings.name  # without the address's parameters
         try:
-            effects = self.broker.attach_consumer(address, consumer_id, browse, now_ms,
-                                                  server.config.link_unsettled_max)
+            effects = self.broker.attach_consumer(
+                address, consumer_id, browse, now_ms, server.config.link_unsettled_max,
+                None if applied is None else MessageSelector(applied.selector, MessageFields))
         except GrouperError:
             if subscription == TEMPORARY:
                 self.unsubscribe(address)
@@ -99,6 +106,7 @@ class LinkAttach:
         connection.links.add(state)
         lib.pn_link_set_snd_settle_mode(link, lib.pn_link_remote_snd_settle_mode(link))
         lib.pn_link_set_rcv_settle_mode(link, lib.pn_link_remote_rcv_settle_mode(link))
+        echo(lib.pn_terminus_filter(lib.pn_link_source(link)), applied)
         lib.pn_link_open(link)
         if queue.settings.trace and not browse:
             server.tracer.attached(consumer_id, label, address)

@@ -7,10 +7,14 @@ Rules:
   JMS mapping (Qpid JMS's). `get(name)` gives None for an absent field: the selector's NULL.
 - Lazy: nothing is read at construction. The first lookup walks the section boundaries once (sizes
   only, up to the body, which is never read); each section is decoded on the first lookup that needs
-  it, and kept, so one message tried against many consumers' selectors is decoded once.
-- A section that cannot be read (truncated, an unknown format code, a string that is not UTF-8) is
+  it, and kept, so one message tried against many consumers' selectors is decoded once. Application
+  properties are indexed (keys read, values only stepped over) on the first lookup of one, and a
+  value is decoded only when a selector names it: a selector reading `colour` of a message with
+  twenty properties decodes one value.
+- A section that cannot be read (truncated, an unknown format code, a key that is not UTF-8) is
   treated as absent, and so is everything after a broken boundary: its fields are NULL, and nothing
-  raises into dispatch. The send was checked already (node.amqp.codec refuses what is not AMQP).
+  raises into dispatch. An application property whose value cannot be read (a string that is not
+  UTF-8) is absent alone. The send was checked already (node.amqp.codec refuses what is not AMQP).
 - Values keep JMS's types: strings and symbols are str, every integer type (and timestamps, in ms) is
   int, float and double are float, booleans bool. Lists, maps, arrays, decimals and described values
   are OPAQUE, binary is bytes and uuid a UUID: present (IS NOT NULL) but unlike anything a selector
@@ -24,7 +28,9 @@ import struct
 import uuid
 from collections.abc import Mapping
 
-from node.amqp.type_encoding import FIXED_WIDTH_BYTES, Malformed, skip_value
+from node.amqp.message_values import OPAQUE, extent, list_items, map_entries, map_positions, read_value
+
+__all__ = ["OPAQUE", "MessageFields", "jms_id"]  # OPAQUE: what a value of a type JMS has no name for reads as
 
 _HEADER, _MESSAGE_ANNOTATIONS, _PROPERTIES, _APPLICATION_PROPERTIES = 0x70, 0x72, 0x73, 0x74
 _FIRST_BODY_SECTION = 0x75
@@ -35,112 +41,6 @@ _SECTION_NAMES = {"amqp:header:list": 0x70, "amqp:delivery-annotations:map": 0x7
 JMS_TYPE_ANNOTATION = "x-opt-jms-type"  # where Qpid JMS puts JMSType
 DEFAULT_PRIORITY = 4  # AMQP's header.priority when absent (and JMS's default)
 _HEADER_ITEMS, _PROPERTIES_ITEMS = 2, 12  # durable, priority; message-id ... group-sequence
-_FLOAT, _DOUBLE = struct.Struct(">f"), struct.Struct(">d")
-
-
-class _Opaque:
-    """A value of a type JMS has no name for: present, equal to nothing a selector can write."""
-
-    def __repr__(self) -> str:
-        return "OPAQUE"
-
-
-OPAQUE = _Opaque()
-
-
-class _Unreadable(ValueError):
-    """Bytes these rules cannot read: the section in question counts as absent."""
-
-
-def _extent(buf: bytes, position: int) -> int:
-    """The position just past the value at `position`, nothing decoded (type_encoding's walk, which loops
-    over described values however deep the sender nests them); unreadable or truncated bytes raise."""
-    try:
-        end = skip_value(buf, position)
-    except (Malformed, IndexError) as error:
-        raise _Unreadable(str(error) or "truncated") from None
-    if end > len(buf):
-        raise _Unreadable("truncated")
-    return end
-
-
-def _integer(buf: bytes, position: int, width: int, signed: bool) -> int:
-    return int.from_bytes(buf[position:position + width], "big", signed=signed)
-
-
-_SCALARS = {  # format code -> reader of its bytes (the code already passed)
-    0x40: lambda buf, at: None, 0x41: lambda buf, at: True, 0x42: lambda buf, at: False,
-    0x56: lambda buf, at: buf[at] != 0, 0x43: lambda buf, at: 0, 0x44: lambda buf, at: 0,
-    0x50: lambda buf, at: buf[at], 0x52: lambda buf, at: buf[at], 0x53: lambda buf, at: buf[at],
-    0x51: lambda buf, at: _integer(buf, at, 1, True), 0x54: lambda buf, at: _integer(buf, at, 1, True),
-    0x55: lambda buf, at: _integer(buf, at, 1, True),
-    0x60: lambda buf, at: _integer(buf, at, 2, False), 0x61: lambda buf, at: _integer(buf, at, 2, True),
-    0x70: lambda buf, at: _integer(buf, at, 4, False), 0x71: lambda buf, at: _integer(buf, at, 4, True),
-    0x80: lambda buf, at: _integer(buf, at, 8, False), 0x81: lambda buf, at: _integer(buf, at, 8, True),
-    0x83: lambda buf, at: _integer(buf, at, 8, True),  # timestamp, ms since the epoch
-    0x72: lambda buf, at: _FLOAT.unpack_from(buf, at)[0], 0x82: lambda buf, at: _DOUBLE.unpack_from(buf, at)[0],
-    0x73: lambda buf, at: chr(_integer(buf, at, 4, False)),  # char, UTF-32
-    0x98: lambda buf, at: uuid.UUID(bytes=bytes(buf[at:at + 16])),
-}
-_STRINGS = frozenset({0xA1, 0xB1, 0xA3, 0xB3})  # str8, str32, sym8, sym32
-_BINARIES = frozenset({0xA0, 0xB0})
-
-
-def read_value(buf: bytes, position: int) -> tuple:
-    """(value, end) of the value at `position`, typed as the module's rules say."""
-    code = buf[position]
-    if code == 0xA1 or code == 0xA3:  # str8 and sym8 first: most keys and string values are
-        end = position + 2 + buf[position + 1]
-        if end > len(buf):
-            raise _Unreadable("truncated")
-        return bytes(buf[position + 2:end]).decode("utf-8"), end
-    reader = _SCALARS.get(code)
-    if reader is not None:
-        end = position + 1 + FIXED_WIDTH_BYTES[code >> 4]
-        if end > len(buf):
-            raise _Unreadable("truncated")
-        return reader(buf, position + 1), end
-    end = _extent(buf, position)
-    if code in _STRINGS or code in _BINARIES:
-        content = bytes(buf[position + (2 if code < 0xB0 else 5):end])
-        return (content.decode("utf-8") if code in _STRINGS else content), end
-    return OPAQUE, end
-
-
-def _compound(buf: bytes, position: int) -> tuple[int, int, int]:
-    """A list or map: (count of items, position of the first item, end)."""
-    code = buf[position]
-    end = _extent(buf, position)
-    if code == 0x45:  # list0
-        return 0, end, end
-    if code in (0xC0, 0xC1):
-        return buf[position + 2], position + 3, end
-    if code in (0xD0, 0xD1):
-        return _integer(buf, position + 5, 4, False), position + 9, end
-    raise _Unreadable(f"a section of format code 0x{code:02x}, not a list or a map")
-
-
-def _list_items(buf: bytes, position: int, wanted: int) -> list:
-    count, item, end = _compound(buf, position)
-    items = []
-    for _ in range(min(count, wanted)):
-        value, item = read_value(buf, item)
-        if item > end:
-            raise _Unreadable("a list item runs past its list")
-        items.append(value)
-    return items + [None] * (wanted - len(items))
-
-
-def _map_entries(buf: bytes, position: int):
-    """(key, value) pairs of the map at `position`; keys of other types than strings are passed over."""
-    count, item, end = _compound(buf, position)
-    for _ in range(count // 2):
-        key, item = read_value(buf, item)
-        value, item = read_value(buf, item)
-        if item > end:
-            raise _Unreadable("a map entry runs past its map")
-        if isinstance(key, str):
-            yield key, value
 
 
 def _section_starts(buf: bytes) -> dict[int, int]:
@@ -155,7 +55,7 @@ def _section_starts(buf: bytes) -> dict[int, int]:
             if not isinstance(section, int) or section >= _FIRST_BODY_SECTION:
                 break
             starts.setdefault(section, value_at)
-            position = _extent(buf, value_at)
+            position = extent(buf, value_at)
     except (IndexError, ValueError, struct.error):
         pass  # what was found before the break stands
     return starts
@@ -177,16 +77,17 @@ def jms_id(value):
 class MessageFields(Mapping):
     """The selector's view of one message (the rules above); build one per message, share it across selectors."""
 
-    __slots__ = ("_payload", "_starts", "_header", "_properties", "_application", "_jms_type")
+    __slots__ = ("_payload", "_starts", "_header", "_properties", "_application", "_application_at", "_jms_type")
 
     def __init__(self, payload: bytes):
         self._payload = payload
-        self._starts = self._header = self._properties = self._application = None
+        self._starts = self._header = self._properties = self._application_at = None
+        self._application: dict = {}  # name -> decoded value (None: absent), for the names asked so far
         self._jms_type = ...  # not read yet (None is a read annotation that is absent)
 
     def get(self, name: str, default=None):
         reader = _JMS_FIELDS.get(name)
-        value = reader(self) if reader is not None else self._application_properties().get(name)
+        value = reader(self) if reader is not None else self._application_value(name)
         return default if value is None else value
 
     def __getitem__(self, name: str):
@@ -197,7 +98,8 @@ class MessageFields(Mapping):
 
     def __iter__(self):
         names = [name for name, reader in _JMS_FIELDS.items() if reader(self) is not None]
-        names += [name for name in self._application_properties() if name not in _JMS_FIELDS]
+        names += [name for name in self._application_positions()
+                  if name not in _JMS_FIELDS and self._application_value(name) is not None]
         return iter(names)
 
     def __len__(self) -> int:
@@ -215,7 +117,7 @@ class MessageFields(Mapping):
         if position is None:
             return [None] * wanted
         try:
-            return _list_items(self._payload, position, wanted)
+            return list_items(self._payload, position, wanted)
         except (IndexError, ValueError, struct.error):
             return [None] * wanted
 
@@ -229,17 +131,35 @@ class MessageFields(Mapping):
             self._properties = self._list(_PROPERTIES, _PROPERTIES_ITEMS)
         return self._properties
 
-    def _application_properties(self) -> dict:
-        if self._application is None:
-            self._application = self._map(_APPLICATION_PROPERTIES, lambda key: True)
-        return self._application
+    def _application_positions(self) -> dict:
+        if self._application_at is None:
+            position = self._section(_APPLICATION_PROPERTIES)
+            try:
+                self._application_at = {} if position is None else map_positions(self._payload, position)
+            except (IndexError, ValueError, struct.error):
+                self._application_at = {}
+        return self._application_at
+
+    def _application_value(self, name: str):
+        values = self._application
+        if name in values:
+            return values[name]
+        position = self._application_positions().get(name)
+        value = None
+        if position is not None:
+            try:
+                value = read_value(self._payload, position)[0]
+            except (IndexError, ValueError, struct.error):
+                value = None  # this value alone cannot be read: it is absent
+        values[name] = value
+        return value
 
     def _map(self, section: int, wanted) -> dict:
         position = self._section(section)
         if position is None:
             return {}
         try:
-            return {key: value for key, value in _map_entries(self._payload, position) if wanted(key)}
+            return {key: value for key, value in map_entries(self._payload, position) if wanted(key)}
         except (IndexError, ValueError, struct.error):
             return {}
 
@@ -247,14 +167,14 @@ class MessageFields(Mapping):
 
     def _property_or_application(self, index: int, name: str):
         value = self._properties_items()[index]
-        return value if value is not None else self._application_properties().get(name)
+        return value if value is not None else self._application_value(name)
 
     def _jms_type_value(self):
         if self._jms_type is ...:
             annotations = self._map(_MESSAGE_ANNOTATIONS, lambda key: key == JMS_TYPE_ANNOTATION)
             self._jms_type = annotations.get(JMS_TYPE_ANNOTATION)
         value = self._jms_type if self._jms_type is not None else self._properties_items()[3]
-        return value if value is not None else self._application_properties().get("JMSType")
+        return value if value is not None else self._application_value("JMSType")
 
     def _priority(self):
         value = self._header_items()[1]

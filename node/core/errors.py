@@ -91,3 +91,23 @@ class StoreFailed(GrouperError):
         super().__init__(description)
         self.reason = reason
         self.outcome_unknown = outcome_unknown
+
+
+class GroupLeaseExpired(GrouperError):
+    """Issue 30: a consumer held deliveries past its queue's group_lease_ms with no settlement or flow on its
+    link, so the node took its groups back (node/core/dispatch/queue_leases.py). The client is at fault (a
+    hung or too slow consumer); attaching again is safe: what it held went to other consumers."""
+
+    fault = "client"
+    retriable = True
+
+    def __init__(self, queue: str, group, lease_ms: int, unsettled_count: int):
+        group_text = "no group" if group is None else f"group {group!r}"
+        super().__init__(
+            f"queue {queue!r}, {group_text}: the consumer's lease lapsed (group_lease_ms={lease_ms} ms with no "
+            f"settlement or flow on this link while it held {unsettled_count} unsettled deliveries); they were "
+            f"released to other consumers with their delivery count raised, and any settlement of them from "
+            f"this link is refused. Settle or grant credit at least every {lease_ms} ms, then attach again")
+        self.queue = queue
+        self.group = group
+        self.lease_ms = lease_ms

@@ -15,9 +15,10 @@ from tests.integration.test_node_endpoints import get, metric
 QUEUE = "payments"
 
 
-def _message(body: str, message_id=None, **properties) -> Message:
-    """`body` is NAME:N, as the test clients read bodies."""
-    return Message(id=message_id, body=body, properties=properties or None)
+def _message(body: str, message_id=None, *, durable: bool = True, **properties) -> Message:
+    """`body` is NAME:N, as the test clients read bodies. Durable, as a JMS producer's PERSISTENT: a durable
+    queue journals only durable messages, and their ids with them."""
+    return Message(id=message_id, body=body, properties=properties or None, durable=durable)
 
 
 def _bodies(client: Client, queue: str) -> list[str]:
@@ -50,7 +51,7 @@ def test_a_resend_is_accepted_and_delivered_once_even_after_a_kill_and_restart(n
     with AdminClient(node.admin_address) as admin:  # a queue added at run time: its settings are journalled
         admin.add_queue(QueueSettings(name="refunds", dedup=True, dedup_window_ms=60_000))
     with Client(node) as client:
-        client.producer("refunds").send(_message("refund:11", "ref-1"))
+        client.producer("refunds").send(_message("refund:11", "ref-1"), _message("transient:13", "tr-1", durable=False))
 
     node.kill()  # SIGKILL: the marks must come back from the journal, their messages consumed already
     node.start()
@@ -58,5 +59,6 @@ def test_a_resend_is_accepted_and_delivered_once_even_after_a_kill_and_restart(n
         client.producer(QUEUE).send(_message("after restart:8", "pay-1"),
                                     _message("artemis after:9", "x-9", _AMQ_DUPL_ID="d-1"), _message("new:10", "pay-3"))
         assert _bodies(client, QUEUE) == ["new:10"]
-        client.producer("refunds").send(_message("refund again:12", "ref-1"))
-        assert _bodies(client, "refunds") == ["refund:11"]
+        # a message sent non-durable is lost with the node, and so is its id: its resend is queued
+        client.producer("refunds").send(_message("refund again:12", "ref-1"), _message("transient again:14", "tr-1"))
+        assert _bodies(client, "refunds") == ["refund:11", "transient again:14"]

@@ -144,3 +144,17 @@ def test_application_properties_read_back_as_proton_wrote_them(properties):
     assert dict(fields_of(body="x", properties=properties).items()) == {
         **{name: value for name, value in fields_of(body="x").items()},
         **properties}  # names of at most 5 characters never shadow a JMS name
+
+
+def test_only_the_application_properties_a_selector_names_are_decoded():
+    properties = {f"p{number}": f"value {number}" for number in range(20)}
+    fields = fields_of(body="x", properties={**properties, "colour": "green"})
+    assert compile_selector("colour = 'green'").matches(fields)
+    assert fields._application == {"colour": "green"}  # noqa: SLF001 - what laziness promises
+    assert fields.get("p3") == "value 3" and fields.get("missing") is None
+
+
+def test_a_value_that_cannot_be_read_is_absent_alone():
+    # application-properties {"a": <str8 of a byte that is not UTF-8>, "b": 1}
+    fields = MessageFields(b"\x00\x53\x74" + b"\xc1\x0c\x04" + b"\xa1\x01a\xa1\x01\xff" + b"\xa1\x01b\x54\x01")
+    assert fields.get("a") is None and fields.get("b") == 1

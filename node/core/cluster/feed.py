@@ -51,6 +51,7 @@ UPDATABLE_FIELDS = frozenset({
     "time_before_dispatch_ms", "depth_max_messages", "depth_max_bytes", "memory_max_bytes", "groups_max",
     "group_id_length_max_chars", "delivery_count_max", "redelivery_delay_ms", "redelivery_delay_multiplier",
     "redelivery_delay_max_ms", "dead_letter_queue", "dead_letter_queue_auto_create", "trace",
+    "group_lease_ms",  # issue 30: read at each tick (node/core/dispatch/queue_leases.py)
     "dedup", "dedup_window_messages", "dedup_window_ms",  # issue 31: dispatch/dedup.py reads them at each send
 })
 # decide a message's group (policy, header, default group, buckets) or whether it is journalled

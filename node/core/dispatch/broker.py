@@ -73,7 +73,7 @@ class Broker:
         paging = self.paging = NodePaging(self)
         self.journalled, self.promote, self.page_out, self.page_in = (paging.journalled, paging.promote,
                                                                       paging.page_out, paging.page_in)
-        self.dedup = Dedup(dedup_id_of)  # issue 31; dedup_id_of(payload) -> id or None (node.amqp.message_fields)
+        self.dedup = Dedup(dedup_id_of)  # issue 31; dedup_id_of(payload) -> id or None (node.amqp.duplicate_ids)
 
     # ---- queues ------------------------------------------------------------------------------
 
@@ -165,7 +165,6 @@ class Broker:
         message.enqueued_at_ms = message.enqueued_at_ms or now_ms
         effects: list = [Enqueued(queue_name, message)] if queue.settings.trace else []
         try:
-            # the one branch a queue without de-duplication pays; raises Duplicate for a resend
             dedup_key = queue.settings.dedup and self.dedup.key(queue.settings, message.payload, now_ms, effects)
             queue.enqueue(message, now_ms, effects)  # raises before changing anything
         except GrouperError:
@@ -228,12 +227,12 @@ class Broker:
     # ---- consumers ---------------------------------------------------------------------------
 
     def attach_consumer(self, queue_name: str, consumer_id, browse: bool, now_ms: int,
-                        unsettled_max: int = 0) -> list:
+                        unsettled_max: int = 0, selector=None) -> list:
         if consumer_id in self._consumer_queue:
             raise AlreadyExists(f"consumer {consumer_id!r} is already attached")
         queue = self.queue(queue_name, create=True)
         effects: list = []
-        queue.attach(consumer_id, browse, now_ms, effects, unsettled_max)
+        queue.attach(consumer_id, browse, now_ms, effects, unsettled_max, selector)
         self._consumer_queue[consumer_id] = queue
         return effects
 
@@ -270,8 +269,13 @@ class Broker:
 
     def tick(self, now_ms: int) -> list:
         effects: list = []
+        lapsed: list = []
         for queue in self.queues.values():
+            lapsed += queue.lapsed_leases(now_ms)  # first: a lapsed consumer takes nothing more
             queue.tick(now_ms, effects)
+        for consumer_id, error in lapsed:  # group leases (queue_leases.py): the link learns why, then lets go
+            effects.append(DetachConsumer(consumer_id, error))
+            effects += self.detach_consumer(consumer_id, now_ms)
         return effects
 
     def next_deadline_ms(self) -> int | None:

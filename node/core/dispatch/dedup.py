@@ -29,7 +29,8 @@ Rules:
   cost the node ~9 us per message (a record's encoding, crc and index), one per batch a fraction.
   A torn write can leave a message without its mark (a resend is then queued again: at least once),
   never a mark without its message (which would drop a message its producer was never told about).
-- A non-durable queue's marks live in memory only: a restart forgets them, as it forgets its messages.
+- A non-durable queue's marks, and those of messages sent non-durable (TRANSIENT, not journalled), live in
+  memory only: a restart forgets them, as it forgets those messages.
 - A send taken back (its journal write failed) loses its mark too, so its producer's resend is queued.
   The room it leaves in a full window may, after a restart, hold a mark pushed out before (its record
   still live for its other marks): a restart never remembers fewer ids than the window held.
@@ -38,11 +39,10 @@ Rules:
 
 from __future__ import annotations
 
-import bisect
 import struct
 from collections import deque
 
-from node.core.dispatch.message import Message
+from node.core.dispatch.message import TRANSIENT, Message
 from node.core.effects import Removed, Stored
 from node.core.errors import InvalidField
 
@@ -109,13 +109,13 @@ class Window:
             self.live[record] = self.live.get(record, 0) + 1
 
     def forget(self, key: str, seq: int) -> list[int]:
-        """Forget one mark; the record (journalled) this left without a mark."""
+        """Forget one mark; the record (journalled) this left without a mark. Looked for from the newest:
+        a take-back's send is of the last batches (and a restore's older copy of a key is rare)."""
         if self.marks.get(key) != seq:
             return []
         del self.marks[key]
-        records = list(self.live)  # ascending: a record holds the marks from its seq to the next one's
-        at = bisect.bisect_right(records, seq) - 1
-        return self._release(records[at]) if at >= 0 else []
+        record = next(entry[3] for entry in reversed(self.order) if entry[1] == seq)
+        return self._release(record) if record else []
 
     def _release(self, record: int) -> list[int]:
         count = self.live[record] - 1
@@ -173,7 +173,7 @@ class Dedup:
         window = self.windows[settings.name]
         if len(window.marks) >= window.messages_max:
             _removed(settings, window.expire(now_ms, room=1), effects)
-        if not settings.durable:
+        if not settings.durable or message.flags & TRANSIENT:  # not journalled (issue 29): nor is its mark
             window.mark(key, message.seq, now_ms, 0)
             return
         if not window.pending_record:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from node.core.dispatch.cold import ColdTail, RecordBudget
 from node.core.effects import DetachConsumer, Stored, Withdrawn
 from node.core.errors import GrouperError, ResourceDeleted, ResourceLimitExceeded
-from node.core.dispatch.message import AVAILABLE, COLD, Message, Outcome
+from node.core.dispatch.message import AVAILABLE, COLD, TRANSIENT, Message, Outcome
 from node.core.dispatch.paging import Pager
 from node.core.dispatch.queue_backlog import Backlog
 from node.core.dispatch.queue_consumers import Consumers
@@ -44,7 +44,7 @@ class Queue:
     # Slots, not a __dict__: past ~30 attributes CPython 3.11 stops sharing an instance dict's keys, and
     # attribute reads of the dispatch paths get slower
     __slots__ = (
-        "_settings", "_groups", "_consumers", "_store", "_dispatcher", "_settlement", "_parts",
+        "_settings", "_groups", "_consumers", "_store", "_dispatcher", "_settlement", "_parts", "_leases",
         "held_keys", "consumers", "pager", "cold",  # the collaborators' own objects, never rebound
         # operations served by one collaborator (its bound methods)
         "check_group_id", "route_key", "busy_route_keys", "group_key_from_text", "group_key_of_route",
@@ -53,7 +53,7 @@ class Queue:
         "page_out", "page_in", "restore_cold", "cold_journalled", "promote", "cold_taken", "cold_refusal",
         "read_cold_for_purge",
         "reset_groups", "release_group", "take_group_messages", "take_ungrouped_messages",
-        "group_head_messages", "hand_over_group")
+        "group_head_messages", "hand_over_group", "lapsed_leases")
 
     def __init__(self, settings: QueueSettings, *, fallback_default_group: str = "",
                  records: RecordBudget | None = None):
@@ -71,7 +71,8 @@ class Queue:
         self._settlement = settlement = Settlement(settings, groups, store)
         backlog = Backlog(settings, groups, store, dispatcher)
         ops = GroupOps(settings, groups, store, dispatcher)
-        self._parts = (groups, consumers, store, dispatcher, settlement, backlog, ops)
+        self._leases, self.lapsed_leases = dispatcher.leases, dispatcher.leases.lapsed  # Broker.tick detaches those
+        self._parts = (groups, consumers, store, dispatcher, settlement, backlog, ops, self._leases)
         self._settings = settings
         self.held_keys = groups.held_keys
         self.consumers = consumers.by_id
@@ -161,7 +162,7 @@ class Queue:
         store = self._store
         store.admit(message, key)
         store.enqueued_total += 1
-        if self._settings.durable:
+        if self._settings.durable and not message.flags & TRANSIENT:  # admit may have cleared it (a cold arrival)
             effects.append(Stored(self._settings.name, message))
         self._dispatcher.dispatch(now_ms, effects)
 
@@ -199,8 +200,10 @@ class Queue:
 
     # ---- consumers ---------------------------------------------------------------------------
 
-    def attach(self, consumer_id, browse: bool, now_ms: int, effects: list, unsettled_max: int = 0) -> None:
-        self._consumers.add(consumer_id, browse, now_ms, unsettled_max)
+    def attach(self, consumer_id, browse: bool, now_ms: int, effects: list, unsettled_max: int = 0,
+               selector=None) -> None:
+        """`selector`: a MessageSelector (node/core/dispatch/selector_dispatch.py), or None for every message."""
+        self._consumers.add(consumer_id, browse, now_ms, unsettled_max, selector)
         if not browse:
             self._dispatcher.dispatch(now_ms, effects)
 
@@ -229,6 +232,7 @@ class Queue:
     def set_credit(self, consumer_id, credit: int, now_ms: int, effects: list) -> None:
         consumer = self._consumers.get(consumer_id)
         consumer.credit = credit
+        self._leases.renew(consumer, now_ms)  # a flow on the link
         if consumer.rebalance_due and credit > 0:
             consumer.rebalance_due = False
             groups = self._groups
@@ -241,6 +245,8 @@ class Queue:
                now_ms: int, effects: list) -> list[Message]:
         """Apply a consumer's disposition; returns (message, reason) pairs to dead-letter."""
         consumer = self._consumers.get(consumer_id)
+        if self._leases.lease_ms:  # group leases (node/core/dispatch/queue_leases.py)
+            self._leases.renew(consumer, now_ms)
         message = consumer.unsettled.pop(delivery_id, None)
         if message is None:
             return []  # a duplicate or late disposition: already settled, nothing to do
@@ -261,7 +267,7 @@ class Queue:
         self._dispatcher.dispatch(now_ms, effects)
 
     def next_deadline_ms(self) -> int | None:
-        deadlines = [d for d in (self._store.deadline_ms(), self._consumers.deadline_ms()) if d is not None]
+        deadlines = [d for d in (self._store.deadline_ms(), self._consumers.deadline_ms(), self._leases.deadline_ms()) if d]
         return min(deadlines) if deadlines else None
 
     # ---- the whole queue ---------------------------------------------------------------------

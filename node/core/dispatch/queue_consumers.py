@@ -12,6 +12,9 @@ Rules this module keeps:
 - Dispatch opens once consumers_before_dispatch consumers granted credit (not merely attached: a link
   attaches before it flows) or time_before_dispatch_ms after the first attach, whichever comes first;
   it closes again when the last acquiring consumer leaves.
+- A consumer may carry a JMS selector (`Consumer.selector`, a MessageSelector): while any acquiring consumer
+  does, `Consumers.selection` is set and dispatch takes the selecting path (node/core/dispatch/selector_dispatch.py);
+  without one it is None and dispatch costs what it did before selectors.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 from node.core.errors import NotFound
 from node.core.dispatch.message import Message
 from node.core.dispatch.queue_lanes import PAUSED, Group
+from node.core.dispatch.selector_dispatch import MessageSelector, Selection
 from node.core.dispatch.settings import QueueSettings
 
 ASSIGNED_STALE_MIN = 16  # stale entries a consumer's assigned list may keep beyond its live ones
@@ -26,11 +30,12 @@ ASSIGNED_STALE_MIN = 16  # stale entries a consumer's assigned list may keep bey
 
 class Consumer:
     __slots__ = ("id", "browse", "credit", "unsettled", "ready", "assigned", "assigned_count", "cursor_seq",
-                 "next_delivery_id", "last_used", "rebalance_due", "unsettled_max")
+                 "next_delivery_id", "last_used", "rebalance_due", "unsettled_max", "selector")
 
-    def __init__(self, consumer_id, browse: bool, unsettled_max: int = 0):
+    def __init__(self, consumer_id, browse: bool, unsettled_max: int = 0, selector: MessageSelector | None = None):
         self.id = consumer_id
         self.browse = browse
+        self.selector = selector  # None: takes every message
         self.unsettled_max = unsettled_max  # deliveries held unsettled at once, whatever the credit; 0 = no cap
         self.credit = 0
         self.unsettled: dict[int, Message] = {}  # delivery id -> message, in delivery order
@@ -98,7 +103,7 @@ class Consumer:
 class Consumers:
     """The queue's consumers by id, which of them may take now, and the dispatch gate."""
 
-    __slots__ = ("settings", "by_id", "takers", "browsers", "first_attach_ms", "dispatch_started")
+    __slots__ = ("settings", "by_id", "takers", "browsers", "first_attach_ms", "dispatch_started", "selection")
 
     def __init__(self, settings: QueueSettings):
         self.settings = settings
@@ -108,13 +113,23 @@ class Consumers:
         self.browsers: list[Consumer] = []
         self.first_attach_ms: int | None = None
         self.dispatch_started = False
+        self.selection: Selection | None = None  # set while an acquiring consumer has a selector
 
-    def add(self, consumer_id, browse: bool, now_ms: int, unsettled_max: int) -> Consumer:
-        consumer = Consumer(consumer_id, browse, unsettled_max)
+    def add(self, consumer_id, browse: bool, now_ms: int, unsettled_max: int,
+            selector: MessageSelector | None = None) -> Consumer:
+        consumer = Consumer(consumer_id, browse, unsettled_max, selector)
         self.by_id[consumer_id] = consumer
         if browse:
             self.browsers.append(consumer)
             return consumer
+        if selector is not None:
+            if self.selection is None:
+                self.selection = Selection()
+            self.selection.selecting += 1
+        if self.selection is not None:
+            self.selection.unstrand_due = True  # the new consumer may select what no other does
+            if selector is not None and selector.group_id is not None:
+                self.selection.choosing_changed = True
         if self.first_attach_ms is None:
             self.first_attach_ms = now_ms
         # An AMQP consumer attaches before it grants credit: resetting groups' consumers now would hand the
@@ -129,8 +144,13 @@ class Consumers:
             return None
         if consumer.browse:
             self.browsers.remove(consumer)
-        elif consumer in self.takers:
+            return consumer
+        if consumer in self.takers:
             self.takers.remove(consumer)
+        if consumer.selector is not None:
+            self.selection.selecting -= 1  # the selection ends at the next dispatch once none is left
+            if consumer.selector.group_id is not None:  # its group is free for the others again
+                self.selection.choosing_changed = self.selection.unstrand_due = True
         return consumer
 
     def close_gate_if_none_left(self) -> None:
@@ -183,6 +203,7 @@ class Consumers:
         self.by_id.clear()
         self.takers.clear()
         self.browsers.clear()
+        self.selection = None
 
 
 def least_recently_used(consumer: Consumer) -> int:

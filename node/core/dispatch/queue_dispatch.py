@@ -10,6 +10,8 @@ Rules this module keeps:
   and its group waits, unplaced, until page_in places it again; a taker or browser with credit and
   nothing to take (`starved`) makes the cold tail be read back (node/core/dispatch/cold.py).
 - A message delivered or shown is `handed_out`: a failed journal write can no longer take it back.
+- While a consumer has a JMS selector, node/core/dispatch/selector_dispatch.py takes the takers' dispatch;
+  a browser's selector is applied here.
 """
 
 from __future__ import annotations
@@ -26,14 +28,16 @@ from node.core.dispatch.message import (ACQUIRED, AVAILABLE, CLOSES_GROUP, HANDE
 from node.core.dispatch.paging import READ_AHEAD_MESSAGES, Pager
 from node.core.dispatch.queue_consumers import Consumer, Consumers, fewest_groups, least_recently_used
 from node.core.dispatch.queue_groups import GroupTable
+from node.core.dispatch.queue_leases import Leases
 from node.core.dispatch.queue_lanes import PAUSED, Group, insert_in_order
 from node.core.dispatch.queue_store import MessageStore
+from node.core.dispatch.selector_dispatch import dispatch_selecting
 from node.core.dispatch.settings import QueueSettings
 
 
 class Dispatcher:
     __slots__ = ("settings", "consumers", "groups", "store", "pager", "cold", "takers", "browsers", "unassigned",
-                 "delayed", "use_counter", "starved")
+                 "delayed", "use_counter", "starved", "leases")
 
     def __init__(self, settings: QueueSettings, consumers: Consumers, groups: GroupTable, store: MessageStore):
         self.settings = settings
@@ -50,9 +54,11 @@ class Dispatcher:
         self.delayed = store.delayed
         self.use_counter = itertools.count(1)  # Consumer.last_used: spreads ties round-robin
         self.starved = False  # the last dispatch left a taker or browser with credit and nothing to take
+        self.leases = Leases(settings, consumers)  # when a consumer that stopped settling loses its groups
 
     def dispatch(self, now_ms: int, effects: list) -> None:
         self.starved = False
+        self.leases.now_ms = now_ms  # a lease starts at the delivery that finds its consumer holding none
         self._dispatch_takers(now_ms, effects)
         pager = self.pager
         if pager is not None and pager.waiting:
@@ -82,6 +88,8 @@ class Dispatcher:
             self._dispatch_browsers(now_ms, effects)
         takers = self.takers
         if not takers or not self.consumers.dispatch_open(now_ms):
+            return
+        if self.consumers.selection is not None and dispatch_selecting(self, now_ms, effects):
             return
         unassigned = self.unassigned
         ungrouped = self.groups.ungrouped
@@ -150,6 +158,8 @@ class Dispatcher:
         store.delivered_total += 1
         delivery_id = consumer.next_delivery_id
         consumer.next_delivery_id = delivery_id + 1
+        if not consumer.unsettled and self.leases.lease_ms:
+            self.leases.start(consumer)
         consumer.unsettled[delivery_id] = message
         consumer.last_used = next(self.use_counter)
         consumer.credit -= 1
@@ -171,6 +181,9 @@ class Dispatcher:
                 if message.flags & PAGED:  # this browser waits for the body; page_in() dispatches again
                     self.pager.want_browse(message, effects)
                     break
+                if browser.selector is not None and not browser.selector.matches(message):
+                    browser.cursor_seq = message.seq
+                    continue
                 browser.cursor_seq = message.seq
                 browser.credit -= 1
                 message.handed_out = True  # a browser has seen it: a failed write cannot take it back unseen

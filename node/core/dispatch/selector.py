@@ -42,13 +42,16 @@ class InvalidSelector(InvalidField):
 
 
 class Selector:
-    """A compiled selector: `matches(fields)` for dispatch, `evaluate(fields)` for the three values."""
+    """A compiled selector: `matches(fields)` for dispatch, `evaluate(fields)` for the three values.
+    `group_id` is X when the selector is exactly `JMSXGroupID = 'X'` (either way round, parentheses
+    allowed): issue 30's consumer-chosen group, which dispatch serves by giving that group to the consumer."""
 
-    __slots__ = ("text", "_evaluate")
+    __slots__ = ("text", "_evaluate", "group_id")
 
-    def __init__(self, text: str, evaluate):
+    def __init__(self, text: str, evaluate, group_id: str | None = None):
         self.text = text
         self._evaluate = evaluate
+        self.group_id = group_id
 
     def matches(self, fields) -> bool:
         return self._evaluate(fields) is True
@@ -73,9 +76,20 @@ def compile_selector(text: str) -> Selector | None:
         return None
     try:
         tree = Parser(text, SELECTOR_DEPTH_MAX).parse()
-        return Selector(text, compile_node(tree))
+        return Selector(text, compile_node(tree), chosen_group(tree))
     except SelectorSyntaxError as error:
         raise InvalidSelector(error.offset, error.problem) from None
     except RecursionError:  # the deepest selector allowed needs ~660 frames; a caller already deep may lack them
         raise InvalidSelector(0, f"the selector nests too deeply for this node's stack: write it flatter "
                                  f"(at most {SELECTOR_DEPTH_MAX} levels are accepted)") from None
+
+
+def chosen_group(tree: tuple) -> str | None:
+    """X when the parsed selector is `JMSXGroupID = 'X'` or `'X' = JMSXGroupID`; else None."""
+    if tree[0] != "compare" or tree[2] != "=":
+        return None
+    sides = {tree[3][0]: tree[3], tree[4][0]: tree[4]}
+    field, literal = sides.get("field"), sides.get("literal")
+    if field is None or literal is None or field[2] != "JMSXGroupID" or not isinstance(literal[2], str):
+        return None
+    return literal[2]

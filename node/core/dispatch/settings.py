@@ -55,6 +55,9 @@ class QueueSettings:
     # copies of each message of this durable queue, its owner's included (1..5); 0 = the cluster's default
     # (node config replication_factor). Fixed once the queue exists: it decides which nodes back each group
     replication_factor: int = 0
+    # issue 30, group leases: a consumer holding unsettled deliveries loses its groups (its link detached,
+    # node/core/dispatch/queue_leases.py) after this long with no settlement or flow on its link; 0 = off
+    group_lease_ms: int = 0
     # ---- issue 31: producer de-duplication (node/core/dispatch/dedup.py) ----
     dedup: bool = False  # a resend of an id the queue took within its window is accepted and not queued again
     dedup_window_messages: int = 100_000  # ids remembered per queue; the oldest is forgotten past it
@@ -101,6 +104,9 @@ class QueueSettings:
             except ValueError as error:
                 raise InvalidConfig("replication_factor", f"{error}; leave it out (or 0) for the cluster's "
                                                           f"default") from None
+        # issue 30, group leases
+        if self.group_lease_ms < 0:
+            raise InvalidConfig("group_lease_ms", "must be >= 0 (0 = no lease: a consumer keeps its groups while attached)")
         self._validate_dedup()
         return self
 
@@ -144,6 +150,8 @@ class QueueSettings:
             del values["memory_max_bytes"]
         if not self.replication_factor:  # issue 28: absent = the cluster default, as before replication
             del values["replication_factor"]
+        if not self.group_lease_ms:  # issue 30: records of queues without a lease stay as they were
+            del values["group_lease_ms"]
         for key in _DEDUP_KEYS:  # issue 31: a queue without de-duplication writes the record it wrote before
             if values[key] == _DEDUP_DEFAULTS[key]:
                 del values[key]

@@ -11,6 +11,8 @@
 // - A consumer's outcome goes out unsettled; the delivery is settled here once the node has
 //   settled it, and only then reported (settled), so the test knows the node applied it.
 // - A command that throws is reported as an error event; the test fails on it.
+// - A receiver may carry a JMS selector (rhea's filter.selector); the attached event then reports the
+//   node's source filter set as {key: {descriptor, value}} (null when it has none).
 // - connect may carry a username and password (rhea then authenticates with SASL PLAIN); the node
 //   letting the client in is reported as an opened event, a refusal as an error event with its condition.
 // - stdin closing ends the process: the connection is closed, and the process exits at the latest
@@ -46,10 +48,22 @@ function terminus(value) {
     distribution_mode: value.distribution_mode === undefined ? null : value.distribution_mode };
 }
 
+function filterSet(source) {
+  // the source's filter set as {key: {descriptor, value}}; null when the node's attach has none
+  if (!source || source.type || !source.filter) return null;
+  const found = {};
+  for (const [key, entry] of Object.entries(source.filter)) {
+    const descriptor = entry && entry.descriptor !== undefined ? entry.descriptor : null;
+    found[key] = { descriptor: descriptor === null ? null : String(descriptor.value !== undefined ? descriptor.value : descriptor),
+      value: entry && entry.value !== undefined ? (entry.value.value !== undefined ? entry.value.value : entry.value) : entry };
+  }
+  return found;
+}
+
 function attached(context, link) {
   const attach = link.remote.attach; // the node's attach frame, as rhea decoded it
   emit({ event: 'attached', link: link.name, role: link.is_receiver() ? 'receiver' : 'sender',
-    source: terminus(attach.source), target: terminus(attach.target) });
+    source: terminus(attach.source), target: terminus(attach.target), filter: filterSet(attach.source) });
 }
 
 function detached(context, link) {
@@ -111,9 +125,10 @@ const commands = {
     if (username) Object.assign(options, { username, password });
     connection = container.connect(options);
   },
-  receiver({ link, address, browse }) {
+  receiver({ link, address, browse, selector }) {
     const source = { address };
     if (browse) source.distribution_mode = 'copy';
+    if (selector !== undefined && selector !== null) source.filter = rhea.filter.selector(selector); // numeric descriptor
     links.set(link, connection.open_receiver({ name: link, source, credit_window: 0, autoaccept: false }));
   },
   sender({ link, address }) {
@@ -126,6 +141,7 @@ const commands = {
       const message = { body: fields.body };
       if (fields.group !== null && fields.group !== undefined) message.group_id = fields.group;
       if (fields.to) message.to = fields.to;
+      if (fields.properties) message.application_properties = fields.properties;
       sender.send(message).interop_number = next(link);
     }
   },
