@@ -212,6 +212,19 @@ def mark_records(effects: list) -> list:
     return [effect for effect in effects if getattr(effect, "queue", "") == DEDUP_PREFIX + "q"]
 
 
+def test_a_message_sent_non_durable_is_deduplicated_in_memory_and_its_mark_journalled_no_more_than_it():
+    broker = dedup_broker()
+    transient = Message(b"t", transient=True)
+    assert not mark_records(broker.enqueue("q", transient, 0))  # no STORE for it (issue 29), nor for its mark
+    assert send(broker, "t", 1) is None and broker.dedup.take_marks() == []
+    durable = Message(b"d")
+    broker.enqueue("q", durable, 2)
+    [record] = broker.dedup.take_marks()
+    assert [key for key, _, _ in decode_marks(record.message.payload)] == ["d"]
+    # a take-back of the transient one finds it has no record
+    assert mark_records(broker.take_back([("q", transient)], 3)[1]) == [] and send(broker, "t", 3) is not None
+
+
 def test_an_id_too_long_to_remember_is_refused_naming_the_limit_and_queues_nothing():
     broker = dedup_broker()
     with pytest.raises(InvalidField, match=str(DEDUP_ID_LENGTH_MAX_CHARS)):
