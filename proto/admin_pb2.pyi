@@ -177,34 +177,38 @@ class ListGroupsResponse(_message.Message):
     def __init__(self, groups: _Optional[_Iterable[_Union[GroupRow, _Mapping]]] = ...) -> None: ...
 
 class GroupPageRequest(_message.Message):
-    __slots__ = ("queue", "prefix", "position", "page_size", "node")
+    __slots__ = ("queue", "prefix", "position", "page_size", "node", "order")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
     queue: str
     prefix: str
     position: int
     page_size: int
     node: str
-    def __init__(self, queue: _Optional[str] = ..., prefix: _Optional[str] = ..., position: _Optional[int] = ..., page_size: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
+    order: str
+    def __init__(self, queue: _Optional[str] = ..., prefix: _Optional[str] = ..., position: _Optional[int] = ..., page_size: _Optional[int] = ..., node: _Optional[str] = ..., order: _Optional[str] = ...) -> None: ...
 
 class ConsumerRow(_message.Message):
-    __slots__ = ("consumer", "label", "groups_owned", "groups", "unsettled", "credit")
+    __slots__ = ("consumer", "label", "groups_owned", "groups", "unsettled", "credit", "client")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
     GROUPS_OWNED_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     UNSETTLED_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
     consumer: str
     label: str
     groups_owned: int
     groups: _containers.RepeatedScalarFieldContainer[str]
     unsettled: int
     credit: int
-    def __init__(self, consumer: _Optional[str] = ..., label: _Optional[str] = ..., groups_owned: _Optional[int] = ..., groups: _Optional[_Iterable[str]] = ..., unsettled: _Optional[int] = ..., credit: _Optional[int] = ...) -> None: ...
+    client: str
+    def __init__(self, consumer: _Optional[str] = ..., label: _Optional[str] = ..., groups_owned: _Optional[int] = ..., groups: _Optional[_Iterable[str]] = ..., unsettled: _Optional[int] = ..., credit: _Optional[int] = ..., client: _Optional[str] = ...) -> None: ...
 
 class GroupPageResponse(_message.Message):
     __slots__ = ("groups", "next_position", "groups_total", "scanned", "consumers")
