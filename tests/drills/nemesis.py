@@ -583,17 +583,21 @@ class Campaign:
 
     def _without_removed(self, statuses: list[dict | None], result: RoundResult) -> list[dict | None]:
         """`statuses` without the outbound backlogs for removed identities, which nothing will ever take;
-        what they hold goes to `result.stranded_outbound` (the latest look's sum)."""
+        what the other nodes hold for this round's removed victim goes to `result.stranded_outbound` (the
+        latest look's sum; earlier rounds' stranded messages stay where they are, counted in their rounds)."""
         if not self.removed_ids:
             return statuses
         kept, stranded = [], 0
         for status in statuses:
             if status is not None:
                 outbound = dict(status["outbound"])
-                stranded += sum(outbound.pop(owner, 0) for owner in self.removed_ids)
+                for owner in self.removed_ids:
+                    held = outbound.pop(owner, 0)
+                    stranded += held if owner == result.victim else 0
                 status = {**status, "outbound": outbound}
             kept.append(status)
-        result.stranded_outbound = stranded
+        if result.rejoined_as:
+            result.stranded_outbound = stranded
         return kept
 
     def _routes(self, groups: list[str]) -> dict[str, str]:
