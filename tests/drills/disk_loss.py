@@ -92,9 +92,10 @@ class DiskLoss:
         node.args = rebirth_args(node.args, host, raft_port, cluster.node_ids[member])
         # --join asks the member at its host and THIS node's admin port: take the member's port number
         node._admin_port = int(helper.admin_address.rsplit(":", 1)[1])
-        node.start()  # joins before it reports ready (node/membership.py): raises if it could not
+        # named before it starts: if the start fails, whoever restarts it later starts this new member
         cluster.node_ids[victim] = f"{host}:{raft_port}"
         cluster.raft_ports[victim] = raft_port
+        node.start()  # joins before it reports ready (node/membership.py): raises if it could not
         return cluster.node_ids[victim]
 
     def remove_old(self, old_id: str, via: int) -> str:

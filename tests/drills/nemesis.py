@@ -245,9 +245,10 @@ class RoundResult:
     # supervisor would: a node whose journal cannot take a forwarded batch stops with 70 by design
     exits: list = dataclasses.field(default_factory=list)
     rejoined_as: str = ""  # disk-loss: the new node id the emptied victim rejoined under
-    # disk-loss: messages the other nodes accepted for the old identity and still hold in their outbound stores
-    # once it is removed: nothing forwards them anywhere (today's remove-node drops routes, not backlogs), so
-    # the round does not wait for them, and the checker counts them lost
+    # messages the nodes accepted in this round for an identity removed by a disk-loss round (this one's or an
+    # earlier one's) and still hold in their outbound stores: nothing forwards them anywhere (today's
+    # remove-node drops routes, not backlogs, and placement may still choose the removed node: finding 11 of
+    # docs/reliability.md), so the round does not wait for them, and the checker counts them lost
     stranded_outbound: int = 0
     digests_equal: bool = False  # after the round settled
     # follow mode (route_follow_ms > 0): when the consumers moved ("before", "during", "after" the fault),
@@ -284,8 +285,9 @@ class RoundResult:
                 f"{self.heal_to_new_group_ms} ms, equal digests after {self.heal_to_equal_digests_ms} ms, "
                 f"digests equal {self.digests_equal}, truncations {self.truncation_lines}"
                 + (f", node exits {self.exits}" if self.exits else "")
-                + (f", rejoined empty as {self.rejoined_as} ({self.stranded_outbound} stranded in outbound stores "
-                   f"for the removed identity)" if self.rejoined_as else "")
+                + (f", rejoined empty as {self.rejoined_as}" if self.rejoined_as else "")
+                + (f", {self.stranded_outbound} stranded in outbound stores for removed identities"
+                   if self.stranded_outbound else "")
                 + (f"; lost by group {dict(sorted(self.lost_groups.items()))}" if self.lost_groups else "")
                 + (f"; follow {self.follow_when} ({self.follow_offset_ms} ms) {self.follow_from} -> {self.follow_to} "
                    f"({self.follow_to_role}): {self.groups_moved}/{self.groups_at_old_owner} groups moved, "
@@ -316,6 +318,7 @@ class Campaign:
         self.disk_loss: DiskLoss | None = None
         self.load: Load | None = None  # the round in progress's clients (a disk-loss round retargets some)
         self.removed_ids: set[str] = set()  # identities of nodes that lost their disk, removed from the cluster
+        self.stranded_before = 0  # what outbound stores held for removed identities as the round began
 
     # ---- set-up and tear-down ------------------------------------------------------------------
 
@@ -473,7 +476,9 @@ class Campaign:
 
     def _round(self, kind: str, rng: random.Random, result: RoundResult, load: Load, logs: Path) -> None:
         cluster = self.cluster
-        leader = cluster.index_of(self.wait_settled()[0]["leader"])
+        statuses = self.wait_settled()
+        leader = cluster.index_of(statuses[0]["leader"])
+        self.stranded_before = self._stranded(statuses)
         owner = rng.choice([index for index in range(3) if index != leader])
         remote = next(index for index in range(3) if index not in (leader, owner))
         roles = {"leader": leader, "owner": owner, "remote": remote}
@@ -581,24 +586,21 @@ class Campaign:
             counters.look()
             result.moved_messages, result.cold_sweeps = counters.moved(), counters.sweeps()
 
+    def _stranded(self, statuses: list[dict | None]) -> int:
+        """Messages the nodes hold in outbound stores for removed identities (finding 11 of docs/reliability.md)."""
+        return sum(status["outbound"].get(owner, 0) for status in statuses if status is not None
+                   for owner in self.removed_ids)
+
     def _without_removed(self, statuses: list[dict | None], result: RoundResult) -> list[dict | None]:
         """`statuses` without the outbound backlogs for removed identities, which nothing will ever take;
-        what the other nodes hold for this round's removed victim goes to `result.stranded_outbound` (the
-        latest look's sum; earlier rounds' stranded messages stay where they are, counted in their rounds)."""
+        what they gained in this round (the latest look, less what they held as it began) goes to
+        `result.stranded_outbound`: earlier rounds' stranded messages stay where they are."""
         if not self.removed_ids:
             return statuses
-        kept, stranded = [], 0
-        for status in statuses:
-            if status is not None:
-                outbound = dict(status["outbound"])
-                for owner in self.removed_ids:
-                    held = outbound.pop(owner, 0)
-                    stranded += held if owner == result.victim else 0
-                status = {**status, "outbound": outbound}
-            kept.append(status)
-        if result.rejoined_as:
-            result.stranded_outbound = stranded
-        return kept
+        result.stranded_outbound = self._stranded(statuses) - self.stranded_before
+        return [None if status is None else {**status, "outbound": {
+            owner: count for owner, count in status["outbound"].items() if owner not in self.removed_ids}}
+            for status in statuses]
 
     def _routes(self, groups: list[str]) -> dict[str, str]:
         """group -> the node its route names, for those of `groups` the cluster routes (bounded: any node that
@@ -726,8 +728,8 @@ class Campaign:
         self.wait_consumers({(QUEUE, victim): sum(1 for made in self.load.consumers
                                                   if made.client.url == node.url and made.client.queue == QUEUE
                                                   and made.is_alive() and not made.client.stop_requested)})
+        self.removed_ids.add(old_id)  # gone for good either way: what is held for it is never waited for
         self.disk_loss.remove_old(old_id, member)
-        self.removed_ids.add(old_id)
         return healed_ms
 
     # ---- helpers ------------------------------------------------------------------------------
