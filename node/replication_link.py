@@ -39,8 +39,11 @@ class QueueSource:
         self.default = replication_factor_default
 
     def factor_of(self, queue: str) -> int:
+        """0 for a queue this node does not hold (yet): the streams ask again."""
         held = self.broker.queues.get(queue)
-        if held is None or not held.settings.durable:
+        if held is None:
+            return 0
+        if not held.settings.durable:
             return 1
         return held.settings.replication_factor or self.default
 

@@ -36,7 +36,7 @@ class Source:
         self.paged = set()
 
     def factor_of(self, queue):
-        return self.factors.get(queue, 1)
+        return self.factors.get(queue, 0)  # 0: no such queue (yet)
 
     def queues(self):
         return sorted(self.factors)
@@ -280,3 +280,11 @@ def test_an_accept_is_released_only_after_its_journal_and_every_backup_in_sync_a
         assert target in durable
         for backup, repl_seq in stored_at[target].items():
             assert high[backup] >= repl_seq or backup in left, (target, backup)
+
+
+def test_a_queue_not_held_yet_is_asked_again_once_it_exists():
+    view, source = View(), Source(factors={})
+    streams = made(view, source)
+    assert streams.replicates("new") is False  # a send's check before the send creates the queue
+    source.factors["new"] = 2
+    assert streams.replicates("new") is True

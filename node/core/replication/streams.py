@@ -77,8 +77,10 @@ class ReplicaStreams:
     def _factor(self, queue: str) -> int:
         factor = self._factors.get(queue)
         if factor is None:
-            factor = self._factors[queue] = 1 if queue[:1] == "\x00" else self.source.factor_of(queue)
-        return factor
+            factor = 1 if queue[:1] == "\x00" else self.source.factor_of(queue)
+            if factor:  # 0: no such queue yet (a send auto-creates it): asked again next time
+                self._factors[queue] = factor
+        return factor or 1
 
     def replicates(self, queue: str) -> bool:
         factor = self._factors.get(queue)
