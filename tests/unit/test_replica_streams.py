@@ -288,3 +288,16 @@ def test_a_queue_not_held_yet_is_asked_again_once_it_exists():
     assert streams.replicates("new") is False  # a send's check before the send creates the queue
     source.factors["new"] = 2
     assert streams.replicates("new") is True
+
+
+def test_an_old_incarnations_answer_never_touches_the_new_ones_call():
+    view = View()
+    streams = made(view, backlog_max_messages=1)
+    [first, _] = calls(streams.tick(1000))  # empty reset calls: nothing to copy
+    streams.stored("q", message(5), b"S5", 1000)
+    streams.stored("q", message(6), b"S6", 1000)  # the backlog overflows: the stream broke
+    assert streams.streams[first.backup].broken
+    due = [call for call in calls(streams.tick(1001)) if call.backup == first.backup]
+    assert due and due[0].reset  # the new incarnation's reset, in flight
+    assert streams.answered(first.backup, first.call, 0, "", 1002) == []
+    assert streams.streams[first.backup].channel.in_flight is due[0].call

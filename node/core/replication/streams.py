@@ -204,6 +204,8 @@ class ReplicaStreams:
         if stream is None:
             return []
         channel = stream.channel
+        if not call.entries and call is not channel.in_flight:
+            return []  # an empty reset call of an incarnation replaced since
         if call is stream.reset_call:
             stream.reset_call = None
             if high_water is not None and (high_water >= 1 or not call.entries):
