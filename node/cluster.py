@@ -26,6 +26,7 @@ from node.core.cluster.feed import REFUSED, ROUTES, SNAPSHOT
 from node.core.effects import ReadOutbound, SubmitForward
 from node.core.cluster.outbound import Entry
 from node.peer.forwarder import Forwarders
+from node.replication_link import ReplicationLink
 from node.store.replica_writer import ReplicaWriter
 
 
@@ -57,6 +58,7 @@ class ClusterLink:
         self.replicas = ReplicaWriter(config.data_dir, node_id, fsync=config.journal_fsync,
                                       compact_min_bytes=config.journal_compact_min_bytes)
         self.raft_decision_latency = self.proposals.decision_latency
+        self.replication = ReplicationLink(self)  # the owner's replica streams to its backups (issue 28)
         # the cluster's rows of the server's one effect table (node/amqp/executor.py); the node shell
         # handles the protocol's sends and turns its journal effects into the broker's
         self._carry = {
@@ -70,6 +72,7 @@ class ClusterLink:
         self.shell = server.shell
         self.shell.protocol = self.protocol
         server.carry.update(self._carry)
+        self.replication.attach(server)
         self.replicas.start()
 
     # what the runtime, the admin calls and /metrics read (engine loop thread)
@@ -141,6 +144,7 @@ class ClusterLink:
 
     def tick(self, now_ms: int) -> None:
         self.carry_out(self.protocol.tick(now_ms, self.server.consumer_counts()))
+        self.replication.tick(now_ms)
 
     def acknowledged(self, owner: str, high_water: int) -> None:
         self.carry_out(self.protocol.acknowledged(owner, high_water))
@@ -184,4 +188,5 @@ class ClusterLink:
     def close(self) -> None:
         self.protocol.close()
         self.forwarders.close()
+        self.replication.close()
         self.replicas.close()

@@ -63,16 +63,18 @@ class ReplicaEntry(_message.Message):
     def __init__(self, repl_seq: _Optional[int] = ..., queue: _Optional[str] = ..., has_group: _Optional[bool] = ..., group_id: _Optional[str] = ..., frame: _Optional[bytes] = ...) -> None: ...
 
 class ReplicaBatch(_message.Message):
-    __slots__ = ("owner_node", "epoch", "format_version", "entries")
+    __slots__ = ("owner_node", "epoch", "format_version", "entries", "reset")
     OWNER_NODE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
     owner_node: str
     epoch: int
     format_version: int
     entries: _containers.RepeatedCompositeFieldContainer[ReplicaEntry]
-    def __init__(self, owner_node: _Optional[str] = ..., epoch: _Optional[int] = ..., format_version: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[ReplicaEntry, _Mapping]]] = ...) -> None: ...
+    reset: bool
+    def __init__(self, owner_node: _Optional[str] = ..., epoch: _Optional[int] = ..., format_version: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[ReplicaEntry, _Mapping]]] = ..., reset: _Optional[bool] = ...) -> None: ...
 
 class ReplicaAck(_message.Message):
     __slots__ = ("high_water", "epoch")

@@ -8,10 +8,13 @@ Rules:
 - A queue's replication factor is its setting `replication_factor`, else the cluster default (node config
   `replication_factor`); non-durable queues are not replicated (factor 1: their messages live in their
   owner's memory). An owner is under-replicated when it has routes of a queue whose factor asks for
-  more backups than it has in sync and up.
+  more backups than it has in sync and up, or a route whose group's own backups (assignment.backups_of) are
+  not all in sync and up.
 """
 
 from __future__ import annotations
+
+from node.core.replication.assignment import backups_of
 
 
 def replica_report(cluster, replication_factor_default: int) -> dict:
@@ -33,4 +36,14 @@ def replica_report(cluster, replication_factor_default: int) -> dict:
     for owner, queue in {(owner, queue) for (queue, _group), owner in cluster.router.routes.items()}:
         needed[owner] = max(needed.get(owner, 1), factor_of(queue))
     down = set(cluster.members.get("down", {}))
-    return cluster.replicas.report(needed, down, lambda owner: needed.get(owner, 1))
+    report = cluster.replicas.report(needed, down, lambda owner: needed.get(owner, 1))
+    # backups are chosen per group (assignment.backups_of): enough in sync is not enough, each group's own
+    # backups must be (issue 28 phase 3: one backup down leaves the groups it backs on one disk)
+    members = sorted(cluster.members.get("nodes", {}))
+    for (queue, group), owner in cluster.router.routes.items():
+        row = report.get(owner)
+        if row is None or row["under_replicated"] or factor_of(queue) <= 1:
+            continue
+        if not set(backups_of(owner, queue, group, members, factor_of(queue))) <= set(row["in_sync"]):
+            row["under_replicated"] = True
+    return report

@@ -114,6 +114,10 @@ def _check_routes_and_outbound(config) -> None:
         check_replication_factor(config.replication_factor)
     except ValueError as error:
         raise InvalidConfig("replication_factor", f"{error}: the cluster default for queues that set none") from None
+    for key, unit in (("replica_lag_ms", "ms"), ("replica_backlog_max_bytes", "bytes"),  # issue 28 phase 3
+                      ("replica_backlog_max_messages", "messages"), ("replica_catch_up_max_bytes_per_s", "bytes/s")):
+        if getattr(config, key) < 1:
+            raise InvalidConfig(key, f"must be >= 1 {unit}")
     for key in ("outbound_max_bytes", "outbound_total_max_bytes", "outbound_memory_max_bytes"):
         if getattr(config, key) < 0:
             raise InvalidConfig(key, "must be >= 0 bytes (0 = the outbound store has no such bound)")

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from node.core.replication.channel import BACKLOG_MAX_BYTES, BACKLOG_MAX_MESSAGES, LAG_MS
+from node.core.replication.streams import CATCH_UP_MAX_BYTES_PER_S
 from handler.leader_duties import GROUP_TIMEOUT_MS_DEFAULT, REPLICA_FAILOVER_MS_DEFAULT, REPLICATION_FACTOR_DEFAULT
 from handler.placement import PLACEMENT_BALANCED
 from node.config import rules
@@ -116,6 +118,11 @@ class NodeConfig:
     # the rest of a durable backlog is only in the journal, read back in order (node/core/cluster/outbound.py);
     # 0 = no bound (all of it in memory)
     outbound_memory_max_bytes: int = 32 << 20
+    # ---- replica streams, the owner's side (issue 28 phase 3, node/core/replication/streams.py) ----
+    replica_lag_ms: int = LAG_MS  # a backup not acknowledging for this long leaves the in-sync set
+    replica_backlog_max_bytes: int = BACKLOG_MAX_BYTES  # entries waiting for one backup; full: sends refused
+    replica_backlog_max_messages: int = BACKLOG_MAX_MESSAGES
+    replica_catch_up_max_bytes_per_s: int = CATCH_UP_MAX_BYTES_PER_S  # a backup's catch-up copy, paced
     # ---- between nodes (README "Security": Between nodes) ----
     cluster_tls_cert_file: str = ""  # PEM node certificate (serverAuth+clientAuth) signed by cluster_tls_ca_file
     cluster_tls_key_file: str = ""  # PEM private key of cluster_tls_cert_file

@@ -50,6 +50,7 @@ class NodeShell:
         self.durability = durability
         self.journalled = journalled  # False: no journal, every queue behaves as non-durable
         self.protocol = protocol  # node.core.cluster.ClusterProtocol in a cluster, else None
+        self.replication = None  # node.core.replication.streams.ReplicaStreams of a journalled cluster node (issue 28)
         self._accept_at_batch_end: list = []  # non-durable sends of this batch
         self._stores_unflushed: list = []  # (queue, message) STOREs since the last unit handed to the journal
         self._stores_by_ticket: deque = deque()  # (ticket, STOREs) per unit, until reported durable or failed
@@ -63,6 +64,8 @@ class NodeShell:
     def enqueue_local(self, incoming, queue_name: str, message, durable: bool, producer_settled: bool,
                       now_ms: int) -> list:
         try:
+            if self.replication is not None:
+                self.replication.check_room(queue_name, message)  # a full backlog to an in-sync backup refuses
             effects = self.broker.enqueue(queue_name, message, now_ms)
         except GrouperError as error:
             return [Refuse(incoming, error)]
@@ -82,6 +85,8 @@ class NodeShell:
             return [AcceptSend(incoming, False)]
         if durable:
             self.durability.wait(incoming, PRODUCER, stored)
+            if stored is not None and self.replication is not None:
+                self.replication.expect(incoming, stored[0], stored[1].seq)  # its accept may wait for backups
         else:
             self._accept_at_batch_end.append(incoming)
         return []
@@ -173,6 +178,8 @@ class NodeShell:
             marks = self.broker.dedup.take_marks()
             if self.journalled:
                 out += marks
+        if self.replication is not None:
+            out += self.replication.pump(now_ms)  # the batch's records go to the backups with the journal's write
         return out
 
     @property
@@ -218,6 +225,8 @@ class NodeShell:
             else:
                 unknown = stored is not None and next(outcome_unknown)
                 if kind == PRODUCER:
+                    if self.replication is not None:
+                        self.replication.forget(target)
                     out.append(RefuseUnstored(target, StoreFailed(reason, outcome_unknown=unknown), reason))
                 else:
                     out.append(Unconfirmed(target))
@@ -231,7 +240,8 @@ class NodeShell:
         out: list = []
         for target, kind in released:
             if kind == PRODUCER:
-                out.append(AcceptSend(target))
+                if self.replication is None or self.replication.accept_now(target):  # else the backups release it
+                    out.append(AcceptSend(target))
             elif kind == CONSUMER:
                 out.append(Confirm(target))
             elif kind == CALL:

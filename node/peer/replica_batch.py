@@ -24,9 +24,9 @@ FORMAT_VERSIONS_READ = (1,)
 REPL_SEQ_LIMIT = 1 << 63  # a stream's seqs are signed 64-bit, as every seq of the node's
 
 
-def batch_to_pb(owner_node: str, epoch: int, entries) -> peer_pb2.ReplicaBatch:
-    """`entries`: (repl_seq, queue, group id or None, frame) each."""
-    batch = peer_pb2.ReplicaBatch(owner_node=owner_node, epoch=epoch, format_version=FORMAT_VERSION)
+def batch_to_pb(owner_node: str, epoch: int, entries, reset: bool = False) -> peer_pb2.ReplicaBatch:
+    """`entries`: (repl_seq, queue, group id or None, frame) each; `reset`: a new stream incarnation."""
+    batch = peer_pb2.ReplicaBatch(owner_node=owner_node, epoch=epoch, format_version=FORMAT_VERSION, reset=reset)
     add = batch.entries.add
     for repl_seq, queue, group_id, frame in entries:
         add(repl_seq=repl_seq, queue=queue, has_group=group_id is not None, group_id=group_id or "", frame=frame)

@@ -182,8 +182,9 @@ class PeerServicer(peer_pb2_grpc.PeerServiceServicer):
             self._refused(context, "replica_caller", reason, "replication")
             context.abort(code, reason)
         try:
+            reset = {"reset": True} if request.reset else {}  # a new stream incarnation (issue 28)
             high_water, epoch = self._handle_replicate(request.owner_node, request.epoch, records_from_pb(request),
-                                                       self._timeout_for(context))
+                                                       self._timeout_for(context), **reset)
             return peer_pb2.ReplicaAck(high_water=high_water, epoch=epoch)
         except Exception as error:  # every failure leaves as a status code; see STATUS_BY_ERROR
             row = verdict(error)

@@ -146,11 +146,16 @@ class Journal:
     def delete(self, queue: str) -> None:
         self._append(DELETE, queue, records.encode_delete(queue))
 
-    def store(self, queue: str, message: Message) -> None:
-        self._append(STORE, (queue, message.seq), records.encode_store(queue, message))
+    def store(self, queue: str, message: Message) -> bytes:
+        """The frame is returned for the replica streams (issue 28), byte-identical to what is written."""
+        frame = records.encode_store(queue, message)
+        self._append(STORE, (queue, message.seq), frame)
+        return frame
 
-    def remove(self, queue: str, seq: int) -> None:
-        self._append(REMOVE, (queue, seq), records.encode_remove(queue, seq))
+    def remove(self, queue: str, seq: int) -> bytes:
+        frame = records.encode_remove(queue, seq)
+        self._append(REMOVE, (queue, seq), frame)
+        return frame
 
     def _append(self, kind: int, key, frame: bytes) -> None:
         if self._closed:

@@ -13,7 +13,8 @@ Rules:
   frames and its mark are one write, durable before `append` returns. A torn mark on reopen leaves the
   frames before it, whose resends (their ack was never sent) are harmless: a STORE of a seq already live
   replaces itself, a REMOVE of one gone is nothing.
-- `append(epoch, records)`: an epoch older than the journal's is refused (StaleEpoch, both named); a newer
+- `append(epoch, records, reset)`: with `reset` (a new stream incarnation of the owner, issue 28) every
+  record held of the owner is removed in the batch's own write and the batch starts at repl_seq 1. An epoch older than the journal's is refused (StaleEpoch, both named); a newer
   one restarts the mark at 0. Records at or below the mark are resends, skipped; the first record above
   it must be mark + 1 and the rest follow without gaps (ReplicaGap names the one expected). Only whole
   STORE or REMOVE frames of the queue (and group) their entry names are taken (`replica_record`, which
@@ -144,12 +145,16 @@ class ReplicaJournal:
                 self.epoch, self.high_water = int(settings["epoch"]), int(settings["high_water"])
         return self
 
-    def append(self, epoch: int, batch: Iterable[ReplicaRecord]) -> int:
-        """Write the records above the mark and the new mark, durably; the new high water."""
+    def append(self, epoch: int, batch: Iterable[ReplicaRecord], reset: bool = False) -> int:
+        """Write the records above the mark and the new mark, durably; the new high water. `reset`: a new
+        stream incarnation of the owner: every record held of it is removed in the same write and repl_seq
+        starts at 1 again, in `epoch` (not older than the journal's)."""
         if epoch < self.epoch:
             raise StaleEpoch(f"replica batch from owner {self.owner!r} is of epoch {epoch}, older than epoch "
                              f"{self.epoch} this backup holds: that owner was replaced; it serves none of those "
                              f"groups and catches up as a replica")
+        if reset:
+            return self._reset(epoch, list(batch))
         high_water = self.high_water if epoch == self.epoch else 0
         taken = [record for record in batch if record.repl_seq > high_water]
         for expected, record in enumerate(taken, high_water + 1):
@@ -168,6 +173,25 @@ class ReplicaJournal:
         self.epoch, self.high_water = epoch, new_high_water
         self._writer.compact_if_due()
         return new_high_water
+
+    def _reset(self, epoch: int, batch: list) -> int:
+        """The owner restarted its stream: its old records go (a REMOVE each, in the batch's own write, so a
+        crash keeps either the old state or the new), and the batch is taken from repl_seq 1."""
+        for expected, record in enumerate(batch, 1):
+            if record.repl_seq != expected:
+                raise ReplicaGap(f"replica reset batch from owner {self.owner!r} (epoch {epoch}) has repl_seq "
+                                 f"{record.repl_seq} where {expected} is due: a reset stream starts at 1")
+        entries = [(records.REMOVE, (queue, seq), records.encode_remove(queue, seq))
+                   for queue, spans in sorted(self._writer.index.stores.items()) if queue != MARK_NAME
+                   for seq in spans.live_seqs()]
+        entries += [(record.kind, (record.queue, record.seq), record.frame) for record in batch]
+        high_water = batch[-1].repl_seq if batch else 0
+        mark = {"name": MARK_NAME, "owner": self.owner, "epoch": epoch, "high_water": high_water}
+        entries.append((DECLARE, MARK_NAME, records.encode_declare(mark)))
+        self._write(entries)
+        self.epoch, self.high_water = epoch, high_water
+        self._writer.compact_if_due()
+        return high_water
 
     def _write(self, entries: list) -> None:
         writer = self._writer

@@ -97,15 +97,18 @@ class ReplicaWriter:
         """The route table's owner epochs, as the cluster's replicas feed last said (any thread)."""
         self._table_epochs = dict(epochs)
 
-    def submit(self, owner: str, epoch: int, batch: list[ReplicaRecord], timeout_ms: int) -> tuple[int, int]:
-        """(high water, epoch) once the batch is durable in `owner`'s replica journal."""
+    def submit(self, owner: str, epoch: int, batch: list[ReplicaRecord], timeout_ms: int,
+               reset: bool = False) -> tuple[int, int]:
+        """(high water, epoch) once the batch is durable in `owner`'s replica journal; `reset`: a new stream
+        incarnation (ReplicaJournal.append)."""
         table_epoch = self._table_epochs.get(owner, 0)
         if epoch < table_epoch:
             raise StaleEpoch(f"replica batch from owner {owner!r} is of epoch {epoch}, older than epoch {table_epoch} "
                              f"the route table gives it: that owner was replaced; it serves none of those groups "
                              f"and catches up as a replica")
         size_bytes = sum(len(record.frame) for record in batch)
-        return self._call(_Job(owner, lambda journal: (journal.append(epoch, batch), journal.epoch), size_bytes),
+        append = (lambda journal: journal.append(epoch, batch, reset=True)) if reset else (lambda journal: journal.append(epoch, batch))
+        return self._call(_Job(owner, lambda journal: (append(journal), journal.epoch), size_bytes),
                           timeout_ms)
 
     def live(self, owner: str, groups: Iterable[tuple[str, str | None]], timeout_ms: int) -> dict:

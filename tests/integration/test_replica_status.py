@@ -1,7 +1,9 @@
-"""What `grouper cluster status` says of replication on a real 3-node cluster (issue 28, phase 2).
+"""What `grouper cluster status` says of replication on a real 3-node cluster (issue 28).
 
-No replica stream runs yet, so no backup is ever in sync: the node owning a durable queue's groups is
-under-replicated at the default factor (2), at epoch 0, and says so; a queue asking for one copy is not.
+The owner of a durable queue's groups streams them to their backups (node/core/replication/streams.py)
+and proposes each backup in sync once it holds a copy: status then shows its in-sync backups, at epoch 0,
+and "ok"; a queue asking for one copy is not replicated and never under-replicated.
+(Under-replication while a backup is down: tests/integration/test_replica_streams.py.)
 """
 
 from __future__ import annotations
@@ -10,19 +12,22 @@ from tests.integration.harness import grouped
 from tests.integration.test_clustered_groups import bodies
 
 
-def test_cluster_status_names_the_owner_of_durable_groups_with_no_in_sync_backup_as_under_replicated(cluster, clients):
+def test_cluster_status_shows_the_owners_backups_in_sync_once_its_streams_caught_up(cluster, clients):
     consumer = clients.consumer(cluster.nodes[2], "orders", "c2")
     cluster.wait_consumers("orders", {0: 0, 1: 0, 2: 1})
     clients.send(cluster.nodes[0], "orders", [grouped(f"g{n}:0", f"g{n}") for n in range(3)])
     assert sorted(bodies(consumer.fetch_many(3))) == ["g0:0", "g1:0", "g2:0"]
-    members = {member["node"]: member for member in cluster.status()["members"]}
+    backups = sorted(cluster.node_ids[:2])
+    status = cluster.wait_for(lambda s: {m["node"]: m for m in s["members"]}[cluster.node_ids[2]]["in_sync"] == backups,
+                              "the owner's backups in sync", timeout_s=10)
+    members = {member["node"]: member for member in status["members"]}
     owner = members[cluster.node_ids[2]]
-    assert (owner["routes"], owner["epoch"], owner["in_sync"], owner["under_replicated"]) == (3, 0, [], True)
+    assert (owner["routes"], owner["epoch"], owner["in_sync"], owner["under_replicated"]) == (3, 0, backups, False)
     assert not any(members[node]["under_replicated"] for node in cluster.node_ids[:2])
     text = cluster.nodes[1].cli("cluster", "status")
     assert text.returncode == 0, text.stderr
     [row] = [line for line in text.stdout.split("OWNER", 1)[1].splitlines() if line.startswith(cluster.node_ids[2])]
-    assert row.split()[1:] == ["0", "-", "under-replicated"]
+    assert row.split()[1:] == ["0", f"{backups[0]},", backups[1], "ok"]
 
     single = cluster.nodes[0].cli("queue", "add", "audit", "--replication-factor", "1")
     assert single.returncode == 0, single.stderr

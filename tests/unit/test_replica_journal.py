@@ -129,6 +129,28 @@ def test_an_older_epoch_is_refused_naming_both_and_a_newer_one_restarts_the_mark
     again.close()
 
 
+def test_a_reset_drops_the_owners_records_and_takes_repl_seq_from_1_again(tmp_path):
+    # a restarted owner numbers from 1 in the same epoch: without the reset these entries would be skipped
+    journal = opened(tmp_path)
+    journal.append(2, batch(1, store(1), store(2), (store(3, group="h"), "h"), store(4)))
+    assert journal.append(2, batch(1, store(2), store(5))) == 4  # a plain resend: skipped, the old state stays
+    assert journal.append(2, batch(1, store(2), store(5)), reset=True) == 2
+    assert seqs(journal.live([("orders", "g"), ("orders", "h")])) == {("orders", "g"): [2, 5], ("orders", "h"): []}
+    assert journal.append(2, batch(3, remove(2))) == 3  # the new incarnation goes on from its own mark
+    with pytest.raises(ReplicaGap):
+        journal.append(2, batch(2, store(9)), reset=True)  # a reset stream starts at 1
+    with pytest.raises(StaleEpoch):
+        journal.append(1, batch(1, store(9)), reset=True)
+    assert journal.append(2, [], reset=True) == 0  # an empty reset: the copy of an empty queue
+    assert seqs(journal.live([("orders", "g")])) == {("orders", "g"): []}
+    journal.append(2, batch(1, store(7)))
+    journal.close()
+    again = opened(tmp_path)
+    assert (again.epoch, again.high_water) == (2, 1)
+    assert seqs(again.live([("orders", "g"), ("orders", "h")])) == {("orders", "g"): [7], ("orders", "h"): []}
+    again.close()
+
+
 def test_a_torn_last_frame_is_cut_on_reopen_and_its_resend_is_taken_once(tmp_path):
     journal = opened(tmp_path)
     journal.append(1, batch(1, store(1)))

@@ -15,7 +15,7 @@ from node import certs
 from node.core.errors import ResourceLimitExceeded
 from node.peer.cluster_secrets import ClusterTls
 from node.peer.members import RaftMembers, SignedByMember
-from node.peer.replica_batch import batch_to_pb
+from node.peer.replica_batch import batch_to_pb, records_from_pb
 from node.peer.service import PeerServicer, bind_peer_listener
 from node.peer.signature import (CREDENTIAL_HEADER, FORWARDING, REPLICATION, Signer, Verifier, batch_digest,
                                  derive_key)
@@ -72,6 +72,24 @@ def test_a_signed_batch_from_its_owner_is_handed_to_the_writer_and_acknowledged(
     ack = servicer(handler).Replicate(replica_batch(), Context(signed(replica_batch())))
     assert (ack.high_water, ack.epoch) == (2, 1)
     assert handler.calls == [(OWNER, 1, [1, 2])]
+
+
+def test_a_reset_batch_reaches_the_writer_as_a_reset_and_the_writer_drops_the_old_incarnation(tmp_path):
+    calls = []
+    servicer(lambda owner, epoch, batch, timeout_ms, reset=False: calls.append(reset) or (1, 1)).Replicate(
+        batch_to_pb(OWNER, 1, [(1, "orders", "g", frame(7))], reset=True),
+        Context(signed(batch_to_pb(OWNER, 1, [(1, "orders", "g", frame(7))], reset=True))))
+    assert calls == [True]  # and a batch without the flag calls the writer as before (the test above)
+    writer = ReplicaWriter(str(tmp_path), BACKUP)
+    writer.start()
+    try:
+        old = records_from_pb(replica_batch(count=3))
+        assert writer.submit(OWNER, 1, old, 5000) == (3, 1)
+        assert writer.submit(OWNER, 1, records_from_pb(replica_batch(first=1, count=1, frames=[frame(9)])),
+                             5000, reset=True) == (1, 1)
+        assert [m.seq for m in writer.live(OWNER, [("orders", "g")], 5000)[("orders", "g")]] == [9]
+    finally:
+        writer.close()
 
 
 def test_an_unsigned_batch_is_refused_as_unauthenticated():

@@ -1,0 +1,177 @@
+"""Replicating to one backup node: a thread and a gRPC channel that make the Replicate calls the owner's
+replica streams hand out (issue 28, docs/replication.md).
+
+Rules:
+- The decisions are node/core/replication/streams.py's (pure, on the engine loop): which entries a call
+  carries, the reset flag, the backoff after a failure, when the backup lags. This module makes the one
+  call in flight it is handed (`start`) and tells `on_answer(backup, call, high_water or None, reason)`
+  its outcome. on_answer runs on the replicator thread, so it must only post to the engine loop (the
+  bridge), never touch its state.
+- The forwarder's shape (node/peer/forwarder.py): one thread per destination that waits on a condition
+  (never spins), a channel made again when the backup's address or the TLS files change, mutual TLS
+  with this node's certificate or, without it, the replication credential (node/peer/signature.py
+  REPLICATION) on every call. `close` wakes the thread and closes the channel, which cancels the call
+  in flight, so it returns promptly even when the backup hangs.
+- Any failure is logged once when replication to the backup stops and once when it resumes, never per
+  attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Callable
+
+import grpc
+
+from node.peer.forwarder import CHANNEL_OPTIONS
+from node.peer.replica_batch import batch_to_pb
+from proto import peer_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class Replicator:
+    def __init__(self, owner: str, backup: str, resolve_address: Callable[[], str | None],
+                 on_answer: Callable, *, call_timeout_ms: int, tls=None, signer=None):
+        self.owner, self.backup = owner, backup
+        self._resolve_address = resolve_address
+        self._on_answer = on_answer
+        self._call_timeout_s = call_timeout_ms / 1000
+        self._tls = tls  # node.peer.cluster_secrets.ClusterTls, or None: plaintext with `signer`
+        self._signer = signer  # node.peer.signature.Signer(kind=REPLICATION), or None
+        self._condition = threading.Condition()
+        self._due = None  # (call, reset) handed over and not yet taken by the thread
+        self._closed = False
+        self._channel = None
+        self._address = None
+        self._generation = 0
+        self._stub = None
+        self._failing = False
+        self._thread = threading.Thread(target=self._run, name=f"replicate-{backup}", daemon=True)
+        self._thread.start()
+
+    def start(self, call, reset: bool) -> None:
+        """Engine loop: make `call` (the streams keep one in flight per backup)."""
+        with self._condition:
+            self._due = (call, reset)
+            self._condition.notify()
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        with self._condition:
+            self._closed = True
+            channel = self._channel
+            self._condition.notify_all()
+        if channel is not None:
+            channel.close()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._condition:
+                    while self._due is None and not self._closed:
+                        self._condition.wait()
+                    if self._closed:
+                        return
+                    (call, reset), self._due = self._due, None
+                try:
+                    high_water, reason = self._attempt(call, reset), ""
+                except _Failed as failure:
+                    high_water, reason = None, failure.reason
+                if self._is_closed():
+                    return
+                self._log(reason)
+                self._on_answer(self.backup, call, high_water, reason)
+        except BaseException:
+            # a bug: an owner that silently stops replicating would hold its producers' accepts for ever
+            log.critical("the replicator to %s stopped on a bug; stopping the node", self.backup, exc_info=True)
+            os._exit(70)
+        finally:
+            with self._condition:
+                channel = self._channel
+            if channel is not None:
+                channel.close()
+
+    def _is_closed(self) -> bool:
+        with self._condition:
+            return self._closed
+
+    def _attempt(self, call, reset: bool) -> int:
+        stub = self._stub_now()
+        request = batch_to_pb(self.owner, call.epoch, [(entry.repl_seq, entry.queue, entry.group_id, entry.frame)
+                                                       for entry in call.entries], reset)
+        metadata = self._signer.metadata(request, self.backup) if self._signer is not None else None
+        try:
+            return stub.Replicate(request, timeout=self._call_timeout_s, wait_for_ready=False,
+                                  metadata=metadata).high_water
+        except grpc.RpcError as error:
+            code = error.code()
+            raise _Failed(f"{code.name}: {error.details() or code.name}") from None
+        except ValueError as error:  # the channel was closed by close() before the call started
+            raise _Failed(f"channel closed: {error}") from None
+
+    def _stub_now(self):
+        address = self._resolve_address()
+        if not address:
+            raise _Failed("address unknown")
+        generation = self._tls.current_generation() if self._tls is not None else 0
+        if address != self._address or generation != self._generation:
+            if self._tls is None:
+                channel = grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+            else:
+                channel = grpc.secure_channel(address, self._tls.channel_credentials(),
+                                              options=[*CHANNEL_OPTIONS, *self._tls.channel_options()])
+            stub = peer_pb2_grpc.PeerServiceStub(channel)  # before publishing: see Forwarder._stub_for_current_address
+            with self._condition:
+                previous, self._channel = self._channel, channel
+                closed = self._closed
+            if previous is not None:
+                previous.close()
+            if closed:
+                channel.close()
+                raise _Failed("closed")
+            self._address, self._generation, self._stub = address, generation, stub
+        return self._stub
+
+    def _log(self, reason: str) -> None:
+        if reason and not self._failing:
+            log.warning("replication from %s to backup %s (%s) stopped: %s; retrying with backoff", self.owner,
+                        self.backup, self._address or "address unknown", reason)
+        elif not reason and self._failing:
+            log.info("replication from %s to backup %s resumed", self.owner, self.backup)
+        self._failing = bool(reason)
+
+
+class _Failed(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Replicators:
+    """One Replicator per backup, made on first use; engine loop thread (`close` at shutdown)."""
+
+    def __init__(self, owner: str, resolve_address: Callable[[str], str | None], on_answer: Callable, *,
+                 call_timeout_ms: int, tls=None):
+        self.owner = owner
+        self.signer = None  # without `tls`: node.peer.signature.Signer(secrets, REPLICATION); set before use
+        self._resolve_address = resolve_address
+        self._on_answer = on_answer
+        self._call_timeout_ms = call_timeout_ms
+        self._tls = tls
+        self._replicators: dict[str, Replicator] = {}
+
+    def to(self, backup: str) -> Replicator:
+        replicator = self._replicators.get(backup)
+        if replicator is None:
+            resolve = self._resolve_address
+            replicator = self._replicators[backup] = Replicator(
+                self.owner, backup, lambda: resolve(backup), self._on_answer, call_timeout_ms=self._call_timeout_ms,
+                tls=self._tls, signer=self.signer)
+        return replicator
+
+    def close(self) -> None:
+        for replicator in self._replicators.values():
+            replicator.close()
