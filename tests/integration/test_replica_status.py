@@ -12,7 +12,8 @@ from tests.integration.harness import grouped
 from tests.integration.test_clustered_groups import bodies
 
 
-def test_cluster_status_shows_the_owners_backups_in_sync_once_its_streams_caught_up(cluster, clients):
+def test_cluster_status_shows_the_owners_backups_in_sync_once_its_streams_caught_up(cluster_factory, clients):
+    cluster = cluster_factory("[node]\nreplication_factor = 2\n")  # opt-in for now (handler/leader_duties.py)
     consumer = clients.consumer(cluster.nodes[2], "orders", "c2")
     cluster.wait_consumers("orders", {0: 0, 1: 0, 2: 1})
     clients.send(cluster.nodes[0], "orders", [grouped(f"g{n}:0", f"g{n}") for n in range(3)])
