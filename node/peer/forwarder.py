@@ -37,20 +37,10 @@ from node.core.cluster.forward_sender import (BATCH_BYTES_MAX, BATCH_MESSAGES_MA
                                               ForwardSender, Outcome)
 from node.core.cluster.outbound import Entry  # the entries a forwarder sends, made by the protocol
 from node.peer.forward_batch import MESSAGE_BYTES_MAX, batch_to_pb
-from proto import peer_pb2_grpc
+from node.peer.peer_channel import ChannelClosed, PeerChannel
 
 log = logging.getLogger(__name__)
 
-RECONNECT_BACKOFF_INITIAL_MS = 100  # gRPC's own reconnect backoff: notice a peer that comes back quickly
-RECONNECT_BACKOFF_MAX_MS = 1000
-CHANNEL_OPTIONS = (
-    ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
-    ("grpc.max_receive_message_length", MESSAGE_BYTES_MAX),
-    ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_INITIAL_MS),
-    ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_INITIAL_MS),
-    ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS),
-    ("grpc.enable_http_proxy", 0),  # peers are dialled directly: an http_proxy for web traffic must not apply
-)
 
 
 class _AttemptFailed(Exception):
@@ -81,7 +71,6 @@ class Forwarder:
         self._resolve_address = resolve_address
         self._on_acked = on_acked
         self._on_state = on_state
-        self._tls = tls  # node.peer.cluster_secrets.ClusterTls, or None: plaintext
         self._signer = signer  # node.peer.signature.Signer: the cluster credential without TLS, or None
         self._call_timeout_s = call_timeout_ms / 1000
 
@@ -90,12 +79,7 @@ class Forwarder:
         self._sender = ForwardSender(batch_messages_max=batch_messages_max, batch_bytes_max=batch_bytes_max,
                                      retry_min_ms=retry_min_ms, retry_max_ms=retry_max_ms)
         self._closed = False
-        self._channel: grpc.Channel | None = None  # replaced by the forwarder thread, closed by either
-
-        # forwarder thread only
-        self._channel_address: str | None = None
-        self._channel_generation = 0  # of the TLS files the channel was made with
-        self._stub: peer_pb2_grpc.PeerServiceStub | None = None
+        self._peer = PeerChannel(self._condition, tls)  # its channel: made by the forwarder thread, closed by either
 
         self._thread = threading.Thread(target=self._run, name=f"forward-{destination_node}", daemon=True)
         self._thread.start()
@@ -113,7 +97,7 @@ class Forwarder:
     def close(self, timeout_s: float = 2.0) -> None:
         with self._condition:
             self._closed = True
-            channel = self._channel
+            channel = self._peer.close_locked()
             self._condition.notify_all()
         if channel is not None:
             channel.close()  # cancels the call in flight, if any
@@ -153,7 +137,7 @@ class Forwarder:
             os._exit(70)
         finally:
             with self._condition:
-                channel = self._channel
+                channel = self._peer.channel
             if channel is not None:
                 channel.close()
 
@@ -190,7 +174,7 @@ class Forwarder:
         except ValueError as error:  # the channel was closed by close() before the call started
             raise _AttemptFailed(f"channel closed: {error}") from None
 
-    def _stub_for_current_address(self) -> peer_pb2_grpc.PeerServiceStub:
+    def _stub_for_current_address(self):
         try:
             address = self._resolve_address()
         except Exception as error:  # the caller's lookup failed: like "not known yet", with a traceback once
@@ -199,31 +183,14 @@ class Forwarder:
             raise _AttemptFailed(f"address lookup failed: {error}") from None
         if address is None:
             raise _AttemptFailed("address unknown")
-        generation = self._tls.current_generation() if self._tls is not None else 0
-        if address != self._channel_address or generation != self._channel_generation:
-            if self._tls is None:
-                channel = grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
-            else:
-                channel = grpc.secure_channel(address, self._tls.channel_credentials(),
-                                              options=[*CHANNEL_OPTIONS, *self._tls.channel_options()])
-            # the stub first: close() may close the channel once it is published, and grpcio crashes
-            # the process when a stub is made on a closed channel (a call on one only raises ValueError)
-            stub = peer_pb2_grpc.PeerServiceStub(channel)
-            with self._condition:
-                previous, self._channel = self._channel, channel
-                closed = self._closed
-            if previous is not None:
-                previous.close()
-                if address != self._channel_address:
-                    log.info("forwarding to %s now at %s (was %s)", self.destination_node, address,
-                             self._channel_address)
-            if closed:  # close() may have missed the new channel
-                channel.close()
-                raise _AttemptFailed("closed")
-            self._channel_address = address
-            self._channel_generation = generation
-            self._stub = stub
-        return self._stub
+        before = self._peer.address
+        try:
+            stub = self._peer.stub_for(address)
+        except ChannelClosed:
+            raise _AttemptFailed("closed") from None
+        if before is not None and address != before:
+            log.info("forwarding to %s now at %s (was %s)", self.destination_node, address, before)
+        return stub
 
     def _report(self, outcome: Outcome) -> None:
         """Log and tell what a call's end changed: forwarding stopped or resumed, a new high water."""
@@ -233,16 +200,16 @@ class Forwarder:
                 log.debug("forwarding to %s failed again: %s", self.destination_node, outcome.failure)
                 return
             log.warning("forwarding from %s to %s (%s) stopped: %s; retrying every %d..%d ms, %d messages pending",
-                        self.source_node, self.destination_node, self._channel_address or "address unknown",
+                        self.source_node, self.destination_node, self._peer.address or "address unknown",
                         outcome.failure, sender.retry_min_ms, sender.retry_max_ms, self.pending_count)
             self._set_state(False, outcome.failure)
             return
         if outcome.connected_before is not True:
             if outcome.connected_before is False:
                 log.info("forwarding from %s to %s at %s resumed after %d failed attempts over %.1f s; "
-                         "%d messages pending", self.source_node, self.destination_node, self._channel_address,
+                         "%d messages pending", self.source_node, self.destination_node, self._peer.address,
                          sender.failed_attempts, (_now_ms() - sender.failing_since_ms) / 1000, self.pending_count)
-            self._set_state(True, f"forwarding to {self._channel_address}")
+            self._set_state(True, f"forwarding to {self._peer.address}")
         if outcome.acked_high_water:
             try:
                 self._on_acked(outcome.acked_high_water)

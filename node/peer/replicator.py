@@ -25,9 +25,8 @@ from typing import Callable
 
 import grpc
 
-from node.peer.forwarder import CHANNEL_OPTIONS
+from node.peer.peer_channel import ChannelClosed, PeerChannel
 from node.peer.replica_batch import batch_to_pb
-from proto import peer_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +38,11 @@ class Replicator:
         self._resolve_address = resolve_address
         self._on_answer = on_answer
         self._call_timeout_s = call_timeout_ms / 1000
-        self._tls = tls  # node.peer.cluster_secrets.ClusterTls, or None: plaintext with `signer`
-        self._signer = signer  # node.peer.signature.Signer(kind=REPLICATION), or None
+        self._signer = signer  # node.peer.signature.Signer(kind=REPLICATION), or None: with `tls`
         self._condition = threading.Condition()
         self._due = None  # (call, reset) handed over and not yet taken by the thread
         self._closed = False
-        self._channel = None
-        self._address = None
-        self._generation = 0
-        self._stub = None
+        self._peer = PeerChannel(self._condition, tls)  # its channel: made by the thread, closed by either
         self._failing = False
         self._thread = threading.Thread(target=self._run, name=f"replicate-{backup}", daemon=True)
         self._thread.start()
@@ -61,7 +56,7 @@ class Replicator:
     def close(self, timeout_s: float = 2.0) -> None:
         with self._condition:
             self._closed = True
-            channel = self._channel
+            channel = self._peer.close_locked()
             self._condition.notify_all()
         if channel is not None:
             channel.close()
@@ -90,7 +85,7 @@ class Replicator:
             os._exit(70)
         finally:
             with self._condition:
-                channel = self._channel
+                channel = self._peer.channel
             if channel is not None:
                 channel.close()
 
@@ -116,29 +111,15 @@ class Replicator:
         address = self._resolve_address()
         if not address:
             raise _Failed("address unknown")
-        generation = self._tls.current_generation() if self._tls is not None else 0
-        if address != self._address or generation != self._generation:
-            if self._tls is None:
-                channel = grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
-            else:
-                channel = grpc.secure_channel(address, self._tls.channel_credentials(),
-                                              options=[*CHANNEL_OPTIONS, *self._tls.channel_options()])
-            stub = peer_pb2_grpc.PeerServiceStub(channel)  # before publishing: see Forwarder._stub_for_current_address
-            with self._condition:
-                previous, self._channel = self._channel, channel
-                closed = self._closed
-            if previous is not None:
-                previous.close()
-            if closed:
-                channel.close()
-                raise _Failed("closed")
-            self._address, self._generation, self._stub = address, generation, stub
-        return self._stub
+        try:
+            return self._peer.stub_for(address)
+        except ChannelClosed:
+            raise _Failed("closed") from None
 
     def _log(self, reason: str) -> None:
         if reason and not self._failing:
             log.warning("replication from %s to backup %s (%s) stopped: %s; retrying with backoff", self.owner,
-                        self.backup, self._address or "address unknown", reason)
+                        self.backup, self._peer.address or "address unknown", reason)
         elif not reason and self._failing:
             log.info("replication from %s to backup %s resumed", self.owner, self.backup)
         self._failing = bool(reason)
