@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from node.amqp.conditions import RESOURCE_DELETED, condition_for
 from node.amqp.engine import LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH, LOCAL_ACTIVE, lib, set_condition
-from node.amqp.links import DURABLE, TEMPORARY
+from node.amqp.links import DURABLE, TEMPORARY, Producer
 from node.core.effects import DetachConsumer
 
 
@@ -89,7 +89,10 @@ class LinkTable:
         server = self.server
         if state.producer:
             self.producers.pop(state.id, None)
+            if type(state) is not Producer:  # a coordinator: its open transactions roll back (issue 31)
+                server.coordinator.ended(state)
         elif self.consumers.pop(state.id, None) is not None:
+            server.coordinator.consumer_gone(state.id)
             server.tracer.detached(state.id, state.label, *reason)
             server.apply(server.broker.detach_consumer(state.id, now_ms))
             if state.subscription == TEMPORARY:
