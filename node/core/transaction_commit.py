@@ -12,8 +12,8 @@ durability and cluster protocol, and hands the effects to its adapter. Rules:
   one batch of the engine loop), else at the end of the batch; a disposition that removed a message is
   confirmed to its consumer once the removal is on disk, any other at once.
 - A rollback forgets the sends and gives each delivery it settled back to its group (modified, delivery
-  failed: the delivery count is raised), in the order it took them; their consumers' deliveries are
-  settled here.
+  failed: the delivery count is raised), in seq order (so each group gets them back in order, whatever
+  order they were settled in); their consumers' deliveries are settled here.
 """
 
 from __future__ import annotations
@@ -55,7 +55,11 @@ def roll_back(shell, transaction: Transaction, now_ms: int) -> list:
     broker = shell.broker
     effects: list = []
     confirms: list = []
-    for disposition in transaction.dispositions:
+    # in seq order, whatever order the consumer settled them in: each goes back to the head of its group
+    # and may be delivered again at once, so an older message given back later would come after a newer one
+    given_back = sorted(transaction.dispositions, key=lambda disposition: (
+        broker.delivered_seq(disposition.consumer_id, disposition.delivery_id) or 0))
+    for disposition in given_back:
         effects += broker.settle(disposition.consumer_id, disposition.delivery_id, Outcome.MODIFIED, now_ms, True)
         confirms.append(Confirm(disposition.target))
     return confirms + shell.broker_effects(effects)

@@ -257,6 +257,13 @@ class Broker:
                 dead_letters.send(queue, dead, now_ms, effects)
         return effects
 
+    def delivered_seq(self, consumer_id, delivery_id: int) -> int | None:
+        """The seq of the message `consumer_id` holds unsettled as `delivery_id`, None if none (issue 31: a
+        rollback gives its deliveries back in seq order, node/core/transaction_commit.py)."""
+        queue = self._consumer_queue.get(consumer_id)
+        message = queue.delivered(consumer_id, delivery_id) if queue is not None else None
+        return None if message is None else message.seq
+
     # ---- time --------------------------------------------------------------------------------
 
     def tick(self, now_ms: int) -> list:

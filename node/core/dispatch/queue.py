@@ -241,6 +241,10 @@ class Queue:
             self._consumers.sync_taker(consumer)
         self._dispatcher.dispatch(now_ms, effects)
 
+    def delivered(self, consumer_id, delivery_id: int) -> Message | None:
+        consumer = self._consumers.by_id.get(consumer_id)
+        return None if consumer is None else consumer.unsettled.get(delivery_id)
+
     def settle(self, consumer_id, delivery_id: int, outcome: Outcome, delivery_failed: bool,
                now_ms: int, effects: list) -> list[Message]:
         """Apply a consumer's disposition; returns (message, reason) pairs to dead-letter."""
