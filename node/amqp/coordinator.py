@@ -15,6 +15,8 @@ Engine loop thread only. Rules:
   is held in its transaction; the delivery stays unsettled, and its group with its consumer, until the
   discharge; the node shell's commit or rollback settles it (node/core/transaction_commit.py).
 - A transaction id is used only on the connection that declared it; anything else is unknown-id.
+- A commit's journal records (its sends' STOREs, its accepts' REMOVEs, whatever they caused) are written
+  as one batch closed by a commit record: a crash mid-commit recovers to all of it or none.
 - When a coordinator link ends (detach, dropped connection) its transactions are rolled back; when a
   consumer ends, transactions holding its outcomes can only roll back (their messages went back).
 """
@@ -116,8 +118,12 @@ class Coordinator:
         if fail:
             server.execute(server.shell.roll_back(transaction, now_ms))
             server.accept_when_stored((controller, delivery), False, False)
-        else:
+        else:  # the commit's journal records are one batch with a commit record (node/store/journal.py)
+            journal = server.journal
+            mark = journal.transaction_begin() if journal is not None else None
             server.execute(server.shell.commit(transaction, (controller, delivery), now_ms))
+            if journal is not None:
+                journal.transaction_end(mark)
 
     def _owned(self, transaction_id, connection) -> bytes:
         if not isinstance(transaction_id, bytes):

@@ -14,7 +14,9 @@ from proton.handlers import TransactionHandler
 
 from tests.integration.harness import REPO
 
-from tests.integration.clients import Client, group_message
+from node.store import records
+from node.store.journal import JOURNAL_FILE
+from tests.integration.clients import Client, group_message, queue_toml
 
 QUEUE = "orders"
 
@@ -126,7 +128,9 @@ def test_a_connection_dropped_mid_transaction_rolls_it_back(node):
 
 _DROPPED_CLIENT = """
 import sys, time
-from tests.integration.clients import Client, group_message
+from node.store import records
+from node.store.journal import JOURNAL_FILE
+from tests.integration.clients import Client, group_message, queue_toml
 from tests.integration.test_transactions import QUEUE, declare, send_in
 client = Client(type("Node", (), {"url": sys.argv[1]})())
 taken = client.consumer(QUEUE, credit=10).take(1)
@@ -137,3 +141,61 @@ client.barrier()
 print("in transaction", flush=True)
 time.sleep(60)
 """
+
+
+def _commit_frame_ends(journal: bytes) -> list[int]:
+    """Where each frame of the journal's last transaction batch ends, TXN_BEGIN's first."""
+    ends, offset, begin = [], 0, None
+    while offset < len(journal):
+        length = int.from_bytes(journal[offset:offset + 4], "little")
+        kind = journal[offset + records.FRAME_HEADER_BYTES]
+        offset += records.FRAME_HEADER_BYTES + length
+        if kind == records.TXN_BEGIN:
+            begin, ends = offset, [offset]
+        elif begin is not None:
+            ends.append(offset)
+    return ends
+
+
+def test_a_node_killed_mid_commit_recovers_all_of_the_commit_or_none(node_factory):
+    """kill -9 after a durable commit, then the journal torn where a crash mid-commit leaves it: each restart
+    serves the state before the commit or the state after it, nothing in between."""
+    node = node_factory(queue_toml(QUEUE, durable=True))
+    with Client(node) as client:
+        client.producer(QUEUE).send(group_message("a", 1))
+        taken = client.consumer(QUEUE, credit=10).take(1)
+        transaction, outcomes = declare(client)
+        transaction.accept(taken[0].delivery)
+        send_in(client, transaction, client.producer(QUEUE), [group_message("b", seq) for seq in (1, 2, 3)])
+        assert discharge(client, transaction, outcomes, fail=False) == "committed"
+    node.kill()
+    path = node.data_dir / JOURNAL_FILE
+    whole = path.read_bytes()
+    ends = _commit_frame_ends(whole)
+    assert len(ends) == 6, ends  # TXN_BEGIN, three STOREs, the REMOVE, TXN_COMMIT
+    before, after = [("a", 1)], [("b", 1), ("b", 2), ("b", 3)]
+    # every record of the commit on disk but its commit record: nothing of it; then the whole batch: all of it
+    # (each other tear point is recovery's unit test, tests/unit/test_transaction_journal.py)
+    for cut, expected in ((ends[4], before), (ends[5], after)):
+        path.write_bytes(whole[:cut])
+        node.start()
+        with Client(node) as client:
+            served = client.consumer(QUEUE, credit=10).take_all(quiet_s=0.3)
+        node.kill()
+        assert [(r.group, r.seq) for r in served] == expected, f"journal cut at {cut} of {len(whole)}"
+
+
+def test_a_commit_whose_consumer_detached_first_is_refused_with_rollback_and_its_sends_vanish(node):
+    with Client(node) as client:
+        client.producer(QUEUE).send(group_message("a", 1))
+        consumer = client.consumer(QUEUE, credit=10)
+        taken = consumer.take(1)
+        transaction, outcomes = declare(client)
+        transaction.accept(taken[0].delivery)
+        send_in(client, transaction, client.producer(QUEUE), [group_message("b", 1)])
+        consumer.close()  # the node gives a:1 back: the transaction can no longer commit whole
+        assert discharge(client, transaction, outcomes, fail=False) == "commit_failed"
+        assert outcomes.condition.name == "amqp:transaction:rollback"
+        assert "detached" in outcomes.condition.description
+        again = client.consumer(QUEUE, credit=10).take_all(quiet_s=0.3)
+        assert [(r.group, r.seq) for r in again] == [("a", 1)]
