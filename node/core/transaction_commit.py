@@ -5,7 +5,8 @@ durability and cluster protocol, and hands the effects to its adapter. Rules:
 - A commit is refused, and rolled back instead, rather than half done: when the transaction is marked
   rollback-only (node/core/dispatch/transactions.py), when one of its sends would be refused by its
   queue (checked for every send before the first is enqueued), and, in a cluster, when a send needs a
-  group this node does not own (or that no node owns yet): a later increment may forward such sends.
+  group this node does not own (or that no node owns yet), or one being handed over between nodes: a
+  later increment may forward such sends.
   The refusal is a TransactionRolledBack on the discharge (amqp:transaction:rollback) naming the cause.
 - A commit enqueues the sends in their order, then applies the dispositions in theirs. The discharge is
   accepted once every durable send and every removal is on disk (one journal unit: the whole commit is
@@ -18,6 +19,7 @@ durability and cluster protocol, and hands the effects to its adapter. Rules:
 
 from __future__ import annotations
 
+from node.core.cluster.handover import AS_ROUTED
 from node.core.dispatch.message import Outcome
 from node.core.dispatch.transactions import Transaction, TransactionRolledBack
 from node.core.durability import CONSUMER
@@ -72,7 +74,12 @@ def _remote_group(protocol, transaction: Transaction) -> str | None:
     for send in transaction.sends:
         if send.route_key is None:
             continue
-        owner = routes.get((send.queue, send.route_key))
+        key = (send.queue, send.route_key)
+        owner = routes.get(key)
+        if owner == protocol.node_id and (protocol.moves or protocol.parked) \
+                and protocol.handovers.placement(key, None, owner) != AS_ROUTED:
+            return (f"group {send.route_key!r} of queue {send.queue!r} is being handed over between nodes; "
+                    f"retry the transaction once the move has ended")
         if owner != protocol.node_id:
             return (f"group {send.route_key!r} of queue {send.queue!r} is owned by "
                     f"{'node ' + repr(owner) if owner else 'no node yet'}, not by this node "

@@ -20,6 +20,8 @@ class Protocol:
     """What the commit reads of the cluster protocol: this node's id and the routes it knows."""
 
     batch_due = False
+    moves: dict = {}
+    parked: dict = {}
 
     def __init__(self, node_id: str, routes: dict):
         self.node_id = node_id
@@ -70,4 +72,14 @@ def test_a_commit_with_a_send_its_queue_would_refuse_is_refused_whole():
     effects = shell.commit(transaction_of(("ok", None), ("too-long", None)), "discharge", 0)
     refusal = [e for e in effects if type(e) is Refuse]
     assert len(refusal) == 1 and "at most 3" in refusal[0].error.description
+    assert broker.queues["q"].depth_messages == 0
+
+
+def test_a_commit_to_a_group_being_handed_over_is_refused():
+    protocol = Protocol("n1", {("q", "a"): "n1"})
+    protocol.moves = {("q", "a"): ("n2", "n1", 0)}  # coming here: a producer's sends park behind the handover
+    protocol.handovers = type("Handovers", (), {"placement": lambda self, key, source, owner: "park"})()
+    shell, broker = shell_with(protocol)
+    effects = shell.commit(transaction_of(("a", "a")), "discharge", 0)
+    assert "handed over" in [e for e in effects if type(e) is Refuse][0].error.description
     assert broker.queues["q"].depth_messages == 0
