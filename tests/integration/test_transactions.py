@@ -199,3 +199,21 @@ def test_a_commit_whose_consumer_detached_first_is_refused_with_rollback_and_its
         assert "detached" in outcomes.condition.description
         again = client.consumer(QUEUE, credit=10).take_all(quiet_s=0.3)
         assert [(r.group, r.seq) for r in again] == [("a", 1)]
+
+
+def test_in_a_cluster_a_commit_sending_to_a_group_another_node_owns_is_refused_naming_it(cluster):
+    owner, other = cluster.nodes[0], cluster.nodes[1]
+    with Client(owner) as at_owner, Client(other) as at_other:
+        consumer = at_owner.consumer(QUEUE, credit=10)
+        cluster.wait_consumers(QUEUE, {0: 1})
+        at_owner.producer(QUEUE).send(group_message("g", 1))  # the group now lives on node 0, its consumer's
+        assert [(r.group, r.seq) for r in consumer.take(1)] == [("g", 1)]
+        transaction, outcomes = declare(at_other)
+        send_in(at_other, transaction, at_other.producer(QUEUE), [group_message("g", 2)])
+        assert discharge(at_other, transaction, outcomes, fail=False) == "commit_failed"
+        assert outcomes.condition.name == "amqp:transaction:rollback"
+        assert "'g'" in outcomes.condition.description and repr(cluster.node_ids[0]) in outcomes.condition.description
+        transaction, outcomes = declare(at_owner)  # on the owner the same send commits
+        send_in(at_owner, transaction, at_owner.producer(QUEUE), [group_message("g", 3)])
+        assert discharge(at_owner, transaction, outcomes, fail=False) == "committed"
+        assert [(r.group, r.seq) for r in consumer.take_all(quiet_s=0.3)] == [("g", 3)]
