@@ -80,7 +80,9 @@ class LinkTable:
     def forget_all(self, states: list) -> None:
         """The links of a connection that has ended (already taken out of `connection.links`)."""
         now_ms = self.server.clock_ms()
-        for state in states:
+        # coordinators last (issue 31): their rollbacks would otherwise give messages back to the
+        # connection's own consumers, whose detach then gives them back again, counting two failures
+        for state in sorted(states, key=lambda state: type(state) is not Producer and state.producer):
             state.alive = False
             self._links.pop(state.link, None)
             self._ended(state, now_ms, "connection closed")

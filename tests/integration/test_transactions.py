@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from proton.handlers import TransactionHandler
 
 from tests.integration.harness import REPO
@@ -110,12 +111,14 @@ def test_accepts_committed_are_gone_and_the_rest_stay(node):
         assert [(r.group, r.seq) for r in again] == [("a", 2)]
 
 
-def test_a_connection_dropped_mid_transaction_rolls_it_back(node):
-    """The client process is killed (kill -9) with its transaction open: no discharge, detach or close."""
+@pytest.mark.parametrize("coordinator_first", [False, True])
+def test_a_connection_dropped_mid_transaction_rolls_it_back(node, coordinator_first):
+    """The client process is killed (kill -9) with its transaction open: no discharge, detach or close.
+    Whichever link it opened first, the message comes back once, its delivery count raised by one."""
     with Client(node) as seed:
         seed.producer(QUEUE).send(group_message("a", 1))
-    client = subprocess.Popen([sys.executable, "-c", _DROPPED_CLIENT, node.url], cwd=REPO, stdout=subprocess.PIPE,
-                              text=True)
+    client = subprocess.Popen([sys.executable, "-c", _DROPPED_CLIENT, node.url, str(coordinator_first)], cwd=REPO,
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert client.stdout.readline().strip() == "in transaction"
     finally:
@@ -133,8 +136,11 @@ from node.store.journal import JOURNAL_FILE
 from tests.integration.clients import Client, group_message, queue_toml
 from tests.integration.test_transactions import QUEUE, declare, send_in
 client = Client(type("Node", (), {"url": sys.argv[1]})())
+if sys.argv[2] == "True":
+    transaction, outcomes = declare(client)
 taken = client.consumer(QUEUE, credit=10).take(1)
-transaction, outcomes = declare(client)
+if sys.argv[2] != "True":
+    transaction, outcomes = declare(client)
 transaction.accept(taken[0].delivery)
 send_in(client, transaction, client.producer(QUEUE), [group_message("b", 1)])
 client.barrier()
