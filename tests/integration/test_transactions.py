@@ -223,3 +223,15 @@ def test_in_a_cluster_a_commit_sending_to_a_group_another_node_owns_is_refused_n
         send_in(at_owner, transaction, at_owner.producer(QUEUE), [group_message("g", 3)])
         assert discharge(at_owner, transaction, outcomes, fail=False) == "committed"
         assert [(r.group, r.seq) for r in consumer.take_all(quiet_s=0.3)] == [("g", 3)]
+
+
+def test_a_transaction_id_of_another_connection_is_unknown_there(node):
+    with Client(node) as owner, Client(node) as stranger:
+        theirs, their_outcomes = declare(owner)
+        mine, _ = declare(stranger)
+        mine.id = theirs.id  # a guessed id: the node takes it only on the connection that declared it
+        delivery = mine.send(stranger.producer(QUEUE).link, group_message("a", 1))
+        assert stranger.wait_for(lambda: delivery.settled, 5.0)
+        assert delivery.remote.condition.name == "amqp:transaction:unknown-id"
+        assert discharge(owner, theirs, their_outcomes, fail=False) == "committed"
+        assert stranger.consumer(QUEUE, credit=10).take_all(quiet_s=0.3) == []
