@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 
 from node.cluster_proposals import ClusterProposals
+from node.cluster_takeovers import TakeoverLink
 from node.core.cluster import ClusterProtocol
 from node.core.cluster.feed import REFUSED, ROUTES, SNAPSHOT
 from node.core.effects import ReadOutbound, SubmitForward
@@ -61,6 +62,7 @@ class ClusterLink:
         self._carry = {
             SubmitForward: self._submit_forward, ReadOutbound: self._read_outbound,
             **self.proposals.carry(),  # Propose*, QueueDeleted, ReportConsumers, Register, Reply, StopNode
+            **TakeoverLink(self).carry(),  # ReadReplica, DropReplica: a promotion's takeover (issue 28)
         }
 
     def attach(self, server, handler, bridge, addresses: dict[str, str]) -> None:

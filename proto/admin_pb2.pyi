@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class QueueSettings(_message.Message):
-    __slots__ = ("name", "group_policy", "group_header", "default_group", "group_first_key", "group_rebalance", "group_rebalance_pause_dispatch", "group_buckets", "consumers_before_dispatch", "time_before_dispatch_ms", "durable", "depth_max_messages", "depth_max_bytes", "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue", "groups_max", "redelivery_delay_ms", "redelivery_delay_multiplier", "redelivery_delay_max_ms", "dead_letter_queue_auto_create", "address", "memory_max_bytes", "trace", "replication_factor", "group_lease_ms")
+    __slots__ = ("name", "group_policy", "group_header", "default_group", "group_first_key", "group_rebalance", "group_rebalance_pause_dispatch", "group_buckets", "consumers_before_dispatch", "time_before_dispatch_ms", "durable", "depth_max_messages", "depth_max_bytes", "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue", "groups_max", "redelivery_delay_ms", "redelivery_delay_multiplier", "redelivery_delay_max_ms", "dead_letter_queue_auto_create", "address", "memory_max_bytes", "trace", "replication_factor", "group_lease_ms", "group_rebalance_mode")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GROUP_POLICY_FIELD_NUMBER: _ClassVar[int]
     GROUP_HEADER_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class QueueSettings(_message.Message):
     TRACE_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
     GROUP_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_REBALANCE_MODE_FIELD_NUMBER: _ClassVar[int]
     name: str
     group_policy: str
     group_header: str
@@ -60,10 +61,11 @@ class QueueSettings(_message.Message):
     trace: bool
     replication_factor: int
     group_lease_ms: int
-    def __init__(self, name: _Optional[str] = ..., group_policy: _Optional[str] = ..., group_header: _Optional[str] = ..., default_group: _Optional[str] = ..., group_first_key: _Optional[str] = ..., group_rebalance: _Optional[bool] = ..., group_rebalance_pause_dispatch: _Optional[bool] = ..., group_buckets: _Optional[int] = ..., consumers_before_dispatch: _Optional[int] = ..., time_before_dispatch_ms: _Optional[int] = ..., durable: _Optional[bool] = ..., depth_max_messages: _Optional[int] = ..., depth_max_bytes: _Optional[int] = ..., group_id_length_max_chars: _Optional[int] = ..., delivery_count_max: _Optional[int] = ..., dead_letter_queue: _Optional[str] = ..., groups_max: _Optional[int] = ..., redelivery_delay_ms: _Optional[int] = ..., redelivery_delay_multiplier: _Optional[float] = ..., redelivery_delay_max_ms: _Optional[int] = ..., dead_letter_queue_auto_create: _Optional[bool] = ..., address: _Optional[str] = ..., memory_max_bytes: _Optional[int] = ..., trace: _Optional[bool] = ..., replication_factor: _Optional[int] = ..., group_lease_ms: _Optional[int] = ...) -> None: ...
+    group_rebalance_mode: str
+    def __init__(self, name: _Optional[str] = ..., group_policy: _Optional[str] = ..., group_header: _Optional[str] = ..., default_group: _Optional[str] = ..., group_first_key: _Optional[str] = ..., group_rebalance: _Optional[bool] = ..., group_rebalance_pause_dispatch: _Optional[bool] = ..., group_buckets: _Optional[int] = ..., consumers_before_dispatch: _Optional[int] = ..., time_before_dispatch_ms: _Optional[int] = ..., durable: _Optional[bool] = ..., depth_max_messages: _Optional[int] = ..., depth_max_bytes: _Optional[int] = ..., group_id_length_max_chars: _Optional[int] = ..., delivery_count_max: _Optional[int] = ..., dead_letter_queue: _Optional[str] = ..., groups_max: _Optional[int] = ..., redelivery_delay_ms: _Optional[int] = ..., redelivery_delay_multiplier: _Optional[float] = ..., redelivery_delay_max_ms: _Optional[int] = ..., dead_letter_queue_auto_create: _Optional[bool] = ..., address: _Optional[str] = ..., memory_max_bytes: _Optional[int] = ..., trace: _Optional[bool] = ..., replication_factor: _Optional[int] = ..., group_lease_ms: _Optional[int] = ..., group_rebalance_mode: _Optional[str] = ...) -> None: ...
 
 class QueueStats(_message.Message):
-    __slots__ = ("name", "depth_messages", "depth_bytes", "acquired_messages", "consumers", "browsers", "groups", "owned_groups", "enqueued_total", "delivered_total", "resident_bytes", "paged_bytes", "cold_messages")
+    __slots__ = ("name", "depth_messages", "depth_bytes", "acquired_messages", "consumers", "browsers", "groups", "owned_groups", "enqueued_total", "delivered_total", "resident_bytes", "paged_bytes", "cold_messages", "runnable_groups", "blocked_groups", "held_groups", "oldest_head_enqueued_at_ms")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DEPTH_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     DEPTH_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +79,10 @@ class QueueStats(_message.Message):
     RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     PAGED_BYTES_FIELD_NUMBER: _ClassVar[int]
     COLD_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    RUNNABLE_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    HELD_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_HEAD_ENQUEUED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     name: str
     depth_messages: int
     depth_bytes: int
@@ -90,7 +96,11 @@ class QueueStats(_message.Message):
     resident_bytes: int
     paged_bytes: int
     cold_messages: int
-    def __init__(self, name: _Optional[str] = ..., depth_messages: _Optional[int] = ..., depth_bytes: _Optional[int] = ..., acquired_messages: _Optional[int] = ..., consumers: _Optional[int] = ..., browsers: _Optional[int] = ..., groups: _Optional[int] = ..., owned_groups: _Optional[int] = ..., enqueued_total: _Optional[int] = ..., delivered_total: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., paged_bytes: _Optional[int] = ..., cold_messages: _Optional[int] = ...) -> None: ...
+    runnable_groups: int
+    blocked_groups: int
+    held_groups: int
+    oldest_head_enqueued_at_ms: int
+    def __init__(self, name: _Optional[str] = ..., depth_messages: _Optional[int] = ..., depth_bytes: _Optional[int] = ..., acquired_messages: _Optional[int] = ..., consumers: _Optional[int] = ..., browsers: _Optional[int] = ..., groups: _Optional[int] = ..., owned_groups: _Optional[int] = ..., enqueued_total: _Optional[int] = ..., delivered_total: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., paged_bytes: _Optional[int] = ..., cold_messages: _Optional[int] = ..., runnable_groups: _Optional[int] = ..., blocked_groups: _Optional[int] = ..., held_groups: _Optional[int] = ..., oldest_head_enqueued_at_ms: _Optional[int] = ...) -> None: ...
 
 class GroupRow(_message.Message):
     __slots__ = ("group", "messages", "acquired", "consumer", "node", "head_age_ms")
@@ -169,34 +179,38 @@ class ListGroupsResponse(_message.Message):
     def __init__(self, groups: _Optional[_Iterable[_Union[GroupRow, _Mapping]]] = ...) -> None: ...
 
 class GroupPageRequest(_message.Message):
-    __slots__ = ("queue", "prefix", "position", "page_size", "node")
+    __slots__ = ("queue", "prefix", "position", "page_size", "node", "order")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
     queue: str
     prefix: str
     position: int
     page_size: int
     node: str
-    def __init__(self, queue: _Optional[str] = ..., prefix: _Optional[str] = ..., position: _Optional[int] = ..., page_size: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
+    order: str
+    def __init__(self, queue: _Optional[str] = ..., prefix: _Optional[str] = ..., position: _Optional[int] = ..., page_size: _Optional[int] = ..., node: _Optional[str] = ..., order: _Optional[str] = ...) -> None: ...
 
 class ConsumerRow(_message.Message):
-    __slots__ = ("consumer", "label", "groups_owned", "groups", "unsettled", "credit")
+    __slots__ = ("consumer", "label", "groups_owned", "groups", "unsettled", "credit", "client")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
     GROUPS_OWNED_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     UNSETTLED_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
     consumer: str
     label: str
     groups_owned: int
     groups: _containers.RepeatedScalarFieldContainer[str]
     unsettled: int
     credit: int
-    def __init__(self, consumer: _Optional[str] = ..., label: _Optional[str] = ..., groups_owned: _Optional[int] = ..., groups: _Optional[_Iterable[str]] = ..., unsettled: _Optional[int] = ..., credit: _Optional[int] = ...) -> None: ...
+    client: str
+    def __init__(self, consumer: _Optional[str] = ..., label: _Optional[str] = ..., groups_owned: _Optional[int] = ..., groups: _Optional[_Iterable[str]] = ..., unsettled: _Optional[int] = ..., credit: _Optional[int] = ..., client: _Optional[str] = ...) -> None: ...
 
 class GroupPageResponse(_message.Message):
     __slots__ = ("groups", "next_position", "groups_total", "scanned", "consumers")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10proto/peer.proto\x12\x0fgrouper.peer.v1\"\xaa\x01\n\tForwarded\x12\x13\n\x0b\x66orward_seq\x18\x01 \x01(\x04\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x11\n\thas_group\x18\x03 \x01(\x08\x12\x10\n\x08group_id\x18\x04 \x01(\t\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x12\x15\n\rexpires_at_ms\x18\x06 \x01(\x04\x12\x14\n\x0c\x63loses_group\x18\x07 \x01(\x08\x12\x16\n\x0e\x65nqueued_at_ms\x18\x08 \x01(\x04\"\x99\x01\n\x0c\x46orwardBatch\x12\x13\n\x0bsource_node\x18\x01 \x01(\t\x12,\n\x08messages\x18\x02 \x03(\x0b\x32\x1a.grouper.peer.v1.Forwarded\x12\x16\n\x0e\x66ormat_version\x18\x03 \x01(\r\x12\x11\n\tseq_bound\x18\x04 \x01(\x04\x12\x1b\n\x13\x64isputed_high_water\x18\x05 \x01(\x04\" \n\nForwardAck\x12\x12\n\nhigh_water\x18\x01 \x01(\x04\"c\n\x0cReplicaEntry\x12\x10\n\x08repl_seq\x18\x01 \x01(\x04\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x11\n\thas_group\x18\x03 \x01(\x08\x12\x10\n\x08group_id\x18\x04 \x01(\t\x12\r\n\x05\x66rame\x18\x05 \x01(\x0c\"y\n\x0cReplicaBatch\x12\x12\n\nowner_node\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x16\n\x0e\x66ormat_version\x18\x03 \x01(\r\x12.\n\x07\x65ntries\x18\x04 \x03(\x0b\x32\x1d.grouper.peer.v1.ReplicaEntry\"/\n\nReplicaAck\x12\x12\n\nhigh_water\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x32\x9d\x01\n\x0bPeerService\x12\x45\n\x07\x46orward\x12\x1d.grouper.peer.v1.ForwardBatch\x1a\x1b.grouper.peer.v1.ForwardAck\x12G\n\tReplicate\x12\x1d.grouper.peer.v1.ReplicaBatch\x1a\x1b.grouper.peer.v1.ReplicaAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10proto/peer.proto\x12\x0fgrouper.peer.v1\"\xbf\x01\n\tForwarded\x12\x13\n\x0b\x66orward_seq\x18\x01 \x01(\x04\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x11\n\thas_group\x18\x03 \x01(\x08\x12\x10\n\x08group_id\x18\x04 \x01(\t\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x12\x15\n\rexpires_at_ms\x18\x06 \x01(\x04\x12\x14\n\x0c\x63loses_group\x18\x07 \x01(\x08\x12\x16\n\x0e\x65nqueued_at_ms\x18\x08 \x01(\x04\x12\x13\n\x0bnot_durable\x18\t \x01(\x08\"\x99\x01\n\x0c\x46orwardBatch\x12\x13\n\x0bsource_node\x18\x01 \x01(\t\x12,\n\x08messages\x18\x02 \x03(\x0b\x32\x1a.grouper.peer.v1.Forwarded\x12\x16\n\x0e\x66ormat_version\x18\x03 \x01(\r\x12\x11\n\tseq_bound\x18\x04 \x01(\x04\x12\x1b\n\x13\x64isputed_high_water\x18\x05 \x01(\x04\" \n\nForwardAck\x12\x12\n\nhigh_water\x18\x01 \x01(\x04\"c\n\x0cReplicaEntry\x12\x10\n\x08repl_seq\x18\x01 \x01(\x04\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x11\n\thas_group\x18\x03 \x01(\x08\x12\x10\n\x08group_id\x18\x04 \x01(\t\x12\r\n\x05\x66rame\x18\x05 \x01(\x0c\"y\n\x0cReplicaBatch\x12\x12\n\nowner_node\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x16\n\x0e\x66ormat_version\x18\x03 \x01(\r\x12.\n\x07\x65ntries\x18\x04 \x03(\x0b\x32\x1d.grouper.peer.v1.ReplicaEntry\"/\n\nReplicaAck\x12\x12\n\nhigh_water\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x32\x9d\x01\n\x0bPeerService\x12\x45\n\x07\x46orward\x12\x1d.grouper.peer.v1.ForwardBatch\x1a\x1b.grouper.peer.v1.ForwardAck\x12G\n\tReplicate\x12\x1d.grouper.peer.v1.ReplicaBatch\x1a\x1b.grouper.peer.v1.ReplicaAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,17 +32,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.peer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FORWARDED']._serialized_start=38
-  _globals['_FORWARDED']._serialized_end=208
-  _globals['_FORWARDBATCH']._serialized_start=211
-  _globals['_FORWARDBATCH']._serialized_end=364
-  _globals['_FORWARDACK']._serialized_start=366
-  _globals['_FORWARDACK']._serialized_end=398
-  _globals['_REPLICAENTRY']._serialized_start=400
-  _globals['_REPLICAENTRY']._serialized_end=499
-  _globals['_REPLICABATCH']._serialized_start=501
-  _globals['_REPLICABATCH']._serialized_end=622
-  _globals['_REPLICAACK']._serialized_start=624
-  _globals['_REPLICAACK']._serialized_end=671
-  _globals['_PEERSERVICE']._serialized_start=674
-  _globals['_PEERSERVICE']._serialized_end=831
+  _globals['_FORWARDED']._serialized_end=229
+  _globals['_FORWARDBATCH']._serialized_start=232
+  _globals['_FORWARDBATCH']._serialized_end=385
+  _globals['_FORWARDACK']._serialized_start=387
+  _globals['_FORWARDACK']._serialized_end=419
+  _globals['_REPLICAENTRY']._serialized_start=421
+  _globals['_REPLICAENTRY']._serialized_end=520
+  _globals['_REPLICABATCH']._serialized_start=522
+  _globals['_REPLICABATCH']._serialized_end=643
+  _globals['_REPLICAACK']._serialized_start=645
+  _globals['_REPLICAACK']._serialized_end=692
+  _globals['_PEERSERVICE']._serialized_start=695
+  _globals['_PEERSERVICE']._serialized_end=852
 # @@protoc_insertion_point(module_scope)

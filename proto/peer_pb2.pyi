@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Forwarded(_message.Message):
-    __slots__ = ("forward_seq", "queue", "has_group", "group_id", "payload", "expires_at_ms", "closes_group", "enqueued_at_ms")
+    __slots__ = ("forward_seq", "queue", "has_group", "group_id", "payload", "expires_at_ms", "closes_group", "enqueued_at_ms", "not_durable")
     FORWARD_SEQ_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     HAS_GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class Forwarded(_message.Message):
     EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
     CLOSES_GROUP_FIELD_NUMBER: _ClassVar[int]
     ENQUEUED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    NOT_DURABLE_FIELD_NUMBER: _ClassVar[int]
     forward_seq: int
     queue: str
     has_group: bool
@@ -24,7 +25,8 @@ class Forwarded(_message.Message):
     expires_at_ms: int
     closes_group: bool
     enqueued_at_ms: int
-    def __init__(self, forward_seq: _Optional[int] = ..., queue: _Optional[str] = ..., has_group: _Optional[bool] = ..., group_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., expires_at_ms: _Optional[int] = ..., closes_group: _Optional[bool] = ..., enqueued_at_ms: _Optional[int] = ...) -> None: ...
+    not_durable: bool
+    def __init__(self, forward_seq: _Optional[int] = ..., queue: _Optional[str] = ..., has_group: _Optional[bool] = ..., group_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., expires_at_ms: _Optional[int] = ..., closes_group: _Optional[bool] = ..., enqueued_at_ms: _Optional[int] = ..., not_durable: _Optional[bool] = ...) -> None: ...
 
 class ForwardBatch(_message.Message):
     __slots__ = ("source_node", "messages", "format_version", "seq_bound", "disputed_high_water")

@@ -152,11 +152,11 @@ class AdminClient:
         return self._call(getattr(self._stub, method), request)
 
     def group_page(self, queue: str, prefix: str = "", position: int = 0, page_size: int = 50,
-                   node: str = "") -> dict:
-        """One bounded page of the groups of `queue` on member `node` ("" = the answering node); see
-        GroupPageRequest."""
+                   node: str = "", order: str = "") -> dict:
+        """One bounded page of the groups of `queue` on member `node` ("" = the answering node); with
+        `order`, that node's top groups by it; see GroupPageRequest."""
         request = admin_pb2.GroupPageRequest(queue=queue, prefix=prefix, position=position, page_size=page_size,
-                                             node=node)
+                                             node=node, order=order)
         response = self._call(self._stub.GroupPage, request)
         return {"groups": [{**_group_from_pb(row),
                             "head_age_ms": row.head_age_ms if row.HasField("head_age_ms") else None}
@@ -164,7 +164,8 @@ class AdminClient:
                 "next_position": response.next_position, "groups_total": response.groups_total,
                 "scanned": response.scanned,
                 "consumers": [{"consumer": row.consumer, "label": row.label, "groups_owned": row.groups_owned,
-                               "groups": list(row.groups), "unsettled": row.unsettled, "credit": row.credit}
+                               "groups": list(row.groups), "unsettled": row.unsettled, "credit": row.credit,
+                               "client": row.client}
                               for row in response.consumers]}
 
     def reset_groups(self, queue: str, group: str | None, local_only: bool = False) -> int:

@@ -32,7 +32,8 @@ class NodeControl(Protocol):
     def list_groups(self, queue: str) -> list[dict]: ...  # rows: group, messages, acquired, consumer
 
     # one bounded page of this node's groups and the queue's consumers here (node.admin.group_pages)
-    def group_page(self, queue: str, prefix: str, position: int, page_size: int) -> dict: ...
+    # with `order` ("backlog", "head_age", "owner"): this node's top groups by it (node.admin.group_ranks)
+    def group_page(self, queue: str, prefix: str, position: int, page_size: int, order: str = "") -> dict: ...
 
     def reset_groups(self, queue: str, group: str | None) -> int: ...  # groups freed (None = all)
 

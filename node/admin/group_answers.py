@@ -32,7 +32,8 @@ class GroupAnswers:
         node = self._control.node_id()
         if request.node and request.node != node:
             return self._members.group_page(request, caller)
-        page = self._control.group_page(request.queue, request.prefix, request.position, request.page_size)
+        page = self._control.group_page(request.queue, request.prefix, request.position, request.page_size,
+                                        request.order)
         return admin_pb2.GroupPageResponse(
             groups=[group_row_to_pb(row, node) for row in page["groups"]], next_position=page["next_position"],
             groups_total=page["groups_total"], scanned=page["scanned"],

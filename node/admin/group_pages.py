@@ -52,9 +52,11 @@ def group_row(key, group, now_ms: int) -> dict:
 
 
 def group_page(queue, prefix: str, position: int, page_size: int, now_ms: int,
-               label_of=lambda consumer_id: "", scanned_max: int = GROUPS_SCANNED_MAX) -> dict:
+               label_of=lambda consumer_id: "", scanned_max: int = GROUPS_SCANNED_MAX,
+               client_of=lambda consumer_id: "") -> dict:
     """{groups, next_position, groups_total, scanned, consumers} for `queue` (a core Queue).
-    `label_of(consumer id)` names a consumer for people (its container and link)."""
+    `label_of(consumer id)` names a consumer for people (its container and link), `client_of` its
+    client (address and user)."""
     check_request(prefix, position, page_size)
     groups = queue.groups
     rows = []
@@ -74,10 +76,10 @@ def group_page(queue, prefix: str, position: int, page_size: int, now_ms: int,
         if found >= page_size or scanned >= scanned_max:
             break
     return {"groups": rows, "next_position": next_position, "groups_total": len(groups), "scanned": scanned,
-            "consumers": consumer_rows(queue, label_of)}
+            "consumers": consumer_rows(queue, label_of, client_of)}
 
 
-def consumer_rows(queue, label_of) -> list[dict]:
+def consumer_rows(queue, label_of, client_of=lambda consumer_id: "") -> list[dict]:
     rows = []
     for consumer_id, consumer in sorted(queue.consumers.items(), key=lambda item: str(item[0])):
         if consumer.browse:
@@ -85,5 +87,6 @@ def consumer_rows(queue, label_of) -> list[dict]:
         # its first OWNED_SHOWN_MAX groups, sorted for reading: never all of them
         shown = sorted(str(group.key) for group in islice(consumer.iter_assigned_groups(), OWNED_SHOWN_MAX))
         rows.append({"consumer": str(consumer_id), "label": label_of(consumer_id), "groups_owned": consumer.assigned_count,
-                     "groups": shown, "unsettled": len(consumer.unsettled), "credit": consumer.credit})
+                     "groups": shown, "unsettled": len(consumer.unsettled), "credit": consumer.credit,
+                     "client": client_of(consumer_id)})
     return rows

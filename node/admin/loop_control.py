@@ -85,15 +85,25 @@ class LoopControl:
     def list_groups(self, queue: str):
         return self._call(lambda: self._node.broker.list_groups(queue))
 
-    def group_page(self, queue: str, prefix: str, position: int, page_size: int) -> dict:
-        from node.admin.group_pages import group_page
+    def group_page(self, queue: str, prefix: str, position: int, page_size: int, order: str = "") -> dict:
+        from node.admin.group_pages import check_request, group_page
+        from node.admin.group_ranks import rank
         node = self._node
 
         def label_of(consumer_id) -> str:
             state = node.server.consumers.get(consumer_id)
             return getattr(state, "label", "") or ""
+
+        def client_of(consumer_id) -> str:  # "host:port (user)": the client as its own logs show it
+            connection = getattr(node.server.consumers.get(consumer_id), "connection", None)
+            peer, user = getattr(connection, "peer", "") or "", getattr(connection, "user", None)
+            return f"{peer} ({user})" if peer and user else peer
+        if order:  # one bridge call per batch of groups, as purge_queue (node/admin/group_ranks.py)
+            check_request(prefix, position, page_size)
+            return rank(lambda: node.broker.queue(queue), order, prefix, position, page_size, node.clock_ms,
+                        label_of, run=self._call, client_of=client_of)
         return self._call(lambda: group_page(node.broker.queue(queue), prefix, position, page_size,
-                                             node.clock_ms(), label_of))
+                                             node.clock_ms(), label_of, client_of=client_of))
 
     def _counted(self, fn, flushes: Flushes | None = None):
         """Run fn(now_ms) -> (count, effects) on the engine loop and carry out its effects; with `flushes`,

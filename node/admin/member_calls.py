@@ -125,7 +125,7 @@ class MemberCalls:
             raise NotAllowed(f"user {caller.user!r} is known here by a client certificate, which this node cannot "
                              f"pass on to member {request.node}; log in with a password to see its groups")
         forwarded = admin_pb2.GroupPageRequest(queue=request.queue, prefix=request.prefix, position=request.position,
-                                               page_size=request.page_size)
+                                               page_size=request.page_size, order=request.order)
         with self.client(address, caller) as client:
             try:
                 return client.call_raw("GroupPage", forwarded)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 from node.admin.arguments import positive_int
 from node.admin.client import AdminClient
@@ -117,8 +118,17 @@ def _queue_list(client: AdminClient, args) -> None:
         raise Stayed("not listed: " + "; ".join(f"the queues of {node} ({why})" for node, why in listing.missing))
 
 
-def _queue_table(queues: list[dict], by_node: bool = False) -> str:
-    headers = ("QUEUE", "DEPTH", "ACQUIRED", "CONSUMERS", "GROUPS", "OWNED")
+def _queue_table(queues: list[dict], by_node: bool = False, now_ms: int | None = None) -> str:
+    # issue 30, group signals: RUNNABLE (no consumer, next message ready), BLOCKED (next message waits) and
+    # the age of the oldest message waiting at a group's head ("-": none), on this machine's clock
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    headers = ("QUEUE", "DEPTH", "ACQUIRED", "CONSUMERS", "GROUPS", "OWNED", "RUNNABLE", "BLOCKED", "OLDEST HEAD")
     return table(headers + (("DEPTH BY NODE",) if by_node else ()),
                   [(q["name"], q["depth_messages"], q["acquired_messages"], q["consumers"], q["groups"],
-                    q["owned_groups"]) + ((depth_by_node(q),) if by_node else ()) for q in queues])
+                    q["owned_groups"], q.get("runnable_groups", 0), q.get("blocked_groups", 0),
+                    _head_age(q.get("oldest_head_enqueued_at_ms", 0), now_ms))
+                   + ((depth_by_node(q),) if by_node else ()) for q in queues])
+
+
+def _head_age(enqueued_at_ms: int, now_ms: int) -> str:
+    return f"{max(0, now_ms - enqueued_at_ms) / 1000:.1f}s" if enqueued_at_ms else "-"

@@ -22,6 +22,7 @@ _QUEUE_FLAG_KEYS = ("group_policy", "group_header", "default_group", "group_firs
                     "trace")
 _QUEUE_FLAG_KEYS += ("replication_factor",)  # issue 28
 _QUEUE_FLAG_KEYS += ("group_lease_ms",)  # issue 30
+_QUEUE_FLAG_KEYS += ("group_rebalance_mode",)  # issue 30, incremental rebalance
 
 
 def add_queue_flags(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +62,10 @@ def add_queue_flags(parser: argparse.ArgumentParser) -> None:
     # issue 30: group leases
     add("--group-lease-ms", type=int, metavar="MS",
         help="a consumer holding unsettled deliveries loses its groups after MS with no settlement or flow; 0 = off")
+    # issue 30: incremental rebalance
+    add("--group-rebalance-mode", choices=["reset", "incremental"],
+        help="what a rebalance does when a consumer joins: reset every group (default), or move only the surplus "
+             "groups of the most loaded consumers to it (incremental; implies --group-rebalance)")
 
 
 def queue_changes_from_args(args: argparse.Namespace) -> dict:
@@ -70,6 +75,8 @@ def queue_changes_from_args(args: argparse.Namespace) -> dict:
         if changes.get("group_policy", "shared") != "shared":
             raise InvalidConfig("--shared-groups", "conflicts with --group-policy")
         changes["group_policy"] = "shared"
+    if changes.get("group_rebalance_mode") == "incremental":  # issue 30: the mode is group_rebalance's
+        changes.setdefault("group_rebalance", True)
     return changes
 
 

@@ -24,6 +24,7 @@ from node.admin.client import AccessDenied
 SUMMED_FIELDS = ("depth_messages", "depth_bytes", "acquired_messages", "consumers", "browsers", "groups",
                  "owned_groups", "enqueued_total", "delivered_total", "resident_bytes", "paged_bytes",
                  "cold_messages")
+SUMMED_FIELDS += ("runnable_groups", "blocked_groups", "held_groups")  # issue 30, group signals
 
 
 def cluster_queues(status: dict) -> tuple[list[dict], list[tuple[str, str]]]:
@@ -40,6 +41,9 @@ def cluster_queues(status: dict) -> tuple[list[dict], list[tuple[str, str]]]:
                                                        "nodes": {}})
             for field in SUMMED_FIELDS:
                 total[field] += stats.get(field, 0)
+            oldest = [at for at in (total.get("oldest_head_enqueued_at_ms", 0),
+                                    stats.get("oldest_head_enqueued_at_ms", 0)) if at]
+            total["oldest_head_enqueued_at_ms"] = min(oldest, default=0)  # issue 30: the oldest of any node
             total["nodes"][member["node"]] = stats
     return [by_name[name] for name in sorted(by_name)], missing
 

@@ -44,15 +44,17 @@ _JMS_GROUP_SEQ_BYTES = JMS_GROUP_SEQ.encode()
 
 
 class Arrival:
-    """What dispatch needs from one incoming message."""
+    """What dispatch needs from one incoming message. `durable`: the header's durable field; absent (no
+    header, or no field) is false, as AMQP 1.0 defines it (3.2.1) and ActiveMQ Artemis reads it."""
 
-    __slots__ = ("address", "group_id", "closes_group", "expires_at_ms")
+    __slots__ = ("address", "group_id", "closes_group", "expires_at_ms", "durable")
 
-    def __init__(self, address, group_id, closes_group, expires_at_ms):
+    def __init__(self, address, group_id, closes_group, expires_at_ms, durable=False):
         self.address = address
         self.group_id = group_id
         self.closes_group = closes_group
         self.expires_at_ms = expires_at_ms
+        self.durable = durable
 
 
 def read_arrival(payload: bytes, group_header: str, now_ms: int) -> Arrival:
@@ -64,7 +66,8 @@ def read_arrival(payload: bytes, group_header: str, now_ms: int) -> Arrival:
         # proton's decoder accepts some garbage silently, so structural errors are final here
         raise InvalidField(f"the message is not valid AMQP 1.0 ({error or 'truncated'}); "
                            f"send an encoded AMQP message") from None
-    ttl_ms, address, absolute_expiry_ms, group_id, group_sequence, header_value, jms_group_id, jms_seq = fields
+    (ttl_ms, address, absolute_expiry_ms, group_id, group_sequence, header_value, jms_group_id, jms_seq,
+     durable) = fields
     if group_header:
         source = f"application property {group_header!r}"
         group_id = header_value
@@ -78,7 +81,7 @@ def read_arrival(payload: bytes, group_header: str, now_ms: int) -> Arrival:
     expires_at_ms = now_ms + ttl_ms if ttl_ms else 0
     if absolute_expiry_ms:
         expires_at_ms = min(expires_at_ms, absolute_expiry_ms) if expires_at_ms else absolute_expiry_ms
-    return Arrival(address, group_id, closes, expires_at_ms)
+    return Arrival(address, group_id, closes, expires_at_ms, durable)
 
 
 TRACE_PRODUCER_KEY, TRACE_SEQUENCE_KEY = "producer", "sequence"  # the identity a trace line names (README "Auditing")
@@ -118,6 +121,7 @@ def _trace_identity(producer, sequence) -> tuple:
 
 def _scan(buf: bytes, group_header: str) -> tuple:
     ttl_ms = absolute_expiry_ms = 0
+    durable = False  # no header section: AMQP's default
     address = group_id = group_sequence = header_value = jms_group_id = jms_seq = None
     wanted_keys = {}
     if group_header:
@@ -143,6 +147,7 @@ def _scan(buf: bytes, group_header: str) -> tuple:
             break  # the body and footer hold nothing dispatch needs
         if section == _HEADER:
             items, position = list_items(buf, position, 3)
+            durable = items[0] is True  # only the durable bit and the ttl are read of the header
             ttl_ms = items[2] or 0
         elif section == _PROPERTIES:
             items, position = list_items(buf, position, 12)
@@ -154,7 +159,8 @@ def _scan(buf: bytes, group_header: str) -> tuple:
             header_value, jms_group_id, jms_seq = found
         else:
             position = skip_value(buf, position)
-    return ttl_ms, address, absolute_expiry_ms, group_id, group_sequence, header_value, jms_group_id, jms_seq
+    return (ttl_ms, address, absolute_expiry_ms, group_id, group_sequence, header_value, jms_group_id, jms_seq,
+            durable)
 
 
 def _decode_with_proton(payload: bytes, group_header: str) -> tuple:
@@ -169,7 +175,7 @@ def _decode_with_proton(payload: bytes, group_header: str) -> tuple:
             int(message.expiry_time * 1000) if message.expiry_time else 0, message.group_id,
             GROUP_SEQUENCE_CLOSE if sequence in (-1, GROUP_SEQUENCE_CLOSE) else sequence,
             properties.get(group_header) if group_header else None,
-            properties.get(JMS_GROUP_ID), properties.get(JMS_GROUP_SEQ))
+            properties.get(JMS_GROUP_ID), properties.get(JMS_GROUP_SEQ), bool(message.durable))
 
 
 def stamp_enqueued_time(payload: bytes, enqueued_at_ms: int) -> bytes:

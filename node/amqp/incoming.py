@@ -12,6 +12,9 @@ Engine loop thread only. Rules:
   after every copy passed the checks that refuse a send (group id, depth, journal), and is settled once,
   after its last copy. A copy refused later (at its group's node) rejects the send; the other copies stay.
   With no subscription it is accepted and discarded, as Artemis does (counted in `server.unrouted`).
+- A send is durable when its queue is durable and its AMQP header says durable (absent: not durable, as
+  AMQP 1.0 and ActiveMQ Artemis read it); a non-durable one is not journalled (node/core/dispatch/message.py
+  TRANSIENT) and is accepted at the end of its batch, without waiting for the journal.
 - A durable send is refused while the journal is failing (`durability.refusing`), for
   JOURNAL_RETRY_INTERVAL_MS after each failure (node/amqp/loop.py).
 - A producer's credit is topped up in bulk, once its window is half used, at most once per batch; while
@@ -117,11 +120,12 @@ class Incoming:
                     arrival = codec.read_arrival(payload, queue.settings.group_header, now_ms)
             if queue.settings.trace:
                 self.tracer.send_arrived(delivery, queue.settings.name, arrival.group_id, payload, now_ms)
-            durable = queue.settings.durable and server.journal is not None
+            # journalled only when its queue is durable and so is the message (its header; absent: not durable)
+            durable = arrival.durable and queue.settings.durable and server.journal is not None
             if durable and server.durability.refusing(now_ms):
                 raise _journal_down(server.durability.failure)
             message = Message(payload, arrival.group_id, expires_at_ms=arrival.expires_at_ms,
-                              closes_group=arrival.closes_group)
+                              closes_group=arrival.closes_group, transient=not arrival.durable)
             if server.cluster is not None:
                 queue.check_group_id(message.group_id)  # refused here, before a route is proposed
                 route_key = queue.route_key(message.group_id)
@@ -146,15 +150,16 @@ class Incoming:
             server.accept_when_stored(incoming, False, producer_settled)
             return
         journal, cluster = server.journal, server.cluster
-        durable_any = journal is not None and any(queue.settings.durable for queue, _ in copies)
+        durable_any = journal is not None and any(queue.settings.durable and arrival.durable
+                                                  for queue, arrival in copies)
         if durable_any and server.durability.refusing(now_ms):
             raise _journal_down(server.durability.failure)
         fan_out = FanOut(incoming[0], SendTally(len(copies)))
         for queue, arrival in copies:
-            durable = queue.settings.durable and journal is not None
+            durable = arrival.durable and queue.settings.durable and journal is not None
             part = (fan_out, incoming[1])
             message = Message(payload, arrival.group_id, expires_at_ms=arrival.expires_at_ms,
-                              closes_group=arrival.closes_group)
+                              closes_group=arrival.closes_group, transient=not arrival.durable)
             name = queue.settings.name
             if queue.settings.trace:  # one send line per traced copy, settled with the send
                 self.tracer.send_arrived(incoming[1], name, arrival.group_id, payload, now_ms)

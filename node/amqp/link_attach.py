@@ -27,7 +27,7 @@ from node.amqp.engine import lib, symbols, text
 from node.amqp.incoming import MESSAGE_SIZE_MAX_BYTES
 from node.amqp.links import DURABLE, TEMPORARY, Consumer, Producer
 from node.amqp.message_fields import MessageFields
-from node.amqp.source_filters import applied_selector, echo
+from node.amqp.source_filters import applied_selector, echo, resolve_next_free
 from node.core.access.roles import Permission
 from node.core.dispatch.address_settings import split_address
 from node.core.dispatch.addresses import (EXISTING_QUEUE_CAPABILITY, TOPIC_CAPABILITY, no_such_queue, split_fqqn,
@@ -91,6 +91,7 @@ class LinkAttach:
             queue, subscription = self.authorized_queue(connection, address, permission, create), ""
         address = queue.settings.name  # without the address's parameters
         try:
+            applied = resolve_next_free(applied, queue)  # issue 30: a null session filter gets a free group
             effects = self.broker.attach_consumer(
                 address, consumer_id, browse, now_ms, server.config.link_unsettled_max,
                 None if applied is None else MessageSelector(applied.selector, MessageFields))

@@ -11,8 +11,8 @@ Engine loop thread only (other threads enter through `bridge`). Rules:
 - Engine objects are freed here: a link when both ends have detached, a session when both have
   ended, a connection's transport and connection once its socket is gone and its last events drained.
 - A producer's delivery is settled as accepted only after the message is in its queue and, for a
-  durable queue, its journal batch is on disk; either way at the end of a batch, so many
-  settlements share a disposition frame. Refusals are rejections with a condition, at once.
+  durable message of a durable queue, its journal batch is on disk; either way at the end of a batch,
+  so many settlements share a disposition frame. Refusals are rejections with a condition, at once.
 - A durable send is in the broker (and may be delivered) before its batch is on disk. If the batch
   fails, the core takes back what no consumer has seen (Broker.take_back) and the producer is refused;
   a send a consumer already has is refused with a description saying its outcome is unknown.

@@ -6,7 +6,9 @@ Rules:
   API's identification and throttle, its permissions (service.QUEUES_MANAGED), its spanning of the
   cluster, its messages and its one path into the engine loop (LoopControl through the bridge) apply
   unchanged. Only what the HTTP server's probe already serves comes from it, read as /readyz and
-  /metrics read it: this node's readiness and its route decisions (count by outcome, percentiles).
+  /metrics read it: this node's readiness, its route decisions (count by outcome, percentiles) and its
+  refusal counters. The overview, the queues summed cluster-wide, the rates and the hot groups are
+  node.console.views' (issue 32).
 - Credentials: HTTP basic auth in each /api call's Authorization header, checked here first by an
   Authenticator over the node's users file and its one failed-login throttle, keyed by the browser's
   address, so a refused password goes no further (and counts once). /api answers 401 without a
@@ -38,6 +40,8 @@ from node.admin.callers import Authenticator, Unauthenticated
 from node.admin.local import LocalAdmin
 from node.core.errors import GrouperError
 from node.core.dispatch.settings import QueueSettings
+from node.console.overview import named_groups, node_name, percentiles
+from node.console.views import Views
 
 log = logging.getLogger("grouper.console")
 
@@ -47,6 +51,7 @@ MEMBER_TIMEOUT_MS = 1000  # each member's own status, asked for the cluster view
 PAGE_SIZE_DEFAULT = 50  # groups per page when the page does not say
 STATIC_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
                 "/console/console.js": ("console.js", "text/javascript; charset=utf-8"),
+                "/console/chart.js": ("chart.js", "text/javascript; charset=utf-8"),
                 "/console/console.css": ("console.css", "text/css; charset=utf-8")}
 # the page's own files only: no inline script, nothing from elsewhere
 STATIC_HEADERS = {"Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
@@ -56,11 +61,13 @@ API_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 # or the JSON body (actions), never in the path: a browser resolves "." and ".." segments (and their
 # encoded forms, %2e%2e) before it sends, so a group named ".." once turned ".../groups/../purge" into
 # the whole queue's purge (issue 26)
-ROUTES = {("GET", "/api/session"), ("GET", "/api/cluster"), ("GET", "/api/queues"), ("GET", "/api/groups"),
+ROUTES = {("GET", "/api/session"), ("GET", "/api/overview"), ("GET", "/api/cluster"), ("GET", "/api/queues"),
+          ("GET", "/api/groups"),
           ("POST", "/api/queues"), ("POST", "/api/queues/delete"), ("POST", "/api/queues/purge"),
           ("POST", "/api/queues/reroute"), ("POST", "/api/groups/reset"), ("POST", "/api/groups/purge"),
           ("POST", "/api/groups/move")}
-ROUTE_NAMES = ("GET /api/session", "/api/cluster", "/api/queues", "/api/groups?queue=Q", "and POSTs /api/queues "
+ROUTE_NAMES = ("GET /api/session", "/api/overview", "/api/cluster", "/api/queues",
+               "/api/groups?queue=Q (&order=backlog|head_age|owner)", "and POSTs /api/queues "
                "(a queue's settings)", '/api/queues/delete, /api/queues/purge, /api/queues/reroute with {"queue": Q}',
                '/api/groups/reset, /api/groups/purge, /api/groups/move with {"queue": Q, "group": G}')
 # the admin API's gRPC status -> HTTP status; absent: 500
@@ -90,6 +97,7 @@ class Console:
         self._admin_credentials = admin_credentials
         self._admin_server_name = admin_server_name
         self._members_pool = futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="console-members")
+        self._views = Views(probe, self._members_pool, self._member_states)
 
     @staticmethod
     def serves(path: str) -> bool:
@@ -97,7 +105,8 @@ class Console:
 
     def answer(self, method: str, target: str, authorization: str | None, source: str, now_ms: int,
                content_type: str = "", body: bytes = b"") -> tuple[int, str, bytes, dict]:
-        """(status, content type, body, headers) for `method` on `target` (path and query)."""
+        """(status, content type, body, headers) for `method` on `target` (path and query); `now_ms`: a
+        monotonic clock (rates are measured on it)."""
         path, _, query = target.partition("?")
         if path in STATIC_FILES:
             if method != "GET":
@@ -126,20 +135,25 @@ class Console:
         caller = self._identify(authorization, source, now_ms)
         with LocalAdmin(self._admin_servicer, source, caller.forwarded) as admin:
             if method == "GET":
-                return self._view(path, admin, caller, query)
+                return self._view(path, admin, caller, query, now_ms)
             return _act(path, admin, _json_object(body))
 
-    def _view(self, path: str, admin: AdminClient, caller, query: dict) -> dict:
+    def _view(self, path: str, admin: AdminClient, caller, query: dict, now_ms: int) -> dict:
         if path == "/api/session":
             return {"open": self._authenticator.open, "user": caller.user}
+        if path == "/api/overview":
+            return self._views.overview(admin, caller, now_ms)
         if path == "/api/cluster":
             return self._cluster(admin, caller)
         if path == "/api/queues":
-            return self._queues(admin)
+            return self._views.queues(admin, now_ms)
         assert path == "/api/groups", path
-        return admin.group_page(_name(query, "queue", "query"), query.get("prefix", ""),
-                                _integer(query, "position", 0), _integer(query, "page_size", PAGE_SIZE_DEFAULT),
-                                query.get("node", ""))
+        queue, prefix, node = _name(query, "queue", "query"), query.get("prefix", ""), query.get("node", "")
+        position, page_size = _integer(query, "position", 0), _integer(query, "page_size", PAGE_SIZE_DEFAULT)
+        if query.get("order"):  # hot groups: ranked on each member, merged (node.console.views)
+            return self._views.ranked_groups(admin, queue, prefix, position, page_size, query["order"], node)
+        page = admin.group_page(queue, prefix, position, page_size, node)
+        return {**page, "groups": named_groups(page, node, {})}
 
     def _identify(self, authorization, source, now_ms):
         if authorization is None and not self._authenticator.open:
@@ -152,20 +166,27 @@ class Console:
 
     def _cluster(self, admin: AdminClient, caller) -> dict:
         status = admin.cluster_status()
+        states = self._member_states(status, caller)
+        if status["clustered"]:
+            status["route_decisions"] = self._route_decisions()
+        for member in status["members"]:
+            member["ready"], member["not_ready_reason"] = states[member["node"]][:2]
+            member["name"] = node_name(member["node"], member.get("amqp_address", ""))
+        return status
+
+    def _member_states(self, status: dict, caller) -> dict:
+        """{node: (ready, reason, last_applied, commit_index)}, each member asked at once, as it says of itself."""
         ready, reason = self._probe.readiness()
         asked = {member["node"]: self._members_pool.submit(self._member_readiness, member["admin_address"], caller)
                  for member in status["members"]
                  if status["clustered"] and member["node"] != status["node"] and member["admin_address"]}
-        if status["clustered"]:
-            status["route_decisions"] = self._route_decisions()
+        states = {status["node"]: (ready, reason, status.get("last_applied", 0), status.get("commit_index", 0))}
         for member in status["members"]:
-            if member["node"] == status["node"] or not status["clustered"]:
-                member["ready"], member["not_ready_reason"] = ready, reason
-            elif member["node"] in asked:
-                member["ready"], member["not_ready_reason"] = asked[member["node"]].result()
-            else:
-                member["ready"], member["not_ready_reason"] = False, "not registered yet"
-        return status
+            if member["node"] in asked:
+                states[member["node"]] = asked[member["node"]].result()
+            elif member["node"] not in states:
+                states[member["node"]] = (False, "not registered yet", 0, 0)
+        return states
 
     def _route_decisions(self) -> dict | None:
         """This node's waits for a group's route: count by outcome and latency percentiles (bucket
@@ -175,50 +196,24 @@ class Console:
         except TimeoutError:
             return None
         return {"outcomes": dict(cluster["decisions"]),
-                "latency_ms": _percentiles(cluster["decision_latency"]),
-                "raft_latency_ms": _percentiles(cluster["raft_decision_latency"])}
+                "latency_ms": percentiles(cluster["decision_latency"]),
+                "raft_latency_ms": percentiles(cluster["raft_decision_latency"])}
 
-    def _member_readiness(self, address: str, caller) -> tuple[bool, str]:
-        """What a member says of itself: it answers, knows a leader and has a quorum."""
+    def _member_readiness(self, address: str, caller) -> tuple[bool, str, int, int]:
+        """What a member says of itself: it answers, knows a leader and has a quorum; and its raft log's
+        last applied and commit indexes (0, 0 when it does not answer)."""
         try:
             with AdminClient(address, MEMBER_TIMEOUT_MS, credentials=self._admin_credentials,
                              metadata=caller.forwarded, server_name=self._admin_server_name) as client:
                 own = client.cluster_status(local_only=True)
         except AdminError as error:
-            return False, f"does not answer: {error.message}"
+            return False, f"does not answer: {error.message}", 0, 0
+        indexes = own.get("last_applied", 0), own.get("commit_index", 0)
         if not own["leader"]:
-            return False, "knows no raft leader"
+            return (False, "knows no raft leader", *indexes)
         if not own["has_quorum"]:
-            return False, "has no quorum"
-        return True, ""
-
-    @staticmethod
-    def _queues(admin: AdminClient) -> dict:
-        """Every member's queues when the caller may see the cluster's status, else this node's."""
-        try:
-            status = admin.cluster_status()
-        except AdminError as error:
-            if error.status != "PERMISSION_DENIED":
-                raise
-            return {"clustered": False, "node": "", "members": [{"node": "", "error": "", "queues": admin.list_queues()}],
-                    "note": f"only this node's queues: {error.message}"}
-        return {"clustered": status["clustered"], "node": status["node"],
-                "members": [{"node": member["node"], "error": member["error"], "queues": member["queues"]}
-                            for member in status["members"]]}
-
-
-def _percentiles(tally: dict) -> dict:
-    """{"count", "p50", "p99"} of a LatencyTally snapshot: the upper bound (ms) of the bucket holding
-    each quantile; None for a quantile past the last bound or of no observations."""
-    count = tally["count"]
-    result = {"count": count, "p50": None, "p99": None}
-    for name, quantile in (("p50", 0.5), ("p99", 0.99)):
-        for bound_ms, cumulative in tally["buckets"]:
-            if count and cumulative >= quantile * count:
-                result[name] = bound_ms if bound_ms != float("inf") else None
-                break
-    return result
-
+            return (False, "has no quorum", *indexes)
+        return (True, "", *indexes)
 
 def _failure(status: int, message: str) -> tuple[int, str, bytes, dict]:
     return status, JSON, json.dumps({"error": message}).encode(), API_HEADERS

@@ -19,7 +19,8 @@ Rules:
 - Declarations first: each list of broker effects handed out starts with the Declared of the durable
   queues declared since the last one, so a queue's record precedes its messages' in the journal.
 - A producer's durable send is accepted (AcceptSend) only once its journal batch is durable; a
-  non-durable one at the end of the batch it arrived in (settled together, in disposition ranges); one
+  non-durable one (a non-durable queue's, or one sent non-durable: never journalled, unless it went cold
+  and was journalled after all) at the end of the batch it arrived in (settled together, in disposition ranges); one
   the producer settled first at once, with no outcome told.
 - A consumer's outcome that removes a message is confirmed (Confirm) once the removal is durable.
 - A failed batch: its sends nothing has seen yet are taken back (Broker.take_back), their producers
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from node.core.dispatch.message import COLD
 from node.core.durability import CALL, CONSUMER, CONTINUATION, PRODUCER
 from node.core.effects import (AcceptSend, AcceptWhenStored, AfterFlush, CloseUnstored, Confirm, EnqueueLocal, Flushed,
                                Refuse, RefuseUnstored, StopNode, Stored, Unconfirmed, WriteFailed)
@@ -64,6 +66,8 @@ class NodeShell:
             effects = self.broker.enqueue(queue_name, message, now_ms)
         except GrouperError as error:
             return [Refuse(incoming, error)]
+        if not durable and message.flags & COLD and self.journalled:
+            durable = True  # a non-durable send that went cold is journalled (node/core/dispatch/queue_store.py)
         accepted = self.accept_when_stored(incoming, durable, producer_settled, (queue_name, message))
         effects = self.broker_effects(effects)
         if accepted:

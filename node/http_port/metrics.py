@@ -42,6 +42,7 @@ class GrouperCollector:
         snapshot = self._probe.metrics_snapshot()
         yield GaugeMetricFamily("grouper_ready", "1 when /readyz would answer 200", value=int(snapshot["ready"]))
         yield from self._queues(snapshot["queues"], snapshot["consumers"])
+        yield from self._group_signals(snapshot["queues"])  # issue 30
         yield from self._engine(snapshot["engine"], snapshot["resident_bytes"])
         unrouted = CounterMetricFamily("grouper_multicast_unrouted_messages", "sends to a multicast address "
                                        "that had no subscription: accepted and discarded", labels=["address"])
@@ -85,6 +86,27 @@ class GrouperCollector:
         for queue, consumer, count in consumers:
             owned.add_metric([queue, consumer], count)
         yield from (messages_in, messages_out, *gauges.values(), owned)
+
+    @staticmethod
+    def _group_signals(rows: list[dict]):
+        """Issue 30, group signals (node/core/dispatch/group_signals.py). The oldest head is a timestamp, as
+        Prometheus asks for ages: its age is `time() - grouper_queue_oldest_head_enqueued_timestamp_seconds`,
+        exported only for queues that have a message waiting at a group's head."""
+        gauges = {key: GaugeMetricFamily(f"grouper_queue_{key}", text, labels=["queue"]) for key, text in (
+            ("runnable_groups", "groups whose next message is available and that no consumer has: a consumer "
+                                "with credit would get one at once (the ceiling on useful new consumers)"),
+            ("blocked_groups", "groups whose next message waits: on a consumer with no credit, paused by a "
+                               "rebalance or reset, held for a move, delayed, or selected by no consumer"),
+            ("held_groups", "groups that have a consumer"))}
+        oldest = GaugeMetricFamily("grouper_queue_oldest_head_enqueued_timestamp_seconds",
+                                   "arrival time of the oldest message waiting at a group's head (unix seconds)",
+                                   labels=["queue"])
+        for row in rows:
+            for key, family in gauges.items():
+                family.add_metric([row["name"]], row.get(key, 0))
+            if row.get("oldest_head_enqueued_at_ms"):
+                oldest.add_metric([row["name"]], row["oldest_head_enqueued_at_ms"] / 1000)
+        yield from (*gauges.values(), oldest)
 
     @staticmethod
     def _engine(engine: dict, resident_bytes: int | None):

@@ -40,7 +40,7 @@ def batch_to_pb(source_node: str, entries: list[Entry], seq_bound: int = 0,
     for entry in entries:
         add(forward_seq=entry.forward_seq, queue=entry.queue, has_group=entry.group_id is not None,
             group_id=entry.group_id or "", payload=entry.payload, expires_at_ms=entry.expires_at_ms,
-            closes_group=entry.closes_group, enqueued_at_ms=entry.enqueued_at_ms)
+            closes_group=entry.closes_group, enqueued_at_ms=entry.enqueued_at_ms, not_durable=entry.not_durable)
     return batch
 
 
@@ -67,7 +67,7 @@ def entries_from_pb(batch: peer_pb2.ForwardBatch) -> list[Entry]:
         # _make, positional in Entry's field order, costs half of Entry(name=...) per message
         entries.append(Entry._make((seq, message.queue, message.group_id if message.has_group else None,
                                     message.payload, message.expires_at_ms, message.closes_group,
-                                    message.enqueued_at_ms)))
+                                    message.enqueued_at_ms, message.not_durable)))
     bound = batch.seq_bound or FORWARD_SEQ_LIMIT
     if previous_seq >= bound:  # the last seq is the highest
         raise SeqJump(f"messages[{len(entries) - 1}].forward_seq: {previous_seq} jumps ahead of "

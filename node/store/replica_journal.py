@@ -38,7 +38,7 @@ from node.store.compaction import Compaction
 from node.store.failures import DISK_FULL
 from node.store.files import JOURNAL_FILE, open_journal
 from node.store.reads import read_frames
-from node.store.records import DECLARE, STORE
+from node.store.records import DECLARE, REMOVE, STORE
 from node.store.recovery import refused, replay, settle_tail
 from node.store.writer import Shared, Unit, Writer
 
@@ -201,6 +201,39 @@ class ReplicaJournal:
                     if message.group_id in group_ids:
                         found[(queue, message.group_id)].append(message)
         return found
+
+    def live_of(self, queues: Iterable[str]) -> dict[str, list[Message]]:
+        """Every live message of each queue asked for, in seq order, payloads included (a takeover's read)."""
+        writer, found = self._writer, {}
+        for queue in queues:
+            spans = writer.index.stores.get(queue)
+            seqs = spans.live_seqs() if spans is not None else ()
+            messages = found[queue] = []
+            for start in range(0, len(seqs), LIVE_READ_RECORDS):
+                read, _ = read_frames(writer.fd, writer.index, queue, seqs[start:start + LIVE_READ_RECORDS],
+                                      records.store_message)
+                messages.extend(read[seq] for seq in seqs[start:start + LIVE_READ_RECORDS])
+        return found
+
+    def discard(self, epoch: int, seqs: Iterable[tuple[str, int]]) -> int:
+        """REMOVE these (queue, owner seq) durably, the mark unchanged: a takeover made them this node's own
+        (issue 28). Only while the journal holds `epoch` or older: a newer stream of that owner is not
+        what was taken. Returns how many were live."""
+        if self.epoch > epoch:
+            return 0
+        stores = self._writer.index.stores
+        live: dict = {}
+        entries = []
+        for queue, seq in seqs:
+            if queue not in live:
+                spans = stores.get(queue)
+                live[queue] = set(spans.live_seqs()) if spans is not None else set()
+            if seq in live[queue]:
+                entries.append((REMOVE, (queue, seq), records.encode_remove(queue, seq)))
+        if entries:
+            self._write(entries)
+            self._writer.compact_if_due()
+        return len(entries)
 
     def stats(self) -> dict:
         index = self._writer.index

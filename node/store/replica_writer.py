@@ -45,10 +45,11 @@ class ReplicasUnavailable(GrouperError):
 
 
 class _Job:
-    __slots__ = ("owner", "work", "size_bytes", "creates", "done", "result", "error")
+    __slots__ = ("owner", "work", "size_bytes", "creates", "done", "result", "error", "answer")
 
     def __init__(self, owner: str, work: Callable[[ReplicaJournal | None], object], size_bytes: int,
-                 creates: bool = True):
+                 creates: bool = True, answer: Callable | None = None):
+        self.answer = answer  # answer(result, error), called on the writer thread: nobody waits (`post`)
         self.owner = owner
         self.work = work  # called with the owner's journal, None when it has none and `creates` is False
         self.size_bytes = size_bytes
@@ -118,6 +119,31 @@ class ReplicaWriter:
         return self._call(_Job("", lambda _: [journal.stats() for _, journal in sorted(self._journals.items())],
                                0, creates=False), timeout_ms)
 
+    def live_of(self, owner: str, queues, answer: Callable, epoch_max: int | None = None) -> None:
+        """A takeover's read (ReplicaJournal.live_of; {queue: []} when the owner has no journal, or one of a
+        newer epoch than `epoch_max`: a later stream, not what was taken), answered with `answer(result, error)`
+        on the writer thread, which must only hand it on (the engine loop's bridge)."""
+        queues = list(queues)
+        self.post(_Job(owner, lambda journal: journal.live_of(queues) if journal is not None and (
+            epoch_max is None or journal.epoch <= epoch_max) else {queue: [] for queue in queues}, 0,
+            creates=False, answer=answer))
+
+    def discard(self, owner: str, epoch: int, seqs, answer: Callable) -> None:
+        """ReplicaJournal.discard, answered as `live_of` is."""
+        seqs = list(seqs)
+        self.post(_Job(owner, lambda journal: journal.discard(epoch, seqs) if journal is not None else 0, 0,
+                       creates=False, answer=answer))
+
+    def post(self, job: _Job) -> None:
+        """Queue a job nobody waits for; its answer comes through job.answer (ReplicasUnavailable at once
+        when the writer is not running)."""
+        with self._wake:
+            if self._closing or self._thread is None:
+                job.answer(None, ReplicasUnavailable(f"node {self.node_id} is not running its replica writer"))
+                return
+            self._jobs.append(job)
+            self._wake.notify()
+
     def _call(self, job: _Job, timeout_ms: int):
         with self._wake:
             if self._closing or self._thread is None:
@@ -167,6 +193,8 @@ class ReplicaWriter:
             log.exception("replica writer job for owner %r failed", job.owner)
             job.error = error
         job.done.set()
+        if job.answer is not None:
+            job.answer(job.result, job.error)
 
     def _journal(self, owner: str, creates: bool = True) -> ReplicaJournal | None:
         journal = self._journals.get(owner)

@@ -85,7 +85,10 @@ def register(subparsers) -> None:
     send.add_argument("--count", type=positive_int, default=COUNT_DEFAULT, metavar="N",
                       help=f"messages in all (default {COUNT_DEFAULT})")
     send.add_argument("--body", metavar="TEXT", help="body of every message (default 'GROUP #SEQ')")
-    send.add_argument("--durable", action="store_true", help="mark the messages durable")
+    # durable by default, as a JMS producer's PERSISTENT: a durable queue journals only durable messages
+    send.add_argument("--durable", action=argparse.BooleanOptionalAction, default=True,
+                      help="mark the messages durable (default); --no-durable sends them as AMQP's default, "
+                           "lost with the node on a crash even on a durable queue")
     send.add_argument("--create", action="store_true", help=CREATE_HELP)
     send.set_defaults(run=lambda args: _run(_send, args))
 

@@ -72,7 +72,8 @@ def register(subparsers) -> None:
     parser.add_argument("--consumers", type=int, default=4, metavar="N", help="connections consuming (default 4)")
     parser.add_argument("--groups", type=int, default=100, metavar="N", help="distinct groups (default 100)")
     parser.add_argument("--prefetch", type=int, default=100, metavar="N", help="credit per consumer (default 100)")
-    parser.add_argument("--durable", action="store_true", help="send durable messages")
+    parser.add_argument("--durable", action="store_true",
+                        help="send durable messages (AMQP header durable: a durable queue journals only those)")
     parser.add_argument("--rate", type=int, default=0, metavar="MSGS_PER_S",
                         help="messages per second over all producers (default 0: as fast as possible)")
     parser.add_argument("--duration-s", type=float, default=0.0, metavar="S", help="stop sending after S seconds")

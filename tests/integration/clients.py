@@ -27,12 +27,14 @@ WAIT_S = 10.0  # default bound of every wait for a delivery or a settlement
 QUIET_S = 0.5  # how long "nothing arrives" is watched
 
 
-def group_message(group: str | None, seq: int, *, jms: bool = False, close: str = "", **properties) -> Message:
+def group_message(group: str | None, seq: int, *, jms: bool = False, close: str = "", durable: bool = True,
+                  **properties) -> Message:
     """A test message; `jms` puts the group id in JMSXGroupID instead of properties.group-id.
 
-    close="jms" adds JMSXGroupSeq = -1; close="amqp" sets group-sequence 0xFFFFFFFF."""
+    close="jms" adds JMSXGroupSeq = -1; close="amqp" sets group-sequence 0xFFFFFFFF. Durable by default (the
+    header's durable true): a durable queue journals only those (issue 29), and these tests mean them kept."""
     application = dict(properties)
-    message = Message(body=f"{group}:{seq}")
+    message = Message(body=f"{group}:{seq}", durable=durable)
     if group is not None:
         if jms:
             application["JMSXGroupID"] = group

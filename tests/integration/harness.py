@@ -216,7 +216,8 @@ def connect(node: NodeProcess, timeout_s: float = 10.0) -> BlockingConnection:
 
 
 def grouped(body, group: str | None = None, **properties) -> Message:
-    message = Message(body=body, properties=properties or None)
+    # durable (the header's): a durable queue journals only durable messages (issue 29)
+    message = Message(body=body, properties=properties or None, durable=True)
     if group is not None:
         message.group_id = group
     return message

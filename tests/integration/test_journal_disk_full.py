@@ -71,7 +71,8 @@ def fill(directory: Path) -> Path:
 
 def send(sender, body, group: str = "g") -> tuple:
     """(remote state, condition name, condition description) once the node settles the send."""
-    delivery = sender.link.send(Message(body=body, group_id=group))
+    # durable: journalled, so refused while the journal cannot write
+    delivery = sender.link.send(Message(body=body, group_id=group, durable=True))
     sender.connection.wait(lambda: delivery.settled, timeout=SEND_TIMEOUT_S, msg="a send's outcome")
     condition = delivery.remote.condition
     delivery.settle()

@@ -141,8 +141,9 @@ def test_queue_added_with_flags_is_listed_with_its_counters(node, broker, capsys
 
     code, out, _ = node.grouper(capsys, "queue", "list")
     header, row, whose = out.splitlines()
-    assert header.split() == ["QUEUE", "DEPTH", "ACQUIRED", "CONSUMERS", "GROUPS", "OWNED"]
-    assert row.split() == ["orders", "2", "0", "0", "2", "0"]
+    assert header.split() == ["QUEUE", "DEPTH", "ACQUIRED", "CONSUMERS", "GROUPS", "OWNED", "RUNNABLE", "BLOCKED",
+                              "OLDEST", "HEAD"]
+    assert row.split()[:8] == ["orders", "2", "0", "0", "2", "0", "2", "0"]  # two groups wait for a consumer
     assert whose == f"(a single node, at {node.address})"  # it says whose queues these are
 
 
@@ -493,3 +494,13 @@ def test_cluster_status_shows_each_owners_epoch_in_sync_backups_and_whether_it_i
     assert members["n3:1"]["epoch"] == 0 and members["n3:1"]["in_sync"] == []
     rows = {line.split()[0]: line.split()[1:] for line in out.split("OWNER", 1)[1].splitlines()[1:] if line.strip()}
     assert rows == {"n1:1": ["2", "n2:1", "ok"], "n2:1": ["0", "-", "under-replicated"]}  # n3 owns nothing
+
+
+def test_queue_add_with_group_rebalance_mode_incremental_turns_the_rebalance_on(node, broker, capsys):
+    # issue 30: the mode is group_rebalance's, so naming it is enough; update reaches a live queue
+    code, out, _ = node.grouper(capsys, "queue", "add", "q", "--group-rebalance-mode", "incremental")
+    assert code == 0 and "added queue q" in out
+    settings = broker.queues["q"].settings
+    assert settings.group_rebalance and settings.group_rebalance_mode == "incremental"
+    code, _, _ = node.grouper(capsys, "queue", "update", "q", "--group-rebalance-mode", "reset")
+    assert code == 0 and broker.queues["q"].settings.group_rebalance_mode == "reset"

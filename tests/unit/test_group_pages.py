@@ -56,12 +56,13 @@ def test_a_row_has_owner_depth_and_head_age():
     broker = broker_with(["a", "a", "b"], now_ms=1000)
     broker.attach_consumer("q", 7, False, 1000)
     broker.set_credit(7, 1, 1000)
-    page = group_page(broker.queue("q"), "", 0, 10, 1500, label_of=lambda consumer_id: f"client/{consumer_id}")
+    page = group_page(broker.queue("q"), "", 0, 10, 1500, label_of=lambda consumer_id: f"client/{consumer_id}",
+                      client_of=lambda consumer_id: "10.1.2.3:50001 (app)")
     rows = {row["group"]: row for row in page["groups"]}
     assert rows["a"] == {"group": "a", "messages": 2, "acquired": 1, "consumer": "7", "head_age_ms": 500}
     assert rows["b"]["consumer"] is None and rows["b"]["head_age_ms"] == 500
     assert page["consumers"] == [{"consumer": "7", "label": "client/7", "groups_owned": 1, "groups": ["a"],
-                                  "unsettled": 1, "credit": 0}]
+                                  "unsettled": 1, "credit": 0, "client": "10.1.2.3:50001 (app)"}]
 
 
 @pytest.mark.parametrize("arguments, field", [(("", 0, 0), "page_size"), (("", 0, PAGE_SIZE_MAX + 1), "page_size"),

@@ -5,12 +5,15 @@
 // browser would normalise (a group named ".." would reach its queue's URL).
 "use strict";
 
-const REFRESH_MS = 3000; // the cluster and queues views reload this often while shown
+const REFRESH_MS = 3000; // the overview, cluster and queues views reload this often while shown
+const REFRESHED_VIEWS = ["overview", "cluster", "queues"];
+// Rates come from the node (it samples the members' counters, node/console/rates.py), so a page shows
+// them on its first load; the first console took them between its own two polls and showed none then.
 const state = {
   authorization: null, // "Basic ..." once logged in; kept in this page's memory only
-  view: "cluster",
+  view: "overview",
   timer: null,
-  previousTotals: new Map(), // "node queue" -> {atMs, enqueued, delivered}: rates in and out
+  expanded: new Set(), // queues whose per-node rows are shown
   groups: { queue: "", position: 0, nextPosition: 0, total: 0 }, // the page of groups shown
 };
 
@@ -72,6 +75,15 @@ function fillTable(id, rows, render) {
   }
 }
 
+function rate(value) {
+  return value === null || value === undefined ? "-" : value.toFixed(1);
+}
+
+function nodeLabel(name, node) {
+  if (!node) return "this node";
+  return name && name !== node ? `${name} (raft ${node})` : node;
+}
+
 function age(ms) {
   if (ms === null || ms === undefined) return "";
   if (ms < 1000) return `${ms} ms`;
@@ -122,12 +134,13 @@ function show(view) {
   for (const tab of document.querySelectorAll("#tabs button")) tab.classList.toggle("active", tab.dataset.view === view);
   clearInterval(state.timer);
   refresh();
-  if (view === "cluster" || view === "queues") state.timer = setInterval(refresh, REFRESH_MS);
+  if (REFRESHED_VIEWS.includes(view)) state.timer = setInterval(refresh, REFRESH_MS);
 }
 
 async function refresh() {
   try {
-    if (state.view === "cluster") await loadCluster();
+    if (state.view === "overview") await loadOverview();
+    else if (state.view === "cluster") await loadCluster();
     else if (state.view === "queues") await loadQueues();
     else if (state.view === "groups") await loadGroupChoices();
     else if (state.view === "consumers") await loadConsumers();
@@ -139,17 +152,53 @@ async function refresh() {
 
 for (const tab of document.querySelectorAll("#tabs button")) tab.addEventListener("click", () => show(tab.dataset.view));
 
+async function loadOverview() {
+  const view = await api("GET", "/api/overview");
+  const health = $("health");
+  health.textContent = view.health;
+  health.className = `badge ${view.health}`;
+  $("overview-leader").textContent = !view.clustered ? "a single node (no cluster)"
+    : view.leader ? nodeLabel(view.leader_name, view.leader) : "none: an election is under way";
+  const ready = view.members.filter((member) => member.ready).length;
+  $("overview-nodes").textContent = !view.clustered ? "1, this one" : `${ready} of ${view.members.length} ready: ` +
+    view.members.map((member) => `${member.name} (${member.role})`).join(", ");
+  const totals = view.totals;
+  $("overview-totals").textContent = `${totals.depth_messages} on ${totals.queues} queue(s), ${totals.acquired_messages} ` +
+    `in flight, ${totals.groups} group(s), ${totals.consumers} consumer(s)`;
+  $("overview-rates").textContent = `in ${rate(totals.in_per_s)}/s, out ${rate(totals.out_per_s)}/s`;
+  const alarms = view.alarms.length ? view.alarms : [{ level: "none", text: "none: every node answers and is ready" }];
+  const list = $("alarms");
+  list.replaceChildren();
+  for (const alarm of alarms) {
+    const item = document.createElement("li");
+    item.className = alarm.level;
+    item.textContent = alarm.text;
+    list.appendChild(item);
+  }
+  $("chart-span").textContent = `${Math.round(view.history_ms / 60000)} minutes at most`;
+  drawRateChart($("rate-chart"), view.series, view.history_ms);
+  fillTable("overview-queues", view.queues, (tr, queue) => {
+    tr.dataset.queue = queue.name;
+    cell(tr, queue.name);
+    for (const value of [queue.depth_messages, queue.acquired_messages, queue.consumers, queue.groups]) cell(tr, value, "number");
+    cell(tr, rate(queue.in_per_s), "number rate-in");
+    cell(tr, rate(queue.out_per_s), "number rate-out");
+  });
+}
+
 async function loadCluster() {
   const status = await api("GET", "/api/cluster");
-  $("cluster-node").textContent = status.clustered ? status.node : "a single node (no cluster)";
-  $("leader").textContent = status.clustered ? (status.leader || "none: an election is under way") : "-";
+  const nameOf = new Map(status.members.map((member) => [member.node, member.name]));
+  $("cluster-node").textContent = status.clustered ? nodeLabel(nameOf.get(status.node), status.node) : "a single node (no cluster)";
+  $("leader").textContent = status.clustered ? (status.leader ? nodeLabel(nameOf.get(status.leader), status.leader)
+    : "none: an election is under way") : "-";
   $("term").textContent = status.clustered ? status.term : "-";
   $("quorum").textContent = status.clustered ? (status.has_quorum ? "yes" : "NO") : "-";
   $("routes").textContent = status.routes;
   $("decisions").textContent = describeDecisions(status.route_decisions, status.clustered);
   fillTable("members", status.members, (tr, member) => {
     tr.dataset.node = member.node;
-    cell(tr, member.node || "this node");
+    cell(tr, nodeLabel(member.name, member.node));
     cell(tr, !status.clustered ? "alone" : member.node === status.leader ? "leader" : member.raft_member ? "follower" : "not a raft member", "role");
     cell(tr, member.ready ? "ready" : `not ready: ${member.not_ready_reason}`, member.ready ? "good" : "bad");
     cell(tr, member.down ? "marked down" : member.connected ? "up" : "no link", member.down ? "bad" : "");
@@ -171,41 +220,61 @@ function describeDecisions(decisions, clustered) {
 
 async function loadQueues() {
   const answer = await api("GET", "/api/queues");
-  $("queues-note").textContent = answer.note || "";
-  const nowMs = performance.now();
+  $("queues-note").textContent = [answer.note, ...answer.missing.map((row) => `${row.node_name} did not answer: ${row.error}`)]
+    .filter(Boolean).join("; ");
   const rows = [];
-  for (const member of answer.members) {
-    if (member.error) rows.push({ node: member.node, error: member.error });
-    for (const queue of member.queues) rows.push({ node: member.node, queue });
+  for (const queue of answer.queues) {
+    rows.push({ queue });
+    if (state.expanded.has(queue.name)) for (const share of queue.nodes) rows.push({ share, of: queue.name });
   }
-  fillTable("queues", rows, (tr, row) => {
-    cell(tr, row.node || "this node");
-    if (row.error) { cell(tr, row.error, "bad").colSpan = 12; return; }
-    const queue = row.queue;
-    const key = `${row.node} ${queue.name}`;
-    const before = state.previousTotals.get(key);
-    const rate = (now, then) => before ? ((now - then) * 1000 / Math.max(1, nowMs - before.atMs)).toFixed(1) : "";
-    tr.dataset.queue = queue.name;
-    cell(tr, queue.name);
-    for (const value of [queue.depth_messages, queue.depth_bytes, queue.acquired_messages, queue.consumers,
-                         queue.groups, queue.owned_groups]) cell(tr, value, "number");
-    cell(tr, before ? rate(queue.enqueued_total, before.enqueued) : "", "number");
-    cell(tr, before ? rate(queue.delivered_total, before.delivered) : "", "number");
-    cell(tr, queue.enqueued_total, "number");
-    cell(tr, queue.delivered_total, "number");
-    state.previousTotals.set(key, { atMs: nowMs, enqueued: queue.enqueued_total, delivered: queue.delivered_total });
-    const purge = button(tr, "Purge", "danger purge", () => purgeQueue(queue.name));
-    const reroute = document.createElement("button");
-    reroute.textContent = "Reroute";
-    reroute.className = "reroute";
-    reroute.addEventListener("click", () => rerouteQueue(queue.name));
-    purge.parentElement.appendChild(reroute);
-    const remove = document.createElement("button");
-    remove.textContent = "Delete";
-    remove.className = "danger delete";
-    remove.addEventListener("click", () => deleteQueue(queue.name));
-    purge.parentElement.appendChild(remove);
-  });
+  fillTable("queues", rows, (tr, row) => row.queue ? queueRow(tr, row.queue, answer.clustered) : shareRow(tr, row.share));
+}
+
+function queueRow(tr, queue, clustered) {
+  tr.dataset.queue = queue.name;
+  cell(tr, queue.name);
+  for (const value of [queue.depth_messages, queue.depth_bytes, queue.acquired_messages, queue.consumers,
+                       queue.groups, queue.owned_groups]) cell(tr, value, "number");
+  cell(tr, rate(queue.in_per_s), "number rate-in");
+  cell(tr, rate(queue.out_per_s), "number rate-out");
+  cell(tr, queue.enqueued_total, "number");
+  cell(tr, queue.delivered_total, "number");
+  const nodes = cell(tr, clustered ? "" : "this node");
+  if (clustered) {
+    const toggle = document.createElement("button");
+    toggle.className = "per-node";
+    toggle.textContent = state.expanded.has(queue.name) ? `Hide (${queue.nodes.length})` : `Per node (${queue.nodes.length})`;
+    toggle.addEventListener("click", () => {
+      if (!state.expanded.delete(queue.name)) state.expanded.add(queue.name);
+      loadQueues().catch(showError);
+    });
+    nodes.appendChild(toggle);
+  }
+  const purge = button(tr, "Purge", "danger purge", () => purgeQueue(queue.name));
+  const reroute = document.createElement("button");
+  reroute.textContent = "Reroute";
+  reroute.className = "reroute";
+  reroute.addEventListener("click", () => rerouteQueue(queue.name));
+  purge.parentElement.appendChild(reroute);
+  const remove = document.createElement("button");
+  remove.textContent = "Delete";
+  remove.className = "danger delete";
+  remove.addEventListener("click", () => deleteQueue(queue.name));
+  purge.parentElement.appendChild(remove);
+}
+
+function shareRow(tr, share) {  // one node's part of the queue above it
+  tr.className = "node-share";
+  tr.dataset.node = share.node;
+  cell(tr, `on ${nodeLabel(share.node_name, share.node)}`);
+  for (const value of [share.depth_messages, share.depth_bytes, share.acquired_messages, share.consumers,
+                       share.groups, share.owned_groups]) cell(tr, value, "number");
+  cell(tr, rate(share.in_per_s), "number");
+  cell(tr, rate(share.out_per_s), "number");
+  cell(tr, share.enqueued_total, "number");
+  cell(tr, share.delivered_total, "number");
+  cell(tr, "");
+  cell(tr, "");
 }
 
 $("add-queue").addEventListener("submit", async (event) => {
@@ -300,40 +369,59 @@ function setOptions(select, values, labels) {
 
 async function loadGroupChoices() {
   const answer = await api("GET", "/api/queues");
-  const names = [...new Set(answer.members.flatMap((member) => member.queues.map((queue) => queue.name)))].sort();
+  const names = answer.queues.map((queue) => queue.name);
   setOptions($("groups-queue"), names, names);
-  const nodes = answer.clustered ? answer.members.map((member) => member.node) : [""];
-  setOptions($("groups-node"), nodes, nodes.map((node) => node ? (node === answer.node ? `${node} (this node)` : node) : "this node"));
+  const shares = new Map(answer.queues.flatMap((queue) => queue.nodes.map((share) => [share.node, share.node_name])));
+  const nodes = answer.clustered ? ["", ...answer.members.map((member) => member.node)] : [""];
+  setOptions($("groups-node"), nodes, nodes.map((node) => !node ? (answer.clustered ? "every node" : "this node")
+    : `${nodeLabel(shares.get(node), node)}${node === answer.node ? ", this node" : ""}`));
   // back on the view: the same page of the same queue; another queue starts from its first page
   if (names.length) await loadGroups($("groups-queue").value === state.groups.queue ? state.groups.position : 0);
 }
 
-function groupQuery(position, pageSize) {
+function groupQuery(position, pageSize, order) {
   const query = new URLSearchParams({ queue: $("groups-queue").value, prefix: $("groups-prefix").value,
                                       position: String(position), page_size: String(pageSize),
-                                      node: $("groups-node").value });
+                                      node: $("groups-node").value, order });
   return `/api/groups?${query}`;
 }
+
+const ORDER_TITLES = { backlog: "Hot groups: largest backlog first", head_age: "Groups: oldest head message first",
+                       owner: "Groups by owner", "": "Groups in arrival order" };
 
 async function loadGroups(position) {
   const queue = $("groups-queue").value;
   if (!queue) return;
   const pageSize = Math.min(500, Math.max(1, parseInt($("groups-page-size").value, 10) || 50));
-  const page = await api("GET", groupQuery(position, pageSize));
-  if ($("groups-queue").value !== queue) return page; // another queue was chosen meanwhile: its answer draws
+  const order = $("groups-order").value;
+  const rankMax = 1000; // a ranking reaches this far (node/admin/group_ranks.py RANK_DEPTH_MAX)
+  if (order && position >= rankMax) return null;
+  const page = await api("GET", groupQuery(position, order ? Math.min(pageSize, rankMax - position) : pageSize, order));
+  if ($("groups-queue").value !== queue || $("groups-order").value !== order) return page; // changed meanwhile
   $("groups").dataset.queue = queue;
-  Object.assign(state.groups, { queue, position, nextPosition: page.next_position, total: page.groups_total });
-  const searched = page.next_position >= page.groups_total ? "every group looked at"
+  $("groups").dataset.order = order;
+  $("groups-title").textContent = ORDER_TITLES[order];
+  // a ranking pages by rank up to the node's bound (node/admin/group_ranks.py); arrival order by position
+  const ranked = order !== "";
+  const end = ranked ? (page.groups.length < pageSize ? position : page.next_position) : page.next_position;
+  Object.assign(state.groups, { queue, position, nextPosition: end, total: ranked ? Math.min(rankMax, page.groups_total) : page.groups_total });
+  const searched = ranked ? `the top ${position + 1} to ${position + page.groups.length} of ${page.groups_total} group(s)` +
+      (page.missing && page.missing.length ? `; not asked: ${page.missing.map((row) => `${row.node_name} (${row.error})`).join(", ")}` : "")
+    : page.next_position >= page.groups_total ? "every group looked at"
     : `looked at groups up to ${page.next_position} of ${page.groups_total}: Next page goes on`;
   $("groups-summary").textContent = `${page.groups.length} shown, from position ${position}; ${searched}.`;
   fillTable("groups", page.groups, (tr, group) => {
     tr.dataset.group = group.group;
     cell(tr, group.group, "group");
-    cell(tr, group.consumer === null ? "none" : group.consumer, "owner");
+    const owner = cell(tr, group.consumer === null ? "none" : (group.owner_label || `consumer ${group.consumer}`), "owner");
+    if (group.consumer !== null) {
+      owner.dataset.consumer = group.consumer;
+      owner.title = `consumer ${group.consumer} on ${group.node}` + (group.owner_client ? `, client ${group.owner_client}` : "");
+    }
     cell(tr, group.messages, "number depth");
     cell(tr, group.acquired, "number");
     cell(tr, age(group.head_age_ms), "number");
-    cell(tr, group.node);
+    cell(tr, nodeLabel(group.node_name, group.node));
     const actions = button(tr, "Reset", "reset", () => groupAction(queue, group.group, "reset"));
     for (const [label, action, className] of [["Move", "move", "move"], ["Purge", "purge", "danger purge"]]) {
       const more = document.createElement("button");
@@ -384,6 +472,9 @@ $("groups-query").addEventListener("submit", (event) => {
   loadGroups(0).then(() => showError(null), showError);
 });
 $("groups-first").addEventListener("click", () => loadGroups(0).catch(showError));
+for (const [header, order] of [["groups-sort-owner", "owner"], ["groups-sort-depth", "backlog"], ["groups-sort-age", "head_age"]]) {
+  $(header).addEventListener("click", () => { $("groups-order").value = order; loadGroups(0).catch(showError); });
+}
 $("groups-next").addEventListener("click", () => {
   if (state.groups.nextPosition < state.groups.total) loadGroups(state.groups.nextPosition).catch(showError);
 });
@@ -391,11 +482,12 @@ $("groups-next").addEventListener("click", () => {
 async function loadConsumers() {
   if (!$("groups-queue").value) await loadGroupChoices();
   if (!$("groups-queue").value) return;
-  const page = await api("GET", groupQuery(0, 1));
+  const page = await api("GET", groupQuery(0, 1, ""));  // this node's (or the chosen node's) consumers
   fillTable("consumers", page.consumers, (tr, consumer) => {
     tr.dataset.consumer = consumer.consumer;
     cell(tr, consumer.consumer);
     cell(tr, consumer.label);
+    cell(tr, consumer.client, "client");
     cell(tr, consumer.groups_owned, "number");
     cell(tr, consumer.groups.join(", ") + (consumer.groups_owned > consumer.groups.length ? ", ..." : ""));
     cell(tr, consumer.unsettled, "number");

@@ -52,6 +52,7 @@ UPDATABLE_FIELDS = frozenset({
     "group_id_length_max_chars", "delivery_count_max", "redelivery_delay_ms", "redelivery_delay_multiplier",
     "redelivery_delay_max_ms", "dead_letter_queue", "dead_letter_queue_auto_create", "trace",
     "group_lease_ms",  # issue 30: read at each tick (node/core/dispatch/queue_leases.py)
+    "group_rebalance_mode",  # issue 30: read at each join (node/core/dispatch/queue_rebalance.py)
 })
 # decide a message's group (policy, header, default group, buckets) or whether it is journalled
 FIXED_FIELDS = frozenset({"name", "group_policy", "group_header", "default_group", "group_buckets", "durable",

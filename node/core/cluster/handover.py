@@ -67,6 +67,7 @@ class Handovers:
         self.owed: dict[tuple[str, str], int] = {}
         self.clear_due_ms: dict[tuple[str, str], int] = {}  # key -> when its clear may be proposed again
         self.sweeps = Sweeps(context, forwarding, self.owed)
+        self.taking_over, self.promoted_away = set(), False  # keys a takeover holds; fenced? (takeovers.py)
 
     # ---- the one-way interface -------------------------------------------------------------------
 
@@ -74,6 +75,8 @@ class Handovers:
         """Where a message of group `key` goes: from `source` (None: a producer here, its group routed
         to `owner`)."""
         me = self.context.node_id
+        if key in self.taking_over:
+            return PARK  # behind what a takeover puts in the queue (takeovers.py)
         move = self.moves.get(key)
         if source is None:
             if move is None:
@@ -97,6 +100,8 @@ class Handovers:
             owner = to_node  # a move between two other nodes: the group's owner once it ends
         else:
             owner = self.context.router.routes.get(key)
+        if owner is not None and owner != me and self.promoted_away and move is None and source != owner:
+            return RELAY  # a group this node lost to a promotion: its owner has the rest (takeovers.py)
         if owner is not None and owner != me:
             # another node's group sent here: a move this replica has not seen yet (its sender's replica is
             # ahead). The old owner's handover goes first; anything else waits behind it
@@ -115,7 +120,8 @@ class Handovers:
     def relay(self, key: tuple[str, str], message: Message, durable: bool, now_ms: int, effects: list,
               origin: tuple) -> None:
         """A forwarded message of a group moving away from here, with nothing left here: on to its new owner."""
-        self.forwarding.forward(self.moves[key][1], key[0], key[1], message, durable, now_ms, effects, origin)
+        to_node = self.moves[key][1] if key in self.moves else self.context.router.routes[key]  # promoted away
+        self.forwarding.forward(to_node, key[0], key[1], message, durable, now_ms, effects, origin)
         self.owed[key] = message.seq
         self.context.counts["messages_relayed"] += 1
 
@@ -178,7 +184,7 @@ class Handovers:
         """Whether this node must deliver nothing of the group now; `arriving`: a message of it is
         about to be enqueued here."""
         context = self.context
-        if not context.router.ready:
+        if not context.router.ready or key in self.taking_over:
             return True
         move = self.moves.get(key)
         if move is not None and context.node_id in (move[0], move[1]):
@@ -202,7 +208,7 @@ class Handovers:
             # parked here behind its cold tail) takes what it parked along instead: relayed behind the
             # rest, once nothing of it is left here (parking.py `relay`); never through its queue here, which
             # would take no more than the record budget has room for a tick
-            if key not in self.moves and routes.get(key) == me:
+            if key not in self.moves and routes.get(key) == me and key not in self.taking_over:
                 self.parking.unpark(key, now_ms, effects)
         restored = self.holds.restored
         for key in sorted(self.held):

@@ -18,11 +18,11 @@ Entry and the journal names are node/core/cluster/outbound_entry.py's. Rules:
   entry larger than the budget still goes. A ready journalled entry that cannot go yet is paged: the
   channel keeps only its record (seq, group, journal name, size) and the body lives in the journal;
   the forwarder's line keeps the waiting paged seqs as runs in arrays (8 bytes each), not as ints.
-  A non-journalled one (its queue is not durable) cannot page and waits whole, in its place. As the
-  owner acknowledges, the oldest waiting entries are read back from the journal (ReadOutbound, one
-  read per owner at a time; its answers come to `read_back`, a journal name at a time) and
-  submitted, in order, once the whole read is back. So an owner that is down or slow costs this node
-  the records of its backlog, not their bodies.
+  A non-journalled one (its queue is not durable, or it was sent non-durable) cannot page and waits
+  whole, in its place. As the owner acknowledges, the oldest waiting entries are read back from the
+  journal (ReadOutbound, one read per owner at a time; its answers come to `read_back`, a journal name
+  at a time) and submitted, in order, once the whole read is back. So an owner that is down or slow
+  costs this node the records of its backlog, not their bodies.
 - A paged entry the journal no longer has cannot be sent: it leaves the channel, reported to the
   caller (`lost`), which logs it. The journal keeps every STORE until its REMOVE, so this means a
   damaged journal, never a race.

@@ -6,6 +6,9 @@ Rules:
 - The outbound store journals an owner's entries of one queue under one reserved name, OUTBOUND_PREFIX
   owner NUL queue: the NUL-led prefix keeps it apart from every queue name. The names are stored on
   disk: never change them.
+- A non-durable send (`not_durable`) is not journalled in the sender's outbound store either: accepted at
+  the end of its batch, it waits in memory for its owner (lost if this node crashes first, as AMQP allows
+  for a non-durable message); the forward order of the channel is the same for both kinds.
 - Pure: no I/O.
 """
 
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from node.core.dispatch.message import Message
+from node.core.dispatch.message import TRANSIENT, Message
 
 OUTBOUND_PREFIX = "\x00out\x00"  # journal name of an outbound channel: prefix, owner, NUL, queue
 
@@ -28,6 +31,9 @@ class Entry(NamedTuple):
     expires_at_ms: int  # 0: never
     closes_group: bool
     enqueued_at_ms: int
+    # sent non-durable (Message TRANSIENT): the owner journals it in no queue; on the wire `not_durable`, so
+    # a sender from before the field means durable
+    not_durable: bool = False
 
 
 def outbound_name(owner: str, queue: str) -> str:
@@ -41,4 +47,4 @@ def parse_outbound_name(name: str) -> tuple[str, str]:
 
 def entry_of(queue: str, message: Message) -> Entry:
     return Entry(message.seq, queue, message.group_id, bytes(message.payload), message.expires_at_ms or 0,
-                 message.closes_group, message.enqueued_at_ms or 0)
+                 message.closes_group, message.enqueued_at_ms or 0, bool(message.flags & TRANSIENT))

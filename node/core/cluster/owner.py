@@ -14,6 +14,8 @@ Rules:
   is stored (ForwardTaken). If that write fails the owner stops (StopNode): the batch is in its broker,
   perhaps delivered, but not on disk; restarted from its journal, it has neither the batch nor its mark,
   and takes the resend once. So a reply's high water is always on disk.
+- A forwarded message sent non-durable (Entry.not_durable) is enqueued as one: its queue journals it not
+  (node/core/dispatch/message.py TRANSIENT); the batch is still answered once its mark is on disk.
 - Groups following their consumers: forwarded batches are refused (retriable) until the replica is
   current, and a group whose route is not known yet is refused too (a handover and what must wait
   behind it look alike until it is); where a message goes is handover.py's `placement`.
@@ -105,9 +107,11 @@ class OwnerSide:
                 context.counts["resends_skipped"] += 1
                 continue  # a resend of what is already here
             message = Message(entry.payload, entry.group_id, expires_at_ms=entry.expires_at_ms,
-                              closes_group=entry.closes_group, enqueued_at_ms=entry.enqueued_at_ms)
+                              closes_group=entry.closes_group, enqueued_at_ms=entry.enqueued_at_ms,
+                              transient=entry.not_durable)
             try:
-                if self.follows_consumers and entry.group_id is not None and self._parked_or_relayed(
+                if (self.follows_consumers or self.handovers.taking_over or self.handovers.promoted_away) and \
+                        entry.group_id is not None and self._parked_or_relayed(
                         source, entry, message, now_ms, effects):
                     inbound.advance(source, entry.forward_seq)
                     advanced = True
@@ -139,13 +143,12 @@ class OwnerSide:
             raise HandlerUnavailable(f"node {context.node_id} does not know the route of group {key[1]!r} of "
                                      f"queue {key[0]!r} yet (its replica lags the raft log); retry shortly")
         place = handovers.placement(key, source)
+        durable = context.durable(entry.queue) and not entry.not_durable
         if place == PARK:
-            handovers.parking.park(key, message, context.durable(entry.queue), now_ms, effects,
-                                   origin=(source, entry.forward_seq))
+            handovers.parking.park(key, message, durable, now_ms, effects, origin=(source, entry.forward_seq))
             return True
         if place == RELAY:
-            handovers.relay(key, message, context.durable(entry.queue), now_ms, effects,
-                            origin=(source, entry.forward_seq))
+            handovers.relay(key, message, durable, now_ms, effects, origin=(source, entry.forward_seq))
             return True
         handovers.queue_arrival(key)
         return False

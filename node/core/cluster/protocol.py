@@ -29,6 +29,7 @@ from node.core.cluster.holds import Holds
 from node.core.cluster.owner import OwnerSide
 from node.core.cluster.parking import Parking
 from node.core.cluster.routes import Routes
+from node.core.cluster.takeovers import Takeovers
 from node.core.effects import AcceptWhenStored, EnqueueLocal, ProposeClaim, Refuse
 from node.core.errors import HandlerUnavailable
 from node.core.dispatch.message import Message
@@ -73,6 +74,7 @@ class ClusterProtocol:
         self.owner = OwnerSide(context, self.handovers, follows_consumers)
         self.routing = Routes(context, self.forwarding, handler_timeout_ms, routes_max)
         self.queue_definitions = Definitions(context, queue_seeds)
+        self.takeovers = Takeovers(context, self.handovers, self.routing.replicas)  # promotions (issue 28)
         # the concerns' shared state, one object each (never replaced): adapters, status and tests read it
         self.outbound = self.forwarding.outbound
         self.inbound = self.owner.inbound
@@ -93,7 +95,8 @@ class ClusterProtocol:
 
     def recover_declaration(self, values: dict) -> bool:
         """Take a journalled declaration that is the cluster's own; False for a queue's."""
-        return recovery.recover_declaration(values, self.forwarding, self.inbound, self.queue_definitions)
+        return self.takeovers.recover_declaration(values) or recovery.recover_declaration(
+            values, self.forwarding, self.inbound, self.queue_definitions)
 
     def recover_outbound(self, messages_by_name: dict) -> int:
         """Put journalled outbound and parked messages back (recovery.py)."""
@@ -116,7 +119,7 @@ class ClusterProtocol:
 
     def _send(self, owner: str, item, now_ms: int, effects: list) -> None:
         incoming, queue, route_key, message, durable, producer_settled = item
-        if self.moves or self.parked:
+        if self.moves or self.parked or self.handovers.taking_over:
             key = (queue, route_key)
             place = self.handovers.placement(key, None, owner)
             if place == PARK:
@@ -178,7 +181,9 @@ class ClusterProtocol:
         """A command the replica applied, in log order (node/core/cluster/feed.py names the kinds)."""
         effects: list = []
         if kind == ROUTES:
+            taken = self.takeovers.routes_learning(payload)  # before the router forgets the old owners
             self._release(self.routing.learn(payload, at_ms, now_ms), now_ms, effects)
+            self.takeovers.take_over(taken, effects)
             if self.moves:
                 self.handovers.routes_removed(payload)
             if self.held:
@@ -197,8 +202,8 @@ class ClusterProtocol:
         elif kind == MEMBERS:
             down = self.routing.members_applied(payload)
             self.queue_definitions.delete_temporary_of(down)
-        elif kind == REPLICAS:  # read-only copy: routing.replicas (replicas.py)
-            self.routing.replicas.applied(payload)
+        elif kind == REPLICAS:  # read-only copy: routing.replicas (replicas.py), which takeovers.py compares
+            self.takeovers.replicas_applied(payload)
         return effects
 
     def queues_seeded(self) -> None:
@@ -212,6 +217,7 @@ class ClusterProtocol:
         effects: list = []
         self.queue_definitions.ready(now_ms, set(self.members.get("down", {})), effects)
         released = self.router.become_ready(now_ms)
+        self.takeovers.ready(now_ms, effects)  # fences before review_holds hands recovered groups on
         if self.held:  # first: what recovery held is older than what waited for the replica, and the
             self.handovers.review_holds(now_ms, effects)  # broker delivers it now, ahead of those effects
         self._release(released, now_ms, effects)
@@ -238,6 +244,7 @@ class ClusterProtocol:
         self.routing.expire(now_ms, effects)
         self.queue_definitions.tick(now_ms, effects)
         self.routing.tick(now_ms, consumer_counts, effects)
+        self.takeovers.fence(now_ms, effects)
         if self.moves or self.held or self.parked:  # parked: a new owner's, unparked once its move ended
             self.handovers.drive(now_ms, effects)
         if self.router.to_claim:

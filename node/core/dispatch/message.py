@@ -17,6 +17,11 @@ A queue may hold millions of these, so a Message is kept small (bench/memory.py 
 - Paging (node/core/dispatch/paging.py) keeps a message's record (seq, group, size_bytes) in memory while its
   `payload` lives only in the journal: `payload` is then None and PAGED is set. Nothing here may
   depend on the payload beyond `size_bytes`.
+- TRANSIENT: the producer sent it non-durable (AMQP header durable false or absent). On a durable queue it
+  is never journalled (no STORE, no REMOVE), never paged, and lost on a crash, as AMQP and JMS allow;
+  on a non-durable queue the flag changes nothing. Past the node's record budget a durable queue's cold
+  tail lives only in the journal, so an arrival that goes cold is journalled whatever its flag
+  (node/core/dispatch/queue_store.py `admit` clears it).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ REQUESTED = 32
 FETCHED = 64
 JOURNALLED = 128
 COLD = 256  # in its queue's cold tail, waiting for its STORE to be on disk (node/core/dispatch/cold.py)
+TRANSIENT = 512  # sent non-durable: journalled by no queue (see the header)
 
 
 class Message:
@@ -44,7 +50,7 @@ class Message:
 
     def __init__(self, payload: bytes, group_id: str | None = None, *, expires_at_ms: int = 0,
                  closes_group: bool = False, delivery_count: int = 0, enqueued_at_ms: int = 0,
-                 seq: int = 0):
+                 seq: int = 0, transient: bool = False):
         self.seq = seq
         self.group_id = group_id
         self.payload = payload
@@ -55,7 +61,8 @@ class Message:
         self.group = None  # set by the queue: its Group, or None when ungrouped
         # a failed delivery's redelivery delay: not dispatched (nor is its group) before this; 0 = now
         self.available_at_ms = 0
-        self.flags = CLOSES_GROUP if closes_group else 0  # state AVAILABLE, not handed out
+        # state AVAILABLE, not handed out
+        self.flags = (CLOSES_GROUP if closes_group else 0) | (TRANSIENT if transient else 0)
         self.fields = None  # a selector's view of it, read on first need (selector_dispatch.py)
 
     @property

@@ -24,6 +24,9 @@ stays. Its rules:
   group gets one body even when the room is full, once nothing of it is asked for or back untaken.
 - A body a browser needs comes back pageable, not FETCHED: browsing a paged queue must not fill the
   read-ahead room the groups' consumers need.
+- A non-durable (TRANSIENT) message is in no journal: it is never paged, and counted nowhere here (as
+  a non-durable queue's messages are not): it stays in memory until it leaves, bounded by the queue's depth
+  limits, and the budgets page the durable bodies around it.
 Known limit of this first increment: bodies read back for a group keep their room until delivered, so
 consumers that took credit back after their groups' bodies were asked for can hold the read-ahead room
 and make other groups wait for it (never out of order, never lost).
@@ -34,7 +37,8 @@ from __future__ import annotations
 from collections import deque
 
 from node.core.effects import PageIn
-from node.core.dispatch.message import AVAILABLE, FETCHED, JOURNALLED, PAGED, REMOVED, REQUESTED, STATE_MASK, Message
+from node.core.dispatch.message import (AVAILABLE, FETCHED, JOURNALLED, PAGED, REMOVED, REQUESTED, STATE_MASK,
+                                       TRANSIENT, Message)
 
 READ_AHEAD_MESSAGES = 32  # messages from a group's head whose bodies are asked for together
 READ_AHEAD_BYTES_MAX = 4 << 20  # bodies per queue asked for or read back and not yet delivered
@@ -77,6 +81,8 @@ class Pager:
     # ---- the queue's events --------------------------------------------------------------------
 
     def admitted(self, message: Message) -> None:
+        if message.flags & TRANSIENT:
+            return  # in no journal: never paged, counted nowhere here (see the header)
         if message.payload is None:  # recovered as a record only
             message.flags |= PAGED | JOURNALLED
             self.paged_bytes += message.size_bytes
@@ -101,19 +107,21 @@ class Pager:
         if flags & FETCHED:
             message.flags = flags & ~FETCHED
             self.fetched_bytes -= message.size_bytes
-        else:
+        elif not flags & TRANSIENT:
             self.pageable_bytes -= message.size_bytes
 
     def returned(self, message: Message) -> None:
         """A delivered message is available again, near its group's head: kept for its redelivery."""
+        if message.flags & TRANSIENT:
+            return
         message.flags |= FETCHED
         self.fetched_bytes += message.size_bytes
 
     def removed(self, message: Message) -> None:
         """Called before the queue marks `message` REMOVED."""
         flags = message.flags
-        if flags & STATE_MASK != AVAILABLE:
-            return  # acquired: counted nowhere here
+        if flags & STATE_MASK != AVAILABLE or flags & TRANSIENT:
+            return  # acquired, or non-durable: counted nowhere here
         if flags & PAGED:
             self.paged_bytes -= message.size_bytes
         elif flags & FETCHED:

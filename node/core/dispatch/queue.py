@@ -27,7 +27,7 @@ from __future__ import annotations
 from node.core.dispatch.cold import ColdTail, RecordBudget
 from node.core.effects import DetachConsumer, Stored, Withdrawn
 from node.core.errors import GrouperError, ResourceDeleted, ResourceLimitExceeded
-from node.core.dispatch.message import AVAILABLE, COLD, Message, Outcome
+from node.core.dispatch.message import AVAILABLE, COLD, TRANSIENT, Message, Outcome
 from node.core.dispatch.paging import Pager
 from node.core.dispatch.queue_backlog import Backlog
 from node.core.dispatch.queue_consumers import Consumers
@@ -53,7 +53,7 @@ class Queue:
         "page_out", "page_in", "restore_cold", "cold_journalled", "promote", "cold_taken", "cold_refusal",
         "read_cold_for_purge",
         "reset_groups", "release_group", "take_group_messages", "take_ungrouped_messages",
-        "group_head_messages", "hand_over_group", "lapsed_leases")
+        "group_head_messages", "hand_over_group", "lapsed_leases", "rebalance", "next_free_group")
 
     def __init__(self, settings: QueueSettings, *, fallback_default_group: str = "",
                  records: RecordBudget | None = None):
@@ -103,6 +103,7 @@ class Queue:
         self.take_ungrouped_messages = ops.take_ungrouped_messages
         self.group_head_messages = ops.group_head_messages
         self.hand_over_group = ops.hand_over_group
+        self.rebalance, self.next_free_group = ops.rebalance, ops.next_free_group  # issue 30
 
     @property
     def settings(self) -> QueueSettings:
@@ -162,7 +163,7 @@ class Queue:
         store = self._store
         store.admit(message, key)
         store.enqueued_total += 1
-        if self._settings.durable:
+        if self._settings.durable and not message.flags & TRANSIENT:  # admit may have cleared it (a cold arrival)
             effects.append(Stored(self._settings.name, message))
         self._dispatcher.dispatch(now_ms, effects)
 
@@ -235,8 +236,7 @@ class Queue:
         self._leases.renew(consumer, now_ms)  # a flow on the link
         if consumer.rebalance_due and credit > 0:
             consumer.rebalance_due = False
-            groups = self._groups
-            groups.reset(list(groups.groups.values()), self._settings.group_rebalance_pause_dispatch)
+            self.rebalance(consumer)  # reset, or incremental (issue 30)
         if not consumer.browse:
             self._consumers.sync_taker(consumer)
         self._dispatcher.dispatch(now_ms, effects)
@@ -297,7 +297,7 @@ class Queue:
             "consumers": len(consumers.by_id) - len(consumers.browsers),
             "browsers": len(consumers.browsers),
             "groups": len(groups),
-            "owned_groups": sum(1 for g in groups.values() if g.consumer is not None),
+            **self._groups.signals(consumers, store.delayed),  # owned_groups and issue 30's group signals
             "enqueued_total": store.enqueued_total,
             "delivered_total": store.delivered_total,
             "resident_bytes": store.resident_bytes(),

@@ -30,7 +30,8 @@ ASSIGNED_STALE_MIN = 16  # stale entries a consumer's assigned list may keep bey
 
 class Consumer:
     __slots__ = ("id", "browse", "credit", "unsettled", "ready", "assigned", "assigned_count", "cursor_seq",
-                 "next_delivery_id", "last_used", "rebalance_due", "unsettled_max", "selector")
+                 "next_delivery_id", "last_used", "rebalance_due", "unsettled_max", "selector",
+                 "moved_in")
 
     def __init__(self, consumer_id, browse: bool, unsettled_max: int = 0, selector: MessageSelector | None = None):
         self.id = consumer_id
@@ -48,6 +49,9 @@ class Consumer:
         self.next_delivery_id = 0
         self.last_used = 0  # spreads ties round-robin
         self.rebalance_due = False  # group_rebalance: reset groups' consumers when this consumer first has credit
+        # issue 30: groups an incremental rebalance moved here whose first message here is yet to go out
+        # (flagged first-for-consumer then, node/core/dispatch/queue_rebalance.py); empty mostly
+        self.moved_in: set[Group] = set()
 
     @property
     def may_take(self) -> bool:
@@ -67,6 +71,8 @@ class Consumer:
         group.consumer = None
         if group.placed is not PAUSED:
             group.placed = None
+        if self.moved_in:
+            self.moved_in.discard(group)
         count = self.assigned_count = self.assigned_count - 1
         if not count:
             self.assigned.clear()  # all stale: the shared policy's usual case, dropped without a look
@@ -81,6 +87,7 @@ class Consumer:
                 group.placed = None
         self.assigned = []
         self.assigned_count = 0
+        self.moved_in.clear()
 
     def _drop_stale_assigned(self) -> None:
         # once the stale entries outnumber the live ones: amortized O(1) per assign/unassign

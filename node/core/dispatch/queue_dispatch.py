@@ -128,6 +128,9 @@ class Dispatcher:
             self._deliver_from_group(best_group, best_consumer, first, effects)
 
     def _deliver_from_group(self, group: Group, consumer: Consumer, first: bool, effects: list) -> None:
+        if consumer.moved_in and group in consumer.moved_in:  # issue 30: an incremental rebalance moved it here
+            consumer.moved_in.discard(group)
+            first = True
         message = group.pop_head()
         group.available_count -= 1
         group.acquired += 1

@@ -17,6 +17,7 @@ from collections import deque
 from node.core.dispatch.message import AVAILABLE, PAGED, STATE_MASK, Message
 from node.core.dispatch.queue_dispatch import Dispatcher
 from node.core.dispatch.queue_groups import GroupTable
+from node.core.dispatch.queue_rebalance import rebalance_incremental
 from node.core.dispatch.queue_store import MessageStore
 from node.core.dispatch.settings import QueueSettings
 
@@ -41,6 +42,36 @@ class GroupOps:
         count = groups.reset(chosen, pause=True)
         self.dispatcher.dispatch(now_ms, effects)
         return count
+
+    def rebalance(self, newcomer) -> int:
+        """group_rebalance: a consumer first granted credit. "reset" frees every group's consumer,
+        "incremental" moves only the surplus (node/core/dispatch/queue_rebalance.py); returns groups moved."""
+        pause = self.settings.group_rebalance_pause_dispatch
+        if self.settings.group_rebalance_mode == "incremental":
+            return rebalance_incremental(self.groups, self.dispatcher.consumers, newcomer, pause)
+        return self.groups.reset(list(self.groups.groups.values()), pause)
+
+    def next_free_group(self) -> str | None:
+        """For a consumer asking for "the next free group" (issue 30, a null com.microsoft:session-filter): of
+        the groups with a message available, no consumer and no consumer that chose them, the one whose head
+        is oldest; None when there is none. One look at the unassigned heap and the stranded groups, at attach
+        only. Bucket queues have no such group: a bucket is no group a client can name."""
+        consumers = self.dispatcher.consumers
+        chosen = {consumer.selector.group_id for consumer in consumers.by_id.values()
+                  if consumer.selector is not None and not consumer.browse and consumer.selector.group_id is not None}
+        best_seq, best_key = None, None
+        for entry in self.groups.unassigned:
+            group = entry[1]
+            if group.placed is entry and type(group.key) is str and group.key not in chosen \
+                    and (best_seq is None or entry[0] < best_seq):
+                best_seq, best_key = entry[0], group.key
+        stranded = consumers.selection.stranded if consumers.selection is not None else ()
+        for group in stranded:
+            head = group.head() if group.consumer is None and self.groups.groups.get(group.key) is group else None
+            if head is not None and type(group.key) is str and group.key not in chosen \
+                    and (best_seq is None or head.seq < best_seq):
+                best_seq, best_key = head.seq, group.key
+        return best_key
 
     def release_group(self, group_key, now_ms: int, effects: list) -> None:
         self.groups.release(group_key)

@@ -27,6 +27,7 @@ import zlib
 from collections import deque
 
 from node.core.dispatch.cold import ColdTail
+from node.core.dispatch.group_signals import group_signals
 from node.core.errors import InvalidField, NotFound
 from node.core.dispatch.message import Message
 from node.core.dispatch.queue_lanes import EMPTY_ASSIGNED, PAUSED, Group, insert_in_order
@@ -269,6 +270,11 @@ class GroupTable:
             })
         rows.sort(key=lambda row: row["group"])
         return rows
+
+    def signals(self, consumers, delayed: list) -> dict:
+        """Runnable, blocked and held groups, and the oldest head's arrival (node/core/dispatch/group_signals.py):
+        made per stats call only, from the heaps, not by a pass over the groups."""
+        return group_signals(self, consumers, delayed)
 
     def clear(self) -> None:
         """The queue is deleted: its groups leave the node's record budget."""

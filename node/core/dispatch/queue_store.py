@@ -8,7 +8,11 @@ Rules this module keeps:
 - `log` holds every warm message in seq order, for browsing and listing; a removed message stays in it
   as a tombstone until they are many (LOG_COMPACT_MIN) or hold many bytes (LOG_COMPACT_MIN_BYTES).
 - Removal is lazy: a removed message is flagged REMOVED and dropped from its lane, heap or log when met.
-  `remove` is the one place a warm message leaves; its REMOVE is due only if its STORE was (durable, journalled).
+  `remove` is the one place a warm message leaves; its REMOVE is due only if its STORE was (durable, journalled,
+  not TRANSIENT).
+- A non-durable (TRANSIENT) message of a durable queue lives in memory only, as a non-durable queue's do: no
+  STORE, never paged (the depth limits bound it), lost on a crash. One that would go cold is journalled
+  instead (its flag cleared): a cold tail is only in the journal, and order within a group needs it there.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import heapq
 from node.core.dispatch.cold import ColdTail
 from node.core.effects import Dropped, Removed
 from node.core.errors import ResourceLimitExceeded
-from node.core.dispatch.message import AVAILABLE, REMOVED, STATE_MASK, Message
+from node.core.dispatch.message import AVAILABLE, REMOVED, STATE_MASK, TRANSIENT, Message
 from node.core.dispatch.paging import Pager
 from node.core.dispatch.queue_groups import GroupTable
 from node.core.dispatch.settings import QueueSettings
@@ -69,6 +73,7 @@ class MessageStore:
         self.depth_bytes += message.size_bytes
         cold = self.cold
         if cold is not None and cold.admits():
+            message.flags &= ~TRANSIENT  # the cold tail lives in the journal: this one is journalled too
             cold.add(message)  # behind the cold tail: read back whole when dispatch nears it
             return
         self.warm(message, key)
@@ -97,7 +102,7 @@ class MessageStore:
         self.depth_bytes -= message.size_bytes
         self.log_removed += 1
         self.log_removed_bytes += message.size_bytes
-        if journalled and self.settings.durable:
+        if journalled and self.settings.durable and not message.flags & TRANSIENT:
             effects.append(Removed(self.settings.name, message.seq))
         if ((self.log_removed > LOG_COMPACT_MIN and self.log_removed * 2 > len(self.log))
                 or (self.log_removed_bytes > LOG_COMPACT_MIN_BYTES

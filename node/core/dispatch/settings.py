@@ -16,6 +16,7 @@ POLICIES = ("exclusive", "shared", "none")
 QPID_DEFAULT_GROUP = "qpid.no-group"
 GROUP_ID_LENGTH_MAX_CHARS = 4096  # hard ceiling for group_id_length_max_chars
 REDELIVERY_DELAY_MULTIPLIER_MAX = 100.0  # hard ceiling for redelivery_delay_multiplier
+REBALANCE_MODES = ("reset", "incremental")  # issue 30: group_rebalance_mode
 DEAD_LETTER_SUFFIX = ".DLQ"  # the default dead-letter queue of queue Q is Q.DLQ (as Artemis names them)
 
 
@@ -58,6 +59,11 @@ class QueueSettings:
     # issue 30, group leases: a consumer holding unsettled deliveries loses its groups (its link detached,
     # node/core/dispatch/queue_leases.py) after this long with no settlement or flow on its link; 0 = off
     group_lease_ms: int = 0
+    # issue 30, incremental rebalance (node/core/dispatch/queue_rebalance.py): what group_rebalance does when a
+    # consumer joins. "reset" frees every group (as Artemis does); "incremental" moves only the surplus groups
+    # of the most loaded consumers to the newcomer, as few as make the counts even within one.
+    # `group_rebalance = "incremental"` (or "reset") in a config table sets both fields
+    group_rebalance_mode: str = "reset"
 
     def validate(self) -> "QueueSettings":
         if not self.name or len(self.name) > 255:
@@ -103,6 +109,13 @@ class QueueSettings:
         # issue 30, group leases
         if self.group_lease_ms < 0:
             raise InvalidConfig("group_lease_ms", "must be >= 0 (0 = no lease: a consumer keeps its groups while attached)")
+        # issue 30, incremental rebalance
+        if self.group_rebalance_mode not in REBALANCE_MODES:
+            raise InvalidConfig("group_rebalance_mode", f"{self.group_rebalance_mode!r} is not one of "
+                                                        f"{', '.join(REBALANCE_MODES)}")
+        if self.group_rebalance_mode != "reset" and not self.group_rebalance:
+            raise InvalidConfig("group_rebalance_mode", "needs group_rebalance (or write group_rebalance = "
+                                                        f"{self.group_rebalance_mode!r}, which sets both)")
         return self
 
     @property
@@ -140,6 +153,8 @@ class QueueSettings:
             del values["replication_factor"]
         if not self.group_lease_ms:  # issue 30: records of queues without a lease stay as they were
             del values["group_lease_ms"]
+        if self.group_rebalance_mode == "reset":  # issue 30: records of queues that reset stay as they were
+            del values["group_rebalance_mode"]
         return values
 
     @classmethod
@@ -165,6 +180,9 @@ class QueueSettings:
                 if value:
                     clean["group_policy"] = "shared"
                 continue
+            if norm == "group_rebalance" and isinstance(value, str):  # issue 30: reset | incremental
+                clean["group_rebalance"] = True
+                norm = "group_rebalance_mode"
             if norm not in fields:
                 raise InvalidConfig(f"{where}.{key}", "unknown setting")
             expected = type(getattr(cls, norm, "")) if norm != "name" else str
