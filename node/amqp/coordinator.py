@@ -153,12 +153,13 @@ class Coordinator:
             queue = server.link_attach.authorized_queue(producer.connection, arrival.address, Permission.SEND)
             if queue.settings.group_header:
                 arrival = codec.read_arrival(payload, queue.settings.group_header, now_ms)
-        durable = queue.settings.durable and server.journal is not None
+        # journalled only when its queue is durable and so is the message (as outside a transaction)
+        durable = arrival.durable and queue.settings.durable and server.journal is not None
         if durable and server.durability.refusing(now_ms):
             raise ResourceLimitExceeded(f"the node cannot store messages right now "
                                         f"({server.durability.failure}); retry later")
         message = Message(payload, arrival.group_id, expires_at_ms=arrival.expires_at_ms,
-                          closes_group=arrival.closes_group)
+                          closes_group=arrival.closes_group, transient=not arrival.durable)
         queue.check_enqueue(message.group_id, message.size_bytes)
         route_key = queue.route_key(message.group_id) if server.cluster is not None else None
         self.transactions.send(transaction_id, queue.settings.name, message, durable, route_key, None)

@@ -149,6 +149,11 @@ time.sleep(60)
 """
 
 
+def durable(message):
+    message.durable = True  # journalled only when the queue and the message say so
+    return message
+
+
 def _commit_frame_ends(journal: bytes) -> list[int]:
     """Where each frame of the journal's last transaction batch ends, TXN_BEGIN's first."""
     ends, offset, begin = [], 0, None
@@ -168,11 +173,11 @@ def test_a_node_killed_mid_commit_recovers_all_of_the_commit_or_none(node_factor
     serves the state before the commit or the state after it, nothing in between."""
     node = node_factory(queue_toml(QUEUE, durable=True))
     with Client(node) as client:
-        client.producer(QUEUE).send(group_message("a", 1))
+        client.producer(QUEUE).send(durable(group_message("a", 1)))
         taken = client.consumer(QUEUE, credit=10).take(1)
         transaction, outcomes = declare(client)
         transaction.accept(taken[0].delivery)
-        send_in(client, transaction, client.producer(QUEUE), [group_message("b", seq) for seq in (1, 2, 3)])
+        send_in(client, transaction, client.producer(QUEUE), [durable(group_message("b", seq)) for seq in (1, 2, 3)])
         assert discharge(client, transaction, outcomes, fail=False) == "committed"
     node.kill()
     path = node.data_dir / JOURNAL_FILE
