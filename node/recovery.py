@@ -14,6 +14,7 @@ import logging
 
 from node.core.effects import Dropped, ReadRecords
 from node.core.cluster.outbound import OUTBOUND_PREFIX
+from node.core.dispatch.dedup import DEDUP_PREFIX
 from node.core.dispatch.settings import QueueSettings
 
 log = logging.getLogger("grouper.node")
@@ -51,6 +52,7 @@ def recover(node) -> None:
     # journal only what the journal does not hold yet: new or changed config-file queues
     node.broker.forget_declared(journalled)
     restored = 0
+    recover_dedup_marks(node, recovery.messages)
     outbound = {name: messages for name, messages in recovery.messages.items() if reserved_name(name)}
     if outbound and node.cluster is not None:
         log.info("recovered %d messages waiting to be forwarded", node.cluster.recover_outbound(outbound))
@@ -82,6 +84,23 @@ def recover(node) -> None:
     node.broker.page_out(node.clock_ms())  # the budgets; held groups keep their bodies (paging.py)
     log.info("recovered %d queues and %d messages from %s", len(node.broker.queues), restored,
              node.config.data_dir)
+
+def recover_dedup_marks(node, messages: dict) -> None:
+    """Issue 31: the de-duplication marks (node/core/dispatch/dedup.py) back into their queues' windows, taken
+    out of `messages` (they are no cluster records). Marks of a queue gone or no longer de-duplicating are
+    deleted from the journal."""
+    now_ms = node.clock_ms()
+    for name in [name for name in messages if name.startswith(DEDUP_PREFIX)]:
+        marks = messages.pop(name)
+        queue = node.broker.queues.get(name[len(DEDUP_PREFIX):])
+        if queue is None or not queue.settings.dedup or not queue.settings.durable:
+            node.journal.delete(name)
+            continue
+        for effect in node.broker.dedup.restore(queue.settings, marks, now_ms):  # REMOVEs of marks aged out
+            node.journal.remove(effect.queue, effect.seq)
+        log.info("queue %r: %d de-duplication marks recovered", queue.settings.name,
+                 len(node.broker.dedup.windows[queue.settings.name]))
+
 
 def read_cold_back(node) -> None:
     """Before serving, read each recovered cold tail's oldest records back as far as the record budget

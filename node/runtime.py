@@ -27,7 +27,7 @@ import threading
 import time
 
 from node.admin.loop_control import LoopControl
-from node.amqp import tls
+from node.amqp import duplicate_ids, tls
 from node.amqp.loop import AmqpServer
 from node.config import NodeConfig
 from node.core.dispatch.broker import Broker
@@ -54,7 +54,8 @@ class Node:
         self.config = config
         self.clock_ms = clock_ms
         self.broker = Broker(auto_create=config.auto_create, address_settings=config.auto_create_settings(),
-                             default_group=config.default_group, multicast_addresses=config.multicast_addresses)
+                             default_group=config.default_group, multicast_addresses=config.multicast_addresses,
+                             dedup_id_of=duplicate_ids.dedup_id)  # issue 31: what a de-duplicating queue remembers
         self.broker.memory_max_bytes = config.message_memory_max_bytes  # paging: node/core/dispatch/paging.py
         self.journal = Journal(config.data_dir, fsync=config.journal_fsync,
                                compact_min_bytes=config.journal_compact_min_bytes)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class QueueSettings(_message.Message):
-    __slots__ = ("name", "group_policy", "group_header", "default_group", "group_first_key", "group_rebalance", "group_rebalance_pause_dispatch", "group_buckets", "consumers_before_dispatch", "time_before_dispatch_ms", "durable", "depth_max_messages", "depth_max_bytes", "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue", "groups_max", "redelivery_delay_ms", "redelivery_delay_multiplier", "redelivery_delay_max_ms", "dead_letter_queue_auto_create", "address", "memory_max_bytes", "trace", "replication_factor", "group_lease_ms", "group_rebalance_mode")
+    __slots__ = ("name", "group_policy", "group_header", "default_group", "group_first_key", "group_rebalance", "group_rebalance_pause_dispatch", "group_buckets", "consumers_before_dispatch", "time_before_dispatch_ms", "durable", "depth_max_messages", "depth_max_bytes", "group_id_length_max_chars", "delivery_count_max", "dead_letter_queue", "groups_max", "redelivery_delay_ms", "redelivery_delay_multiplier", "redelivery_delay_max_ms", "dead_letter_queue_auto_create", "address", "memory_max_bytes", "trace", "replication_factor", "group_lease_ms", "group_rebalance_mode", "dedup", "dedup_window_messages", "dedup_window_ms")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GROUP_POLICY_FIELD_NUMBER: _ClassVar[int]
     GROUP_HEADER_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,9 @@ class QueueSettings(_message.Message):
     REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
     GROUP_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     GROUP_REBALANCE_MODE_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_WINDOW_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
     name: str
     group_policy: str
     group_header: str
@@ -62,10 +65,13 @@ class QueueSettings(_message.Message):
     replication_factor: int
     group_lease_ms: int
     group_rebalance_mode: str
-    def __init__(self, name: _Optional[str] = ..., group_policy: _Optional[str] = ..., group_header: _Optional[str] = ..., default_group: _Optional[str] = ..., group_first_key: _Optional[str] = ..., group_rebalance: _Optional[bool] = ..., group_rebalance_pause_dispatch: _Optional[bool] = ..., group_buckets: _Optional[int] = ..., consumers_before_dispatch: _Optional[int] = ..., time_before_dispatch_ms: _Optional[int] = ..., durable: _Optional[bool] = ..., depth_max_messages: _Optional[int] = ..., depth_max_bytes: _Optional[int] = ..., group_id_length_max_chars: _Optional[int] = ..., delivery_count_max: _Optional[int] = ..., dead_letter_queue: _Optional[str] = ..., groups_max: _Optional[int] = ..., redelivery_delay_ms: _Optional[int] = ..., redelivery_delay_multiplier: _Optional[float] = ..., redelivery_delay_max_ms: _Optional[int] = ..., dead_letter_queue_auto_create: _Optional[bool] = ..., address: _Optional[str] = ..., memory_max_bytes: _Optional[int] = ..., trace: _Optional[bool] = ..., replication_factor: _Optional[int] = ..., group_lease_ms: _Optional[int] = ..., group_rebalance_mode: _Optional[str] = ...) -> None: ...
+    dedup: bool
+    dedup_window_messages: int
+    dedup_window_ms: int
+    def __init__(self, name: _Optional[str] = ..., group_policy: _Optional[str] = ..., group_header: _Optional[str] = ..., default_group: _Optional[str] = ..., group_first_key: _Optional[str] = ..., group_rebalance: _Optional[bool] = ..., group_rebalance_pause_dispatch: _Optional[bool] = ..., group_buckets: _Optional[int] = ..., consumers_before_dispatch: _Optional[int] = ..., time_before_dispatch_ms: _Optional[int] = ..., durable: _Optional[bool] = ..., depth_max_messages: _Optional[int] = ..., depth_max_bytes: _Optional[int] = ..., group_id_length_max_chars: _Optional[int] = ..., delivery_count_max: _Optional[int] = ..., dead_letter_queue: _Optional[str] = ..., groups_max: _Optional[int] = ..., redelivery_delay_ms: _Optional[int] = ..., redelivery_delay_multiplier: _Optional[float] = ..., redelivery_delay_max_ms: _Optional[int] = ..., dead_letter_queue_auto_create: _Optional[bool] = ..., address: _Optional[str] = ..., memory_max_bytes: _Optional[int] = ..., trace: _Optional[bool] = ..., replication_factor: _Optional[int] = ..., group_lease_ms: _Optional[int] = ..., group_rebalance_mode: _Optional[str] = ..., dedup: _Optional[bool] = ..., dedup_window_messages: _Optional[int] = ..., dedup_window_ms: _Optional[int] = ...) -> None: ...
 
 class QueueStats(_message.Message):
-    __slots__ = ("name", "depth_messages", "depth_bytes", "acquired_messages", "consumers", "browsers", "groups", "owned_groups", "enqueued_total", "delivered_total", "resident_bytes", "paged_bytes", "cold_messages", "runnable_groups", "blocked_groups", "held_groups", "oldest_head_enqueued_at_ms")
+    __slots__ = ("name", "depth_messages", "depth_bytes", "acquired_messages", "consumers", "browsers", "groups", "owned_groups", "enqueued_total", "delivered_total", "resident_bytes", "paged_bytes", "cold_messages", "runnable_groups", "blocked_groups", "held_groups", "oldest_head_enqueued_at_ms", "dedup_dropped_total")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DEPTH_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     DEPTH_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +89,7 @@ class QueueStats(_message.Message):
     BLOCKED_GROUPS_FIELD_NUMBER: _ClassVar[int]
     HELD_GROUPS_FIELD_NUMBER: _ClassVar[int]
     OLDEST_HEAD_ENQUEUED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     name: str
     depth_messages: int
     depth_bytes: int
@@ -100,7 +107,8 @@ class QueueStats(_message.Message):
     blocked_groups: int
     held_groups: int
     oldest_head_enqueued_at_ms: int
-    def __init__(self, name: _Optional[str] = ..., depth_messages: _Optional[int] = ..., depth_bytes: _Optional[int] = ..., acquired_messages: _Optional[int] = ..., consumers: _Optional[int] = ..., browsers: _Optional[int] = ..., groups: _Optional[int] = ..., owned_groups: _Optional[int] = ..., enqueued_total: _Optional[int] = ..., delivered_total: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., paged_bytes: _Optional[int] = ..., cold_messages: _Optional[int] = ..., runnable_groups: _Optional[int] = ..., blocked_groups: _Optional[int] = ..., held_groups: _Optional[int] = ..., oldest_head_enqueued_at_ms: _Optional[int] = ...) -> None: ...
+    dedup_dropped_total: int
+    def __init__(self, name: _Optional[str] = ..., depth_messages: _Optional[int] = ..., depth_bytes: _Optional[int] = ..., acquired_messages: _Optional[int] = ..., consumers: _Optional[int] = ..., browsers: _Optional[int] = ..., groups: _Optional[int] = ..., owned_groups: _Optional[int] = ..., enqueued_total: _Optional[int] = ..., delivered_total: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., paged_bytes: _Optional[int] = ..., cold_messages: _Optional[int] = ..., runnable_groups: _Optional[int] = ..., blocked_groups: _Optional[int] = ..., held_groups: _Optional[int] = ..., oldest_head_enqueued_at_ms: _Optional[int] = ..., dedup_dropped_total: _Optional[int] = ...) -> None: ...
 
 class GroupRow(_message.Message):
     __slots__ = ("group", "messages", "acquired", "consumer", "node", "head_age_ms")

@@ -23,6 +23,7 @@ _QUEUE_FLAG_KEYS = ("group_policy", "group_header", "default_group", "group_firs
 _QUEUE_FLAG_KEYS += ("replication_factor",)  # issue 28
 _QUEUE_FLAG_KEYS += ("group_lease_ms",)  # issue 30
 _QUEUE_FLAG_KEYS += ("group_rebalance_mode",)  # issue 30, incremental rebalance
+_QUEUE_FLAG_KEYS += ("dedup", "dedup_window_messages", "dedup_window_ms")  # issue 31
 
 
 def add_queue_flags(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +67,13 @@ def add_queue_flags(parser: argparse.ArgumentParser) -> None:
     add("--group-rebalance-mode", choices=["reset", "incremental"],
         help="what a rebalance does when a consumer joins: reset every group (default), or move only the surplus "
              "groups of the most loaded consumers to it (incremental; implies --group-rebalance)")
+    # ---- issue 31: producer de-duplication ----
+    add("--dedup", dest="dedup", action="store_true", default=None,
+        help="accept a resend of a message-id (or _AMQ_DUPL_ID) taken within the window without queueing it again")
+    add("--no-dedup", dest="dedup", action="store_false")
+    add("--dedup-window-messages", type=int, metavar="N", help="ids remembered per queue (default 100000)")
+    add("--dedup-window-ms", type=int, metavar="MS",
+        help="how long an id is remembered (default 300000; 0 = by count only)")
 
 
 def queue_changes_from_args(args: argparse.Namespace) -> dict:

@@ -199,3 +199,17 @@ _JMS_FIELDS = {
     "JMSTimestamp": lambda fields: fields._time(9),
     "JMSExpiration": lambda fields: fields._time(8),
 }
+
+
+
+DUPLICATE_ID_PROPERTY = "_AMQ_DUPL_ID"  # issue 31: Artemis's duplicate-detection property, before message-id
+
+
+def dedup_id(payload: bytes) -> str | None:
+    """Issue 31: the id a de-duplicating queue remembers (node/core/dispatch/dedup.py): `_AMQ_DUPL_ID` when it
+    holds a string, binary or integer, else properties.message-id, as `jms_id` spells them; None: neither.
+    Only those two sections are read, as MessageFields reads them (an unreadable one is absent)."""
+    fields = MessageFields(payload)
+    wanted = fields._map(_APPLICATION_PROPERTIES, lambda key: key == DUPLICATE_ID_PROPERTY)
+    found = jms_id(wanted.get(DUPLICATE_ID_PROPERTY))
+    return found if found is not None else jms_id(fields._list(_PROPERTIES, 1)[0])

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections import deque
 
 from node.core.dispatch.message import COLD
+from node.core.dispatch.dedup import Duplicate
 from node.core.durability import CALL, CONSUMER, CONTINUATION, PRODUCER
 from node.core.effects import (AcceptSend, AcceptWhenStored, AfterFlush, CloseUnstored, Confirm, EnqueueLocal, Flushed,
                                Refuse, RefuseUnstored, StopNode, Stored, Unconfirmed, WriteFailed)
@@ -66,6 +67,8 @@ class NodeShell:
             effects = self.broker.enqueue(queue_name, message, now_ms)
         except GrouperError as error:
             return [Refuse(incoming, error)]
+        except Duplicate as duplicate:  # a resend within its queue's window (issue 31): accepted once on disk
+            return duplicate.effects + self.accept_when_stored(incoming, durable, producer_settled)
         if not durable and message.flags & COLD and self.journalled:
             durable = True  # a non-durable send that went cold is journalled (node/core/dispatch/queue_store.py)
         accepted = self.accept_when_stored(incoming, durable, producer_settled, (queue_name, message))
@@ -176,6 +179,10 @@ class NodeShell:
             out += self._declarations()
         if self.protocol is not None and self.protocol.batch_due:
             out += self.from_protocol(self.protocol.quiesced(now_ms))
+        if self.broker.dedup.pending:  # issue 31: the batch's de-duplication marks, after their messages (dedup.py)
+            marks = self.broker.dedup.take_marks()
+            if self.journalled:
+                out += marks
         return out
 
     @property

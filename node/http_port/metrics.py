@@ -85,7 +85,13 @@ class GrouperCollector:
                                   labels=["queue", "consumer"])
         for queue, consumer, count in consumers:
             owned.add_metric([queue, consumer], count)
-        yield from (messages_in, messages_out, *gauges.values(), owned)
+        # issue 31: resends a de-duplicating queue accepted and did not queue again (node/core/dispatch/dedup.py)
+        dedup_dropped = CounterMetricFamily("grouper_queue_dedup_dropped_messages", "resends of an id the queue "
+                                            "took within its de-duplication window: accepted, not queued again",
+                                            labels=["queue"])
+        for row in rows:
+            dedup_dropped.add_metric([row["name"]], row.get("dedup_dropped_total", 0))
+        yield from (messages_in, messages_out, *gauges.values(), owned, dedup_dropped)
 
     @staticmethod
     def _group_signals(rows: list[dict]):

@@ -17,7 +17,9 @@ Rules:
   "after_close": true, its received_ms stamped when it came (after the close), so the checker can
   leave it out: the consumer never held it.
 - A lost connection (or a link the node detaches) is retried after a backoff that doubles from
-  RECONNECT_DELAY_MIN_S up to `reconnect_delay_max_s`, until the thread is stopped.
+  RECONNECT_DELAY_MIN_S up to `reconnect_delay_max_s`, until the thread is stopped. `retarget(url)`
+  points the retries at another address (a node reborn elsewhere, tests/drills/disk_loss.py): the one
+  write another thread makes, a str the client's thread reads when it next connects.
 - Every wait is bounded: outcomes at the end of a run, closing, joining, draining.
 """
 
@@ -455,6 +457,10 @@ class _ClientThread(threading.Thread):
         return (f"{self.name}: alive {self.is_alive()}, error {self.error!r}, connects {client.connects}, "
                 f"losses {client.losses}, connection {'open' if client._connection is not None else 'none'}, "
                 f"last condition {client._transport_condition!r}")
+
+    def retarget(self, url: str) -> None:
+        """Connect to `url` from the next connection on (the current one, if any, is left as it is)."""
+        self.client.url = url
 
     def stop(self, timeout_s: float | None = None) -> None:
         """Ask the thread to finish and wait for it; raises if it does not end in time or failed."""

@@ -19,6 +19,13 @@ Faults (`KINDS`):
   from its start, so its outgoing connections are told apart from the test's; the minority side goes
   on answering its clients, which is where refusals must be heard.
 - disk: the node's data directory (its own tmpfs) is filled to the last byte, freed after the hold.
+- disk-loss (issue 28): SIGKILL of the busy groups' owner (always the owner: its journal holds their
+  backlog, which its consumers, slowed by DISK_LOSS_CONSUMER_DELAY_MS, leave there), its data directory
+  emptied, and after the hold it rejoins empty through the safe-rejoin path, as a new member at a new
+  address (tests/drills/disk_loss.py says why and how); the round's clients at it follow it there, and
+  the old identity is then removed, its groups placed afresh. Until messages are replicated the owner's
+  journal is gone with its disk, so these rounds lose messages: LOSSY_UNTIL_REPLICATION. The round
+  reports its losses by count and by group (`lost_groups`).
 
 Follow mode (`route_follow_ms` > 0, the same on every node; README "Groups follow their consumers"): in
 each round the busy groups' consumers move. They start on the owner as above; at a moment the round's
@@ -67,6 +74,7 @@ from typing import NamedTuple
 from node.admin.client import AdminClient, AdminError
 from node.tools.progress import Progress
 from tests.drills.checker import OUTCOME_UNKNOWN_PREFIX, check, load_jsonl
+from tests.drills.disk_loss import DiskLoss
 from tests.drills.load import GroupedProducer, Load, LoggingConsumer, now_ms, wait_accepted
 from tests.integration.cluster import Cluster, in_transit
 from tests.integration.clients import queue_toml
@@ -74,7 +82,13 @@ from tests.integration.faults import mount_tmpfs, tmpfs_unavailable, unmount
 from tests.integration.harness import MEMBER_EXIT_TIMEOUT_S, member_children
 from tests.integration.test_journal_disk_full import fill
 
-KINDS = ("kill", "pause", "partition", "disk")
+KINDS = ("kill", "pause", "partition", "disk", "disk-loss")
+# issue 28: kinds that lose messages on today's code by design, so CI runs them but does not demand a clean
+# verdict of them (tests/drills/test_nemesis.py demands the loss instead, counted by group). Until messages
+# are replicated (docs/replication.md), a message lives only in its owner's journal, and disk-loss deletes
+# it. Empty this once replication lands: every kind must then be clean.
+LOSSY_UNTIL_REPLICATION = ("disk-loss",)
+CLEAN_KINDS = tuple(kind for kind in KINDS if kind not in LOSSY_UNTIL_REPLICATION)
 ROLES = ("leader", "owner", "remote")
 QUEUE = "nemesis"
 PROBE_QUEUE = "nemesis-probe"
@@ -103,6 +117,9 @@ METRICS_TIMEOUT_S = 2.0  # one look at a node's /metrics
 GROUPS_TIMEOUT_MS = 5000  # one `group list` of the nemesis queue (it asks every member)
 TRUNCATION_MARK = "truncating already-applied log entries"  # pysyncobj's CRITICAL line (syncobj.py)
 CONNECTION_MARK_BASE = 0x4E000000  # | a counter: each partition marks its connections with its own value
+# disk-loss rounds: the busy consumers take at most ~1000/this messages a second each, so the producers build
+# a backlog in the owner's journal before the kill: the messages a lost disk loses, unless replicated
+DISK_LOSS_CONSUMER_DELAY_MS = 10
 
 
 class Unavailable(Exception):
@@ -210,6 +227,7 @@ class RoundResult:
     timed_out: int = 0
     delivered: int = 0
     lost: int = 0
+    lost_groups: dict = dataclasses.field(default_factory=dict)  # group -> messages lost, of the round's groups
     duplicates: int = 0
     order_violations: int = 0
     double_held: int = 0
@@ -226,6 +244,12 @@ class RoundResult:
     # nodes that stopped themselves in the round (node id, exit code), restarted after the heal as a
     # supervisor would: a node whose journal cannot take a forwarded batch stops with 70 by design
     exits: list = dataclasses.field(default_factory=list)
+    rejoined_as: str = ""  # disk-loss: the new node id the emptied victim rejoined under
+    # messages the nodes accepted in this round for an identity removed by a disk-loss round (this one's or an
+    # earlier one's) and still hold in their outbound stores: nothing forwards them anywhere (today's
+    # remove-node drops routes, not backlogs, and placement may still choose the removed node: finding 11 of
+    # docs/reliability.md), so the round does not wait for them, and the checker counts them lost
+    stranded_outbound: int = 0
     digests_equal: bool = False  # after the round settled
     # follow mode (route_follow_ms > 0): when the consumers moved ("before", "during", "after" the fault),
     # how far from it (ms before the fault began; ms into the hold; 0 = at the heal), from which node to
@@ -261,6 +285,10 @@ class RoundResult:
                 f"{self.heal_to_new_group_ms} ms, equal digests after {self.heal_to_equal_digests_ms} ms, "
                 f"digests equal {self.digests_equal}, truncations {self.truncation_lines}"
                 + (f", node exits {self.exits}" if self.exits else "")
+                + (f", rejoined empty as {self.rejoined_as}" if self.rejoined_as else "")
+                + (f", {self.stranded_outbound} stranded in outbound stores for removed identities"
+                   if self.stranded_outbound else "")
+                + (f"; lost by group {dict(sorted(self.lost_groups.items()))}" if self.lost_groups else "")
                 + (f"; follow {self.follow_when} ({self.follow_offset_ms} ms) {self.follow_from} -> {self.follow_to} "
                    f"({self.follow_to_role}): {self.groups_moved}/{self.groups_at_old_owner} groups moved, "
                    f"messages {self.moved_messages}, cold sweeps {self.cold_sweeps}" if self.follow_ms else "")
@@ -287,6 +315,10 @@ class Campaign:
         self.partitions: Partitions | None = None
         self.cgroup_dir: Path | None = None
         self.mounts: list[Path] = []
+        self.disk_loss: DiskLoss | None = None
+        self.load: Load | None = None  # the round in progress's clients (a disk-loss round retargets some)
+        self.removed_ids: set[str] = set()  # identities of nodes that lost their disk, removed from the cluster
+        self.stranded_before = 0  # what outbound stores held for removed identities as the round began
 
     # ---- set-up and tear-down ------------------------------------------------------------------
 
@@ -315,6 +347,7 @@ class Campaign:
                 # the node enters its cgroup before it opens a socket: sockets carry their creator's cgroup
                 node.command_prefix = ("sh", "-c", 'echo $$ > "$0" && exec "$@"', str(leaf / "cgroup.procs"))
         self.cluster.start()
+        self.disk_loss = DiskLoss(self.cluster)
         if cgroups:
             ports = [[self.cluster.raft_ports[index], node._admin_port, node._amqp_port]
                      for index, node in enumerate(self.cluster.nodes)]
@@ -443,11 +476,15 @@ class Campaign:
 
     def _round(self, kind: str, rng: random.Random, result: RoundResult, load: Load, logs: Path) -> None:
         cluster = self.cluster
-        leader = cluster.index_of(self.wait_settled()[0]["leader"])
+        statuses = self.wait_settled()
+        leader = cluster.index_of(statuses[0]["leader"])
+        self.stranded_before = self._stranded(statuses)
         owner = rng.choice([index for index in range(3) if index != leader])
         remote = next(index for index in range(3) if index not in (leader, owner))
         roles = {"leader": leader, "owner": owner, "remote": remote}
         result.role = rng.choice(ROLES)
+        if kind == "disk-loss":  # drawn all the same, so the rest of the round's choices replay as in other kinds
+            result.role = "owner"
         victim = roles[result.role]
         result.victim = cluster.node_ids[victim]
         hold_s = rng.uniform(*self.hold_s)
@@ -461,10 +498,13 @@ class Campaign:
             result.follow_from = cluster.node_ids[owner]
             result.follow_to = cluster.node_ids[roles[follow.to_role]]
         counters = _Counters(cluster.nodes) if follow else None
+        self.load = load
+        delay_ms = DISK_LOSS_CONSUMER_DELAY_MS if kind == "disk-loss" else 0
 
         def consumer(index: int, queue: str, name: str) -> LoggingConsumer:
             made = LoggingConsumer(cluster.nodes[index].url, queue, logs / f"{name}.jsonl", name=name,
-                                   credit=CONSUMER_CREDIT, reconnect_delay_max_s=RECONNECT_DELAY_MAX_S)
+                                   credit=CONSUMER_CREDIT, reconnect_delay_max_s=RECONNECT_DELAY_MAX_S,
+                                   delay_ms=delay_ms if queue == QUEUE else 0)
             made.start()
             load.consumers.append(made)
             return made
@@ -510,7 +550,9 @@ class Campaign:
                 midway = (follow.fraction * hold_s, move_consumers)
             counters.look()
 
-        healed_ms = getattr(self, f"_{kind}")(victim, hold_s, midway)
+        healed_ms = getattr(self, f"_{kind.replace('-', '_')}")(victim, hold_s, midway)
+        if kind == "disk-loss":
+            result.rejoined_as = cluster.node_ids[victim]
         result.exits += self._restart_exited()
         if follow:
             if follow.when == "after":
@@ -535,7 +577,7 @@ class Campaign:
         if follow:
             self._wait_followed(groups, result)
         started_s = time.monotonic()
-        while left := in_transit(self.statuses()):
+        while left := in_transit(self._without_removed(self.statuses(), result)):
             assert time.monotonic() - started_s < SETTLE_TIMEOUT_S, \
                 f"still in transit after {SETTLE_TIMEOUT_S} s: {left}"
             time.sleep(0.2)
@@ -543,6 +585,22 @@ class Campaign:
         if follow:
             counters.look()
             result.moved_messages, result.cold_sweeps = counters.moved(), counters.sweeps()
+
+    def _stranded(self, statuses: list[dict | None]) -> int:
+        """Messages the nodes hold in outbound stores for removed identities (finding 11 of docs/reliability.md)."""
+        return sum(status["outbound"].get(owner, 0) for status in statuses if status is not None
+                   for owner in self.removed_ids)
+
+    def _without_removed(self, statuses: list[dict | None], result: RoundResult) -> list[dict | None]:
+        """`statuses` without the outbound backlogs for removed identities, which nothing will ever take;
+        what they gained in this round (the latest look, less what they held as it began) goes to
+        `result.stranded_outbound`: earlier rounds' stranded messages stay where they are."""
+        if not self.removed_ids:
+            return statuses
+        result.stranded_outbound = self._stranded(statuses) - self.stranded_before
+        return [None if status is None else {**status, "outbound": {
+            owner: count for owner, count in status["outbound"].items() if owner not in self.removed_ids}}
+            for status in statuses]
 
     def _routes(self, groups: list[str]) -> dict[str, str]:
         """group -> the node its route names, for those of `groups` the cluster routes (bounded: any node that
@@ -649,6 +707,30 @@ class Campaign:
             if filler is not None:
                 filler.unlink()
         return now_ms()
+
+    def _disk_loss(self, victim: int, hold_s: float, midway=None) -> int:
+        """kill -9, data deleted, rejoined empty as a new member; the clients at the victim follow it, then the
+        old identity is removed (tests/drills/disk_loss.py). The heal is the rejoin's start."""
+        cluster = self.cluster
+        old_id, old_url = cluster.node_ids[victim], cluster.nodes[victim].url
+        member = next(index for index in range(3) if index != victim)
+        self.disk_loss.lose(victim)
+        self._hold(hold_s, midway)
+        healed_ms = now_ms()
+        self.disk_loss.rejoin(victim, member)
+        node = cluster.nodes[victim]
+        for client in [*self.load.producers, *self.load.consumers]:
+            if client.client.url == old_url:
+                client.retarget(node.url)
+        if self.partitions is not None:  # its raft and admin port numbers changed (the admin one is the member's)
+            self.partitions.ports[victim] = [cluster.raft_ports[victim], node._admin_port, node._amqp_port]
+        # the consumers are back at the new member before the old routes go, so the groups are placed with them
+        self.wait_consumers({(QUEUE, victim): sum(1 for made in self.load.consumers
+                                                  if made.client.url == node.url and made.client.queue == QUEUE
+                                                  and made.is_alive() and not made.client.stop_requested)})
+        self.removed_ids.add(old_id)  # gone for good either way: what is held for it is never waited for
+        self.disk_loss.remove_old(old_id, member)
+        return healed_ms
 
     # ---- helpers ------------------------------------------------------------------------------
 
@@ -761,6 +843,7 @@ def judge(result: RoundResult, logs: Path) -> None:
     result.sends, result.accepted, result.refused = report.sends, report.accepted, report.refused
     result.timed_out, result.delivered = report.timed_out, report.delivered
     result.lost, result.duplicates = len(report.lost), len(report.duplicates)
+    result.lost_groups = lost_by_group(report.lost)
     result.order_violations, result.double_held = len(report.order_violations), len(report.exclusivity_violations)
     result.refused_delivered, result.unexpected = len(report.refused_delivered), len(report.unexpected)
     result.late_redeliveries = result.late_duplicates = 0
@@ -781,6 +864,14 @@ def judge(result: RoundResult, logs: Path) -> None:
             key = f"{line['outcome']} {line['condition']}" + (" (outcome unknown)" if unknown else "")
             conditions[key] = conditions.get(key, 0) + 1
     result.refused_conditions = conditions
+
+
+def lost_by_group(lost: list) -> dict[str, int]:
+    """group -> how many of `lost` (identities: producer, group, sequence) it lost."""
+    groups: dict[str, int] = {}
+    for _, group, _ in lost:
+        groups[group] = groups.get(group, 0) + 1
+    return groups
 
 
 class _EarlierRound:

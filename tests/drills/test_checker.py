@@ -256,3 +256,16 @@ def test_a_refusal_whose_outcome_is_unknown_may_be_delivered_and_counts_as_a_tim
     assert report.ok, report.summary()
     assert (report.refused, report.timed_out) == (1, 1)
     assert report.unconfirmed_delivered == [("p", "g", 1)]
+
+
+def test_a_lost_disk_loses_each_group_from_the_first_message_its_owner_had_not_delivered_and_says_which():
+    # disk-loss (issue 28): groups a and b lived on the owner that lost its journal; what their consumer
+    # had not accepted by then is gone, while group c (another owner) and the messages after the rejoin arrive
+    sends = [send("p", group, sequence) for group in ("a", "b", "c") for sequence in range(1, 7)]
+    delivered = {("a", 1), ("a", 2), ("b", 1), *(("c", s) for s in range(1, 7)), ("a", 6), ("b", 6)}
+    deliveries = [delivery("c1", "p", group, sequence, 100 + 10 * sequence) for group, sequence in sorted(delivered)]
+    report = check(sends, deliveries)
+    assert report.lost == [("p", "a", 3), ("p", "a", 4), ("p", "a", 5), ("p", "b", 2), ("p", "b", 3), ("p", "b", 4),
+                           ("p", "b", 5)]
+    assert not report.order_violations  # a hole in a group is a loss, not a reordering
+    assert "lost: 7, e.g. p/a#3" in report.summary()

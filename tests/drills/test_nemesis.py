@@ -4,6 +4,9 @@ Each kind gets its own cluster and ROUNDS_PER_KIND rounds with faults held HOLD_
 campaign's 2-10 s, so the file stays within a few minutes). The round seeds start at a random base unless
 GROUPER_NEMESIS_SEED is set; a failure names each failed round's seed and how to replay it.
 
+The disk-loss kind (issue 28) is not among the rounds that must be clean until messages are replicated
+(nemesis.LOSSY_UNTIL_REPLICATION): its one round here must be judged as losing the owner's messages.
+
 Partitions need iptables (with the cgroup and connmark matches) and a cgroup v2 hierarchy, the full disk
 a tmpfs mount; without them the kind is skipped with the reason, unless GROUPER_FAULTS_REQUIRED=1 (.ci/run
 sets it after installing iptables), where a missing piece fails the test instead of hiding it
@@ -33,7 +36,9 @@ def unavailable(kind: str) -> str | None:
     return None  # kill and pause signal our own children
 
 
-@pytest.mark.parametrize("kind", nemesis.KINDS)
+# nemesis.CLEAN_KINDS: every kind but those that lose messages on today's code by design (disk-loss, until
+# messages are replicated: issue 28); the disk-loss round is demanded to show its loss below instead
+@pytest.mark.parametrize("kind", nemesis.CLEAN_KINDS)
 def test_a_few_rounds_of_one_fault_each_lose_reorder_and_split_nothing_and_leave_equal_route_tables(kind, tmp_path):
     reason = unavailable(kind)
     if reason:
@@ -130,3 +135,63 @@ def test_late_deliveries_are_judged_against_the_round_that_sent_them_reading_its
     assert (result.late_redeliveries, result.late_duplicates, result.unexpected) == (2, 1, 1)
     assert "late duplicate: r1-p0/g#1" in result.checker
     assert reads == ["round002-pause-8", "round001-kill-7"]
+
+
+def test_a_disk_loss_rounds_logs_are_judged_as_losing_messages_by_count_and_by_group(tmp_path):
+    """The judge of every round on the logs of a disk-loss round: the owner's journal is gone, so accepted
+    messages of its groups never arrive; the round fails, naming how many and of which groups."""
+    def send(group, sequence):
+        return {"kind": "send", "producer": "r1-p0", "node": "n", "queue": nemesis.QUEUE, "group": group,
+                "sequence": sequence, "sent_ms": sequence, "settled_ms": sequence, "outcome": "accepted",
+                "condition": None}
+
+    def delivery(group, sequence):
+        return {"kind": "delivery", "consumer": "r1-c0", "node": "n", "queue": nemesis.QUEUE, "group": group,
+                "producer": "r1-p0", "sequence": sequence, "received_ms": 100 + sequence,
+                "settled_ms": 101 + sequence, "confirmed_ms": 102 + sequence, "delivery_count": 0,
+                "outcome": "accepted", "settle_confirmed": True}
+    logs = tmp_path / "round001-disk-loss-5"
+    logs.mkdir()
+    _write_lines(logs / "r1-p0.jsonl", [send(group, sequence) for group in ("r1-g00", "r1-g01", "r1-g02")
+                                        for sequence in range(1, 6)])
+    # r1-g00 lost 3..5 with the disk, r1-g01 lost 5; r1-g02 lived elsewhere
+    _write_lines(logs / "r1-c0.jsonl", [delivery("r1-g00", 1), delivery("r1-g00", 2),
+                                        *(delivery("r1-g01", sequence) for sequence in range(1, 5)),
+                                        *(delivery("r1-g02", sequence) for sequence in range(1, 6))])
+    result = nemesis.RoundResult("disk-loss", 5, 1, digests_equal=True)
+    nemesis.judge(result, logs)
+    assert (result.accepted, result.lost) == (15, 4)
+    assert result.lost_groups == {"r1-g00": 3, "r1-g01": 1}
+    assert not result.ok
+    assert "lost 4" in result.describe() and "lost by group {'r1-g00': 3, 'r1-g01': 1}" in result.describe()
+
+
+def test_disk_loss_is_a_kind_of_the_campaign_but_not_yet_one_that_must_be_clean():
+    # issue 28: remove it from LOSSY_UNTIL_REPLICATION once messages are replicated
+    assert "disk-loss" in nemesis.KINDS
+    assert nemesis.LOSSY_UNTIL_REPLICATION == ("disk-loss",)
+    assert set(nemesis.CLEAN_KINDS) | set(nemesis.LOSSY_UNTIL_REPLICATION) == set(nemesis.KINDS)
+
+
+def test_a_disk_loss_round_on_todays_code_loses_the_owners_messages_and_nothing_else_goes_wrong(tmp_path):
+    """One disk-loss round (issue 28): the owner of the busy groups is killed under load, its data directory
+    deleted, and it rejoins empty as a new member. Messages live only in their owner's journal today, so the
+    round must be judged as losing messages, counted by group, among the busy groups; order, exclusivity,
+    duplicates and the route tables must still hold. Once replication lands this test fails on purpose: then
+    empty nemesis.LOSSY_UNTIL_REPLICATION, and the disk-loss kind joins the clean rounds above."""
+    seed = BASE_SEED + len(nemesis.KINDS) * ROUNDS_PER_KIND + len(FOLLOW_KINDS)
+    with nemesis.Campaign(tmp_path, ("disk-loss",), HOLD_S) as campaign:
+        result = campaign.play("disk-loss", seed)
+    print(result.describe())
+    replay = (f"replay: python -m tests.drills.nemesis --kinds disk-loss --seed {seed} --rounds 1 "
+              f"--hold-s {HOLD_S[0]:g},{HOLD_S[1]:g} (logs under {tmp_path})")
+    assert not result.failure, f"{result.describe()}\n  {replay}"
+    assert result.role == "owner" and result.rejoined_as and result.rejoined_as != result.victim, result.describe()
+    assert result.lost > 0, f"the judge found no loss in a round whose owner lost its journal\n{result.describe()}"
+    assert sum(result.lost_groups.values()) == result.lost, result.describe()
+    busy = {f"r1-g{index:02d}" for index in range(nemesis.GROUPS_PER_ROUND)}
+    assert busy & set(result.lost_groups), result.describe()
+    assert set(result.lost_groups) <= busy | {group for group in result.lost_groups if group.startswith("r1-new")}
+    assert not (result.order_violations or result.double_held or result.duplicates or result.refused_delivered
+                or result.unexpected or result.late_duplicates), f"{result.describe()}\n  {replay}"
+    assert result.digests_equal and result.heal_to_new_group_ms is not None, result.describe()

@@ -24,10 +24,11 @@ def values(name: str = "orders", **fields) -> dict:
 
 
 def test_every_setting_is_either_updatable_or_fixed():
-    # to_dict leaves out an empty address, a zero memory budget, trace off and no group lease (records older
-    # nodes read)
-    assert set(values(address="prices", memory_max_bytes=1, trace=True, group_lease_ms=1)) == \
-        UPDATABLE_FIELDS | FIXED_FIELDS
+    # to_dict leaves out an empty address, a zero memory budget, trace off, no group lease, the reset rebalance
+    # mode and no de-duplication (records older nodes read)
+    assert set(values(address="prices", memory_max_bytes=1, trace=True, group_lease_ms=1, group_rebalance=True,
+                      group_rebalance_mode="incremental", dedup=True, dedup_window_messages=1,
+                      dedup_window_ms=1)) == UPDATABLE_FIELDS | FIXED_FIELDS
     assert not UPDATABLE_FIELDS & FIXED_FIELDS
 
 

@@ -53,6 +53,7 @@ UPDATABLE_FIELDS = frozenset({
     "redelivery_delay_max_ms", "dead_letter_queue", "dead_letter_queue_auto_create", "trace",
     "group_lease_ms",  # issue 30: read at each tick (node/core/dispatch/queue_leases.py)
     "group_rebalance_mode",  # issue 30: read at each join (node/core/dispatch/queue_rebalance.py)
+    "dedup", "dedup_window_messages", "dedup_window_ms",  # issue 31: dispatch/dedup.py reads them at each send
 })
 # decide a message's group (policy, header, default group, buckets) or whether it is journalled
 FIXED_FIELDS = frozenset({"name", "group_policy", "group_header", "default_group", "group_buckets", "durable",

@@ -30,6 +30,7 @@ from node.core.cluster.context import MARK_PREFIX, Context
 from node.core.cluster.handover import PARK, RELAY, Handovers
 from node.core.effects import AfterFlush, Declared, Reply
 from node.core.errors import GrouperError, HandlerUnavailable, ResourceLimitExceeded
+from node.core.dispatch.dedup import Duplicate
 from node.core.dispatch.message import Message
 from node.core.cluster.outbound import Entry
 from node.core.cluster.routing import Inbound
@@ -117,6 +118,8 @@ class OwnerSide:
                     advanced = True
                     continue
                 enqueued = context.broker.enqueue(entry.queue, message, now_ms)
+            except Duplicate as duplicate:  # a producer's resend the queue took already (issue 31): nothing queued
+                enqueued = duplicate.effects
             except GrouperError as error:
                 if not advanced:
                     raise

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 
+from node.core.dispatch.dedup import Duplicate
 from node.core.cluster.context import PARK_PREFIX, Context, MustAgree, moved_copy
 from node.core.cluster.forwarding import Forwarding
 from node.core.effects import AfterFlush, Removed, Stored
@@ -79,6 +80,8 @@ class Parking:
             message = moved_copy(old)
             try:
                 enqueued = context.broker.enqueue(key[0], message, now_ms)
+            except Duplicate as duplicate:  # a resend the queue took already (issue 31): done with, nothing queued
+                enqueued = duplicate.effects
             except GrouperError as error:
                 log.warning("parked messages of group %r of queue %r wait: %s", key[1], key[0], error.description)
                 break  # held until a later tick takes them

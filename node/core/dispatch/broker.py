@@ -18,6 +18,7 @@ Rules:
   (`local`, node/core/dispatch/local_changes.py) the queues made here on a client's behalf, the
   subscriptions ended here and the groups this node itself gave messages are recorded for the cluster
   to take; a node alone records nothing.
+- De-duplication (dedup.py): `enqueue` branches on the `dedup` setting alone; a resend raises Duplicate.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from node.core.dispatch.address_settings import AddressSettings, check_parameter
 from node.core.dispatch.addresses import Addresses
 from node.core.dispatch.cold import RecordBudget
 from node.core.dispatch.dead_letters import DeadLetters
+from node.core.dispatch.dedup import Dedup
 from node.core.dispatch.local_changes import LocalChanges
 from node.core.dispatch.message import AVAILABLE, JOURNALLED, Message, Outcome
 from node.core.dispatch.moves import Moves
@@ -40,7 +42,7 @@ from node.core.errors import AlreadyExists, GrouperError, NotFound
 class Broker:
     def __init__(self, *, auto_create: bool = True, template: QueueSettings | None = None,
                  default_group: str = "", dead_letter_stamp=None, address_settings: AddressSettings | None = None,
-                 multicast_addresses: tuple = ()):
+                 multicast_addresses: tuple = (), dedup_id_of=None):
         self.auto_create = auto_create
         self.addresses = Addresses(multicast_addresses)  # multicast addresses and their subscription queues
         # settings of auto-created queues: [[address-setting]] tables over the [template]
@@ -71,6 +73,7 @@ class Broker:
         paging = self.paging = NodePaging(self)
         self.journalled, self.promote, self.page_out, self.page_in = (paging.journalled, paging.promote,
                                                                       paging.page_out, paging.page_in)
+        self.dedup = Dedup(dedup_id_of)  # issue 31; dedup_id_of(payload) -> id or None (node.amqp.duplicate_ids)
 
     # ---- queues ------------------------------------------------------------------------------
 
@@ -147,6 +150,7 @@ class Broker:
                 if error is not None:
                     effects[index] = DetachConsumer(effect.consumer_id, error)
         del self.queues[name]
+        self.dedup.drop(name)
         self.temporary.discard(name)
         if queue.settings.address:
             self.addresses.unbind(queue.settings.address, name)
@@ -161,6 +165,7 @@ class Broker:
         message.enqueued_at_ms = message.enqueued_at_ms or now_ms
         effects: list = [Enqueued(queue_name, message)] if queue.settings.trace else []
         try:
+            dedup_key = queue.settings.dedup and self.dedup.key(queue.settings, message.payload, now_ms, effects)
             queue.enqueue(message, now_ms, effects)  # raises before changing anything
         except GrouperError:
             if created:  # a refusal changes nothing, not even by auto-creating (nor journalling it)
@@ -170,6 +175,8 @@ class Broker:
                     self.local.unmake(queue.settings)
             raise
         self.next_seq += 1
+        if dedup_key:  # False (no dedup), None (no id) or the id
+            self.dedup.mark(queue.settings, dedup_key, message, now_ms, effects)
         return effects
 
     def take_back(self, sends: list[tuple[str, Message]], now_ms: int) -> tuple[list[bool], list]:
@@ -185,6 +192,7 @@ class Broker:
             if message.handed_out or message.state != AVAILABLE:
                 continue
             self.queues[queue_name].withdraw(message, now_ms, effects)  # available: its queue still exists
+            self.dedup.forget(self.queues[queue_name].settings, message, effects)  # its mark too (dedup.py)
         return handed_out, effects
 
     def allocate_seq(self) -> int:
@@ -284,7 +292,7 @@ class Broker:
     # ---- management --------------------------------------------------------------------------
 
     def list_queues(self) -> list[dict]:
-        return [self.queues[name].stats() for name in sorted(self.queues)]
+        return [self.dedup.stats(self.queues[name].stats()) for name in sorted(self.queues)]
 
     def list_groups(self, queue_name: str) -> list[dict]:
         return self.queue(queue_name).group_rows()

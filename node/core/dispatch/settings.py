@@ -64,6 +64,10 @@ class QueueSettings:
     # of the most loaded consumers to the newcomer, as few as make the counts even within one.
     # `group_rebalance = "incremental"` (or "reset") in a config table sets both fields
     group_rebalance_mode: str = "reset"
+    # ---- issue 31: producer de-duplication (node/core/dispatch/dedup.py) ----
+    dedup: bool = False  # a resend of an id the queue took within its window is accepted and not queued again
+    dedup_window_messages: int = 100_000  # ids remembered per queue; the oldest is forgotten past it
+    dedup_window_ms: int = 300_000  # how long an id is remembered (SQS's 5 minutes); 0 = until pushed out by count
 
     def validate(self) -> "QueueSettings":
         if not self.name or len(self.name) > 255:
@@ -116,7 +120,15 @@ class QueueSettings:
         if self.group_rebalance_mode != "reset" and not self.group_rebalance:
             raise InvalidConfig("group_rebalance_mode", "needs group_rebalance (or write group_rebalance = "
                                                         f"{self.group_rebalance_mode!r}, which sets both)")
+        self._validate_dedup()
         return self
+
+    def _validate_dedup(self) -> None:  # issue 31
+        if not 1 <= self.dedup_window_messages <= DEDUP_WINDOW_MESSAGES_MAX:
+            raise InvalidConfig("dedup_window_messages", f"must be 1..{DEDUP_WINDOW_MESSAGES_MAX} ids (each costs "
+                                                         f"memory while remembered)")
+        if self.dedup_window_ms < 0:
+            raise InvalidConfig("dedup_window_ms", "must be >= 0 (0 = remembered until pushed out by count)")
 
     @property
     def dead_letter_queue_name(self) -> str:
@@ -155,6 +167,9 @@ class QueueSettings:
             del values["group_lease_ms"]
         if self.group_rebalance_mode == "reset":  # issue 30: records of queues that reset stay as they were
             del values["group_rebalance_mode"]
+        for key in _DEDUP_KEYS:  # issue 31: a queue without de-duplication writes the record it wrote before
+            if values[key] == _DEDUP_DEFAULTS[key]:
+                del values[key]
         return values
 
     @classmethod
@@ -198,3 +213,8 @@ class QueueSettings:
                 raise InvalidConfig(f"{where}.{key}", f"expected a string, got {value!r}")
             clean[norm] = value
         return clean
+
+
+DEDUP_WINDOW_MESSAGES_MAX = 10_000_000  # hard ceiling for dedup_window_messages: each id remembered costs memory
+_DEDUP_KEYS = ("dedup", "dedup_window_messages", "dedup_window_ms")  # issue 31
+_DEDUP_DEFAULTS = {key: getattr(QueueSettings, key) for key in _DEDUP_KEYS}
