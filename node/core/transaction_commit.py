@@ -8,7 +8,8 @@ durability and cluster protocol, and hands the effects to its adapter. Rules:
   group this node does not own (or that no node owns yet), or one being handed over between nodes: a
   later increment may forward such sends.
   The refusal is a TransactionRolledBack on the discharge (amqp:transaction:rollback) naming the cause.
-- A commit enqueues the sends in their order, then applies the dispositions in theirs. The discharge is
+- A commit enqueues the sends in their order, then applies the dispositions in theirs. A send its
+  de-duplicating queue took already (node/core/dispatch/dedup.py) is part of the commit, not queued again. The discharge is
   accepted once every durable send and every removal is on disk (one journal unit: the whole commit is
   one batch of the engine loop), else at the end of the batch; a disposition that removed a message is
   confirmed to its consumer once the removal is on disk, any other at once.
@@ -20,6 +21,7 @@ durability and cluster protocol, and hands the effects to its adapter. Rules:
 from __future__ import annotations
 
 from node.core.cluster.handover import AS_ROUTED
+from node.core.dispatch.dedup import Duplicate
 from node.core.dispatch.message import Outcome
 from node.core.dispatch.transactions import Transaction, TransactionRolledBack
 from node.core.durability import CONSUMER
@@ -37,7 +39,11 @@ def commit(shell, transaction: Transaction, incoming, now_ms: int) -> list:
     effects: list = []
     waits = False
     for send in transaction.sends:
-        effects += broker.enqueue(send.queue, send.message, now_ms)
+        try:
+            effects += broker.enqueue(send.queue, send.message, now_ms)
+        except Duplicate as duplicate:  # a resend its de-duplicating queue took already: accepted, not queued
+            effects += duplicate.effects
+            continue
         waits = waits or (send.durable and shell.journalled)
     confirms: list = []
     for disposition in transaction.dispositions:

@@ -29,7 +29,7 @@ class Protocol:
 
 
 def shell_with(protocol=None, **settings) -> tuple[NodeShell, Broker]:
-    broker = Broker()
+    broker = Broker(dedup_id_of=lambda payload: payload.decode())  # a message's id is its body
     broker.declare_queue(QueueSettings(name="q", **settings))
     return NodeShell(broker, Durability(1000), journalled=False, protocol=protocol), broker
 
@@ -83,3 +83,11 @@ def test_a_commit_to_a_group_being_handed_over_is_refused():
     effects = shell.commit(transaction_of(("a", "a")), "discharge", 0)
     assert "handed over" in [e for e in effects if type(e) is Refuse][0].error.description
     assert broker.queues["q"].depth_messages == 0
+
+
+def test_a_send_its_de_duplicating_queue_took_already_commits_without_being_queued_again():
+    shell, broker = shell_with(dedup=True)
+    shell.enqueue_local("first", "q", Message(b"m-a", "a"), False, False, 0)  # id "m-a", outside the transaction
+    effects = shell.commit(transaction_of(("a", None), ("b", None)), "discharge", 0)  # ids "m-a", "m-b"
+    assert not [e for e in effects if type(e) is Refuse]
+    assert broker.queues["q"].depth_messages == 2  # m-a once, m-b
