@@ -140,6 +140,16 @@ class TransactionMachine(RuleBasedStateMachine):
         self.transactions.settle(transaction_id, *key, Outcome.ACCEPTED, False, key)
         self.open[transaction_id]["accepts"].append((key, self.outstanding[key]))
 
+    @precondition(lambda self: self.open and len(self.free_deliveries()) > 1)
+    @rule(data=st.data())
+    def accept_several_in_transaction(self, data):
+        """Several at once, in any order: a consumer may settle a newer delivery before an older one."""
+        transaction_id = data.draw(st.sampled_from(sorted(self.open)))
+        keys = data.draw(st.permutations(self.free_deliveries()))[:4]
+        for key in keys:
+            self.transactions.settle(transaction_id, *key, Outcome.ACCEPTED, False, key)
+            self.open[transaction_id]["accepts"].append((key, self.outstanding[key]))
+
     @precondition(lambda self: self.open)
     @rule(data=st.data())
     def commit(self, data):
@@ -194,5 +204,5 @@ class TransactionMachine(RuleBasedStateMachine):
 
 
 TestTransactions = TransactionMachine.TestCase
-TestTransactions.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
+TestTransactions.settings = settings(max_examples=300, stateful_step_count=40, deadline=None,
                                      suppress_health_check=[HealthCheck.too_slow])

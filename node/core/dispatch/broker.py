@@ -266,11 +266,9 @@ class Broker:
         return effects
 
     def delivered_seq(self, consumer_id, delivery_id: int) -> int | None:
-        """The seq of the message `consumer_id` holds unsettled as `delivery_id`, None if none (issue 31: a
-        rollback gives its deliveries back in seq order, node/core/transaction_commit.py)."""
+        """Seq of what `consumer_id` holds as `delivery_id`, None if nothing (issue 31: rollbacks go in seq order)."""
         queue = self._consumer_queue.get(consumer_id)
-        message = queue.delivered(consumer_id, delivery_id) if queue is not None else None
-        return None if message is None else message.seq
+        return None if queue is None else queue.delivered_seq(consumer_id, delivery_id)
 
     # ---- time --------------------------------------------------------------------------------
 

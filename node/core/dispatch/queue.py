@@ -241,9 +241,9 @@ class Queue:
             self._consumers.sync_taker(consumer)
         self._dispatcher.dispatch(now_ms, effects)
 
-    def delivered(self, consumer_id, delivery_id: int) -> Message | None:
-        consumer = self._consumers.by_id.get(consumer_id)
-        return None if consumer is None else consumer.unsettled.get(delivery_id)
+    def delivered_seq(self, consumer_id, delivery_id: int) -> int | None:
+        message = self._consumers.by_id[consumer_id].unsettled.get(delivery_id)  # Broker.delivered_seq
+        return None if message is None else message.seq
 
     def settle(self, consumer_id, delivery_id: int, outcome: Outcome, delivery_failed: bool,
                now_ms: int, effects: list) -> list[Message]:
