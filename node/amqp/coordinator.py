@@ -13,7 +13,9 @@ Engine loop thread only. Rules:
   transaction (amqp:not-allowed): a later increment may take them.
 - A consumer's disposition whose state is transactional-state (node/amqp/outgoing.py hands it here)
   is held in its transaction; the delivery stays unsettled, and its group with its consumer, until the
-  discharge; the node shell's commit or rollback settles it (node/core/transaction_commit.py).
+  discharge; the node shell's commit or rollback settles it (node/core/transaction_commit.py). One naming
+  an unknown transaction, or no outcome, is not taken: the consumer's link is detached with the condition
+  (its unsettled deliveries go back to their groups, as at any detach).
 - A transaction id is used only on the connection that declared it; anything else is unknown-id.
 - A commit's journal records (its sends' STOREs, its accepts' REMOVEs, whatever they caused) are written
   as one batch closed by a commit record: a crash mid-commit recovers to all of it or none.
