@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from node.core.errors import (AlreadyExists, GrouperError, GroupLeaseExpired, HandlerUnavailable, InvalidConfig,
                               InvalidField, NotAllowed, NotFound, ResourceDeleted, ResourceLimitExceeded, Unauthorized)
+from node.core.dispatch.transactions import TransactionRolledBack, UnknownTransaction
 from node.store.failures import DISK_FULL, JournalFailure
 
 INTERNAL_ERROR = "amqp:internal-error"
@@ -26,6 +27,9 @@ CONDITION_BY_ERROR = {
     HandlerUnavailable: "grouper:grouping-handler-unavailable",
     # issue 30: a consumer's link detached because its group lease lapsed (node/core/dispatch/queue_leases.py)
     GroupLeaseExpired: "grouper:group-lease-expired",
+    # issue 31: local transactions (node/core/dispatch/transactions.py), AMQP 1.0 4.5.7's conditions
+    UnknownTransaction: "amqp:transaction:unknown-id",
+    TransactionRolledBack: "amqp:transaction:rollback",
 }
 
 

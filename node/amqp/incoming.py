@@ -40,6 +40,8 @@ from node.core.dispatch.message import Message
 
 log = logging.getLogger("grouper.amqp")
 
+TRANSACTIONAL_STATE = 0x34  # AMQP 1.0 4.5.5: a send inside a transaction (node/amqp/coordinator.py)
+
 MESSAGE_SIZE_MAX_BYTES = 16 << 20  # larger incoming messages are rejected with amqp:resource-limit-exceeded
 
 
@@ -93,6 +95,9 @@ class Incoming:
         broker = self.broker
         producer_settled = lib.pn_delivery_settled(delivery)  # the producer sent it presettled
         incoming = (producer, delivery)
+        if type(producer) is not Producer or lib.pn_delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
+            server.coordinator.receive(producer, delivery, payload)  # issue 31: node/amqp/coordinator.py
+            return
         now_ms = self.clock_ms()
         try:
             if len(payload) > MESSAGE_SIZE_MAX_BYTES:

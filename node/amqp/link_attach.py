@@ -22,6 +22,7 @@ Engine loop thread only. Rules:
 from __future__ import annotations
 
 from node.amqp.conditions import condition_for
+from node.amqp.coordinator import COORDINATOR
 from node.amqp.engine import lib, symbols, text
 from node.amqp.incoming import MESSAGE_SIZE_MAX_BYTES
 from node.amqp.links import DURABLE, TEMPORARY, Consumer, Producer
@@ -59,7 +60,9 @@ class LinkAttach:
         lib.pn_terminus_copy(lib.pn_link_target(link), lib.pn_link_remote_target(link))
         sender = lib.pn_link_is_sender(link)
         try:
-            if sender:
+            if not sender and lib.pn_terminus_get_type(lib.pn_link_remote_target(link)) == COORDINATOR:
+                server.coordinator.attach(link, connection, self._next_id())  # issue 31: node/amqp/coordinator.py
+            elif sender:
                 self._open_consumer(link, connection)
             else:
                 self._open_producer(link, connection)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from node.amqp.conditions import RESOURCE_DELETED, condition_for
 from node.amqp.engine import LINK_REMOTE_CLOSE, LINK_REMOTE_DETACH, LOCAL_ACTIVE, lib, set_condition
-from node.amqp.links import DURABLE, TEMPORARY
+from node.amqp.links import DURABLE, TEMPORARY, Producer
 from node.core.effects import DetachConsumer
 
 
@@ -80,7 +80,9 @@ class LinkTable:
     def forget_all(self, states: list) -> None:
         """The links of a connection that has ended (already taken out of `connection.links`)."""
         now_ms = self.server.clock_ms()
-        for state in states:
+        # coordinators last (issue 31): their rollbacks would otherwise give messages back to the
+        # connection's own consumers, whose detach then gives them back again, counting two failures
+        for state in sorted(states, key=lambda state: type(state) is not Producer and state.producer):
             state.alive = False
             self._links.pop(state.link, None)
             self._ended(state, now_ms, "connection closed")
@@ -89,7 +91,10 @@ class LinkTable:
         server = self.server
         if state.producer:
             self.producers.pop(state.id, None)
+            if type(state) is not Producer:  # a coordinator: its open transactions roll back (issue 31)
+                server.coordinator.ended(state)
         elif self.consumers.pop(state.id, None) is not None:
+            server.coordinator.consumer_gone(state.id)
             server.tracer.detached(state.id, state.label, *reason)
             server.apply(server.broker.detach_consumer(state.id, now_ms))
             if state.subscription == TEMPORARY:

@@ -48,6 +48,7 @@ from node.amqp import codec
 from node.amqp.bridge import Bridge
 from node.amqp.connection import Connection
 from node.amqp.connections import Connections
+from node.amqp.coordinator import Coordinator
 from node.amqp.gate import Gate
 from node.amqp.engine import (CONNECTION_REMOTE_CLOSE, CONNECTION_REMOTE_OPEN, DELIVERY, LINK_FLOW, LINK_REMOTE_CLOSE,
                               LINK_REMOTE_DETACH, LINK_REMOTE_OPEN, SESSION_REMOTE_CLOSE, SESSION_REMOTE_OPEN,
@@ -136,6 +137,7 @@ class AmqpServer:
         self.outgoing = Outgoing(self)
         self.incoming = Incoming(self)
         self.link_table = LinkTable(self)
+        self.coordinator = Coordinator(self)  # local transactions (issue 31)
         # what the batch cycle and the journal's reports call on them, bound once (several per message)
         self._settle_send = self.incoming.settle_send
         self._top_up = self.incoming.top_up

@@ -15,6 +15,7 @@ Engine loop thread only. Rules:
 from __future__ import annotations
 
 from node.amqp.engine import ACCEPTED, MODIFIED, REJECTED, RELEASED, lib
+from node.amqp.incoming import TRANSACTIONAL_STATE
 from node.amqp.links import Consumer
 from node.core.durability import CONSUMER
 from node.core.effects import Removed
@@ -34,6 +35,9 @@ class Outgoing:
             return  # settled here already (a browser's copy, or an outcome taken before)
         remote = lib.pn_delivery_remote_state(delivery)
         settled = lib.pn_delivery_settled(delivery)
+        if remote == TRANSACTIONAL_STATE:  # issue 31: held until the discharge (node/amqp/coordinator.py)
+            self.server.coordinator.disposition(consumer, delivery, delivery_id)
+            return
         if remote == ACCEPTED:
             outcome, failed = Outcome.ACCEPTED, False
         elif remote == REJECTED:

@@ -40,6 +40,7 @@ from node.core.durability import CALL, CONSUMER, CONTINUATION, PRODUCER
 from node.core.effects import (AcceptSend, AcceptWhenStored, AfterFlush, CloseUnstored, Confirm, EnqueueLocal, Flushed,
                                Refuse, RefuseUnstored, StopNode, Stored, Unconfirmed, WriteFailed)
 from node.core.errors import GrouperError, StoreFailed
+from node.core import transaction_commit
 
 RESERVED = "\x00"  # a journal name starting with NUL is the cluster's own (node/core/cluster/context.py)
 
@@ -107,6 +108,15 @@ class NodeShell:
     def refusing(self, now_ms: int) -> str | None:
         """The reason durable sends are refused now, or None when they are taken."""
         return self.durability.refusing(now_ms)
+
+    # ---- local transactions (issue 31): node/core/transaction_commit.py --------------------------
+
+    def commit(self, transaction, incoming, now_ms: int) -> list:
+        """Apply a discharged transaction whole, or refuse `incoming` (the discharge) and roll it back."""
+        return transaction_commit.commit(self, transaction, incoming, now_ms)
+
+    def roll_back(self, transaction, now_ms: int) -> list:
+        return transaction_commit.roll_back(self, transaction, now_ms)
 
     # ---- effects out ---------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ Rules:
 
 from __future__ import annotations
 
-from node.store.records import DECLARE, REMOVE, STORE
+from node.store.records import DECLARE, REMOVE, STORE, TXN_BEGIN, TXN_COMMIT
 from node.store.spans import Spans
 
 
@@ -31,6 +31,8 @@ class LiveIndex:
             self.remove(key[0], key[1])
         elif kind == DECLARE:
             self.declare(key, offset, length)
+        elif kind in (TXN_BEGIN, TXN_COMMIT):
+            return  # a transaction's batch marks (issue 31): nothing live
         else:
             self.delete(key)
 

@@ -50,7 +50,7 @@ from node.store.failures import DISK_FULL, WRITE_FAILED, JournalError, JournalFa
 from node.store.files import (COMPACT_SUFFIX, DIRECTORY_MODE, FILE_MODE, JOURNAL_FILE, LOCK_FILE,
                               fsync_directory, open_journal)
 from node.store.recovery import BodilessBacklog, ColdBacklog, Recovery, refused, replay, settle_tail
-from node.store.records import DECLARE, DELETE, REMOVE, STORE
+from node.store.records import DECLARE, DELETE, REMOVE, STORE, TXN_BEGIN, TXN_COMMIT
 from node.store.writer import AFTER, BODIES, RECORDS, Shared, Unit, Writer
 
 __all__ = ["Journal", "JournalError", "JournalFailure", "DISK_FULL", "WRITE_FAILED", "Recovery", "ColdBacklog",
@@ -156,6 +156,23 @@ class Journal:
         frame = records.encode_remove(queue, seq)
         self._append(REMOVE, (queue, seq), frame)
         return frame
+
+    def transaction_begin(self) -> tuple[int, int]:
+        """Mark the start of a transaction's commit (issue 31); hand the mark to transaction_end once its
+        records are appended: recovery keeps all of them or none (node/store/recovery.py `committed`)."""
+        return self._ticket, len(self._pending)
+
+    def transaction_end(self, mark: tuple[int, int]) -> None:
+        ticket, start = mark
+        if ticket != self._ticket:
+            raise AssertionError("the journal was flushed inside a transaction's commit; its records would be split")
+        count = len(self._pending) - start
+        if count < 2:
+            return  # one frame is kept whole or not at all already
+        begin = records.encode_transaction_begin(count)
+        self._pending.insert(start, (TXN_BEGIN, None, begin))
+        self._pending_bytes += len(begin)
+        self._append(TXN_COMMIT, None, records.encode_transaction_commit())
 
     def _append(self, kind: int, key, frame: bytes) -> None:
         if self._closed:

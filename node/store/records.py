@@ -12,6 +12,9 @@ Format (little-endian throughout; kinds are never renumbered, a changed layout g
                 | u32 delivery_count | u64 enqueued_at_ms | queue | group_id | payload (the rest)
                 flags: bit 0 group_id present (so "" and None differ), bit 1 closes_group
     REMOVE   4: u16 queue_length | u64 seq | queue
+    TXN_BEGIN  5: u32 record_count     (format version 2) the next record_count frames are one transaction's
+                                       commit (issue 31): recovery keeps them only if TXN_COMMIT follows them
+    TXN_COMMIT 6: (nothing)            (format version 2) the commit record closing that batch
 
 Format version: a file's first frame may be a FORMAT marker, a DELETE whose name is FORMAT_MARKER_PREFIX
 and the version in decimal. Only the frame at offset 0 is read as one (a queue of that odd name deleted
@@ -42,6 +45,8 @@ DECLARE = 1
 DELETE = 2
 STORE = 3
 REMOVE = 4
+TXN_BEGIN = 5  # format version 2 (issue 31): a transaction's commit batch, node/store/recovery.py `committed`
+TXN_COMMIT = 6
 STORE_HEADER = -STORE  # no kind in a file: what a scan with store_headers yields for a STORE (node/store/scanner.py)
 
 FRAME_HEADER_BYTES = 8
@@ -55,8 +60,9 @@ _REMOVE = struct.Struct("<BHQ")  # kind, queue_length, seq
 _GROUP_PRESENT = 1
 _CLOSES_GROUP = 2
 
-FORMAT_VERSION = 1  # what this build writes
-FORMAT_VERSIONS_READ = (1,)  # what this build reads; a newer build keeps reading the one before it
+FORMAT_VERSION = 2  # what this build writes; 2 added TXN_BEGIN and TXN_COMMIT (issue 31)
+FORMAT_VERSIONS_READ = (1, 2)  # what this build reads; a newer build keeps reading the one before it
+_TXN_BEGIN = struct.Struct("<BI")  # kind, record_count
 FORMAT_MARKER_PREFIX = "\x00grouper journal format "
 
 
@@ -128,6 +134,16 @@ def encode_store(queue: str, message: Message) -> bytes:
     return b"".join((FRAME.pack(body_length, crc), head, payload))
 
 
+def encode_transaction_begin(record_count: int) -> bytes:
+    if record_count < 1:
+        raise ValueError(f"a transaction's batch holds at least one record, not {record_count}")
+    return _frame(_TXN_BEGIN.pack(TXN_BEGIN, record_count))
+
+
+def encode_transaction_commit() -> bytes:
+    return _frame(bytes((TXN_COMMIT,)))
+
+
 def encode_remove(queue: str, seq: int) -> bytes:
     queue_bytes = queue.encode()
     return _frame(_REMOVE.pack(REMOVE, len(queue_bytes), seq) + queue_bytes)
@@ -136,7 +152,8 @@ def encode_remove(queue: str, seq: int) -> bytes:
 # ---- decoding ---------------------------------------------------------------------------------
 
 def decode_body(body: bytes | memoryview) -> tuple[int, object]:
-    """Return (kind, record): DECLARE -> dict, DELETE -> str, STORE -> StoreRecord, REMOVE -> RemoveRecord.
+    """Return (kind, record): DECLARE -> dict, DELETE -> str, STORE -> StoreRecord, REMOVE -> RemoveRecord,
+    TXN_BEGIN -> its record count, TXN_COMMIT -> None.
 
     Raises ValueError (or struct.error) for a body this version cannot read.
     """
@@ -167,6 +184,15 @@ def decode_body(body: bytes | memoryview) -> tuple[int, object]:
         return kind, settings
     if kind == DELETE:
         return kind, str(body[1:], "utf-8")
+    if kind == TXN_BEGIN:
+        _, record_count = _TXN_BEGIN.unpack(body)
+        if record_count < 1:
+            raise ValueError("TXN_BEGIN of no record")
+        return kind, record_count
+    if kind == TXN_COMMIT:
+        if len(body) != 1:
+            raise ValueError(f"TXN_COMMIT has {len(body) - 1} bytes after its kind, none expected")
+        return kind, None
     raise NewerFormat(f"record kind {kind}, which this build does not know")
 
 

@@ -25,6 +25,11 @@ Rules:
   A whole frame in a format this build does not read (node/store/records.py) is no bad frame: the node
   refuses to start, naming the file and the versions, and cuts nothing.
 - A new (empty) file gets the FORMAT marker of records.FORMAT_VERSION, synced before anything else.
+- A transaction's commit batch (TXN_BEGIN, its records, TXN_COMMIT; issue 31) is applied only once its
+  commit record is read (`committed`): a batch the file ends in, or a bad frame cuts, is dropped whole
+  and the file is cut at its TXN_BEGIN, so a crash mid-commit recovers to all or nothing. A batch that
+  does not add up (a TXN_BEGIN inside a batch, a TXN_COMMIT with none open, more records than counted) is
+  corruption: the file is cut at its start.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from node.store import records
 from node.store.failures import JournalError
 from node.store.files import COPY_CHUNK_BYTES, write_all
 from node.store.index import LiveIndex
-from node.store.records import DECLARE, REMOVE, STORE, STORE_HEADER
+from node.store.records import DECLARE, REMOVE, STORE, STORE_HEADER, TXN_BEGIN, TXN_COMMIT
 from node.store.scanner import Scan
 
 log = logging.getLogger("node.store.journal")  # the journal's one logger, whichever module speaks
@@ -119,6 +124,46 @@ def settle_tail(fd: int, path: str, directory: str, scan: Scan) -> tuple[int, in
     return scan.end_offset, cut_bytes
 
 
+def committed(scan: Scan):
+    """(offset, length, kind, record) of the scan's frames recovery applies: a transaction's batch only
+    once its TXN_COMMIT is read, its marks never. Cuts the scan short (its end_offset and stop_reason) at
+    a batch with no commit record, or one that does not add up (see the header)."""
+    batch: list | None = None
+    begin_offset = expected = 0
+    for offset, kind, record in scan:
+        length = scan.end_offset - offset
+        if kind == TXN_BEGIN:
+            if batch is not None:
+                _cut(scan, begin_offset, f"a transaction's batch at offset {begin_offset} holds another one")
+                return
+            batch, begin_offset, expected = [], offset, record
+        elif kind == TXN_COMMIT:
+            if batch is None or len(batch) != expected:
+                where = begin_offset if batch is not None else offset
+                _cut(scan, where, f"a commit record at offset {offset} closes "
+                                  f"{'no batch' if batch is None else f'{len(batch)} of {expected} records'}")
+                return
+            yield from batch
+            batch = None
+        elif batch is not None:
+            batch.append((offset, length, kind, record))
+            if len(batch) > expected:
+                _cut(scan, begin_offset, f"a transaction's batch at offset {begin_offset} has more than its "
+                                         f"{expected} records before its commit record")
+                return
+        else:
+            yield offset, length, kind, record
+    if batch is not None and scan.refusal is None:
+        _cut(scan, begin_offset, f"a transaction's batch at offset {begin_offset} has {len(batch)} of its "
+                                 f"{expected} records and no commit record ({scan.stop_reason or 'the file ends'}): "
+                                 f"none of it is kept")
+
+
+def _cut(scan: Scan, offset: int, reason: str) -> None:
+    scan.end_offset = offset
+    scan.stop_reason = reason
+
+
 class _Replay:
     """One pass over the frames: what is live goes into the index and into the Recovery's maps."""
 
@@ -134,8 +179,7 @@ class _Replay:
     def run(self, scan: Scan) -> None:
         index, messages, bodiless = self.index, self.messages, self.bodiless
         bodies_max_bytes, bodiless_prefix = self.bodies_max_bytes, self.bodiless_prefix
-        for offset, kind, record in scan:
-            length = scan.end_offset - offset
+        for offset, length, kind, record in committed(scan):
             if kind == STORE_HEADER:  # cold: the index and the record's group id length, nothing else
                 queue, seq, group_bytes = record
                 if queue not in index.stores:

@@ -265,6 +265,11 @@ class Broker:
                 dead_letters.send(queue, dead, now_ms, effects)
         return effects
 
+    def delivered_seq(self, consumer_id, delivery_id: int) -> int | None:
+        """Seq of what `consumer_id` holds as `delivery_id`, None if nothing (issue 31: rollbacks go in seq order)."""
+        queue = self._consumer_queue.get(consumer_id)
+        return None if queue is None else queue.delivered_seq(consumer_id, delivery_id)
+
     # ---- time --------------------------------------------------------------------------------
 
     def tick(self, now_ms: int) -> list:

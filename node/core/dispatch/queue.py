@@ -241,6 +241,10 @@ class Queue:
             self._consumers.sync_taker(consumer)
         self._dispatcher.dispatch(now_ms, effects)
 
+    def delivered_seq(self, consumer_id, delivery_id: int) -> int | None:
+        message = self._consumers.by_id[consumer_id].unsettled.get(delivery_id)  # Broker.delivered_seq
+        return None if message is None else message.seq
+
     def settle(self, consumer_id, delivery_id: int, outcome: Outcome, delivery_failed: bool,
                now_ms: int, effects: list) -> list[Message]:
         """Apply a consumer's disposition; returns (message, reason) pairs to dead-letter."""
