@@ -12,9 +12,9 @@ Format (little-endian throughout; kinds are never renumbered, a changed layout g
                 | u32 delivery_count | u64 enqueued_at_ms | queue | group_id | payload (the rest)
                 flags: bit 0 group_id present (so "" and None differ), bit 1 closes_group
     REMOVE   4: u16 queue_length | u64 seq | queue
-    TXN_BEGIN  5: u32 record_count     (format version 2) the next record_count frames are one transaction's
-                                       commit (issue 31): recovery keeps them only if TXN_COMMIT follows them
-    TXN_COMMIT 6: (nothing)            (format version 2) the commit record closing that batch
+    TXN_BEGIN  5: u32 record_count     (issue 31; builds reading version 2 know it) the next record_count frames are one transaction's
+                                       commit: recovery keeps them only if TXN_COMMIT follows them
+    TXN_COMMIT 6: (nothing)            (issue 31) the commit record closing that batch
 
 Format version: a file's first frame may be a FORMAT marker, a DELETE whose name is FORMAT_MARKER_PREFIX
 and the version in decimal. Only the frame at offset 0 is read as one (a queue of that odd name deleted
@@ -60,7 +60,11 @@ _REMOVE = struct.Struct("<BHQ")  # kind, queue_length, seq
 _GROUP_PRESENT = 1
 _CLOSES_GROUP = 2
 
-FORMAT_VERSION = 2  # what this build writes; 2 added TXN_BEGIN and TXN_COMMIT (issue 31)
+# what this build writes. Version 2 names the TXN_BEGIN and TXN_COMMIT kinds (issue 31), yet files are still
+# marked 1: a build before transactions refuses by name the first TXN record it meets (an unknown kind whose
+# crc holds), so marking every new file 2 would only stop a rollback by one release on a node that never used
+# a transaction (compaction makes new files).
+FORMAT_VERSION = 1
 FORMAT_VERSIONS_READ = (1, 2)  # what this build reads; a newer build keeps reading the one before it
 _TXN_BEGIN = struct.Struct("<BI")  # kind, record_count
 FORMAT_MARKER_PREFIX = "\x00grouper journal format "
