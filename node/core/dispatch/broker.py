@@ -5,7 +5,8 @@ Rules:
 - `seq` is assigned here, node-wide and increasing, so queue order survives moves and recovery.
 - Its collaborators, one noun each: moves between queues (moves.py: a message is `Stored` at its
   destination before it is `Removed` from its source), dead letters (dead_letters.py), subscriptions
-  of multicast addresses (subscriptions.py), the node's paging (node_paging.py). The per-message calls
+  of multicast addresses (subscriptions.py), the node's paging (node_paging.py), the operators' calls
+  (management.py). The per-message calls
   (enqueue, settle, set_credit, tick) stay here; the collaborators' public calls are bound here too, so
   callers name the broker alone.
 - Consumer ids and delivery ids are opaque to the core; the adapter chooses consumer ids.
@@ -29,6 +30,7 @@ from node.core.dispatch.cold import RecordBudget
 from node.core.dispatch.dead_letters import DeadLetters
 from node.core.dispatch.dedup import Dedup
 from node.core.dispatch.local_changes import LocalChanges
+from node.core.dispatch.management import Management
 from node.core.dispatch.message import AVAILABLE, JOURNALLED, Message, Outcome
 from node.core.dispatch.moves import Moves
 from node.core.dispatch.node_paging import NodePaging
@@ -74,6 +76,9 @@ class Broker:
         self.journalled, self.promote, self.page_out, self.page_in = (paging.journalled, paging.promote,
                                                                       paging.page_out, paging.page_in)
         self.dedup = Dedup(dedup_id_of)  # issue 31; dedup_id_of(payload) -> id or None (node.amqp.duplicate_ids)
+        management = Management(self)
+        self.list_queues, self.list_groups, self.reset_groups, self.purge_group = (
+            management.list_queues, management.list_groups, management.reset_groups, management.purge_group)
 
     # ---- queues ------------------------------------------------------------------------------
 
@@ -286,24 +291,3 @@ class Broker:
     def next_deadline_ms(self) -> int | None:
         deadlines = [d for d in (q.next_deadline_ms() for q in self.queues.values()) if d is not None]
         return min(deadlines) if deadlines else None
-
-    # ---- management --------------------------------------------------------------------------
-
-    def list_queues(self) -> list[dict]:
-        return [self.dedup.stats(self.queues[name].stats()) for name in sorted(self.queues)]
-
-    def list_groups(self, queue_name: str) -> list[dict]:
-        return self.queue(queue_name).group_rows()
-
-    def reset_groups(self, queue_name: str, group: str | None, now_ms: int) -> tuple[int, list]:
-        effects: list = []
-        count = self.queue(queue_name).reset_groups(group, now_ms, effects)
-        return count, effects
-
-    def purge_group(self, queue_name: str, group: str, count: int | None, now_ms: int) -> tuple[int, list]:
-        effects: list = []
-        queue = self.queue(queue_name)
-        queue.cold_refusal(f"purging group {group!r}")
-        taken = queue.take_group_messages(group, count, effects, bodies=False)  # a purge needs no bodies
-        queue.tick(now_ms, effects)
-        return len(taken), effects

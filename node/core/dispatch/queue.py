@@ -10,6 +10,7 @@ A Queue is the wiring of collaborators that each own one concern and state what 
 - node/core/dispatch/queue_settle.py     outcomes, redelivery, poison messages and dead letters
 - node/core/dispatch/queue_backlog.py    paged bodies and the cold tail
 - node/core/dispatch/queue_group_ops.py  resets, purges, moves and hand-overs of groups
+- node/core/dispatch/queue_stats.py      the figures operators and metrics read
 
 Rules this module keeps:
 - Every operation that changes what may be delivered ends with one dispatch, so a consumer with credit
@@ -36,6 +37,7 @@ from node.core.dispatch.queue_group_ops import GroupOps
 from node.core.dispatch.queue_groups import GroupTable
 from node.core.dispatch.queue_lanes import Group
 from node.core.dispatch.queue_settle import Settlement
+from node.core.dispatch.queue_stats import queue_stats
 from node.core.dispatch.queue_store import MessageStore
 from node.core.dispatch.settings import QueueSettings
 
@@ -286,21 +288,4 @@ class Queue:
         self._groups.clear()
 
     def stats(self) -> dict:
-        store = self._store
-        consumers = self._consumers
-        groups = self._groups.groups
-        return {
-            "name": self._settings.name,
-            "depth_messages": store.depth_messages,
-            "depth_bytes": store.depth_bytes,
-            "acquired_messages": store.acquired_messages,
-            "consumers": len(consumers.by_id) - len(consumers.browsers),
-            "browsers": len(consumers.browsers),
-            "groups": len(groups),
-            **self._groups.signals(consumers, store.delayed),  # owned_groups and issue 30's group signals
-            "enqueued_total": store.enqueued_total,
-            "delivered_total": store.delivered_total,
-            "resident_bytes": store.resident_bytes(),
-            "paged_bytes": self.pager.paged_bytes if self.pager is not None else 0,
-            "cold_messages": self.cold.count if self.cold is not None else 0,
-        }
+        return queue_stats(self._settings.name, self._store, self._consumers, self._groups, self.pager, self.cold)
