@@ -120,6 +120,11 @@ class GroupingHandler:
         self.code_versions.with_replicas_enabled(on_result, lambda done: self.replica.replica_out_of_sync(
             owner, backup, epoch, callback=done))
 
+    def forget_node(self, node: str, on_result) -> None:
+        """Forget `node`, removed from the raft cluster (handler/member_removal.py); on_result(reason, result):
+        reason None once applied, result how many of its routes were dropped."""
+        self.code_versions.with_forget_enabled(on_result, lambda done: self.replica.forget_node(node, callback=done))
+
     def add_member(self, node: str, on_done) -> None:
         self._syncobj.addNodeToCluster(node, callback=callback(on_done, on_success=lambda: on_done(None)))
 

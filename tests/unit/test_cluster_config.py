@@ -129,7 +129,8 @@ def test_the_numbering_of_replicated_commands_is_frozen_so_old_raft_journals_rep
         "register_node_v0", "report_consumers_v0", "touch_v0", "unroute_v0",
         "follow_consumers_v1", "move_clear_v1",
         "define_queue_v2", "delete_queue_v2", "update_queue_v2",
-        "promote_v3", "replica_in_sync_v3", "replica_out_of_sync_v3"]
+        "promote_v3", "replica_in_sync_v3", "replica_out_of_sync_v3",
+        "forget_node_v4"]
 
 
 def test_a_founding_node_must_find_itself_in_the_peer_list():
