@@ -7,8 +7,8 @@ ver=4 is after every older command, so journals written before it replay unchang
 proposes it only once setCodeVersion enabled 4 (handler/code_versions.py FORGET_CODE_VERSION).
 The rule is handler/member_removal.py's. The feed says everything the command may have touched: the
 removed routes (ROUTES with None), the moves (MOVES_ALL), the replica sets (REPLICAS) and, last, the
-members without the node, from which every node learns it is gone and sends what its outbound store
-held for it to the groups' new owners (node/core/cluster/outbound_rehome.py).
+members without the node, from which every node learns it is gone (what their outbound stores hold for
+it still waits there: docs/reliability.md finding 11, the half still open).
 """
 
 from __future__ import annotations

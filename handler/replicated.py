@@ -138,8 +138,8 @@ class RouteTableReplica(RemovalCommands, SyncObjConsumer):  # forget_node (ver=4
     # journals (number, args) and numbers commands by (ver, name), so an argument with a default keeps
     # claim_v0; claims journalled before it existed replay with the rule they were decided by (local)
     @replicated
-    def claim(self, keys, proposer, now_ms, placement=PLACEMENT_LOCAL):
-        nodes = self.table.claim(keys, proposer, now_ms, placement)
+    def claim(self, keys, proposer, now_ms, placement=PLACEMENT_LOCAL, members_only=False):
+        nodes = self.table.claim(keys, proposer, now_ms, placement, members_only)
         decided = [(key[0], key[1], node) for key, node in zip(keys, nodes) if node is not None]
         if decided:
             self._on_applied(ROUTES, decided, now_ms)

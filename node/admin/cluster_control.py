@@ -149,9 +149,8 @@ class ClusterControl:
     def remove_member(self, node_id: str) -> int:
         """Remove `node_id` from the raft cluster, then forget it in the route table (forget_node,
         handler/member_removal.py): its routes, consumers, down mark and in-sync places go, so nothing is
-        placed on it again, and every node sends what its outbound store held for it to the groups' new
-        owners (node/core/cluster/outbound_rehome.py). A retry after the first step finds the node out
-        of raft but still in the table, and forgets it. Returns how many routes were dropped."""
+        placed on it again. A retry after the first step finds the node out of raft but still in the
+        table, and forgets it. Returns how many routes were dropped."""
         cluster = self._node.cluster
         try:
             self._membership("remove_member", node_id, adding=False)

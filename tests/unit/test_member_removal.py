@@ -73,6 +73,18 @@ def test_a_forgotten_node_is_never_placed_on_even_by_balanced_placement_that_fav
     assert table.claim([["q", "x"]], "n2", 5) == ["n2"]  # its old group placed afresh on a live member
 
 
+def test_a_late_consumer_report_of_a_removed_node_never_gets_it_a_group_from_a_members_only_claim():
+    table = three_nodes_with_consumers()
+    forget_node(table, "n3")
+    table.report_consumers("n3", {"q": 50}, 5)  # proposed before its removal, applied after it
+    for placement in (PLACEMENT_BALANCED, PLACEMENT_LOCAL):
+        placed = table.claim([["q", f"{placement}{index}"] for index in range(10)], "n1", 6, placement, True)
+        assert set(placed) == {"n1", "n2"} if placement == PLACEMENT_BALANCED else {"n1"}
+    # a claim journalled before version 4 replays with the rule it was decided by: reports alone count
+    assert table.claim([["q", "old"]], "n1", 7, PLACEMENT_BALANCED) == ["n3"]
+    assert table.claim([["q", "bad"]], "n1", 7, PLACEMENT_BALANCED, 1) == [None]  # malformed: not a bool
+
+
 def test_moves_waiting_for_the_forgotten_node_stop_waiting_and_its_own_moves_end():
     table = three_nodes_with_consumers()
     table.touch([["q", "a", "n3"], ["q", "b", "n1"]], 5)
@@ -169,7 +181,7 @@ def apply(table: RouteTable, command: tuple, now_ms: int):
     if kind == "consumers":
         return table.report_consumers(args[0], dict(args[1]), now_ms)
     if kind == "claim":
-        return table.claim([list(key) for key in args[0]], args[1], now_ms, args[2])
+        return table.claim([list(key) for key in args[0]], args[1], now_ms, args[2], True)
     if kind == "touch":
         return table.touch([list(args)], now_ms)
     if kind == "mark_down":
