@@ -1,9 +1,8 @@
 """Raft code versions: enabling the replicated commands newer than the first ones before proposing them.
 
 Owns when this member may propose a command of a newer raft code version (handler/replicated.py's ver=1
-moves, ver=2 queue definitions and ver=3 replica sets), and proposing the setCodeVersion entry that
-enables it. pysyncobj
-proposes such a command only once a setCodeVersion entry in the log enabled its version (and forgets
+moves, ver=2 queue definitions, ver=3 replica sets, ver=4 forget_node), and proposing the setCodeVersion
+entry that enables it. pysyncobj proposes such a command only once a setCodeVersion entry in the log enabled its version (and forgets
 it when a restart loads a compacted log), so a member proposes that entry the first time it would
 propose one of them:
 - moves (MOVES_CODE_VERSION): the proposal that found them not enabled is dropped (the leader's duties
@@ -11,6 +10,7 @@ propose one of them:
 - queue definitions (QUEUES_CODE_VERSION): the proposal waits for that entry, then goes (an admin waits).
 - replica sets (REPLICAS_CODE_VERSION): as moves for the leader's promote (its duties propose again);
   as queue definitions for an owner's in-sync changes (`with_replicas_enabled`: it hears the outcome).
+- forgetting a removed member (FORGET_CODE_VERSION): as queue definitions (remove-node waits for it).
 Threads: callers on any thread only enqueue proposals; the callbacks run on pysyncobj's tick thread.
 """
 
@@ -25,6 +25,7 @@ log = logging.getLogger("grouper.handler")
 MOVES_CODE_VERSION = 1  # the raft code version of the commands moves need (ver=1 in handler/replicated.py)
 QUEUES_CODE_VERSION = 2  # the raft code version of the queue definition commands (ver=2)
 REPLICAS_CODE_VERSION = 3  # the raft code version of the replica sets' commands (ver=3)
+FORGET_CODE_VERSION = 4  # the raft code version of forget_node, a removed member forgotten (ver=4)
 
 
 class CodeVersions:
@@ -66,6 +67,10 @@ class CodeVersions:
         """As with_queues_enabled, for the replica sets' commands (an owner's in-sync changes)."""
         self._with_enabled(REPLICAS_CODE_VERSION, "replica_in_sync", "owner epochs and replica promotion",
                            on_result, propose)
+
+    def with_forget_enabled(self, on_result, propose) -> None:
+        """As with_queues_enabled, for forget_node (remove-node waits for its outcome)."""
+        self._with_enabled(FORGET_CODE_VERSION, "forget_node", "removed members forgotten", on_result, propose)
 
     def _with_enabled(self, wanted: int, command: str, what: str, on_result, propose) -> None:
         def proposed(result, error):

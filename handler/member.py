@@ -22,6 +22,7 @@ then the node sends requests, and this process sends back what raft did:
     ("update_queue", id, name, changes)
     ("delete_queue", id, name, seen_revision)
     ("replica_in_sync", id, backup, epoch)  ("replica_out_of_sync", id, owner, backup, epoch)
+    ("forget_node", id, node)
     ("status", id)   ("stop",)
 Rules:
 - Only the node ends this process: ("stop",), or the channel closing (the node died, even by
@@ -75,6 +76,7 @@ class Member:
             "delete_queue": self._answered("delete_queue"),
             "replica_in_sync": self._answered("replica_in_sync"),
             "replica_out_of_sync": self._answered("replica_out_of_sync"),
+            "forget_node": self._answered("forget_node"),
             "add_member": self._add_member, "remove_member": self._remove_member,
             "status": self._status, "stop": self._stop,
         }

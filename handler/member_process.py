@@ -133,6 +133,10 @@ class MemberProcess:
     def replica_out_of_sync(self, owner: str, backup: str, epoch: int, on_result) -> None:
         self._request("replica_out_of_sync", _with_result(on_result), owner, backup, epoch)
 
+    def forget_node(self, node: str, on_result) -> None:
+        """Forget `node`, removed from the raft cluster (handler/member_removal.py)."""
+        self._request("forget_node", _with_result(on_result), node)
+
     def add_member(self, node: str, on_done) -> None:
         self._request("add_member", on_done, node)
 

@@ -14,6 +14,10 @@ replica's own settings could differ between replicas and split their tables, a m
   and the fewest routes of the queue.
 - Either way, with no consumer on the queue anywhere: the proposer's node (messages wait where they
   were sent). A claim naming an unknown placement is malformed (the table checks PLACEMENTS).
+- `members` (a claim's members_only, proposed once raft code version 4 is enabled: finding 11): only
+  registered members count as consuming, so a node removed from the cluster (forget_node) is never
+  chosen even if a late report of its consumers landed after its removal. None (claims journalled
+  before, and follow_consumers): every node with a consumer report counts, as before.
 Deterministic, as a replicated command must be: candidates in sorted order, exact Fractions (never a
 float), no clock. Never imports pysyncobj, threading, time, random, socket, grpc or proton.
 """
@@ -31,13 +35,15 @@ LOCAL_TOLERANCE_RATIO = Fraction(11, 10)
 
 
 class Placement:
-    def __init__(self, consumers: dict, route_counts: dict, down: dict):
+    def __init__(self, consumers: dict, route_counts: dict, down: dict, members: dict | None = None):
         self.consumers = consumers  # node -> queue -> consumers (the table's; read only)
         self.route_counts = route_counts  # (node, queue) -> routes
         self.down = down  # node -> when marked down
+        self.members = members  # the registered members (the table's nodes), or None: see the header
 
     def serves(self, node: str, queue: str) -> bool:
-        return node not in self.down and self.consumers.get(node, {}).get(queue, 0) > 0
+        return node not in self.down and self.consumers.get(node, {}).get(queue, 0) > 0 and (
+            self.members is None or node in self.members)
 
     def serving(self, queue: str) -> list[str]:
         """The nodes up with consumers on `queue`, sorted."""

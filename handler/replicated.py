@@ -38,6 +38,7 @@ import os
 from pysyncobj import SyncObjConsumer, replicated
 
 from handler.queue_definitions import QueueDefinitions
+from handler.removal_commands import RemovalCommands
 from handler.placement import PLACEMENT_LOCAL
 from handler.route_snapshots import from_state_v1, from_state_v2, from_state_v3
 from handler.route_table import RouteTable
@@ -80,7 +81,7 @@ def _exit_refused(reason: str) -> None:
     os._exit(EXIT_UNREADABLE_SNAPSHOT)  # an exception would be swallowed by pysyncobj: see the header
 
 
-class RouteTableReplica(SyncObjConsumer):
+class RouteTableReplica(RemovalCommands, SyncObjConsumer):  # forget_node (ver=4) is RemovalCommands's
     def __init__(self, on_applied, routes_max: int, on_refused=_exit_refused):
         # set before SyncObjConsumer.__init__, so pysyncobj leaves them out of snapshots
         self._on_applied = on_applied
@@ -137,8 +138,8 @@ class RouteTableReplica(SyncObjConsumer):
     # journals (number, args) and numbers commands by (ver, name), so an argument with a default keeps
     # claim_v0; claims journalled before it existed replay with the rule they were decided by (local)
     @replicated
-    def claim(self, keys, proposer, now_ms, placement=PLACEMENT_LOCAL):
-        nodes = self.table.claim(keys, proposer, now_ms, placement)
+    def claim(self, keys, proposer, now_ms, placement=PLACEMENT_LOCAL, members_only=False):
+        nodes = self.table.claim(keys, proposer, now_ms, placement, members_only)
         decided = [(key[0], key[1], node) for key, node in zip(keys, nodes) if node is not None]
         if decided:
             self._on_applied(ROUTES, decided, now_ms)

@@ -108,20 +108,25 @@ class RouteTable:
 
     # ---- commands: replicated, so deterministic and never raising -----------------------------
 
-    def claim(self, keys: list, proposer: str, now_ms: int, placement: str = PLACEMENT_LOCAL) -> list:
+    def claim(self, keys: list, proposer: str, now_ms: int, placement: str = PLACEMENT_LOCAL,
+              members_only: bool = False) -> list:
+        """`members_only`: place on registered members only (handler/placement.py; claims proposed once
+        raft code version 4 is enabled)."""
         if not isinstance(keys, (list, tuple)):
             return []
         if not (is_str(proposer) and _is_time(now_ms) and is_str(placement)
-                and placement in PLACEMENTS):
+                and placement in PLACEMENTS and type(members_only) is bool):
             return [None] * len(keys)
-        nodes = [self._claim_one(key[0], key[1], proposer, now_ms, placement) if is_key(key) else None
+        chooser = Placement(self.consumers, self.store.route_counts, self.down, self.nodes if members_only else None)
+        nodes = [self._claim_one(key[0], key[1], proposer, now_ms, placement, chooser) if is_key(key) else None
                  for key in keys]
         # A refresh counts as a change: touched_ms decides expiry, so the revision must move with it.
         if any(node is not None for node in nodes):
             self.revision += 1
         return nodes
 
-    def _claim_one(self, queue: str, group: str, proposer: str, now_ms: int, placement: str) -> str | None:
+    def _claim_one(self, queue: str, group: str, proposer: str, now_ms: int, placement: str,
+                   chooser: Placement) -> str | None:
         store = self.store
         packed = store.get(queue, group)
         if packed is not None:
@@ -129,7 +134,7 @@ class RouteTable:
             return store.node_of(packed)
         if len(store) >= self.routes_max:
             return None
-        return store.create(queue, group, self.choose_node(queue, proposer, placement), now_ms)
+        return store.create(queue, group, chooser.choose(queue, proposer, placement), now_ms)
 
     def follow_consumers(self, queue: str, from_node: str, now_ms: int) -> list:
         """Move the routes of `queue` on `from_node` to the nodes consuming it (handler/route_moves.py).

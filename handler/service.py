@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 
-from handler.code_versions import CodeVersions
+from handler.code_versions import FORGET_CODE_VERSION, CodeVersions
 from handler.duties_thread import DutiesThread
 from handler.leader_duties import REPLICATION_FACTOR_DEFAULT, LeaderDuties
 from handler.leader_watch import LeaderWatch
@@ -66,7 +66,10 @@ class GroupingHandler:
     def claim(self, keys: list, now_ms: int, on_failed, on_committed=None) -> None:
         """Propose routes for `keys`; decided ones arrive through on_applied; on_failed(keys, reason),
         else on_committed() once the proposal is in the log."""
-        self.replica.claim([list(key) for key in keys], self.node_id, now_ms, self.placement,
+        # placed on registered members only once every member applies that: the log enabled version 4 (the
+        # first remove-node does; a member of older code stopped then), handler/placement.py
+        members_only = (True,) if self._syncobj.getCodeVersion() >= FORGET_CODE_VERSION else ()
+        self.replica.claim([list(key) for key in keys], self.node_id, now_ms, self.placement, *members_only,
                            callback=callback(lambda reason: on_failed(keys, reason), on_committed))
 
     def touch(self, entries: list, now_ms: int, on_failed, on_committed=None) -> None:
@@ -119,6 +122,11 @@ class GroupingHandler:
         its state), with the owner's epoch as the proposer knows it."""
         self.code_versions.with_replicas_enabled(on_result, lambda done: self.replica.replica_out_of_sync(
             owner, backup, epoch, callback=done))
+
+    def forget_node(self, node: str, on_result) -> None:
+        """Forget `node`, removed from the raft cluster (handler/member_removal.py); on_result(reason, result):
+        reason None once applied, result how many of its routes were dropped."""
+        self.code_versions.with_forget_enabled(on_result, lambda done: self.replica.forget_node(node, callback=done))
 
     def add_member(self, node: str, on_done) -> None:
         self._syncobj.addNodeToCluster(node, callback=callback(on_done, on_success=lambda: on_done(None)))

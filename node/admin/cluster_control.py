@@ -147,14 +147,35 @@ class ClusterControl:
         self._membership("add_member", node_id, adding=True)
 
     def remove_member(self, node_id: str) -> int:
-        self._membership("remove_member", node_id, adding=False)
+        """Remove `node_id` from the raft cluster, then forget it in the route table (forget_node,
+        handler/member_removal.py): its routes, consumers, down mark and in-sync places go, so nothing is
+        placed on it again. A retry after the first step finds the node out of raft but still in the
+        table, and forgets it. Returns how many routes were dropped."""
         cluster = self._node.cluster
-        keys = self._call(lambda: sorted(key for key, owner in cluster.router.routes.items() if owner == node_id))
-        if keys:
-            log.warning("node %s left the cluster owning %d routes; dropping them so its groups are placed "
-                        "afresh", node_id, len(keys))
-            self._node.handler.unroute(keys)
-        return len(keys)
+        try:
+            self._membership("remove_member", node_id, adding=False)
+        except NotFound:
+            if not self._call(lambda: node_id in cluster.members.get("nodes", {})):
+                raise
+        done = threading.Event()
+        answer: list = []
+
+        def on_result(reason, result):  # the raft member channel's reader thread
+            answer.extend((reason, result))
+            done.set()
+        self._node.handler.forget_node(node_id, on_result)
+        timeout_ms = self._node.config.admin_timeout_ms
+        if not done.wait(timeout_ms / 1000):
+            raise TimeoutError(f"{node_id} left the raft cluster, but forgetting it in the route table was not "
+                               f"applied within {timeout_ms} ms (admin_timeout_ms); run remove-node again")
+        reason, dropped = answer
+        if reason is not None:
+            raise HandlerUnavailable(f"{node_id} left the raft cluster, but the route table did not forget it: "
+                                     f"{reason}; run remove-node again")
+        if dropped:
+            log.warning("node %s left the cluster owning %d routes; dropped so its groups are placed afresh",
+                        node_id, dropped)
+        return dropped
 
     def cluster_status(self) -> dict:
         node = self._node

@@ -289,9 +289,14 @@ def test_a_node_joins_and_leaves_without_restarting_the_others(cluster, clients,
         result = cluster.nodes[1].cli("cluster", "remove-node", joiner_id)
         assert result.returncode == 0, result.stderr
         assert "dropped 1 route" in result.stdout
-        status = cluster.wait_for(lambda s: joiner_id not in [m["node"] for m in s["members"] if m["connected"]]
-                                  and s["routes"] == 0, "the node removed and its route dropped")
+        status = cluster.wait_for(lambda s: joiner_id not in [m["node"] for m in s["members"]]
+                                  and s["routes"] == 0, "the node removed, forgotten and its route dropped")
         assert status["leader"] in cluster.node_ids
+        # it still runs with its consumer, but new groups go to members only (finding 11)
+        clients.send(cluster.nodes[0], QUEUE, [grouped(f"n:{n}", f"new{n}") for n in range(5)])
+        status = cluster.wait_for(lambda s: s["routes"] == 5, "the new groups placed")
+        assert sum(m["routes"] for m in status["members"]) == 5, status
+        assert joiner_id not in [m["node"] for m in status["members"]], status
         again = cluster.nodes[1].cli("cluster", "remove-node", joiner_id)  # the node that saw its removal commit
         assert again.returncode != 0 and f"{joiner_id} is not a member of the raft cluster" in again.stderr, again
     finally:

@@ -129,7 +129,8 @@ def test_the_numbering_of_replicated_commands_is_frozen_so_old_raft_journals_rep
         "register_node_v0", "report_consumers_v0", "touch_v0", "unroute_v0",
         "follow_consumers_v1", "move_clear_v1",
         "define_queue_v2", "delete_queue_v2", "update_queue_v2",
-        "promote_v3", "replica_in_sync_v3", "replica_out_of_sync_v3"]
+        "promote_v3", "replica_in_sync_v3", "replica_out_of_sync_v3",
+        "forget_node_v4"]
 
 
 def test_a_founding_node_must_find_itself_in_the_peer_list():
@@ -185,10 +186,19 @@ def test_the_grouping_handler_puts_its_placement_into_every_claim_it_proposes():
         def claim(self, *args, callback):
             proposed.append(args)
 
+    class SyncObj:
+        version = 3
+
+        def getCodeVersion(self):
+            return self.version
+
     handler = GroupingHandler.__new__(GroupingHandler)  # no raft: only the proposal's arguments matter
-    handler.replica, handler.node_id, handler.placement = Replica(), "n1", "local"
+    handler.replica, handler.node_id, handler.placement, handler._syncobj = Replica(), "n1", "local", SyncObj()
     handler.claim([("q", "a")], 10, on_failed=lambda keys, reason: None)
-    assert proposed == [([["q", "a"]], "n1", 10, "local")]
+    assert proposed == [([["q", "a"]], "n1", 10, "local")]  # as before raft code version 4 (forget_node)
+    handler._syncobj.version = 4  # enabled: every member places on registered members only (members_only)
+    handler.claim([("q", "b")], 11, on_failed=lambda keys, reason: None)
+    assert proposed[1] == ([["q", "b"]], "n1", 11, "local", True)
 
 
 def test_a_move_is_fed_before_its_route_and_a_clear_as_a_move_that_ends():

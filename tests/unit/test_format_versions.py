@@ -228,7 +228,7 @@ def test_the_admin_client_sends_its_version_with_every_call():
 # ---- raft commands: pysyncobj's code version ------------------------------------------------------
 
 def test_a_member_whose_code_lacks_a_command_version_the_log_enables_refuses_it_by_name():
-    """Two real pysyncobj members in this process: the newer has a ver=4 command and enables it; the
+    """Two real pysyncobj members in this process: the newer has a ver=5 command and enables it; the
     older (this build's replica) meets that entry. pysyncobj alone would log and skip it."""
     import logging
     import time
@@ -239,7 +239,7 @@ def test_a_member_whose_code_lacks_a_command_version_the_log_enables_refuses_it_
     from tests.integration.cluster import free_ports
 
     class NewerReplica(RouteTableReplica):
-        @replicated_command(ver=4)
+        @replicated_command(ver=5)
         def a_later_command(self, value):
             return value
 
@@ -259,7 +259,7 @@ def test_a_member_whose_code_lacks_a_command_version_the_log_enables_refuses_it_
             assert time.monotonic() < deadline, "no raft leader"
             time.sleep(0.02)
         enabled = []
-        newer.setCodeVersion(4, callback=lambda result, error: enabled.append(error))
+        newer.setCodeVersion(5, callback=lambda result, error: enabled.append(error))
         while not refused:
             assert time.monotonic() < deadline, f"no refusal; enabling gave {enabled}"
             time.sleep(0.02)
@@ -269,7 +269,7 @@ def test_a_member_whose_code_lacks_a_command_version_the_log_enables_refuses_it_
         older.destroy()
     [reason] = refused[:1]
     assert "command version this build does not have" in reason
-    assert "self version: 3, requested version: 4" in reason and "one version step" in reason
+    assert "self version: 4, requested version: 5" in reason and "one version step" in reason
 
 
 def test_a_damaged_snapshot_of_this_version_is_refused_by_name_and_nothing_restored():

@@ -32,12 +32,15 @@ class FakeHandler:
     def remove_member(self, node_id, on_done):
         self._propose(node_id, on_done, False)
 
+    def forget_node(self, node_id, on_result):  # remove-node's second step (handler/member_removal.py)
+        threading.Thread(target=on_result, args=(None, 0)).start()
+
     def status(self):
         return {"members": sorted(self.members)}
 
 
 def control(handler, admin_timeout_ms=2000):
-    cluster = SimpleNamespace(router=SimpleNamespace(routes={}))
+    cluster = SimpleNamespace(router=SimpleNamespace(routes={}), members={"nodes": {}})
     node = SimpleNamespace(handler=handler, cluster=cluster, config=SimpleNamespace(admin_timeout_ms=admin_timeout_ms),
                            bridge=SimpleNamespace(call=lambda fn, timeout_ms: fn()))
     return LoopControl(node)
