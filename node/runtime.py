@@ -114,15 +114,8 @@ class Node:
         from node.admin.service import AdminServicer, serve
 
         self.security = Security.from_config(self.config)
-        from node.peer.cluster_secrets import insecure_cluster_refusal
-        refusal = insecure_cluster_refusal(self.config, users_database=not self.security.open)
-        if refusal:
-            raise GrouperError(refusal)
-        if self.config.peer_list() and not self.config.raft_secret_file:
-            from node.peer.cluster_secrets import RAFT_UNAUTHENTICATED
-            log.error("INSECURE (--allow-insecure-cluster): this node serves a raft cluster without a raft secret; "
-                      "%s (%s:%d). Give every node --raft-secret-file", RAFT_UNAUTHENTICATED, self.config.host,
-                      self.config.raft_port)
+        from node.peer.cluster_secrets import check_cluster_security
+        check_cluster_security(self.config, users_database=not self.security.open)
         admin_files = admin_tls.ServerFiles.from_config(self.config)  # a bad file fails here, before listening
         tls_context = tls.server_context(self.config) if self.config.tls_cert_file else None
         self.server = AmqpServer(self.broker, self.journal, self.config, self.clock_ms, self.security, tls_context)

@@ -30,7 +30,7 @@ import grpc
 
 from node.amqp.tls import read_pem
 from node.config import files_stamp
-from node.core.errors import InvalidConfig
+from node.core.errors import GrouperError, InvalidConfig
 from node.net import is_loopback
 from node.peer.node_certificate import TlsMaterial, read_tls_material
 
@@ -202,3 +202,15 @@ def insecure_cluster_refusal(config, users_database: bool) -> str | None:
             f"certificates with `grouper certs dev --dir certs --nodes NAME,...` and a secret with `(umask 077; "
             f"openssl rand -base64 32 > raft.secret)` (README: Security, Between nodes), or pass "
             f"--allow-insecure-cluster if only the nodes can reach those ports")
+
+
+def check_cluster_security(config, users_database: bool) -> None:
+    """At start: refuse (GrouperError) what insecure_cluster_refusal names; warn, once, of a raft cluster run
+    without a raft secret because --allow-insecure-cluster said so."""
+    refusal = insecure_cluster_refusal(config, users_database)
+    if refusal:
+        raise GrouperError(refusal)
+    if config.peer_list() and not config.raft_secret_file:
+        log.error("INSECURE (--allow-insecure-cluster): this node serves a raft cluster without a raft secret; "
+                  "%s (%s:%d). Give every node --raft-secret-file", RAFT_UNAUTHENTICATED, config.host,
+                  config.raft_port)
