@@ -163,10 +163,11 @@ class ClusterLink:
                 lambda: self._contact_answered(monotonic_ms, age_ms)))
         effects: list = []
         change = self.protocol.lease.review(monotonic_ms, now_ms, effects)
-        if change is not None:
-            log.warning("owner lease (replica_lease_ms=%d) %s", self.config.replica_lease_ms,
-                        "LAPSED: no word from the raft leader; replicated queues deliver nothing and refuse sends"
-                        if change else "back: the raft leader is heard from; replicated queues serve again")
+        if change:
+            log.warning("owner lease LAPSED: no word from the raft leader for replica_lease_ms=%d ms; replicated "
+                        "queues deliver nothing and refuse sends until it is heard from", self.config.replica_lease_ms)
+        elif change is False:
+            log.info("owner lease held: the raft leader is heard from; replicated queues serve")
         if effects:
             self.carry_out(effects)
 

@@ -49,21 +49,23 @@ def test_a_lease_never_serves_past_lease_ms_after_the_latest_contact_it_could_ha
         assert lease.lapsed == (not serving)
 
 
-def test_a_lease_with_no_contact_yet_does_not_serve_and_one_contact_serves_until_lease_ms():
+def test_a_lease_starts_lapsed_without_contact_and_one_contact_serves_until_lease_ms():
     lease = OwnerLease(LEASE_MS)
-    assert not lease.serving(0)
+    assert not lease.serving(0) and lease.lapsed and lease.review(0) is None
     lease.contacted(1000, 100)  # heard 100 ms before the question sent at 1000
     assert lease.serving(900 + LEASE_MS - 1)
     assert not lease.serving(900 + LEASE_MS)
     lease.contacted(500, 0)  # an older answer arriving late counts for nothing
     assert not lease.serving(900 + LEASE_MS)
-    assert lease.review(900 + LEASE_MS) is True and lease.review(900 + LEASE_MS) is None
+    assert lease.review(1000) is False and lease.review(900 + LEASE_MS) is True
+    assert lease.review(900 + LEASE_MS) is None
     lease.contacted(3000, 0)
     assert lease.review(3001) is False
 
 
 def test_no_lease_always_serves():
-    assert OwnerLease(0).serving(10**9)
+    lease = OwnerLease(0)
+    assert lease.serving(10**9) and not lease.lapsed and lease.review(10**9) is None
 
 
 # ---- config -----------------------------------------------------------------------------------------
@@ -112,6 +114,7 @@ def test_a_lapsed_owner_delivers_nothing_of_a_replicated_queue_until_contact_ret
     cluster = protocol()
     broker = cluster.broker
     cluster.lease.contacted(0, 0)
+    assert cluster.lease.review(0, 0, []) is False  # serving from the first contact
     broker.enqueue("replicated", Message(b"a", "g1"), 0)
     broker.enqueue("single", Message(b"b", "g1"), 0)
     effects: list = []

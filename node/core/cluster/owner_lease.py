@@ -76,7 +76,9 @@ class OwnerLease:
     def __init__(self, lease_ms: int):
         self.lease_ms = lease_ms  # 0: no lease (nothing is promoted, or a single node)
         self.contact_ms: int | None = None  # monotonic ms of the last contact, counted conservatively
-        self.lapsed = False  # as of the last `review`: what dispatch and sends read between reviews
+        # as of the last `review`: what dispatch and sends read between reviews. A node starts without contact,
+        # so lapsed: it serves its replicated queues from the first answer of its raft member on
+        self.lapsed = lease_ms > 0
 
     def contacted(self, sent_ms: int, age_ms: int) -> None:
         """The member, asked at `sent_ms`, last heard from the leader `age_ms` before it answered."""
