@@ -149,15 +149,15 @@ class ClusterLink:
         self.carry_out(self.protocol.ready(self.clock_ms()))
 
     def tick(self, now_ms: int) -> None:
-        self._review_lease(now_ms)
         self.carry_out(self.protocol.tick(now_ms, self.server.consumer_counts()))
+        self._review_lease(now_ms)  # after the protocol's tick, which fences groups lost to a promotion first
         self.replication.tick(now_ms)
 
     def _review_lease(self, now_ms: int) -> None:
         """The owner's lease (node/core/cluster/owner_lease.py), on the monotonic clock: ask the raft member
         when it last heard from the leader, counted from when the question was sent; review the lease."""
         monotonic_ms = int(time.monotonic() * 1000)
-        if not self._contact_asked and hasattr(self.handler, "leader_contact"):
+        if not self._contact_asked:
             self._contact_asked = True
             self.handler.leader_contact(lambda reason, age_ms: self.bridge.post(
                 lambda: self._contact_answered(monotonic_ms, age_ms)))

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from node.config import load
 from node.core.cluster import ClusterProtocol
-from node.core.cluster.feed import ROUTES
+from node.core.cluster.feed import REPLICAS, ROUTES
 from node.core.cluster.outbound import Entry
 from node.core.cluster.owner_lease import LEASE_MARGIN_MS, OwnerLease, OwnerLeaseLapsed, check_lease
 from node.core.dispatch.broker import Broker
@@ -144,3 +144,14 @@ def test_a_lapsed_owner_refuses_sends_and_forwarded_batches_of_replicated_queues
     entry = Entry(1, "replicated", "g1", b"x", 0, False, 0)
     assert cluster.forward_received("n2", [entry], lambda high_water, error: replies.append(error), 0) == []
     assert isinstance(replies[0], OwnerLeaseLapsed)
+
+
+def test_a_lapsed_owner_promoted_away_meanwhile_serves_again_only_after_fencing_held_what_it_lost():
+    cluster = protocol()
+    cluster.lease.contacted(0, 0)
+    cluster.lease.review(LEASE_MS, 0, [])  # lapsed
+    cluster.applied(REPLICAS, {"epochs": {"n1": 1}, "in_sync": {}}, None, 0)  # promoted away meanwhile
+    cluster.lease.contacted(LEASE_MS + 100, 0)  # contact is back
+    assert cluster.lease.review(LEASE_MS + 100, 0, []) is None and cluster.lease.lease.lapsed
+    cluster.tick(0, {})  # fencing: nothing of the lost groups here, so the new epoch is the one served with
+    assert cluster.lease.review(LEASE_MS + 100, 0, []) is False

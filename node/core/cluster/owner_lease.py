@@ -110,11 +110,14 @@ class LeaseGate:
     and forwarded batches refused. O(1) per message: sends read `lease.lapsed` and one queue's settings;
     dispatch reads one flag per queue (Queue.hold_dispatch); the queues are walked only at a review."""
 
-    def __init__(self, context, lease_ms: int, replication_factor_default: int):
+    def __init__(self, context, lease_ms: int, replication_factor_default: int, fencing):
         self.context = context  # context.py's: the broker, and how its effects join the protocol's
         self.broker = context.broker
         self.lease = OwnerLease(lease_ms)
         self.replication_factor_default = replication_factor_default
+        # fencing(): this node's epoch moved above the one it served with and takeovers.py has not yet held and
+        # emptied the groups it lost: a lapsed lease does not come back before that
+        self.fencing = fencing
 
     def refusal(self, queue: str) -> OwnerLeaseLapsed | None:
         """Why a message of `queue` may not be accepted here as its owner now, or None."""
@@ -129,9 +132,13 @@ class LeaseGate:
         self.lease.contacted(sent_ms, age_ms)
 
     def review(self, monotonic_ms: int, now_ms: int, effects: list) -> bool | None:
-        """At each tick (`monotonic_ms` for the lease, `now_ms` the queues' clock): hold or release the
-        replicated queues' dispatch; while lapsed, queues made since are held too. Returns review's answer."""
-        change = self.lease.review(monotonic_ms)
+        """At each tick, after the protocol's (`monotonic_ms` for the lease, `now_ms` the queues' clock): hold or
+        release the replicated queues' dispatch; while lapsed, queues made since are held too. Returns
+        OwnerLease.review's answer."""
+        if self.lease.lapsed and self.fencing():
+            change = None  # contact or not: the lost groups are held first (the protocol's tick, before this)
+        else:
+            change = self.lease.review(monotonic_ms)
         if change is None and not self.lease.lapsed:
             return None
         broker_effects: list = []

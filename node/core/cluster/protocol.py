@@ -77,7 +77,8 @@ class ClusterProtocol:
         self.routing = Routes(context, self.forwarding, handler_timeout_ms, routes_max)
         self.queue_definitions = Definitions(context, queue_seeds)
         self.takeovers = Takeovers(context, self.handovers, self.routing.replicas)  # promotions (issue 28)
-        self.lease = LeaseGate(context, owner_lease_ms, replication_factor_default)  # the owner's lease (issue 28)
+        self.lease = LeaseGate(context, owner_lease_ms, replication_factor_default,  # the owner's lease (issue 28)
+                               lambda: self.routing.replicas.epoch_of(node_id) > self.takeovers.serving_epoch)
         # the concerns' shared state, one object each (never replaced): adapters, status and tests read it
         self.outbound = self.forwarding.outbound
         self.inbound = self.owner.inbound
