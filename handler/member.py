@@ -24,6 +24,7 @@ then the node sends requests, and this process sends back what raft did:
     ("replica_in_sync", id, backup, epoch)  ("replica_out_of_sync", id, owner, backup, epoch)
     ("forget_node", id, node)
     ("status", id)   ("stop",)
+    ("leader_contact", id): answered ("answer", id, None, age_ms or None), the owner's lease (issue 28)
 Rules:
 - Only the node ends this process: ("stop",), or the channel closing (the node died, even by
   SIGKILL). SIGINT, SIGTERM and SIGHUP sent to the node's process group are ignored here, so a
@@ -78,7 +79,7 @@ class Member:
             "replica_out_of_sync": self._answered("replica_out_of_sync"),
             "forget_node": self._answered("forget_node"),
             "add_member": self._add_member, "remove_member": self._remove_member,
-            "status": self._status, "stop": self._stop,
+            "status": self._status, "stop": self._stop, "leader_contact": self._leader_contact,
         }
 
     # ---- the node's messages (channel reader thread) -----------------------------------------
@@ -175,6 +176,9 @@ class Member:
             self.channel.send(("status", request_id, status, None))
         except TimeoutError as error:
             self.channel.send(("status", request_id, None, str(error)))
+
+    def _leader_contact(self, request_id) -> None:
+        self.channel.send(("answer", request_id, None, self.handler.leader_contact_age_ms()))
 
     def _stop(self) -> None:
         self.stopped.set()

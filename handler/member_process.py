@@ -143,6 +143,11 @@ class MemberProcess:
     def remove_member(self, node: str, on_done) -> None:
         self._request("remove_member", on_done, node)
 
+    def leader_contact(self, on_result) -> None:
+        """on_result(reason or None, age_ms or None): how long ago the member last heard from the raft leader
+        (handler/raft_status.py leader_contact_age_ms), for the owner's lease (issue 28)."""
+        self._request("leader_contact", _with_result(on_result))
+
     def status(self) -> dict:
         if self._loop is not None and _running_loop() is self._loop:
             raise RuntimeError("the raft status was asked for on the loop that reads its answer: it would "

@@ -19,6 +19,7 @@ from pysyncobj import SyncObjConf
 from handler.member_memory import RAFT_DUMP_FILE, RAFT_JOURNAL_FILE
 from handler.raft_catch_up import CatchUpSyncObj
 from handler.raft_transport import RaftTransport
+from node.core.cluster.owner_lease import leader_fallback_ms
 
 CONNECTION_RETRY_S = 0.2  # reconnect to a restarted member fast
 DNS_CACHE_S = 1.0  # names are resolved again on each reconnect after this long (see raft_conf)
@@ -34,6 +35,9 @@ def raft_conf(raft_dir: str, node_id: str, leader_watch, *, election_timeout_ms:
         raftMaxTimeout=election_timeout_max_ms / 1000,
         appendEntriesPeriod=min(APPEND_ENTRIES_PERIOD_MAX_S, election_timeout_min_ms / 4000),
         connectionRetryTime=CONNECTION_RETRY_S,
+        # a leader cut off from its majority steps down this soon (pysyncobj's default: 30 s), so its heartbeats
+        # stop renewing a cut-off owner's lease (node/core/cluster/owner_lease.py, issue 28)
+        leaderFallbackTimeout=leader_fallback_ms(election_timeout_max_ms) / 1000,
         # a restarted pod comes back with a new IP (pysyncobj's default 600 s kept dialling the old one
         # for minutes), and a peer starting a moment after this one must not be written off for 30 s. A
         # pod that took the old IP closes the connection (RaftTransport), so the dialer does reconnect

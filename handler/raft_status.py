@@ -7,6 +7,8 @@ says so (TimeoutError: try again later). Never changes any state.
 
 from __future__ import annotations
 
+import time
+
 STATUS_TRIES = 5  # reads of state the tick thread is changing (the raft status, the table) before giving up
 _PARTNER_PREFIX = "partner_node_status_server_"
 _CONNECTED = 2  # pysyncobj's partner status for a connected partner
@@ -40,3 +42,35 @@ def member_status(syncobj, node_id: str) -> dict:
         "last_applied": int(raw["last_applied"]),
         "ready": syncobj.isReady(),
     }
+
+
+def leader_contact_age_ms(syncobj) -> int | None:
+    """How long ago this member last heard from a raft leader, for the owner's lease (issue 28,
+    node/core/cluster/owner_lease.py); None when it cannot say it heard from one. Conservative:
+    - a leader: the age of its contact with a majority (the responses it received, newest first, one fewer than
+      a majority of the members, itself counted): Raft's leader lease (section 6.4), which holds even for a
+      leader that has not yet noticed it lost its majority (a paused member that was just resumed);
+    - a follower: the age of the last message received from the leader it follows, once that message was
+      processed (handler/raft_transport.py records it after pysyncobj took it in) and only while everything
+      committed is applied, so the node hears of any promotion of its groups before this contact;
+      a deposed leader's heartbeats stop after pysyncobj's leaderFallbackTimeout (handler/raft_setup.py).
+    Read on the member channel's thread while the tick thread changes what it reads: a value read a moment
+    stale only makes the age look larger."""
+    now_s = time.monotonic()
+    heard_at_s = syncobj._SyncObj__transport.heard_at_s  # RaftTransport's: member address -> monotonic s
+    if syncobj._isLeader():
+        others = list(syncobj._SyncObj__otherNodes)
+        needed = (len(others) + 1) // 2  # responses that make a majority with this member's own
+        if needed == 0:
+            return 0
+        heard = sorted((heard_at_s.get(node.address, 0.0) for node in others), reverse=True)
+        return _age_ms(now_s, heard[needed - 1])
+    leader = syncobj._getLeader()
+    if leader is None or syncobj.raftLastApplied < syncobj.raftCommitIndex:
+        return None
+    heard_s = heard_at_s.get(leader.address)
+    return None if heard_s is None else _age_ms(now_s, heard_s)
+
+
+def _age_ms(now_s: float, heard_s: float) -> int | None:
+    return None if not heard_s else max(0, int((now_s - heard_s) * 1000) + 1)  # rounded up

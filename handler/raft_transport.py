@@ -217,8 +217,10 @@ class RaftTransport(TCPTransport):
             self.on_member_lost(node)
 
     def _onMessageReceived(self, node, message):
-        self.heard_at_s[node.address] = time.monotonic()
         super()._onMessageReceived(node, message)
+        # after pysyncobj took the message in (a leader's commit index with it): the owner's lease counts
+        # this contact only once what it committed is applied (raft_status.py leader_contact_age_ms)
+        self.heard_at_s[node.address] = time.monotonic()
 
     def pulse(self, now_s: float) -> str:
         """Why this member may have lost its leader: whom it heard from when, and its own tick pauses."""

@@ -27,7 +27,7 @@ from handler.leader_watch import LeaderWatch
 from handler.placement import PLACEMENT_BALANCED
 from handler.proposals import callback, logged
 from handler.raft_setup import start_raft
-from handler.raft_status import member_status
+from handler.raft_status import leader_contact_age_ms, member_status
 from handler.replicated import PYSYNCOBJ_LOGGER, RefuseNewerCommands, RouteTableReplica
 
 log = logging.getLogger("grouper.handler")
@@ -143,6 +143,10 @@ class GroupingHandler:
 
     def status(self) -> dict:
         return member_status(self._syncobj, self.node_id)
+
+    def leader_contact_age_ms(self) -> int | None:
+        """For the owner's lease (issue 28): see handler/raft_status.py."""
+        return leader_contact_age_ms(self._syncobj)
 
     def stop(self) -> None:
         if self._duties is not None:

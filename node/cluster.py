@@ -17,7 +17,9 @@ servicer's Replicate hands it batches on gRPC pool threads, as Forward hands `ha
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 
 from node.cluster_proposals import ClusterProposals
 from node.cluster_takeovers import TakeoverLink
@@ -28,6 +30,8 @@ from node.core.cluster.outbound import Entry
 from node.peer.forwarder import Forwarders
 from node.replication_link import ReplicationLink
 from node.store.replica_writer import ReplicaWriter
+
+log = logging.getLogger("grouper.cluster")
 
 
 class ClusterLink:
@@ -48,7 +52,9 @@ class ClusterLink:
             queue_seeds=tuple(settings.to_dict() for settings in config.queues),
             outbound_max_bytes=config.outbound_max_bytes, outbound_total_max_bytes=config.outbound_total_max_bytes,
             outbound_max_messages=config.outbound_max_messages,
-            outbound_memory_max_bytes=config.outbound_memory_max_bytes)
+            outbound_memory_max_bytes=config.outbound_memory_max_bytes, owner_lease_ms=config.replica_lease_ms,
+            replication_factor_default=config.replication_factor)
+        self._contact_asked = False  # a leader_contact question is out (one at a time: a paused member answers none)
         # one per owner; without peer_tls the runtime gives them the cluster credential (forwarders.signer)
         self.forwarders = Forwarders(
             node_id, lambda owner: self.protocol.peer_addresses.get(owner),
@@ -144,7 +150,31 @@ class ClusterLink:
 
     def tick(self, now_ms: int) -> None:
         self.carry_out(self.protocol.tick(now_ms, self.server.consumer_counts()))
+        self._review_lease(now_ms)  # after the protocol's tick, which fences groups lost to a promotion first
         self.replication.tick(now_ms)
+
+    def _review_lease(self, now_ms: int) -> None:
+        """The owner's lease (node/core/cluster/owner_lease.py), on the monotonic clock: ask the raft member
+        when it last heard from the leader, counted from when the question was sent; review the lease."""
+        monotonic_ms = int(time.monotonic() * 1000)
+        if not self._contact_asked:
+            self._contact_asked = True
+            self.handler.leader_contact(lambda reason, age_ms: self.bridge.post(
+                lambda: self._contact_answered(monotonic_ms, age_ms)))
+        effects: list = []
+        change = self.protocol.lease.review(monotonic_ms, now_ms, effects)
+        if change:
+            log.warning("owner lease LAPSED: no word from the raft leader for replica_lease_ms=%d ms; replicated "
+                        "queues deliver nothing and refuse sends until it is heard from", self.config.replica_lease_ms)
+        elif change is False:
+            log.info("owner lease held: the raft leader is heard from; replicated queues serve")
+        if effects:
+            self.carry_out(effects)
+
+    def _contact_answered(self, sent_ms: int, age_ms) -> None:
+        self._contact_asked = False
+        if age_ms is not None:
+            self.protocol.lease.contacted(sent_ms, age_ms)
 
     def acknowledged(self, owner: str, high_water: int) -> None:
         self.carry_out(self.protocol.acknowledged(owner, high_water))

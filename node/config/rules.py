@@ -13,6 +13,7 @@ from __future__ import annotations
 from handler.leader_duties import GROUP_TIMEOUT_MS_DEFAULT
 from handler.placement import PLACEMENTS
 from node.core.errors import InvalidConfig
+from node.core.cluster.owner_lease import check_lease, leader_fallback_ms
 from node.core.replication.assignment import check_replication_factor
 from node.http_port.hosts import parse_names
 
@@ -114,6 +115,10 @@ def _check_routes_and_outbound(config) -> None:
         check_replication_factor(config.replication_factor)
     except ValueError as error:
         raise InvalidConfig("replication_factor", f"{error}: the cluster default for queues that set none") from None
+    lease_problem = check_lease(config.replica_lease_ms, config.replica_failover_ms,
+                                leader_fallback_ms(config.election_timeout_max_ms))  # issue 28: the owner's lease
+    if lease_problem is not None:
+        raise InvalidConfig("replica_lease_ms", lease_problem)
     for key, unit in (("replica_lag_ms", "ms"), ("replica_backlog_max_bytes", "bytes"),  # issue 28 phase 3
                       ("replica_backlog_max_messages", "messages"), ("replica_catch_up_max_bytes_per_s", "bytes/s")):
         if getattr(config, key) < 1:

@@ -18,6 +18,7 @@ from node.core.replication.streams import CATCH_UP_MAX_BYTES_PER_S
 from handler.leader_duties import GROUP_TIMEOUT_MS_DEFAULT, REPLICA_FAILOVER_MS_DEFAULT, REPLICATION_FACTOR_DEFAULT
 from handler.placement import PLACEMENT_BALANCED
 from node.config import rules
+from node.core.cluster.owner_lease import REPLICA_LEASE_MS_DEFAULT
 from node.core.dispatch.address_settings import AddressSettings
 from node.core.dispatch.settings import QueueSettings
 
@@ -123,6 +124,12 @@ class NodeConfig:
     replica_backlog_max_bytes: int = BACKLOG_MAX_BYTES  # entries waiting for one backup; full: sends refused
     replica_backlog_max_messages: int = BACKLOG_MAX_MESSAGES
     replica_catch_up_max_bytes_per_s: int = CATCH_UP_MAX_BYTES_PER_S  # a backup's catch-up copy, paced
+    # ---- the owner's lease (issue 28, node/core/cluster/owner_lease.py) ----
+    # a node that has not heard from the raft leader this long delivers nothing of its replicated queues and
+    # refuses their sends until it does: it stops before the leader may promote its groups (replica_failover_ms;
+    # both are intervals on one member's monotonic clock, Raft's leader lease, section 6.4). Half of the
+    # default replica_failover_ms; validate() checks it fits below it with the raft fallback and a margin
+    replica_lease_ms: int = REPLICA_LEASE_MS_DEFAULT
     # ---- between nodes (README "Security": Between nodes) ----
     cluster_tls_cert_file: str = ""  # PEM node certificate (serverAuth+clientAuth) signed by cluster_tls_ca_file
     cluster_tls_key_file: str = ""  # PEM private key of cluster_tls_cert_file

@@ -33,7 +33,8 @@ SECRET = "integration-takeover-secret-0123456789"
 QUEUE = "orders"
 GROUPS = [f"g{number}" for number in range(8)]
 PER_GROUP = 3
-REPLICA_FAILOVER_MS = 1000
+REPLICA_FAILOVER_MS = 2000
+REPLICA_LEASE_MS = 700  # the owner's lease must end before promotion: 2000 - 2 x 500 (raft fallback) - 250 margin
 WAIT_S = 20.0
 LAUNCHER = str(Path(__file__).with_name("in_sync_launcher.py"))
 
@@ -59,7 +60,8 @@ def test_a_killed_owners_replicated_groups_are_taken_over_in_order_and_it_comes_
     secret_file = tmp_path / "raft.secret"
     secret_file.write_text(SECRET + "\n")
     secret_file.chmod(0o600)
-    config = (f"[node]\nreplica_failover_ms = {REPLICA_FAILOVER_MS}\nreplication_factor = 2\nplacement = \"local\"\n"
+    config = (f"[node]\nreplica_failover_ms = {REPLICA_FAILOVER_MS}\nreplica_lease_ms = {REPLICA_LEASE_MS}\n"
+              f"replication_factor = 2\nplacement = \"local\"\n"
               + queue_toml(QUEUE, durable=True))
     cluster = Cluster(tmp_path, 3, config_text=config, args=("--raft-secret-file", str(secret_file)))
     owner_node, backup_node = cluster.nodes[0], cluster.nodes[1]

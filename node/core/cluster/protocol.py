@@ -22,6 +22,7 @@ from node.core.cluster import recovery
 from node.core.cluster import status as reports
 from node.core.cluster.context import Context, Delegated, chunks
 from node.core.cluster.definitions import Definitions
+from node.core.cluster.owner_lease import LeaseGate
 from node.core.cluster.feed import MEMBERS, MOVES, MOVES_ALL, QUEUES, QUEUES_ALL, REFUSED, REPLICAS, ROUTES, SNAPSHOT
 from node.core.cluster.forwarding import SEQ_RESERVE_BLOCK, Forwarding
 from node.core.cluster.handover import PARK, QUEUE, REFUSE, Handovers
@@ -55,7 +56,8 @@ class ClusterProtocol:
                  routes_max: int = 0, journalled: bool = True, seq_reserve_block: int = SEQ_RESERVE_BLOCK,
                  counts: collections.Counter | None = None, follows_consumers: bool = False,
                  queue_seeds: tuple = (), outbound_max_bytes: int = 0, outbound_total_max_bytes: int = 0,
-                 outbound_max_messages: int = 0, outbound_memory_max_bytes: int = 0):
+                 outbound_max_messages: int = 0, outbound_memory_max_bytes: int = 0, owner_lease_ms: int = 0,
+                 replication_factor_default: int = 1):
         """`queue_seeds`: the config file's queues, as settings dicts; `outbound_*`: the outbound store's
         bounds, 0 = none (forwarding.py); `follows_consumers`: route_follow_ms > 0 (every node agrees)."""
         self.node_id = node_id
@@ -75,6 +77,8 @@ class ClusterProtocol:
         self.routing = Routes(context, self.forwarding, handler_timeout_ms, routes_max)
         self.queue_definitions = Definitions(context, queue_seeds)
         self.takeovers = Takeovers(context, self.handovers, self.routing.replicas)  # promotions (issue 28)
+        self.lease = LeaseGate(context, owner_lease_ms, replication_factor_default,  # the owner's lease (issue 28)
+                               lambda: self.routing.replicas.epoch_of(node_id) > self.takeovers.serving_epoch)
         # the concerns' shared state, one object each (never replaced): adapters, status and tests read it
         self.outbound = self.forwarding.outbound
         self.inbound = self.owner.inbound
@@ -132,6 +136,10 @@ class ClusterProtocol:
             if place == QUEUE:
                 owner = self.node_id  # behind what the group still has here, handed over after it
         if owner == self.node_id:
+            refusal = self.lease.refusal(queue)
+            if refusal is not None:
+                effects.append(Refuse(incoming, refusal))
+                return
             effects.append(EnqueueLocal(incoming, queue, message, durable, producer_settled, now_ms))
         else:
             self.forwarding.send(owner, item, now_ms, effects)
@@ -263,6 +271,10 @@ class ClusterProtocol:
     def forward_received(self, source: str, entries: list[Entry], reply_to, now_ms: int, seq_bound: int = 0,
                          disputed_high_water: int = 0) -> list:
         """Enqueue a batch `source` forwarded (owner.py); the Reply comes once it is stored here."""
+        refusal = next(filter(None, (self.lease.refusal(entry.queue) for entry in entries)), None)
+        if refusal is not None:  # the forwarder sends it again, here or to the owner the table names then
+            reply_to(0, refusal)
+            return []
         return self.owner.forward_received(source, entries, reply_to, now_ms, seq_bound, disputed_high_water)
 
     def cold_records(self, name: str, records: dict, now_ms: int) -> list | None:

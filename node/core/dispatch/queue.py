@@ -272,6 +272,10 @@ class Queue:
         self._store.expire_due(now_ms, effects)
         self._dispatcher.dispatch(now_ms, effects)
 
+    def hold_dispatch(self, held: bool) -> None:
+        """Issue 28: deliver nothing to takers while `held` (the owner's lease lapsed); tick() after releasing."""
+        self._consumers.lease_lapsed = held
+
     def next_deadline_ms(self) -> int | None:
         deadlines = [d for d in (self._store.deadline_ms(), self._consumers.deadline_ms(), self._leases.deadline_ms()) if d]
         return min(deadlines) if deadlines else None

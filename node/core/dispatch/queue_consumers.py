@@ -110,7 +110,8 @@ class Consumer:
 class Consumers:
     """The queue's consumers by id, which of them may take now, and the dispatch gate."""
 
-    __slots__ = ("settings", "by_id", "takers", "browsers", "first_attach_ms", "dispatch_started", "selection")
+    __slots__ = ("settings", "by_id", "takers", "browsers", "first_attach_ms", "dispatch_started", "selection",
+                 "lease_lapsed")
 
     def __init__(self, settings: QueueSettings):
         self.settings = settings
@@ -121,6 +122,8 @@ class Consumers:
         self.first_attach_ms: int | None = None
         self.dispatch_started = False
         self.selection: Selection | None = None  # set while an acquiring consumer has a selector
+        # issue 28: the owner's lease lapsed (node/core/cluster/owner_lease.py): no taker gets anything meanwhile
+        self.lease_lapsed = False
 
     def add(self, consumer_id, browse: bool, now_ms: int, unsettled_max: int,
             selector: MessageSelector | None = None) -> Consumer:
@@ -181,6 +184,8 @@ class Consumers:
             self.takers.remove(consumer)
 
     def dispatch_open(self, now_ms: int) -> bool:
+        if self.lease_lapsed:
+            return False
         if self.dispatch_started:
             return True
         s = self.settings
