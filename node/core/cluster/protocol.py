@@ -18,7 +18,7 @@ import collections
 
 from node.core.dispatch.broker import Broker
 from node.core.dispatch.local_changes import LocalChanges
-from node.core.cluster import recovery
+from node.core.cluster import recovery, reroutes
 from node.core.cluster import status as reports
 from node.core.cluster.context import Context, Delegated, chunks
 from node.core.cluster.definitions import Definitions
@@ -32,7 +32,6 @@ from node.core.cluster.parking import Parking
 from node.core.cluster.routes import Routes
 from node.core.cluster.takeovers import Takeovers
 from node.core.effects import AcceptWhenStored, EnqueueLocal, ProposeClaim, Refuse
-from node.core.errors import HandlerUnavailable
 from node.core.dispatch.message import Message
 from node.core.cluster.outbound import Entry
 from node.core.cluster.routing import Router
@@ -75,7 +74,11 @@ class ClusterProtocol:
         self.handovers = Handovers(context, self.forwarding, self.parking, self.holds)
         self.owner = OwnerSide(context, self.handovers, follows_consumers)
         self.routing = Routes(context, self.forwarding, handler_timeout_ms, routes_max)
-        self.queue_definitions = Definitions(context, queue_seeds)
+        self.queue_definitions = definitions = Definitions(context, queue_seeds)
+        # the definitions' entry points, bound: queues_seeded(), queue_seeds_failed(now_ms),
+        # definition_proposed(values, reason, outcome, held, now_ms), deletion_proposed(name, reason, now_ms)
+        self.queues_seeded, self.queue_seeds_failed = definitions.queues_seeded, definitions.queue_seeds_failed
+        self.definition_proposed, self.deletion_proposed = definitions.definition_proposed, definitions.deletion_proposed
         self.takeovers = Takeovers(context, self.handovers, self.routing.replicas)  # promotions (issue 28)
         self.lease = LeaseGate(context, owner_lease_ms, replication_factor_default,  # the owner's lease (issue 28)
                                lambda: self.routing.replicas.epoch_of(node_id) > self.takeovers.serving_epoch)
@@ -214,12 +217,6 @@ class ClusterProtocol:
             self.takeovers.replicas_applied(payload)
         return effects
 
-    def queues_seeded(self) -> None:
-        self.queue_definitions.queues_seeded()
-
-    def queue_seeds_failed(self, now_ms: int) -> None:
-        self.queue_definitions.queue_seeds_failed(now_ms)
-
     def ready(self, now_ms: int) -> list:
         """The replica has caught up with the log."""
         effects: list = []
@@ -235,12 +232,6 @@ class ClusterProtocol:
     def pending_definitions(self) -> set[str]:
         """Queues whose definition or deletion this node has yet to propose, or to see committed."""
         return self.queue_definitions.pending
-
-    def definition_proposed(self, values: dict, reason: str | None, outcome, held, now_ms: int) -> list:
-        return self.queue_definitions.definition_proposed(values, reason, outcome, held, now_ms)
-
-    def deletion_proposed(self, name: str, reason: str | None, now_ms: int) -> list:
-        return self.queue_definitions.deletion_proposed(name, reason, now_ms)
 
     # ---- timers ------------------------------------------------------------------------------
 
@@ -285,24 +276,10 @@ class ClusterProtocol:
             self.holds.hold_strays(name, records)
         return effects
 
-    # ---- an operator's reroute (node/core/dispatch/reroute.py) --------------------------------------------
+    # ---- an operator's reroute (node/core/dispatch/reroute.py; the rule in reroutes.py) ------------------
 
     def reroute_owner(self, queue: str, route_key: str, size_bytes: int) -> str | None:
-        """Where a rerouted message of group (queue, route_key) goes, as a send's would: None here, else its
-        owner. Raises while the answer may change under it, and when the owner's channel, with the copies
-        this batch promised it, is at its bound (the reroute stops there)."""
-        key = (queue, route_key)
-        if not self.router.ready:
-            raise HandlerUnavailable(f"node {self.node_id} is catching up with the raft log and cannot tell "
-                                     f"where groups of {queue!r} live; retry shortly")
-        if key in self.moves or key in self.parked or key in self.held:
-            raise HandlerUnavailable(f"group {route_key!r} of queue {queue!r} is moving between nodes; retry "
-                                     f"once the move ended")
-        owner = self.router.routes.get(key)
-        if owner is None or owner == self.node_id:
-            return None
-        self.forwarding.promise(owner, size_bytes)
-        return owner
+        return reroutes.owner_of(self, queue, route_key, size_bytes)
 
     def rerouted(self, broker_effects: list, forwards: list, now_ms: int) -> list:
         return self.forwarding.rerouted(broker_effects, forwards, now_ms)
