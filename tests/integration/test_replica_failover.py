@@ -1,6 +1,6 @@
 """Replication end to end with real clients (issue 28): nothing plays a part here. A 3-node cluster with
 replication_factor 2 and replica_failover_ms 1000; a python-qpid-proton producer sends durable grouped
-messages to the groups' owner (node 0: placement local, its consumer there when the groups are placed),
+messages to the groups' owner (a node other than the raft leader: placement local, its consumer there when the groups are placed),
 consumers wait on the other two nodes. The owner's own streams copy its groups to their backups and the
 owner proposes them in sync (waited for on `cluster status`). Then kill -9 of the owner mid-stream: raft
 promotes its groups to their in-sync backups, which deliver every message the producer saw accepted,
@@ -48,13 +48,16 @@ def test_owner_kill_under_grouped_load_moves_its_groups_to_their_backups_with_no
         cluster_factory, connections):
     cluster = cluster_factory(CONFIG)
     ids = cluster.node_ids
-    owner = ids[0]
-    owner_node = cluster.nodes[0]
+    # the owner is not the raft leader: its kill costs the promotion only, not an election first
+    owner_index = (cluster.wait_leader() + 1) % 3
+    others = [index for index in range(3) if index != owner_index]
+    owner = ids[owner_index]
+    owner_node = cluster.nodes[owner_index]
 
-    # the groups are placed on node 0: its consumer is the only one when the first message of each arrives
+    # the groups are placed on the owner: its consumer is the only one when the first message of each arrives
     owner_consumer = ManualReceiver(connect(owner_node), QUEUE, "c0", credit=0)
     connections.append(owner_consumer.connection)
-    cluster.wait_consumers(QUEUE, {0: 1})
+    cluster.wait_consumers(QUEUE, {owner_index: 1})
     producer_connection = connect(owner_node)
     connections.append(producer_connection)
     sender = producer_connection.create_sender(QUEUE, name="producer")
@@ -64,12 +67,12 @@ def test_owner_kill_under_grouped_load_moves_its_groups_to_their_backups_with_no
         assert send_outcome(sender, grouped(f"{group}:{seq}", group))[0] == Delivery.ACCEPTED
         accepted.append((group, seq))
     takers = []
-    for index in (1, 2):
+    for index in others:
         taker = ManualReceiver(connect(cluster.nodes[index]), QUEUE, f"c{index}", credit=0)
         connections.append(taker.connection)
         takers.append(taker)
     cluster.wait_consumers(QUEUE, {0: 1, 1: 1, 2: 1})
-    status = cluster.wait_for(lambda s: sorted(owner_row(s, owner)["in_sync"]) == sorted(ids[1:]),
+    status = cluster.wait_for(lambda s: sorted(owner_row(s, owner)["in_sync"]) == sorted(ids[index] for index in others),
                               "the owner's streams proposing both backups in sync", timeout_s=15)
     assert owner_row(status, owner)["routes"] == len(GROUPS) and not owner_row(status, owner)["under_replicated"]
     epoch_before = owner_row(status, owner)["epoch"]
@@ -112,13 +115,24 @@ def test_owner_kill_under_grouped_load_moves_its_groups_to_their_backups_with_no
                 held.accept()
                 settled_before.add(held.body)
     assert killer is not None, "the owner was never killed"
+    received: list = []  # (arrival, body, delivery count) at the backups' consumers, stamped as taken
+
+    def take() -> None:
+        for taker in takers:
+            for arrival, held in pump(taker, 0.01):
+                received.append((arrival, held.body, held.delivery_count))
+                held.accept()
+
+    wait_until(lambda: take() or received, "a first delivery of the dead owner's groups at a backup",
+               timeout_s=15, interval_s=0)
+    first_delivery_ms = (min(arrival for arrival, _, _ in received) - killed_at) * 1000
     killer.join()
     next_send += 1
 
     # the producer reconnects to a survivor and goes on once raft has moved the dead owner's groups
     cluster.wait_for(lambda s: owner_row(s, owner)["epoch"] > epoch_before and owner_row(s, owner)["routes"] == 0,
-                     "the dead owner's groups promoted", via=1)
-    producer_connection = connect(cluster.nodes[1])
+                     "the dead owner's groups promoted", via=others[0])
+    producer_connection = connect(cluster.nodes[others[0]])
     connections.append(producer_connection)
     sender = producer_connection.create_sender(QUEUE, name="producer-again")
     for group, seq in sends[next_send:]:
@@ -126,17 +140,12 @@ def test_owner_kill_under_grouped_load_moves_its_groups_to_their_backups_with_no
         accepted.append((group, seq))
 
     # every accepted message reaches the backups' consumers; stamped as it arrives
-    received: list = []  # (arrival, body, delivery count)
     wanted = {f"{group}:{seq}" for group, seq in accepted} - settled_before
     deadline = time.monotonic() + 20
     while not wanted <= {body for _, body, _ in received} and time.monotonic() < deadline:
-        for taker in takers:
-            for arrival, held in pump(taker):
-                received.append((arrival, held.body, held.delivery_count))
-                held.accept()
+        take()
     missing = wanted - {body for _, body, _ in received}
     assert not missing, f"lost: {sorted(missing)}"
-    first_delivery_ms = (min(arrival for arrival, _, _ in received) - killed_at) * 1000
 
     bodies_after = [body for _, body, _ in sorted(received)]
     repeats = [body for body in bodies_after if bodies_after.count(body) > 1]
@@ -160,6 +169,13 @@ def test_owner_kill_under_grouped_load_moves_its_groups_to_their_backups_with_no
           f"(replica_failover_ms {REPLICA_FAILOVER_MS}; {len(accepted)} accepted, {len(unknown)} without outcome, "
           f"{len(unsettled)} unsettled at the kill)")
 
+    import os
+    if os.environ.get("E2E_LOGS"):
+        print("killed at", killed_at, time.time() - (time.monotonic() - killed_at))
+    if os.environ.get("E2E_LOGS"):
+        for index in (0, 1, 2):
+            for line in cluster.nodes[index].output[-25:]:
+                print(index, line)
     # the old owner returns fenced: it serves none of its old groups, the backups keep them
     owner_node.start()
     wait_until(lambda: any("promoted away" in line for line in owner_node.output), "the old owner's fencing log")
@@ -180,5 +196,10 @@ def test_owner_kill_under_grouped_load_moves_its_groups_to_their_backups_with_no
                 held.accept()
     assert sorted(after_return) == sorted(f"{group}:{PER_GROUP}" for group in GROUPS), after_return
     assert back.poll() is None
-    status = cluster.wait_for(lambda s: True, "status", via=0)
+    status = cluster.wait_for(lambda s: True, "status", via=owner_index)
     assert owner_row(status, owner)["routes"] == 0
+    import os
+    if os.environ.get("E2E_LOGS"):
+        for index in (0, 1, 2):
+            for line in cluster.nodes[index].output[-25:]:
+                print(index, line)
