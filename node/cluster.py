@@ -24,7 +24,7 @@ import time
 from node.cluster_proposals import ClusterProposals
 from node.cluster_takeovers import TakeoverLink
 from node.core.cluster import ClusterProtocol
-from node.core.cluster.feed import REFUSED, ROUTES, SNAPSHOT
+from node.core.cluster.feed import REFUSED, REPLICAS, ROUTES, SNAPSHOT
 from node.core.effects import ReadOutbound, SubmitForward
 from node.core.cluster.outbound import Entry
 from node.peer.forwarder import Forwarders
@@ -143,6 +143,8 @@ class ClusterLink:
     def applied(self, kind: str, payload, at_ms) -> None:
         if self.proposals.claimed_ns and kind in (ROUTES, REFUSED, SNAPSHOT):
             self.proposals.decided(kind, payload)
+        if kind == REPLICAS:  # the writer refuses an owner's batches of an epoch raft replaced (a fenced owner's)
+            self.replicas.know_epochs(payload.get("epochs", {}))
         self.carry_out(self.protocol.applied(kind, payload, at_ms, self.clock_ms()))
 
     def ready(self) -> None:

@@ -11,6 +11,7 @@ from node.core.dispatch.message import Message
 from node.core.effects import AcceptSend, Refuse
 from node.core.errors import ResourceLimitExceeded
 from node.core.replication.assignment import backups_of
+from node.core.replication.channel import LAG_MS
 from node.core.replication.streams import (CopyChunk, ProposeReplicaInSync, ProposeReplicaOutOfSync, ReplicaCallDue,
                                            ReplicaStreams)
 
@@ -301,3 +302,22 @@ def test_an_old_incarnations_answer_never_touches_the_new_ones_call():
     assert due and due[0].reset  # the new incarnation's reset, in flight
     assert streams.answered(first.backup, first.call, 0, "", 1002) == []
     assert streams.streams[first.backup].channel.in_flight is due[0].call
+
+
+def test_a_backup_marked_down_is_not_proposed_in_sync_and_copied_afresh_at_its_return():
+    view = View()
+    streams = made(view, Source(messages={"q": {1: message(1)}}))
+    synced(view, streams)
+    view.members["down"] = {B1: 5000}  # promoted away (or failed over): raft dropped it from the set
+    view.in_sync(B2)
+    effects = streams.tick(6000)
+    assert not [e for e in effects if type(e) is ProposeReplicaInSync]  # it would be caught up, idle: not proposed
+    assert not [e for e in streams.tick(6000 + LAG_MS) if type(e) is ProposeReplicaInSync]
+    view.members["down"] = {}  # back, perhaps with an empty disk: a reset and the copy again, then in sync
+    back_ms = 6500 + LAG_MS
+    effects = streams.tick(back_ms)
+    [due] = calls(effects)
+    assert due.backup == B1 and due.reset and [entry.queue for entry in due.call.entries] == ["q"]
+    assert not [e for e in effects if type(e) is ProposeReplicaInSync]
+    answer_all(streams, effects, back_ms)
+    assert [(type(e), e.backup) for e in streams.tick(back_ms + 1)] == [(ProposeReplicaInSync, B1)]

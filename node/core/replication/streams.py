@@ -22,7 +22,7 @@ Rules:
   incarnation copies afresh.
 - In sync: a stream proposes replica_in_sync(backup, epoch) once caught up (stream.py), and
   replica_out_of_sync once its channel lags (ReplicaChannel.lagging) or broke while raft lists it in
-  sync; a proposal not seen applied is made again after lag_ms.
+  sync; a proposal not seen applied is made again after lag_ms; never while the backup is marked down.
 - An owner whose epoch moved on (it was promoted away) abandons every waiting accept (refused: their
   messages may be on no backup) and starts new incarnations at the new epoch.
 Effects out: AcceptSend / Refuse (node/core/effects.py), ReplicaCallDue, ProposeReplicaInSync,
@@ -246,7 +246,9 @@ class ReplicaStreams:
                     self.streams[backup] = self._incarnation(backup)
         budget = self._copy_budget(now_ms)
         for backup, stream in list(self.streams.items()):
-            if stream.broken and backup not in in_sync:  # listed, it is kept until its leave is committed
+            if backup in view.members.get("down", {}) and backup not in in_sync:  # it may return with an empty
+                stream.broken = stream.broken or f"backup {backup} marked down"  # disk: afresh at its return
+            elif stream.broken and backup not in in_sync:  # listed, it is kept until its leave is committed
                 stream = self.streams[backup] = self._incarnation(backup)
             out += self._step(stream, backup in in_sync, now_ms)
             if stream.state == COPYING and budget > 0:
