@@ -1,5 +1,5 @@
 """Replication end to end with real clients (issue 28): nothing plays a part here. A 3-node cluster with
-replication_factor 2 and replica_failover_ms 1000; a python-qpid-proton producer sends durable grouped
+replication_factor 2, replica_failover_ms 1750 and replica_lease_ms 500; a python-qpid-proton producer sends durable grouped
 messages to the groups' owner (a node other than the raft leader: placement local, its consumer there when the groups are placed),
 consumers wait on the other two nodes. The owner's own streams copy its groups to their backups and the
 owner proposes them in sync (waited for on `cluster status`). Then kill -9 of the owner mid-stream: raft
@@ -28,8 +28,12 @@ QUEUE = "orders"
 GROUPS = [f"g{number}" for number in range(6)]
 PER_GROUP = 12  # sends per group; the owner dies about a third of the way through
 KILL_AFTER = 24  # accepted sends before the kill
-REPLICA_FAILOVER_MS = 1000
-CONFIG = (f"[node]\nreplication_factor = 2\nreplica_failover_ms = {REPLICA_FAILOVER_MS}\nplacement = \"local\"\n"
+# the shortest failover the owner's lease allows with the default election timeouts (node/core/cluster/owner_lease.py:
+# lease <= failover - 2 x election_timeout_max_ms (500) - 250), the lease at its largest then
+REPLICA_FAILOVER_MS = 1750
+REPLICA_LEASE_MS = 500
+CONFIG = (f"[node]\nreplication_factor = 2\nreplica_failover_ms = {REPLICA_FAILOVER_MS}\n"
+          f"replica_lease_ms = {REPLICA_LEASE_MS}\nplacement = \"local\"\n"
           + queue_toml(QUEUE, durable=True))
 UNSETTLED_MAX = 3  # the owner's consumer keeps this many deliveries unsettled at the kill
 TAKER_CREDIT = 1000  # each survivor's consumer: more than the test sends
