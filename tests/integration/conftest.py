@@ -1,7 +1,7 @@
 import pytest
 
 from tests.integration.cluster import Cluster
-from tests.integration.harness import NodeProcess
+from tests.integration.harness import NodeProcess, close_quietly
 from tests.integration.test_clustered_groups import Clients
 
 
@@ -59,7 +59,4 @@ def connections():
     made = []
     yield made
     for connection in made:
-        try:
-            connection.close()
-        except Exception:  # already closed, or its node killed: nothing left to release
-            pass
+        close_quietly(connection)

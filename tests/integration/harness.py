@@ -215,6 +215,19 @@ def connect(node: NodeProcess, timeout_s: float = 10.0) -> BlockingConnection:
     return BlockingConnection(node.url, timeout=timeout_s)
 
 
+CLOSE_TIMEOUT_S = 1.0  # a live node answers a close in milliseconds; one a test killed never does
+
+
+def close_quietly(connection: BlockingConnection) -> None:
+    """At a test's end: close, waiting at most CLOSE_TIMEOUT_S for the node's answer (the connection's own
+    timeout, 10 s, was spent in full on every connection to a node the test had killed)."""
+    connection.timeout = CLOSE_TIMEOUT_S
+    try:
+        connection.close()
+    except Exception:  # already closed, or its node killed: nothing left to release
+        pass
+
+
 def grouped(body, group: str | None = None, **properties) -> Message:
     # durable (the header's): a durable queue journals only durable messages (issue 29)
     message = Message(body=body, properties=properties or None, durable=True)

@@ -14,7 +14,7 @@ import time
 from proton import Delivery
 
 from tests.integration.clients import queue_toml
-from tests.integration.harness import ManualReceiver, connect, grouped, send_outcome
+from tests.integration.harness import ManualReceiver, close_quietly, connect, grouped, send_outcome
 
 QUEUE = "orders"
 
@@ -41,10 +41,7 @@ class Clients:
 
     def close(self):
         for connection in self.connections:
-            try:
-                connection.close()
-            except Exception:
-                pass
+            close_quietly(connection)
 
 
 def bodies(helds) -> list[str]:
