@@ -23,9 +23,7 @@ import os
 import threading
 from typing import Callable
 
-import grpc
-
-from node.peer.peer_channel import ChannelClosed, PeerChannel
+from node.peer.peer_channel import ChannelClosed, PeerChannel, call_failure
 from node.peer.replica_batch import batch_to_pb
 
 log = logging.getLogger(__name__)
@@ -98,14 +96,10 @@ class Replicator:
         request = batch_to_pb(self.owner, call.epoch, [(entry.repl_seq, entry.queue, entry.group_id, entry.frame)
                                                        for entry in call.entries], reset)
         metadata = self._signer.metadata(request, self.backup) if self._signer is not None else None
-        try:
-            return stub.Replicate(request, timeout=self._call_timeout_s, wait_for_ready=False,
-                                  metadata=metadata).high_water
-        except grpc.RpcError as error:
-            code = error.code()
-            raise _Failed(f"{code.name}: {error.details() or code.name}") from None
-        except ValueError as error:  # the channel was closed by close() before the call started
-            raise _Failed(f"channel closed: {error}") from None
+        answer, failure = call_failure(stub.Replicate, request, self._call_timeout_s, metadata)
+        if failure:
+            raise _Failed(failure)
+        return answer.high_water
 
     def _stub_now(self):
         address = self._resolve_address()
