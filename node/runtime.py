@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 
+from node import stop_deadline
 from node.admin.loop_control import LoopControl
 from node.amqp import duplicate_ids, tls
 from node.amqp.loop import AmqpServer
@@ -289,6 +290,8 @@ def run(config: NodeConfig) -> int:
     print_banner(node)
     node.wait_alive(stop_event)
     log.info("stopping")
+    stopped = stop_deadline.arm()  # a part that hangs must not keep the node alive (node/stop_deadline.py)
     node.stop()
+    stopped.set()
     log.info("stopped")
     return 0

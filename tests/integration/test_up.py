@@ -14,7 +14,7 @@ from proton import Message
 
 from tests.integration.cli import grouper
 from tests.integration.grouper_up import GrouperUp, descendants, free_base_port, wait_gone
-from tests.integration.harness import REPO, alive
+from tests.integration.harness import REPO
 
 START_WAIT_S = 60.0
 
@@ -111,7 +111,8 @@ def test_no_node_outlives_a_grouper_up_killed_with_sigkill(tmp_path):
         assert len(tree) == 6  # three nodes and their raft members
         up.process.kill()
         up.process.wait()
-        assert wait_gone(tree) == [], f"left running after grouper up was killed: {[p for p in tree if alive(p)]}"
+        left = wait_gone(tree)
+        assert left == [], f"left running after grouper up was killed: {[(pid, process_line(pid)) for pid in left]}"
     finally:
         up.kill_tree()
 
@@ -128,3 +129,15 @@ def test_a_second_grouper_up_on_the_same_ports_says_why_its_node_did_not_start(t
         assert f"cannot listen for AMQP on 127.0.0.1:{first.base_port}" in second.stderr, second.stderr
     finally:
         first.kill_tree()
+
+
+def process_line(pid: int) -> str:
+    """What a leftover process is and where it stands, for the failure's message."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            command = file.read().replace(b"\0", b" ").decode(errors="replace")[:160]
+        with open(f"/proc/{pid}/status") as file:
+            fields = dict(line.split(":", 1) for line in file if ":" in line)
+        return f"{command} | state {fields.get('State', '?').strip()}, ppid {fields.get('PPid', '?').strip()}"
+    except OSError as error:
+        return f"unreadable: {error}"
