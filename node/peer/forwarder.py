@@ -134,10 +134,7 @@ class Forwarder:
                          exc_info=True)
             os._exit(70)
         finally:
-            with self._condition:
-                channel = self._peer.channel
-            if channel is not None:
-                channel.close()
+            self._peer.close_channel()
 
     def _is_closed(self) -> bool:
         with self._condition:

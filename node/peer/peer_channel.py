@@ -85,3 +85,10 @@ class PeerChannel:
         closing it cancels the call in flight)."""
         self.closed = True
         return self.channel
+
+    def close_channel(self) -> None:
+        """The caller thread, on its way out: close the channel it made last, if any."""
+        with self._lock:
+            channel = self.channel
+        if channel is not None:
+            channel.close()
